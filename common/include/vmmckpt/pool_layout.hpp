@@ -1,0 +1,55 @@
+// Where pools live and how they are placed: the constants every part of vmmckpt agrees on.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace vmmckpt {
+
+// Device d's pool is [base + d * size, base + (d + 1) * size). These values are
+// part of the image contract: changing a default moves every address.
+inline constexpr std::uint64_t default_pool_base = 0x200000000000ULL;  // 32 TiB
+inline constexpr std::uint64_t default_pool_size = 512ULL << 30;       // 512 GiB per device
+inline constexpr int max_devices = 16;
+
+// Placement never depends on the GPU model: alignments are fixed here, not read
+// from the driver. Small blocks get 512 bytes (cudaMalloc promises 256); blocks
+// of 2 MiB and more start on a 2 MiB boundary so they touch as few handles as
+// possible.
+inline constexpr std::uint64_t small_alignment = 512;
+inline constexpr std::uint64_t large_alignment = 2ULL << 20;
+
+// Physical memory policy (see docs/pool.md).
+inline constexpr std::uint64_t default_growth_step = 64ULL << 20;
+inline constexpr std::uint64_t default_retain_bytes = 256ULL << 20;
+
+struct pool_config {
+  std::uint64_t base = default_pool_base;
+  std::uint64_t size = default_pool_size;
+  std::uint64_t growth_step = default_growth_step;
+  std::uint64_t retain_bytes = default_retain_bytes;
+
+  std::uint64_t device_base(int ordinal) const { return base + static_cast<std::uint64_t>(ordinal) * size; }
+};
+
+// Parses "0x1f", "4096", "64M", "2G", "1T" (binary units). Returns false on
+// anything else, on overflow, and on an empty string.
+bool parse_size(std::string_view text, std::uint64_t& out);
+
+// Reads VMMCKPT_POOL_BASE, VMMCKPT_POOL_SIZE, VMMCKPT_GROWTH_STEP and
+// VMMCKPT_POOL_RETAIN. On a bad value, `error` names the variable and why, and
+// the returned config must not be used.
+pool_config pool_config_from_env(std::string& error);
+
+// Checks a config for values no pool can use; returns an empty string when good.
+std::string validate(const pool_config& config);
+
+constexpr std::uint64_t align_up(std::uint64_t value, std::uint64_t alignment) {
+  return (value + alignment - 1) / alignment * alignment;
+}
+constexpr std::uint64_t align_down(std::uint64_t value, std::uint64_t alignment) {
+  return value / alignment * alignment;
+}
+
+}  // namespace vmmckpt

@@ -1,0 +1,169 @@
+// One device's pool: quarantine, growth and trimming of physical memory under the placement.
+#include "vmmckpt/device_pool.hpp"
+
+#include <algorithm>
+
+#include "vmmckpt/pool_layout.hpp"
+
+namespace vmmckpt {
+
+device_pool::device_pool(std::uint64_t base, std::uint64_t size, const pool_policy& policy, physical_backend& backend)
+    : base_(base), size_(size), policy_(policy), backend_(backend), ranges_(base, size) {}
+
+pool_status device_pool::allocate(std::uint64_t size, alloc_api api, std::uint64_t& addr, int* backend_error) {
+  if (size == 0) return pool_status::invalid_value;
+  std::lock_guard lock(mutex_);
+  reclaim_locked();
+  const auto placed = ranges_.allocate(size, static_cast<std::uint32_t>(api));
+  if (!placed) return pool_status::out_of_memory;
+  const std::uint64_t occupied = range_allocator::rounded_size(size);
+
+  int error = back_range(*placed, occupied);
+  if (error != 0 && backend_.is_out_of_memory(error)) {
+    // Quarantine is empty here (reclaimed above), so every idle handle was last
+    // freed before a synchronize: giving them back cannot race with the GPU.
+    release_idle_locked(0);
+    error = back_range(*placed, occupied);
+  }
+  if (error != 0) {
+    ranges_.release(*placed);
+    if (backend_error) *backend_error = error;
+    return backend_.is_out_of_memory(error) ? pool_status::out_of_memory : pool_status::backend_error;
+  }
+  count_live(*placed, occupied, true);
+  addr = *placed;
+  return pool_status::ok;
+}
+
+pool_status device_pool::free(std::uint64_t addr) {
+  std::lock_guard lock(mutex_);
+  const auto block = ranges_.retire(addr);
+  if (!block) return pool_status::invalid_value;
+  count_live(block->addr, block->size, false);
+  if (idle_bytes_ > policy_.retain_bytes) {
+    reclaim_locked();
+    release_idle_locked(policy_.retain_bytes);
+  }
+  return pool_status::ok;
+}
+
+bool device_pool::address_range(std::uint64_t addr, std::uint64_t& block_base, std::uint64_t& block_size) const {
+  std::lock_guard lock(mutex_);
+  const auto* block = ranges_.find(addr);
+  if (!block) return false;
+  block_base = block->addr;
+  block_size = block->requested;
+  return true;
+}
+
+pool_stats device_pool::stats() const {
+  std::lock_guard lock(mutex_);
+  pool_stats s;
+  s.live_bytes = ranges_.live_bytes();
+  s.live_count = ranges_.live_count();
+  s.quarantined_bytes = ranges_.retired_bytes();
+  s.backed_bytes = backed_bytes_;
+  s.idle_segment_bytes = idle_bytes_;
+  s.segment_count = segments_.size();
+  s.largest_free = ranges_.largest_free();
+  return s;
+}
+
+std::vector<range_allocator::block> device_pool::live_blocks() const {
+  std::lock_guard lock(mutex_);
+  return ranges_.live_blocks();
+}
+
+std::vector<segment_info> device_pool::segments() const {
+  std::lock_guard lock(mutex_);
+  std::vector<segment_info> out;
+  out.reserve(segments_.size());
+  for (const auto& [addr, seg] : segments_) out.push_back({addr, seg.size, seg.handle});
+  return out;
+}
+
+void device_pool::trim() {
+  std::lock_guard lock(mutex_);
+  backend_.synchronize();
+  ranges_.reclaim_retired();
+  release_idle_locked(0);
+}
+
+void device_pool::reclaim_locked() {
+  if (!ranges_.has_retired()) return;
+  backend_.synchronize();
+  ranges_.reclaim_retired();
+}
+
+int device_pool::back_range(std::uint64_t addr, std::uint64_t size) {
+  const std::uint64_t granule = policy_.granularity;
+  const std::uint64_t pool_end = base_ + size_;
+  const std::uint64_t want_end = std::min(align_up(addr + size, granule), pool_end);
+  std::uint64_t cursor = align_down(addr, granule);
+
+  auto it = segments_.upper_bound(cursor);
+  if (it != segments_.begin()) {
+    auto prev = std::prev(it);
+    cursor = std::max(cursor, prev->first + prev->second.size);
+  }
+  while (cursor < want_end) {
+    it = segments_.lower_bound(cursor);
+    if (it != segments_.end() && it->first == cursor) {
+      cursor += it->second.size;
+      continue;
+    }
+    const std::uint64_t gap_end = it == segments_.end() ? pool_end : it->first;
+    const std::uint64_t needed_end = std::min(want_end, gap_end);
+    // Grow by at least one step: fewer, larger handles are much cheaper to map
+    // and to grant access to, and the next small blocks land in the slack.
+    const std::uint64_t step = align_up(policy_.growth_step, granule);
+    const std::uint64_t grown_end = std::min(gap_end, std::max(needed_end, cursor + step));
+    std::uint64_t handle = 0;
+    std::uint64_t seg_end = grown_end;
+    int error = backend_.map_segment(cursor, seg_end - cursor, handle);
+    if (error != 0 && grown_end != needed_end && backend_.is_out_of_memory(error)) {
+      seg_end = needed_end;
+      error = backend_.map_segment(cursor, seg_end - cursor, handle);
+    }
+    if (error != 0) return error;
+    segments_.emplace(cursor, segment{seg_end - cursor, handle, 0});
+    backed_bytes_ += seg_end - cursor;
+    idle_bytes_ += seg_end - cursor;
+    cursor = seg_end;
+  }
+  return 0;
+}
+
+void device_pool::count_live(std::uint64_t addr, std::uint64_t size, bool add) {
+  const std::uint64_t end = addr + size;
+  auto it = segments_.upper_bound(addr);
+  if (it != segments_.begin()) --it;
+  for (; it != segments_.end() && it->first < end; ++it) {
+    segment& seg = it->second;
+    const std::uint64_t seg_end = it->first + seg.size;
+    if (seg_end <= addr) continue;
+    const std::uint64_t overlap = std::min(end, seg_end) - std::max(addr, it->first);
+    if (add) {
+      if (seg.live == 0) idle_bytes_ -= seg.size;
+      seg.live += overlap;
+    } else {
+      seg.live -= overlap;
+      if (seg.live == 0) idle_bytes_ += seg.size;
+    }
+  }
+}
+
+void device_pool::release_idle_locked(std::uint64_t keep_bytes) {
+  // Highest addresses first: placement prefers low addresses, so low handles
+  // are the likeliest to be used again.
+  for (auto it = segments_.end(); it != segments_.begin() && idle_bytes_ > keep_bytes;) {
+    --it;
+    if (it->second.live != 0) continue;
+    backend_.unmap_segment(it->first, it->second.size, it->second.handle);
+    idle_bytes_ -= it->second.size;
+    backed_bytes_ -= it->second.size;
+    it = segments_.erase(it);
+  }
+}
+
+}  // namespace vmmckpt

@@ -1,0 +1,93 @@
+// Parsing and validation of the pool configuration from the environment.
+#include "vmmckpt/pool_layout.hpp"
+
+#include <cstdlib>
+#include <limits>
+
+namespace vmmckpt {
+
+bool parse_size(std::string_view text, std::uint64_t& out) {
+  if (text.empty()) return false;
+  std::uint64_t value = 0;
+  std::size_t i = 0;
+  const bool hex = text.size() > 2 && text[0] == '0' && (text[1] == 'x' || text[1] == 'X');
+  if (hex) {
+    i = 2;
+    for (; i < text.size(); ++i) {
+      const char c = text[i];
+      unsigned digit;
+      if (c >= '0' && c <= '9') digit = c - '0';
+      else if (c >= 'a' && c <= 'f') digit = c - 'a' + 10;
+      else if (c >= 'A' && c <= 'F') digit = c - 'A' + 10;
+      else return false;
+      if (value > (std::numeric_limits<std::uint64_t>::max() >> 4)) return false;
+      value = value << 4 | digit;
+    }
+    out = value;
+    return true;
+  }
+  for (; i < text.size() && text[i] >= '0' && text[i] <= '9'; ++i) {
+    const unsigned digit = text[i] - '0';
+    if (value > (std::numeric_limits<std::uint64_t>::max() - digit) / 10) return false;
+    value = value * 10 + digit;
+  }
+  if (i == 0) return false;
+  if (i < text.size()) {
+    unsigned shift;
+    switch (text[i]) {
+      case 'k': case 'K': shift = 10; break;
+      case 'm': case 'M': shift = 20; break;
+      case 'g': case 'G': shift = 30; break;
+      case 't': case 'T': shift = 40; break;
+      default: return false;
+    }
+    ++i;
+    if (i < text.size() && (text[i] == 'i' || text[i] == 'I')) ++i;  // "GiB"-style
+    if (i < text.size() && (text[i] == 'b' || text[i] == 'B')) ++i;
+    if (i != text.size()) return false;
+    if (value > (std::numeric_limits<std::uint64_t>::max() >> shift)) return false;
+    value <<= shift;
+  }
+  out = value;
+  return true;
+}
+
+namespace {
+
+bool read_env(const char* name, std::uint64_t& field, std::string& error) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') return true;
+  if (!parse_size(text, field)) {
+    error = std::string(name) + "='" + text + "' is not a size (use 0x hex, or decimal with K/M/G/T)";
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string validate(const pool_config& config) {
+  constexpr std::uint64_t user_space_end = 1ULL << 47;  // x86-64 and 48-bit arm64 user space
+  if (config.base % large_alignment != 0) return "VMMCKPT_POOL_BASE must be a multiple of 2 MiB";
+  if (config.size == 0 || config.size % large_alignment != 0)
+    return "VMMCKPT_POOL_SIZE must be a non-zero multiple of 2 MiB";
+  if (config.base == 0) return "VMMCKPT_POOL_BASE must not be 0";
+  if (config.size > user_space_end / max_devices ||
+      config.base > user_space_end - config.size * max_devices)
+    return "VMMCKPT_POOL_BASE + 16 * VMMCKPT_POOL_SIZE must stay below 128 TiB (user address space)";
+  if (config.growth_step == 0) return "VMMCKPT_GROWTH_STEP must be non-zero";
+  return {};
+}
+
+pool_config pool_config_from_env(std::string& error) {
+  pool_config config;
+  error.clear();
+  if (!read_env("VMMCKPT_POOL_BASE", config.base, error) || !read_env("VMMCKPT_POOL_SIZE", config.size, error) ||
+      !read_env("VMMCKPT_GROWTH_STEP", config.growth_step, error) ||
+      !read_env("VMMCKPT_POOL_RETAIN", config.retain_bytes, error))
+    return config;
+  error = validate(config);
+  return config;
+}
+
+}  // namespace vmmckpt

@@ -1,0 +1,87 @@
+// Creates, maps and releases the physical handles under a pool.
+#include "cuda_backend.hpp"
+
+#include "log.hpp"
+#include "real_symbols.hpp"
+
+namespace vmmckpt::detail {
+namespace {
+
+// The VMM calls need the device's context current; the caller's own current
+// context is put back afterwards.
+class context_scope {
+ public:
+  context_scope(const driver_api& d, CUcontext ctx) : d_(d) { pushed_ = d_.cuCtxPushCurrent_v2(ctx) == CUDA_SUCCESS; }
+  ~context_scope() {
+    CUcontext popped;
+    if (pushed_) d_.cuCtxPopCurrent_v2(&popped);
+  }
+  context_scope(const context_scope&) = delete;
+  context_scope& operator=(const context_scope&) = delete;
+
+ private:
+  const driver_api& d_;
+  bool pushed_;
+};
+
+}  // namespace
+
+CUmemAllocationProp cuda_backend::allocation_properties(CUdevice device) {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  // Exportable as a file descriptor: the checkpoint tool maps the same memory.
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  return prop;
+}
+
+int cuda_backend::map_segment(std::uint64_t addr, std::uint64_t size, std::uint64_t& handle) {
+  const driver_api& d = *driver();
+  context_scope scope(d, primary_);
+  const CUmemAllocationProp prop = allocation_properties(device_);
+  CUmemGenericAllocationHandle h = 0;
+  CUresult r = d.cuMemCreate(&h, size, &prop, 0);
+  if (r != CUDA_SUCCESS) {
+    log::debug("cuMemCreate({} bytes) failed: {}", size, static_cast<int>(r));
+    return r;
+  }
+  r = d.cuMemMap(addr, size, 0, h, 0);
+  if (r == CUDA_SUCCESS) {
+    CUmemAccessDesc access{};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = device_;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    r = d.cuMemSetAccess(addr, size, &access, 1);
+    if (r != CUDA_SUCCESS) d.cuMemUnmap(addr, size);
+  }
+  if (r != CUDA_SUCCESS) {
+    log::warn("mapping {} bytes of pool memory at {:#x} failed: {}", size, addr, static_cast<int>(r));
+    d.cuMemRelease(h);
+    return r;
+  }
+  handle = h;
+  log::debug("device {}: mapped {} MiB at {:#x}", device_, size >> 20, addr);
+  return CUDA_SUCCESS;
+}
+
+void cuda_backend::unmap_segment(std::uint64_t addr, std::uint64_t size, std::uint64_t handle) {
+  const driver_api& d = *driver();
+  context_scope scope(d, primary_);
+  const CUresult unmapped = d.cuMemUnmap(addr, size);
+  const CUresult released = d.cuMemRelease(handle);
+  if (unmapped != CUDA_SUCCESS || released != CUDA_SUCCESS)
+    log::warn("giving back {} bytes at {:#x} failed: unmap {}, release {}", size, addr, static_cast<int>(unmapped),
+              static_cast<int>(released));
+  else
+    log::debug("device {}: gave back {} MiB at {:#x}", device_, size >> 20, addr);
+}
+
+void cuda_backend::synchronize() {
+  const driver_api& d = *driver();
+  if (d.cuCtxSynchronize_v2 != nullptr && d.cuCtxSynchronize_v2(primary_) == CUDA_SUCCESS) return;
+  context_scope scope(d, primary_);
+  d.cuCtxSynchronize();
+}
+
+}  // namespace vmmckpt::detail

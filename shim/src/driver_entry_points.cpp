@@ -1,0 +1,246 @@
+// The driver API doors into the pool: cuMemAlloc_v2 and its family, plus what passes through.
+#include <cuda.h>
+
+#include "entry_points.hpp"
+#include "vmmckpt/pool_layout.hpp"
+
+namespace vmmckpt::detail {
+
+CUresult current_device(int& ordinal) {
+  const driver_api* d = driver();
+  if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUdevice device;
+  const CUresult e = d->cuCtxGetDevice(&device);
+  if (e == CUDA_SUCCESS) ordinal = device;
+  return e;
+}
+
+CUresult stream_device(CUstream stream, int& ordinal) {
+  const driver_api* d = driver();
+  if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (stream != nullptr && stream != CU_STREAM_LEGACY && stream != CU_STREAM_PER_THREAD &&
+      d->cuStreamGetDevice != nullptr) {
+    CUdevice device;
+    const CUresult e = d->cuStreamGetDevice(stream, &device);
+    if (e == CUDA_SUCCESS) ordinal = device;
+    return e;
+  }
+  return current_device(ordinal);
+}
+
+CUresult pool_allocate(int ordinal, std::size_t size, alloc_api api, CUdeviceptr& out) {
+  device_pool* pool = nullptr;
+  CUresult e = acquire_pool(ordinal, pool);
+  if (e != CUDA_SUCCESS) return e;
+  std::uint64_t addr = 0;
+  int backend_error = 0;
+  const pool_status status = pool->allocate(size, api, addr, &backend_error);
+  if (status != pool_status::ok) {
+    e = to_cuda_result(status, backend_error);
+    log::info("{} of {} bytes on device {} failed: error {}", name_of(api), size, ordinal, static_cast<int>(e));
+    return e;
+  }
+  out = addr;
+  log::at(log::level::trace, "{} {} bytes -> {:#x}", name_of(api), size, addr);
+  return CUDA_SUCCESS;
+}
+
+bool pool_free(CUdeviceptr addr, CUresult& result) {
+  device_pool* pool = pool_containing(addr);
+  if (pool == nullptr) return false;
+  const pool_status status = pool->free(addr);
+  if (status != pool_status::ok) log::info("free of {:#x}: not a live pool allocation", static_cast<std::uint64_t>(addr));
+  result = to_cuda_result(status, 0);
+  return true;
+}
+
+namespace {
+
+CUresult allocate_async(CUdeviceptr* dptr, size_t bytesize, CUstream stream) {
+  if (dptr == nullptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
+  int ordinal = 0;
+  const CUresult e = stream_device(stream, ordinal);
+  if (e != CUDA_SUCCESS) return e;
+  // Memory from the pool is valid at once, which satisfies stream order too.
+  return pool_allocate(ordinal, bytesize, alloc_api::cu_mem_alloc_async, *dptr);
+}
+
+}  // namespace
+}  // namespace vmmckpt::detail
+
+using namespace vmmckpt;
+using namespace vmmckpt::detail;
+
+VMMCKPT_EXPORT CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
+  return guarded(CUDA_ERROR_OUT_OF_MEMORY, [&] {
+    const driver_api* d = driver();
+    if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!shim_active()) return d->cuMemAlloc_v2(dptr, bytesize);
+    int ordinal = 0;
+    const CUresult e = current_device(ordinal);
+    if (e != CUDA_SUCCESS) return e;
+    if (dptr == nullptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
+    return pool_allocate(ordinal, bytesize, alloc_api::cu_mem_alloc, *dptr);
+  });
+}
+
+VMMCKPT_EXPORT CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, size_t width, size_t height,
+                                                   unsigned int element_size) {
+  return guarded(CUDA_ERROR_OUT_OF_MEMORY, [&] {
+    const driver_api* d = driver();
+    if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!shim_active()) return d->cuMemAllocPitch_v2(dptr, pitch, width, height, element_size);
+    int ordinal = 0;
+    const CUresult e = current_device(ordinal);
+    if (e != CUDA_SUCCESS) return e;
+    if (dptr == nullptr || pitch == nullptr || width == 0 || height == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (element_size != 4 && element_size != 8 && element_size != 16) return CUDA_ERROR_INVALID_VALUE;
+    const std::size_t row = align_up(width, pitch_alignment);
+    if (row < width || height > SIZE_MAX / row) return CUDA_ERROR_INVALID_VALUE;
+    const CUresult r = pool_allocate(ordinal, row * height, alloc_api::cu_mem_alloc_pitch, *dptr);
+    if (r == CUDA_SUCCESS) *pitch = row;
+    return r;
+  });
+}
+
+VMMCKPT_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
+  return guarded(CUDA_ERROR_UNKNOWN, [&] {
+    const driver_api* d = driver();
+    if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult result;
+    if (shim_active() && pool_free(dptr, result)) return result;
+    return d->cuMemFree_v2(dptr);
+  });
+}
+
+VMMCKPT_EXPORT CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream stream) {
+  return guarded(CUDA_ERROR_OUT_OF_MEMORY, [&] {
+    const driver_api* d = driver();
+    if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!shim_active()) return d->cuMemAllocAsync ? d->cuMemAllocAsync(dptr, bytesize, stream) : CUDA_ERROR_NOT_SUPPORTED;
+    return allocate_async(dptr, bytesize, stream);
+  });
+}
+
+VMMCKPT_EXPORT CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUstream stream) {
+  return guarded(CUDA_ERROR_OUT_OF_MEMORY, [&] {
+    const driver_api* d = driver();
+    if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!shim_active())
+      return d->cuMemAllocAsync_ptsz ? d->cuMemAllocAsync_ptsz(dptr, bytesize, stream) : CUDA_ERROR_NOT_SUPPORTED;
+    return allocate_async(dptr, bytesize, stream);
+  });
+}
+
+VMMCKPT_EXPORT CUresult CUDAAPI cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
+  return guarded(CUDA_ERROR_UNKNOWN, [&] {
+    const driver_api* d = driver();
+    if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult result;
+    // Quarantine keeps the block from reuse until work before this point is done.
+    if (shim_active() && pool_free(dptr, result)) return result;
+    return d->cuMemFreeAsync ? d->cuMemFreeAsync(dptr, stream) : CUDA_ERROR_NOT_SUPPORTED;
+  });
+}
+
+VMMCKPT_EXPORT CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream) {
+  return guarded(CUDA_ERROR_UNKNOWN, [&] {
+    const driver_api* d = driver();
+    if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult result;
+    if (shim_active() && pool_free(dptr, result)) return result;
+    return d->cuMemFreeAsync_ptsz ? d->cuMemFreeAsync_ptsz(dptr, stream) : CUDA_ERROR_NOT_SUPPORTED;
+  });
+}
+
+VMMCKPT_EXPORT CUresult CUDAAPI cuMemGetInfo_v2(size_t* free_bytes, size_t* total_bytes) {
+  return guarded(CUDA_ERROR_UNKNOWN, [&] {
+    const driver_api* d = driver();
+    if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+    const CUresult e = d->cuMemGetInfo_v2(free_bytes, total_bytes);
+    int ordinal = 0;
+    if (e == CUDA_SUCCESS && shim_active() && free_bytes != nullptr && current_device(ordinal) == CUDA_SUCCESS) {
+      // Pool memory that is mapped but not live is still the program's to use.
+      *free_bytes += reusable_pool_bytes(ordinal);
+      if (total_bytes != nullptr && *free_bytes > *total_bytes) *free_bytes = *total_bytes;
+    }
+    return e;
+  });
+}
+
+VMMCKPT_EXPORT CUresult CUDAAPI cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize, CUdeviceptr dptr) {
+  return guarded(CUDA_ERROR_UNKNOWN, [&] {
+    const driver_api* d = driver();
+    if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+    device_pool* pool = shim_active() ? pool_containing(dptr) : nullptr;
+    if (pool == nullptr) return d->cuMemGetAddressRange_v2(pbase, psize, dptr);
+    std::uint64_t base = 0, size = 0;
+    // The driver only knows the mapped handles; the allocation is ours to name.
+    if (!pool->address_range(dptr, base, size)) return CUDA_ERROR_NOT_FOUND;
+    if (pbase != nullptr) *pbase = base;
+    if (psize != nullptr) *psize = size;
+    return CUDA_SUCCESS;
+  });
+}
+
+// Memory the pool does not serve: named once in the log, then passed through.
+
+VMMCKPT_EXPORT CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigned int flags) {
+  const driver_api* d = driver();
+  if (d == nullptr || d->cuMemAllocManaged == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  VMMCKPT_NOT_SERVED("managed memory (cuMemAllocManaged/cudaMallocManaged)");
+  return d->cuMemAllocManaged(dptr, bytesize, flags);
+}
+
+VMMCKPT_EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
+                                            const CUmemAllocationProp* prop, unsigned long long flags) {
+  const driver_api* d = driver();
+  if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  VMMCKPT_NOT_SERVED("memory the program maps itself (cuMemCreate)");
+  return d->cuMemCreate(handle, size, prop, flags);
+}
+
+VMMCKPT_EXPORT CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* props) {
+  const driver_api* d = driver();
+  if (d == nullptr || d->cuMemPoolCreate == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  VMMCKPT_NOT_SERVED("a memory pool the program creates (cuMemPoolCreate)");
+  return d->cuMemPoolCreate(pool, props);
+}
+
+VMMCKPT_EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool,
+                                                        CUstream stream) {
+  const driver_api* d = driver();
+  if (d == nullptr || d->cuMemAllocFromPoolAsync == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  VMMCKPT_NOT_SERVED("allocation from a program's memory pool (cuMemAllocFromPoolAsync)");
+  return d->cuMemAllocFromPoolAsync(dptr, bytesize, pool, stream);
+}
+
+VMMCKPT_EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool,
+                                                             CUstream stream) {
+  const driver_api* d = driver();
+  if (d == nullptr || d->cuMemAllocFromPoolAsync_ptsz == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  VMMCKPT_NOT_SERVED("allocation from a program's memory pool (cuMemAllocFromPoolAsync)");
+  return d->cuMemAllocFromPoolAsync_ptsz(dptr, bytesize, pool, stream);
+}
+
+VMMCKPT_EXPORT CUresult CUDAAPI cuArrayCreate_v2(CUarray* array, const CUDA_ARRAY_DESCRIPTOR* desc) {
+  const driver_api* d = driver();
+  if (d == nullptr || d->cuArrayCreate_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  VMMCKPT_NOT_SERVED("CUDA arrays (cuArrayCreate/cudaMallocArray)");
+  return d->cuArrayCreate_v2(array, desc);
+}
+
+VMMCKPT_EXPORT CUresult CUDAAPI cuArray3DCreate_v2(CUarray* array, const CUDA_ARRAY3D_DESCRIPTOR* desc) {
+  const driver_api* d = driver();
+  if (d == nullptr || d->cuArray3DCreate_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  VMMCKPT_NOT_SERVED("CUDA arrays (cuArray3DCreate/cudaMalloc3DArray)");
+  return d->cuArray3DCreate_v2(array, desc);
+}
+
+VMMCKPT_EXPORT CUresult CUDAAPI cuMipmappedArrayCreate(CUmipmappedArray* array, const CUDA_ARRAY3D_DESCRIPTOR* desc,
+                                                       unsigned int levels) {
+  const driver_api* d = driver();
+  if (d == nullptr || d->cuMipmappedArrayCreate == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  VMMCKPT_NOT_SERVED("mipmapped arrays (cuMipmappedArrayCreate)");
+  return d->cuMipmappedArrayCreate(array, desc, levels);
+}

@@ -1,0 +1,88 @@
+// The shim's logger: one mutex around single-threaded spdlog sinks, created on first use.
+#include "log.hpp"
+
+#include <spdlog/logger.h>
+#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/stdout_sinks.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+
+namespace vmmckpt::detail::log {
+namespace {
+
+// One mutex serializes every spdlog call, so the _st sinks are safe and fork()
+// can take the lock (spdlog's own locks could not be reached from atfork).
+std::mutex& log_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+level parse_level(const char* text) {
+  if (text == nullptr) return level::warn;
+  if (!std::strcmp(text, "trace")) return level::trace;
+  if (!std::strcmp(text, "debug")) return level::debug;
+  if (!std::strcmp(text, "info")) return level::info;
+  if (!std::strcmp(text, "warn") || !std::strcmp(text, "warning")) return level::warn;
+  if (!std::strcmp(text, "error")) return level::error;
+  if (!std::strcmp(text, "off")) return level::off;
+  return level::warn;
+}
+
+spdlog::level::level_enum to_spdlog(level l) {
+  switch (l) {
+    case level::trace: return spdlog::level::trace;
+    case level::debug: return spdlog::level::debug;
+    case level::info: return spdlog::level::info;
+    case level::warn: return spdlog::level::warn;
+    case level::error: return spdlog::level::err;
+    case level::off: return spdlog::level::off;
+  }
+  return spdlog::level::warn;
+}
+
+spdlog::logger& logger() {
+  // Created on the first message only: a process that never logs opens no file.
+  static std::unique_ptr<spdlog::logger> instance = [] {
+    std::shared_ptr<spdlog::sinks::sink> sink;
+    const char* path = std::getenv("VMMCKPT_LOG_FILE");
+    if (path != nullptr && *path != '\0') {
+      try {
+        sink = std::make_shared<spdlog::sinks::basic_file_sink_st>(path, false);
+      } catch (...) {
+        // An unwritable log file must not break the program: fall back to stderr.
+      }
+    }
+    if (!sink) sink = std::make_shared<spdlog::sinks::stderr_sink_st>();
+    auto l = std::make_unique<spdlog::logger>("vmmckpt", std::move(sink));
+    l->set_pattern("[vmmckpt %P %Y-%m-%d %H:%M:%S.%e %l] %v");
+    l->set_level(spdlog::level::trace);
+    l->flush_on(spdlog::level::trace);
+    return l;
+  }();
+  return *instance;
+}
+
+}  // namespace
+
+level threshold() {
+  static const level value = parse_level(std::getenv("VMMCKPT_LOG_LEVEL"));
+  return value;
+}
+
+void write(level l, std::string_view message) {
+  std::lock_guard lock(log_mutex());
+  try {
+    logger().log(to_spdlog(l), "{}", message);
+  } catch (...) {
+    // Logging never takes the host program down.
+  }
+}
+
+void hold_for_fork() { log_mutex().lock(); }
+void release_after_fork() { log_mutex().unlock(); }
+
+}  // namespace vmmckpt::detail::log

@@ -1,0 +1,185 @@
+// Creates each device's pool at its fixed address, finds pools by address, and keeps them safe across fork().
+#include "pools.hpp"
+
+#include <pthread.h>
+
+#include <array>
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "cuda_backend.hpp"
+#include "log.hpp"
+#include "real_symbols.hpp"
+#include "vmmckpt/pool_layout.hpp"
+
+namespace vmmckpt::detail {
+namespace {
+
+struct device_slot {
+  std::atomic<device_pool*> pool{nullptr};
+  std::unique_ptr<cuda_backend> backend;
+  std::unique_ptr<device_pool> owner;
+  CUresult failure = CUDA_SUCCESS;  // remembered so the reason is logged once
+};
+
+struct registry {
+  std::mutex mutex;  // creation only; lookups read the atomics
+  std::array<device_slot, max_devices> slots;
+  pool_config config;
+  std::string config_error;
+  bool config_read = false;
+  std::atomic<bool> config_valid{false};  // lets lookups skip the mutex
+  std::atomic<bool> forked_child{false};
+};
+
+registry& the_registry() {
+  static registry r;
+  return r;
+}
+
+void before_fork() {
+  registry& r = the_registry();
+  r.mutex.lock();
+  for (auto& slot : r.slots)
+    if (device_pool* p = slot.pool.load()) p->hold_for_fork();
+  log::hold_for_fork();
+}
+
+void after_fork_in_parent() {
+  registry& r = the_registry();
+  log::release_after_fork();
+  for (auto& slot : r.slots)
+    if (device_pool* p = slot.pool.load()) p->release_after_fork();
+  r.mutex.unlock();
+}
+
+void after_fork_in_child() {
+  after_fork_in_parent();
+  // The parent's GPU mappings are not the child's: step aside entirely.
+  registry& r = the_registry();
+  for (auto& slot : r.slots)
+    if (slot.pool.load() != nullptr) r.forked_child.store(true);
+}
+
+CUresult create_pool(registry& r, int ordinal, device_slot& slot) {
+  const driver_api* d = driver();
+  if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  const pool_config& cfg = r.config;
+  CUresult e = d->cuInit(0);
+  if (e != CUDA_SUCCESS) return e;
+  CUdevice device;
+  if ((e = d->cuDeviceGet(&device, ordinal)) != CUDA_SUCCESS) return e;
+  CUcontext primary;
+  if ((e = d->cuDevicePrimaryCtxRetain(&primary, device)) != CUDA_SUCCESS) return e;
+
+  const CUmemAllocationProp prop = cuda_backend::allocation_properties(device);
+  size_t granularity = 0;
+  e = d->cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+  if (e != CUDA_SUCCESS) {
+    log::error("device {}: cannot read the VMM granularity (error {}); no pool", ordinal, static_cast<int>(e));
+    return e;
+  }
+  if (granularity == 0 || large_alignment % granularity != 0 || cfg.size % granularity != 0) {
+    log::error("device {}: VMM granularity {} does not divide 2 MiB; no pool", ordinal, granularity);
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+
+  const std::uint64_t base = cfg.device_base(ordinal);
+  CUdeviceptr got = 0;
+  e = d->cuMemAddressReserve(&got, cfg.size, granularity, base, 0);
+  if (e != CUDA_SUCCESS) {
+    log::error("device {}: reserving the pool [{:#x}, {:#x}) failed (error {}); allocations will fail",
+               ordinal, base, base + cfg.size, static_cast<int>(e));
+    return e == CUDA_ERROR_OUT_OF_MEMORY ? e : CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  if (got != base) {
+    // The driver moves a reservation whose range is taken and says nothing:
+    // addresses elsewhere could never be restored, so refuse them.
+    d->cuMemAddressFree(got, cfg.size);
+    log::error("device {}: the pool range [{:#x}, {:#x}) is taken in this process (the driver offered {:#x}); "
+               "set VMMCKPT_POOL_BASE to a free range. Allocations on this device will fail.",
+               ordinal, base, base + cfg.size, static_cast<std::uint64_t>(got));
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+
+  pool_policy policy;
+  policy.granularity = granularity;
+  policy.growth_step = align_up(cfg.growth_step, granularity);
+  policy.retain_bytes = cfg.retain_bytes;
+  slot.backend = std::make_unique<cuda_backend>(device, primary);
+  slot.owner = std::make_unique<device_pool>(base, cfg.size, policy, *slot.backend);
+  slot.pool.store(slot.owner.get(), std::memory_order_release);
+  log::info("device {}: pool of {} GiB reserved at {:#x}", ordinal, cfg.size >> 30, base);
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+bool shim_active() { return !the_registry().forked_child.load(std::memory_order_relaxed); }
+
+CUresult acquire_pool(int ordinal, device_pool*& pool) {
+  registry& r = the_registry();
+  if (ordinal < 0 || ordinal >= max_devices) {
+    log::error("device {}: vmmckpt serves devices 0 to {}", ordinal, max_devices - 1);
+    return CUDA_ERROR_INVALID_DEVICE;
+  }
+  device_slot& slot = r.slots[ordinal];
+  if ((pool = slot.pool.load(std::memory_order_acquire)) != nullptr) return CUDA_SUCCESS;
+
+  std::lock_guard lock(r.mutex);
+  if ((pool = slot.pool.load(std::memory_order_acquire)) != nullptr) return CUDA_SUCCESS;
+  if (slot.failure != CUDA_SUCCESS) return slot.failure;
+  if (!r.config_read) {
+    r.config = pool_config_from_env(r.config_error);
+    r.config_read = true;
+    r.config_valid.store(r.config_error.empty(), std::memory_order_release);
+    static std::once_flag fork_handlers;
+    std::call_once(fork_handlers, [] { pthread_atfork(before_fork, after_fork_in_parent, after_fork_in_child); });
+  }
+  if (!r.config_error.empty()) {
+    log::error("{}; no pool, allocations will fail", r.config_error);
+    slot.failure = CUDA_ERROR_OUT_OF_MEMORY;
+    return slot.failure;
+  }
+  const CUresult e = create_pool(r, ordinal, slot);
+  if (e != CUDA_SUCCESS) {
+    // Driver not ready yet (no cuInit, no device) is the caller's error to see
+    // again next time; a pool that cannot be placed stays refused.
+    if (e == CUDA_ERROR_OUT_OF_MEMORY || e == CUDA_ERROR_NOT_SUPPORTED) slot.failure = e;
+    return e;
+  }
+  pool = slot.pool.load();
+  return CUDA_SUCCESS;
+}
+
+device_pool* pool_containing(std::uint64_t addr) {
+  registry& r = the_registry();
+  if (!r.config_valid.load(std::memory_order_acquire)) return nullptr;
+  const pool_config& cfg = r.config;
+  if (addr < cfg.base) return nullptr;
+  const std::uint64_t index = (addr - cfg.base) / cfg.size;
+  if (index >= static_cast<std::uint64_t>(max_devices)) return nullptr;
+  return r.slots[index].pool.load(std::memory_order_acquire);
+}
+
+std::uint64_t reusable_pool_bytes(int ordinal) {
+  if (ordinal < 0 || ordinal >= max_devices) return 0;
+  device_pool* p = the_registry().slots[ordinal].pool.load(std::memory_order_acquire);
+  if (p == nullptr) return 0;
+  const pool_stats s = p->stats();
+  return s.backed_bytes - s.live_bytes;
+}
+
+CUresult to_cuda_result(pool_status status, int backend_error) {
+  switch (status) {
+    case pool_status::ok: return CUDA_SUCCESS;
+    case pool_status::out_of_memory: return CUDA_ERROR_OUT_OF_MEMORY;
+    case pool_status::invalid_value: return CUDA_ERROR_INVALID_VALUE;
+    case pool_status::backend_error: return static_cast<CUresult>(backend_error);
+  }
+  return CUDA_ERROR_UNKNOWN;
+}
+
+}  // namespace vmmckpt::detail

@@ -1,0 +1,30 @@
+// The process's per-device pools: created on first use at their fixed addresses.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "vmmckpt/device_pool.hpp"
+
+namespace vmmckpt::detail {
+
+// False in the child of a fork() after the parent used CUDA: the child cannot
+// use the parent's GPU state, so every entry point passes straight through.
+bool shim_active();
+
+// The pool of a device ordinal, created on first use. CUDA_SUCCESS with the
+// pool, or the error to give the caller (the reason is logged once).
+CUresult acquire_pool(int ordinal, device_pool*& pool);
+
+// The pool whose address range holds addr, if that pool exists.
+device_pool* pool_containing(std::uint64_t addr);
+
+// Bytes the program could still allocate from pools of this device without
+// new physical memory (backed but not live): added to the driver's free figure.
+std::uint64_t reusable_pool_bytes(int ordinal);
+
+// CUresult for a pool_status.
+CUresult to_cuda_result(pool_status status, int backend_error);
+
+}  // namespace vmmckpt::detail

@@ -1,0 +1,67 @@
+// The real driver and runtime entry points, found at run time: the shim links neither libcuda nor libcudart.
+#pragma once
+
+#include <cuda.h>
+
+#include <atomic>
+
+// ABIs that cuda.h hides behind macros or only declares for its own build.
+extern "C" {
+CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUstream stream);
+CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream);
+CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream stream);
+}
+namespace vmmckpt::detail {
+using get_proc_address_v1_fn = CUresult(CUDAAPI*)(const char*, void**, int, cuuint64_t);
+}
+
+#define VMMCKPT_DRIVER_FUNCTIONS(X)                                                                   \
+  X(cuInit) X(cuGetProcAddress_v2) X(cuDeviceGet) X(cuDevicePrimaryCtxRetain) X(cuCtxGetCurrent)      \
+  X(cuCtxGetDevice) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2) X(cuCtxSynchronize)                 \
+  X(cuMemGetInfo_v2) X(cuMemAlloc_v2) X(cuMemFree_v2) X(cuMemAllocPitch_v2) X(cuMemGetAddressRange_v2) \
+  X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease) X(cuMemMap) X(cuMemUnmap) \
+  X(cuMemSetAccess) X(cuMemGetAllocationGranularity)
+// Present only in newer drivers, or not on every platform: may stay null.
+#define VMMCKPT_OPTIONAL_DRIVER_FUNCTIONS(X)                                                        \
+  X(cuCtxSynchronize_v2) X(cuStreamGetDevice) X(cuMemAllocAsync) X(cuMemAllocAsync_ptsz)            \
+  X(cuMemFreeAsync) X(cuMemFreeAsync_ptsz) X(cuMemAllocManaged) X(cuMemPoolCreate)                  \
+  X(cuMemAllocFromPoolAsync) X(cuMemAllocFromPoolAsync_ptsz) X(cuArrayCreate_v2) X(cuArray3DCreate_v2) \
+  X(cuMipmappedArrayCreate)
+
+namespace vmmckpt::detail {
+
+struct driver_api {
+#define VMMCKPT_DECLARE(name) decltype(&::name) name = nullptr;
+  VMMCKPT_DRIVER_FUNCTIONS(VMMCKPT_DECLARE)
+  VMMCKPT_OPTIONAL_DRIVER_FUNCTIONS(VMMCKPT_DECLARE)
+#undef VMMCKPT_DECLARE
+  get_proc_address_v1_fn cuGetProcAddress_v1 = nullptr;  // cuda.h macro-renames the plain name
+};
+
+// The real driver, loaded on first use. Null when libcuda.so.1 cannot be
+// loaded or lacks a required entry point (logged once).
+const driver_api* driver();
+
+// glibc's dlsym, bypassing the shim's own.
+void* real_dlsym(void* handle, const char* name);
+
+// A runtime (libcudart) function, looked up when first needed: libcudart may
+// be loaded after the shim, and privately (RTLD_LOCAL, as Python extensions
+// are), where RTLD_NEXT does not see it.
+class runtime_symbol {
+ public:
+  explicit constexpr runtime_symbol(const char* name) : name_(name) {}
+  template <typename Fn>
+  Fn get() {
+    void* p = address_.load(std::memory_order_acquire);
+    if (p == nullptr) p = resolve();
+    return reinterpret_cast<Fn>(p);
+  }
+
+ private:
+  void* resolve();
+  const char* name_;
+  std::atomic<void*> address_{nullptr};
+};
+
+}  // namespace vmmckpt::detail

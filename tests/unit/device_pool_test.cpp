@@ -1,0 +1,277 @@
+// Unit tests of the pool against a simulated physical backend: growth, quarantine, trimming, OOM, threads.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "vmmckpt/device_pool.hpp"
+
+using namespace vmmckpt;
+
+namespace {
+
+constexpr std::uint64_t base = 0x200000000000ULL;
+constexpr std::uint64_t MiB = 1ULL << 20;
+constexpr int fake_oom = 2;
+
+// A simulated device: mapped ranges, a physical capacity, and counters.
+class fake_backend final : public physical_backend {
+ public:
+  explicit fake_backend(std::uint64_t capacity) : capacity_(capacity) {}
+
+  int map_segment(std::uint64_t addr, std::uint64_t size, std::uint64_t& handle) override {
+    std::lock_guard lock(mutex_);
+    if (addr % (2 * MiB) != 0 || size % (2 * MiB) != 0) throw std::logic_error("unaligned segment");
+    if (used_ + size > capacity_) return fake_oom;
+    auto next = mapped_.lower_bound(addr);
+    if (next != mapped_.end() && next->first < addr + size) throw std::logic_error("segment overlaps");
+    if (next != mapped_.begin() && std::prev(next)->first + std::prev(next)->second > addr)
+      throw std::logic_error("segment overlaps");
+    mapped_[addr] = size;
+    used_ += size;
+    handle = ++handles_;
+    ++maps;
+    return 0;
+  }
+  void unmap_segment(std::uint64_t addr, std::uint64_t size, std::uint64_t) override {
+    std::lock_guard lock(mutex_);
+    if (mapped_.at(addr) != size) throw std::logic_error("unmap of a different size");
+    mapped_.erase(addr);
+    used_ -= size;
+    ++unmaps;
+  }
+  void synchronize() override { ++syncs; }
+  bool is_out_of_memory(int error) const override { return error == fake_oom; }
+
+  bool is_mapped(std::uint64_t addr, std::uint64_t size) const {
+    std::lock_guard lock(mutex_);
+    std::uint64_t cursor = addr;
+    while (cursor < addr + size) {
+      auto it = mapped_.upper_bound(cursor);
+      if (it == mapped_.begin()) return false;
+      --it;
+      if (it->first + it->second <= cursor) return false;
+      cursor = it->first + it->second;
+    }
+    return true;
+  }
+  std::uint64_t used() const {
+    std::lock_guard lock(mutex_);
+    return used_;
+  }
+
+  std::atomic<int> syncs{0}, maps{0}, unmaps{0};
+
+ private:
+  mutable std::mutex mutex_;
+  std::uint64_t capacity_;
+  std::uint64_t used_ = 0;
+  std::uint64_t handles_ = 0;
+  std::map<std::uint64_t, std::uint64_t> mapped_;
+};
+
+pool_policy policy(std::uint64_t growth = 64 * MiB, std::uint64_t retain = 256 * MiB) {
+  pool_policy p;
+  p.granularity = 2 * MiB;
+  p.growth_step = growth;
+  p.retain_bytes = retain;
+  return p;
+}
+
+std::uint64_t must_allocate(device_pool& pool, std::uint64_t size) {
+  std::uint64_t addr = 0;
+  REQUIRE(pool.allocate(size, alloc_api::cuda_malloc, addr) == pool_status::ok);
+  return addr;
+}
+
+}  // namespace
+
+TEST_CASE("physical memory grows in steps and small blocks share it", "[pool]") {
+  fake_backend backend(1ULL << 40);
+  device_pool pool(base, 64ULL << 30, policy(), backend);
+  const auto a = must_allocate(pool, 1000);
+  REQUIRE(a == base);
+  REQUIRE(backend.maps == 1);
+  REQUIRE(pool.stats().backed_bytes == 64 * MiB);
+  for (int i = 0; i < 100; ++i) must_allocate(pool, 100000);
+  REQUIRE(backend.maps == 1);  // all inside the first step
+  const auto big = must_allocate(pool, 200 * MiB);
+  REQUIRE(backend.is_mapped(big, 200 * MiB));
+  REQUIRE(pool.stats().live_count == 102);
+}
+
+TEST_CASE("every live block is backed by mapped memory", "[pool]") {
+  fake_backend backend(1ULL << 40);
+  device_pool pool(base, 64ULL << 30, policy(6 * MiB, 8 * MiB), backend);
+  std::mt19937 rng(3);
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> live;
+  for (int i = 0; i < 2000; ++i) {
+    if (!live.empty() && rng() % 2) {
+      const std::size_t k = rng() % live.size();
+      REQUIRE(pool.free(live[k].first) == pool_status::ok);
+      live.erase(live.begin() + k);
+    } else {
+      const std::uint64_t size = (rng() % 8 == 0) ? rng() % (20 * MiB) + 1 : rng() % 50000 + 1;
+      live.emplace_back(must_allocate(pool, size), size);
+    }
+    if (i % 100 == 0)
+      for (const auto& [addr, size] : live) REQUIRE(backend.is_mapped(addr, size));
+  }
+  const auto s = pool.stats();
+  // Physical memory held stays near live bytes: slack is the retained idle
+  // handles plus, per partly used handle, less than a handle's size.
+  REQUIRE(backend.used() == s.backed_bytes);
+  REQUIRE(s.idle_segment_bytes <= 8 * MiB);
+}
+
+TEST_CASE("a freed block is reused only after a synchronize", "[pool]") {
+  fake_backend backend(1ULL << 40);
+  device_pool pool(base, 64ULL << 30, policy(), backend);
+  const auto a = must_allocate(pool, 4096);
+  must_allocate(pool, 4096);
+  REQUIRE(backend.syncs == 0);
+  REQUIRE(pool.free(a) == pool_status::ok);
+  REQUIRE(backend.syncs == 0);  // free itself does not wait
+  REQUIRE(pool.stats().quarantined_bytes == 4096);
+  const auto b = must_allocate(pool, 4096);
+  REQUIRE(backend.syncs == 1);  // the next allocation waited first...
+  REQUIRE(b == a);              // ...and then placed exactly as an immediate free would
+  must_allocate(pool, 4096);
+  REQUIRE(backend.syncs == 1);  // nothing freed since: no wait
+}
+
+TEST_CASE("double free, interior and foreign pointers are refused", "[pool]") {
+  fake_backend backend(1ULL << 40);
+  device_pool pool(base, 64ULL << 30, policy(), backend);
+  const auto a = must_allocate(pool, 4096);
+  REQUIRE(pool.free(a + 256) == pool_status::invalid_value);
+  REQUIRE(pool.free(a) == pool_status::ok);
+  REQUIRE(pool.free(a) == pool_status::invalid_value);
+  REQUIRE(pool.free(base + (1ULL << 30)) == pool_status::invalid_value);
+  std::uint64_t addr = 0;
+  REQUIRE(pool.allocate(0, alloc_api::cu_mem_alloc, addr) == pool_status::invalid_value);
+}
+
+TEST_CASE("wholly free handles beyond the retained amount are given back", "[pool]") {
+  fake_backend backend(1ULL << 40);
+  device_pool pool(base, 64ULL << 30, policy(2 * MiB, 64 * MiB), backend);
+  std::vector<std::uint64_t> blocks;
+  for (int i = 0; i < 10; ++i) blocks.push_back(must_allocate(pool, 32 * MiB));
+  REQUIRE(pool.stats().backed_bytes == 320 * MiB);
+  for (auto b : blocks) REQUIRE(pool.free(b) == pool_status::ok);
+  const auto s = pool.stats();
+  REQUIRE(s.idle_segment_bytes <= 64 * MiB);
+  REQUIRE(s.backed_bytes <= 64 * MiB);
+  REQUIRE(backend.unmaps > 0);
+  REQUIRE(backend.syncs >= 1);  // never unmapped before waiting for the GPU
+  pool.trim();
+  REQUIRE(pool.stats().backed_bytes == 0);
+  REQUIRE(backend.used() == 0);
+}
+
+TEST_CASE("out of physical memory: idle handles are trimmed, then a clean failure", "[pool]") {
+  fake_backend backend(128 * MiB);
+  device_pool pool(base, 64ULL << 30, policy(2 * MiB, 1ULL << 40), backend);  // retain everything
+  const auto a = must_allocate(pool, 96 * MiB);
+  REQUIRE(pool.free(a) == pool_status::ok);
+  // Needs new memory elsewhere? No: placement reuses a's range after the sync.
+  const auto b = must_allocate(pool, 100 * MiB);
+  REQUIRE(b == a);
+  // Now a block that cannot fit in 128 MiB of physical memory at all.
+  std::uint64_t addr = 0;
+  const auto before = pool.stats();
+  REQUIRE(pool.allocate(64 * MiB, alloc_api::cuda_malloc, addr) == pool_status::out_of_memory);
+  const auto after = pool.stats();
+  REQUIRE(after.live_bytes == before.live_bytes);
+  REQUIRE(after.live_count == before.live_count);
+  // The failed request left placement untouched: the next fitting one lands where it would have.
+  REQUIRE(pool.free(b) == pool_status::ok);
+  REQUIRE(must_allocate(pool, 64 * MiB) == base);
+}
+
+TEST_CASE("out of physical memory with idle handles elsewhere: they are given back and the request succeeds",
+          "[pool]") {
+  fake_backend backend(64 * MiB);
+  device_pool pool(base, 64ULL << 30, policy(2 * MiB, 1ULL << 40), backend);
+  const auto small = must_allocate(pool, 40 * MiB);
+  const auto filler = must_allocate(pool, 20 * MiB);
+  REQUIRE(pool.free(filler) == pool_status::ok);
+  REQUIRE(pool.free(small) == pool_status::ok);
+  // 60 MiB mapped, all idle; a 62 MiB block at base needs more than remains, so
+  // the idle handles must go back before it can be backed.
+  const auto big = must_allocate(pool, 62 * MiB);
+  REQUIRE(big == base);
+  REQUIRE(backend.is_mapped(big, 62 * MiB));
+}
+
+TEST_CASE("pool exhaustion of the address range is out of memory, not a crash", "[pool]") {
+  fake_backend backend(1ULL << 40);
+  device_pool pool(base, 64 * MiB, policy(), backend);
+  must_allocate(pool, 60 * MiB);
+  std::uint64_t addr = 0;
+  REQUIRE(pool.allocate(8 * MiB, alloc_api::cuda_malloc, addr) == pool_status::out_of_memory);
+  REQUIRE(pool.allocate(1ULL << 50, alloc_api::cuda_malloc, addr) == pool_status::out_of_memory);
+}
+
+TEST_CASE("address_range names the allocation, not the handle", "[pool]") {
+  fake_backend backend(1ULL << 40);
+  device_pool pool(base, 64ULL << 30, policy(), backend);
+  must_allocate(pool, 1000);
+  const auto b = must_allocate(pool, 5000);
+  std::uint64_t start = 0, size = 0;
+  REQUIRE(pool.address_range(b + 4999, start, size));
+  REQUIRE(start == b);
+  REQUIRE(size == 5000);
+  REQUIRE_FALSE(pool.address_range(base + 32 * MiB, start, size));
+}
+
+TEST_CASE("concurrent allocation and free from many threads", "[pool]") {
+  fake_backend backend(1ULL << 40);
+  device_pool pool(base, 64ULL << 30, policy(8 * MiB, 16 * MiB), backend);
+  constexpr int threads = 8;
+  std::atomic<bool> failed{false};
+  std::vector<std::thread> workers;
+  std::mutex owners_mutex;
+  std::map<std::uint64_t, std::uint64_t> owners;  // addr -> end, across all threads
+  for (int t = 0; t < threads; ++t) {
+    workers.emplace_back([&, t] {
+      std::mt19937 rng(100 + t);
+      std::vector<std::uint64_t> mine;
+      for (int i = 0; i < 3000 && !failed; ++i) {
+        if (!mine.empty() && rng() % 2) {
+          const std::size_t k = rng() % mine.size();
+          {
+            std::lock_guard lock(owners_mutex);
+            owners.erase(mine[k]);
+          }
+          if (pool.free(mine[k]) != pool_status::ok) failed = true;
+          mine.erase(mine.begin() + k);
+        } else {
+          const std::uint64_t size = rng() % 300000 + 1;
+          std::uint64_t addr = 0;
+          if (pool.allocate(size, alloc_api::cu_mem_alloc, addr) != pool_status::ok) {
+            failed = true;
+            break;
+          }
+          std::lock_guard lock(owners_mutex);
+          // No other live block may overlap this one.
+          auto next = owners.lower_bound(addr);
+          if (next != owners.end() && next->first < addr + size) failed = true;
+          if (next != owners.begin() && std::prev(next)->second > addr) failed = true;
+          owners[addr] = addr + size;
+          mine.push_back(addr);
+        }
+      }
+    });
+  }
+  for (auto& w : workers) w.join();
+  REQUIRE_FALSE(failed);
+  const auto s = pool.stats();
+  REQUIRE(s.live_count == owners.size());
+  for (const auto& [addr, end] : owners) REQUIRE(backend.is_mapped(addr, end - addr));
+}

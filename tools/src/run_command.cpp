@@ -1,0 +1,49 @@
+// `cuda-ckpt run`: start a command with libvmmckpt.so preloaded.
+#include "run_command.hpp"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+
+#include "exit_codes.hpp"
+
+namespace vmmckpt::tools {
+
+std::string locate_shim() {
+  if (const char* explicit_path = std::getenv("VMMCKPT_SHIM"); explicit_path && *explicit_path) return explicit_path;
+  std::error_code ec;
+  const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return {};
+  return (self.parent_path().parent_path() / "lib" / "libvmmckpt.so").string();
+}
+
+int run_under_shim(const std::vector<std::string>& command) {
+  if (command.empty()) {
+    std::cerr << "cuda-ckpt run: no command given (usage: cuda-ckpt run [--] COMMAND [ARGS...])\n";
+    return exit_usage;
+  }
+  const std::string shim = locate_shim();
+  if (shim.empty() || ::access(shim.c_str(), R_OK) != 0) {
+    std::cerr << "cuda-ckpt run: cannot find the shim at '" << shim << "' (set VMMCKPT_SHIM to libvmmckpt.so)\n";
+    return exit_failure;
+  }
+  // The shim goes first so its symbols win over any other preloaded library.
+  std::string preload = shim;
+  if (const char* existing = std::getenv("LD_PRELOAD"); existing && *existing) preload += std::string(":") + existing;
+  ::setenv("LD_PRELOAD", preload.c_str(), 1);
+
+  std::vector<char*> argv;
+  argv.reserve(command.size() + 1);
+  for (const auto& arg : command) argv.push_back(const_cast<char*>(arg.c_str()));
+  argv.push_back(nullptr);
+  ::execvp(argv[0], argv.data());
+  const int error = errno;
+  std::cerr << "cuda-ckpt run: cannot execute '" << command[0] << "': " << std::strerror(error) << "\n";
+  return error == ENOENT ? exit_not_found : exit_cannot_execute;
+}
+
+}  // namespace vmmckpt::tools
