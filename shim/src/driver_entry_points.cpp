@@ -57,7 +57,11 @@ bool pool_free(CUdeviceptr addr, CUresult& result) {
 namespace {
 
 CUresult allocate_async(CUdeviceptr* dptr, size_t bytesize, CUstream stream) {
-  if (dptr == nullptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (dptr == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (bytesize == 0) {  // the driver's stream-ordered allocator answers NULL, not an error
+    *dptr = 0;
+    return CUDA_SUCCESS;
+  }
   int ordinal = 0;
   const CUresult e = stream_device(stream, ordinal);
   if (e != CUDA_SUCCESS) return e;

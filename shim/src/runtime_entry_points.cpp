@@ -79,8 +79,11 @@ cudaError_t runtime_allocate(void** dev_ptr, std::size_t size, alloc_api api, in
   return cudaSuccess;
 }
 
-cudaError_t malloc_async(void** dev_ptr, size_t size, cudaStream_t stream) {
-  if (dev_ptr == nullptr) return cudaErrorInvalidValue;
+cudaError_t malloc_async(runtime_symbol& real, void** dev_ptr, size_t size, cudaStream_t stream) {
+  if (dev_ptr == nullptr) {
+    auto fn = real.get<cudaError_t (*)(void**, size_t, cudaStream_t)>();
+    return fn ? fn(dev_ptr, size, stream) : cudaErrorInvalidValue;
+  }
   int device = 0;
   cudaError_t e = runtime_device(device);
   if (e != cudaSuccess) return e;
@@ -95,7 +98,10 @@ cudaError_t malloc_async(void** dev_ptr, size_t size, cudaStream_t stream) {
 
 cudaError_t free_async(runtime_symbol& real, void* dev_ptr, cudaStream_t stream) {
   CUresult result;
-  if (shim_active() && pool_free(reinterpret_cast<CUdeviceptr>(dev_ptr), result)) return to_runtime_error(result);
+  // A refused free (double, interior) is handed to the real runtime too, so it
+  // is answered and recorded as the last error natively.
+  if (shim_active() && pool_free(reinterpret_cast<CUdeviceptr>(dev_ptr), result) && result == CUDA_SUCCESS)
+    return cudaSuccess;
   auto fn = real.get<cudaError_t (*)(void*, cudaStream_t)>();
   return fn ? fn(dev_ptr, stream) : cudaErrorNotSupported;
 }
@@ -112,10 +118,13 @@ VMMCKPT_EXPORT cudaError_t CUDARTAPI cudaMalloc(void** dev_ptr, size_t size) {
       auto fn = real_cudaMalloc.get<cudaError_t (*)(void**, size_t)>();
       return fn ? fn(dev_ptr, size) : cudaErrorInitializationError;
     }
+    auto real = real_cudaMalloc.get<cudaError_t (*)(void**, size_t)>();
+    // Argument errors go to the real runtime, which answers them and records
+    // them as the last error exactly as it does natively.
+    if (dev_ptr == nullptr) return real ? real(dev_ptr, size) : cudaErrorInvalidValue;
     int device = 0;
     const cudaError_t e = runtime_device(device);
     if (e != cudaSuccess) return e;
-    if (dev_ptr == nullptr) return cudaErrorInvalidValue;
     if (size == 0) {
       *dev_ptr = nullptr;
       return cudaSuccess;
@@ -130,10 +139,13 @@ VMMCKPT_EXPORT cudaError_t CUDARTAPI cudaMallocPitch(void** dev_ptr, size_t* pit
       auto fn = real_cudaMallocPitch.get<cudaError_t (*)(void**, size_t*, size_t, size_t)>();
       return fn ? fn(dev_ptr, pitch, width, height) : cudaErrorInitializationError;
     }
+    if (dev_ptr == nullptr || pitch == nullptr) {
+      auto real = real_cudaMallocPitch.get<cudaError_t (*)(void**, size_t*, size_t, size_t)>();
+      return real ? real(dev_ptr, pitch, width, height) : cudaErrorInvalidValue;
+    }
     int device = 0;
     const cudaError_t e = runtime_device(device);
     if (e != cudaSuccess) return e;
-    if (dev_ptr == nullptr || pitch == nullptr) return cudaErrorInvalidValue;
     const std::size_t row = align_up(width, pitch_alignment);
     if (width == 0 || height == 0) {
       *dev_ptr = nullptr;
@@ -153,7 +165,7 @@ VMMCKPT_EXPORT cudaError_t CUDARTAPI cudaMallocAsync(void** dev_ptr, size_t size
       auto fn = real_cudaMallocAsync.get<cudaError_t (*)(void**, size_t, cudaStream_t)>();
       return fn ? fn(dev_ptr, size, stream) : cudaErrorNotSupported;
     }
-    return malloc_async(dev_ptr, size, stream);
+    return malloc_async(real_cudaMallocAsync, dev_ptr, size, stream);
   });
 }
 
@@ -163,16 +175,18 @@ VMMCKPT_EXPORT cudaError_t CUDARTAPI cudaMallocAsync_ptsz(void** dev_ptr, size_t
       auto fn = real_cudaMallocAsync_ptsz.get<cudaError_t (*)(void**, size_t, cudaStream_t)>();
       return fn ? fn(dev_ptr, size, stream) : cudaErrorNotSupported;
     }
-    return malloc_async(dev_ptr, size, stream);
+    return malloc_async(real_cudaMallocAsync_ptsz, dev_ptr, size, stream);
   });
 }
 
 VMMCKPT_EXPORT cudaError_t CUDARTAPI cudaFree(void* dev_ptr) {
   return guarded(cudaErrorUnknown, [&] {
     CUresult result;
-    if (dev_ptr != nullptr && shim_active() && pool_free(reinterpret_cast<CUdeviceptr>(dev_ptr), result))
-      return to_runtime_error(result);
-    // NULL included: cudaFree(0) is how programs initialize the runtime.
+    if (dev_ptr != nullptr && shim_active() && pool_free(reinterpret_cast<CUdeviceptr>(dev_ptr), result) &&
+        result == CUDA_SUCCESS)
+      return cudaSuccess;
+    // NULL included: cudaFree(0) is how programs initialize the runtime. A
+    // refused pool free lands here too, so the runtime answers and records it.
     auto fn = real_cudaFree.get<cudaError_t (*)(void*)>();
     return fn ? fn(dev_ptr) : cudaErrorInitializationError;
   });
