@@ -1,12 +1,26 @@
 # Shared by scripts/test.sh and scripts/demo.sh: install missing Debian packages, check the CUDA toolkit, build.
 # Sourced, not run.
 
-VMMCKPT_PACKAGES=(cmake make g++ binutils python3 libspdlog-dev libfmt-dev catch2 libcli11-dev nlohmann-json3-dev libxxhash-dev)
+# What the build needs, as "how to tell it is there|Debian package". A command is looked up on
+# PATH; a header under /usr/include or $VMMCKPT_DEPS_PREFIX/usr/include (scripts/fetch-deps.sh
+# unpacks them there for machines without a package registry).
+VMMCKPT_NEEDS=(
+  "cmd:cmake|cmake" "cmd:g++|g++" "cmd:make|make" "cmd:nm|binutils" "cmd:readelf|binutils" "cmd:python3|python3"
+  "hdr:spdlog/spdlog.h|libspdlog-dev" "hdr:fmt/format.h|libfmt-dev" "hdr:catch2/catch.hpp|catch2"
+  "hdr:CLI/CLI.hpp|libcli11-dev" "hdr:nlohmann/json.hpp|nlohmann-json3-dev" "hdr:xxhash.h|libxxhash-dev"
+)
 
 vmmckpt_install_packages() {
-  local missing=()
-  for pkg in "${VMMCKPT_PACKAGES[@]}"; do
-    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+  local missing=() need what pkg
+  for need in "${VMMCKPT_NEEDS[@]}"; do
+    what="${need%%|*}"
+    pkg="${need##*|}"
+    case "$what" in
+      cmd:*) command -v "${what#cmd:}" >/dev/null 2>&1 && continue ;;
+      hdr:*) [ -f "/usr/include/${what#hdr:}" ] && continue
+             [ -n "${VMMCKPT_DEPS_PREFIX:-}" ] && [ -f "$VMMCKPT_DEPS_PREFIX/usr/include/${what#hdr:}" ] && continue ;;
+    esac
+    [[ " ${missing[*]} " == *" $pkg "* ]] || missing+=("$pkg")
   done
   if ((${#missing[@]} == 0)); then return 0; fi
   echo "==> installing missing packages: ${missing[*]}"
@@ -18,6 +32,11 @@ vmmckpt_install_packages() {
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 }
+
+# Headers unpacked by scripts/fetch-deps.sh are used when present.
+if [ -z "${VMMCKPT_DEPS_PREFIX:-}" ] && [ -d "$PWD/.deps/prefix/usr/include" ]; then
+  export VMMCKPT_DEPS_PREFIX="$PWD/.deps/prefix"
+fi
 
 vmmckpt_check_cuda_toolkit() {
   local root="${CUDA_HOME:-${CUDAToolkit_ROOT:-/usr/local/cuda}}"
