@@ -2,6 +2,7 @@
 #include <cuda.h>
 
 #include "entry_points.hpp"
+#include "gate.hpp"
 #include "vmmckpt/pool_layout.hpp"
 
 namespace vmmckpt::detail {
@@ -29,6 +30,7 @@ CUresult stream_device(CUstream stream, int& ordinal) {
 }
 
 CUresult pool_allocate(int ordinal, std::size_t size, alloc_api api, CUdeviceptr& out) {
+  gate_scope scope;  // the allocation table must not change while a dump holds the program
   device_pool* pool = nullptr;
   CUresult e = acquire_pool(ordinal, pool);
   if (e != CUDA_SUCCESS) return e;
@@ -48,6 +50,7 @@ CUresult pool_allocate(int ordinal, std::size_t size, alloc_api api, CUdeviceptr
 bool pool_free(CUdeviceptr addr, CUresult& result) {
   device_pool* pool = pool_containing(addr);
   if (pool == nullptr) return false;
+  gate_scope scope;
   const pool_status status = pool->free(addr);
   if (status != pool_status::ok) log::info("free of {:#x}: not a live pool allocation", static_cast<std::uint64_t>(addr));
   result = to_cuda_result(status, 0);

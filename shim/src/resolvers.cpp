@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "entry_points.hpp"
+#include "gated_entry_points.hpp"
 
 #undef cuGetProcAddress  // cuda.h renames it to _v2; the v1 ABI is exported too
 // cudaGetDriverEntryPoint is deprecated, and still called by programs: we serve it.
@@ -107,7 +108,7 @@ void* driver_substitute_for(const char* symbol, int cuda_version, cuuint64_t fla
   const driver_substitute* best = nullptr;
   for (const auto& s : driver_substitutes)
     if (s.name == name && s.since <= cuda_version && (best == nullptr || s.since > best->since)) best = &s;
-  if (best == nullptr) return nullptr;
+  if (best == nullptr) return gated_substitute_for_pointer(real);
   void* ours = best->legacy;
   if (best->per_thread != nullptr) {
     // Match the stream semantics the driver chose: compare with its _ptsz twin.
@@ -247,6 +248,7 @@ void* vmmckpt_dlsym_impl(void* handle, const char* name) {
       return s.ours;
     }
   }
+  if (void* gated = gated_substitute_for_name(wanted)) return gated;
   return real;
 }
 
