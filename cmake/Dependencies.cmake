@@ -27,6 +27,7 @@ vmmckpt_find_header(VMMCKPT_FMT_INCLUDE fmt/format.h libfmt-dev)
 vmmckpt_find_header(VMMCKPT_CLI11_INCLUDE CLI/CLI.hpp libcli11-dev)
 vmmckpt_find_header(VMMCKPT_JSON_INCLUDE nlohmann/json.hpp nlohmann-json3-dev)
 vmmckpt_find_header(VMMCKPT_CATCH2_INCLUDE catch2/catch.hpp catch2)
+vmmckpt_find_header(VMMCKPT_XXHASH_INCLUDE xxhash.h libxxhash-dev)
 
 # Header-only spdlog over header-only fmt: compiled into whoever uses it.
 add_library(vmmckpt_logging_headers INTERFACE)
@@ -38,6 +39,10 @@ target_compile_definitions(vmmckpt_logging_headers INTERFACE
 add_library(vmmckpt_cli_headers INTERFACE)
 target_include_directories(vmmckpt_cli_headers SYSTEM INTERFACE
   ${VMMCKPT_CLI11_INCLUDE} ${VMMCKPT_JSON_INCLUDE})
+
+# XXH3 used header-only (XXH_INLINE_ALL): nothing links libxxhash.
+add_library(vmmckpt_xxhash_headers INTERFACE)
+target_include_directories(vmmckpt_xxhash_headers SYSTEM INTERFACE ${VMMCKPT_XXHASH_INCLUDE})
 
 add_library(vmmckpt_catch2 INTERFACE)
 target_include_directories(vmmckpt_catch2 SYSTEM INTERFACE ${VMMCKPT_CATCH2_INCLUDE})

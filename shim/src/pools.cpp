@@ -9,6 +9,7 @@
 #include <mutex>
 #include <string>
 
+#include "control_server.hpp"
 #include "cuda_backend.hpp"
 #include "log.hpp"
 #include "real_symbols.hpp"
@@ -151,6 +152,7 @@ CUresult acquire_pool(int ordinal, device_pool*& pool) {
     return e;
   }
   pool = slot.pool.load();
+  start_control_server();  // first CUDA use: from now on cuda-ckpt can reach this process
   return CUDA_SUCCESS;
 }
 
@@ -162,6 +164,14 @@ device_pool* pool_containing(std::uint64_t addr) {
   const std::uint64_t index = (addr - cfg.base) / cfg.size;
   if (index >= static_cast<std::uint64_t>(max_devices)) return nullptr;
   return r.slots[index].pool.load(std::memory_order_acquire);
+}
+
+std::vector<active_pool> active_pools() {
+  std::vector<active_pool> out;
+  auto& slots = the_registry().slots;
+  for (int i = 0; i < max_devices; ++i)
+    if (device_pool* p = slots[i].pool.load(std::memory_order_acquire)) out.push_back({i, p});
+  return out;
 }
 
 std::uint64_t reusable_pool_bytes(int ordinal) {

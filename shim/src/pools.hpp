@@ -4,6 +4,7 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "vmmckpt/device_pool.hpp"
 
@@ -23,6 +24,13 @@ device_pool* pool_containing(std::uint64_t addr);
 // Bytes the program could still allocate from pools of this device without
 // new physical memory (backed but not live): added to the driver's free figure.
 std::uint64_t reusable_pool_bytes(int ordinal);
+
+struct active_pool {
+  int ordinal;
+  device_pool* pool;
+};
+// Every pool created so far, by device ordinal.
+std::vector<active_pool> active_pools();
 
 // CUresult for a pool_status.
 CUresult to_cuda_result(pool_status status, int backend_error);

@@ -20,13 +20,14 @@ using get_proc_address_v1_fn = CUresult(CUDAAPI*)(const char*, void**, int, cuui
   X(cuCtxGetDevice) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2) X(cuCtxSynchronize)                 \
   X(cuMemGetInfo_v2) X(cuMemAlloc_v2) X(cuMemFree_v2) X(cuMemAllocPitch_v2) X(cuMemGetAddressRange_v2) \
   X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease) X(cuMemMap) X(cuMemUnmap) \
-  X(cuMemSetAccess) X(cuMemGetAllocationGranularity)
+  X(cuMemSetAccess) X(cuMemGetAllocationGranularity) X(cuMemExportToShareableHandle) X(cuDeviceGetName)  \
+  X(cuDeviceGetAttribute)
 // Present only in newer drivers, or not on every platform: may stay null.
 #define VMMCKPT_OPTIONAL_DRIVER_FUNCTIONS(X)                                                        \
   X(cuCtxSynchronize_v2) X(cuStreamGetDevice) X(cuMemAllocAsync) X(cuMemAllocAsync_ptsz)            \
   X(cuMemFreeAsync) X(cuMemFreeAsync_ptsz) X(cuMemAllocManaged) X(cuMemPoolCreate)                  \
   X(cuMemAllocFromPoolAsync) X(cuMemAllocFromPoolAsync_ptsz) X(cuArrayCreate_v2) X(cuArray3DCreate_v2) \
-  X(cuMipmappedArrayCreate)
+  X(cuMipmappedArrayCreate) X(cuDeviceGetUuid_v2)
 
 namespace vmmckpt::detail {
 

@@ -67,4 +67,68 @@ process_result run_process(const std::vector<std::string>& argv, const std::map<
   return result;
 }
 
+background_process::background_process(const std::vector<std::string>& argv,
+                                       const std::map<std::string, std::string>& env) {
+  int out_pipe[2];
+  if (pipe2(out_pipe, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
+  pid_ = fork();
+  if (pid_ < 0) throw std::runtime_error("fork failed");
+  if (pid_ == 0) {
+    dup2(out_pipe[1], 1);
+    for (const auto& [key, value] : env) {
+      if (value.empty()) unsetenv(key.c_str());
+      else setenv(key.c_str(), value.c_str(), 1);
+    }
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execvp(args[0], args.data());
+    _exit(127);
+  }
+  close(out_pipe[1]);
+  out_fd_ = out_pipe[0];
+}
+
+background_process::~background_process() {
+  if (status_ < 0 && pid_ > 0) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  if (out_fd_ >= 0) close(out_fd_);
+}
+
+bool background_process::wait_for_output(const std::string& text, int timeout_s) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  while (out_.find(text) == std::string::npos) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    pollfd pfd{out_fd_, POLLIN, 0};
+    if (poll(&pfd, 1, static_cast<int>(left.count())) <= 0) return false;
+    char buf[4096];
+    const ssize_t n = read(out_fd_, buf, sizeof buf);
+    if (n <= 0) return out_.find(text) != std::string::npos;
+    out_.append(buf, static_cast<size_t>(n));
+  }
+  return true;
+}
+
+bool background_process::running() {
+  if (status_ >= 0) return false;
+  int status = 0;
+  if (waitpid(pid_, &status, WNOHANG) == pid_) {
+    status_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    return false;
+  }
+  return true;
+}
+
+int background_process::wait() {
+  if (status_ < 0) {
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    status_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  return status_;
+}
+
 }  // namespace vmmckpt::test

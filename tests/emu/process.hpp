@@ -1,6 +1,8 @@
 // Runs a program for an end-to-end test and captures what it printed and how it ended.
 #pragma once
 
+#include <sys/types.h>
+
 #include <map>
 #include <string>
 #include <vector>
@@ -18,5 +20,28 @@ struct process_result {
 // variable). Kills the program after timeout_s.
 process_result run_process(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env = {},
                            int timeout_s = 60);
+
+// A program started in the background; killed (SIGKILL) and reaped on destruction.
+class background_process {
+ public:
+  background_process(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env = {});
+  ~background_process();
+  background_process(const background_process&) = delete;
+  background_process& operator=(const background_process&) = delete;
+
+  pid_t pid() const { return pid_; }
+  // Reads its stdout until `text` has appeared; false on timeout or exit.
+  bool wait_for_output(const std::string& text, int timeout_s = 30);
+  const std::string& output() const { return out_; }
+  bool running();
+  // Waits for it to end; the exit code, or 128 + signal.
+  int wait();
+
+ private:
+  pid_t pid_ = -1;
+  int out_fd_ = -1;
+  std::string out_;
+  int status_ = -1;
+};
 
 }  // namespace vmmckpt::test

@@ -2,13 +2,16 @@
 #include <CLI/CLI.hpp>
 
 #include <iostream>
-#include <string_view>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "commands.hpp"
 #include "exit_codes.hpp"
 #include "run_command.hpp"
-#include "version.hpp"
+#include "vmmckpt/ckpt/control_client.hpp"
+#include "vmmckpt/image.hpp"
+#include "vmmckpt/version.hpp"
 
 using namespace vmmckpt::tools;
 
@@ -16,8 +19,8 @@ namespace {
 
 constexpr const char* exit_code_help =
     "Exit codes:\n"
-    "  0    success\n"
-    "  1    the operation failed (the message says why)\n"
+    "  0    success (verify: the image is good)\n"
+    "  1    the operation failed, or verify found a defect (the message says which)\n"
     "  2    bad command line\n"
     "  126  run: the command cannot be executed\n"
     "  127  run: the command was not found\n"
@@ -38,6 +41,36 @@ int main(int argc, char** argv) {
       "Example: cuda-ckpt run -- python train.py --epochs 3");
   run->prefix_command();  // everything after the first word belongs to the command
 
+  bool ps_json = false;
+  auto* ps = app.add_subcommand("ps", "List the processes running under vmmckpt");
+  ps->add_flag("--json", ps_json, "Print JSON");
+
+  dump_command_options dump_options;
+  auto* dump = app.add_subcommand("dump", "Write a consistent image of a running process's GPU memory");
+  dump->add_option("pid", dump_options.pid, "The process (running under vmmckpt)")->required();
+  dump->add_option("-o,--output", dump_options.output, "Image directory to create (default ./vmmckpt-PID-TIME)");
+  dump->add_flag("--json", dump_options.json, "Print the result as JSON");
+  dump->add_option("--deadline", dump_options.deadline_s, "Release the program after this many seconds, dump or not")
+      ->capture_default_str()->check(CLI::Range(1, 600));
+  dump->add_option("--chunk", dump_options.chunk, "Staging buffer size")->capture_default_str();
+  dump->add_option("--buffers", dump_options.buffers, "Pinned staging buffers")->capture_default_str()->check(CLI::Range(1, 64));
+  dump->add_option("--streams", dump_options.streams, "Copy streams")->capture_default_str()->check(CLI::Range(1, 16));
+  dump->footer(
+      "The program is held (its GPU work stopped and drained) only until its memory is out of the GPU.\n"
+      "The image appears under its final name only once complete and synced: a failed dump leaves none.");
+
+  std::string inspect_path;
+  bool inspect_json = false;
+  auto* inspect = app.add_subcommand("inspect", "Summarize an image and list its allocations");
+  inspect->add_option("image", inspect_path, "Image directory")->required();
+  inspect->add_flag("--json", inspect_json, "Print the manifest as JSON");
+
+  std::string verify_path;
+  bool verify_json = false;
+  auto* verify = app.add_subcommand("verify", "Check an image's structure and every checksum");
+  verify->add_option("image", verify_path, "Image directory")->required();
+  verify->add_flag("--json", verify_json, "Print the result as JSON");
+
   // CLI11 would take a "--" right after "run" for itself; the command starts after it.
   std::vector<char*> args(argv, argv + argc);
   if (args.size() >= 3 && std::string_view(args[1]) == "run" && std::string_view(args[2]) == "--")
@@ -50,9 +83,22 @@ int main(int argc, char** argv) {
     return code == 0 ? exit_ok : exit_usage;
   }
 
-  if (*run) {
-    // prefix_command leaves the command, untouched, in the remaining arguments.
-    return run_under_shim(run->remaining());
+  const char* command = app.get_subcommands().front()->get_name().c_str();
+  try {
+    if (*run) return run_under_shim(run->remaining());
+    if (*ps) return ps_command(ps_json);
+    if (*dump) return dump_command(dump_options);
+    if (*inspect) return inspect_command(inspect_path, inspect_json);
+    if (*verify) return verify_command(verify_path, verify_json);
+  } catch (const vmmckpt::ckpt::tool_error& e) {
+    std::cerr << "cuda-ckpt " << command << ": " << e.what() << "\n";
+    return exit_failure;
+  } catch (const vmmckpt::image::image_error& e) {
+    std::cerr << "cuda-ckpt " << command << ": " << e.what() << "\n";
+    return exit_failure;
+  } catch (const std::exception& e) {
+    std::cerr << "cuda-ckpt " << command << ": unexpected error: " << e.what() << "\n";
+    return exit_failure;
   }
   return exit_usage;
 }

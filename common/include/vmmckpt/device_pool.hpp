@@ -75,6 +75,9 @@ class device_pool {
   std::vector<range_allocator::block> live_blocks() const;
   std::vector<segment_info> segments() const;
 
+  // Waits until no work submitted so far can touch the pool (a dump's snapshot point).
+  void synchronize() { backend_.synchronize(); }
+
   // Synchronizes, reuses quarantined ranges and gives back every wholly free
   // handle (used when the driver runs out of memory, and by tests).
   void trim();

@@ -1,0 +1,42 @@
+// The dump engine: a consistent image of a running process's pool memory.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <string>
+
+#include "vmmckpt/image.hpp"
+
+namespace vmmckpt::ckpt {
+
+struct dump_options {
+  pid_t pid = 0;
+  std::filesystem::path output;            // the image directory to create
+  std::size_t chunk_bytes = 64ULL << 20;   // one staging buffer
+  int staging_buffers = 4;                 // pinned, reused round robin
+  int streams = 2;                         // copy streams
+  int hold_deadline_ms = 60'000;           // the program is released after this, dump or not
+};
+
+struct dump_progress {
+  std::uint64_t bytes_done = 0;
+  std::uint64_t bytes_total = 0;
+};
+
+struct dump_result {
+  image::manifest manifest;
+  std::filesystem::path image;
+  double seconds = 0;        // from connecting to the committed image
+  double copy_seconds = 0;   // first copy issued to last copy out of the GPU
+  double hold_ms = 0;        // how long the program was held, as the program measured it
+  bool driver_lock = false;  // cuCheckpointProcessLock held the program as well
+};
+
+// Throws tool_error (ckpt/control_client.hpp) or image::image_error; on any
+// failure nothing that looks like an image is left and the program runs on.
+dump_result dump(const dump_options& options, const std::function<void(const dump_progress&)>& progress = {});
+
+}  // namespace vmmckpt::ckpt

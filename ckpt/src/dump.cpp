@@ -1,0 +1,345 @@
+// The dump engine: hold the program, map its pool here, copy live bytes out through pinned staging, write the image.
+#include "vmmckpt/ckpt/dump.hpp"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "cuda_check.hpp"
+#include "vmmckpt/ckpt/control_client.hpp"
+#include "vmmckpt/ckpt/pool_mapping.hpp"
+#include "vmmckpt/protocol.hpp"
+#include "vmmckpt/version.hpp"
+
+namespace vmmckpt::ckpt {
+namespace {
+
+using json = nlohmann::json;
+using clock = std::chrono::steady_clock;
+
+std::uint64_t parse_hex(const json& v) {
+  if (v.is_number_unsigned()) return v.get<std::uint64_t>();
+  return std::stoull(v.get<std::string>(), nullptr, 0);
+}
+
+std::string now_iso8601() {
+  const std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
+
+std::string hostname() {
+  char buf[256] = {};
+  ::gethostname(buf, sizeof buf - 1);
+  return buf;
+}
+
+// This process's device with the given UUID (ordinals differ when
+// CUDA_VISIBLE_DEVICES does); the ordinal itself when no UUID is known.
+CUdevice find_device(const json& dev) {
+  int count = 0;
+  VMMCKPT_CUDA_TRY(cuDeviceGetCount(&count));
+  const std::string uuid = dev.value("uuid", "");
+  for (int i = 0; i < count && !uuid.empty(); ++i) {
+    CUdevice d;
+    VMMCKPT_CUDA_TRY(cuDeviceGet(&d, i));
+    CUuuid u{};
+    if (cuDeviceGetUuid(&u, d) != CUDA_SUCCESS) continue;
+    const auto* b = reinterpret_cast<const unsigned char*>(u.bytes);
+    char text[64];
+    std::snprintf(text, sizeof text, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
+                  b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+    if (uuid == text) return d;
+  }
+  const int ordinal = dev.value("ordinal", 0);
+  if (ordinal >= count) throw tool_error("the program's device " + std::to_string(ordinal) + " is not visible here");
+  CUdevice d;
+  VMMCKPT_CUDA_TRY(cuDeviceGet(&d, ordinal));
+  return d;
+}
+
+// One staging buffer's worth of work: pieces of extents, copied back to back.
+struct piece {
+  std::size_t pool;     // index into the manifest's pools
+  std::size_t extent;   // index into that pool's extents
+  std::uint64_t addr;   // device address of the piece
+  std::uint64_t size;
+  bool first, last;     // the piece opens / closes its extent
+};
+struct chunk {
+  std::vector<piece> pieces;
+  std::uint64_t bytes = 0;
+};
+
+std::vector<chunk> plan_chunks(const image::manifest& m, std::uint64_t chunk_bytes) {
+  std::vector<chunk> chunks(1);
+  for (std::size_t p = 0; p < m.pools.size(); ++p) {
+    for (std::size_t e = 0; e < m.pools[p].extents.size(); ++e) {
+      const auto& ext = m.pools[p].extents[e];
+      for (std::uint64_t done = 0; done < ext.size;) {
+        if (chunks.back().bytes == chunk_bytes) chunks.emplace_back();
+        chunk& c = chunks.back();
+        const std::uint64_t n = std::min(ext.size - done, chunk_bytes - c.bytes);
+        c.pieces.push_back({p, e, ext.addr + done, n, done == 0, done + n == ext.size});
+        c.bytes += n;
+        done += n;
+      }
+    }
+  }
+  if (chunks.back().bytes == 0) chunks.pop_back();
+  return chunks;
+}
+
+// Pinned staging buffers and copy streams, released in every case.
+struct staging {
+  std::vector<void*> buffers;
+  std::vector<CUevent> events;
+  std::vector<CUstream> streams;
+  ~staging() {
+    for (CUstream s : streams) cuStreamSynchronize(s);
+    for (void* b : buffers) cuMemFreeHost(b);
+    for (CUevent e : events) cuEventDestroy(e);
+    for (CUstream s : streams) cuStreamDestroy(s);
+  }
+};
+
+}  // namespace
+
+dump_result dump(const dump_options& options, const std::function<void(const dump_progress&)>& progress) {
+  const auto start = clock::now();
+  dump_result result;
+  control_client client(options.pid);
+  const json hello = client.call({{"op", "hello"}});
+  if (hello.value("protocol", 0u) != protocol::version)
+    throw tool_error("process " + std::to_string(options.pid) + " speaks protocol " +
+                     std::to_string(hello.value("protocol", 0u)) + "; this cuda-ckpt speaks " +
+                     std::to_string(protocol::version));
+
+  // Fail on an unwritable destination before the program is held.
+  image::writer writer(options.output);
+
+  VMMCKPT_CUDA_TRY(cuInit(0));
+
+  std::vector<int> fds;
+  struct fd_guard {
+    std::vector<int>& fds;
+    ~fd_guard() {
+      for (int f : fds)
+        if (f >= 0) ::close(f);
+    }
+  } guard{fds};
+  const json held = client.call({{"op", "dump_begin"}, {"deadline_ms", options.hold_deadline_ms}}, &fds,
+                                options.hold_deadline_ms + 5'000);
+  // From here the program is held, until dump_end or this connection closes.
+
+  image::manifest& m = result.manifest;
+  m.tool_version = VMMCKPT_VERSION;
+  m.created = now_iso8601();
+  m.host = hostname();
+  m.pid = options.pid;
+  m.command = hello.value("command", std::vector<std::string>{});
+
+  std::vector<std::unique_ptr<pool_mapping>> mappings;
+  std::size_t next_fd = 0;
+  CUcontext context = nullptr;
+  for (const json& p : held.at("pools")) {
+    const int ordinal = p.at("device").get<int>();
+    json dev_info = {{"ordinal", ordinal}};
+    for (const json& d : held.value("devices", json::array()))
+      if (d.value("ordinal", -1) == ordinal) dev_info = d;
+    const CUdevice device = find_device(dev_info);
+    if (context == nullptr) {
+      VMMCKPT_CUDA_TRY(cuDevicePrimaryCtxRetain(&context, device));
+      VMMCKPT_CUDA_TRY(cuCtxSetCurrent(context));
+    }
+    image::device_info info;
+    info.ordinal = ordinal;
+    info.name = dev_info.value("name", "");
+    info.uuid = dev_info.value("uuid", "");
+    info.cc_major = dev_info.value("cc_major", 0);
+    info.cc_minor = dev_info.value("cc_minor", 0);
+    m.devices.push_back(info);
+
+    image::pool pool;
+    pool.device = ordinal;
+    pool.base = parse_hex(p.at("base"));
+    pool.size = p.at("size").get<std::uint64_t>();
+    pool.granularity = p.at("granularity").get<std::uint64_t>();
+    std::vector<segment_fd> segments;
+    for (const json& s : p.at("segments")) {
+      if (next_fd >= fds.size()) throw tool_error("the program sent fewer handles than segments");
+      segments.push_back({parse_hex(s.at("addr")), s.at("size").get<std::uint64_t>(), fds[next_fd]});
+      fds[next_fd++] = -1;  // the mapping owns it now
+    }
+    mappings.push_back(std::make_unique<pool_mapping>(device, pool.base, pool.size, std::move(segments)));
+    for (const json& a : p.at("allocations")) {
+      image::allocation alloc{parse_hex(a.at("addr")), a.at("size").get<std::uint64_t>(), a.value("api", "")};
+      if (!mappings.back()->covers(alloc.addr, alloc.size))
+        throw tool_error("allocation at " + a.at("addr").get<std::string>() + " is not backed by the handles sent");
+      pool.allocations.push_back(alloc);
+      pool.extents.push_back({alloc.addr, alloc.size, 0, 0});
+    }
+    m.pools.push_back(std::move(pool));
+  }
+
+  // The driver's own lock as well, where it has one (driver >= 570; the
+  // emulator answers not supported). Looked up at run time so older drivers load.
+  using lock_fn = CUresult (*)(int, CUcheckpointLockArgs*);
+  using unlock_fn = CUresult (*)(int, CUcheckpointUnlockArgs*);
+  void* lock_p = nullptr;
+  void* unlock_p = nullptr;
+  CUdriverProcAddressQueryResult found{};
+  if (cuGetProcAddress("cuCheckpointProcessLock", &lock_p, 12080, 0, &found) == CUDA_SUCCESS && lock_p &&
+      cuGetProcAddress("cuCheckpointProcessUnlock", &unlock_p, 12080, 0, &found) == CUDA_SUCCESS && unlock_p) {
+    CUcheckpointLockArgs args{};
+    args.timeoutMs = 2'000;
+    result.driver_lock = reinterpret_cast<lock_fn>(lock_p)(static_cast<int>(options.pid), &args) == CUDA_SUCCESS;
+  }
+
+  // Copy: a ring of pinned buffers; this thread issues copies, a writer thread
+  // waits for each and appends it to the image, so PCIe and storage overlap.
+  const auto chunks = plan_chunks(m, options.chunk_bytes);
+  std::uint64_t total = 0;
+  for (const auto& c : chunks) total += c.bytes;
+  staging st;
+  const int buffers = std::max(1, options.staging_buffers);
+  for (int i = 0; i < buffers; ++i) {
+    void* b = nullptr;
+    VMMCKPT_CUDA_TRY(cuMemHostAlloc(&b, options.chunk_bytes, 0));
+    st.buffers.push_back(b);
+    CUevent e;
+    VMMCKPT_CUDA_TRY(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+    st.events.push_back(e);
+  }
+  for (int i = 0; i < std::max(1, options.streams); ++i) {
+    CUstream s;
+    VMMCKPT_CUDA_TRY(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    st.streams.push_back(s);
+  }
+
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::deque<std::size_t> issued;            // chunks copied or in flight, in order
+  std::vector<bool> buffer_free(buffers, true);
+  bool all_issued = false;
+  std::exception_ptr writer_error;
+  std::uint64_t written = 0;
+
+  std::thread writer_thread([&] {
+    try {
+      VMMCKPT_CUDA_TRY(cuCtxSetCurrent(context));
+      for (;;) {
+        std::size_t c;
+        {
+          std::unique_lock lock(mutex);
+          changed.wait(lock, [&] { return !issued.empty() || all_issued; });
+          if (issued.empty()) return;
+          c = issued.front();
+          issued.pop_front();
+        }
+        const std::size_t b = c % buffers;
+        VMMCKPT_CUDA_TRY(cuEventSynchronize(st.events[b]));
+        const auto* bytes = static_cast<const unsigned char*>(st.buffers[b]);
+        std::uint64_t offset = 0;
+        for (const piece& pc : chunks[c].pieces) {
+          if (pc.first) writer.begin_extent(pc.addr, m.pools[pc.pool].extents[pc.extent].size);
+          writer.write(bytes + offset, pc.size);
+          offset += pc.size;
+          if (pc.last) m.pools[pc.pool].extents[pc.extent] = writer.end_extent();
+        }
+        {
+          std::lock_guard lock(mutex);
+          buffer_free[b] = true;
+          written += chunks[c].bytes;
+        }
+        changed.notify_all();
+        if (progress) progress({written, total});
+      }
+    } catch (...) {
+      std::lock_guard lock(mutex);
+      writer_error = std::current_exception();
+      changed.notify_all();
+    }
+  });
+  struct joiner {
+    std::thread& t;
+    std::mutex& mu;
+    std::condition_variable& cv;
+    bool& done;
+    ~joiner() {
+      {
+        std::lock_guard lock(mu);
+        done = true;
+      }
+      cv.notify_all();
+      if (t.joinable()) t.join();
+    }
+  } join_writer{writer_thread, mutex, changed, all_issued};
+
+  const auto copy_start = clock::now();
+  for (std::size_t c = 0; c < chunks.size(); ++c) {
+    const std::size_t b = c % buffers;
+    {
+      std::unique_lock lock(mutex);
+      changed.wait(lock, [&] { return buffer_free[b] || writer_error; });
+      if (writer_error) break;
+      buffer_free[b] = false;
+    }
+    CUstream s = st.streams[c % st.streams.size()];
+    std::uint64_t offset = 0;
+    for (const piece& pc : chunks[c].pieces) {
+      VMMCKPT_CUDA_TRY(cuMemcpyDtoHAsync(static_cast<unsigned char*>(st.buffers[b]) + offset, pc.addr, pc.size, s));
+      offset += pc.size;
+    }
+    VMMCKPT_CUDA_TRY(cuEventRecord(st.events[b], s));
+    {
+      std::lock_guard lock(mutex);
+      issued.push_back(c);
+    }
+    changed.notify_all();
+  }
+  // Every byte is out of the GPU once the copies are done: release the program
+  // now, while the last buffers are still being written.
+  for (CUstream s : st.streams) VMMCKPT_CUDA_TRY(cuStreamSynchronize(s));
+  result.copy_seconds = std::chrono::duration<double>(clock::now() - copy_start).count();
+  if (result.driver_lock) {
+    CUcheckpointUnlockArgs unlock{};
+    reinterpret_cast<unlock_fn>(unlock_p)(static_cast<int>(options.pid), &unlock);
+  }
+  {
+    std::lock_guard lock(mutex);
+    if (writer_error) std::rethrow_exception(writer_error);
+  }
+  if (const char* pause = std::getenv("VMMCKPT_TEST_PAUSE_HELD_MS")) {  // fault tests: die while held
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(pause)));
+  }
+  const json released = client.call({{"op", "dump_end"}});
+  result.hold_ms = released.value("held_us", 0.0) / 1000.0;
+  mappings.clear();
+
+  {
+    std::lock_guard lock(mutex);
+    all_issued = true;
+  }
+  changed.notify_all();
+  writer_thread.join();
+  if (writer_error) std::rethrow_exception(writer_error);
+
+  m.data_bytes = total;
+  m.hold_us = static_cast<std::uint64_t>(result.hold_ms * 1000.0);
+  writer.commit(m);
+  result.image = options.output;
+  result.seconds = std::chrono::duration<double>(clock::now() - start).count();
+  return result;
+}
+
+}  // namespace vmmckpt::ckpt

@@ -1,0 +1,118 @@
+// The checkpoint image: a directory holding a versioned manifest and the dumped bytes (docs/image-format.md).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace vmmckpt::image {
+
+inline constexpr std::uint32_t format_version = 1;
+
+// Every defect an image can have is reported as this, with a message naming it.
+struct image_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct device_info {
+  int ordinal = 0;
+  std::string name;
+  std::string uuid;  // "GPU-xxxxxxxx-xxxx-..." form
+  int cc_major = 0, cc_minor = 0;
+  friend bool operator==(const device_info&, const device_info&) = default;
+};
+
+struct allocation {
+  std::uint64_t addr = 0;
+  std::uint64_t size = 0;  // the size the program asked for
+  std::string api;         // e.g. "cudaMalloc"
+  friend bool operator==(const allocation&, const allocation&) = default;
+};
+
+// A run of live bytes, stored contiguously in the data file.
+struct extent {
+  std::uint64_t addr = 0;
+  std::uint64_t size = 0;
+  std::uint64_t offset = 0;    // in the data file
+  std::uint64_t checksum = 0;  // XXH3-64 of the bytes
+  friend bool operator==(const extent&, const extent&) = default;
+};
+
+struct pool {
+  int device = 0;  // ordinal in the dumped process
+  std::uint64_t base = 0, size = 0, granularity = 0;
+  std::vector<allocation> allocations;  // sorted by address
+  std::vector<extent> extents;          // sorted by address
+  friend bool operator==(const pool&, const pool&) = default;
+};
+
+struct manifest {
+  std::uint32_t format = format_version;
+  std::string tool_version;
+  std::string created;  // ISO 8601, UTC
+  std::string host;
+  std::int64_t pid = 0;
+  std::vector<std::string> command;
+  std::vector<device_info> devices;
+  std::vector<pool> pools;
+  std::uint64_t data_bytes = 0;     // sum of extent sizes = size of the data file's payload
+  std::uint64_t hold_us = 0;        // how long the program was held for the dump
+  friend bool operator==(const manifest&, const manifest&) = default;
+};
+
+// Writes an image under a temporary name next to `final_dir`; nothing at
+// `final_dir` exists until commit() has written, fsync'd and renamed it. The
+// destructor removes the temporary directory of an uncommitted image.
+class writer {
+ public:
+  explicit writer(const std::filesystem::path& final_dir);  // throws image_error if final_dir exists
+  ~writer();
+  writer(const writer&) = delete;
+  writer& operator=(const writer&) = delete;
+
+  // Extents are written one after another; each is begun, fed in order, ended.
+  void begin_extent(std::uint64_t addr, std::uint64_t size);
+  void write(const void* data, std::size_t size);  // part of the current extent
+  extent end_extent();                             // offset and checksum filled in
+
+  // The manifest's extents must be those returned by end_extent, in order.
+  void commit(const manifest& m);
+  const std::filesystem::path& temporary_dir() const;
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+// Reads and checks an image. open() validates the manifest completely (every
+// rule in docs/image-format.md) before returning; read() verifies checksums.
+class reader {
+ public:
+  static reader open(const std::filesystem::path& dir);
+  reader(reader&&) noexcept;
+  ~reader();
+  const manifest& info() const;
+  // Reads one extent's bytes into dst (size bytes) and checks its checksum.
+  void read(const extent& e, void* dst) const;
+  // Checks every extent's checksum; throws image_error naming the first bad one.
+  void verify_data() const;
+
+ private:
+  struct impl;
+  explicit reader(std::unique_ptr<impl>);
+  std::unique_ptr<impl> impl_;
+};
+
+// Checks every rule of docs/image-format.md that needs no data file (what reader::open and
+// writer::commit apply); throws image_error naming the first defect, e.g.
+// "pools[0].extents[3] overlaps extents[2]".
+void validate(const manifest& m);
+
+// The manifest as JSON (what the manifest file holds, and `inspect --json` prints).
+std::string to_json(const manifest& m, int indent = 2);
+manifest from_json(const std::string& text);  // structural checks only; throws image_error
+
+}  // namespace vmmckpt::image

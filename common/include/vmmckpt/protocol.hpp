@@ -1,0 +1,61 @@
+// The control channel between a process under the shim and cuda-ckpt: paths, framing, fd passing, peer checks.
+// docs/protocol.md describes the messages. Nothing here throws: the shim uses it too.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace vmmckpt::protocol {
+
+inline constexpr std::uint32_t version = 1;
+inline constexpr std::uint32_t max_payload = 64u << 20;  // a bigger frame is refused
+inline constexpr int max_fds_per_message = 250;          // SCM_RIGHTS limit is 253
+
+// Wire constants of the frame header: five little-endian u32 {magic, version,
+// payload length, fd count, reserved (sent as 0, ignored on receipt)}.
+inline constexpr std::uint32_t frame_magic = 0x4b434d56;  // "VMCK" in memory order
+inline constexpr std::size_t frame_header_size = 20;
+
+// $XDG_RUNTIME_DIR/vmmckpt when XDG_RUNTIME_DIR is set and non-empty, else
+// /tmp/vmmckpt-<euid>. Empty only when memory ran out.
+std::string runtime_dir() noexcept;
+std::string socket_path(pid_t pid) noexcept;  // runtime_dir() + "/<pid>.sock"
+
+// Creates runtime_dir() with mode 0700 if needed and checks it is a directory
+// owned by us with no access for others (refuses it otherwise: a directory
+// others can write could hold a planted socket). A directory of ours that is
+// too open is tightened to 0700; a symlink or someone else's directory is refused.
+bool ensure_runtime_dir(std::string& error) noexcept;
+
+// A listening socket at path, mode 0600 (an old socket file there is replaced;
+// anything else there is refused). Close-on-exec. -1 with error on failure.
+int listen_at(const std::string& path, std::string& error) noexcept;
+// Connects to path; -1 with error on failure. The error says "no such socket"
+// (nothing there), "connection refused" (a stale socket: its process is gone)
+// or "permission denied".
+int connect_to(const std::string& path, std::string& error) noexcept;
+
+// The peer's credentials; allowed when it is the same user or root.
+// False (uid -1, pid -1) when they cannot be read.
+bool peer_allowed(int fd, uid_t& peer_uid, pid_t& peer_pid) noexcept;
+
+// One frame: header (magic, version, payload length, fd count), JSON payload,
+// and up to max_fds_per_message descriptors riding along (SCM_RIGHTS).
+// timeout_ms < 0 waits forever. On failure `error` says why: it starts with
+// "connection closed" when the peer went away and is "timed out" when the
+// deadline passed. After any failure the stream may be mid-frame: close it.
+// send_frame never closes the caller's fds; recv_frame replaces `fds` with the
+// received descriptors (close-on-exec, the caller owns them) and on failure
+// leaves no descriptor open and `fds` empty.
+bool send_frame(int fd, const std::string& payload, const std::vector<int>& fds, std::string& error) noexcept;
+bool recv_frame(int fd, std::string& payload, std::vector<int>& fds, int timeout_ms, std::string& error) noexcept;
+// send_frame with a deadline over the whole frame: a peer that stops reading
+// cannot hold the sender forever.
+bool send_frame(int fd, const std::string& payload, const std::vector<int>& fds, int timeout_ms,
+                std::string& error) noexcept;
+
+}  // namespace vmmckpt::protocol

@@ -1,0 +1,198 @@
+// Opens an image, checks it completely before handing it out, and reads extents with checksum checks.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "image_detail.hpp"
+#include "vmmckpt/image.hpp"
+
+namespace vmmckpt::image {
+namespace {
+
+using detail::errno_text;
+using detail::fail;
+using detail::hex;
+
+// Reads are hashed piece by piece while the piece is still in cache.
+constexpr std::size_t read_piece = 8u << 20;
+
+struct fd_guard {
+  int fd = -1;
+  ~fd_guard() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+// Opens one of the two files an image consists of; never follows a symlink, never blocks on a FIFO.
+int open_member(int dir_fd, std::string_view name, const std::string& path, struct stat& st) {
+  const int fd = ::openat(dir_fd, name.data(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ELOOP) fail(path + ": is a symbolic link (refused)");
+    if (errno == ENOENT) fail(path + ": missing (not an image, or an unfinished one)");
+    fail(path + ": cannot open: " + errno_text(errno));
+  }
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    fail(path + ": cannot stat: " + errno_text(err));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    fail(path + ": not a regular file");
+  }
+  return fd;
+}
+
+// Fills [dst, dst + size) from `offset`; an early end of file is a defect of the image.
+void pread_all(int fd, void* dst, std::size_t size, std::uint64_t offset, const std::string& path) {
+  auto p = static_cast<char*>(dst);
+  while (size > 0) {
+    const ssize_t r = ::pread(fd, p, size, static_cast<off_t>(offset));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      fail(path + ": read failed at offset " + std::to_string(offset) + ": " + errno_text(errno));
+    }
+    if (r == 0) fail(path + ": unexpected end of file at offset " + std::to_string(offset));
+    p += r;
+    size -= static_cast<std::size_t>(r);
+    offset += static_cast<std::uint64_t>(r);
+  }
+}
+
+std::string checksum_text(std::uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+}  // namespace
+
+struct reader::impl {
+  std::filesystem::path dir;
+  std::string data_path;
+  manifest info;
+  int data_fd = -1;
+  struct located {
+    std::uint64_t offset;
+    std::size_t pool, index;
+  };
+  std::vector<located> by_offset;  // every extent in manifest order, so sorted by offset
+
+  ~impl() {
+    if (data_fd >= 0) ::close(data_fd);
+  }
+
+  const located& locate(const extent& e) const {
+    auto it = std::lower_bound(by_offset.begin(), by_offset.end(), e.offset,
+                               [](const located& l, std::uint64_t off) { return l.offset < off; });
+    if (it != by_offset.end() && it->offset == e.offset) {
+      const extent& mine = info.pools[it->pool].extents[it->index];
+      if (mine.addr == e.addr && mine.size == e.size && mine.checksum == e.checksum) return *it;
+    }
+    fail(dir.string() + ": the extent at " + hex(e.addr) + " (data offset " + std::to_string(e.offset) +
+         ") is not an extent of this image");
+  }
+
+  // Reads an extent piece by piece into dst (advancing through it when `advance`, else reusing the
+  // same piece-sized buffer) and checks the checksum at the end.
+  void read_checked(const located& l, unsigned char* dst, bool advance) const {
+    const extent& e = info.pools[l.pool].extents[l.index];
+    XXH3_state_t state;
+    XXH3_64bits_reset(&state);
+    std::uint64_t done = 0;
+    while (done < e.size) {
+      const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(read_piece, e.size - done));
+      unsigned char* p = advance ? dst + done : dst;
+      pread_all(data_fd, p, n, detail::data_header_size + e.offset + done, data_path);
+      XXH3_64bits_update(&state, p, n);
+      done += n;
+    }
+    const std::uint64_t got = XXH3_64bits_digest(&state);
+    if (got != e.checksum)
+      fail(data_path + ": " + detail::extent_name(l.pool, l.index) + " at " + hex(e.addr) + ": checksum mismatch (manifest " +
+           checksum_text(e.checksum) + ", data " + checksum_text(got) + ")");
+  }
+};
+
+reader reader::open(const std::filesystem::path& dir) {
+  auto r = std::make_unique<impl>();
+  r->dir = dir;
+  const std::string manifest_path = (dir / detail::manifest_name).string();
+  r->data_path = (dir / detail::data_name).string();
+
+  // A writer renames its temporary directory into place only once everything is on disk; a
+  // ".partial-" directory is what an interrupted dump leaves, even when its files look complete.
+  std::filesystem::path name = std::filesystem::absolute(dir).lexically_normal();
+  if (!name.has_filename()) name = name.parent_path();
+  if (name.filename().string().find(".partial-") != std::string::npos)
+    fail(dir.string() + ": an unfinished image (its dump did not complete); it can be deleted");
+
+  fd_guard dir_fd{::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
+  if (dir_fd.fd < 0) fail(dir.string() + ": cannot open the image directory: " + errno_text(errno));
+
+  // The manifest: bounded in size, parsed, then checked rule by rule.
+  struct stat st;
+  fd_guard mfd{open_member(dir_fd.fd, detail::manifest_name, manifest_path, st)};
+  if (static_cast<std::uint64_t>(st.st_size) > detail::max_manifest_bytes)
+    fail(manifest_path + ": " + std::to_string(st.st_size) + " bytes, larger than the " +
+         std::to_string(detail::max_manifest_bytes) + " a manifest may have");
+  std::string text(static_cast<std::size_t>(st.st_size), '\0');
+  if (!text.empty()) pread_all(mfd.fd, text.data(), text.size(), 0, manifest_path);
+  try {
+    r->info = from_json(text);
+    validate(r->info);
+  } catch (const image_error& e) {
+    fail(manifest_path + ": " + e.what());
+  }
+  const std::uint64_t data_bytes = r->info.data_bytes;
+
+  // The data file: header first, then its exact size.
+  r->data_fd = open_member(dir_fd.fd, detail::data_name, r->data_path, st);
+  const auto file_size = static_cast<std::uint64_t>(st.st_size);
+  if (file_size < detail::data_header_size)
+    fail(r->data_path + ": truncated: " + std::to_string(file_size) + " bytes, shorter than its " +
+         std::to_string(detail::data_header_size) + "-byte header");
+  detail::header_bytes header;
+  pread_all(r->data_fd, header.data(), header.size(), 0, r->data_path);
+  if (std::string why = detail::check_data_header(header, data_bytes); !why.empty()) fail(r->data_path + ": " + why);
+  const std::uint64_t expected = detail::data_header_size + data_bytes;  // validate() keeps this from overflowing
+  if (file_size < expected)
+    fail(r->data_path + ": truncated: " + std::to_string(file_size) + " bytes, expected " + std::to_string(expected) +
+         " (64-byte header + data_bytes)");
+  if (file_size > expected)
+    fail(r->data_path + ": " + std::to_string(file_size) + " bytes, expected " + std::to_string(expected) +
+         " (64-byte header + data_bytes): unexpected bytes after the payload");
+
+  for (std::size_t p = 0; p < r->info.pools.size(); ++p)
+    for (std::size_t k = 0; k < r->info.pools[p].extents.size(); ++k)
+      r->by_offset.push_back({r->info.pools[p].extents[k].offset, p, k});
+  return reader(std::move(r));
+}
+
+reader::reader(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
+reader::reader(reader&&) noexcept = default;
+reader::~reader() = default;
+
+const manifest& reader::info() const { return impl_->info; }
+
+void reader::read(const extent& e, void* dst) const {
+  impl_->read_checked(impl_->locate(e), static_cast<unsigned char*>(dst), true);
+}
+
+void reader::verify_data() const {
+  ::posix_fadvise(impl_->data_fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  auto buffer = std::make_unique_for_overwrite<unsigned char[]>(read_piece);
+  for (const auto& l : impl_->by_offset) impl_->read_checked(l, buffer.get(), false);
+}
+
+}  // namespace vmmckpt::image

@@ -1,0 +1,342 @@
+// Writes an image under a temporary name: buffered sequential data, per-extent XXH3, fsync, atomic rename.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "image_detail.hpp"
+#include "vmmckpt/image.hpp"
+
+namespace vmmckpt::image {
+namespace {
+
+using detail::errno_text;
+using detail::fail;
+using detail::hex;
+
+// Large enough that a write() costs little next to the copy, small enough to stay cache-friendly.
+constexpr std::size_t buffer_capacity = 8u << 20;
+
+std::string random_suffix() {
+  std::random_device rd;
+  const std::uint64_t r = (static_cast<std::uint64_t>(rd()) << 32) | rd();
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(r));
+  return buf;
+}
+
+// Writes every byte of iov[0..n) or throws naming `file`; handles short writes and EINTR.
+void write_all(int fd, iovec* iov, int n, const std::string& file) {
+  while (n > 0) {
+    const ssize_t w = ::writev(fd, iov, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      fail(file + ": write failed: " + errno_text(errno));
+    }
+    if (w == 0) fail(file + ": write failed: wrote nothing");
+    auto left = static_cast<std::size_t>(w);
+    while (n > 0 && left >= iov->iov_len) {
+      left -= iov->iov_len;
+      ++iov;
+      --n;
+    }
+    if (n > 0) {
+      iov->iov_base = static_cast<char*>(iov->iov_base) + left;
+      iov->iov_len -= left;
+    }
+  }
+}
+
+void pwrite_all(int fd, const void* data, std::size_t size, off_t offset, const std::string& file) {
+  auto p = static_cast<const char*>(data);
+  while (size > 0) {
+    const ssize_t w = ::pwrite(fd, p, size, offset);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      fail(file + ": write failed: " + errno_text(errno));
+    }
+    if (w == 0) fail(file + ": write failed: wrote nothing");
+    p += w;
+    size -= static_cast<std::size_t>(w);
+    offset += w;
+  }
+}
+
+void fsync_or_fail(int fd, const std::string& what) {
+  if (::fsync(fd) != 0) fail(what + ": fsync failed: " + errno_text(errno));
+}
+
+void close_or_fail(int& fd, const std::string& what) {
+  const int f = fd;
+  fd = -1;
+  // Some file systems (NFS) report deferred write errors only here; EINTR still closed the fd.
+  if (::close(f) != 0 && errno != EINTR) fail(what + ": close failed: " + errno_text(errno));
+}
+
+}  // namespace
+
+struct writer::impl {
+  std::filesystem::path final_dir, temp_dir;
+  std::string final_name, temp_name;
+  int parent_fd = -1, dir_fd = -1, data_fd = -1;
+  bool dir_created = false, committed = false, failed = false;
+
+  std::unique_ptr<unsigned char[]> buffer;
+  std::size_t buffered = 0;
+  std::uint64_t payload = 0;  // bytes of extents accepted so far (written or buffered)
+
+  bool in_extent = false;
+  extent current;
+  std::uint64_t current_written = 0;
+  XXH3_state_t hash;
+  std::vector<extent> written;
+
+  std::string data_path() const { return (temp_dir / detail::data_name).string(); }
+  std::string manifest_path() const { return (temp_dir / detail::manifest_name).string(); }
+
+  void create(const std::filesystem::path& final_path) {
+    std::filesystem::path f = final_path;
+    if (!f.has_filename()) f = f.parent_path();  // "dir/img/" names "dir/img"
+    final_dir = f;
+    final_name = f.filename().string();
+    if (final_name.empty() || final_name == "." || final_name == "..")
+      fail(final_path.string() + ": not a usable image directory name");
+    // Readers take such names for interrupted dumps (see reader::open).
+    if (final_name.find(".partial-") != std::string::npos)
+      fail(final_path.string() + ": an image name must not contain \".partial-\"");
+    const std::filesystem::path parent = f.has_parent_path() ? f.parent_path() : std::filesystem::path(".");
+    parent_fd = ::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (parent_fd < 0) fail(parent.string() + ": cannot open the directory for the image: " + errno_text(errno));
+    struct stat st;
+    if (::fstatat(parent_fd, final_name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0)
+      fail(final_dir.string() + ": already exists");
+    if (errno != ENOENT) fail(final_dir.string() + ": " + errno_text(errno));
+
+    // Retried because the random part could, very rarely, name a leftover of another dump.
+    for (int attempt = 0;; ++attempt) {
+      temp_name = final_name + ".partial-" + std::to_string(::getpid()) + "-" + random_suffix();
+      temp_dir = f.has_parent_path() ? f.parent_path() / temp_name : std::filesystem::path(temp_name);
+      if (::mkdirat(parent_fd, temp_name.c_str(), 0700) == 0) break;
+      if (errno != EEXIST || attempt == 8)
+        fail(temp_dir.string() + ": cannot create the temporary image directory: " + errno_text(errno));
+    }
+    dir_created = true;
+    dir_fd = ::openat(parent_fd, temp_name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (dir_fd < 0) fail(temp_dir.string() + ": cannot open: " + errno_text(errno));
+    // mkdir's mode is filtered by the umask; images hold program memory, so make it exact.
+    if (::fchmod(dir_fd, 0700) != 0) fail(temp_dir.string() + ": chmod failed: " + errno_text(errno));
+    data_fd = ::openat(dir_fd, detail::data_name.data(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (data_fd < 0) fail(data_path() + ": cannot create: " + errno_text(errno));
+    if (::fchmod(data_fd, 0600) != 0) fail(data_path() + ": chmod failed: " + errno_text(errno));
+
+    buffer = std::make_unique_for_overwrite<unsigned char[]>(buffer_capacity);
+    // The real payload size is patched in by commit(); until then the header says 0.
+    const auto header = detail::encode_data_header(0);
+    std::memcpy(buffer.get(), header.data(), header.size());
+    buffered = header.size();
+  }
+
+  void flush() {
+    if (buffered == 0) return;
+    iovec iov{buffer.get(), buffered};
+    write_all(data_fd, &iov, 1, data_path());
+    buffered = 0;
+  }
+
+  void append(const unsigned char* p, std::size_t size) {
+    if (buffered + size <= buffer_capacity) {
+      std::memcpy(buffer.get() + buffered, p, size);
+      buffered += size;
+      if (buffered == buffer_capacity) flush();
+      return;
+    }
+    if (size >= buffer_capacity) {
+      // Big chunks go straight from the caller's memory, together with what is buffered.
+      iovec iov[2] = {{buffer.get(), buffered}, {const_cast<unsigned char*>(p), size}};
+      write_all(data_fd, iov, 2, data_path());
+      buffered = 0;
+      return;
+    }
+    const std::size_t head = buffer_capacity - buffered;
+    std::memcpy(buffer.get() + buffered, p, head);
+    buffered = buffer_capacity;
+    flush();
+    std::memcpy(buffer.get(), p + head, size - head);
+    buffered = size - head;
+  }
+
+  void usable(const char* op) const {
+    if (committed) fail(std::string(op) + ": the image is already committed");
+    if (failed) fail(std::string(op) + ": the writer is unusable after an earlier error");
+  }
+
+  // Refusals here leave the writer usable: the caller may commit again with a corrected manifest.
+  void check(const manifest& m) const {
+    usable("commit");
+    if (in_extent) fail("commit: the extent at " + hex(current.addr) + " was not ended");
+    try {
+      validate(m);
+    } catch (const image_error& e) {
+      fail("commit refused, the manifest is invalid: " + std::string(e.what()));
+    }
+    std::size_t n = 0;
+    for (std::size_t p = 0; p < m.pools.size(); ++p)
+      for (std::size_t k = 0; k < m.pools[p].extents.size(); ++k, ++n) {
+        const extent& e = m.pools[p].extents[k];
+        if (n >= written.size())
+          fail("commit refused: the manifest lists more extents than the " + std::to_string(written.size()) + " written");
+        const extent& w = written[n];
+        if (e.addr != w.addr || e.size != w.size || e.offset != w.offset || e.checksum != w.checksum)
+          fail("commit refused: " + detail::extent_name(p, k) + " (" + hex(e.addr) + "+" + std::to_string(e.size) +
+               ") is not extent " + std::to_string(n) + " as written (" + hex(w.addr) + "+" + std::to_string(w.size) + ")");
+      }
+    if (n != written.size())
+      fail("commit refused: the manifest lists " + std::to_string(n) + " extents, " + std::to_string(written.size()) +
+           " were written");
+  }
+
+  void write_out(const manifest& m) {
+    flush();
+    const auto header = detail::encode_data_header(payload);
+    pwrite_all(data_fd, header.data(), header.size(), 0, data_path());
+    fsync_or_fail(data_fd, data_path());
+    close_or_fail(data_fd, data_path());
+
+    const std::string text = to_json(m) + "\n";
+    int mfd = ::openat(dir_fd, detail::manifest_name.data(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (mfd < 0) fail(manifest_path() + ": cannot create: " + errno_text(errno));
+    try {
+      if (::fchmod(mfd, 0600) != 0) fail(manifest_path() + ": chmod failed: " + errno_text(errno));
+      iovec iov{const_cast<char*>(text.data()), text.size()};
+      write_all(mfd, &iov, 1, manifest_path());
+      fsync_or_fail(mfd, manifest_path());
+    } catch (...) {
+      ::close(mfd);
+      throw;
+    }
+    close_or_fail(mfd, manifest_path());
+    // The directory entries must be durable before the name makes them visible as an image.
+    fsync_or_fail(dir_fd, temp_dir.string());
+
+    rename_into_place();
+    committed = true;
+    const std::filesystem::path parent = final_dir.has_parent_path() ? final_dir.parent_path() : ".";
+    fsync_or_fail(parent_fd, parent.string() + " (after renaming the image into place)");
+  }
+
+  void rename_into_place() {
+    const auto exists_error = [&] { fail(final_dir.string() + ": already exists (it appeared while the image was written)"); };
+#ifdef RENAME_NOREPLACE
+    if (::renameat2(parent_fd, temp_name.c_str(), parent_fd, final_name.c_str(), RENAME_NOREPLACE) == 0) return;
+    if (errno == EEXIST) exists_error();
+    // File systems without RENAME_NOREPLACE answer EINVAL; old kernels ENOSYS.
+    if (errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP)
+      fail(temp_dir.string() + ": cannot rename to " + final_dir.string() + ": " + errno_text(errno));
+#endif
+    // rename() would replace an empty directory silently: check first (a small race remains).
+    struct stat st;
+    if (::fstatat(parent_fd, final_name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) exists_error();
+    if (::renameat(parent_fd, temp_name.c_str(), parent_fd, final_name.c_str()) != 0) {
+      if (errno == EEXIST || errno == ENOTEMPTY) exists_error();
+      fail(temp_dir.string() + ": cannot rename to " + final_dir.string() + ": " + errno_text(errno));
+    }
+  }
+
+  ~impl() {
+    if (data_fd >= 0) ::close(data_fd);
+    if (!committed && dir_created) {
+      if (dir_fd >= 0) {
+        ::unlinkat(dir_fd, detail::data_name.data(), 0);
+        ::unlinkat(dir_fd, detail::manifest_name.data(), 0);
+      }
+      ::unlinkat(parent_fd, temp_name.c_str(), AT_REMOVEDIR);
+    }
+    if (dir_fd >= 0) ::close(dir_fd);
+    if (parent_fd >= 0) ::close(parent_fd);
+  }
+};
+
+writer::writer(const std::filesystem::path& final_dir) : impl_(std::make_unique<impl>()) {
+  // On failure impl_'s destructor removes whatever create() made.
+  impl_->create(final_dir);
+}
+
+writer::~writer() = default;
+
+void writer::begin_extent(std::uint64_t addr, std::uint64_t size) {
+  impl& w = *impl_;
+  w.usable("begin_extent");
+  try {
+    if (w.in_extent) fail("begin_extent: the extent at " + hex(w.current.addr) + " is still open");
+    if (size == 0) fail("begin_extent: the extent at " + hex(addr) + " is empty");
+    w.current = extent{addr, size, w.payload, 0};
+    w.current_written = 0;
+    XXH3_64bits_reset(&w.hash);
+    w.in_extent = true;
+  } catch (...) {
+    w.failed = true;
+    throw;
+  }
+}
+
+void writer::write(const void* data, std::size_t size) {
+  impl& w = *impl_;
+  w.usable("write");
+  try {
+    if (!w.in_extent) fail("write: no extent was begun");
+    if (size > w.current.size - w.current_written)
+      fail("write: " + std::to_string(size) + " bytes overflow the extent at " + hex(w.current.addr) + " (" +
+           std::to_string(w.current.size - w.current_written) + " bytes left)");
+    if (size == 0) return;
+    XXH3_64bits_update(&w.hash, data, size);
+    w.append(static_cast<const unsigned char*>(data), size);
+    w.current_written += size;
+    w.payload += size;
+  } catch (...) {
+    w.failed = true;
+    throw;
+  }
+}
+
+extent writer::end_extent() {
+  impl& w = *impl_;
+  w.usable("end_extent");
+  try {
+    if (!w.in_extent) fail("end_extent: no extent was begun");
+    if (w.current_written != w.current.size)
+      fail("end_extent: the extent at " + hex(w.current.addr) + " got " + std::to_string(w.current_written) + " of its " +
+           std::to_string(w.current.size) + " bytes");
+    w.current.checksum = XXH3_64bits_digest(&w.hash);
+    w.in_extent = false;
+    w.written.push_back(w.current);
+    return w.current;
+  } catch (...) {
+    w.failed = true;
+    throw;
+  }
+}
+
+void writer::commit(const manifest& m) {
+  impl_->check(m);
+  try {
+    impl_->write_out(m);
+  } catch (...) {
+    impl_->failed = true;
+    throw;
+  }
+}
+
+const std::filesystem::path& writer::temporary_dir() const { return impl_->temp_dir; }
+
+}  // namespace vmmckpt::image

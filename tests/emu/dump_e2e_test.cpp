@@ -1,0 +1,249 @@
+// End-to-end tests of cuda-ckpt dump, ps, inspect and verify: a busy program under the shim, dumped while it runs.
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "process.hpp"
+#include "vmmckpt/image.hpp"
+
+using vmmckpt::test::background_process;
+using vmmckpt::test::process_result;
+using vmmckpt::test::run_process;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string build_dir = VMMCKPT_BUILD_DIR;
+const std::string cuda_ckpt = build_dir + "/bin/cuda-ckpt";
+const std::string writer_program = build_dir + "/tests/programs/emu_busy_writer";
+constexpr std::size_t buffer_size = 1 << 20;
+
+std::string describe(const process_result& r) {
+  return "exit " + std::to_string(r.exit_code) + "\nstdout:\n" + r.out + "\nstderr:\n" + r.err;
+}
+
+struct scratch_dir {
+  fs::path path;
+  scratch_dir() {
+    char pattern[] = "/tmp/vmmckpt-dump-test-XXXXXX";
+    REQUIRE(mkdtemp(pattern) != nullptr);
+    path = pattern;
+  }
+  ~scratch_dir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+// The busy program under the shim, running until killed.
+std::unique_ptr<background_process> start_writer(int seconds = 120) {
+  auto p = std::make_unique<background_process>(
+      std::vector<std::string>{cuda_ckpt, "run", "--", writer_program, "--seconds", std::to_string(seconds)});
+  REQUIRE(p->wait_for_output("ready\n"));
+  return p;
+}
+
+process_result dump(pid_t pid, const fs::path& out, std::map<std::string, std::string> env = {}) {
+  return run_process({cuda_ckpt, "dump", std::to_string(pid), "-o", out.string(), "--json"}, env, 120);
+}
+
+// Every buffer in the image holds one whole generation of the writer's pattern.
+void require_untorn(const fs::path& image_dir) {
+  const auto reader = vmmckpt::image::reader::open(image_dir);
+  std::size_t buffers = 0;
+  std::vector<std::uint64_t> words(buffer_size / 8);
+  for (const auto& pool : reader.info().pools) {
+    for (const auto& e : pool.extents) {
+      if (e.size != buffer_size) continue;  // the writer's churn blocks are another size
+      reader.read(e, words.data());
+      const std::uint64_t generation = words[0];
+      REQUIRE(words.back() == generation);
+      if (generation == 0) {
+        for (auto w : words) REQUIRE(w == 0);  // not yet written: still the memset
+      } else {
+        const std::uint64_t buffer = (words[1] ^ (generation * 0x9e3779b97f4a7c15ULL) ^ 1) >> 40;
+        for (std::size_t k = 1; k + 1 < words.size(); ++k) {
+          const std::uint64_t expected = (generation * 0x9e3779b97f4a7c15ULL) ^ (buffer << 40) ^ k;
+          if (words[k] != expected) FAIL("torn buffer at 0x" << std::hex << e.addr << " word " << std::dec << k);
+        }
+      }
+      ++buffers;
+    }
+  }
+  REQUIRE(buffers == 8);
+}
+
+bool left_behind(const fs::path& p) { return fs::exists(fs::symlink_status(p)); }
+
+// Nothing named like an image, finished or partial, next to `out`.
+void require_nothing_left(const fs::path& out) {
+  REQUIRE_FALSE(left_behind(out));
+  for (const auto& entry : fs::directory_iterator(out.parent_path()))
+    REQUIRE(entry.path().filename().string().rfind(out.filename().string(), 0) != 0);
+}
+
+}  // namespace
+
+TEST_CASE("a busy program dumped many times: every image verifies and holds no torn buffer", "[emu][dump]") {
+  scratch_dir dir;
+  auto program = start_writer();
+  for (int i = 0; i < 12; ++i) {
+    const fs::path out = dir.path / ("image-" + std::to_string(i));
+    const auto r = dump(program->pid(), out);
+    INFO(describe(r));
+    REQUIRE(r.exit_code == 0);
+    const auto result = nlohmann::json::parse(r.out);
+    REQUIRE(result.at("allocations").get<int>() >= 8);
+    REQUIRE(result.at("hold_ms").get<double>() > 0);
+    const auto verified = run_process({cuda_ckpt, "verify", out.string()});
+    INFO(describe(verified));
+    REQUIRE(verified.exit_code == 0);
+    require_untorn(out);
+    // Images hold program memory: owner-only.
+    struct stat st{};
+    REQUIRE(::stat((out / "data.bin").c_str(), &st) == 0);
+    REQUIRE((st.st_mode & 0777) == 0600);
+  }
+  REQUIRE(program->running());  // unharmed, still working
+}
+
+TEST_CASE("ps lists the program; inspect shows its allocations", "[emu][dump]") {
+  scratch_dir dir;
+  auto program = start_writer();
+  const auto ps = run_process({cuda_ckpt, "ps", "--json"});
+  INFO(describe(ps));
+  REQUIRE(ps.exit_code == 0);
+  bool listed = false;
+  for (const auto& p : nlohmann::json::parse(ps.out))
+    if (p.at("pid").get<pid_t>() == program->pid()) {
+      listed = true;
+      REQUIRE(p.at("state") == "running");
+      REQUIRE(p.at("pools").at(0).at("live_bytes").get<std::uint64_t>() >= 8 * buffer_size);
+    }
+  REQUIRE(listed);
+  const auto human = run_process({cuda_ckpt, "ps"});
+  REQUIRE(human.out.find(std::to_string(program->pid())) != std::string::npos);
+
+  const fs::path out = dir.path / "image";
+  REQUIRE(dump(program->pid(), out).exit_code == 0);
+  const auto inspect = run_process({cuda_ckpt, "inspect", out.string()});
+  REQUIRE(inspect.exit_code == 0);
+  REQUIRE(inspect.out.find("0x200000000000") != std::string::npos);
+  REQUIRE(inspect.out.find("emu_busy_writer") != std::string::npos);
+  const auto inspect_json = run_process({cuda_ckpt, "inspect", "--json", out.string()});
+  REQUIRE(nlohmann::json::parse(inspect_json.out).at("pid").get<pid_t>() == program->pid());
+}
+
+TEST_CASE("dump refuses bad targets with a clear error and writes nothing", "[emu][dump]") {
+  scratch_dir dir;
+  const fs::path out = dir.path / "image";
+
+  SECTION("a pid that does not exist") {
+    const auto r = dump(999999999, out);
+    REQUIRE(r.exit_code == 1);
+    REQUIRE(r.err.find("no process 999999999") != std::string::npos);
+  }
+  SECTION("a process without the shim") {
+    background_process plain({"sleep", "30"});
+    const auto r = dump(plain.pid(), out);
+    REQUIRE(r.exit_code == 1);
+    REQUIRE(r.err.find("not running under vmmckpt") != std::string::npos);
+  }
+  SECTION("a process of another user") {
+    if (geteuid() != 0) {
+      WARN("skipped: needs root to run the tool as another user");
+      return;
+    }
+    // Our program, and the tool run by somebody else.
+    auto program = start_writer();
+    const auto r = run_process({"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", cuda_ckpt, "dump",
+                                std::to_string(program->pid()), "-o", out.string()});
+    INFO(describe(r));
+    REQUIRE(r.exit_code == 1);
+    REQUIRE(r.err.find("belongs to another user") != std::string::npos);
+    REQUIRE(program->running());
+  }
+  SECTION("an image that already exists") {
+    auto program = start_writer();
+    fs::create_directory(out);
+    const auto r = dump(program->pid(), out);
+    REQUIRE(r.exit_code == 1);
+    REQUIRE(r.err.find("already exists") != std::string::npos);
+    fs::remove(out);
+    REQUIRE(program->running());
+  }
+  require_nothing_left(out);
+}
+
+TEST_CASE("a program that exits during the dump: a clear error and no image", "[emu][dump]") {
+  scratch_dir dir;
+  auto program = start_writer();
+  const fs::path out = dir.path / "image";
+  const pid_t pid = program->pid();
+  // The tool pauses while it holds the program; the program dies meanwhile.
+  background_process tool({"sh", "-c", "exec '" + cuda_ckpt + "' dump " + std::to_string(pid) + " -o '" +
+                           out.string() + "' 2>" + (dir.path / "tool.err").string()},
+                          {{"VMMCKPT_TEST_PAUSE_HELD_MS", "1500"}});
+  usleep(500'000);
+  kill(pid, SIGKILL);
+  REQUIRE(tool.wait() == 1);
+  std::ifstream err(dir.path / "tool.err");
+  const std::string message((std::istreambuf_iterator<char>(err)), std::istreambuf_iterator<char>());
+  INFO(message);
+  REQUIRE(message.find("went away") != std::string::npos);
+  require_nothing_left(out);
+}
+
+namespace {
+// What a killed tool leaves: never the final name, and nothing that verifies.
+void require_no_valid_leftover(const fs::path& out) {
+  REQUIRE_FALSE(left_behind(out));
+  for (const auto& entry : fs::directory_iterator(out.parent_path())) {
+    if (entry.path().filename().string().rfind(out.filename().string(), 0) != 0) continue;
+    const auto r = run_process({cuda_ckpt, "verify", entry.path().string()});
+    REQUIRE(r.exit_code == 1);
+  }
+}
+}  // namespace
+
+TEST_CASE("a full disk during the dump: a clear error, no image, the program unharmed", "[emu][dump]") {
+  scratch_dir dir;
+  auto program = start_writer();
+  const fs::path out = dir.path / "image";
+  // A file size limit stands in for a full disk: writes fail with EFBIG.
+  const auto r = run_process({"sh", "-c",
+                              "trap '' XFSZ; ulimit -f 2048; exec '" + cuda_ckpt + "' dump " +
+                                  std::to_string(program->pid()) + " -o '" + out.string() + "'"});
+  INFO(describe(r));
+  REQUIRE(r.exit_code == 1);
+  REQUIRE(r.err.find("data.bin") != std::string::npos);
+  require_nothing_left(out);
+  REQUIRE(program->running());
+  // The program was released and can be dumped again.
+  const fs::path again = dir.path / "again";
+  REQUIRE(dump(program->pid(), again).exit_code == 0);
+  require_untorn(again);
+}
+
+TEST_CASE("a dump tool killed while holding the program: the program goes on", "[emu][dump]") {
+  scratch_dir dir;
+  auto program = start_writer();
+  const fs::path out = dir.path / "image";
+  background_process tool({cuda_ckpt, "dump", std::to_string(program->pid()), "-o", out.string()},
+                          {{"VMMCKPT_TEST_PAUSE_HELD_MS", "5000"}});
+  usleep(700'000);
+  kill(tool.pid(), SIGKILL);
+  tool.wait();
+  require_no_valid_leftover(out);
+  // The gate reopened when the connection dropped: the next dump works at once.
+  REQUIRE(dump(program->pid(), dir.path / "after").exit_code == 0);
+  REQUIRE(program->running());
+}

@@ -1,0 +1,625 @@
+// Unit tests of the checkpoint image: round trip, atomic commit, file modes, every validation rule, corruption.
+#include <catch2/catch.hpp>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "vmmckpt/image.hpp"
+
+namespace fs = std::filesystem;
+namespace img = vmmckpt::image;
+using Catch::Matchers::Contains;
+
+namespace {
+
+constexpr std::uint64_t KiB = 1ULL << 10;
+constexpr std::uint64_t MiB = 1ULL << 20;
+constexpr std::uint64_t GiB = 1ULL << 30;
+constexpr std::uint64_t base0 = 0x200000000000ULL;
+constexpr std::uint64_t base1 = base0 + 512 * GiB;
+
+// A fresh directory under /tmp, removed with everything in it at the end of the test.
+struct scratch {
+  fs::path dir;
+  scratch() {
+    char tmpl[] = "/tmp/vmmckpt-image-test-XXXXXX";
+    REQUIRE(::mkdtemp(tmpl) != nullptr);
+    dir = tmpl;
+  }
+  ~scratch() {
+    std::error_code ec;
+    fs::permissions(dir, fs::perms::owner_all, fs::perm_options::add, ec);
+    fs::remove_all(dir, ec);
+  }
+  fs::path operator/(const std::string& name) const { return dir / name; }
+};
+
+std::vector<unsigned char> pattern(std::uint64_t size, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<unsigned char> v(size);
+  for (auto& b : v) b = static_cast<unsigned char>(rng());
+  return v;
+}
+
+struct planned_extent {
+  std::uint64_t addr;
+  std::vector<std::size_t> chunks;  // how the caller feeds it
+};
+
+struct sample {
+  img::manifest m;
+  std::map<std::uint64_t, std::vector<unsigned char>> bytes;  // by address
+};
+
+img::manifest base_manifest() {
+  img::manifest m;
+  m.tool_version = "0.1.0-test";
+  m.created = "2026-11-22T10:00:00Z";
+  m.host = "node-7";
+  m.pid = 4242;
+  m.command = {"./app", "--steps", "100"};
+  m.devices = {{0, "NVIDIA H200", "GPU-11111111-2222-3333-4444-555555555555", 9, 0},
+               {1, "NVIDIA H200", "GPU-66666666-7777-8888-9999-000000000000", 9, 0}};
+  m.hold_us = 1234;
+  return m;
+}
+
+// Writes an image with the given pools (allocations filled in, extents planned) and returns what it wrote.
+sample write_image(const fs::path& final_dir, std::vector<img::pool> pools,
+                   const std::vector<std::vector<planned_extent>>& plan) {
+  sample s;
+  s.m = base_manifest();
+  img::writer w(final_dir);
+  std::uint64_t seed = 1;
+  for (std::size_t p = 0; p < pools.size(); ++p) {
+    for (const auto& pe : plan[p]) {
+      std::uint64_t size = 0;
+      for (auto c : pe.chunks) size += c;
+      auto data = pattern(size, seed++);
+      w.begin_extent(pe.addr, size);
+      std::size_t at = 0;
+      for (auto c : pe.chunks) {
+        w.write(data.data() + at, c);
+        at += c;
+      }
+      img::extent e = w.end_extent();
+      CHECK(e.addr == pe.addr);
+      CHECK(e.size == size);
+      CHECK(e.offset == s.m.data_bytes);
+      pools[p].extents.push_back(e);
+      s.m.data_bytes += size;
+      s.bytes[pe.addr] = std::move(data);
+    }
+  }
+  s.m.pools = std::move(pools);
+  CHECK_FALSE(fs::exists(final_dir));
+  w.commit(s.m);
+  return s;
+}
+
+img::pool make_pool(int device, std::uint64_t base, std::uint64_t size, std::vector<img::allocation> allocs) {
+  img::pool p;
+  p.device = device;
+  p.base = base;
+  p.size = size;
+  p.granularity = 2 * MiB;
+  p.allocations = std::move(allocs);
+  return p;
+}
+
+// Several pools and extents; the 20 MiB extent is fed in chunks that fill the writer's buffer,
+// overflow it, and bypass it (9 MiB).
+sample big_image(const fs::path& dir) {
+  std::vector<img::pool> pools = {
+      make_pool(0, base0, 1 * GiB,
+                {{base0, 4 * MiB, "cudaMalloc"}, {base0 + 4 * MiB, 100, "cudaMalloc"}, {base0 + 8 * MiB, 24 * MiB, "cuMemAlloc_v2"}}),
+      make_pool(1, base1, 1 * GiB, {{base1, 2 * MiB, "cudaMallocAsync"}}),
+  };
+  std::vector<std::vector<planned_extent>> plan = {
+      {{base0, {MiB, MiB, MiB, MiB}},
+       {base0 + 4 * MiB, {100}},
+       {base0 + 8 * MiB, {3 * MiB, 9 * MiB, 5 * MiB, 3 * MiB}},
+       {base0 + 28 * MiB + 512, {1000, 24}}},
+      {{base1 + 256, {4096}}},
+  };
+  return write_image(dir, pools, plan);
+}
+
+// A few KB: what the validation tests start from and then spoil.
+//   pools[0]: allocations a0 [b, 4K), a1 [b+8K, +1000), a2 [b+2M, +3M);
+//             extents e0 in a0, e1 in a1, e2 and e3 in a2.   pools[1]: one allocation, one extent.
+sample small_image(const fs::path& dir) {
+  std::vector<img::pool> pools = {
+      make_pool(0, base0, 64 * MiB,
+                {{base0, 4 * KiB, "cudaMalloc"}, {base0 + 8 * KiB, 1000, "cudaMalloc"}, {base0 + 2 * MiB, 3 * MiB, "cudaMalloc"}}),
+      make_pool(1, base1, 64 * MiB, {{base1, 2 * MiB, "cuMemAlloc_v2"}}),
+  };
+  std::vector<std::vector<planned_extent>> plan = {
+      {{base0, {4096}}, {base0 + 8 * KiB, {1000}}, {base0 + 2 * MiB, {512}}, {base0 + 2 * MiB + 4 * KiB, {2048}}},
+      {{base1 + 512, {300}}},
+  };
+  return write_image(dir, pools, plan);
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void write_file(const fs::path& p, const std::string& text) {
+  std::ofstream out(p, std::ios::binary | std::ios::trunc);
+  out << text;
+  REQUIRE(out.good());
+}
+
+std::string open_error(const fs::path& dir) {
+  try {
+    img::reader::open(dir);
+  } catch (const img::image_error& e) {
+    return e.what();
+  }
+  FAIL("reader::open accepted " << dir);
+  return {};
+}
+
+// A copy of the small image whose manifest is replaced by `text`.
+fs::path image_with_manifest_text(const scratch& s, const std::string& text) {
+  const fs::path good = s / "good";
+  if (!fs::exists(good)) small_image(good);
+  const fs::path bad = s / "bad";
+  fs::remove_all(bad);
+  fs::create_directory(bad);
+  fs::copy_file(good / "data.bin", bad / "data.bin");
+  write_file(bad / "manifest.json", text);
+  return bad;
+}
+
+// The reader's first complaint about the small image after `spoil` changed its manifest.
+std::string refusal(const std::function<void(img::manifest&)>& spoil) {
+  scratch s;
+  sample good = small_image(s / "good");
+  img::manifest m = good.m;
+  spoil(m);
+  // validate() is the same rule set, applied to the struct.
+  CHECK_THROWS_AS(img::validate(m), img::image_error);
+  return open_error(image_with_manifest_text(s, img::to_json(m) + "\n"));
+}
+
+// The same, for a change made on the JSON text (types, missing fields, ...).
+std::string json_refusal(const std::function<void(nlohmann::json&)>& spoil) {
+  scratch s;
+  small_image(s / "good");
+  auto j = nlohmann::json::parse(read_file(s / "good" / "manifest.json"));
+  spoil(j);
+  return open_error(image_with_manifest_text(s, j.dump(2)));
+}
+
+// Opens data.bin of an image for in-place damage.
+void patch(const fs::path& file, std::uint64_t offset, const std::string& bytes) {
+  std::fstream f(file, std::ios::binary | std::ios::in | std::ios::out);
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  REQUIRE(f.good());
+}
+
+bool has_partial(const fs::path& dir) {
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename().string().find(".partial-") != std::string::npos) return true;
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("image: round trip of several pools and extents", "[image]") {
+  scratch s;
+  const sample w = big_image(s / "img");
+  const auto r = img::reader::open(s / "img");
+  CHECK(r.info() == w.m);
+  r.verify_data();
+  for (const auto& p : r.info().pools)
+    for (const auto& e : p.extents) {
+      std::vector<unsigned char> got(e.size);
+      r.read(e, got.data());
+      CHECK(got == w.bytes.at(e.addr));
+    }
+  CHECK(r.info().data_bytes == 4 * MiB + 100 + 20 * MiB + 1024 + 4096);
+  CHECK(fs::file_size(s / "img" / "data.bin") == 64 + r.info().data_bytes);
+  CHECK_FALSE(has_partial(s.dir));
+}
+
+TEST_CASE("image: JSON round trip and byte-identical re-encoding", "[image]") {
+  scratch s;
+  const sample w = big_image(s / "img");
+  CHECK(img::from_json(img::to_json(w.m)) == w.m);
+  CHECK(img::from_json(img::to_json(w.m, -1)) == w.m);
+  const std::string file = read_file(s / "img" / "manifest.json");
+  CHECK(img::to_json(img::from_json(file)) + "\n" == file);
+  // Field order and representation are part of the format.
+  CHECK(file.rfind("{\n  \"magic\": \"vmmckpt-image\",\n  \"format\": 1,\n", 0) == 0);
+  CHECK_THAT(file, Contains("\"base\": \"0x200000000000\""));
+  const auto j = nlohmann::json::parse(file);
+  CHECK(j["pools"][0]["extents"][1]["checksum"].get<std::string>().size() == 16);
+  CHECK(j["pools"][0]["size"].is_number_unsigned());
+}
+
+TEST_CASE("image: nothing at the final path before commit; an abandoned writer leaves nothing", "[image]") {
+  scratch s;
+  const fs::path final_dir = s / "img";
+  fs::path temp;
+  {
+    img::writer w(final_dir);
+    temp = w.temporary_dir();
+    CHECK(temp.parent_path() == s.dir);
+    CHECK(temp.filename().string().rfind("img.partial-" + std::to_string(::getpid()) + "-", 0) == 0);
+    CHECK(fs::is_directory(temp));
+    w.begin_extent(base0, 16 * MiB);
+    const auto data = pattern(16 * MiB, 3);
+    w.write(data.data(), data.size());
+    w.end_extent();
+    CHECK_FALSE(fs::exists(final_dir));
+    // An interrupted dump's directory is refused by name even once it holds files.
+    CHECK_THAT(open_error(temp), Contains("unfinished image"));
+  }
+  CHECK_FALSE(fs::exists(temp));
+  CHECK_FALSE(fs::exists(final_dir));
+  CHECK(fs::is_empty(s.dir));
+}
+
+TEST_CASE("image: the writer refuses an existing final directory and an unusable parent", "[image]") {
+  scratch s;
+  fs::create_directory(s / "img");
+  try {
+    img::writer w(s / "img");
+    FAIL("writer accepted an existing directory");
+  } catch (const img::image_error& e) {
+    CHECK_THAT(e.what(), Contains((s / "img").string()) && Contains("already exists"));
+  }
+  try {
+    img::writer w(s / "missing" / "img");
+    FAIL("writer accepted a missing parent");
+  } catch (const img::image_error& e) {
+    CHECK_THAT(e.what(), Contains((s / "missing").string()) && Contains("No such file or directory"));
+  }
+  if (::geteuid() != 0) {
+    fs::create_directory(s / "ro");
+    fs::permissions(s / "ro", fs::perms::owner_read | fs::perms::owner_exec);
+    try {
+      img::writer w(s / "ro" / "img");
+      FAIL("writer accepted an unwritable parent");
+    } catch (const img::image_error& e) {
+      CHECK_THAT(e.what(), Contains((s / "ro").string()) && Contains("Permission denied"));
+    }
+  } else {
+    WARN("running as root: an unwritable parent directory cannot be simulated with permissions");
+  }
+  CHECK_FALSE(has_partial(s.dir));
+}
+
+TEST_CASE("image: a final directory that appears during the dump is not replaced", "[image]") {
+  scratch s;
+  img::writer w(s / "img");
+  fs::create_directory(s / "img");  // empty: rename(2) alone would silently replace it
+  img::manifest m = base_manifest();
+  try {
+    w.commit(m);
+    FAIL("commit replaced a directory");
+  } catch (const img::image_error& e) {
+    CHECK_THAT(e.what(), Contains("already exists"));
+  }
+  CHECK(fs::is_empty(s / "img"));
+}
+
+TEST_CASE("image: files are 0600 and the directory 0700 whatever the umask", "[image]") {
+  scratch s;
+  const mode_t old = ::umask(0);
+  small_image(s / "img");
+  ::umask(old);
+  struct stat st;
+  REQUIRE(::stat((s / "img").c_str(), &st) == 0);
+  CHECK((st.st_mode & 07777) == 0700);
+  REQUIRE(::stat((s / "img" / "manifest.json").c_str(), &st) == 0);
+  CHECK((st.st_mode & 07777) == 0600);
+  REQUIRE(::stat((s / "img" / "data.bin").c_str(), &st) == 0);
+  CHECK((st.st_mode & 07777) == 0600);
+}
+
+TEST_CASE("image: commit refuses a manifest that does not match what was written", "[image]") {
+  scratch s;
+  img::writer w(s / "img");
+  w.begin_extent(base0, 100);
+  const auto data = pattern(100, 1);
+  w.write(data.data(), 100);
+  const img::extent e = w.end_extent();
+  img::manifest m = base_manifest();
+  m.pools = {make_pool(0, base0, 64 * MiB, {{base0, 100, "cudaMalloc"}})};
+  m.data_bytes = 100;
+  m.pools[0].extents = {e};
+  m.pools[0].extents[0].checksum ^= 1;
+  CHECK_THROWS_WITH(w.commit(m), Contains("commit refused") && Contains("pools[0].extents[0]"));
+  m.pools[0].extents[0] = e;
+  m.pools[0].allocations[0].size = 0;
+  CHECK_THROWS_WITH(w.commit(m), Contains("commit refused") && Contains("pools[0].allocations[0] has size zero"));
+  CHECK_FALSE(fs::exists(s / "img"));
+  // A refused manifest leaves the writer usable.
+  m.pools[0].allocations[0].size = 100;
+  w.commit(m);
+  CHECK(img::reader::open(s / "img").info() == m);
+}
+
+TEST_CASE("image: writer misuse is refused", "[image]") {
+  scratch s;
+  img::writer w(s / "img");
+  const auto data = pattern(64, 1);
+  CHECK_THROWS_WITH(w.write(data.data(), 1), Contains("no extent"));
+  img::writer w2(s / "img2");
+  w2.begin_extent(base0, 32);
+  CHECK_THROWS_WITH(w2.write(data.data(), 64), Contains("overflow the extent"));
+  img::writer w3(s / "img3");
+  w3.begin_extent(base0, 64);
+  w3.write(data.data(), 32);
+  CHECK_THROWS_WITH(w3.end_extent(), Contains("got 32 of its 64 bytes"));
+  img::writer w4(s / "img4");
+  CHECK_THROWS_WITH(w4.begin_extent(base0, 0), Contains("empty"));
+  CHECK_THROWS_WITH(img::writer(s / "x.partial-1"), Contains(".partial-"));
+}
+
+// ---- Validation: one case per rule, each naming the defect. ----
+
+#define REFUSES(name, expected, body)                                            \
+  TEST_CASE("image: reader refuses " name, "[image][validation]") {              \
+    CHECK_THAT(refusal([](img::manifest & m) { body; }), Contains(expected));    \
+  }
+#define REFUSES_JSON(name, expected, body)                                       \
+  TEST_CASE("image: reader refuses " name, "[image][validation]") {              \
+    CHECK_THAT(json_refusal([](nlohmann::json & j) { body; }), Contains(expected)); \
+  }
+
+TEST_CASE("image: the unspoilt small image is accepted", "[image][validation]") {
+  scratch s;
+  const sample w = small_image(s / "img");
+  img::validate(w.m);
+  img::reader::open(s / "img").verify_data();
+}
+
+TEST_CASE("image: reader refuses a missing manifest", "[image][validation]") {
+  scratch s;
+  small_image(s / "img");
+  fs::remove(s / "img" / "manifest.json");
+  CHECK_THAT(open_error(s / "img"), Contains("manifest.json: missing"));
+  CHECK_THAT(open_error(s / "nothing"), Contains("cannot open the image directory"));
+}
+
+TEST_CASE("image: reader refuses a manifest that is not JSON", "[image][validation]") {
+  scratch s;
+  CHECK_THAT(open_error(image_with_manifest_text(s, "{\"magic\": ")), Contains("manifest.json: not valid JSON"));
+  CHECK_THAT(open_error(image_with_manifest_text(s, "")), Contains("manifest.json: not valid JSON"));
+}
+
+TEST_CASE("image: reader refuses deeply nested JSON", "[image][validation]") {
+  scratch s;
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  CHECK_THAT(open_error(image_with_manifest_text(s, deep)), Contains("nested deeper"));
+}
+
+TEST_CASE("image: reader refuses a manifest that is not an object", "[image][validation]") {
+  scratch s;
+  CHECK_THAT(open_error(image_with_manifest_text(s, "[1, 2]")), Contains("manifest.json: not a JSON object"));
+}
+
+REFUSES_JSON("a missing magic", "manifest.json: missing field 'magic'", j.erase("magic"))
+REFUSES_JSON("a wrong magic", "manifest.json: magic is \"criu\"", j["magic"] = "criu")
+REFUSES_JSON("a newer format", "manifest.json: format 2 is newer than this tool understands (1)",
+             j["format"] = 2; j["pools"] = "whatever a future format holds")
+REFUSES_JSON("an unknown older format", "manifest.json: format 0 is not a known format", j["format"] = 0)
+REFUSES_JSON("a format that is not a number", "manifest.json: format: expected an integer", j["format"] = "1")
+REFUSES_JSON("a missing top-level field", "manifest.json: missing field 'pools'", j.erase("pools"))
+REFUSES_JSON("a missing nested field", "manifest.json: pools[1].extents[0]: missing field 'checksum'",
+             j["pools"][1]["extents"][0].erase("checksum"))
+REFUSES_JSON("a string where a number belongs", "manifest.json: pid: expected a 64-bit signed integer", j["pid"] = "4242")
+REFUSES_JSON("a negative size", "manifest.json: pools[0].extents[2].size: expected a non-negative integer",
+             j["pools"][0]["extents"][2]["size"] = -512)
+REFUSES_JSON("a fractional size", "manifest.json: pools[0].size: expected a non-negative integer", j["pools"][0]["size"] = 1.5)
+REFUSES_JSON("a size beyond 2^64", "manifest.json: data_bytes: expected a non-negative integer",
+             j["data_bytes"] = 1e30)
+REFUSES_JSON("an address that is not hex", "manifest.json: pools[0].base: expected an address",
+             j["pools"][0]["base"] = "0x20000000000g")
+REFUSES_JSON("an address as a number", "manifest.json: pools[0].allocations[1].addr: expected an address",
+             j["pools"][0]["allocations"][1]["addr"] = 35184372097024ULL)
+REFUSES_JSON("an address of more than 64 bits", "manifest.json: pools[0].base: expected an address",
+             j["pools"][0]["base"] = "0x10000000000000000")
+REFUSES_JSON("a short checksum", "manifest.json: pools[0].extents[1].checksum: expected a checksum",
+             j["pools"][0]["extents"][1]["checksum"] = "0123456789abcde")
+REFUSES_JSON("an ordinal beyond int", "manifest.json: devices[0].ordinal: expected a 32-bit integer",
+             j["devices"][0]["ordinal"] = 1ULL << 40)
+REFUSES_JSON("a pool that is not an object", "manifest.json: pools[1]: expected an object", j["pools"][1] = 7)
+REFUSES_JSON("a command that is not an array", "manifest.json: command: expected an array", j["command"] = "./app")
+
+REFUSES("a pid of zero", "manifest.json: pid 0 is not a valid process id", m.pid = 0)
+REFUSES("a pid beyond pid_t", "manifest.json: pid 4294967296 is not a valid process id", m.pid = 1LL << 32)
+REFUSES("a negative device ordinal", "manifest.json: devices[0].ordinal -1 is out of range", m.devices[0].ordinal = -1)
+REFUSES("a repeated device ordinal", "manifest.json: devices[1].ordinal 0 repeats devices[0]", m.devices[1].ordinal = 0)
+REFUSES("a negative compute capability", "manifest.json: devices[1]: negative compute capability", m.devices[1].cc_minor = -2)
+REFUSES("a pool on an unlisted device", "manifest.json: pools[1].device 7 is not listed in devices", m.pools[1].device = 7)
+REFUSES("two pools on one device", "manifest.json: pools[1].device 0 already has pools[0]", m.pools[1].device = 0)
+REFUSES("a zero pool base", "manifest.json: pools[0].base is zero", m.pools[0].base = 0)
+REFUSES("a zero pool size", "manifest.json: pools[1].size is zero", m.pools[1].size = 0)
+REFUSES("a zero granularity", "manifest.json: pools[0].granularity is zero", m.pools[0].granularity = 0)
+REFUSES("a base off the granularity", "manifest.json: pools[0].base 0x200000001000 is not a multiple of the granularity",
+        m.pools[0].base += 4096)
+REFUSES("a size off the granularity", "manifest.json: pools[1].size 67112960 is not a multiple of the granularity",
+        m.pools[1].size += 4096)
+REFUSES("a pool past the end of the address space", "manifest.json: pools[1]: base 0xffffffffffe00000 + size 67108864 overflows",
+        m.pools[1].base = 0xffffffffffe00000ULL)
+REFUSES("overlapping pools", "manifest.json: pools[1] overlaps pools[0]", m.pools[1].base = base0 + 32 * MiB)
+REFUSES("an empty allocation", "manifest.json: pools[0].allocations[1] has size zero", m.pools[0].allocations[1].size = 0)
+REFUSES("an allocation outside its pool", "manifest.json: pools[1].allocations[0] (0x1fffffe00000+2097152) is outside the pool",
+        m.pools[1].allocations[0].addr = base0 - 2 * MiB)
+REFUSES("an allocation running past its pool", "manifest.json: pools[0].allocations[2] (0x200000200000+18446744073709551615) is outside",
+        m.pools[0].allocations[2].size = ~0ULL)
+REFUSES("unsorted allocations", "manifest.json: pools[0].allocations[1] at 0x200000000000 is out of order",
+        std::swap(m.pools[0].allocations[0], m.pools[0].allocations[1]))
+REFUSES("overlapping allocations", "manifest.json: pools[0].allocations[1] overlaps allocations[0]",
+        m.pools[0].allocations[0].size = 8 * KiB + 1)
+REFUSES("an empty extent", "manifest.json: pools[0].extents[1] is empty", m.pools[0].extents[1].size = 0)
+REFUSES("an extent outside its pool", "manifest.json: pools[1].extents[0] (0x100+300) is outside the pool",
+        m.pools[1].extents[0].addr = 0x100)
+REFUSES("an extent running past the end of the address space", "manifest.json: pools[0].extents[3] (0x200000201000+18446744073709551615) is outside",
+        m.pools[0].extents[3].size = ~0ULL)
+REFUSES("unsorted extents", "manifest.json: pools[0].extents[3] at 0x200000000000 is out of order (below extents[2]",
+        m.pools[0].extents[3].addr = base0)
+REFUSES("overlapping extents", "manifest.json: pools[0].extents[3] overlaps extents[2]",
+        m.pools[0].extents[3].addr = m.pools[0].extents[2].addr + 100)
+REFUSES("an extent outside every allocation", "manifest.json: pools[0].extents[1] (0x200000001000+1000) is not inside any allocation",
+        m.pools[0].extents[1].addr = base0 + 4 * KiB)
+REFUSES("an extent before the first allocation", "manifest.json: pools[1].extents[0] (0x208000000200+300) is not inside any allocation",
+        m.pools[1].allocations[0].addr += 2 * MiB)
+REFUSES("an extent crossing an allocation's end", "manifest.json: pools[0].extents[1] (0x200000002000+1000) is not inside one allocation (allocations[1]",
+        m.pools[0].allocations[1].size = 999)
+REFUSES("an extent offset out of sequence", "manifest.json: pools[0].extents[2].offset is 5095, expected 5096",
+        m.pools[0].extents[2].offset -= 1)
+REFUSES("an extent offset out of sequence across pools", "manifest.json: pools[1].extents[0].offset is 0, expected 7656",
+        m.pools[1].extents[0].offset = 0)
+REFUSES("data_bytes other than the extents' sum", "manifest.json: data_bytes is 7957 but the extents hold 7956 bytes",
+        m.data_bytes += 1)
+REFUSES("a huge data_bytes", "manifest.json: data_bytes is 18446744073709551615 but the extents hold", m.data_bytes = ~0ULL)
+
+// ---- The data file. ----
+
+TEST_CASE("image: reader refuses a missing data file", "[image][data]") {
+  scratch s;
+  small_image(s / "img");
+  fs::remove(s / "img" / "data.bin");
+  CHECK_THAT(open_error(s / "img"), Contains("data.bin: missing"));
+}
+
+TEST_CASE("image: reader refuses a damaged data header", "[image][data]") {
+  scratch s;
+  const auto fresh = [&] {
+    fs::remove_all(s / "img");
+    small_image(s / "img");
+    return s / "img" / "data.bin";
+  };
+  patch(fresh(), 0, "X");
+  CHECK_THAT(open_error(s / "img"), Contains("data.bin: bad magic"));
+  patch(fresh(), 12, std::string("\x02\0\0\0", 4));
+  CHECK_THAT(open_error(s / "img"), Contains("data.bin: format 2 is newer than this tool understands (1)"));
+  patch(fresh(), 16, std::string("\x01\0\0\0", 4));
+  CHECK_THAT(open_error(s / "img"), Contains("data.bin: header gives a payload of 1 bytes but the manifest's data_bytes is 7956"));
+  patch(fresh(), 40, "\x01");
+  CHECK_THAT(open_error(s / "img"), Contains("data.bin: reserved header byte 40 is not zero"));
+}
+
+TEST_CASE("image: reader refuses a truncated or extended data file", "[image][data]") {
+  scratch s;
+  small_image(s / "img");
+  const fs::path data = s / "img" / "data.bin";
+  fs::resize_file(data, 64 + 7956 - 1);
+  CHECK_THAT(open_error(s / "img"), Contains("data.bin: truncated: 8019 bytes, expected 8020"));
+  fs::resize_file(data, 64 + 7956 + 1);
+  CHECK_THAT(open_error(s / "img"), Contains("data.bin: 8021 bytes, expected 8020") && Contains("after the payload"));
+  fs::resize_file(data, 10);
+  CHECK_THAT(open_error(s / "img"), Contains("data.bin: truncated: 10 bytes, shorter than its 64-byte header"));
+}
+
+TEST_CASE("image: reader refuses symlinked manifest and data files", "[image][data]") {
+  scratch s;
+  small_image(s / "img");
+  fs::rename(s / "img" / "manifest.json", s / "manifest.json");
+  fs::create_symlink(s / "manifest.json", s / "img" / "manifest.json");
+  CHECK_THAT(open_error(s / "img"), Contains("manifest.json: is a symbolic link (refused)"));
+  fs::remove(s / "img" / "manifest.json");
+  fs::rename(s / "manifest.json", s / "img" / "manifest.json");
+  fs::rename(s / "img" / "data.bin", s / "data.bin");
+  fs::create_symlink(s / "data.bin", s / "img" / "data.bin");
+  CHECK_THAT(open_error(s / "img"), Contains("data.bin: is a symbolic link (refused)"));
+}
+
+TEST_CASE("image: reader refuses members that are not regular files", "[image][data]") {
+  scratch s;
+  small_image(s / "img");
+  fs::remove(s / "img" / "data.bin");
+  REQUIRE(::mkfifo((s / "img" / "data.bin").c_str(), 0600) == 0);  // must not block
+  CHECK_THAT(open_error(s / "img"), Contains("data.bin: not a regular file"));
+}
+
+TEST_CASE("image: a flipped bit is named by read and verify_data", "[image][data]") {
+  scratch s;
+  const sample w = small_image(s / "img");
+  // extents[1] of pool 0 starts at payload offset 4096.
+  const fs::path data = s / "img" / "data.bin";
+  std::string byte = read_file(data).substr(64 + 4096 + 17, 1);
+  byte[0] = static_cast<char>(byte[0] ^ 0x08);
+  patch(data, 64 + 4096 + 17, byte);
+  const auto r = img::reader::open(s / "img");  // open checks structure only
+  const std::string expected = "data.bin: pools[0].extents[1] at 0x200000002000: checksum mismatch";
+  CHECK_THROWS_WITH(r.verify_data(), Contains(expected));
+  std::vector<unsigned char> buf(1000);
+  CHECK_THROWS_WITH(r.read(r.info().pools[0].extents[1], buf.data()), Contains(expected));
+  buf.resize(4096);
+  r.read(r.info().pools[0].extents[0], buf.data());  // the others still read
+  CHECK(buf == w.bytes.at(base0));
+  img::extent stranger = r.info().pools[0].extents[0];
+  stranger.addr += 1;
+  CHECK_THROWS_WITH(r.read(stranger, buf.data()), Contains("not an extent of this image"));
+}
+
+TEST_CASE("image: a write failure names the file and leaves no image", "[image]") {
+  scratch s;
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    ::close(fds[0]);
+    ::signal(SIGXFSZ, SIG_IGN);
+    const rlimit lim{1 * MiB, 1 * MiB};
+    ::setrlimit(RLIMIT_FSIZE, &lim);
+    std::string report = "no error";
+    try {
+      img::writer w(s / "img");
+      const auto data = pattern(MiB, 5);
+      w.begin_extent(base0, 16 * MiB);
+      for (int i = 0; i < 16; ++i) w.write(data.data(), data.size());
+      w.end_extent();
+      w.commit(base_manifest());
+    } catch (const img::image_error& e) {
+      report = std::string("image_error: ") + e.what();
+    } catch (const std::exception& e) {
+      report = std::string("other: ") + e.what();
+    }
+    (void)!::write(fds[1], report.data(), report.size());
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string report;
+  char buf[512];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) report.append(buf, static_cast<std::size_t>(n));
+  ::close(fds[0]);
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  CHECK(WIFEXITED(status));
+  CHECK_THAT(report, Contains("image_error: ") && Contains("data.bin: write failed: File too large") &&
+                         Contains((s / "img.partial-").string()));
+  CHECK_FALSE(fs::exists(s / "img"));
+  CHECK_FALSE(has_partial(s.dir));
+}

@@ -1,0 +1,26 @@
+// cuda-ckpt's subcommands other than run; each returns the process exit code.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+
+namespace vmmckpt::tools {
+
+int ps_command(bool json);
+
+struct dump_command_options {
+  pid_t pid = 0;
+  std::string output;  // empty: ./vmmckpt-<pid>-<time>
+  bool json = false;
+  int deadline_s = 60;
+  std::string chunk = "64M";
+  int buffers = 4;
+  int streams = 2;
+};
+int dump_command(const dump_command_options& options);
+
+int inspect_command(const std::string& image, bool json);
+int verify_command(const std::string& image, bool json);
+
+}  // namespace vmmckpt::tools

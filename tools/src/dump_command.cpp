@@ -1,0 +1,67 @@
+// `cuda-ckpt dump`: parse options, run the dump engine, report.
+#include <cstdio>
+#include <ctime>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "commands.hpp"
+#include "exit_codes.hpp"
+#include "output.hpp"
+#include "vmmckpt/ckpt/control_client.hpp"
+#include "vmmckpt/ckpt/dump.hpp"
+#include "vmmckpt/pool_layout.hpp"
+
+namespace vmmckpt::tools {
+
+int dump_command(const dump_command_options& o) {
+  ckpt::dump_options options;
+  options.pid = o.pid;
+  if (o.output.empty()) {
+    char stamp[32];
+    const std::time_t t = std::time(nullptr);
+    std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&t));
+    options.output = "vmmckpt-" + std::to_string(o.pid) + "-" + stamp;
+  } else {
+    options.output = o.output;
+  }
+  std::uint64_t chunk = 0;
+  if (!parse_size(o.chunk, chunk) || chunk < (1u << 20) || chunk > (1ULL << 30)) {
+    std::cerr << "cuda-ckpt dump: --chunk must be a size from 1M to 1G\n";
+    return exit_usage;
+  }
+  options.chunk_bytes = chunk;
+  options.staging_buffers = o.buffers;
+  options.streams = o.streams;
+  options.hold_deadline_ms = o.deadline_s * 1000;
+
+  progress_bar bar("dump");
+  auto on_progress = [&](const ckpt::dump_progress& p) {
+    if (!o.json) bar.update(p.bytes_done, p.bytes_total);
+  };
+  const auto result = ckpt::dump(options, on_progress);
+  bar.finish();
+
+  std::size_t allocations = 0;
+  for (const auto& pool : result.manifest.pools) allocations += pool.allocations.size();
+  const double gbps = result.seconds > 0 ? static_cast<double>(result.manifest.data_bytes) / result.seconds / 1e9 : 0;
+  const double copy_gbps =
+      result.copy_seconds > 0 ? static_cast<double>(result.manifest.data_bytes) / result.copy_seconds / 1e9 : 0;
+  if (o.json) {
+    nlohmann::json out = {{"image", result.image.string()},  {"pid", o.pid},
+                          {"bytes", result.manifest.data_bytes}, {"allocations", allocations},
+                          {"seconds", result.seconds},        {"gb_per_s", gbps},
+                          {"copy_seconds", result.copy_seconds}, {"copy_gb_per_s", copy_gbps},
+                          {"hold_ms", result.hold_ms},        {"driver_lock", result.driver_lock}};
+    std::cout << out.dump(2) << "\n";
+  } else {
+    std::printf("dumped %s in %zu allocations of process %d to %s\n",
+                human_bytes(result.manifest.data_bytes).c_str(), allocations, static_cast<int>(o.pid),
+                result.image.c_str());
+    std::printf("  %.3f s in all (%.2f GB/s); copy out of the GPU %.3f s (%.2f GB/s); program held %.1f ms%s\n",
+                result.seconds, gbps, result.copy_seconds, copy_gbps, result.hold_ms,
+                result.driver_lock ? " (gate and driver lock)" : "");
+  }
+  return exit_ok;
+}
+
+}  // namespace vmmckpt::tools

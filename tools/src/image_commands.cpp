@@ -1,0 +1,65 @@
+// `cuda-ckpt inspect` and `cuda-ckpt verify`: read an image and report on it.
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "commands.hpp"
+#include "exit_codes.hpp"
+#include "output.hpp"
+#include "vmmckpt/image.hpp"
+
+namespace vmmckpt::tools {
+
+int inspect_command(const std::string& path, bool as_json) {
+  const auto reader = image::reader::open(path);
+  const auto& m = reader.info();
+  if (as_json) {
+    std::cout << image::to_json(m) << "\n";
+    return exit_ok;
+  }
+  std::string command;
+  for (const auto& arg : m.command) command += (command.empty() ? "" : " ") + arg;
+  std::printf("image     %s (format %u, written by vmmckpt %s)\n", path.c_str(), m.format, m.tool_version.c_str());
+  std::printf("created   %s on %s\n", m.created.c_str(), m.host.c_str());
+  std::printf("process   %lld: %s\n", static_cast<long long>(m.pid), command.c_str());
+  std::printf("data      %s; program held %.1f ms\n", human_bytes(m.data_bytes).c_str(), m.hold_us / 1000.0);
+  for (const auto& d : m.devices)
+    std::printf("device    %d: %s %s (compute capability %d.%d)\n", d.ordinal, d.name.c_str(), d.uuid.c_str(),
+                d.cc_major, d.cc_minor);
+  for (const auto& p : m.pools) {
+    std::printf("pool      device %d at 0x%llx, %s reserved, %zu allocations\n", p.device,
+                static_cast<unsigned long long>(p.base), human_bytes(p.size).c_str(), p.allocations.size());
+    std::printf("  %-18s %14s  %-16s %s\n", "address", "bytes", "api", "checksum");
+    for (std::size_t i = 0; i < p.allocations.size(); ++i) {
+      const auto& a = p.allocations[i];
+      std::uint64_t checksum = 0;
+      for (const auto& e : p.extents)
+        if (e.addr == a.addr) checksum = e.checksum;
+      std::printf("  0x%-16llx %14llu  %-16s %016llx\n", static_cast<unsigned long long>(a.addr),
+                  static_cast<unsigned long long>(a.size), a.api.c_str(), static_cast<unsigned long long>(checksum));
+    }
+  }
+  return exit_ok;
+}
+
+int verify_command(const std::string& path, bool as_json) {
+  try {
+    const auto reader = image::reader::open(path);
+    reader.verify_data();
+    if (as_json) {
+      std::cout << nlohmann::json{{"image", path}, {"ok", true}}.dump(2) << "\n";
+    } else {
+      std::printf("%s: good (%s, every checksum matches)\n", path.c_str(), human_bytes(reader.info().data_bytes).c_str());
+    }
+    return exit_ok;
+  } catch (const image::image_error& e) {
+    if (as_json) {
+      std::cout << nlohmann::json{{"image", path}, {"ok", false}, {"defect", e.what()}}.dump(2) << "\n";
+    } else {
+      std::fprintf(stderr, "%s: BAD: %s\n", path.c_str(), e.what());
+    }
+    return exit_failure;
+  }
+}
+
+}  // namespace vmmckpt::tools

@@ -1,0 +1,27 @@
+// Human-readable sizes, rates and a progress bar for cuda-ckpt's terminal output.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace vmmckpt::tools {
+
+std::string human_bytes(std::uint64_t bytes);  // "1.50 GiB"
+
+// Draws "[####    ] 1.2/4.0 GiB  3.1 GB/s  0:02 left" on stderr, only when stderr
+// is a terminal; redraws at most ten times a second.
+class progress_bar {
+ public:
+  explicit progress_bar(std::string label);
+  void update(std::uint64_t done, std::uint64_t total);
+  void finish();
+
+ private:
+  std::string label_;
+  bool enabled_;
+  std::chrono::steady_clock::time_point start_, last_draw_;
+  bool drawn_ = false;
+};
+
+}  // namespace vmmckpt::tools

@@ -1,0 +1,43 @@
+// `cuda-ckpt ps`: the processes running under the shim.
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "commands.hpp"
+#include "exit_codes.hpp"
+#include "output.hpp"
+#include "vmmckpt/ckpt/control_client.hpp"
+
+namespace vmmckpt::tools {
+
+int ps_command(bool as_json) {
+  const auto processes = ckpt::list_processes();
+  if (as_json) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& p : processes) {
+      nlohmann::json entry = p.hello;
+      entry.erase("ok");
+      out.push_back(entry);
+    }
+    std::cout << out.dump(2) << "\n";
+    return exit_ok;
+  }
+  std::printf("%-8s %-9s %-8s %12s %12s  %s\n", "PID", "STATE", "DEVICES", "LIVE", "RESERVED", "COMMAND");
+  for (const auto& p : processes) {
+    std::uint64_t live = 0, backed = 0;
+    std::string devices;
+    for (const auto& pool : p.hello.value("pools", nlohmann::json::array())) {
+      live += pool.value("live_bytes", std::uint64_t{0});
+      backed += pool.value("backed_bytes", std::uint64_t{0});
+      devices += (devices.empty() ? "" : ",") + std::to_string(pool.value("device", 0));
+    }
+    std::string command;
+    for (const auto& arg : p.hello.value("command", std::vector<std::string>{})) command += (command.empty() ? "" : " ") + arg;
+    std::printf("%-8d %-9s %-8s %12s %12s  %s\n", static_cast<int>(p.pid), p.hello.value("state", "?").c_str(),
+                devices.empty() ? "-" : devices.c_str(), human_bytes(live).c_str(), human_bytes(backed).c_str(),
+                command.c_str());
+  }
+  return exit_ok;
+}
+
+}  // namespace vmmckpt::tools
