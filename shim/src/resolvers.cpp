@@ -108,7 +108,11 @@ void* driver_substitute_for(const char* symbol, int cuda_version, cuuint64_t fla
   const driver_substitute* best = nullptr;
   for (const auto& s : driver_substitutes)
     if (s.name == name && s.since <= cuda_version && (best == nullptr || s.since > best->since)) best = &s;
-  if (best == nullptr) return gated_substitute_for_pointer(real);
+  if (best == nullptr) {
+    void* gated = gated_substitute_for_pointer(real);
+    if (gated != nullptr) log::debug("resolver: {} (CUDA {}) passes the gate", symbol, cuda_version);
+    return gated;
+  }
   void* ours = best->legacy;
   if (best->per_thread != nullptr) {
     // Match the stream semantics the driver chose: compare with its _ptsz twin.
