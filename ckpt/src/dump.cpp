@@ -6,7 +6,9 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <algorithm>
 #include <deque>
+#include <map>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -124,10 +126,48 @@ dump_result dump(const dump_options& options, const std::function<void(const dum
                      std::to_string(hello.value("protocol", 0u)) + "; this cuda-ckpt speaks " +
                      std::to_string(protocol::version));
 
-  // Fail on an unwritable destination before the program is held.
+  // Everything that can be prepared is prepared before the program is held:
+  // the destination (fail early if unwritable), the CUDA context, and pinned
+  // staging sized from the live bytes the program reported.
   image::writer writer(options.output);
 
   VMMCKPT_CUDA_TRY(cuInit(0));
+  std::map<int, CUdevice> devices;  // the program's ordinal -> ours
+  CUcontext context = nullptr;
+  std::uint64_t live_estimate = 0;
+  for (const json& p : hello.value("pools", json::array())) {
+    const int ordinal = p.at("device").get<int>();
+    live_estimate += p.value("live_bytes", std::uint64_t{0});
+    json dev_info = {{"ordinal", ordinal}};
+    for (const json& d : hello.value("devices", json::array()))
+      if (d.value("ordinal", -1) == ordinal) dev_info = d;
+    devices[ordinal] = find_device(dev_info);
+    if (context == nullptr) {
+      VMMCKPT_CUDA_TRY(cuDevicePrimaryCtxRetain(&context, devices[ordinal]));
+      VMMCKPT_CUDA_TRY(cuCtxSetCurrent(context));
+    }
+  }
+  if (context == nullptr) throw tool_error("process " + std::to_string(options.pid) + " has no GPU memory in the pool yet");
+
+  // Enough buffers to take the whole dump when it fits the staging budget, so
+  // the program is held only for the copy out of the GPU, not for the writes.
+  staging st;
+  const std::uint64_t wanted = (live_estimate + options.chunk_bytes - 1) / options.chunk_bytes;
+  const std::uint64_t budget = std::max<std::uint64_t>(2, options.staging_bytes / options.chunk_bytes);
+  const int buffers = static_cast<int>(std::clamp<std::uint64_t>(wanted, 2, budget));
+  for (int i = 0; i < buffers; ++i) {
+    void* b = nullptr;
+    VMMCKPT_CUDA_TRY(cuMemHostAlloc(&b, options.chunk_bytes, 0));
+    st.buffers.push_back(b);
+    CUevent e;
+    VMMCKPT_CUDA_TRY(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+    st.events.push_back(e);
+  }
+  for (int i = 0; i < std::max(1, options.streams); ++i) {
+    CUstream s;
+    VMMCKPT_CUDA_TRY(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    st.streams.push_back(s);
+  }
 
   std::vector<int> fds;
   struct fd_guard {
@@ -150,17 +190,13 @@ dump_result dump(const dump_options& options, const std::function<void(const dum
 
   std::vector<std::unique_ptr<pool_mapping>> mappings;
   std::size_t next_fd = 0;
-  CUcontext context = nullptr;
   for (const json& p : held.at("pools")) {
     const int ordinal = p.at("device").get<int>();
     json dev_info = {{"ordinal", ordinal}};
     for (const json& d : held.value("devices", json::array()))
       if (d.value("ordinal", -1) == ordinal) dev_info = d;
-    const CUdevice device = find_device(dev_info);
-    if (context == nullptr) {
-      VMMCKPT_CUDA_TRY(cuDevicePrimaryCtxRetain(&context, device));
-      VMMCKPT_CUDA_TRY(cuCtxSetCurrent(context));
-    }
+    if (!devices.count(ordinal)) devices[ordinal] = find_device(dev_info);  // a pool created since hello
+    const CUdevice device = devices[ordinal];
     image::device_info info;
     info.ordinal = ordinal;
     info.name = dev_info.value("name", "");
@@ -210,21 +246,6 @@ dump_result dump(const dump_options& options, const std::function<void(const dum
   const auto chunks = plan_chunks(m, options.chunk_bytes);
   std::uint64_t total = 0;
   for (const auto& c : chunks) total += c.bytes;
-  staging st;
-  const int buffers = std::max(1, options.staging_buffers);
-  for (int i = 0; i < buffers; ++i) {
-    void* b = nullptr;
-    VMMCKPT_CUDA_TRY(cuMemHostAlloc(&b, options.chunk_bytes, 0));
-    st.buffers.push_back(b);
-    CUevent e;
-    VMMCKPT_CUDA_TRY(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
-    st.events.push_back(e);
-  }
-  for (int i = 0; i < std::max(1, options.streams); ++i) {
-    CUstream s;
-    VMMCKPT_CUDA_TRY(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
-    st.streams.push_back(s);
-  }
 
   std::mutex mutex;
   std::condition_variable changed;

@@ -4,6 +4,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -27,6 +28,9 @@ using detail::hex;
 
 // Large enough that a write() costs little next to the copy, small enough to stay cache-friendly.
 constexpr std::size_t buffer_capacity = 8u << 20;
+// Big chunks are hashed and written piece by piece, so the kernel copies each piece while the
+// hash has just brought it into cache (one pass over DRAM instead of two).
+constexpr std::size_t direct_piece = 1u << 20;
 
 std::string random_suffix() {
   std::random_device rd;
@@ -154,18 +158,25 @@ struct writer::impl {
     buffered = 0;
   }
 
+  // Hashes and stores bytes of the current extent.
   void append(const unsigned char* p, std::size_t size) {
+    if (size >= buffer_capacity) {
+      // Big chunks go straight from the caller's memory, the first piece with what is buffered.
+      for (std::size_t done = 0; done < size;) {
+        const std::size_t n = std::min(direct_piece, size - done);
+        XXH3_64bits_update(&hash, p + done, n);
+        iovec iov[2] = {{buffer.get(), buffered}, {const_cast<unsigned char*>(p + done), n}};
+        write_all(data_fd, buffered != 0 ? iov : iov + 1, buffered != 0 ? 2 : 1, data_path());
+        buffered = 0;
+        done += n;
+      }
+      return;
+    }
+    XXH3_64bits_update(&hash, p, size);
     if (buffered + size <= buffer_capacity) {
       std::memcpy(buffer.get() + buffered, p, size);
       buffered += size;
       if (buffered == buffer_capacity) flush();
-      return;
-    }
-    if (size >= buffer_capacity) {
-      // Big chunks go straight from the caller's memory, together with what is buffered.
-      iovec iov[2] = {{buffer.get(), buffered}, {const_cast<unsigned char*>(p), size}};
-      write_all(data_fd, iov, 2, data_path());
-      buffered = 0;
       return;
     }
     const std::size_t head = buffer_capacity - buffered;
@@ -299,7 +310,6 @@ void writer::write(const void* data, std::size_t size) {
       fail("write: " + std::to_string(size) + " bytes overflow the extent at " + hex(w.current.addr) + " (" +
            std::to_string(w.current.size - w.current_written) + " bytes left)");
     if (size == 0) return;
-    XXH3_64bits_update(&w.hash, data, size);
     w.append(static_cast<const unsigned char*>(data), size);
     w.current_written += size;
     w.payload += size;

@@ -15,7 +15,7 @@ struct dump_command_options {
   bool json = false;
   int deadline_s = 60;
   std::string chunk = "64M";
-  int buffers = 4;
+  std::string staging = "1G";
   int streams = 2;
 };
 int dump_command(const dump_command_options& options);

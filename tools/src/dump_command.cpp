@@ -30,7 +30,12 @@ int dump_command(const dump_command_options& o) {
     return exit_usage;
   }
   options.chunk_bytes = chunk;
-  options.staging_buffers = o.buffers;
+  std::uint64_t staging = 0;
+  if (!parse_size(o.staging, staging) || staging < 2 * chunk) {
+    std::cerr << "cuda-ckpt dump: --staging must be a size of at least two chunks\n";
+    return exit_usage;
+  }
+  options.staging_bytes = staging;
   options.streams = o.streams;
   options.hold_deadline_ms = o.deadline_s * 1000;
 

@@ -53,10 +53,14 @@ int main(int argc, char** argv) {
   dump->add_option("--deadline", dump_options.deadline_s, "Release the program after this many seconds, dump or not")
       ->capture_default_str()->check(CLI::Range(1, 600));
   dump->add_option("--chunk", dump_options.chunk, "Staging buffer size")->capture_default_str();
-  dump->add_option("--buffers", dump_options.buffers, "Pinned staging buffers")->capture_default_str()->check(CLI::Range(1, 64));
+  dump->add_option("--staging", dump_options.staging,
+                   "Most pinned host memory for staging; a dump that fits is held only for its copy out of the GPU")
+      ->capture_default_str();
   dump->add_option("--streams", dump_options.streams, "Copy streams")->capture_default_str()->check(CLI::Range(1, 16));
   dump->footer(
       "The program is held (its GPU work stopped and drained) only until its memory is out of the GPU.\n"
+      "Exit status 1 with a message when the process does not exist, is not under vmmckpt, belongs to\n"
+      "another user, exits during the dump, or the image cannot be written (full disk).\n"
       "The image appears under its final name only once complete and synced: a failed dump leaves none.");
 
   std::string inspect_path;

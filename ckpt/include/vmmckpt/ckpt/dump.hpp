@@ -16,7 +16,7 @@ struct dump_options {
   pid_t pid = 0;
   std::filesystem::path output;            // the image directory to create
   std::size_t chunk_bytes = 64ULL << 20;   // one staging buffer
-  int staging_buffers = 4;                 // pinned, reused round robin
+  std::uint64_t staging_bytes = 1ULL << 30;  // most pinned staging to use (at least two buffers)
   int streams = 2;                         // copy streams
   int hold_deadline_ms = 60'000;           // the program is released after this, dump or not
 };
