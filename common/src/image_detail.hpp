@@ -2,10 +2,16 @@
 #pragma once
 
 #include <array>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 #include "vmmckpt/image.hpp"
 
@@ -29,6 +35,36 @@ using header_bytes = std::array<unsigned char, data_header_size>;
 header_bytes encode_data_header(std::uint64_t payload_bytes);
 // Returns an empty string when the header is right, otherwise what is wrong with it.
 std::string check_data_header(const header_bytes& h, std::uint64_t expected_payload);
+
+// Hashes on a helper thread while the caller does I/O: one thread cannot both copy into the page
+// cache and hash at full speed, two overlap them. Hashes one range at a time, in call order.
+class background_hasher {
+ public:
+  background_hasher();
+  ~background_hasher();
+  background_hasher(const background_hasher&) = delete;
+  background_hasher& operator=(const background_hasher&) = delete;
+  // Starts hashing [p, p + n) into *state; waits for the previous range first.
+  void start(XXH3_state_t* state, const void* p, std::size_t n);
+  void wait();  // until the last range is hashed; [p, p + n) may be reused after this
+
+ private:
+  void run();
+  std::mutex mu_;
+  std::condition_variable cv_;
+  XXH3_state_t* state_ = nullptr;
+  const void* p_ = nullptr;
+  std::size_t n_ = 0;
+  bool busy_ = false, stop_ = false;
+  std::thread thread_;
+};
+
+// Waits for a background_hasher when leaving a scope, exceptions included: the caller's memory
+// must not be released while the helper still reads it.
+struct hash_waiter {
+  background_hasher& h;
+  ~hash_waiter() { h.wait(); }
+};
 
 [[noreturn]] void fail(std::string message);
 std::string errno_text(int err);

@@ -7,11 +7,9 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
-
-#define XXH_INLINE_ALL
-#include <xxhash.h>
 
 #include "image_detail.hpp"
 #include "vmmckpt/image.hpp"
@@ -23,8 +21,10 @@ using detail::errno_text;
 using detail::fail;
 using detail::hex;
 
-// Reads are hashed piece by piece while the piece is still in cache.
+// Extents are read in pieces; from this size on, each piece is hashed on a helper thread while
+// the next is read (below it, starting the thread costs more than it saves).
 constexpr std::size_t read_piece = 8u << 20;
+constexpr std::uint64_t background_hash_from = 2 * read_piece;
 
 struct fd_guard {
   int fd = -1;
@@ -103,19 +103,35 @@ struct reader::impl {
          ") is not an extent of this image");
   }
 
-  // Reads an extent piece by piece into dst (advancing through it when `advance`, else reusing the
-  // same piece-sized buffer) and checks the checksum at the end.
-  void read_checked(const located& l, unsigned char* dst, bool advance) const {
+  // Reads an extent piece by piece and checks its checksum. With `advance` the pieces fill
+  // dst one after another; without, they alternate between the two piece-sized halves of dst.
+  void read_checked(const located& l, unsigned char* dst, bool advance, detail::background_hasher* hasher) const {
     const extent& e = info.pools[l.pool].extents[l.index];
     XXH3_state_t state;
     XXH3_64bits_reset(&state);
-    std::uint64_t done = 0;
-    while (done < e.size) {
-      const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(read_piece, e.size - done));
-      unsigned char* p = advance ? dst + done : dst;
-      pread_all(data_fd, p, n, detail::data_header_size + e.offset + done, data_path);
-      XXH3_64bits_update(&state, p, n);
-      done += n;
+    std::unique_ptr<detail::background_hasher> own;
+    if (e.size < background_hash_from) {
+      hasher = nullptr;
+    } else if (hasher == nullptr) {
+      own = std::make_unique<detail::background_hasher>();
+      hasher = own.get();
+    }
+    {
+      std::optional<detail::hash_waiter> done;
+      if (hasher != nullptr) done.emplace(*hasher);
+      std::uint64_t at = 0;
+      for (std::size_t k = 0; at < e.size; ++k) {
+        const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(read_piece, e.size - at));
+        unsigned char* p = advance ? dst + at : dst + (k % 2) * read_piece;
+        // When pieces alternate, start() below has already waited for the hash of the piece
+        // that last used this half.
+        pread_all(data_fd, p, n, detail::data_header_size + e.offset + at, data_path);
+        if (hasher != nullptr)
+          hasher->start(&state, p, n);
+        else
+          XXH3_64bits_update(&state, p, n);
+        at += n;
+      }
     }
     const std::uint64_t got = XXH3_64bits_digest(&state);
     if (got != e.checksum)
@@ -186,13 +202,14 @@ reader::~reader() = default;
 const manifest& reader::info() const { return impl_->info; }
 
 void reader::read(const extent& e, void* dst) const {
-  impl_->read_checked(impl_->locate(e), static_cast<unsigned char*>(dst), true);
+  impl_->read_checked(impl_->locate(e), static_cast<unsigned char*>(dst), true, nullptr);
 }
 
 void reader::verify_data() const {
   ::posix_fadvise(impl_->data_fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-  auto buffer = std::make_unique_for_overwrite<unsigned char[]>(read_piece);
-  for (const auto& l : impl_->by_offset) impl_->read_checked(l, buffer.get(), false);
+  auto buffer = std::make_unique_for_overwrite<unsigned char[]>(2 * read_piece);
+  detail::background_hasher hasher;
+  for (const auto& l : impl_->by_offset) impl_->read_checked(l, buffer.get(), false, &hasher);
 }
 
 }  // namespace vmmckpt::image

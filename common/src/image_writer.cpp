@@ -4,7 +4,6 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -12,9 +11,6 @@
 #include <random>
 #include <string>
 #include <vector>
-
-#define XXH_INLINE_ALL
-#include <xxhash.h>
 
 #include "image_detail.hpp"
 #include "vmmckpt/image.hpp"
@@ -28,9 +24,7 @@ using detail::hex;
 
 // Large enough that a write() costs little next to the copy, small enough to stay cache-friendly.
 constexpr std::size_t buffer_capacity = 8u << 20;
-// Big chunks are hashed and written piece by piece, so the kernel copies each piece while the
-// hash has just brought it into cache (one pass over DRAM instead of two).
-constexpr std::size_t direct_piece = 1u << 20;
+
 
 std::string random_suffix() {
   std::random_device rd;
@@ -104,6 +98,7 @@ struct writer::impl {
   extent current;
   std::uint64_t current_written = 0;
   XXH3_state_t hash;
+  std::unique_ptr<detail::background_hasher> hasher;  // started by the first big chunk
   std::vector<extent> written;
 
   std::string data_path() const { return (temp_dir / detail::data_name).string(); }
@@ -161,15 +156,13 @@ struct writer::impl {
   // Hashes and stores bytes of the current extent.
   void append(const unsigned char* p, std::size_t size) {
     if (size >= buffer_capacity) {
-      // Big chunks go straight from the caller's memory, the first piece with what is buffered.
-      for (std::size_t done = 0; done < size;) {
-        const std::size_t n = std::min(direct_piece, size - done);
-        XXH3_64bits_update(&hash, p + done, n);
-        iovec iov[2] = {{buffer.get(), buffered}, {const_cast<unsigned char*>(p + done), n}};
-        write_all(data_fd, buffered != 0 ? iov : iov + 1, buffered != 0 ? 2 : 1, data_path());
-        buffered = 0;
-        done += n;
-      }
+      // Big chunks go straight from the caller's memory (with what is buffered), hashed meanwhile.
+      if (!hasher) hasher = std::make_unique<detail::background_hasher>();
+      detail::hash_waiter done{*hasher};
+      hasher->start(&hash, p, size);
+      iovec iov[2] = {{buffer.get(), buffered}, {const_cast<unsigned char*>(p), size}};
+      write_all(data_fd, buffered != 0 ? iov : iov + 1, buffered != 0 ? 2 : 1, data_path());
+      buffered = 0;
       return;
     }
     XXH3_64bits_update(&hash, p, size);

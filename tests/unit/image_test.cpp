@@ -583,6 +583,19 @@ TEST_CASE("image: a flipped bit is named by read and verify_data", "[image][data
   CHECK_THROWS_WITH(r.read(stranger, buf.data()), Contains("not an extent of this image"));
 }
 
+TEST_CASE("image: a flipped bit deep in a big extent is found (hashing on the helper thread)", "[image][data]") {
+  scratch s;
+  big_image(s / "img");
+  const auto r = img::reader::open(s / "img");
+  const img::extent big = r.info().pools[0].extents[2];
+  REQUIRE(big.size == 20 * MiB);
+  patch(s / "img" / "data.bin", 64 + big.offset + 17 * MiB + 5, "\x5a");  // in the third 8 MiB piece
+  const std::string expected = "data.bin: pools[0].extents[2] at 0x200000800000: checksum mismatch";
+  CHECK_THROWS_WITH(r.verify_data(), Contains(expected));
+  std::vector<unsigned char> buf(big.size);
+  CHECK_THROWS_WITH(r.read(big, buf.data()), Contains(expected));
+}
+
 TEST_CASE("image: a write failure names the file and leaves no image", "[image]") {
   scratch s;
   int fds[2];
