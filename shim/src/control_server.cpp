@@ -198,6 +198,9 @@ void serve_client(int fd) {
       if (!reply(fd, hello())) return;
     } else if (op == "dump_begin") {
       serve_dump(fd, request);
+    } else if (op == "dump_end") {
+      if (!reply(fd, failure("no dump in progress: the program was already released (the hold deadline passed)")))
+        return;
     } else {
       if (!reply(fd, failure("unknown op '" + op + "'"))) return;
     }

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -246,4 +247,20 @@ TEST_CASE("a dump tool killed while holding the program: the program goes on", "
   // The gate reopened when the connection dropped: the next dump works at once.
   REQUIRE(dump(program->pid(), dir.path / "after").exit_code == 0);
   REQUIRE(program->running());
+}
+
+TEST_CASE("the hold deadline releases the program even when the tool stalls", "[emu][dump]") {
+  scratch_dir dir;
+  auto program = start_writer();
+  const fs::path out = dir.path / "image";
+  const auto start = std::chrono::steady_clock::now();
+  const auto r = run_process({cuda_ckpt, "dump", std::to_string(program->pid()), "-o", out.string(), "--deadline", "1"},
+                             {{"VMMCKPT_TEST_PAUSE_HELD_MS", "3000"}});
+  INFO(describe(r));
+  REQUIRE(r.exit_code == 1);  // the program was released before the tool said it was done
+  REQUIRE(r.err.find("hold deadline passed") != std::string::npos);
+  REQUIRE(std::chrono::steady_clock::now() - start < std::chrono::seconds(20));
+  require_nothing_left(out);
+  REQUIRE(program->running());
+  REQUIRE(dump(program->pid(), dir.path / "after").exit_code == 0);
 }
