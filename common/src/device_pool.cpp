@@ -40,10 +40,36 @@ pool_status device_pool::free(std::uint64_t addr) {
   const auto block = ranges_.retire(addr);
   if (!block) return pool_status::invalid_value;
   count_live(block->addr, block->size, false);
-  if (idle_bytes_ > policy_.retain_bytes) {
+  if (idle_bytes_ > policy_.retain_bytes && !keep_idle_) {
     reclaim_locked();
     release_idle_locked(policy_.retain_bytes);
   }
+  return pool_status::ok;
+}
+
+pool_status device_pool::restore_block(std::uint64_t addr, std::uint64_t size, alloc_api api, int* backend_error) {
+  std::lock_guard lock(mutex_);
+  if (!ranges_.claim(addr, size, static_cast<std::uint32_t>(api))) return pool_status::invalid_value;
+  const std::uint64_t occupied = range_allocator::rounded_size(size);
+  const int error = back_range(addr, occupied);
+  if (error != 0) {
+    ranges_.release(addr);
+    if (backend_error) *backend_error = error;
+    return backend_.is_out_of_memory(error) ? pool_status::out_of_memory : pool_status::backend_error;
+  }
+  count_live(addr, occupied, true);
+  return pool_status::ok;
+}
+
+pool_status device_pool::prefill(std::uint64_t addr, std::uint64_t size, int* backend_error) {
+  std::lock_guard lock(mutex_);
+  if (addr < base_ || addr - base_ + size > size_) return pool_status::invalid_value;
+  const int error = back_range(addr, size);
+  if (error != 0) {
+    if (backend_error) *backend_error = error;
+    return backend_.is_out_of_memory(error) ? pool_status::out_of_memory : pool_status::backend_error;
+  }
+  keep_idle_ = true;  // the replayed bytes must survive until allocated again
   return pool_status::ok;
 }
 

@@ -205,6 +205,14 @@ void reader::read(const extent& e, void* dst) const {
   impl_->read_checked(impl_->locate(e), static_cast<unsigned char*>(dst), true, nullptr);
 }
 
+void reader::read_part(const extent& e, std::uint64_t offset, std::uint64_t size, void* dst) const {
+  const auto& l = impl_->locate(e);
+  const extent& known = impl_->info.pools[l.pool].extents[l.index];
+  if (offset > known.size || size > known.size - offset)
+    fail(impl_->data_path + ": read past the end of the extent at " + hex(known.addr));
+  pread_all(impl_->data_fd, dst, size, detail::data_header_size + known.offset + offset, impl_->data_path);
+}
+
 void reader::verify_data() const {
   ::posix_fadvise(impl_->data_fd, 0, 0, POSIX_FADV_SEQUENTIAL);
   auto buffer = std::make_unique_for_overwrite<unsigned char[]>(2 * read_piece);

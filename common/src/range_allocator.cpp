@@ -97,6 +97,22 @@ bool range_allocator::release(std::uint64_t addr) {
   return true;
 }
 
+bool range_allocator::claim(std::uint64_t addr, std::uint64_t requested, std::uint32_t tag) {
+  if (addr % small_alignment != 0 || requested == 0 || requested > size_) return false;
+  const std::uint64_t size = rounded_size(requested);
+  auto it = free_by_addr_.upper_bound(addr);
+  if (it == free_by_addr_.begin()) return false;
+  --it;
+  const auto [range_addr, range_size] = *it;
+  if (addr + size < addr || addr + size > range_addr + range_size) return false;
+  erase_free(it);
+  if (addr > range_addr) insert_free(range_addr, addr - range_addr);
+  if (addr + size < range_addr + range_size) insert_free(addr + size, range_addr + range_size - addr - size);
+  live_.emplace(addr, block{addr, size, requested, tag});
+  live_bytes_ += size;
+  return true;
+}
+
 const range_allocator::block* range_allocator::find(std::uint64_t addr) const {
   auto it = live_.upper_bound(addr);
   if (it == live_.begin()) return nullptr;

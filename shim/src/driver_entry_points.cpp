@@ -3,6 +3,7 @@
 
 #include "entry_points.hpp"
 #include "gate.hpp"
+#include "restore_loader.hpp"
 #include "vmmckpt/pool_layout.hpp"
 
 namespace vmmckpt::detail {
@@ -31,6 +32,7 @@ CUresult stream_device(CUstream stream, int& ordinal) {
 
 CUresult pool_allocate(int ordinal, std::size_t size, alloc_api api, CUdeviceptr& out) {
   gate_scope scope;  // the allocation table must not change while a dump holds the program
+  if (!restore_ready()) return CUDA_ERROR_OUT_OF_MEMORY;
   device_pool* pool = nullptr;
   CUresult e = acquire_pool(ordinal, pool);
   if (e != CUDA_SUCCESS) return e;
@@ -48,6 +50,7 @@ CUresult pool_allocate(int ordinal, std::size_t size, alloc_api api, CUdeviceptr
 }
 
 bool pool_free(CUdeviceptr addr, CUresult& result) {
+  restore_ready();  // a restored pointer may be freed before any other memory call
   device_pool* pool = pool_containing(addr);
   if (pool == nullptr) return false;
   gate_scope scope;
@@ -179,6 +182,7 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemGetAddressRange_v2(CUdeviceptr* pbase, size
   return guarded(CUDA_ERROR_UNKNOWN, [&] {
     const driver_api* d = driver();
     if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+    if (shim_active()) restore_ready();
     device_pool* pool = shim_active() ? pool_containing(dptr) : nullptr;
     if (pool == nullptr) return d->cuMemGetAddressRange_v2(pbase, psize, dptr);
     std::uint64_t base = 0, size = 0;

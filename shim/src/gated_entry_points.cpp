@@ -15,6 +15,7 @@
 #include "entry_points.hpp"
 #include "gate.hpp"
 #include "gated_entry_points.hpp"
+#include "restore_loader.hpp"
 
 namespace vmmckpt::detail {
 namespace {
@@ -45,6 +46,7 @@ void* load_real(std::atomic<void*>& slot, const char* name) {
     auto vmmckpt_real = reinterpret_cast<vmmckpt_real_t>(                                  \
         vmmckpt::detail::load_real(vmmckpt::detail::real::name, #name));                   \
     if (vmmckpt_real == nullptr) return CUDA_ERROR_NOT_INITIALIZED;                        \
+    if (!vmmckpt::detail::restore_ready()) return CUDA_ERROR_OUT_OF_MEMORY;                \
     vmmckpt::detail::gate_scope vmmckpt_scope;                                             \
     return vmmckpt_real args;                                                              \
   }

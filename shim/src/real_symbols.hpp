@@ -21,7 +21,7 @@ using get_proc_address_v1_fn = CUresult(CUDAAPI*)(const char*, void**, int, cuui
   X(cuMemGetInfo_v2) X(cuMemAlloc_v2) X(cuMemFree_v2) X(cuMemAllocPitch_v2) X(cuMemGetAddressRange_v2) \
   X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease) X(cuMemMap) X(cuMemUnmap) \
   X(cuMemSetAccess) X(cuMemGetAllocationGranularity) X(cuMemExportToShareableHandle) X(cuDeviceGetName)  \
-  X(cuDeviceGetAttribute)
+  X(cuDeviceGetAttribute) X(cuMemcpyHtoD_v2) X(cuMemHostAlloc) X(cuMemFreeHost)
 // Present only in newer drivers, or not on every platform: may stay null.
 #define VMMCKPT_OPTIONAL_DRIVER_FUNCTIONS(X)                                                        \
   X(cuCtxSynchronize_v2) X(cuStreamGetDevice) X(cuMemAllocAsync) X(cuMemAllocAsync_ptsz)            \

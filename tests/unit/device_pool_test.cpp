@@ -275,3 +275,20 @@ TEST_CASE("concurrent allocation and free from many threads", "[pool]") {
   REQUIRE(s.live_count == owners.size());
   for (const auto& [addr, end] : owners) REQUIRE(backend.is_mapped(addr, end - addr));
 }
+
+TEST_CASE("restored blocks are live and backed; prefilled memory waits for the replay", "[pool]") {
+  fake_backend backend(1ULL << 40);
+  device_pool pool(base, 64ULL << 30, policy(2 * MiB, 0), backend);
+  REQUIRE(pool.restore_block(base + 8 * MiB, 5000, alloc_api::cuda_malloc) == pool_status::ok);
+  REQUIRE(backend.is_mapped(base + 8 * MiB, 5000));
+  REQUIRE(pool.restore_block(base + 8 * MiB, 100, alloc_api::cuda_malloc) == pool_status::invalid_value);
+  REQUIRE(pool.free(base + 8 * MiB) == pool_status::ok);
+
+  device_pool replay(base, 64ULL << 30, policy(2 * MiB, 0), backend);
+  REQUIRE(replay.prefill(base, 10 * MiB) == pool_status::ok);
+  const auto a = must_allocate(replay, 4 * MiB);
+  REQUIRE(a == base);
+  REQUIRE(replay.free(a) == pool_status::ok);
+  // Retain is 0, yet the prefilled handles stay: the replay is not over.
+  REQUIRE(backend.is_mapped(base + 4 * MiB, 6 * MiB));
+}

@@ -167,3 +167,16 @@ TEST_CASE("a replayed allocation log lands exactly where it did", "[allocator]")
   REQUIRE(addrs[1] == base + 4 * MiB);
   REQUIRE(addrs[3] == base + 4 * MiB);  // 256 B reuses the freed 512 B block
 }
+
+TEST_CASE("claim places a block exactly where an image says, and placement goes on around it", "[allocator]") {
+  range_allocator a(base, 64 * MiB);
+  REQUIRE(a.claim(base + 4 * MiB, 1000, 7));
+  REQUIRE_FALSE(a.claim(base + 4 * MiB + 512, 10));  // overlaps the claimed block
+  REQUIRE_FALSE(a.claim(base + 100, 10));            // misaligned
+  REQUIRE_FALSE(a.claim(base + 64 * MiB, 10));       // outside the pool
+  REQUIRE(a.find(base + 4 * MiB + 999)->tag == 7);
+  REQUIRE(a.allocate(1000) == base);                 // new blocks never overlap it
+  REQUIRE(a.allocate(4 * MiB) == base + 6 * MiB);
+  REQUIRE(a.release(base + 4 * MiB));                // freeing a claimed block works
+  REQUIRE(std::string(a.check_invariants()).empty());
+}

@@ -4,6 +4,7 @@
 #include <sys/types.h>
 
 #include <string>
+#include <vector>
 
 namespace vmmckpt::tools {
 
@@ -21,6 +22,7 @@ struct dump_command_options {
 int dump_command(const dump_command_options& options);
 
 int inspect_command(const std::string& image, bool json);
+int restore_command(const std::string& image, bool replay, const std::vector<std::string>& command);
 int verify_command(const std::string& image, bool json);
 
 }  // namespace vmmckpt::tools

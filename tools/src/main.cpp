@@ -75,8 +75,31 @@ int main(int argc, char** argv) {
   verify->add_option("image", verify_path, "Image directory")->required();
   verify->add_flag("--json", verify_json, "Print the result as JSON");
 
-  // CLI11 would take a "--" right after "run" for itself; the command starts after it.
+  std::string restore_path;
+  bool restore_replay = false;
+  auto* restore = app.add_subcommand("restore", "Start a command with an image's GPU memory back at its addresses");
+  restore->add_option("image", restore_path, "Image directory")->required();
+  restore->add_flag("--replay", restore_replay,
+                    "The allocator starts empty with the image's bytes in place: a program that repeats its "
+                    "allocations from the start gets the same addresses and finds its data");
+  restore->footer(
+      "Usage: cuda-ckpt restore IMAGE [--replay] -- COMMAND [ARGS...]\n"
+      "The image is checked (structure and every checksum) before the command starts; a bad image is refused.\n"
+      "By default the image's allocations are live in the new process: pointers the program saved stay valid.");
+
+  // The command of run and restore is everything after the first "--" (or,
+  // for run, after its first word): CLI11 parses only what comes before.
   std::vector<char*> args(argv, argv + argc);
+  std::vector<std::string> trailing_command;
+  if (args.size() >= 2 && std::string_view(args[1]) == "restore") {
+    for (std::size_t i = 2; i < args.size(); ++i) {
+      if (std::string_view(args[i]) == "--") {
+        trailing_command.assign(args.begin() + static_cast<long>(i) + 1, args.end());
+        args.resize(i);
+        break;
+      }
+    }
+  }
   if (args.size() >= 3 && std::string_view(args[1]) == "run" && std::string_view(args[2]) == "--")
     args.erase(args.begin() + 2);
 
@@ -94,6 +117,7 @@ int main(int argc, char** argv) {
     if (*dump) return dump_command(dump_options);
     if (*inspect) return inspect_command(inspect_path, inspect_json);
     if (*verify) return verify_command(verify_path, verify_json);
+    if (*restore) return restore_command(restore_path, restore_replay, trailing_command);
   } catch (const vmmckpt::ckpt::tool_error& e) {
     std::cerr << "cuda-ckpt " << command << ": " << e.what() << "\n";
     return exit_failure;

@@ -67,6 +67,14 @@ class device_pool {
   // invalid_value when addr is not the start of a live block.
   pool_status free(std::uint64_t addr);
 
+  // Restoring an image: a block live at exactly addr, with physical memory
+  // under it (invalid_value when the range is not free).
+  pool_status restore_block(std::uint64_t addr, std::uint64_t size, alloc_api api, int* backend_error = nullptr);
+  // Replaying an image: physical memory under [addr, addr + size) but no live
+  // block; the program's own allocations will land there again. Such memory
+  // is kept (never trimmed as idle) until the program has allocated it.
+  pool_status prefill(std::uint64_t addr, std::uint64_t size, int* backend_error = nullptr);
+
   bool contains(std::uint64_t addr) const { return addr - base_ < size_; }
   // The live block containing addr (base and the size the caller asked for).
   bool address_range(std::uint64_t addr, std::uint64_t& block_base, std::uint64_t& block_size) const;
@@ -111,6 +119,7 @@ class device_pool {
   std::map<std::uint64_t, segment> segments_;  // by start address
   std::uint64_t backed_bytes_ = 0;
   std::uint64_t idle_bytes_ = 0;
+  bool keep_idle_ = false;  // set by prefill
 };
 
 }  // namespace vmmckpt

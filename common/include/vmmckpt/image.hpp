@@ -99,6 +99,9 @@ class reader {
   void read(const extent& e, void* dst) const;
   // Checks every extent's checksum; throws image_error naming the first bad one.
   void verify_data() const;
+  // Reads part of an extent without checking its checksum: for loaders that
+  // ran verify_data() first and stream big extents in pieces.
+  void read_part(const extent& e, std::uint64_t offset, std::uint64_t size, void* dst) const;
 
  private:
   struct impl;

@@ -43,6 +43,11 @@ class range_allocator {
   // Frees a live block at once (used to undo an allocation that could not be backed).
   bool release(std::uint64_t addr);
 
+  // Makes [addr, addr + rounded_size(requested)) a live block, as a restored
+  // image dictates. False unless that whole range is free and addr is
+  // 512-aligned. Placement afterwards is as if the block had been allocated.
+  bool claim(std::uint64_t addr, std::uint64_t requested, std::uint32_t tag = 0);
+
   // The live block containing addr, if any.
   const block* find(std::uint64_t addr) const;
 

@@ -1,0 +1,159 @@
+// Restoring an image into a new process: at its first memory call, the image's allocations come back at their addresses.
+#include "restore_loader.hpp"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "log.hpp"
+#include "pools.hpp"
+#include "real_symbols.hpp"
+#include "vmmckpt/image.hpp"
+#include "vmmckpt/pool_layout.hpp"
+
+namespace vmmckpt::detail {
+namespace {
+
+enum state : int { unchecked, nothing_to_restore, restored, failed };
+std::atomic<int> g_state{unchecked};
+
+constexpr std::size_t fill_chunk = 64ULL << 20;
+
+alloc_api api_from_name(const std::string& name) {
+  for (auto api : {alloc_api::cu_mem_alloc, alloc_api::cu_mem_alloc_pitch, alloc_api::cu_mem_alloc_async,
+                   alloc_api::cuda_malloc, alloc_api::cuda_malloc_pitch, alloc_api::cuda_malloc_async})
+    if (name_of(api) == name) return api;
+  return alloc_api::cu_mem_alloc;
+}
+
+const char* why(pool_status s) {
+  switch (s) {
+    case pool_status::out_of_memory: return "not enough GPU memory";
+    case pool_status::invalid_value: return "its range is not free in this process's pool";
+    default: return "the driver refused";
+  }
+}
+
+// Host staging for the fill: pinned when the driver gives it, plain otherwise.
+struct fill_buffer {
+  const driver_api& d;
+  void* data = nullptr;
+  bool pinned = false;
+  explicit fill_buffer(const driver_api& api) : d(api) {
+    pinned = d.cuMemHostAlloc(&data, fill_chunk, 0) == CUDA_SUCCESS;
+    if (!pinned) data = std::malloc(fill_chunk);
+  }
+  ~fill_buffer() {
+    if (pinned) d.cuMemFreeHost(data);
+    else std::free(data);
+  }
+};
+
+bool restore_image(const std::string& path, bool replay) {
+  const auto start = std::chrono::steady_clock::now();
+  const driver_api* d = driver();
+  if (d == nullptr) return false;
+  try {
+    const auto reader = image::reader::open(path);
+    reader.verify_data();  // the tool checked it too, but the image may have changed since
+    const image::manifest& m = reader.info();
+    std::uint64_t bytes = 0;
+    std::size_t blocks = 0;
+    for (const image::pool& p : m.pools) {
+      device_pool* pool = nullptr;
+      if (const CUresult e = acquire_pool(p.device, pool); e != CUDA_SUCCESS) {
+        log::error("restore: no pool on device {} (CUDA error {}); see the error above", p.device, static_cast<int>(e));
+        return false;
+      }
+      if (pool->base() != p.base || pool->size() != p.size) {
+        log::error("restore: the image's pool is [{:#x}, +{}) but this process's is [{:#x}, +{})", p.base, p.size,
+                   pool->base(), pool->size());
+        return false;
+      }
+      for (const image::allocation& a : p.allocations) {
+        int backend_error = 0;
+        const pool_status s = replay ? pool->prefill(align_down(a.addr, small_alignment),
+                                                     align_up(a.size, small_alignment), &backend_error)
+                                     : pool->restore_block(a.addr, a.size, api_from_name(a.api), &backend_error);
+        if (s != pool_status::ok) {
+          log::error("restore: cannot place the allocation at {:#x} ({} bytes): {}", a.addr, a.size, why(s));
+          return false;
+        }
+        ++blocks;
+      }
+      CUdevice device;
+      CUcontext context;
+      if (d->cuDeviceGet(&device, p.device) != CUDA_SUCCESS ||
+          d->cuDevicePrimaryCtxRetain(&context, device) != CUDA_SUCCESS ||
+          d->cuCtxPushCurrent_v2(context) != CUDA_SUCCESS) {
+        log::error("restore: no context on device {}", p.device);
+        return false;
+      }
+      struct pop_context {
+        const driver_api& d;
+        ~pop_context() {
+          CUcontext ignored;
+          d.cuCtxPopCurrent_v2(&ignored);
+        }
+      } pop{*d};
+      fill_buffer buffer(*d);
+      if (buffer.data == nullptr) return false;
+      for (const image::extent& e : p.extents) {
+        for (std::uint64_t done = 0; done < e.size;) {
+          const std::uint64_t n = std::min<std::uint64_t>(fill_chunk, e.size - done);
+          reader.read_part(e, done, n, buffer.data);
+          if (const CUresult r = d->cuMemcpyHtoD_v2(e.addr + done, buffer.data, n); r != CUDA_SUCCESS) {
+            log::error("restore: filling {:#x} failed (CUDA error {})", e.addr + done, static_cast<int>(r));
+            return false;
+          }
+          done += n;
+        }
+        bytes += e.size;
+      }
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    log::info("restore: {} allocations, {} bytes from {} in {:.3f} s{}", blocks, bytes, path, seconds,
+              replay ? " (replay: the allocator starts empty)" : "");
+    return true;
+  } catch (const std::exception& e) {
+    log::error("restore from {} failed: {}", path, e.what());
+    return false;
+  }
+}
+
+bool restore_slow_path() {
+  static std::mutex mutex;
+  std::lock_guard lock(mutex);
+  int s = g_state.load(std::memory_order_acquire);
+  if (s != unchecked) return s != failed;
+  // Only the process cuda-ckpt restore started (exec keeps its pid), never
+  // its children, which inherit the environment.
+  const char* path = std::getenv("VMMCKPT_RESTORE_IMAGE");
+  const char* pid = std::getenv("VMMCKPT_RESTORE_PID");
+  if (path == nullptr || *path == '\0' || pid == nullptr || std::atol(pid) != static_cast<long>(getpid())) {
+    g_state.store(nothing_to_restore, std::memory_order_release);
+    return true;
+  }
+  const char* mode = std::getenv("VMMCKPT_RESTORE_MODE");
+  const bool replay = mode != nullptr && std::string(mode) == "replay";
+  const bool ok = restore_image(path, replay);
+  if (!ok) log::error("restore: the image was not restored; every memory call of this process will fail");
+  g_state.store(ok ? restored : failed, std::memory_order_release);
+  return ok;
+}
+
+}  // namespace
+
+bool restore_ready() {
+  const int s = g_state.load(std::memory_order_acquire);
+  if (s == nothing_to_restore || s == restored) return true;
+  if (s == failed) return false;
+  return restore_slow_path();
+}
+
+}  // namespace vmmckpt::detail
