@@ -10,6 +10,7 @@
 #include <deque>
 #include <map>
 #include <exception>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -125,6 +126,11 @@ dump_result dump(const dump_options& options, const std::function<void(const dum
     throw tool_error("process " + std::to_string(options.pid) + " speaks protocol " +
                      std::to_string(hello.value("protocol", 0u)) + "; this cuda-ckpt speaks " +
                      std::to_string(protocol::version));
+
+  if (hello.value("state", "") == "suspended")
+    throw tool_error("process " + std::to_string(options.pid) + " is " +
+                     (options.suspend ? "already suspended" : "suspended") + " (image " + hello.value("image", "?") +
+                     ")" + (options.suspend ? "" : "; resume it first"));
 
   // Everything that can be prepared is prepared before the program is held:
   // the destination (fail early if unwritable), the CUDA context, and pinned
@@ -343,24 +349,56 @@ dump_result dump(const dump_options& options, const std::function<void(const dum
   if (const char* pause = std::getenv("VMMCKPT_TEST_PAUSE_HELD_MS")) {  // fault tests: die while held
     std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(pause)));
   }
-  const json released = client.call({{"op", "dump_end"}});
-  result.hold_ms = released.value("held_us", 0.0) / 1000.0;
-  mappings.clear();
-
-  {
-    std::lock_guard lock(mutex);
-    all_issued = true;
+  auto finish_writing = [&] {
+    {
+      std::lock_guard lock(mutex);
+      all_issued = true;
+    }
+    changed.notify_all();
+    writer_thread.join();
+    if (writer_error) std::rethrow_exception(writer_error);
+    m.data_bytes = total;
+  };
+  if (!options.suspend) {
+    const json released = client.call({{"op", "dump_end"}});
+    result.hold_ms = released.value("held_us", 0.0) / 1000.0;
+    mappings.clear();
+    finish_writing();
+    m.hold_us = static_cast<std::uint64_t>(result.hold_ms * 1000.0);
+    writer.commit(m);
+  } else {
+    // The program gives its memory back only once the image is complete,
+    // synced, and reads back with every checksum right.
+    mappings.clear();
+    finish_writing();
+    writer.commit(m);
+    image::reader::open(options.output).verify_data();
+    json suspended;
+    try {
+      suspended = client.call({{"op", "suspend"}, {"image", std::filesystem::absolute(options.output).string()}},
+                              nullptr, 120'000);
+    } catch (...) {
+      std::error_code ec;
+      std::filesystem::remove_all(options.output, ec);  // the program runs on; the image is no use
+      throw;
+    }
+    result.hold_ms = suspended.value("held_us", 0.0) / 1000.0;
+    result.freed_bytes = suspended.value("freed_bytes", std::uint64_t{0});
+    for (const json& d : suspended.value("devices", json::array()))
+      result.device_used_after += d.value("used_bytes_after", std::uint64_t{0});
   }
-  changed.notify_all();
-  writer_thread.join();
-  if (writer_error) std::rethrow_exception(writer_error);
-
-  m.data_bytes = total;
-  m.hold_us = static_cast<std::uint64_t>(result.hold_ms * 1000.0);
-  writer.commit(m);
   result.image = options.output;
   result.seconds = std::chrono::duration<double>(clock::now() - start).count();
   return result;
+}
+
+resume_result resume(pid_t pid) {
+  control_client client(pid);
+  const json hello = client.call({{"op", "hello"}});
+  if (hello.value("state", "") != "suspended")
+    throw tool_error("process " + std::to_string(pid) + " is not suspended (state " + hello.value("state", "?") + ")");
+  const json r = client.call({{"op", "resume"}}, nullptr, 600'000);
+  return {r.value("bytes", std::uint64_t{0}), r.value("seconds", 0.0), r.value("image", "")};
 }
 
 }  // namespace vmmckpt::ckpt

@@ -73,6 +73,34 @@ pool_status device_pool::prefill(std::uint64_t addr, std::uint64_t size, int* ba
   return pool_status::ok;
 }
 
+std::uint64_t device_pool::release_all_physical() {
+  std::lock_guard lock(mutex_);
+  backend_.synchronize();
+  ranges_.reclaim_retired();
+  const std::uint64_t released = backed_bytes_;
+  for (const auto& [addr, seg] : segments_) backend_.unmap_segment(addr, seg.size, seg.handle);
+  segments_.clear();
+  backed_bytes_ = 0;
+  idle_bytes_ = 0;
+  return released;
+}
+
+pool_status device_pool::rebuild_physical(int* backend_error) {
+  std::lock_guard lock(mutex_);
+  for (const auto& b : ranges_.live_blocks()) {
+    const int error = back_range(b.addr, b.size);
+    if (error != 0) {
+      for (const auto& [addr, seg] : segments_) backend_.unmap_segment(addr, seg.size, seg.handle);
+      segments_.clear();
+      backed_bytes_ = idle_bytes_ = 0;
+      if (backend_error) *backend_error = error;
+      return backend_.is_out_of_memory(error) ? pool_status::out_of_memory : pool_status::backend_error;
+    }
+  }
+  for (const auto& b : ranges_.live_blocks()) count_live(b.addr, b.size, true);
+  return pool_status::ok;
+}
+
 bool device_pool::address_range(std::uint64_t addr, std::uint64_t& block_base, std::uint64_t& block_size) const {
   std::lock_guard lock(mutex_);
   const auto* block = ranges_.find(addr);

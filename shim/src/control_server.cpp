@@ -19,6 +19,7 @@
 #include "gate.hpp"
 #include "log.hpp"
 #include "pools.hpp"
+#include "restore_loader.hpp"
 #include "real_symbols.hpp"
 #include "vmmckpt/pool_layout.hpp"
 #include "vmmckpt/protocol.hpp"
@@ -30,6 +31,10 @@ using json = nlohmann::json;
 using clock = std::chrono::steady_clock;
 
 constexpr int idle_timeout_ms = 30'000;         // a client that says nothing is dropped
+
+// Only the server thread changes these; hello reports them.
+bool g_suspended = false;
+std::string g_suspend_image;
 constexpr int default_hold_deadline_ms = 60'000;  // longest a dump may hold the program
 constexpr int max_hold_deadline_ms = 600'000;
 
@@ -82,8 +87,12 @@ json hello() {
                      {"live_count", s.live_count},
                      {"backed_bytes", s.backed_bytes}});
   }
-  return {{"ok", true},        {"protocol", protocol::version}, {"pid", static_cast<long>(getpid())},
-          {"command", command_line()}, {"state", "running"}, {"devices", devices}, {"pools", pools}};
+  json out = {{"ok", true},        {"protocol", protocol::version},
+              {"pid", static_cast<long>(getpid())},
+              {"command", command_line()}, {"state", g_suspended ? "suspended" : "running"},
+              {"devices", devices},    {"pools", pools}};
+  if (g_suspended) out["image"] = g_suspend_image;
+  return out;
 }
 
 bool reply(int fd, const json& body, const std::vector<int>& fds = {}) {
@@ -99,7 +108,55 @@ json failure(const std::string& why) { return {{"ok", false}, {"error", why}}; }
 // device synchronized, the pool's handles exported to the client. Returns
 // when the client says dump_end, goes away, or the deadline passes; the gate
 // is open again in every case.
+// Bytes in use on the device now, the program's context and unserved memory
+// included (and other processes' too: the driver counts the whole device).
+std::uint64_t device_used_bytes(int ordinal) {
+  const driver_api* d = driver();
+  CUdevice device;
+  CUcontext context;
+  if (d == nullptr || d->cuDeviceGet(&device, ordinal) != CUDA_SUCCESS ||
+      d->cuDevicePrimaryCtxRetain(&context, device) != CUDA_SUCCESS || d->cuCtxPushCurrent_v2(context) != CUDA_SUCCESS)
+    return 0;
+  size_t free_bytes = 0, total = 0;
+  d->cuMemGetInfo_v2(&free_bytes, &total);
+  CUcontext ignored;
+  d->cuCtxPopCurrent_v2(&ignored);
+  return total - free_bytes;
+}
+
+// The program stays held, its pool's physical memory given back, until resume.
+json suspend_now(const json& request, long long held_us) {
+  std::uint64_t freed = 0;
+  json devices = json::array();
+  for (const auto& p : active_pools()) {
+    freed += p.pool->release_all_physical();
+    devices.push_back({{"device", p.ordinal}, {"used_bytes_after", device_used_bytes(p.ordinal)}});
+  }
+  g_suspended = true;
+  g_suspend_image = request.value("image", "");
+  log::info("control: suspended; {} bytes of GPU memory given back; image {}", freed, g_suspend_image);
+  return {{"ok", true}, {"freed_bytes", freed}, {"devices", devices}, {"held_us", held_us}};
+}
+
+json resume_now() {
+  if (!g_suspended) return failure("the program is not suspended");
+  const auto start = clock::now();
+  std::string error;
+  std::uint64_t bytes = 0;
+  if (!refill_pools_from_image(g_suspend_image, error, bytes))
+    return failure("cannot resume from " + g_suspend_image + ": " + error + "; the program stays suspended");
+  g_suspended = false;
+  the_gate().open();
+  const double seconds = std::chrono::duration<double>(clock::now() - start).count();
+  log::info("control: resumed; {} bytes back from {} in {:.3f} s", bytes, g_suspend_image, seconds);
+  return {{"ok", true}, {"bytes", bytes}, {"seconds", seconds}, {"image", g_suspend_image}};
+}
+
 void serve_dump(int fd, const json& request) {
+  if (g_suspended) {
+    reply(fd, failure("the program is suspended (image " + g_suspend_image + "); resume it first"));
+    return;
+  }
   int deadline_ms = request.value("deadline_ms", default_hold_deadline_ms);
   if (deadline_ms <= 0 || deadline_ms > max_hold_deadline_ms) deadline_ms = default_hold_deadline_ms;
   const auto deadline = clock::now() + std::chrono::milliseconds(deadline_ms);
@@ -173,10 +230,17 @@ void serve_dump(int fd, const json& request) {
     return;
   }
   for (int f : ignored) close(f);
-  const auto held = release("dump finished");
   json end = json::parse(payload, nullptr, false);
-  if (end.is_discarded() || end.value("op", "") != "dump_end") {
-    reply(fd, failure("expected dump_end"));
+  const std::string op = end.is_object() ? end.value("op", "") : "";
+  if (op == "suspend") {
+    // The gate stays closed: threads that call CUDA wait until resume.
+    const auto held = std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - hold_start).count();
+    reply(fd, suspend_now(end, held));
+    return;
+  }
+  const auto held = release("dump finished");
+  if (op != "dump_end") {
+    reply(fd, failure("expected dump_end or suspend"));
     return;
   }
   reply(fd, {{"ok", true}, {"held_us", held}});
@@ -198,6 +262,8 @@ void serve_client(int fd) {
       if (!reply(fd, hello())) return;
     } else if (op == "dump_begin") {
       serve_dump(fd, request);
+    } else if (op == "resume") {
+      if (!reply(fd, resume_now())) return;
     } else if (op == "dump_end") {
       if (!reply(fd, failure("no dump in progress: the program was already released (the hold deadline passed)")))
         return;
@@ -225,7 +291,7 @@ void serve(int listener) {
     try {
       serve_client(fd);
     } catch (...) {
-      the_gate().open();  // never leave the program held
+      if (!g_suspended) the_gate().open();  // never leave a running program held
       log::warn("control: a request failed unexpectedly");
     }
     close(fd);

@@ -5,6 +5,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <vector>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
@@ -54,6 +56,43 @@ struct fill_buffer {
   }
 };
 
+// Copies one pool's extents from the image into the device, in pieces.
+bool fill_pool(const driver_api& d, const image::reader& reader, const image::pool& p, std::string& error) {
+  CUdevice device;
+  CUcontext context;
+  if (d.cuDeviceGet(&device, p.device) != CUDA_SUCCESS || d.cuDevicePrimaryCtxRetain(&context, device) != CUDA_SUCCESS ||
+      d.cuCtxPushCurrent_v2(context) != CUDA_SUCCESS) {
+    error = "no context on device " + std::to_string(p.device);
+    return false;
+  }
+  struct pop_context {
+    const driver_api& d;
+    ~pop_context() {
+      CUcontext ignored;
+      d.cuCtxPopCurrent_v2(&ignored);
+    }
+  } pop{d};
+  fill_buffer buffer(d);
+  if (buffer.data == nullptr) {
+    error = "no memory for the fill buffer";
+    return false;
+  }
+  for (const image::extent& e : p.extents) {
+    for (std::uint64_t done = 0; done < e.size;) {
+      const std::uint64_t n = std::min<std::uint64_t>(fill_chunk, e.size - done);
+      reader.read_part(e, done, n, buffer.data);
+      if (const CUresult r = d.cuMemcpyHtoD_v2(e.addr + done, buffer.data, n); r != CUDA_SUCCESS) {
+        char where[32];
+        std::snprintf(where, sizeof where, "%#llx", static_cast<unsigned long long>(e.addr + done));
+        error = std::string("filling ") + where + " failed (CUDA error " + std::to_string(r) + ")";
+        return false;
+      }
+      done += n;
+    }
+  }
+  return true;
+}
+
 bool restore_image(const std::string& path, bool replay) {
   const auto start = std::chrono::steady_clock::now();
   const driver_api* d = driver();
@@ -86,35 +125,12 @@ bool restore_image(const std::string& path, bool replay) {
         }
         ++blocks;
       }
-      CUdevice device;
-      CUcontext context;
-      if (d->cuDeviceGet(&device, p.device) != CUDA_SUCCESS ||
-          d->cuDevicePrimaryCtxRetain(&context, device) != CUDA_SUCCESS ||
-          d->cuCtxPushCurrent_v2(context) != CUDA_SUCCESS) {
-        log::error("restore: no context on device {}", p.device);
+      std::string error;
+      if (!fill_pool(*d, reader, p, error)) {
+        log::error("restore: {}", error);
         return false;
       }
-      struct pop_context {
-        const driver_api& d;
-        ~pop_context() {
-          CUcontext ignored;
-          d.cuCtxPopCurrent_v2(&ignored);
-        }
-      } pop{*d};
-      fill_buffer buffer(*d);
-      if (buffer.data == nullptr) return false;
-      for (const image::extent& e : p.extents) {
-        for (std::uint64_t done = 0; done < e.size;) {
-          const std::uint64_t n = std::min<std::uint64_t>(fill_chunk, e.size - done);
-          reader.read_part(e, done, n, buffer.data);
-          if (const CUresult r = d->cuMemcpyHtoD_v2(e.addr + done, buffer.data, n); r != CUDA_SUCCESS) {
-            log::error("restore: filling {:#x} failed (CUDA error {})", e.addr + done, static_cast<int>(r));
-            return false;
-          }
-          done += n;
-        }
-        bytes += e.size;
-      }
+      for (const image::extent& e : p.extents) bytes += e.size;
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     log::info("restore: {} allocations, {} bytes from {} in {:.3f} s{}", blocks, bytes, path, seconds,
@@ -148,6 +164,58 @@ bool restore_slow_path() {
 }
 
 }  // namespace
+
+bool refill_pools_from_image(const std::string& path, std::string& error, std::uint64_t& bytes) {
+  const driver_api* d = driver();
+  if (d == nullptr) {
+    error = "no driver";
+    return false;
+  }
+  std::vector<device_pool*> rebuilt;
+  auto undo = [&] {
+    for (device_pool* p : rebuilt) p->release_all_physical();
+  };
+  try {
+    const auto reader = image::reader::open(path);
+    reader.verify_data();
+    bytes = 0;
+    for (const image::pool& p : reader.info().pools) {
+      device_pool* pool = pool_containing(p.base);
+      if (pool == nullptr || pool->base() != p.base) {
+        error = "the image's pool at " + std::to_string(p.base) + " is not this program's";
+        undo();
+        return false;
+      }
+      const auto live = pool->live_blocks();
+      bool same = live.size() == p.allocations.size();
+      for (std::size_t i = 0; same && i < live.size(); ++i)
+        same = live[i].addr == p.allocations[i].addr && live[i].requested == p.allocations[i].size;
+      if (!same) {
+        error = "the image's allocations are not the suspended program's";
+        undo();
+        return false;
+      }
+      int backend_error = 0;
+      const pool_status s = pool->rebuild_physical(&backend_error);
+      if (s != pool_status::ok) {
+        error = std::string(why(s)) + " to resume device " + std::to_string(p.device);
+        undo();
+        return false;
+      }
+      rebuilt.push_back(pool);
+      if (!fill_pool(*d, reader, p, error)) {
+        undo();
+        return false;
+      }
+      for (const image::extent& e : p.extents) bytes += e.size;
+    }
+    return true;
+  } catch (const std::exception& e) {
+    error = e.what();
+    undo();
+    return false;
+  }
+}
 
 bool restore_ready() {
   const int s = g_state.load(std::memory_order_acquire);

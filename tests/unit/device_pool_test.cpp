@@ -292,3 +292,36 @@ TEST_CASE("restored blocks are live and backed; prefilled memory waits for the r
   // Retain is 0, yet the prefilled handles stay: the replay is not over.
   REQUIRE(backend.is_mapped(base + 4 * MiB, 6 * MiB));
 }
+
+TEST_CASE("suspend gives every handle back; resume rebuilds memory under every live block", "[pool]") {
+  fake_backend backend(64 * MiB);
+  device_pool pool(base, 64ULL << 30, policy(2 * MiB, 1ULL << 40), backend);
+  const auto a = must_allocate(pool, 10 * MiB);
+  const auto b = must_allocate(pool, 3000);
+  const auto c = must_allocate(pool, 20 * MiB);
+  REQUIRE(pool.free(b) == pool_status::ok);
+  const int syncs = backend.syncs;
+  REQUIRE(pool.release_all_physical() > 0);
+  REQUIRE(backend.syncs == syncs + 1);  // the GPU was idle before anything was unmapped
+  REQUIRE(backend.used() == 0);
+  REQUIRE(pool.stats().live_count == 2);  // the blocks survive the suspend
+  REQUIRE(pool.rebuild_physical() == pool_status::ok);
+  REQUIRE(backend.is_mapped(a, 10 * MiB));
+  REQUIRE(backend.is_mapped(c, 20 * MiB));
+  REQUIRE(pool.free(a) == pool_status::ok);  // and behave as before
+  REQUIRE(must_allocate(pool, 1000) == base);  // a and b's ranges, reclaimed, merged
+
+  // Resume without enough memory fails cleanly, leaves nothing mapped, and can be tried again.
+  fake_backend small(4 * MiB);
+  device_pool suspended(base, 64ULL << 30, policy(2 * MiB, 1ULL << 40), small);
+  const auto kept = must_allocate(suspended, 3 * MiB);
+  REQUIRE(suspended.release_all_physical() == 4 * MiB);
+  device_pool other(base + (64ULL << 30), 64ULL << 30, policy(2 * MiB, 0), small);
+  const auto squatter = must_allocate(other, 2 * MiB);  // another program takes the memory meanwhile
+  REQUIRE(suspended.rebuild_physical() == pool_status::out_of_memory);
+  REQUIRE(small.used() == 2 * MiB);
+  REQUIRE(other.free(squatter) == pool_status::ok);
+  other.trim();
+  REQUIRE(suspended.rebuild_physical() == pool_status::ok);
+  REQUIRE(small.is_mapped(kept, 3 * MiB));
+}

@@ -21,6 +21,15 @@ struct dump_command_options {
 };
 int dump_command(const dump_command_options& options);
 
+struct suspend_command_options {
+  pid_t pid = 0;
+  std::string output;  // empty: /dev/shm/vmmckpt-<uid>/suspend-<pid>-<time>
+  bool json = false;
+  int deadline_s = 120;
+};
+int suspend_command(const suspend_command_options& options);
+int resume_command(pid_t pid, bool json);
+
 int inspect_command(const std::string& image, bool json);
 int restore_command(const std::string& image, bool replay, const std::vector<std::string>& command);
 int verify_command(const std::string& image, bool json);

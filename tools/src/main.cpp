@@ -75,6 +75,27 @@ int main(int argc, char** argv) {
   verify->add_option("image", verify_path, "Image directory")->required();
   verify->add_flag("--json", verify_json, "Print the result as JSON");
 
+  suspend_command_options suspend_options;
+  auto* suspend = app.add_subcommand("suspend", "Save a process's GPU memory and free it; the process waits");
+  suspend->add_option("pid", suspend_options.pid, "The process (running under vmmckpt)")->required();
+  suspend->add_option("-o,--output", suspend_options.output,
+                      "Image directory (default /dev/shm/vmmckpt-UID/suspend-PID-TIME, removed by resume)");
+  suspend->add_flag("--json", suspend_options.json, "Print the result as JSON");
+  suspend->add_option("--deadline", suspend_options.deadline_s,
+                      "Release the program, not suspended, if saving takes longer than this many seconds")
+      ->capture_default_str()->check(CLI::Range(1, 3600));
+  suspend->footer(
+      "Nothing is freed unless the image is complete and verified. Threads of the program that call CUDA\n"
+      "wait until resume; its CUDA context stays on the GPU.");
+
+  pid_t resume_pid = 0;
+  bool resume_json = false;
+  auto* resume = app.add_subcommand("resume", "Give a suspended process its GPU memory back and let it go on");
+  resume->add_option("pid", resume_pid, "The suspended process")->required();
+  resume->add_flag("--json", resume_json, "Print the result as JSON");
+  resume->footer("A resume that cannot complete (not enough GPU memory, a damaged image) leaves the process\n"
+                 "suspended with its image intact; it can be tried again.");
+
   std::string restore_path;
   bool restore_replay = false;
   auto* restore = app.add_subcommand("restore", "Start a command with an image's GPU memory back at its addresses");
@@ -118,6 +139,8 @@ int main(int argc, char** argv) {
     if (*inspect) return inspect_command(inspect_path, inspect_json);
     if (*verify) return verify_command(verify_path, verify_json);
     if (*restore) return restore_command(restore_path, restore_replay, trailing_command);
+    if (*suspend) return suspend_command(suspend_options);
+    if (*resume) return resume_command(resume_pid, resume_json);
   } catch (const vmmckpt::ckpt::tool_error& e) {
     std::cerr << "cuda-ckpt " << command << ": " << e.what() << "\n";
     return exit_failure;

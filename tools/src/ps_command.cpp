@@ -36,6 +36,7 @@ int ps_command(bool as_json) {
     std::printf("%-8d %-9s %-8s %12s %12s  %s\n", static_cast<int>(p.pid), p.hello.value("state", "?").c_str(),
                 devices.empty() ? "-" : devices.c_str(), human_bytes(live).c_str(), human_bytes(backed).c_str(),
                 command.c_str());
+    if (p.hello.contains("image")) std::printf("%-8s image %s\n", "", p.hello.value("image", "").c_str());
   }
   return exit_ok;
 }

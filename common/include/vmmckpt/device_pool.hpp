@@ -83,6 +83,15 @@ class device_pool {
   std::vector<range_allocator::block> live_blocks() const;
   std::vector<segment_info> segments() const;
 
+  // Suspend: gives back every physical handle, live blocks' included, after a
+  // synchronize. The address range stays reserved and every block stays
+  // allocated, so resume puts the same memory back at the same addresses.
+  // Returns the bytes given back. The caller keeps the program off the pool.
+  std::uint64_t release_all_physical();
+  // Resume: physical memory under every live block again (contents are the
+  // caller's to restore). On failure everything created is given back.
+  pool_status rebuild_physical(int* backend_error = nullptr);
+
   // Waits until no work submitted so far can touch the pool (a dump's snapshot point).
   void synchronize() { backend_.synchronize(); }
 

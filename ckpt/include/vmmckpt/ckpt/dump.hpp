@@ -19,6 +19,9 @@ struct dump_options {
   std::uint64_t staging_bytes = 1ULL << 30;  // most pinned staging to use (at least two buffers)
   int streams = 2;                         // copy streams
   int hold_deadline_ms = 60'000;           // the program is released after this, dump or not
+  // Suspend: keep the program held until the image is written and verified,
+  // then have it give back its GPU memory; it waits for `resume`.
+  bool suspend = false;
 };
 
 struct dump_progress {
@@ -33,7 +36,18 @@ struct dump_result {
   double copy_seconds = 0;   // first copy issued to last copy out of the GPU
   double hold_ms = 0;        // how long the program was held, as the program measured it
   bool driver_lock = false;  // cuCheckpointProcessLock held the program as well
+  std::uint64_t freed_bytes = 0;        // suspend: GPU memory the program gave back
+  std::uint64_t device_used_after = 0;  // suspend: bytes still in use on its device(s)
 };
+
+struct resume_result {
+  std::uint64_t bytes = 0;
+  double seconds = 0;     // as the program measured it
+  std::string image;
+};
+
+// Gives a suspended program its GPU memory back from its image and lets it go on.
+resume_result resume(pid_t pid);
 
 // Throws tool_error (ckpt/control_client.hpp) or image::image_error; on any
 // failure nothing that looks like an image is left and the program runs on.

@@ -1,0 +1,189 @@
+// End-to-end tests of cuda-ckpt suspend and resume: GPU memory freed under a live program and given back.
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "process.hpp"
+#include "vmmckpt/image.hpp"
+
+using vmmckpt::test::background_process;
+using vmmckpt::test::process_result;
+using vmmckpt::test::run_process;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string build_dir = VMMCKPT_BUILD_DIR;
+const std::string cuda_ckpt = build_dir + "/bin/cuda-ckpt";
+const std::string writer_program = build_dir + "/tests/programs/emu_busy_writer";
+constexpr std::size_t buffer_size = 1 << 20;
+
+std::string describe(const process_result& r) {
+  return "exit " + std::to_string(r.exit_code) + "\nstdout:\n" + r.out + "\nstderr:\n" + r.err;
+}
+
+struct scratch_dir {
+  fs::path path;
+  scratch_dir() {
+    char pattern[] = "/tmp/vmmckpt-suspend-test-XXXXXX";
+    REQUIRE(mkdtemp(pattern) != nullptr);
+    path = pattern;
+  }
+  ~scratch_dir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+std::unique_ptr<background_process> start_writer() {
+  auto p = std::make_unique<background_process>(
+      std::vector<std::string>{cuda_ckpt, "run", "--", writer_program, "--seconds", "120"});
+  REQUIRE(p->wait_for_output("ready\n"));
+  return p;
+}
+
+nlohmann::json process_state(pid_t pid) {
+  const auto ps = run_process({cuda_ckpt, "ps", "--json"});
+  for (const auto& p : nlohmann::json::parse(ps.out))
+    if (p.at("pid").get<pid_t>() == pid) return p;
+  FAIL("process " << pid << " is not listed by ps");
+  return {};
+}
+
+// Every writer buffer in the image is whole, at one generation.
+void require_untorn(const fs::path& image_dir) {
+  const auto reader = vmmckpt::image::reader::open(image_dir);
+  std::vector<std::uint64_t> words(buffer_size / 8);
+  std::size_t buffers = 0;
+  for (const auto& pool : reader.info().pools)
+    for (const auto& e : pool.extents) {
+      if (e.size != buffer_size) continue;
+      reader.read(e, words.data());
+      const std::uint64_t generation = words[0];
+      REQUIRE(words.back() == generation);
+      if (generation != 0) {
+        const std::uint64_t buffer = (words[1] ^ (generation * 0x9e3779b97f4a7c15ULL) ^ 1) >> 40;
+        for (std::size_t k = 1; k + 1 < words.size(); ++k)
+          if (words[k] != ((generation * 0x9e3779b97f4a7c15ULL) ^ (buffer << 40) ^ k)) FAIL("torn buffer");
+      }
+      ++buffers;
+    }
+  REQUIRE(buffers == 8);
+}
+
+}  // namespace
+
+TEST_CASE("fifty suspend/resume cycles under continuous stream work", "[emu][suspend]") {
+  scratch_dir dir;
+  auto program = start_writer();
+  const pid_t pid = program->pid();
+  for (int cycle = 0; cycle < 50; ++cycle) {
+    const fs::path image = dir.path / ("suspend-" + std::to_string(cycle));
+    const auto s = run_process({cuda_ckpt, "suspend", std::to_string(pid), "-o", image.string(), "--json"});
+    INFO("cycle " << cycle << "\n" << describe(s));
+    REQUIRE(s.exit_code == 0);
+    const auto result = nlohmann::json::parse(s.out);
+    REQUIRE(result.at("freed_bytes").get<std::uint64_t>() >= 8 * buffer_size);
+    const auto state = process_state(pid);
+    REQUIRE(state.at("state") == "suspended");
+    REQUIRE(state.at("pools").at(0).at("backed_bytes").get<std::uint64_t>() == 0);  // the memory is really gone
+    require_untorn(image);
+    const auto r = run_process({cuda_ckpt, "resume", std::to_string(pid)});
+    INFO(describe(r));
+    REQUIRE(r.exit_code == 0);
+    REQUIRE(process_state(pid).at("state") == "running");
+    fs::remove_all(image);
+  }
+  REQUIRE(program->running());
+  // After all that, the program's memory is consistent and its work goes on.
+  const fs::path last = dir.path / "last";
+  REQUIRE(run_process({cuda_ckpt, "dump", std::to_string(pid), "-o", last.string()}).exit_code == 0);
+  require_untorn(last);
+}
+
+TEST_CASE("suspend and resume refuse the wrong state with a clear error", "[emu][suspend]") {
+  scratch_dir dir;
+  auto program = start_writer();
+  const std::string pid = std::to_string(program->pid());
+  const auto not_suspended = run_process({cuda_ckpt, "resume", pid});
+  REQUIRE(not_suspended.exit_code == 1);
+  REQUIRE(not_suspended.err.find("is not suspended") != std::string::npos);
+  REQUIRE(run_process({cuda_ckpt, "suspend", pid, "-o", (dir.path / "one").string()}).exit_code == 0);
+  const auto twice = run_process({cuda_ckpt, "suspend", pid, "-o", (dir.path / "two").string()});
+  REQUIRE(twice.exit_code == 1);
+  REQUIRE(twice.err.find("already suspended") != std::string::npos);
+  REQUIRE_FALSE(fs::exists(dir.path / "two"));
+  const auto dump = run_process({cuda_ckpt, "dump", pid, "-o", (dir.path / "three").string()});
+  REQUIRE(dump.exit_code == 1);
+  REQUIRE(dump.err.find("resume it first") != std::string::npos);
+  REQUIRE(run_process({cuda_ckpt, "resume", pid}).exit_code == 0);
+}
+
+TEST_CASE("a resume from a damaged image fails, the program stays suspended, and a retry works", "[emu][suspend]") {
+  scratch_dir dir;
+  auto program = start_writer();
+  const std::string pid = std::to_string(program->pid());
+  const fs::path image = dir.path / "image";
+  REQUIRE(run_process({cuda_ckpt, "suspend", pid, "-o", image.string()}).exit_code == 0);
+  // Damage one byte of the saved memory.
+  std::fstream data(image / "data.bin", std::ios::in | std::ios::out | std::ios::binary);
+  data.seekg(64 + 4096);
+  const char original = static_cast<char>(data.get());
+  data.seekp(64 + 4096);
+  data.put(static_cast<char>(original ^ 0x40));
+  data.flush();
+  const auto bad = run_process({cuda_ckpt, "resume", pid});
+  INFO(describe(bad));
+  REQUIRE(bad.exit_code == 1);
+  REQUIRE(bad.err.find("checksum mismatch") != std::string::npos);
+  REQUIRE(bad.err.find("stays suspended") != std::string::npos);
+  REQUIRE(process_state(program->pid()).at("state") == "suspended");
+  REQUIRE(program->running());
+  // Repaired, the same image resumes the program.
+  data.seekp(64 + 4096);
+  data.put(original);
+  data.close();
+  const auto good = run_process({cuda_ckpt, "resume", pid});
+  INFO(describe(good));
+  REQUIRE(good.exit_code == 0);
+  require_untorn(image);
+  REQUIRE(process_state(program->pid()).at("state") == "running");
+}
+
+TEST_CASE("a suspend whose tool dies before the image is complete frees nothing", "[emu][suspend]") {
+  scratch_dir dir;
+  auto program = start_writer();
+  const fs::path image = dir.path / "image";
+  background_process tool({cuda_ckpt, "suspend", std::to_string(program->pid()), "-o", image.string()},
+                          {{"VMMCKPT_TEST_PAUSE_HELD_MS", "5000"}});
+  usleep(700'000);
+  kill(tool.pid(), SIGKILL);
+  tool.wait();
+  usleep(200'000);
+  const auto state = process_state(program->pid());
+  REQUIRE(state.at("state") == "running");
+  REQUIRE(state.at("pools").at(0).at("backed_bytes").get<std::uint64_t>() > 0);
+  REQUIRE_FALSE(fs::exists(image));
+  REQUIRE(run_process({cuda_ckpt, "dump", std::to_string(program->pid()), "-o", (dir.path / "after").string()})
+              .exit_code == 0);
+}
+
+TEST_CASE("the default suspend image lives on /dev/shm and resume removes it", "[emu][suspend]") {
+  auto program = start_writer();
+  const std::string pid = std::to_string(program->pid());
+  const auto s = run_process({cuda_ckpt, "suspend", pid, "--json"});
+  INFO(describe(s));
+  REQUIRE(s.exit_code == 0);
+  const fs::path image = nlohmann::json::parse(s.out).at("image").get<std::string>();
+  REQUIRE(image.string().rfind("/dev/shm/vmmckpt-" + std::to_string(geteuid()) + "/", 0) == 0);
+  REQUIRE(fs::exists(image / "manifest.json"));
+  REQUIRE(process_state(program->pid()).at("image") == image.string());
+  REQUIRE(run_process({cuda_ckpt, "resume", pid}).exit_code == 0);
+  REQUIRE_FALSE(fs::exists(image));
+}

@@ -1,0 +1,94 @@
+// `cuda-ckpt suspend` and `cuda-ckpt resume`: free a live process's GPU memory, and give it back.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "commands.hpp"
+#include "exit_codes.hpp"
+#include "output.hpp"
+#include "vmmckpt/ckpt/control_client.hpp"
+#include "vmmckpt/ckpt/dump.hpp"
+
+namespace vmmckpt::tools {
+namespace {
+
+// Suspended images live in memory by default: a per-user directory on /dev/shm.
+std::filesystem::path default_suspend_dir() {
+  const std::filesystem::path dir = "/dev/shm/vmmckpt-" + std::to_string(::geteuid());
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
+    throw ckpt::tool_error("cannot create " + dir.string() + ": " + std::strerror(errno));
+  struct stat st{};
+  if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 077) != 0)
+    throw ckpt::tool_error(dir.string() + " is not a private directory of ours; use -o DIR");
+  return dir;
+}
+
+}  // namespace
+
+int suspend_command(const suspend_command_options& o) {
+  ckpt::dump_options options;
+  options.pid = o.pid;
+  options.suspend = true;
+  options.hold_deadline_ms = o.deadline_s * 1000;
+  if (o.output.empty()) {
+    char stamp[32];
+    const std::time_t t = std::time(nullptr);
+    std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&t));
+    options.output = default_suspend_dir() / ("suspend-" + std::to_string(o.pid) + "-" + stamp);
+  } else {
+    options.output = o.output;
+  }
+  progress_bar bar("suspend");
+  const auto r = ckpt::dump(options, [&](const ckpt::dump_progress& p) {
+    if (!o.json) bar.update(p.bytes_done, p.bytes_total);
+  });
+  bar.finish();
+  const double seconds = r.seconds;
+  if (o.json) {
+    std::cout << nlohmann::json{{"pid", o.pid},
+                                {"image", r.image.string()},
+                                {"bytes", r.manifest.data_bytes},
+                                {"freed_bytes", r.freed_bytes},
+                                {"device_used_bytes_after", r.device_used_after},
+                                {"seconds", seconds},
+                                {"driver_lock", r.driver_lock}}
+                     .dump(2)
+              << "\n";
+  } else {
+    std::printf("suspended process %d in %.3f s: %s of GPU memory freed, image %s (%s)\n", static_cast<int>(o.pid),
+                seconds, human_bytes(r.freed_bytes).c_str(), r.image.c_str(),
+                human_bytes(r.manifest.data_bytes).c_str());
+    std::printf("  still in use on its device(s): %s (its CUDA context, memory vmmckpt does not serve, other "
+                "processes)\n",
+                human_bytes(r.device_used_after).c_str());
+    std::printf("  threads that call CUDA wait until `cuda-ckpt resume %d`\n", static_cast<int>(o.pid));
+  }
+  return exit_ok;
+}
+
+int resume_command(pid_t pid, bool as_json) {
+  const auto r = ckpt::resume(pid);
+  if (as_json) {
+    std::cout << nlohmann::json{{"pid", pid}, {"bytes", r.bytes}, {"seconds", r.seconds}, {"image", r.image}}.dump(2)
+              << "\n";
+  } else {
+    std::printf("resumed process %d: %s back in %.3f s from %s\n", static_cast<int>(pid), human_bytes(r.bytes).c_str(),
+                r.seconds, r.image.c_str());
+  }
+  // An image in the default place has served its purpose; one the user named stays.
+  const std::string prefix = "/dev/shm/vmmckpt-" + std::to_string(::geteuid()) + "/suspend-";
+  if (r.image.rfind(prefix, 0) == 0) {
+    std::error_code ec;
+    std::filesystem::remove_all(r.image, ec);
+  }
+  return exit_ok;
+}
+
+}  // namespace vmmckpt::tools
