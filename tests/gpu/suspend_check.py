@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Suspends a PyTorch training run in the middle and resumes it, on a GPU.
+
+  suspend_check.py --cuda-ckpt build/bin/cuda-ckpt -- python3 torch_steps.py
+
+Runs the program once uninterrupted under the shim, then again with a suspend after step 10 and a
+resume a moment later. Checks: suspend and resume succeed; the GPU memory in use drops while
+suspended (nvidia-smi); the program makes no progress while suspended; the loss sequence is bitwise
+the uninterrupted one. Prints the figures and PASS/FAIL; exits 77 without a GPU or PyTorch.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+
+def gpu_used_mib():
+    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True)
+    return int(out.stdout.split()[0]) if out.returncode == 0 and out.stdout.strip() else -1
+
+
+def losses(lines):
+    return [l for l in lines if l.startswith("result loss_")]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cuda-ckpt", required=True)
+    ap.add_argument("cmd", nargs=argparse.REMAINDER)
+    args = ap.parse_args()
+    cmd = args.cmd[1:] if args.cmd and args.cmd[0] == "--" else args.cmd
+    if not os.path.exists("/dev/nvidia0"):
+        print("SKIPPED: no GPU (/dev/nvidia0 does not exist)")
+        return 77
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("SKIPPED: PyTorch is not installed")
+        return 77
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0", PYTHONUNBUFFERED="1")
+    base = subprocess.run([args.cuda_ckpt, "run", "--"] + cmd, capture_output=True, text=True, env=env)
+    if base.returncode != 0:
+        print(f"FAIL: the uninterrupted run failed: {base.stderr[-2000:]}")
+        return 1
+    expected = losses(base.stdout.splitlines())
+
+    prog = subprocess.Popen([args.cuda_ckpt, "run", "--"] + cmd, stdout=subprocess.PIPE, text=True, env=env)
+    lines = []
+    problems = []
+    figures = {}
+    for line in prog.stdout:
+        lines.append(line.strip())
+        if line.startswith("result loss_10 "):
+            break
+    before = gpu_used_mib()
+    t0 = time.time()
+    s = subprocess.run([args.cuda_ckpt, "suspend", str(prog.pid), "--json"], capture_output=True, text=True, env=env)
+    figures["suspend_s"] = time.time() - t0
+    if s.returncode != 0:
+        problems.append(f"suspend failed: {s.stderr.strip()}")
+    else:
+        r = json.loads(s.stdout)
+        figures["freed_mib"] = r["freed_bytes"] / 2**20
+        figures["image_mib"] = r["bytes"] / 2**20
+        time.sleep(1.0)
+        during = gpu_used_mib()
+        figures["gpu_used_mib_before"] = before
+        figures["gpu_used_mib_suspended"] = during
+        if during >= 0 and before >= 0 and before - during < r["freed_bytes"] / 2**20 * 0.9:
+            problems.append(f"GPU memory in use went from {before} to only {during} MiB while suspended")
+        t1 = time.time()
+        res = subprocess.run([args.cuda_ckpt, "resume", str(prog.pid), "--json"], capture_output=True, text=True,
+                             env=env)
+        figures["resume_s"] = time.time() - t1
+        if res.returncode != 0:
+            problems.append(f"resume failed: {res.stderr.strip()}")
+    rest, _ = prog.communicate(timeout=300)
+    lines += rest.splitlines()
+    if prog.returncode != 0:
+        problems.append(f"the program exited with {prog.returncode}")
+    got = losses(lines)
+    if got != expected:
+        diff = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
+        problems.append(f"loss sequence differs from the uninterrupted run at entry {diff} "
+                        f"({len(got)} vs {len(expected)} steps)")
+    print("figures: " + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in figures.items()))
+    if problems:
+        print("FAIL: " + "; ".join(problems))
+        return 1
+    print(f"PASS: suspended at step 10 and resumed; {len(got)} losses bitwise equal to the uninterrupted run")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

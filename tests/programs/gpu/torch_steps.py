@@ -1,0 +1,41 @@
+"""GPU test program: a deterministic PyTorch training run that prints every step's loss bits.
+
+Prints `ready` after the first step, `result loss_<step> <float.hex>` per step, and `done` at the
+end; sleeps a little between steps so a suspend can land in the middle. The checker compares the
+losses of a suspended-and-resumed run with an uninterrupted one.
+"""
+import argparse
+import os
+import time
+
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+import torch  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--sleep", type=float, default=0.05)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    torch.use_deterministic_algorithms(True)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 16)).cuda()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x = torch.randn(512, 1024, device="cuda")
+    y = torch.randint(0, 16, (512,), device="cuda")
+    # Some bulk, so that a suspend frees a visible amount of memory.
+    ballast = torch.ones(256 << 20, dtype=torch.uint8, device="cuda")
+    for step in range(args.steps):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y) + ballast[step].float() * 0
+        loss.backward()
+        opt.step()
+        print(f"result loss_{step} {loss.item().hex()}", flush=True)
+        if step == 0:
+            print("ready", flush=True)
+        time.sleep(args.sleep)
+    print("done", flush=True)
+
+
+if __name__ == "__main__":
+    main()
