@@ -46,6 +46,20 @@ static config read_config() {
       std::fprintf(stderr, "[vmmckpt-emu] VMMCKPT_EMU_DEVICES=%s ignored (0..%d)\n", d, max_devices);
     }
   }
+  // CUDA_VISIBLE_DEVICES selects and orders devices as on a real machine (numbers only).
+  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES"); v != nullptr) {
+    int visible = 0;
+    const char* p = v;
+    while (*p != '\0' && visible < 16) {
+      char* end = nullptr;
+      const long n = std::strtol(p, &end, 10);
+      if (end == p || n < 0 || n >= c.device_count) break;  // like the driver: the list stops at a bad entry
+      c.physical[visible++] = static_cast<int>(n);
+      p = *end == ',' ? end + 1 : end;
+      if (*end != ',' && *end != '\0') break;
+    }
+    c.device_count = visible;
+  }
   if (const char* m = std::getenv("VMMCKPT_EMU_MEM"); m != nullptr && *m != '\0') {
     std::uint64_t bytes = 0;
     if (parse_size(m, bytes) && bytes > 0) {

@@ -153,7 +153,7 @@ CUresult cuDeviceGetProperties(CUdevprop* prop, CUdevice dev) {
 static void fill_uuid(CUuuid* uuid, CUdevice dev) {
   static constexpr char prefix[] = "vmmckpt-emu-gpu";  // 15 bytes + device index
   std::memcpy(uuid->bytes, prefix, 15);
-  uuid->bytes[15] = static_cast<char>(dev);
+  uuid->bytes[15] = static_cast<char>(settings().physical[dev]);  // the emulated device, whatever its ordinal
 }
 
 CUresult cuDeviceGetUuid(CUuuid* uuid, CUdevice dev) {

@@ -228,3 +228,26 @@ TEST_CASE("restore with too little device memory for the image: every memory cal
     REQUIRE(err.find("memory") != std::string::npos);
   }
 }
+
+TEST_CASE("restore --device N: the program runs on another GPU, as the device it had, at the same addresses",
+          "[emu][restore]") {
+  scratch_dir dir;
+  const std::map<std::string, std::string> two_gpus = {{"VMMCKPT_EMU_DEVICES", "2"}};
+  list_image made{dir.path / "image", dir.path / "list.txt"};
+  {
+    background_process builder({cuda_ckpt, "run", "--", list_program, "build", made.list.string()}, two_gpus);
+    REQUIRE(builder.wait_for_output("ready\n"));
+    REQUIRE(run_process({cuda_ckpt, "dump", std::to_string(builder.pid()), "-o", made.image.string()}, two_gpus)
+                .exit_code == 0);
+  }
+  // The program's device 0 becomes emulated GPU 1 (and GPU 0 its device 1); its pointers still work.
+  const auto moved = restore(made, {"--device", "1"},
+                             {"sh", "-c", "echo visible=$CUDA_VISIBLE_DEVICES; exec '" + list_program + "' walk '" +
+                                              made.list.string() + "'"},
+                             two_gpus);
+  require_walked(moved);
+  REQUIRE(has_line(moved.out, "visible=1,0"));
+  const auto no_such_gpu = restore(made, {"--device", "5"}, {"true"}, two_gpus);
+  REQUIRE(no_such_gpu.exit_code == 1);
+  REQUIRE(no_such_gpu.err.find("this machine has 2 GPU(s)") != std::string::npos);
+}

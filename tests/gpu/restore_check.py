@@ -95,6 +95,11 @@ def main():
             ("walk", [], "walk", f"walked {args.nodes} nodes"),
             ("replay", ["--replay"], "replay", f"replayed {args.nodes} nodes"),
         ]
+        gpus = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.count("GPU ")
+        if gpus >= 2:
+            # Migration: the same image restored onto the other GPU, every address unchanged.
+            steps.append(("migrate", ["--device", "1"], "walk", f"walked {args.nodes} nodes"))
+        figures["gpus"] = gpus
         for name, options, mode, expected in steps:
             argv = [args.cuda_ckpt, "restore", image] + options + ["--", args.program, mode, list_file]
             r, seconds = timed(argv, env, args.timeout)
@@ -116,14 +121,15 @@ def main():
     if d:
         print(f"dump: {d['bytes'] / 2**20:.2f} MiB in {d['allocations']} allocations, {figures['dump_s']:.3f} s wall "
               f"(tool: {d['seconds']:.3f} s, held {d['hold_ms']:.1f} ms)")
-    for name in ("walk", "replay"):
+    for name in ("walk", "replay", "migrate"):
         if f"{name}_s" in figures:
             kernel = f", walk kernel {figures[name + '_kernel']}" if f"{name}_kernel" in figures else ""
             print(f"restore ({name}): {figures[name + '_s']:.3f} s wall, program start to exit{kernel}")
     if problems:
         print("FAIL: " + "\n".join(problems))
         return 1
-    print(f"PASS: {args.nodes} nodes dumped, restored and walked on the device in both modes")
+    migrated = " and on the other GPU (--device 1)" if figures.get("gpus", 0) >= 2 else " (one GPU: --device not tried)"
+    print(f"PASS: {args.nodes} nodes dumped, restored and walked on the device in both modes{migrated}")
     return 0
 
 

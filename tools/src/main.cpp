@@ -103,8 +103,13 @@ int main(int argc, char** argv) {
   restore->add_flag("--replay", restore_replay,
                     "The allocator starts empty with the image's bytes in place: a program that repeats its "
                     "allocations from the start gets the same addresses and finds its data");
+  int restore_device = -1;
+  restore->add_option("--device", restore_device,
+                      "Run on this machine's GPU N (migration); the program sees it as the device it had, and "
+                      "every address is unchanged")
+      ->check(CLI::Range(0, 63));
   restore->footer(
-      "Usage: cuda-ckpt restore IMAGE [--replay] -- COMMAND [ARGS...]\n"
+      "Usage: cuda-ckpt restore IMAGE [--replay] [--device N] -- COMMAND [ARGS...]\n"
       "The image is checked (structure and every checksum) before the command starts; a bad image is refused.\n"
       "By default the image's allocations are live in the new process: pointers the program saved stay valid.");
 
@@ -138,7 +143,7 @@ int main(int argc, char** argv) {
     if (*dump) return dump_command(dump_options);
     if (*inspect) return inspect_command(inspect_path, inspect_json);
     if (*verify) return verify_command(verify_path, verify_json);
-    if (*restore) return restore_command(restore_path, restore_replay, trailing_command);
+    if (*restore) return restore_command(restore_path, restore_replay, restore_device, trailing_command);
     if (*suspend) return suspend_command(suspend_options);
     if (*resume) return resume_command(resume_pid, resume_json);
   } catch (const vmmckpt::ckpt::tool_error& e) {

@@ -1,10 +1,13 @@
 // `cuda-ckpt restore`: check an image, then start the command under the shim with the image to restore.
+#include <cuda.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "commands.hpp"
 #include "exit_codes.hpp"
@@ -13,7 +16,47 @@
 
 namespace vmmckpt::tools {
 
-int restore_command(const std::string& path, bool replay, const std::vector<std::string>& command) {
+namespace {
+
+std::vector<std::string> split(const std::string& text) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t comma = text.find(',', start);
+    out.push_back(text.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+// Migration: the program's device `ordinal` becomes this machine's GPU
+// `target` (an ordinal as this tool sees it), the two trading places in
+// CUDA_VISIBLE_DEVICES so every other device keeps its ordinal too.
+void remap_device(int ordinal, int target) {
+  if (cuInit(0) != CUDA_SUCCESS) throw image::image_error("--device: no CUDA driver here");
+  int count = 0;
+  cuDeviceGetCount(&count);
+  if (target < 0 || target >= count)
+    throw image::image_error("--device " + std::to_string(target) + ": this machine has " + std::to_string(count) +
+                             " GPU(s)");
+  if (ordinal >= count)
+    throw image::image_error("the image's program used device " + std::to_string(ordinal) + "; this machine has " +
+                             std::to_string(count) + " GPU(s)");
+  std::vector<std::string> visible;
+  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES"); v != nullptr && *v != '\0') visible = split(v);
+  visible.resize(static_cast<std::size_t>(count));
+  for (int i = 0; i < count; ++i)
+    if (visible[static_cast<std::size_t>(i)].empty()) visible[static_cast<std::size_t>(i)] = std::to_string(i);
+  std::swap(visible[static_cast<std::size_t>(ordinal)], visible[static_cast<std::size_t>(target)]);
+  std::string joined;
+  for (const auto& v : visible) joined += (joined.empty() ? "" : ",") + v;
+  ::setenv("CUDA_VISIBLE_DEVICES", joined.c_str(), 1);
+}
+
+}  // namespace
+
+int restore_command(const std::string& path, bool replay, int device, const std::vector<std::string>& command) {
   if (command.empty()) {
     std::cerr << "cuda-ckpt restore: no command given (usage: cuda-ckpt restore IMAGE [--replay] -- COMMAND...)\n";
     return exit_usage;
@@ -29,6 +72,12 @@ int restore_command(const std::string& path, bool replay, const std::vector<std:
   for (const auto& p : m.pools)
     if (p.size != first.size || p.base != base + static_cast<std::uint64_t>(p.device) * p.size)
       throw image::image_error(path + ": its pools do not follow one layout (base + device * size)");
+  if (device >= 0) {
+    if (m.pools.size() != 1)
+      throw image::image_error(path + ": --device moves single-device images only (this one has " +
+                               std::to_string(m.pools.size()) + " pools)");
+    remap_device(first.device, device);
+  }
   const std::string absolute = std::filesystem::absolute(path).string();
   ::setenv("VMMCKPT_RESTORE_IMAGE", absolute.c_str(), 1);
   ::setenv("VMMCKPT_RESTORE_MODE", replay ? "replay" : "live", 1);
