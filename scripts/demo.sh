@@ -47,5 +47,34 @@ while read -r name addr _; do
     exit 1
   fi
 done < <(addresses "$work/run1")
+
 echo
-echo "demo OK: the addresses are fixed, so a later dump can be restored at the same addresses."
+echo "==> 4. the demo program serving (under vmmckpt), as a long-running job would"
+build/bin/cuda-ckpt run -- "$app" serve "$work/state" >"$work/serve.out" 2>&1 &
+pid=$!
+trap 'kill $pid 2>/dev/null; rm -rf "$work"' EXIT
+for _ in $(seq 100); do grep -q '^ready' "$work/serve.out" && break; sleep 0.1; done
+grep -q '^ready' "$work/serve.out" || { echo "error: the demo program did not start:" >&2; cat "$work/serve.out" >&2; exit 1; }
+build/bin/cuda-ckpt ps
+
+echo
+echo "==> 5. cuda-ckpt dump $pid: a consistent image while it runs"
+build/bin/cuda-ckpt dump "$pid" -o "$work/image"
+build/bin/cuda-ckpt verify "$work/image"
+build/bin/cuda-ckpt inspect "$work/image" | sed -n '1,6p'
+
+echo
+echo "==> 6. cuda-ckpt suspend $pid: its GPU memory freed while it stays alive; then resume"
+build/bin/cuda-ckpt suspend "$pid" -o "$work/suspended"
+build/bin/cuda-ckpt ps
+build/bin/cuda-ckpt resume "$pid"
+
+echo
+echo "==> 7. the process is gone; cuda-ckpt restore brings its memory back in a new process"
+kill "$pid"
+wait "$pid" 2>/dev/null || true
+build/bin/cuda-ckpt restore "$work/image" -- "$app" check "$work/state"
+
+echo
+echo "demo OK: fixed addresses, a consistent dump of a running process, suspend and resume, and a restore"
+echo "that a new process reads at the same addresses with the same bytes."
