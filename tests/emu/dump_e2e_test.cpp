@@ -12,74 +12,14 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
-#include "process.hpp"
-#include "vmmckpt/image.hpp"
+#include "e2e_support.hpp"
 
-using vmmckpt::test::background_process;
-using vmmckpt::test::process_result;
-using vmmckpt::test::run_process;
-namespace fs = std::filesystem;
+using namespace vmmckpt::test;
 
 namespace {
 
-const std::string build_dir = VMMCKPT_BUILD_DIR;
-const std::string cuda_ckpt = build_dir + "/bin/cuda-ckpt";
-const std::string writer_program = build_dir + "/tests/programs/emu_busy_writer";
-constexpr std::size_t buffer_size = 1 << 20;
-
-std::string describe(const process_result& r) {
-  return "exit " + std::to_string(r.exit_code) + "\nstdout:\n" + r.out + "\nstderr:\n" + r.err;
-}
-
-struct scratch_dir {
-  fs::path path;
-  scratch_dir() {
-    char pattern[] = "/tmp/vmmckpt-dump-test-XXXXXX";
-    REQUIRE(mkdtemp(pattern) != nullptr);
-    path = pattern;
-  }
-  ~scratch_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
-
-// The busy program under the shim, running until killed.
-std::unique_ptr<background_process> start_writer(int seconds = 120) {
-  auto p = std::make_unique<background_process>(
-      std::vector<std::string>{cuda_ckpt, "run", "--", writer_program, "--seconds", std::to_string(seconds)});
-  REQUIRE(p->wait_for_output("ready\n"));
-  return p;
-}
-
 process_result dump(pid_t pid, const fs::path& out, std::map<std::string, std::string> env = {}) {
   return run_process({cuda_ckpt, "dump", std::to_string(pid), "-o", out.string(), "--json"}, env, 120);
-}
-
-// Every buffer in the image holds one whole generation of the writer's pattern.
-void require_untorn(const fs::path& image_dir) {
-  const auto reader = vmmckpt::image::reader::open(image_dir);
-  std::size_t buffers = 0;
-  std::vector<std::uint64_t> words(buffer_size / 8);
-  for (const auto& pool : reader.info().pools) {
-    for (const auto& e : pool.extents) {
-      if (e.size != buffer_size) continue;  // the writer's churn blocks are another size
-      reader.read(e, words.data());
-      const std::uint64_t generation = words[0];
-      REQUIRE(words.back() == generation);
-      if (generation == 0) {
-        for (auto w : words) REQUIRE(w == 0);  // not yet written: still the memset
-      } else {
-        const std::uint64_t buffer = (words[1] ^ (generation * 0x9e3779b97f4a7c15ULL) ^ 1) >> 40;
-        for (std::size_t k = 1; k + 1 < words.size(); ++k) {
-          const std::uint64_t expected = (generation * 0x9e3779b97f4a7c15ULL) ^ (buffer << 40) ^ k;
-          if (words[k] != expected) FAIL("torn buffer at 0x" << std::hex << e.addr << " word " << std::dec << k);
-        }
-      }
-      ++buffers;
-    }
-  }
-  REQUIRE(buffers == 8);
 }
 
 bool left_behind(const fs::path& p) { return fs::exists(fs::symlink_status(p)); }
@@ -127,7 +67,7 @@ TEST_CASE("ps lists the program; inspect shows its allocations", "[emu][dump]") 
     if (p.at("pid").get<pid_t>() == program->pid()) {
       listed = true;
       REQUIRE(p.at("state") == "running");
-      REQUIRE(p.at("pools").at(0).at("live_bytes").get<std::uint64_t>() >= 8 * buffer_size);
+      REQUIRE(p.at("pools").at(0).at("live_bytes").get<std::uint64_t>() >= writer_buffers * writer_buffer_size);
     }
   REQUIRE(listed);
   const auto human = run_process({cuda_ckpt, "ps"});

@@ -13,25 +13,35 @@
 
 namespace vmmckpt::test {
 
+namespace {
+
+// fork + exec with stdout (and stderr, unless -1) on the given descriptors and
+// the environment changed as `env` says (an empty value unsets).
+pid_t start(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env, int out_fd,
+            int err_fd) {
+  const pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid > 0) return pid;
+  dup2(out_fd, 1);
+  if (err_fd >= 0) dup2(err_fd, 2);
+  for (const auto& [key, value] : env) {
+    if (value.empty()) unsetenv(key.c_str());
+    else setenv(key.c_str(), value.c_str(), 1);
+  }
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  execvp(args[0], args.data());
+  _exit(127);
+}
+
+}  // namespace
+
 process_result run_process(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
                            int timeout_s) {
   int out_pipe[2], err_pipe[2];
   if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
-  const pid_t pid = fork();
-  if (pid < 0) throw std::runtime_error("fork failed");
-  if (pid == 0) {
-    dup2(out_pipe[1], 1);
-    dup2(err_pipe[1], 2);
-    for (const auto& [key, value] : env) {
-      if (value.empty()) unsetenv(key.c_str());
-      else setenv(key.c_str(), value.c_str(), 1);
-    }
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execvp(args[0], args.data());
-    _exit(127);
-  }
+  const pid_t pid = start(argv, env, out_pipe[1], err_pipe[1]);
   close(out_pipe[1]);
   close(err_pipe[1]);
 
@@ -71,20 +81,7 @@ background_process::background_process(const std::vector<std::string>& argv,
                                        const std::map<std::string, std::string>& env) {
   int out_pipe[2];
   if (pipe2(out_pipe, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
-  pid_ = fork();
-  if (pid_ < 0) throw std::runtime_error("fork failed");
-  if (pid_ == 0) {
-    dup2(out_pipe[1], 1);
-    for (const auto& [key, value] : env) {
-      if (value.empty()) unsetenv(key.c_str());
-      else setenv(key.c_str(), value.c_str(), 1);
-    }
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execvp(args[0], args.data());
-    _exit(127);
-  }
+  pid_ = start(argv, env, out_pipe[1], -1);
   close(out_pipe[1]);
   out_fd_ = out_pipe[0];
 }

@@ -12,37 +12,14 @@
 #include <string>
 #include <vector>
 
-#include "process.hpp"
+#include "e2e_support.hpp"
 
-using vmmckpt::test::background_process;
-using vmmckpt::test::process_result;
-using vmmckpt::test::run_process;
-namespace fs = std::filesystem;
+using namespace vmmckpt::test;
 
 namespace {
 
-const std::string build_dir = VMMCKPT_BUILD_DIR;
-const std::string cuda_ckpt = build_dir + "/bin/cuda-ckpt";
 const std::string list_program = build_dir + "/tests/programs/emu_linked_list";
 constexpr int node_count = 200;
-
-std::string describe(const process_result& r) {
-  return "exit " + std::to_string(r.exit_code) + " signal " + std::to_string(r.signal) + "\nstdout:\n" + r.out +
-         "\nstderr:\n" + r.err;
-}
-
-struct scratch_dir {
-  fs::path path;
-  scratch_dir() {
-    char pattern[] = "/tmp/vmmckpt-restore-test-XXXXXX";
-    REQUIRE(mkdtemp(pattern) != nullptr);
-    path = pattern;
-  }
-  ~scratch_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
 
 std::string read_text(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);

@@ -1,0 +1,80 @@
+// What the end-to-end tests share: paths of the tools under test, scratch directories, the busy writer and its invariant.
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include <stdlib.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "process.hpp"
+#include "vmmckpt/image.hpp"
+
+namespace vmmckpt::test {
+
+namespace fs = std::filesystem;
+
+inline const std::string build_dir = VMMCKPT_BUILD_DIR;
+inline const std::string cuda_ckpt = build_dir + "/bin/cuda-ckpt";
+inline const std::string writer_program = build_dir + "/tests/programs/emu_busy_writer";
+inline constexpr std::size_t writer_buffer_size = 1 << 20;  // emu_busy_writer's default
+inline constexpr std::size_t writer_buffers = 8;
+
+inline std::string describe(const process_result& r) {
+  return "exit " + std::to_string(r.exit_code) + " signal " + std::to_string(r.signal) + "\nstdout:\n" + r.out +
+         "\nstderr:\n" + r.err;
+}
+
+// A fresh directory under /tmp, removed with everything in it.
+struct scratch_dir {
+  fs::path path;
+  scratch_dir() {
+    char pattern[] = "/tmp/vmmckpt-test-XXXXXX";
+    REQUIRE(mkdtemp(pattern) != nullptr);
+    path = pattern;
+  }
+  ~scratch_dir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+// emu_busy_writer under the shim, streams rewriting its buffers until killed.
+inline std::unique_ptr<background_process> start_writer(int seconds = 120) {
+  auto p = std::make_unique<background_process>(
+      std::vector<std::string>{cuda_ckpt, "run", "--", writer_program, "--seconds", std::to_string(seconds)});
+  REQUIRE(p->wait_for_output("ready\n"));
+  return p;
+}
+
+// Every writer buffer in the image holds one whole generation of its pattern:
+// word 0 and the last word the generation, every word between a function of
+// (generation, buffer, position). A torn copy breaks it.
+inline void require_untorn(const fs::path& image_dir) {
+  const auto reader = image::reader::open(image_dir);
+  std::vector<std::uint64_t> words(writer_buffer_size / 8);
+  std::size_t buffers = 0;
+  for (const auto& pool : reader.info().pools) {
+    for (const auto& e : pool.extents) {
+      if (e.size != writer_buffer_size) continue;  // the writer's churn blocks are another size
+      reader.read(e, words.data());
+      const std::uint64_t generation = words[0];
+      REQUIRE(words.back() == generation);
+      if (generation == 0) {
+        for (auto w : words) REQUIRE(w == 0);  // not yet written: still the memset
+      } else {
+        const std::uint64_t buffer = (words[1] ^ (generation * 0x9e3779b97f4a7c15ULL) ^ 1) >> 40;
+        for (std::size_t k = 1; k + 1 < words.size(); ++k)
+          if (words[k] != ((generation * 0x9e3779b97f4a7c15ULL) ^ (buffer << 40) ^ k))
+            FAIL("torn buffer at 0x" << std::hex << e.addr << " word " << std::dec << k);
+      }
+      ++buffers;
+    }
+  }
+  REQUIRE(buffers == writer_buffers);
+}
+
+}  // namespace vmmckpt::test
