@@ -19,6 +19,7 @@
 #include "cuda_check.hpp"
 #include "vmmckpt/ckpt/control_client.hpp"
 #include "vmmckpt/ckpt/pool_mapping.hpp"
+#include "vmmckpt/fault_point.hpp"
 #include "vmmckpt/protocol.hpp"
 #include "vmmckpt/version.hpp"
 
@@ -122,6 +123,7 @@ dump_result dump(const dump_options& options, const std::function<void(const dum
   dump_result result;
   control_client client(options.pid);
   const json hello = client.call({{"op", "hello"}});
+  fault_point("connected");
   if (hello.value("protocol", 0u) != protocol::version)
     throw tool_error("process " + std::to_string(options.pid) + " speaks protocol " +
                      std::to_string(hello.value("protocol", 0u)) + "; this cuda-ckpt speaks " +
@@ -186,6 +188,7 @@ dump_result dump(const dump_options& options, const std::function<void(const dum
   const json held = client.call({{"op", "dump_begin"}, {"deadline_ms", options.hold_deadline_ms}}, &fds,
                                 options.hold_deadline_ms + 5'000);
   // From here the program is held, until dump_end or this connection closes.
+  fault_point("held");
 
   image::manifest& m = result.manifest;
   m.tool_version = VMMCKPT_VERSION;
@@ -333,6 +336,7 @@ dump_result dump(const dump_options& options, const std::function<void(const dum
       issued.push_back(c);
     }
     changed.notify_all();
+    fault_point("copying");
   }
   // Every byte is out of the GPU once the copies are done: release the program
   // now, while the last buffers are still being written.
@@ -361,6 +365,7 @@ dump_result dump(const dump_options& options, const std::function<void(const dum
   };
   if (!options.suspend) {
     const json released = client.call({{"op", "dump_end"}});
+    fault_point("writing");
     result.hold_ms = released.value("held_us", 0.0) / 1000.0;
     mappings.clear();
     finish_writing();
@@ -370,9 +375,11 @@ dump_result dump(const dump_options& options, const std::function<void(const dum
     // The program gives its memory back only once the image is complete,
     // synced, and reads back with every checksum right.
     mappings.clear();
+    fault_point("writing");
     finish_writing();
     writer.commit(m);
     image::reader::open(options.output).verify_data();
+    fault_point("verified");
     json suspended;
     try {
       suspended = client.call({{"op", "suspend"}, {"image", std::filesystem::absolute(options.output).string()}},
@@ -382,6 +389,7 @@ dump_result dump(const dump_options& options, const std::function<void(const dum
       std::filesystem::remove_all(options.output, ec);  // the program runs on; the image is no use
       throw;
     }
+    fault_point("suspended");
     result.hold_ms = suspended.value("held_us", 0.0) / 1000.0;
     result.freed_bytes = suspended.value("freed_bytes", std::uint64_t{0});
     for (const json& d : suspended.value("devices", json::array()))
@@ -397,6 +405,13 @@ resume_result resume(pid_t pid) {
   const json hello = client.call({{"op", "hello"}});
   if (hello.value("state", "") != "suspended")
     throw tool_error("process " + std::to_string(pid) + " is not suspended (state " + hello.value("state", "?") + ")");
+  if (std::getenv("VMMCKPT_TEST_KILL_AT") != nullptr && std::strcmp(std::getenv("VMMCKPT_TEST_KILL_AT"), "resuming") == 0) {
+    // Fault test: the request goes out, then the tool dies before the answer.
+    std::vector<int> none;
+    std::string error;
+    protocol::send_frame(client.fd_for_tests(), json{{"op", "resume"}}.dump(), none, error);
+    fault_point("resuming");
+  }
   const json r = client.call({{"op", "resume"}}, nullptr, 600'000);
   return {r.value("bytes", std::uint64_t{0}), r.value("seconds", 0.0), r.value("image", "")};
 }

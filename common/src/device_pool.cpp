@@ -82,6 +82,7 @@ std::uint64_t device_pool::release_all_physical() {
   segments_.clear();
   backed_bytes_ = 0;
   idle_bytes_ = 0;
+  suspended_ = true;
   return released;
 }
 
@@ -98,6 +99,7 @@ pool_status device_pool::rebuild_physical(int* backend_error) {
     }
   }
   for (const auto& b : ranges_.live_blocks()) count_live(b.addr, b.size, true);
+  suspended_ = false;
   return pool_status::ok;
 }
 
@@ -108,6 +110,33 @@ bool device_pool::address_range(std::uint64_t addr, std::uint64_t& block_base, s
   block_base = block->addr;
   block_size = block->requested;
   return true;
+}
+
+std::string device_pool::check_invariants() const {
+  std::lock_guard lock(mutex_);
+  if (const char* why = ranges_.check_invariants(); *why != '\0') return std::string("placement: ") + why;
+  std::uint64_t backed = 0, idle = 0, prev_end = 0;
+  for (const auto& [addr, seg] : segments_) {
+    if (addr < prev_end) return "physical memory: segments overlap";
+    if (addr < base_ || addr + seg.size > base_ + size_) return "physical memory: a segment lies outside the pool";
+    prev_end = addr + seg.size;
+    backed += seg.size;
+    if (seg.live == 0) idle += seg.size;
+  }
+  if (backed != backed_bytes_) return "physical memory: the backed byte count is wrong";
+  if (idle != idle_bytes_) return "physical memory: the idle byte count is wrong";
+  if (suspended_) return {};  // no physical memory while suspended, by design
+  for (const auto& b : ranges_.live_blocks()) {
+    std::uint64_t cursor = b.addr;
+    while (cursor < b.addr + b.size) {
+      auto it = segments_.upper_bound(cursor);
+      if (it == segments_.begin()) return "a live block has no physical memory under it";
+      --it;
+      if (it->first + it->second.size <= cursor) return "a live block has no physical memory under it";
+      cursor = it->first + it->second.size;
+    }
+  }
+  return {};
 }
 
 pool_stats device_pool::stats() const {

@@ -62,6 +62,8 @@ class background_hasher {
 // Waits for a background_hasher when leaving a scope, exceptions included: the caller's memory
 // must not be released while the helper still reads it.
 struct hash_waiter {
+  // A constructor, not an aggregate: std::optional::emplace needs one with clang before 16.
+  explicit hash_waiter(background_hasher& hasher) : h(hasher) {}
   background_hasher& h;
   ~hash_waiter() { h.wait(); }
 };

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "image_detail.hpp"
+#include "vmmckpt/fault_point.hpp"
 #include "vmmckpt/image.hpp"
 
 namespace vmmckpt::image {
@@ -233,6 +234,7 @@ struct writer::impl {
     // The directory entries must be durable before the name makes them visible as an image.
     fsync_or_fail(dir_fd, temp_dir.string());
 
+    fault_point("renaming");  // complete and synced, not yet an image: what a crash here leaves
     rename_into_place();
     committed = true;
     const std::filesystem::path parent = final_dir.has_parent_path() ? final_dir.parent_path() : ".";

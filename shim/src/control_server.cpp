@@ -262,6 +262,12 @@ void serve_client(int fd) {
       if (!reply(fd, hello())) return;
     } else if (op == "dump_begin") {
       serve_dump(fd, request);
+    } else if (op == "check") {
+      json problems = json::array();
+      for (const auto& p : active_pools())
+        if (std::string why = p.pool->check_invariants(); !why.empty())
+          problems.push_back("device " + std::to_string(p.ordinal) + ": " + why);
+      if (!reply(fd, {{"ok", true}, {"consistent", problems.empty()}, {"problems", problems}})) return;
     } else if (op == "resume") {
       if (!reply(fd, resume_now())) return;
     } else if (op == "dump_end") {

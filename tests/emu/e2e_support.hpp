@@ -52,29 +52,39 @@ inline std::unique_ptr<background_process> start_writer(int seconds = 120) {
 
 // Every writer buffer in the image holds one whole generation of its pattern:
 // word 0 and the last word the generation, every word between a function of
-// (generation, buffer, position). A torn copy breaks it.
-inline void require_untorn(const fs::path& image_dir) {
-  const auto reader = image::reader::open(image_dir);
-  std::vector<std::uint64_t> words(writer_buffer_size / 8);
-  std::size_t buffers = 0;
-  for (const auto& pool : reader.info().pools) {
-    for (const auto& e : pool.extents) {
-      if (e.size != writer_buffer_size) continue;  // the writer's churn blocks are another size
-      reader.read(e, words.data());
-      const std::uint64_t generation = words[0];
-      REQUIRE(words.back() == generation);
-      if (generation == 0) {
-        for (auto w : words) REQUIRE(w == 0);  // not yet written: still the memset
-      } else {
-        const std::uint64_t buffer = (words[1] ^ (generation * 0x9e3779b97f4a7c15ULL) ^ 1) >> 40;
-        for (std::size_t k = 1; k + 1 < words.size(); ++k)
-          if (words[k] != ((generation * 0x9e3779b97f4a7c15ULL) ^ (buffer << 40) ^ k))
-            FAIL("torn buffer at 0x" << std::hex << e.addr << " word " << std::dec << k);
+// (generation, buffer, position). A torn copy breaks it. Returns what is wrong,
+// or an empty string; safe to call from any thread (no Catch2 assertions).
+inline std::string untorn_problem(const fs::path& image_dir) {
+  try {
+    const auto reader = image::reader::open(image_dir);
+    std::vector<std::uint64_t> words(writer_buffer_size / 8);
+    std::size_t buffers = 0;
+    for (const auto& pool : reader.info().pools) {
+      for (const auto& e : pool.extents) {
+        if (e.size != writer_buffer_size) continue;  // the writer's churn blocks are another size
+        reader.read(e, words.data());
+        const std::uint64_t generation = words[0];
+        if (words.back() != generation) return "buffer " + std::to_string(e.addr) + ": first and last word differ";
+        for (std::size_t k = 1; k + 1 < words.size(); ++k) {
+          const std::uint64_t buffer = (words[1] ^ (generation * 0x9e3779b97f4a7c15ULL) ^ 1) >> 40;
+          const std::uint64_t expected =
+              generation == 0 ? 0 : (generation * 0x9e3779b97f4a7c15ULL) ^ (buffer << 40) ^ k;
+          if (words[k] != expected) return "buffer " + std::to_string(e.addr) + " torn at word " + std::to_string(k);
+        }
+        ++buffers;
       }
-      ++buffers;
     }
+    if (buffers != writer_buffers) return std::to_string(buffers) + " writer buffers in the image";
+    return {};
+  } catch (const std::exception& e) {
+    return e.what();
   }
-  REQUIRE(buffers == writer_buffers);
+}
+
+inline void require_untorn(const fs::path& image_dir) {
+  const std::string problem = untorn_problem(image_dir);
+  INFO(image_dir);
+  REQUIRE(problem == "");
 }
 
 }  // namespace vmmckpt::test

@@ -325,3 +325,24 @@ TEST_CASE("suspend gives every handle back; resume rebuilds memory under every l
   REQUIRE(suspended.rebuild_physical() == pool_status::ok);
   REQUIRE(small.is_mapped(kept, 3 * MiB));
 }
+
+TEST_CASE("the pool's own consistency check passes through growth, trimming, suspend and resume", "[pool]") {
+  fake_backend backend(1ULL << 40);
+  device_pool pool(base, 64ULL << 30, policy(2 * MiB, 4 * MiB), backend);
+  std::mt19937 rng(11);
+  std::vector<std::uint64_t> live;
+  for (int i = 0; i < 500; ++i) {
+    if (!live.empty() && rng() % 2) {
+      const std::size_t k = rng() % live.size();
+      REQUIRE(pool.free(live[k]) == pool_status::ok);
+      live.erase(live.begin() + k);
+    } else {
+      live.push_back(must_allocate(pool, rng() % (5 * MiB) + 1));
+    }
+    if (i % 50 == 0) REQUIRE(pool.check_invariants().empty());
+  }
+  pool.release_all_physical();
+  REQUIRE(pool.check_invariants().empty());
+  REQUIRE(pool.rebuild_physical() == pool_status::ok);
+  REQUIRE(pool.check_invariants().empty());
+}

@@ -9,6 +9,7 @@
 namespace vmmckpt::tools {
 
 int ps_command(bool json);
+int check_command(pid_t pid, bool json);
 
 struct dump_command_options {
   pid_t pid = 0;

@@ -45,6 +45,12 @@ int main(int argc, char** argv) {
   auto* ps = app.add_subcommand("ps", "List the processes running under vmmckpt");
   ps->add_flag("--json", ps_json, "Print JSON");
 
+  pid_t check_pid = 0;
+  bool check_json = false;
+  auto* check = app.add_subcommand("check", "Check a process's pool: placement and physical memory agree");
+  check->add_option("pid", check_pid, "The process (running under vmmckpt)")->required();
+  check->add_flag("--json", check_json, "Print JSON");
+
   dump_command_options dump_options;
   auto* dump = app.add_subcommand("dump", "Write a consistent image of a running process's GPU memory");
   dump->add_option("pid", dump_options.pid, "The process (running under vmmckpt)")->required();
@@ -140,6 +146,7 @@ int main(int argc, char** argv) {
   try {
     if (*run) return run_under_shim(run->remaining());
     if (*ps) return ps_command(ps_json);
+    if (*check) return check_command(check_pid, check_json);
     if (*dump) return dump_command(dump_options);
     if (*inspect) return inspect_command(inspect_path, inspect_json);
     if (*verify) return verify_command(verify_path, verify_json);

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "vmmckpt/alloc_api.hpp"
@@ -102,6 +103,10 @@ class device_pool {
   std::uint64_t base() const { return base_; }
   std::uint64_t size() const { return size_; }
 
+  // Checks the placement and the physical memory agree with each other (for
+  // tests and `cuda-ckpt check`); an empty string when they do, else what is wrong.
+  std::string check_invariants() const;
+
   // fork(): held across it so the child never inherits a lock taken by another thread.
   void hold_for_fork() const { mutex_.lock(); }
   void release_after_fork() const { mutex_.unlock(); }
@@ -129,6 +134,7 @@ class device_pool {
   std::uint64_t backed_bytes_ = 0;
   std::uint64_t idle_bytes_ = 0;
   bool keep_idle_ = false;  // set by prefill
+  bool suspended_ = false;  // between release_all_physical and rebuild_physical
 };
 
 }  // namespace vmmckpt

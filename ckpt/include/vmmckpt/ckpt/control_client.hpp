@@ -30,6 +30,7 @@ class control_client {
   nlohmann::json call(const nlohmann::json& request, std::vector<int>* fds = nullptr, int timeout_ms = 30'000);
 
   pid_t pid() const { return pid_; }
+  int fd_for_tests() const { return fd_; }  // fault injection only
 
  private:
   pid_t pid_;

@@ -1,0 +1,68 @@
+// Security: the control socket's permissions, and a client of another uid refused and logged.
+#include <catch2/catch.hpp>
+
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "e2e_support.hpp"
+#include "vmmckpt/protocol.hpp"
+
+using namespace vmmckpt::test;
+
+TEST_CASE("the control directory is 0700 and the socket 0600", "[emu][security]") {
+  auto program = start_writer();
+  const std::string path = vmmckpt::protocol::socket_path(program->pid());
+  struct stat st{};
+  REQUIRE(::stat(path.c_str(), &st) == 0);
+  REQUIRE(S_ISSOCK(st.st_mode));
+  REQUIRE((st.st_mode & 0777) == 0600);
+  REQUIRE(::stat(vmmckpt::protocol::runtime_dir().c_str(), &st) == 0);
+  REQUIRE((st.st_mode & 0777) == 0700);
+  REQUIRE(st.st_uid == ::geteuid());
+}
+
+TEST_CASE("a client of another uid is refused by the program, and the refusal is logged", "[emu][security]") {
+  if (::geteuid() != 0) {
+    WARN("skipped: needs root to become another uid inside the test");
+    return;
+  }
+  scratch_dir dir;
+  const fs::path log = dir.path / "shim.log";
+  background_process program({cuda_ckpt, "run", "--", writer_program, "--seconds", "60"},
+                             {{"VMMCKPT_LOG_FILE", log.string()}, {"VMMCKPT_LOG_LEVEL", "info"}});
+  REQUIRE(program.wait_for_output("ready\n"));
+  const std::string path = vmmckpt::protocol::socket_path(program.pid());
+  // Open the door on purpose (it is 0700/0600): the program's own peer check must still say no.
+  const std::string dir_path = vmmckpt::protocol::runtime_dir();
+  ::chmod(dir_path.c_str(), 0711);
+  ::chmod(path.c_str(), 0666);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) _exit(3);
+    std::string error;
+    const int fd = vmmckpt::protocol::connect_to(path, error);
+    if (fd < 0) _exit(4);
+    vmmckpt::protocol::send_frame(fd, R"({"op":"hello"})", {}, error);
+    std::string payload;
+    std::vector<int> fds;
+    // Refused: the connection closes without an answer.
+    _exit(vmmckpt::protocol::recv_frame(fd, payload, fds, 5000, error) ? 5 : 0);
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  ::chmod(path.c_str(), 0600);
+  ::chmod(dir_path.c_str(), 0700);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  std::ifstream in(log);
+  std::stringstream text;
+  text << in.rdbuf();
+  INFO(text.str());
+  REQUIRE(text.str().find("refused a connection from uid 65534") != std::string::npos);
+  // The owner still gets in.
+  REQUIRE(run_process({cuda_ckpt, "check", std::to_string(program.pid())}).exit_code == 0);
+}

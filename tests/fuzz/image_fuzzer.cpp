@@ -1,0 +1,180 @@
+// libFuzzer target: the input is a whole image (manifest + data file) handed to reader::open, verify_data and read.
+//
+// Input format (what tests/fuzz/make_seeds.cpp writes into tests/fuzz/corpus/image/):
+//   bytes 0..3   manifest length L, unsigned 32-bit little-endian, clamped to what follows
+//   bytes 4..4+L manifest.json
+//   the rest     data.bin
+// Shorter than 4 bytes: the whole input is the manifest and data.bin is empty.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "vmmckpt/image.hpp"
+
+namespace {
+
+namespace img = vmmckpt::image;
+
+// Extents above this are not read into memory (the data file bounds them anyway, since libFuzzer's
+// -max_len bounds the input; the cap only keeps a mistake in the reader from costing a huge buffer).
+constexpr std::uint64_t max_read = 64ULL << 20;
+
+// One private directory per process, reused for every input: creating and removing a directory per
+// run would cost more than the reader itself. It lives under $VMMCKPT_FUZZ_TMPDIR (scripts/fuzz.sh
+// sets it and removes it afterwards), else /dev/shm (the files are rewritten thousands of times a
+// second), else $TMPDIR or /tmp; it is also removed when the process exits normally.
+char dir_text[4096];
+
+const std::filesystem::path& image_dir() {
+  static const std::filesystem::path dir = [] {
+    std::string base;
+    if (const char* t = std::getenv("VMMCKPT_FUZZ_TMPDIR"); t != nullptr && *t != '\0') {
+      base = t;
+    } else if (::access("/dev/shm", W_OK) == 0) {
+      base = "/dev/shm";
+    } else {
+      const char* t2 = std::getenv("TMPDIR");
+      base = (t2 != nullptr && *t2 != '\0') ? t2 : "/tmp";
+    }
+    const std::string tmpl = base + "/vmmckpt-fuzz-image-XXXXXX";
+    if (tmpl.size() >= sizeof dir_text) {
+      std::fprintf(stderr, "image_fuzzer: temporary directory name too long\n");
+      std::abort();
+    }
+    std::memcpy(dir_text, tmpl.c_str(), tmpl.size() + 1);
+    if (::mkdtemp(dir_text) == nullptr) {
+      std::perror("image_fuzzer: mkdtemp");
+      std::abort();
+    }
+    // A plain buffer, not `dir`: exit handlers may run after function-local statics are destroyed.
+    std::atexit([] {
+      std::error_code ec;
+      std::filesystem::remove_all(dir_text, ec);
+    });
+    return std::filesystem::path(dir_text);
+  }();
+  return dir;
+}
+
+// A failure here is the harness's, not the reader's: abort so it is never mistaken for a finding
+// that the reader refused.
+void write_file(const std::filesystem::path& path, const std::uint8_t* p, std::size_t n) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    std::perror(("image_fuzzer: open " + path.string()).c_str());
+    std::abort();
+  }
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      std::perror(("image_fuzzer: write " + path.string()).c_str());
+      std::abort();
+    }
+    p += w;
+    n -= static_cast<std::size_t>(w);
+  }
+  ::close(fd);
+}
+
+void check_image(const std::filesystem::path& dir) {
+  const img::reader r = img::reader::open(dir);
+  const img::manifest& m = r.info();
+  // open() promises a manifest that passes validate(): a refusal here is a reader bug, not a defect.
+  try {
+    img::validate(m);
+  } catch (const img::image_error& e) {
+    std::fprintf(stderr, "image_fuzzer: open() accepted a manifest that validate() refuses: %s\n", e.what());
+    std::abort();
+  }
+
+  bool data_good = true;
+  try {
+    r.verify_data();
+  } catch (const img::image_error&) {
+    data_good = false;  // a checksum mismatch: read() below must refuse the same extents
+  }
+
+  static std::vector<unsigned char> buffer;
+  bool all_read = true, skipped = false;
+  for (const auto& p : m.pools) {
+    for (const auto& e : p.extents) {
+      if (e.size > max_read) {
+        skipped = true;
+        continue;
+      }
+      buffer.resize(e.size);
+      try {
+        r.read(e, buffer.data());
+      } catch (const img::image_error&) {
+        all_read = false;
+      }
+      // read_part inside the extent must work whatever the checksum; past its end must be refused.
+      const std::uint64_t part = e.size < 4096 ? e.size : 4096;
+      r.read_part(e, e.size - part, part, buffer.data());
+      bool refused = false;
+      try {
+        r.read_part(e, e.size, 1, buffer.data());
+      } catch (const img::image_error&) {
+        refused = true;
+      }
+      if (!refused) {
+        std::fprintf(stderr, "image_fuzzer: read_part past the end of an extent was not refused\n");
+        std::abort();
+      }
+    }
+  }
+  if (!skipped && data_good != all_read) {
+    std::fprintf(stderr, "image_fuzzer: verify_data says %s but reading every extent %s\n",
+                 data_good ? "good" : "bad", all_read ? "succeeded" : "failed");
+    std::abort();
+  }
+
+  // An extent the image does not hold (here: a shifted offset) must be refused, not read.
+  if (!m.pools.empty() && !m.pools[0].extents.empty()) {
+    img::extent foreign = m.pools[0].extents[0];
+    foreign.offset += 1;
+    bool refused = false;
+    try {
+      r.read(foreign, buffer.data());
+    } catch (const img::image_error&) {
+      refused = true;
+    }
+    if (!refused) {
+      std::fprintf(stderr, "image_fuzzer: read of an extent not in the image was not refused\n");
+      std::abort();
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  const std::filesystem::path& dir = image_dir();
+  std::size_t manifest_len = size;
+  std::size_t skip = 0;
+  if (size >= 4) {
+    std::uint32_t len = 0;
+    for (int i = 0; i < 4; ++i) len |= static_cast<std::uint32_t>(data[i]) << (8 * i);
+    skip = 4;
+    manifest_len = std::min<std::size_t>(len, size - 4);
+  }
+  write_file(dir / "manifest.json", data + skip, manifest_len);
+  write_file(dir / "data.bin", data + skip + manifest_len, size - skip - manifest_len);
+
+  try {
+    check_image(dir);
+  } catch (const img::image_error&) {
+    // The expected refusal of a defective image. Anything else escaping is a bug: libFuzzer
+    // reports an uncaught exception as a crash.
+  }
+  return 0;
+}

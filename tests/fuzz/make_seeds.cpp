@@ -1,0 +1,242 @@
+// Writes the fuzzers' seed corpus: small valid images made with the library's own writer, plus near-misses.
+//
+// Usage: make_seeds OUT_DIR   (scripts/fuzz.sh does not need it: the corpus is committed in
+// tests/fuzz/corpus/; run it again when the format changes:
+//   build-fuzz/bin/make_seeds tests/fuzz/corpus)
+// Writes OUT_DIR/image/NAME (image_fuzzer's input format, see image_fuzzer.cpp) and
+// OUT_DIR/manifest/NAME.json. Everything is deterministic, so re-running gives the same files.
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "vmmckpt/image.hpp"
+
+namespace fs = std::filesystem;
+namespace img = vmmckpt::image;
+using ojson = nlohmann::ordered_json;
+
+namespace {
+
+constexpr std::uint64_t base0 = 0x200000000000ULL;
+constexpr std::uint64_t gran = 2ULL << 20;
+
+using bytes = std::vector<unsigned char>;
+
+bytes pattern(std::uint64_t size, std::uint64_t seed) {
+  bytes v(size);
+  std::uint64_t x = seed * 0x9e3779b97f4a7c15ULL + 1;
+  for (auto& b : v) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    b = static_cast<unsigned char>(x);
+  }
+  return v;
+}
+
+bytes read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot read " + p.string());
+  return bytes(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+void write_file(const fs::path& p, const bytes& b) {
+  std::ofstream out(p, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+  if (!out) throw std::runtime_error("cannot write " + p.string());
+}
+
+bytes to_bytes(const std::string& s) { return bytes(s.begin(), s.end()); }
+
+// image_fuzzer's input: u32 little-endian manifest length, the manifest, the data file.
+bytes fuzz_input(const bytes& manifest, const bytes& data) {
+  bytes out;
+  const auto n = static_cast<std::uint32_t>(manifest.size());
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<unsigned char>(n >> (8 * i)));
+  out.insert(out.end(), manifest.begin(), manifest.end());
+  out.insert(out.end(), data.begin(), data.end());
+  return out;
+}
+
+struct planned_pool {
+  int device;
+  std::uint64_t base, size;
+  std::vector<img::allocation> allocations;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> extents;  // addr, size
+};
+
+img::manifest base_manifest(std::vector<std::string> command, int devices) {
+  img::manifest m;
+  m.tool_version = "0.1.0";
+  m.created = "2026-11-22T10:00:00Z";
+  m.host = "node-7";
+  m.pid = 4242;
+  m.command = std::move(command);
+  for (int d = 0; d < devices; ++d)
+    m.devices.push_back({d, "NVIDIA H200", "GPU-0000000" + std::to_string(d) + "-2222-3333-4444-555555555555", 9, 0});
+  m.hold_us = 1234;
+  return m;
+}
+
+struct image_files {
+  bytes manifest, data;
+};
+
+// Writes the image with img::writer (so the seeds are exactly what dumps look like), checks that
+// the reader takes it, and returns its two files.
+image_files write_image(const fs::path& scratch, const std::string& name, img::manifest m,
+                        const std::vector<planned_pool>& pools) {
+  const fs::path dir = scratch / name;
+  {
+    img::writer w(dir);
+    std::uint64_t seed = 1;
+    for (const auto& pp : pools) {
+      img::pool pl;
+      pl.device = pp.device;
+      pl.base = pp.base;
+      pl.size = pp.size;
+      pl.granularity = gran;
+      pl.allocations = pp.allocations;
+      for (const auto& [addr, size] : pp.extents) {
+        const bytes b = pattern(size, seed++);
+        w.begin_extent(addr, size);
+        // Fed in two pieces, as a dump that copies through a staging buffer does.
+        const std::size_t half = b.size() / 2;
+        w.write(b.data(), half);
+        w.write(b.data() + half, b.size() - half);
+        pl.extents.push_back(w.end_extent());
+        m.data_bytes += size;
+      }
+      m.pools.push_back(std::move(pl));
+    }
+    w.commit(m);
+  }
+  const img::reader r = img::reader::open(dir);
+  r.verify_data();
+  return {read_file(dir / "manifest.json"), read_file(dir / "data.bin")};
+}
+
+struct seed_writer {
+  fs::path out;
+  int count = 0;
+  void image(const std::string& name, const bytes& manifest, const bytes& data) {
+    write_file(out / "image" / name, fuzz_input(manifest, data));
+    ++count;
+  }
+  void manifest(const std::string& name, const bytes& text) {
+    write_file(out / "manifest" / (name + ".json"), text);
+    ++count;
+  }
+  // A near-miss of both kinds: the edited manifest alone, and as an image with the good data file.
+  void edited(const std::string& name, const image_files& good, void (*edit)(ojson&)) {
+    ojson j = ojson::parse(good.manifest.begin(), good.manifest.end());
+    edit(j);
+    const bytes text = to_bytes(j.dump(2) + "\n");
+    manifest(name, text);
+    image(name, text, good.data);
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s OUT_DIR\n", argv[0]);
+    return 2;
+  }
+  seed_writer seeds{argv[1]};
+  fs::create_directories(seeds.out / "image");
+  fs::create_directories(seeds.out / "manifest");
+  char tmpl[] = "/tmp/vmmckpt-make-seeds-XXXXXX";
+  if (::mkdtemp(tmpl) == nullptr) throw std::runtime_error("mkdtemp failed");
+  const fs::path scratch = tmpl;
+
+  // Valid images, from the smallest to one with several pools, allocations and extents.
+  const image_files empty = write_image(scratch, "empty", base_manifest({"./app"}, 1), {});
+  const image_files one = write_image(
+      scratch, "one", base_manifest({"./app", "--steps", "100"}, 1),
+      {{0, base0, 512 * gran, {{base0, 4096, "cudaMalloc"}}, {{base0, 4096}}}});
+  const image_files two_pools = write_image(
+      scratch, "two-pools", base_manifest({"python3", "train.py", "--lr=3e-4"}, 2),
+      {{0, base0, 512 * gran,
+        {{base0, 3000, "cudaMalloc"}, {base0 + gran, 5000, "cuMemAlloc_v2"}, {base0 + 2 * gran, 100, "cudaMallocAsync"}},
+        {{base0, 1000}, {base0 + 1000, 2000}, {base0 + gran + 16, 4000}, {base0 + 2 * gran, 100}}},
+       {1, base0 + 1024 * gran, 512 * gran,
+        {{base0 + 1024 * gran, 1, "cudaMalloc"}, {base0 + 1025 * gran, 8192, "cudaMallocManaged"}},
+        {{base0 + 1024 * gran, 1}, {base0 + 1025 * gran + 4096, 4096}}}});
+  // Allocations without extents (never written to), a device without a pool, odd command bytes.
+  const image_files sparse = write_image(
+      scratch, "sparse", base_manifest({"./app", "caf\xc3\xa9", "", "\xe2\x82\xac"}, 3),
+      {{2, base0 + 2048 * gran, 4 * gran,
+        {{base0 + 2048 * gran, gran, "cudaMalloc"}, {base0 + 2049 * gran, 2 * gran, "cudaMalloc"}},
+        {{base0 + 2049 * gran + 7, 777}}},
+       {0, base0, 4 * gran, {{base0, 64, "cudaMalloc"}}, {}}});
+
+  for (const auto& [name, f] : {std::pair{"empty", &empty}, {"one", &one}, {"two-pools", &two_pools}, {"sparse", &sparse}}) {
+    seeds.image(name, f->manifest, f->data);
+    seeds.manifest(name, f->manifest);
+  }
+
+  // Near-misses in the data file: each is refused for one reason (open or verify_data).
+  {
+    bytes d = two_pools.data;
+    d.pop_back();
+    seeds.image("near-miss-data-truncated", two_pools.manifest, d);
+    d = two_pools.data;
+    d.push_back(0);
+    seeds.image("near-miss-data-trailing-byte", two_pools.manifest, d);
+    d = two_pools.data;
+    d[40] = 1;
+    seeds.image("near-miss-data-reserved-byte", two_pools.manifest, d);
+    d = two_pools.data;
+    d[12] = 2;
+    seeds.image("near-miss-data-newer-version", two_pools.manifest, d);
+    d = two_pools.data;
+    d[64 + 1500] ^= 0x40;
+    seeds.image("near-miss-data-flipped-bit", two_pools.manifest, d);
+    seeds.image("near-miss-data-missing-header", two_pools.manifest, {});
+  }
+
+  // Near-misses in the manifest: each breaks one rule of docs/image-format.md.
+  seeds.edited("near-miss-format-2", one, [](ojson& j) { j["format"] = 2; });
+  seeds.edited("near-miss-checksum", two_pools, [](ojson& j) { j["pools"][0]["extents"][1]["checksum"] = "0123456789abcdef"; });
+  seeds.edited("near-miss-overlap", two_pools, [](ojson& j) { j["pools"][0]["extents"][1]["addr"] = "0x2000000003e7"; });
+  seeds.edited("near-miss-offset", two_pools, [](ojson& j) { j["pools"][1]["extents"][0]["offset"] = 7099; });
+  seeds.edited("near-miss-two-allocations", two_pools, [](ojson& j) { j["pools"][0]["extents"][3]["size"] = 2 * gran; });
+  seeds.edited("near-miss-address-17-digits", one, [](ojson& j) { j["pools"][0]["base"] = "0x10000000000000000"; });
+  seeds.edited("near-miss-negative-size", one, [](ojson& j) { j["pools"][0]["allocations"][0]["size"] = -1; });
+  seeds.edited("near-miss-float-size", one, [](ojson& j) { j["pools"][0]["extents"][0]["size"] = 4096.0; });
+  seeds.edited("near-miss-pool-overflow", one, [](ojson& j) {
+    j["pools"][0]["base"] = "0xffffffffffe00000";
+  });
+  seeds.edited("near-miss-unknown-device", sparse, [](ojson& j) { j["pools"][1]["device"] = 9; });
+  seeds.edited("near-miss-missing-field", two_pools, [](ojson& j) { j["pools"][1]["extents"][1].erase("checksum"); });
+  seeds.edited("near-miss-data-bytes", two_pools, [](ojson& j) { j["data_bytes"] = 18446744073709551615ULL; });
+  {
+    // Nesting one level past the limit, in an ignored field.
+    std::string deep = "{\"magic\": \"vmmckpt-image\", \"format\": 1, \"x\": ";
+    for (int i = 0; i < 17; ++i) deep += "[";
+    for (int i = 0; i < 17; ++i) deep += "]";
+    deep += "}\n";
+    seeds.manifest("near-miss-deep", to_bytes(deep));
+    seeds.image("near-miss-deep", to_bytes(deep), empty.data);
+  }
+
+  std::error_code ec;
+  fs::remove_all(scratch, ec);
+  std::printf("make_seeds: wrote %d files under %s\n", seeds.count, seeds.out.c_str());
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "make_seeds: %s\n", e.what());
+  return 1;
+}
