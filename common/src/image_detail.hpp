@@ -32,7 +32,10 @@ inline constexpr std::uint64_t max_manifest_bytes = 512ULL << 20;
 inline constexpr std::size_t max_json_depth = 16;
 
 using header_bytes = std::array<unsigned char, data_header_size>;
-header_bytes encode_data_header(std::uint64_t payload_bytes);
+// Bytes 24..31 hold the XXH3-64 of manifest.json as written, so that verify
+// catches a changed byte anywhere in the image, the manifest included.
+header_bytes encode_data_header(std::uint64_t payload_bytes, std::uint64_t manifest_checksum = 0);
+std::uint64_t header_manifest_checksum(const header_bytes& h);
 // Returns an empty string when the header is right, otherwise what is wrong with it.
 std::string check_data_header(const header_bytes& h, std::uint64_t expected_payload);
 

@@ -82,13 +82,20 @@ std::string extent_name(std::size_t pool, std::size_t index) {
   return "pools[" + std::to_string(pool) + "].extents[" + std::to_string(index) + "]";
 }
 
-header_bytes encode_data_header(std::uint64_t payload_bytes) {
+header_bytes encode_data_header(std::uint64_t payload_bytes, std::uint64_t manifest_checksum) {
   header_bytes h{};
   std::memcpy(h.data(), data_magic.data(), data_magic.size());
   // Little-endian whatever the host: the file must read the same on every machine.
   for (int i = 0; i < 4; ++i) h[12 + i] = static_cast<unsigned char>(data_version >> (8 * i));
   for (int i = 0; i < 8; ++i) h[16 + i] = static_cast<unsigned char>(payload_bytes >> (8 * i));
+  for (int i = 0; i < 8; ++i) h[24 + i] = static_cast<unsigned char>(manifest_checksum >> (8 * i));
   return h;
+}
+
+std::uint64_t header_manifest_checksum(const header_bytes& h) {
+  std::uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= static_cast<std::uint64_t>(h[24 + i]) << (8 * i);
+  return v;
 }
 
 std::string check_data_header(const header_bytes& h, std::uint64_t expected_payload) {
@@ -105,7 +112,7 @@ std::string check_data_header(const header_bytes& h, std::uint64_t expected_payl
   if (payload != expected_payload)
     return "header gives a payload of " + std::to_string(payload) + " bytes but the manifest's data_bytes is " +
            std::to_string(expected_payload);
-  for (std::size_t i = 24; i < h.size(); ++i)
+  for (std::size_t i = 32; i < h.size(); ++i)
     if (h[i] != 0) return "reserved header byte " + std::to_string(i) + " is not zero";
   return {};
 }

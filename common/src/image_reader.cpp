@@ -82,6 +82,8 @@ struct reader::impl {
   std::string data_path;
   manifest info;
   int data_fd = -1;
+  std::uint64_t manifest_checksum = 0;           // of manifest.json as read
+  std::uint64_t recorded_manifest_checksum = 0;  // as data.bin's header records it
   struct located {
     std::uint64_t offset;
     std::size_t pool, index;
@@ -164,6 +166,7 @@ reader reader::open(const std::filesystem::path& dir) {
          std::to_string(detail::max_manifest_bytes) + " a manifest may have");
   std::string text(static_cast<std::size_t>(st.st_size), '\0');
   if (!text.empty()) pread_all(mfd.fd, text.data(), text.size(), 0, manifest_path);
+  r->manifest_checksum = XXH3_64bits(text.data(), text.size());
   try {
     r->info = from_json(text);
     validate(r->info);
@@ -181,6 +184,7 @@ reader reader::open(const std::filesystem::path& dir) {
   detail::header_bytes header;
   pread_all(r->data_fd, header.data(), header.size(), 0, r->data_path);
   if (std::string why = detail::check_data_header(header, data_bytes); !why.empty()) fail(r->data_path + ": " + why);
+  r->recorded_manifest_checksum = detail::header_manifest_checksum(header);
   const std::uint64_t expected = detail::data_header_size + data_bytes;  // validate() keeps this from overflowing
   if (file_size < expected)
     fail(r->data_path + ": truncated: " + std::to_string(file_size) + " bytes, expected " + std::to_string(expected) +
@@ -214,6 +218,10 @@ void reader::read_part(const extent& e, std::uint64_t offset, std::uint64_t size
 }
 
 void reader::verify_data() const {
+  if (impl_->manifest_checksum != impl_->recorded_manifest_checksum)
+    fail((impl_->dir / std::string(detail::manifest_name)).string() + ": checksum mismatch (data.bin's header records " +
+         hex(impl_->recorded_manifest_checksum) + ", the manifest hashes to " + hex(impl_->manifest_checksum) +
+         "): the manifest was changed after the image was written");
   ::posix_fadvise(impl_->data_fd, 0, 0, POSIX_FADV_SEQUENTIAL);
   auto buffer = std::make_unique_for_overwrite<unsigned char[]>(2 * read_piece);
   detail::background_hasher hasher;

@@ -213,12 +213,12 @@ struct writer::impl {
 
   void write_out(const manifest& m) {
     flush();
-    const auto header = detail::encode_data_header(payload);
+    const std::string text = to_json(m) + "\n";
+    const auto header = detail::encode_data_header(payload, XXH3_64bits(text.data(), text.size()));
     pwrite_all(data_fd, header.data(), header.size(), 0, data_path());
     fsync_or_fail(data_fd, data_path());
     close_or_fail(data_fd, data_path());
 
-    const std::string text = to_json(m) + "\n";
     int mfd = ::openat(dir_fd, detail::manifest_name.data(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (mfd < 0) fail(manifest_path() + ": cannot create: " + errno_text(errno));
     try {
