@@ -90,7 +90,7 @@ if ((${#regressions[@]})); then
     log="$build/regressions-$t.log"
     if ! "$build/bin/$t" "${libfuzzer_limits[@]}" "${regressions[@]}" >"$log" 2>&1; then
       echo "FAILED: $t on tests/fuzz/regressions (log: $log):"
-      grep -E '^(==[0-9]+==ERROR|SUMMARY|Running:)|runtime error' "$log" | tail -n 20
+      grep -E '^(==[0-9]+== ?ERROR|SUMMARY|Running:)|runtime error' "$log" | tail -n 20
       failed=1
     fi
   done
@@ -126,7 +126,7 @@ for t in "${targets[@]}"; do
     $((execs / ((t1 - t0) > 0 ? (t1 - t0) : 1))) "$entries"
   if report_artifacts "$art" "$marker" "$t" || ((status != 0)); then
     echo "FAILED: $t found a crash, leak, timeout or out-of-memory (exit status $status); logs in $run/:"
-    grep -hE '^(==[0-9]+==ERROR|SUMMARY)|runtime error|^[a-z_]+_fuzzer: ' "$run"/*.log | head -n 20 || true
+    grep -hE '^(==[0-9]+== ?ERROR|SUMMARY)|runtime error|^[a-z_]+_fuzzer: ' "$run"/*.log | head -n 20 || true
     failed=1
   fi
 done

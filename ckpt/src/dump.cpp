@@ -236,19 +236,10 @@ dump_result dump(const dump_options& options, const std::function<void(const dum
     m.pools.push_back(std::move(pool));
   }
 
-  // The driver's own lock as well, where it has one (driver >= 570; the
-  // emulator answers not supported). Looked up at run time so older drivers load.
-  using lock_fn = CUresult (*)(int, CUcheckpointLockArgs*);
-  using unlock_fn = CUresult (*)(int, CUcheckpointUnlockArgs*);
-  void* lock_p = nullptr;
-  void* unlock_p = nullptr;
-  CUdriverProcAddressQueryResult found{};
-  if (cuGetProcAddress("cuCheckpointProcessLock", &lock_p, 12080, 0, &found) == CUDA_SUCCESS && lock_p &&
-      cuGetProcAddress("cuCheckpointProcessUnlock", &unlock_p, 12080, 0, &found) == CUDA_SUCCESS && unlock_p) {
-    CUcheckpointLockArgs args{};
-    args.timeoutMs = 2'000;
-    result.driver_lock = reinterpret_cast<lock_fn>(lock_p)(static_cast<int>(options.pid), &args) == CUDA_SUCCESS;
-  }
+  // The driver's cuCheckpointProcessLock is deliberately not taken as well: a
+  // tool that dies holding it leaves the program locked for good (the driver
+  // does not release it), and a crashed tool must never hang the program. The
+  // shim's gate, which reopens when this connection drops, is the quiesce.
 
   // Copy: a ring of pinned buffers; this thread issues copies, a writer thread
   // waits for each and appends it to the image, so PCIe and storage overlap.
@@ -342,10 +333,6 @@ dump_result dump(const dump_options& options, const std::function<void(const dum
   // now, while the last buffers are still being written.
   for (CUstream s : st.streams) VMMCKPT_CUDA_TRY(cuStreamSynchronize(s));
   result.copy_seconds = std::chrono::duration<double>(clock::now() - copy_start).count();
-  if (result.driver_lock) {
-    CUcheckpointUnlockArgs unlock{};
-    reinterpret_cast<unlock_fn>(unlock_p)(static_cast<int>(options.pid), &unlock);
-  }
   {
     std::lock_guard lock(mutex);
     if (writer_error) std::rethrow_exception(writer_error);

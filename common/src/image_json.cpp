@@ -230,7 +230,19 @@ json parse_limited(const std::string& text) {
   try {
     return json::parse(text, limit_depth);
   } catch (const json::exception& e) {
-    fail(std::string("not valid JSON: ") + e.what());
+    // The parser quotes the bytes it stopped at, which may be broken UTF-8: escaped, the message
+    // stays printable and can go into JSON output (cuda-ckpt verify --json).
+    std::string why = "not valid JSON: ";
+    for (const char* c = e.what(); *c != '\0'; ++c) {
+      const auto b = static_cast<unsigned char>(*c);
+      if (b >= 0x20 && b < 0x7f) {
+        why += *c;
+      } else {
+        static constexpr char digits[] = "0123456789abcdef";
+        why += {'\\', 'x', digits[b >> 4], digits[b & 0xf]};
+      }
+    }
+    fail(std::move(why));
   }
 }
 

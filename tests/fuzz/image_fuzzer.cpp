@@ -18,6 +18,9 @@
 #include <string>
 #include <vector>
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 #include "vmmckpt/image.hpp"
 
 namespace {
@@ -85,7 +88,29 @@ void write_file(const std::filesystem::path& path, const std::uint8_t* p, std::s
   ::close(fd);
 }
 
-void check_image(const std::filesystem::path& dir) {
+// Refusals are printed to terminals (cuda-ckpt verify): a message must not carry raw bytes of the
+// hostile file, such as escape sequences or broken UTF-8. The paths in them are ours, hence ASCII.
+void check_message(const img::image_error& e) {
+  for (const char* c = e.what(); *c != '\0'; ++c) {
+    const auto b = static_cast<unsigned char>(*c);
+    if (b < 0x20 || b >= 0x7f) {
+      std::fprintf(stderr, "%s: refusal message holds byte 0x%02x at %td\n", "image_fuzzer", b, c - e.what());
+      std::abort();
+    }
+  }
+}
+
+// What verify_data must conclude, worked out independently of the reader: the manifest's XXH3-64
+// must equal what data.bin's header records (bytes 24..31), and every extent must read back.
+bool manifest_checksum_matches(const std::uint8_t* manifest, std::size_t manifest_len, const std::uint8_t* data,
+                               std::size_t data_len) {
+  if (data_len < 32) return false;  // open() refuses such a data file before this matters
+  std::uint64_t recorded = 0;
+  for (int i = 0; i < 8; ++i) recorded |= static_cast<std::uint64_t>(data[24 + i]) << (8 * i);
+  return XXH3_64bits(manifest, manifest_len) == recorded;
+}
+
+void check_image(const std::filesystem::path& dir, bool manifest_matches) {
   const img::reader r = img::reader::open(dir);
   const img::manifest& m = r.info();
   // open() promises a manifest that passes validate(): a refusal here is a reader bug, not a defect.
@@ -100,7 +125,7 @@ void check_image(const std::filesystem::path& dir) {
   try {
     r.verify_data();
   } catch (const img::image_error&) {
-    data_good = false;  // a checksum mismatch: read() below must refuse the same extents
+    data_good = false;  // a changed manifest or a bad extent: checked against read() and the header below
   }
 
   static std::vector<unsigned char> buffer;
@@ -117,9 +142,15 @@ void check_image(const std::filesystem::path& dir) {
       } catch (const img::image_error&) {
         all_read = false;
       }
-      // read_part inside the extent must work whatever the checksum; past its end must be refused.
+      // read_part inside the extent must work whatever the checksum (open() checked the file's size);
+      // past its end it must be refused.
       const std::uint64_t part = e.size < 4096 ? e.size : 4096;
-      r.read_part(e, e.size - part, part, buffer.data());
+      try {
+        r.read_part(e, e.size - part, part, buffer.data());
+      } catch (const img::image_error& err) {
+        std::fprintf(stderr, "image_fuzzer: read_part inside an extent was refused: %s\n", err.what());
+        std::abort();
+      }
       bool refused = false;
       try {
         r.read_part(e, e.size, 1, buffer.data());
@@ -132,9 +163,9 @@ void check_image(const std::filesystem::path& dir) {
       }
     }
   }
-  if (!skipped && data_good != all_read) {
-    std::fprintf(stderr, "image_fuzzer: verify_data says %s but reading every extent %s\n",
-                 data_good ? "good" : "bad", all_read ? "succeeded" : "failed");
+  if (!skipped && data_good != (all_read && manifest_matches)) {
+    std::fprintf(stderr, "image_fuzzer: verify_data says %s but reading every extent %s and the manifest checksum %s\n",
+                 data_good ? "good" : "bad", all_read ? "succeeded" : "failed", manifest_matches ? "matches" : "differs");
     std::abort();
   }
 
@@ -171,8 +202,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   write_file(dir / "data.bin", data + skip + manifest_len, size - skip - manifest_len);
 
   try {
-    check_image(dir);
-  } catch (const img::image_error&) {
+    check_image(dir, manifest_checksum_matches(data + skip, manifest_len, data + skip + manifest_len,
+                                               size - skip - manifest_len));
+  } catch (const img::image_error& e) {
+    check_message(e);
     // The expected refusal of a defective image. Anything else escaping is a bug: libFuzzer
     // reports an uncaught exception as a crash.
   }

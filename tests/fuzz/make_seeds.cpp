@@ -7,6 +7,7 @@
 // OUT_DIR/manifest/NAME.json. Everything is deterministic, so re-running gives the same files.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +19,8 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 #include "vmmckpt/image.hpp"
 
@@ -137,13 +140,18 @@ struct seed_writer {
     write_file(out / "manifest" / (name + ".json"), text);
     ++count;
   }
-  // A near-miss of both kinds: the edited manifest alone, and as an image with the good data file.
+  // A near-miss of both kinds: the edited manifest alone, and as an image with the good data file,
+  // whose header records the edited manifest's checksum (docs/image-format.md, data.bin bytes
+  // 24..31) so that the image is refused for the edit and not merely for the changed manifest.
   void edited(const std::string& name, const image_files& good, void (*edit)(ojson&)) {
     ojson j = ojson::parse(good.manifest.begin(), good.manifest.end());
     edit(j);
     const bytes text = to_bytes(j.dump(2) + "\n");
     manifest(name, text);
-    image(name, text, good.data);
+    bytes data = good.data;
+    const std::uint64_t sum = XXH3_64bits(text.data(), text.size());
+    for (int i = 0; i < 8; ++i) data[24 + static_cast<std::size_t>(i)] = static_cast<unsigned char>(sum >> (8 * i));
+    image(name, text, data);
   }
 };
 
@@ -205,6 +213,13 @@ int main(int argc, char** argv) try {
     d[64 + 1500] ^= 0x40;
     seeds.image("near-miss-data-flipped-bit", two_pools.manifest, d);
     seeds.image("near-miss-data-missing-header", two_pools.manifest, {});
+    // A manifest changed after writing, still valid: open() takes it, verify_data() must not.
+    bytes m = two_pools.manifest;
+    const std::string was = "\"hold_us\": 1234", now = "\"hold_us\": 1235";
+    const auto at = std::search(m.begin(), m.end(), was.begin(), was.end());
+    if (at == m.end()) throw std::runtime_error("hold_us not found in the manifest");
+    std::copy(now.begin(), now.end(), at);
+    seeds.image("near-miss-manifest-changed", m, two_pools.data);
   }
 
   // Near-misses in the manifest: each breaks one rule of docs/image-format.md.

@@ -11,6 +11,18 @@ namespace {
 
 namespace img = vmmckpt::image;
 
+// Refusals are printed to terminals (cuda-ckpt verify): a message must not carry raw bytes of the
+// hostile file, such as escape sequences or broken UTF-8. The paths in them are ours, hence ASCII.
+void check_message(const img::image_error& e) {
+  for (const char* c = e.what(); *c != '\0'; ++c) {
+    const auto b = static_cast<unsigned char>(*c);
+    if (b < 0x20 || b >= 0x7f) {
+      std::fprintf(stderr, "%s: refusal message holds byte 0x%02x at %td\n", "manifest_fuzzer", b, c - e.what());
+      std::abort();
+    }
+  }
+}
+
 [[noreturn]] void broken(const char* what, const std::string& a, const std::string& b) {
   std::fprintf(stderr, "manifest_fuzzer: %s\n--- first:\n%s\n--- second:\n%s\n", what, a.c_str(), b.c_str());
   std::abort();
@@ -23,7 +35,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   img::manifest m;
   try {
     m = img::from_json(text);
-  } catch (const img::image_error&) {
+  } catch (const img::image_error& e) {
+    check_message(e);
     return 0;  // the expected refusal; any other exception escaping is reported as a crash
   }
 

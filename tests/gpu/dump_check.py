@@ -140,8 +140,7 @@ def main():
             shutil.rmtree(work, ignore_errors=True)
     for i, f in enumerate(figures):
         print(f"dump {i}: {f['bytes'] / 2**30:.2f} GiB in {f['allocations']} allocations, {f['seconds']:.3f} s "
-              f"({f['gb_per_s']:.2f} GB/s), copy {f['copy_gb_per_s']:.2f} GB/s, held {f['hold_ms']:.1f} ms, "
-              f"driver lock {f['driver_lock']}")
+              f"({f['gb_per_s']:.2f} GB/s), copy {f['copy_gb_per_s']:.2f} GB/s, held {f['hold_ms']:.1f} ms")
     if figures:
         best = max(f["gb_per_s"] for f in figures)
         hold = sorted(f["hold_ms"] for f in figures)[len(figures) // 2]

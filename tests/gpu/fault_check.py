@@ -22,6 +22,14 @@ DUMP_PHASES = ["connected", "held", "copying", "writing", "renaming"]
 SUSPEND_PHASES = DUMP_PHASES + ["verified", "suspended"]
 
 
+def run(argv, **kw):
+    # Never wait forever: a hang is a failure to report, not a test timeout.
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=120, **kw)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(argv, 124, "", f"timed out: {' '.join(argv)}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cuda-ckpt", required=True)
@@ -39,7 +47,7 @@ def main():
     problems, tried = [], 0
 
     def state():
-        for p in json.loads(subprocess.run([ck, "ps", "--json"], capture_output=True, text=True).stdout):
+        for p in json.loads(run([ck, "ps", "--json"]).stdout or "[]"):
             if p["pid"] == prog.pid:
                 return p
         return {}
@@ -52,8 +60,8 @@ def main():
             for phase in phases:
                 tried += 1
                 out = os.path.join(work, f"{command}-{phase}")
-                r = subprocess.run([ck, command, str(prog.pid), "-o", out], capture_output=True, text=True,
-                                   env=dict(env, VMMCKPT_TEST_KILL_AT=phase))
+                print(f"{command} killed at {phase}", flush=True)
+                r = run([ck, command, str(prog.pid), "-o", out], env=dict(env, VMMCKPT_TEST_KILL_AT=phase))
                 where = f"{command} killed at {phase}"
                 if r.returncode != -9:
                     problems.append(f"{where}: the tool did not die there (exit {r.returncode}): {r.stderr[-500:]}")
@@ -63,16 +71,16 @@ def main():
                 if state().get("state") == "suspended":
                     if phase != "suspended":
                         problems.append(f"{where}: the program was suspended though the tool died first")
-                    if subprocess.run([ck, "resume", str(prog.pid)], capture_output=True).returncode != 0:
+                    if run([ck, "resume", str(prog.pid)]).returncode != 0:
                         problems.append(f"{where}: resume failed")
-                if subprocess.run([ck, "check", str(prog.pid)], capture_output=True).returncode != 0:
+                if run([ck, "check", str(prog.pid)]).returncode != 0:
                     problems.append(f"{where}: the pool is not consistent")
                 for name in os.listdir(work):
                     if name.startswith(f"{command}-{phase}") and not (command == "suspend" and phase in ("verified", "suspended")):
-                        if subprocess.run([ck, "verify", os.path.join(work, name)], capture_output=True).returncode == 0:
+                        if run([ck, "verify", os.path.join(work, name)]).returncode == 0:
                             problems.append(f"{where}: left {name}, which passes verify")
                 after = os.path.join(work, f"after-{command}-{phase}")
-                d = subprocess.run([ck, "dump", str(prog.pid), "-o", after], capture_output=True, text=True, env=env)
+                d = run([ck, "dump", str(prog.pid), "-o", after], env=env)
                 if d.returncode != 0:
                     problems.append(f"{where}: the next dump failed: {d.stderr.strip()}")
                 elif (defect := check_busy(after, args.buffer_size)):

@@ -56,15 +56,14 @@ int dump_command(const dump_command_options& o) {
                           {"bytes", result.manifest.data_bytes}, {"allocations", allocations},
                           {"seconds", result.seconds},        {"gb_per_s", gbps},
                           {"copy_seconds", result.copy_seconds}, {"copy_gb_per_s", copy_gbps},
-                          {"hold_ms", result.hold_ms},        {"driver_lock", result.driver_lock}};
+                          {"hold_ms", result.hold_ms}};
     std::cout << out.dump(2) << "\n";
   } else {
     std::printf("dumped %s in %zu allocations of process %d to %s\n",
                 human_bytes(result.manifest.data_bytes).c_str(), allocations, static_cast<int>(o.pid),
                 result.image.c_str());
-    std::printf("  %.3f s in all (%.2f GB/s); copy out of the GPU %.3f s (%.2f GB/s); program held %.1f ms%s\n",
-                result.seconds, gbps, result.copy_seconds, copy_gbps, result.hold_ms,
-                result.driver_lock ? " (gate and driver lock)" : "");
+    std::printf("  %.3f s in all (%.2f GB/s); copy out of the GPU %.3f s (%.2f GB/s); program held %.1f ms\n",
+                result.seconds, gbps, result.copy_seconds, copy_gbps, result.hold_ms);
   }
   return exit_ok;
 }

@@ -57,8 +57,7 @@ int suspend_command(const suspend_command_options& o) {
                                 {"bytes", r.manifest.data_bytes},
                                 {"freed_bytes", r.freed_bytes},
                                 {"device_used_bytes_after", r.device_used_after},
-                                {"seconds", seconds},
-                                {"driver_lock", r.driver_lock}}
+                                {"seconds", seconds}}
                      .dump(2)
               << "\n";
   } else {

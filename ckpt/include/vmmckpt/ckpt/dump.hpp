@@ -35,7 +35,6 @@ struct dump_result {
   double seconds = 0;        // from connecting to the committed image
   double copy_seconds = 0;   // first copy issued to last copy out of the GPU
   double hold_ms = 0;        // how long the program was held, as the program measured it
-  bool driver_lock = false;  // cuCheckpointProcessLock held the program as well
   std::uint64_t freed_bytes = 0;        // suspend: GPU memory the program gave back
   std::uint64_t device_used_after = 0;  // suspend: bytes still in use on its device(s)
 };
