@@ -15,8 +15,10 @@ namespace {
 
 using dlsym_fn = void* (*)(void*, const char*);
 
-dlsym_fn glibc_dlsym() {
-  static const dlsym_fn fn = [] {
+// Not instrumented by ASan: the dlsym we export is called by the ASan runtime itself before it has
+// set up its shadow memory (scripts/sanitize.sh), and it lands here.
+__attribute__((no_sanitize_address)) dlsym_fn glibc_dlsym() {
+  static const dlsym_fn fn = []() __attribute__((no_sanitize_address)) {
     // The versioned lookup reaches glibc's dlsym even though the shim exports one.
     void* p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
     if (p == nullptr) p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
@@ -62,7 +64,7 @@ int find_cudart(dl_phdr_info* info, size_t, void* out) {
 
 }  // namespace
 
-void* real_dlsym(void* handle, const char* name) {
+__attribute__((no_sanitize_address)) void* real_dlsym(void* handle, const char* name) {
   const dlsym_fn fn = glibc_dlsym();
   return fn ? fn(handle, name) : nullptr;
 }

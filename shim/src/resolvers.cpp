@@ -240,7 +240,9 @@ __attribute__((visibility("hidden"))) void* vmmckpt_glibc_dlsym = nullptr;
 __attribute__((visibility("hidden"))) void* vmmckpt_dlsym_impl(void* handle, const char* name);
 }
 
-void* vmmckpt_dlsym_impl(void* handle, const char* name) {
+// No ASan instrumentation on the path every early lookup takes: the ASan runtime resolves its
+// interceptors with dlsym before our constructor and before its shadow memory exists.
+__attribute__((no_sanitize_address)) void* vmmckpt_dlsym_impl(void* handle, const char* name) {
   void* real = real_dlsym(handle, name);
   // Every name we substitute starts with "cu"; other lookups return at once.
   if (real == nullptr || name == nullptr || name[0] != 'c' || name[1] != 'u') return real;
@@ -256,14 +258,19 @@ void* vmmckpt_dlsym_impl(void* handle, const char* name) {
   return real;
 }
 
-namespace {
-// Filled at load (no thread, file or socket: the shim stays inert).
-__attribute__((constructor)) void find_glibc_dlsym() {
+// Filled at load (no thread, file or socket: the shim stays inert), or by the first
+// dlsym(RTLD_NEXT, ...) when that comes earlier: libraries initialised before us (the ASan runtime,
+// any interposer) must get the symbol after *them*, not after the shim.
+extern "C" __attribute__((visibility("hidden"), no_sanitize_address)) void* vmmckpt_find_glibc_dlsym() {
   void* p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
   if (p == nullptr) p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
   if (p == nullptr) p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.17");
   vmmckpt_glibc_dlsym = p;
+  return p;
 }
+
+namespace {
+__attribute__((constructor)) void find_glibc_dlsym() { vmmckpt_find_glibc_dlsym(); }
 }  // namespace
 
 #if defined(__x86_64__)
@@ -276,7 +283,17 @@ dlsym:
     jne 1f
     movq vmmckpt_glibc_dlsym(%rip), %rax
     testq %rax, %rax
+    jne 2f
+    pushq %rdi
+    pushq %rsi
+    subq $8, %rsp
+    call vmmckpt_find_glibc_dlsym
+    addq $8, %rsp
+    popq %rsi
+    popq %rdi
+    testq %rax, %rax
     je 1f
+2:
     jmp *%rax
 1:
     jmp vmmckpt_dlsym_impl

@@ -28,6 +28,10 @@ pid_t start(const std::vector<std::string>& argv, const std::map<std::string, st
     if (value.empty()) unsetenv(key.c_str());
     else setenv(key.c_str(), value.c_str(), 1);
   }
+  // scripts/sanitize.sh: the ASan runtime must come before an instrumented shim we preload.
+  if (const char* first = getenv("VMMCKPT_TEST_PRELOAD_FIRST"); first && *first && env.count("LD_PRELOAD") &&
+      !env.at("LD_PRELOAD").empty())
+    setenv("LD_PRELOAD", (std::string(first) + ":" + env.at("LD_PRELOAD")).c_str(), 1);
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
