@@ -21,6 +21,7 @@
 #include "vmmckpt/ckpt/pool_mapping.hpp"
 #include "vmmckpt/fault_point.hpp"
 #include "vmmckpt/protocol.hpp"
+#include "vmmckpt/uuid_text.hpp"
 #include "vmmckpt/version.hpp"
 
 namespace vmmckpt::ckpt {
@@ -58,11 +59,7 @@ CUdevice find_device(const json& dev) {
     VMMCKPT_CUDA_TRY(cuDeviceGet(&d, i));
     CUuuid u{};
     if (cuDeviceGetUuid(&u, d) != CUDA_SUCCESS) continue;
-    const auto* b = reinterpret_cast<const unsigned char*>(u.bytes);
-    char text[64];
-    std::snprintf(text, sizeof text, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
-                  b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
-    if (uuid == text) return d;
+    if (uuid == uuid_text(u.bytes)) return d;
   }
   const int ordinal = dev.value("ordinal", 0);
   if (ordinal >= count) throw tool_error("the program's device " + std::to_string(ordinal) + " is not visible here");

@@ -23,6 +23,7 @@
 #include "real_symbols.hpp"
 #include "vmmckpt/pool_layout.hpp"
 #include "vmmckpt/protocol.hpp"
+#include "vmmckpt/uuid_text.hpp"
 
 namespace vmmckpt::detail {
 namespace {
@@ -60,13 +61,8 @@ json device_json(int ordinal) {
   char name[256] = {};
   if (d->cuDeviceGetName(name, sizeof name - 1, device) == CUDA_SUCCESS) dev["name"] = name;
   CUuuid uuid{};
-  if (d->cuDeviceGetUuid_v2 != nullptr && d->cuDeviceGetUuid_v2(&uuid, device) == CUDA_SUCCESS) {
-    const auto* b = reinterpret_cast<const unsigned char*>(uuid.bytes);
-    char text[64];
-    std::snprintf(text, sizeof text, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
-                  b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
-    dev["uuid"] = text;
-  }
+  if (d->cuDeviceGetUuid_v2 != nullptr && d->cuDeviceGetUuid_v2(&uuid, device) == CUDA_SUCCESS)
+    dev["uuid"] = uuid_text(uuid.bytes);
   int major = 0, minor = 0;
   d->cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device);
   d->cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device);
