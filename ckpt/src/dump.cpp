@@ -20,6 +20,7 @@
 #include "vmmckpt/ckpt/control_client.hpp"
 #include "vmmckpt/ckpt/pool_mapping.hpp"
 #include "vmmckpt/fault_point.hpp"
+#include "vmmckpt/host_pages.hpp"
 #include "vmmckpt/protocol.hpp"
 #include "vmmckpt/uuid_text.hpp"
 #include "vmmckpt/version.hpp"
@@ -68,52 +69,94 @@ CUdevice find_device(const json& dev) {
   return d;
 }
 
-// One staging buffer's worth of work: pieces of extents, copied back to back.
+// A piece of an allocation, stored as one extent; big allocations are cut into chunk-sized
+// extents so that several writer threads share them.
 struct piece {
-  std::size_t pool;     // index into the manifest's pools
-  std::size_t extent;   // index into that pool's extents
-  std::uint64_t addr;   // device address of the piece
+  std::size_t pool;    // index into the manifest's pools
+  std::size_t extent;  // index into that pool's extents
+  std::uint64_t addr;
   std::uint64_t size;
-  bool first, last;     // the piece opens / closes its extent
 };
+// One staging buffer's worth of pieces, copied back to back, written to one data file.
 struct chunk {
   std::vector<piece> pieces;
   std::uint64_t bytes = 0;
+  std::uint32_t file = 0;
 };
 
-std::vector<chunk> plan_chunks(const image::manifest& m, std::uint64_t chunk_bytes) {
+// Cuts every pool's allocations into extents of at most chunk_bytes and packs them into chunks;
+// chunk c goes to data file c % files, so each file takes its chunks in manifest order.
+std::vector<chunk> plan_chunks(image::manifest& m, std::uint64_t chunk_bytes, std::uint32_t files) {
   std::vector<chunk> chunks(1);
   for (std::size_t p = 0; p < m.pools.size(); ++p) {
-    for (std::size_t e = 0; e < m.pools[p].extents.size(); ++e) {
-      const auto& ext = m.pools[p].extents[e];
-      for (std::uint64_t done = 0; done < ext.size;) {
+    auto& pool = m.pools[p];
+    pool.extents.clear();
+    for (const auto& a : pool.allocations) {
+      for (std::uint64_t done = 0; done < a.size;) {
         if (chunks.back().bytes == chunk_bytes) chunks.emplace_back();
         chunk& c = chunks.back();
-        const std::uint64_t n = std::min(ext.size - done, chunk_bytes - c.bytes);
-        c.pieces.push_back({p, e, ext.addr + done, n, done == 0, done + n == ext.size});
+        const std::uint64_t n = std::min(a.size - done, chunk_bytes - c.bytes);
+        c.pieces.push_back({p, pool.extents.size(), a.addr + done, n});
+        pool.extents.push_back({a.addr + done, n, 0, 0, 0});
         c.bytes += n;
         done += n;
       }
     }
   }
   if (chunks.back().bytes == 0) chunks.pop_back();
+  m.data_files = files;  // files beyond the chunks stay empty
+  for (std::size_t c = 0; c < chunks.size(); ++c) {
+    chunks[c].file = static_cast<std::uint32_t>(c % m.data_files);
+    for (const piece& pc : chunks[c].pieces) m.pools[pc.pool].extents[pc.extent].file = chunks[c].file;
+  }
   return chunks;
 }
 
-// Pinned staging buffers and copy streams, released in every case.
+// Pinned staging buffers and copy streams, released in every case. The buffers are one block of
+// pre-faulted memory registered with the driver (much cheaper to pin than cuMemHostAlloc), or
+// cuMemHostAlloc buffers where registering is refused.
 struct staging {
-  std::vector<void*> buffers;
+  host_pages pages;
+  bool registered = false;
+  std::vector<void*> allocated;
+  std::vector<unsigned char*> buffers;
   std::vector<CUevent> events;
   std::vector<CUstream> streams;
+
+  void allocate(int count, std::size_t bytes) {
+    pages = host_pages(static_cast<std::size_t>(count) * bytes);
+    if (pages.data() != nullptr && cuMemHostRegister(pages.data(), pages.size(), 0) == CUDA_SUCCESS) {
+      registered = true;
+      for (int i = 0; i < count; ++i) buffers.push_back(static_cast<unsigned char*>(pages.data()) + i * bytes);
+    } else {
+      pages = host_pages();
+      for (int i = 0; i < count; ++i) {
+        void* b = nullptr;
+        VMMCKPT_CUDA_TRY(cuMemHostAlloc(&b, bytes, 0));
+        allocated.push_back(b);
+        buffers.push_back(static_cast<unsigned char*>(b));
+      }
+    }
+    for (int i = 0; i < count; ++i) {
+      CUevent e;
+      VMMCKPT_CUDA_TRY(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+      events.push_back(e);
+    }
+  }
   ~staging() {
     for (CUstream s : streams) cuStreamSynchronize(s);
-    for (void* b : buffers) cuMemFreeHost(b);
+    if (registered) cuMemHostUnregister(pages.data());
+    for (void* b : allocated) cuMemFreeHost(b);
     for (CUevent e : events) cuEventDestroy(e);
     for (CUstream s : streams) cuStreamDestroy(s);
   }
 };
 
 }  // namespace
+
+int default_writers() {
+  return static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 16u));
+}
 
 dump_result dump(const dump_options& options, const std::function<void(const dump_progress&)>& progress) {
   const auto start = clock::now();
@@ -134,8 +177,6 @@ dump_result dump(const dump_options& options, const std::function<void(const dum
   // Everything that can be prepared is prepared before the program is held:
   // the destination (fail early if unwritable), the CUDA context, and pinned
   // staging sized from the live bytes the program reported.
-  image::writer writer(options.output);
-
   VMMCKPT_CUDA_TRY(cuInit(0));
   std::map<int, CUdevice> devices;  // the program's ordinal -> ours
   CUcontext context = nullptr;
@@ -156,18 +197,17 @@ dump_result dump(const dump_options& options, const std::function<void(const dum
 
   // Enough buffers to take the whole dump when it fits the staging budget, so
   // the program is held only for the copy out of the GPU, not for the writes.
+  // The image's data files: one per writer thread, fewer for a small dump (an unusable
+  // destination fails here, before the program is held).
+  const std::uint64_t chunks_estimate = std::max<std::uint64_t>(1, (live_estimate + options.chunk_bytes - 1) / options.chunk_bytes);
+  image::writer writer(options.output, static_cast<std::uint32_t>(std::clamp<std::uint64_t>(
+                                            chunks_estimate, 1, std::clamp(options.writers, 1, int(image::max_data_files)))));
+
   staging st;
   const std::uint64_t wanted = (live_estimate + options.chunk_bytes - 1) / options.chunk_bytes;
   const std::uint64_t budget = std::max<std::uint64_t>(2, options.staging_bytes / options.chunk_bytes);
   const int buffers = static_cast<int>(std::clamp<std::uint64_t>(wanted, 2, budget));
-  for (int i = 0; i < buffers; ++i) {
-    void* b = nullptr;
-    VMMCKPT_CUDA_TRY(cuMemHostAlloc(&b, options.chunk_bytes, 0));
-    st.buffers.push_back(b);
-    CUevent e;
-    VMMCKPT_CUDA_TRY(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
-    st.events.push_back(e);
-  }
+  st.allocate(buffers, options.chunk_bytes);
   for (int i = 0; i < std::max(1, options.streams); ++i) {
     CUstream s;
     VMMCKPT_CUDA_TRY(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
@@ -228,7 +268,6 @@ dump_result dump(const dump_options& options, const std::function<void(const dum
       if (!mappings.back()->covers(alloc.addr, alloc.size))
         throw tool_error("allocation at " + a.at("addr").get<std::string>() + " is not backed by the handles sent");
       pool.allocations.push_back(alloc);
-      pool.extents.push_back({alloc.addr, alloc.size, 0, 0});
     }
     m.pools.push_back(std::move(pool));
   }
@@ -238,70 +277,71 @@ dump_result dump(const dump_options& options, const std::function<void(const dum
   // does not release it), and a crashed tool must never hang the program. The
   // shim's gate, which reopens when this connection drops, is the quiesce.
 
-  // Copy: a ring of pinned buffers; this thread issues copies, a writer thread
-  // waits for each and appends it to the image, so PCIe and storage overlap.
-  const auto chunks = plan_chunks(m, options.chunk_bytes);
+  // Copy: a ring of pinned buffers; this thread issues the copies in order, one writer thread per
+  // data file waits for its chunks and appends them, so PCIe and storage overlap and the file
+  // system takes several files at once (it serializes writes to one file).
+  const auto chunks = plan_chunks(m, options.chunk_bytes, writer.files());
   std::uint64_t total = 0;
   for (const auto& c : chunks) total += c.bytes;
 
   std::mutex mutex;
   std::condition_variable changed;
-  std::deque<std::size_t> issued;            // chunks copied or in flight, in order
+  std::size_t issued = 0;                 // chunks [0, issued) are copied or in flight
   std::vector<bool> buffer_free(buffers, true);
-  bool all_issued = false;
+  bool stop = false;                      // the dump is over (done or failed): writers leave
   std::exception_ptr writer_error;
   std::uint64_t written = 0;
 
-  std::thread writer_thread([&] {
+  auto write_file = [&](std::uint32_t file) {
     try {
       VMMCKPT_CUDA_TRY(cuCtxSetCurrent(context));
-      for (;;) {
-        std::size_t c;
+      for (std::size_t c = file; c < chunks.size(); c += m.data_files) {
         {
           std::unique_lock lock(mutex);
-          changed.wait(lock, [&] { return !issued.empty() || all_issued; });
-          if (issued.empty()) return;
-          c = issued.front();
-          issued.pop_front();
+          changed.wait(lock, [&] { return issued > c || stop || writer_error; });
+          if (issued <= c) return;
         }
         const std::size_t b = c % buffers;
         VMMCKPT_CUDA_TRY(cuEventSynchronize(st.events[b]));
-        const auto* bytes = static_cast<const unsigned char*>(st.buffers[b]);
-        std::uint64_t offset = 0;
+        const unsigned char* bytes = st.buffers[b];
         for (const piece& pc : chunks[c].pieces) {
-          if (pc.first) writer.begin_extent(pc.addr, m.pools[pc.pool].extents[pc.extent].size);
-          writer.write(bytes + offset, pc.size);
-          offset += pc.size;
-          if (pc.last) m.pools[pc.pool].extents[pc.extent] = writer.end_extent();
+          writer.begin_extent(file, pc.addr, pc.size);
+          writer.write(file, bytes, pc.size);
+          m.pools[pc.pool].extents[pc.extent] = writer.end_extent(file);
+          bytes += pc.size;
         }
+        std::uint64_t done;
         {
           std::lock_guard lock(mutex);
           buffer_free[b] = true;
-          written += chunks[c].bytes;
+          done = written += chunks[c].bytes;
         }
         changed.notify_all();
-        if (progress) progress({written, total});
+        if (progress && file == 0) progress({done, total});
       }
     } catch (...) {
       std::lock_guard lock(mutex);
-      writer_error = std::current_exception();
+      if (!writer_error) writer_error = std::current_exception();
       changed.notify_all();
     }
-  });
+  };
+  std::vector<std::thread> writer_threads;
+  for (std::uint32_t f = 0; f < m.data_files; ++f) writer_threads.emplace_back(write_file, f);
   struct joiner {
-    std::thread& t;
+    std::vector<std::thread>& threads;
     std::mutex& mu;
     std::condition_variable& cv;
-    bool& done;
+    bool& stop;
     ~joiner() {
       {
         std::lock_guard lock(mu);
-        done = true;
+        stop = true;
       }
       cv.notify_all();
-      if (t.joinable()) t.join();
+      for (auto& t : threads)
+        if (t.joinable()) t.join();
     }
-  } join_writer{writer_thread, mutex, changed, all_issued};
+  } join_writers{writer_threads, mutex, changed, stop};
 
   const auto copy_start = clock::now();
   for (std::size_t c = 0; c < chunks.size(); ++c) {
@@ -315,13 +355,13 @@ dump_result dump(const dump_options& options, const std::function<void(const dum
     CUstream s = st.streams[c % st.streams.size()];
     std::uint64_t offset = 0;
     for (const piece& pc : chunks[c].pieces) {
-      VMMCKPT_CUDA_TRY(cuMemcpyDtoHAsync(static_cast<unsigned char*>(st.buffers[b]) + offset, pc.addr, pc.size, s));
+      VMMCKPT_CUDA_TRY(cuMemcpyDtoHAsync(st.buffers[b] + offset, pc.addr, pc.size, s));
       offset += pc.size;
     }
     VMMCKPT_CUDA_TRY(cuEventRecord(st.events[b], s));
     {
       std::lock_guard lock(mutex);
-      issued.push_back(c);
+      issued = c + 1;
     }
     changed.notify_all();
     fault_point("copying");
@@ -338,13 +378,9 @@ dump_result dump(const dump_options& options, const std::function<void(const dum
     std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(pause)));
   }
   auto finish_writing = [&] {
-    {
-      std::lock_guard lock(mutex);
-      all_issued = true;
-    }
-    changed.notify_all();
-    writer_thread.join();
+    for (auto& t : writer_threads) t.join();
     if (writer_error) std::rethrow_exception(writer_error);
+    if (progress) progress({total, total});
     m.data_bytes = total;
   };
   if (!options.suspend) {

@@ -18,12 +18,14 @@
 namespace vmmckpt::image::detail {
 
 inline constexpr std::string_view manifest_name = "manifest.json";
-inline constexpr std::string_view data_name = "data.bin";
+inline constexpr std::string_view data_name = "data.bin";  // data file 0; file k > 0 is "data.k.bin"
+std::string data_file_name(std::uint32_t file);
 
-// data.bin header: magic (12 bytes, NUL included), u32 version, u64 payload size, zeros to 64.
+// Data file header: magic (12 bytes, NUL included), u32 version, u64 payload size, u64 manifest
+// XXH3, then (version 2) u32 file index and u32 file count, zeros to 64.
 inline constexpr std::size_t data_header_size = 64;
 inline constexpr std::array<char, 12> data_magic = {'V', 'M', 'M', 'C', 'K', 'P', 'T', 'D', 'A', 'T', 'A', '\0'};
-inline constexpr std::uint32_t data_version = 1;
+inline constexpr std::uint32_t data_version = format_version;  // the data files' version follows the manifest's
 
 // A manifest larger than this is refused before parsing: it bounds the memory a hostile file can
 // make the reader spend (a million allocations take about 100 MB of JSON).
@@ -34,10 +36,13 @@ inline constexpr std::size_t max_json_depth = 16;
 using header_bytes = std::array<unsigned char, data_header_size>;
 // Bytes 24..31 hold the XXH3-64 of manifest.json as written, so that verify
 // catches a changed byte anywhere in the image, the manifest included.
-header_bytes encode_data_header(std::uint64_t payload_bytes, std::uint64_t manifest_checksum = 0);
+header_bytes encode_data_header(std::uint64_t payload_bytes, std::uint64_t manifest_checksum = 0,
+                                std::uint32_t file = 0, std::uint32_t files = 1);
 std::uint64_t header_manifest_checksum(const header_bytes& h);
-// Returns an empty string when the header is right, otherwise what is wrong with it.
-std::string check_data_header(const header_bytes& h, std::uint64_t expected_payload);
+// Returns an empty string when the header is right for file `file` of `files` of an image of
+// manifest format `format`, otherwise what is wrong with it.
+std::string check_data_header(const header_bytes& h, std::uint64_t expected_payload, std::uint32_t format = data_version,
+                              std::uint32_t file = 0, std::uint32_t files = 1);
 
 // Hashes on a helper thread while the caller does I/O: one thread cannot both copy into the page
 // cache and hash at full speed, two overlap them. Hashes one range at a time, in call order.

@@ -82,37 +82,58 @@ std::string extent_name(std::size_t pool, std::size_t index) {
   return "pools[" + std::to_string(pool) + "].extents[" + std::to_string(index) + "]";
 }
 
-header_bytes encode_data_header(std::uint64_t payload_bytes, std::uint64_t manifest_checksum) {
+std::string data_file_name(std::uint32_t file) {
+  return file == 0 ? std::string(data_name) : "data." + std::to_string(file) + ".bin";
+}
+
+namespace {
+void put_le(header_bytes& h, std::size_t at, std::uint64_t v, int bytes) {
+  // Little-endian whatever the host: the file must read the same on every machine.
+  for (int i = 0; i < bytes; ++i) h[at + i] = static_cast<unsigned char>(v >> (8 * i));
+}
+std::uint64_t get_le(const header_bytes& h, std::size_t at, int bytes) {
+  std::uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i) v |= static_cast<std::uint64_t>(h[at + i]) << (8 * i);
+  return v;
+}
+}  // namespace
+
+header_bytes encode_data_header(std::uint64_t payload_bytes, std::uint64_t manifest_checksum, std::uint32_t file,
+                                std::uint32_t files) {
   header_bytes h{};
   std::memcpy(h.data(), data_magic.data(), data_magic.size());
-  // Little-endian whatever the host: the file must read the same on every machine.
-  for (int i = 0; i < 4; ++i) h[12 + i] = static_cast<unsigned char>(data_version >> (8 * i));
-  for (int i = 0; i < 8; ++i) h[16 + i] = static_cast<unsigned char>(payload_bytes >> (8 * i));
-  for (int i = 0; i < 8; ++i) h[24 + i] = static_cast<unsigned char>(manifest_checksum >> (8 * i));
+  put_le(h, 12, data_version, 4);
+  put_le(h, 16, payload_bytes, 8);
+  put_le(h, 24, manifest_checksum, 8);
+  put_le(h, 32, file, 4);
+  put_le(h, 36, files, 4);
   return h;
 }
 
-std::uint64_t header_manifest_checksum(const header_bytes& h) {
-  std::uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= static_cast<std::uint64_t>(h[24 + i]) << (8 * i);
-  return v;
-}
+std::uint64_t header_manifest_checksum(const header_bytes& h) { return get_le(h, 24, 8); }
 
-std::string check_data_header(const header_bytes& h, std::uint64_t expected_payload) {
+std::string check_data_header(const header_bytes& h, std::uint64_t expected_payload, std::uint32_t format,
+                              std::uint32_t file, std::uint32_t files) {
   if (std::memcmp(h.data(), data_magic.data(), data_magic.size()) != 0)
     return "bad magic (not a vmmckpt data file)";
-  std::uint32_t version = 0;
-  for (int i = 0; i < 4; ++i) version |= static_cast<std::uint32_t>(h[12 + i]) << (8 * i);
+  const auto version = static_cast<std::uint32_t>(get_le(h, 12, 4));
   if (version > data_version)
     return "format " + std::to_string(version) + " is newer than this tool understands (" +
            std::to_string(data_version) + ")";
-  if (version != data_version) return "format " + std::to_string(version) + " is not a known format";
-  std::uint64_t payload = 0;
-  for (int i = 0; i < 8; ++i) payload |= static_cast<std::uint64_t>(h[16 + i]) << (8 * i);
+  if (version != format)
+    return "format " + std::to_string(version) + " does not match the manifest's format " + std::to_string(format);
+  const std::uint64_t payload = get_le(h, 16, 8);
   if (payload != expected_payload)
-    return "header gives a payload of " + std::to_string(payload) + " bytes but the manifest's data_bytes is " +
+    return "header gives a payload of " + std::to_string(payload) + " bytes but the manifest's extents in this file hold " +
            std::to_string(expected_payload);
-  for (std::size_t i = 32; i < h.size(); ++i)
+  std::size_t reserved_from = 32;
+  if (version >= 2) {
+    if (get_le(h, 32, 4) != file || get_le(h, 36, 4) != files)
+      return "header says it is data file " + std::to_string(get_le(h, 32, 4)) + " of " + std::to_string(get_le(h, 36, 4)) +
+             ", expected " + std::to_string(file) + " of " + std::to_string(files);
+    reserved_from = 40;
+  }
+  for (std::size_t i = reserved_from; i < h.size(); ++i)
     if (h[i] != 0) return "reserved header byte " + std::to_string(i) + " is not zero";
   return {};
 }
@@ -159,6 +180,12 @@ std::uint64_t u64_at(const json& v, const std::string& path) {
   if (v.is_number_unsigned()) return v.get<std::uint64_t>();
   if (v.is_number_integer() && v.get<std::int64_t>() >= 0) return static_cast<std::uint64_t>(v.get<std::int64_t>());
   fail(path + ": expected a non-negative integer below 2^64");
+}
+
+std::uint32_t u32_at(const json& v, const std::string& path) {
+  const std::uint64_t x = u64_at(v, path);
+  if (x > UINT32_MAX) fail(path + ": expected an integer below 2^32");
+  return static_cast<std::uint32_t>(x);
 }
 
 std::int64_t i64_at(const json& v, const std::string& path) {
@@ -260,12 +287,13 @@ manifest decode(const json& root) {
   if (format.is_number_unsigned() && format.get<std::uint64_t>() > format_version)
     fail("format " + std::to_string(format.get<std::uint64_t>()) + " is newer than this tool understands (" +
          std::to_string(format_version) + ")");
-  if (format.get<std::int64_t>() != format_version)
-    fail("format " + std::to_string(format.get<std::int64_t>()) + " is not a known format (this tool understands " +
+  if (format.get<std::int64_t>() != 1 && format.get<std::int64_t>() != format_version)
+    fail("format " + std::to_string(format.get<std::int64_t>()) + " is not a known format (this tool understands 1 to " +
          std::to_string(format_version) + ")");
 
   manifest m;
-  m.format = format_version;
+  m.format = static_cast<std::uint32_t>(format.get<std::int64_t>());
+  const bool multi_file = m.format >= 2;  // format 1: one data file, extents without `file`
   m.tool_version = string_at(field(root, "", "tool_version"), "tool_version");
   m.created = string_at(field(root, "", "created"), "created");
   m.host = string_at(field(root, "", "host"), "host");
@@ -320,6 +348,7 @@ manifest decode(const json& root) {
       extent ex;
       ex.addr = addr_at(field(e, q, "addr"), join(q, "addr"));
       ex.size = u64_at(field(e, q, "size"), join(q, "size"));
+      if (multi_file) ex.file = u32_at(field(e, q, "file"), join(q, "file"));
       ex.offset = u64_at(field(e, q, "offset"), join(q, "offset"));
       ex.checksum = checksum_at(field(e, q, "checksum"), join(q, "checksum"));
       pl.extents.push_back(ex);
@@ -327,6 +356,7 @@ manifest decode(const json& root) {
     m.pools.push_back(std::move(pl));
   }
   m.data_bytes = u64_at(field(root, "", "data_bytes"), "data_bytes");
+  if (multi_file) m.data_files = u32_at(field(root, "", "data_files"), "data_files");
   m.hold_us = u64_at(field(root, "", "hold_us"), "hold_us");
   return m;
 }
@@ -381,6 +411,7 @@ std::string to_json(const manifest& m, int indent) {
       ojson ej;
       ej["addr"] = hex(e.addr);
       ej["size"] = e.size;
+      if (m.format >= 2) ej["file"] = e.file;
       ej["offset"] = e.offset;
       ej["checksum"] = checksum_text(e.checksum);
       pj["extents"].push_back(std::move(ej));
@@ -388,6 +419,7 @@ std::string to_json(const manifest& m, int indent) {
     j["pools"].push_back(std::move(pj));
   }
   j["data_bytes"] = m.data_bytes;
+  if (m.format >= 2) j["data_files"] = m.data_files;
   j["hold_us"] = m.hold_us;
   // A command line or host name need not be UTF-8: replace bad bytes rather than fail the dump.
   return j.dump(indent, ' ', false, ojson::error_handler_t::replace);
@@ -399,7 +431,10 @@ void validate(const manifest& m) {
   if (m.format > format_version)
     fail("format " + std::to_string(m.format) + " is newer than this tool understands (" +
          std::to_string(format_version) + ")");
-  if (m.format != format_version) fail("format " + std::to_string(m.format) + " is not a known format");
+  if (m.format != 1 && m.format != format_version) fail("format " + std::to_string(m.format) + " is not a known format");
+  if (m.data_files == 0 || m.data_files > max_data_files)
+    fail("data_files is " + std::to_string(m.data_files) + ", expected 1 to " + std::to_string(max_data_files));
+  if (m.format == 1 && m.data_files != 1) fail("data_files is " + std::to_string(m.data_files) + " in a format 1 image");
   if (m.pid <= 0 || m.pid > INT_MAX) fail("pid " + std::to_string(m.pid) + " is not a valid process id");
 
   // Ordinals are bounded, so the device and pool lists are too, and the pairwise checks stay cheap.
@@ -417,7 +452,9 @@ void validate(const manifest& m) {
   }
 
   std::vector<int> pool_of_device(max_devices, -1);
-  std::uint64_t offset = 0;
+  // Each data file holds its extents back to back, in manifest order.
+  std::vector<std::uint64_t> file_end(m.data_files, 0);
+  std::uint64_t total = 0;
   for (std::size_t i = 0; i < m.pools.size(); ++i) {
     const pool& pl = m.pools[i];
     const std::string p = "pools[" + std::to_string(i) + "]";
@@ -479,15 +516,21 @@ void validate(const manifest& m) {
       if (!inside(e.addr, e.size, a.addr, a.addr + a.size))
         fail(q + " (" + range_text(e.addr, e.size) + ") is not inside one allocation (allocations[" +
              std::to_string(alloc) + "] is " + range_text(a.addr, a.size) + ")");
+      if (e.file >= m.data_files)
+        fail(q + ".file is " + std::to_string(e.file) + " but the image has " + std::to_string(m.data_files) + " data files");
+      std::uint64_t& offset = file_end[e.file];
       if (e.offset != offset)
         fail(q + ".offset is " + std::to_string(e.offset) + ", expected " + std::to_string(offset) +
-             " (extents are stored back to back, in manifest order)");
-      if (e.size > std::numeric_limits<std::uint64_t>::max() - offset) fail(q + ": data offsets overflow");
+             " (each data file holds its extents back to back, in manifest order)");
+      if (e.size > std::numeric_limits<std::uint64_t>::max() - detail::data_header_size - offset)
+        fail(q + ": data offsets overflow");
       offset += e.size;
+      if (e.size > std::numeric_limits<std::uint64_t>::max() - total) fail(q + ": data_bytes overflows");
+      total += e.size;
     }
   }
-  if (m.data_bytes != offset)
-    fail("data_bytes is " + std::to_string(m.data_bytes) + " but the extents hold " + std::to_string(offset) + " bytes");
+  if (m.data_bytes != total)
+    fail("data_bytes is " + std::to_string(m.data_bytes) + " but the extents hold " + std::to_string(total) + " bytes");
   if (m.data_bytes > std::numeric_limits<std::uint64_t>::max() - detail::data_header_size)
     fail("data_bytes " + std::to_string(m.data_bytes) + " is too large");
 }

@@ -4,6 +4,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <exception>
+#include <mutex>
+#include <thread>
 #include <cerrno>
 #include <cstring>
 #include <memory>
@@ -79,30 +83,40 @@ std::string checksum_text(std::uint64_t v) {
 
 struct reader::impl {
   std::filesystem::path dir;
-  std::string data_path;
   manifest info;
-  int data_fd = -1;
-  std::uint64_t manifest_checksum = 0;           // of manifest.json as read
-  std::uint64_t recorded_manifest_checksum = 0;  // as data.bin's header records it
+  std::vector<int> data_fds;             // one per data file
+  std::vector<std::string> data_paths;
+  std::uint64_t manifest_checksum = 0;   // of manifest.json as read
+  std::vector<std::uint64_t> recorded_manifest_checksums;  // as each data file's header records it
   struct located {
+    std::uint32_t file;
     std::uint64_t offset;
     std::size_t pool, index;
+    bool operator<(const located& o) const { return file != o.file ? file < o.file : offset < o.offset; }
   };
-  std::vector<located> by_offset;  // every extent in manifest order, so sorted by offset
+  std::vector<located> by_place;  // every extent, sorted by (file, offset)
 
   ~impl() {
-    if (data_fd >= 0) ::close(data_fd);
+    for (int fd : data_fds)
+      if (fd >= 0) ::close(fd);
   }
 
   const located& locate(const extent& e) const {
-    auto it = std::lower_bound(by_offset.begin(), by_offset.end(), e.offset,
-                               [](const located& l, std::uint64_t off) { return l.offset < off; });
-    if (it != by_offset.end() && it->offset == e.offset) {
+    const located key{e.file, e.offset, 0, 0};
+    auto it = std::lower_bound(by_place.begin(), by_place.end(), key);
+    if (it != by_place.end() && it->file == e.file && it->offset == e.offset) {
       const extent& mine = info.pools[it->pool].extents[it->index];
       if (mine.addr == e.addr && mine.size == e.size && mine.checksum == e.checksum) return *it;
     }
-    fail(dir.string() + ": the extent at " + hex(e.addr) + " (data offset " + std::to_string(e.offset) +
-         ") is not an extent of this image");
+    fail(dir.string() + ": the extent at " + hex(e.addr) + " (data file " + std::to_string(e.file) + ", offset " +
+         std::to_string(e.offset) + ") is not an extent of this image");
+  }
+
+  void check(const located& l, std::uint64_t got) const {
+    const extent& e = info.pools[l.pool].extents[l.index];
+    if (got != e.checksum)
+      fail(data_paths[e.file] + ": " + detail::extent_name(l.pool, l.index) + " at " + hex(e.addr) +
+           ": checksum mismatch (manifest " + checksum_text(e.checksum) + ", data " + checksum_text(got) + ")");
   }
 
   // Reads an extent piece by piece and checks its checksum. With `advance` the pieces fill
@@ -127,7 +141,7 @@ struct reader::impl {
         unsigned char* p = advance ? dst + at : dst + (k % 2) * read_piece;
         // When pieces alternate, start() below has already waited for the hash of the piece
         // that last used this half.
-        pread_all(data_fd, p, n, detail::data_header_size + e.offset + at, data_path);
+        pread_all(data_fds[e.file], p, n, detail::data_header_size + e.offset + at, data_paths[e.file]);
         if (hasher != nullptr)
           hasher->start(&state, p, n);
         else
@@ -135,10 +149,7 @@ struct reader::impl {
         at += n;
       }
     }
-    const std::uint64_t got = XXH3_64bits_digest(&state);
-    if (got != e.checksum)
-      fail(data_path + ": " + detail::extent_name(l.pool, l.index) + " at " + hex(e.addr) + ": checksum mismatch (manifest " +
-           checksum_text(e.checksum) + ", data " + checksum_text(got) + ")");
+    check(l, XXH3_64bits_digest(&state));
   }
 };
 
@@ -146,7 +157,6 @@ reader reader::open(const std::filesystem::path& dir) {
   auto r = std::make_unique<impl>();
   r->dir = dir;
   const std::string manifest_path = (dir / detail::manifest_name).string();
-  r->data_path = (dir / detail::data_name).string();
 
   // A writer renames its temporary directory into place only once everything is on disk; a
   // ".partial-" directory is what an interrupted dump leaves, even when its files look complete.
@@ -173,29 +183,42 @@ reader reader::open(const std::filesystem::path& dir) {
   } catch (const image_error& e) {
     fail(manifest_path + ": " + e.what());
   }
-  const std::uint64_t data_bytes = r->info.data_bytes;
 
-  // The data file: header first, then its exact size.
-  r->data_fd = open_member(dir_fd.fd, detail::data_name, r->data_path, st);
-  const auto file_size = static_cast<std::uint64_t>(st.st_size);
-  if (file_size < detail::data_header_size)
-    fail(r->data_path + ": truncated: " + std::to_string(file_size) + " bytes, shorter than its " +
-         std::to_string(detail::data_header_size) + "-byte header");
-  detail::header_bytes header;
-  pread_all(r->data_fd, header.data(), header.size(), 0, r->data_path);
-  if (std::string why = detail::check_data_header(header, data_bytes); !why.empty()) fail(r->data_path + ": " + why);
-  r->recorded_manifest_checksum = detail::header_manifest_checksum(header);
-  const std::uint64_t expected = detail::data_header_size + data_bytes;  // validate() keeps this from overflowing
-  if (file_size < expected)
-    fail(r->data_path + ": truncated: " + std::to_string(file_size) + " bytes, expected " + std::to_string(expected) +
-         " (64-byte header + data_bytes)");
-  if (file_size > expected)
-    fail(r->data_path + ": " + std::to_string(file_size) + " bytes, expected " + std::to_string(expected) +
-         " (64-byte header + data_bytes): unexpected bytes after the payload");
+  // Each data file: header first, then its exact size.
+  std::vector<std::uint64_t> payloads(r->info.data_files, 0);
+  for (const pool& p : r->info.pools)
+    for (const extent& e : p.extents) payloads[e.file] += e.size;  // validate() keeps these from overflowing
+  for (std::uint32_t k = 0; k < r->info.data_files; ++k) {
+    const std::string file_name = detail::data_file_name(k);
+    r->data_paths.push_back((dir / file_name).string());
+    const std::string& path = r->data_paths.back();
+    r->data_fds.push_back(open_member(dir_fd.fd, file_name, path, st));
+    const int fd = r->data_fds.back();
+    const auto file_size = static_cast<std::uint64_t>(st.st_size);
+    if (file_size < detail::data_header_size)
+      fail(path + ": truncated: " + std::to_string(file_size) + " bytes, shorter than its " +
+           std::to_string(detail::data_header_size) + "-byte header");
+    detail::header_bytes header;
+    pread_all(fd, header.data(), header.size(), 0, path);
+    if (std::string why = detail::check_data_header(header, payloads[k], r->info.format, k, r->info.data_files);
+        !why.empty())
+      fail(path + ": " + why);
+    r->recorded_manifest_checksums.push_back(detail::header_manifest_checksum(header));
+    const std::uint64_t expected = detail::data_header_size + payloads[k];
+    if (file_size < expected)
+      fail(path + ": truncated: " + std::to_string(file_size) + " bytes, expected " + std::to_string(expected) +
+           " (64-byte header + its extents)");
+    if (file_size > expected)
+      fail(path + ": " + std::to_string(file_size) + " bytes, expected " + std::to_string(expected) +
+           " (64-byte header + its extents): unexpected bytes after the payload");
+  }
 
   for (std::size_t p = 0; p < r->info.pools.size(); ++p)
-    for (std::size_t k = 0; k < r->info.pools[p].extents.size(); ++k)
-      r->by_offset.push_back({r->info.pools[p].extents[k].offset, p, k});
+    for (std::size_t k = 0; k < r->info.pools[p].extents.size(); ++k) {
+      const extent& e = r->info.pools[p].extents[k];
+      r->by_place.push_back({e.file, e.offset, p, k});
+    }
+  std::sort(r->by_place.begin(), r->by_place.end());
   return reader(std::move(r));
 }
 
@@ -213,19 +236,64 @@ void reader::read_part(const extent& e, std::uint64_t offset, std::uint64_t size
   const auto& l = impl_->locate(e);
   const extent& known = impl_->info.pools[l.pool].extents[l.index];
   if (offset > known.size || size > known.size - offset)
-    fail(impl_->data_path + ": read past the end of the extent at " + hex(known.addr));
-  pread_all(impl_->data_fd, dst, size, detail::data_header_size + known.offset + offset, impl_->data_path);
+    fail(impl_->data_paths[known.file] + ": read past the end of the extent at " + hex(known.addr));
+  pread_all(impl_->data_fds[known.file], dst, size, detail::data_header_size + known.offset + offset,
+            impl_->data_paths[known.file]);
 }
 
-void reader::verify_data() const {
-  if (impl_->manifest_checksum != impl_->recorded_manifest_checksum)
-    fail((impl_->dir / std::string(detail::manifest_name)).string() + ": checksum mismatch (data.bin's header records " +
-         hex(impl_->recorded_manifest_checksum) + ", the manifest hashes to " + hex(impl_->manifest_checksum) +
-         "): the manifest was changed after the image was written");
-  ::posix_fadvise(impl_->data_fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-  auto buffer = std::make_unique_for_overwrite<unsigned char[]>(2 * read_piece);
-  detail::background_hasher hasher;
-  for (const auto& l : impl_->by_offset) impl_->read_checked(l, buffer.get(), false, &hasher);
+void reader::check_extent(const extent& e, std::uint64_t computed) const { impl_->check(impl_->locate(e), computed); }
+
+void reader::verify_manifest() const {
+  for (std::size_t k = 0; k < impl_->recorded_manifest_checksums.size(); ++k)
+    if (impl_->manifest_checksum != impl_->recorded_manifest_checksums[k])
+      fail((impl_->dir / std::string(detail::manifest_name)).string() + ": checksum mismatch (" +
+           detail::data_file_name(static_cast<std::uint32_t>(k)) + "'s header records " +
+           hex(impl_->recorded_manifest_checksums[k]) + ", the manifest hashes to " + hex(impl_->manifest_checksum) +
+           "): the manifest was changed after the image was written");
 }
+
+void reader::verify_data(unsigned threads) const {
+  verify_manifest();
+  const std::uint32_t files = impl_->info.data_files;
+  if (threads == 0) threads = std::max(1u, std::min<unsigned>(files, std::thread::hardware_concurrency()));
+  threads = std::min<unsigned>(threads, files);
+  for (int fd : impl_->data_fds) ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  // Files are taken one at a time by the next free thread; the first error is reported.
+  std::atomic<std::uint32_t> next{0};
+  std::mutex mu;
+  std::exception_ptr error;
+  auto work = [&] {
+    try {
+      auto buffer = std::make_unique_for_overwrite<unsigned char[]>(2 * read_piece);
+      detail::background_hasher hasher;
+      for (std::uint32_t f; (f = next++) < files;) {
+        {
+          std::lock_guard lock(mu);
+          if (error) return;
+        }
+        const impl::located key{f, 0, 0, 0};
+        for (auto it = std::lower_bound(impl_->by_place.begin(), impl_->by_place.end(), key);
+             it != impl_->by_place.end() && it->file == f; ++it)
+          impl_->read_checked(*it, buffer.get(), false, &hasher);
+      }
+    } catch (...) {
+      std::lock_guard lock(mu);
+      if (!error) error = std::current_exception();
+    }
+  };
+  std::vector<std::thread> pool;
+  for (unsigned t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+  if (error) std::rethrow_exception(error);
+}
+
+struct streaming_checksum::state {
+  XXH3_state_t s;
+};
+streaming_checksum::streaming_checksum() : state_(std::make_unique<state>()) { XXH3_64bits_reset(&state_->s); }
+streaming_checksum::~streaming_checksum() = default;
+void streaming_checksum::update(const void* data, std::size_t size) { XXH3_64bits_update(&state_->s, data, size); }
+std::uint64_t streaming_checksum::value() const { return XXH3_64bits_digest(&state_->s); }
 
 }  // namespace vmmckpt::image

@@ -1,9 +1,11 @@
-// Writes an image under a temporary name: buffered sequential data, per-extent XXH3, fsync, atomic rename.
+// Writes an image under a temporary name: one or more data files appended in parallel, per-extent XXH3, fsync, atomic rename.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -85,27 +87,62 @@ void close_or_fail(int& fd, const std::string& what) {
 
 }  // namespace
 
-struct writer::impl {
-  std::filesystem::path final_dir, temp_dir;
-  std::string final_name, temp_name;
-  int parent_fd = -1, dir_fd = -1, data_fd = -1;
-  bool dir_created = false, committed = false, failed = false;
-
-  std::unique_ptr<unsigned char[]> buffer;
+// One data file: its descriptor, the bytes gathered for the next write, and its extents.
+struct data_file {
+  int fd = -1;
+  std::string path;
+  std::unique_ptr<unsigned char[]> buffer;  // allocated by the first small write
   std::size_t buffered = 0;
   std::uint64_t payload = 0;  // bytes of extents accepted so far (written or buffered)
-
   bool in_extent = false;
   extent current;
   std::uint64_t current_written = 0;
   XXH3_state_t hash;
-  std::unique_ptr<detail::background_hasher> hasher;  // started by the first big chunk
   std::vector<extent> written;
 
-  std::string data_path() const { return (temp_dir / detail::data_name).string(); }
+  void flush() {
+    if (buffered == 0) return;
+    iovec iov{buffer.get(), buffered};
+    write_all(fd, &iov, 1, path);
+    buffered = 0;
+  }
+
+  // Hashes and stores bytes of the current extent: big pieces straight from the caller's memory,
+  // small ones gathered so that each write() moves a useful amount.
+  void append(const unsigned char* p, std::size_t size) {
+    XXH3_64bits_update(&hash, p, size);
+    if (size >= buffer_capacity) {
+      iovec iov[2] = {{buffer.get(), buffered}, {const_cast<unsigned char*>(p), size}};
+      write_all(fd, buffered != 0 ? iov : iov + 1, buffered != 0 ? 2 : 1, path);
+      buffered = 0;
+      return;
+    }
+    if (!buffer) buffer = std::make_unique_for_overwrite<unsigned char[]>(buffer_capacity);
+    while (size > 0) {
+      const std::size_t n = std::min(size, buffer_capacity - buffered);
+      std::memcpy(buffer.get() + buffered, p, n);
+      buffered += n;
+      p += n;
+      size -= n;
+      if (buffered == buffer_capacity) flush();
+    }
+  }
+};
+
+struct writer::impl {
+  std::filesystem::path final_dir, temp_dir;
+  std::string final_name, temp_name;
+  int parent_fd = -1, dir_fd = -1;
+  bool dir_created = false, committed = false;
+  std::atomic<bool> failed{false};
+  std::vector<std::unique_ptr<data_file>> files;
+
   std::string manifest_path() const { return (temp_dir / detail::manifest_name).string(); }
 
-  void create(const std::filesystem::path& final_path) {
+  void create(const std::filesystem::path& final_path, std::uint32_t file_count) {
+    if (file_count == 0 || file_count > max_data_files)
+      fail(final_path.string() + ": " + std::to_string(file_count) + " data files asked for, expected 1 to " +
+           std::to_string(max_data_files));
     std::filesystem::path f = final_path;
     if (!f.has_filename()) f = f.parent_path();  // "dir/img/" names "dir/img"
     final_dir = f;
@@ -136,49 +173,20 @@ struct writer::impl {
     if (dir_fd < 0) fail(temp_dir.string() + ": cannot open: " + errno_text(errno));
     // mkdir's mode is filtered by the umask; images hold program memory, so make it exact.
     if (::fchmod(dir_fd, 0700) != 0) fail(temp_dir.string() + ": chmod failed: " + errno_text(errno));
-    data_fd = ::openat(dir_fd, detail::data_name.data(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (data_fd < 0) fail(data_path() + ": cannot create: " + errno_text(errno));
-    if (::fchmod(data_fd, 0600) != 0) fail(data_path() + ": chmod failed: " + errno_text(errno));
-
-    buffer = std::make_unique_for_overwrite<unsigned char[]>(buffer_capacity);
-    // The real payload size is patched in by commit(); until then the header says 0.
-    const auto header = detail::encode_data_header(0);
-    std::memcpy(buffer.get(), header.data(), header.size());
-    buffered = header.size();
-  }
-
-  void flush() {
-    if (buffered == 0) return;
-    iovec iov{buffer.get(), buffered};
-    write_all(data_fd, &iov, 1, data_path());
-    buffered = 0;
-  }
-
-  // Hashes and stores bytes of the current extent.
-  void append(const unsigned char* p, std::size_t size) {
-    if (size >= buffer_capacity) {
-      // Big chunks go straight from the caller's memory (with what is buffered), hashed meanwhile.
-      if (!hasher) hasher = std::make_unique<detail::background_hasher>();
-      detail::hash_waiter done{*hasher};
-      hasher->start(&hash, p, size);
-      iovec iov[2] = {{buffer.get(), buffered}, {const_cast<unsigned char*>(p), size}};
-      write_all(data_fd, buffered != 0 ? iov : iov + 1, buffered != 0 ? 2 : 1, data_path());
-      buffered = 0;
-      return;
+    for (std::uint32_t k = 0; k < file_count; ++k) {
+      auto df = std::make_unique<data_file>();
+      const std::string name = detail::data_file_name(k);
+      df->path = (temp_dir / name).string();
+      df->fd = ::openat(dir_fd, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+      if (df->fd < 0) fail(df->path + ": cannot create: " + errno_text(errno));
+      files.push_back(std::move(df));
+      data_file& d = *files.back();
+      if (::fchmod(d.fd, 0600) != 0) fail(d.path + ": chmod failed: " + errno_text(errno));
+      // The real payload size is patched in by commit(); until then the header says 0.
+      auto header = detail::encode_data_header(0, 0, k, file_count);
+      iovec iov{header.data(), header.size()};
+      write_all(d.fd, &iov, 1, d.path);
     }
-    XXH3_64bits_update(&hash, p, size);
-    if (buffered + size <= buffer_capacity) {
-      std::memcpy(buffer.get() + buffered, p, size);
-      buffered += size;
-      if (buffered == buffer_capacity) flush();
-      return;
-    }
-    const std::size_t head = buffer_capacity - buffered;
-    std::memcpy(buffer.get() + buffered, p, head);
-    buffered = buffer_capacity;
-    flush();
-    std::memcpy(buffer.get(), p + head, size - head);
-    buffered = size - head;
   }
 
   void usable(const char* op) const {
@@ -186,38 +194,61 @@ struct writer::impl {
     if (failed) fail(std::string(op) + ": the writer is unusable after an earlier error");
   }
 
+  data_file& file(const char* op, std::uint32_t k) {
+    usable(op);
+    if (k >= files.size())
+      fail(std::string(op) + ": data file " + std::to_string(k) + " of " + std::to_string(files.size()) + " does not exist");
+    return *files[k];
+  }
+
   // Refusals here leave the writer usable: the caller may commit again with a corrected manifest.
   void check(const manifest& m) const {
     usable("commit");
-    if (in_extent) fail("commit: the extent at " + hex(current.addr) + " was not ended");
+    for (const auto& f : files)
+      if (f->in_extent) fail("commit: the extent at " + hex(f->current.addr) + " was not ended");
     try {
       validate(m);
     } catch (const image_error& e) {
       fail("commit refused, the manifest is invalid: " + std::string(e.what()));
     }
-    std::size_t n = 0;
+    if (m.format != format_version)
+      fail("commit refused: the manifest says format " + std::to_string(m.format) + ", the writer writes " +
+           std::to_string(format_version));
+    if (m.data_files != files.size())
+      fail("commit refused: the manifest says " + std::to_string(m.data_files) + " data files, the writer has " +
+           std::to_string(files.size()));
+    std::vector<std::size_t> seen(files.size(), 0);
     for (std::size_t p = 0; p < m.pools.size(); ++p)
-      for (std::size_t k = 0; k < m.pools[p].extents.size(); ++k, ++n) {
+      for (std::size_t k = 0; k < m.pools[p].extents.size(); ++k) {
         const extent& e = m.pools[p].extents[k];
+        const auto& written = files[e.file]->written;  // validate() checked e.file
+        const std::size_t n = seen[e.file]++;
         if (n >= written.size())
-          fail("commit refused: the manifest lists more extents than the " + std::to_string(written.size()) + " written");
+          fail("commit refused: the manifest lists more extents in data file " + std::to_string(e.file) + " than the " +
+               std::to_string(written.size()) + " written");
         const extent& w = written[n];
         if (e.addr != w.addr || e.size != w.size || e.offset != w.offset || e.checksum != w.checksum)
           fail("commit refused: " + detail::extent_name(p, k) + " (" + hex(e.addr) + "+" + std::to_string(e.size) +
-               ") is not extent " + std::to_string(n) + " as written (" + hex(w.addr) + "+" + std::to_string(w.size) + ")");
+               ") is not extent " + std::to_string(n) + " of data file " + std::to_string(e.file) + " as written (" +
+               hex(w.addr) + "+" + std::to_string(w.size) + ")");
       }
-    if (n != written.size())
-      fail("commit refused: the manifest lists " + std::to_string(n) + " extents, " + std::to_string(written.size()) +
-           " were written");
+    for (std::size_t f = 0; f < files.size(); ++f)
+      if (seen[f] != files[f]->written.size())
+        fail("commit refused: the manifest lists " + std::to_string(seen[f]) + " extents in data file " +
+             std::to_string(f) + ", " + std::to_string(files[f]->written.size()) + " were written");
   }
 
   void write_out(const manifest& m) {
-    flush();
     const std::string text = to_json(m) + "\n";
-    const auto header = detail::encode_data_header(payload, XXH3_64bits(text.data(), text.size()));
-    pwrite_all(data_fd, header.data(), header.size(), 0, data_path());
-    fsync_or_fail(data_fd, data_path());
-    close_or_fail(data_fd, data_path());
+    const std::uint64_t manifest_checksum = XXH3_64bits(text.data(), text.size());
+    for (std::uint32_t k = 0; k < files.size(); ++k) {
+      data_file& d = *files[k];
+      d.flush();
+      const auto header = detail::encode_data_header(d.payload, manifest_checksum, k, static_cast<std::uint32_t>(files.size()));
+      pwrite_all(d.fd, header.data(), header.size(), 0, d.path);
+      fsync_or_fail(d.fd, d.path);
+      close_or_fail(d.fd, d.path);
+    }
 
     int mfd = ::openat(dir_fd, detail::manifest_name.data(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (mfd < 0) fail(manifest_path() + ": cannot create: " + errno_text(errno));
@@ -260,10 +291,11 @@ struct writer::impl {
   }
 
   ~impl() {
-    if (data_fd >= 0) ::close(data_fd);
+    for (const auto& f : files)
+      if (f->fd >= 0) ::close(f->fd);
     if (!committed && dir_created) {
       if (dir_fd >= 0) {
-        ::unlinkat(dir_fd, detail::data_name.data(), 0);
+        for (std::uint32_t k = 0; k < files.size(); ++k) ::unlinkat(dir_fd, detail::data_file_name(k).c_str(), 0);
         ::unlinkat(dir_fd, detail::manifest_name.data(), 0);
       }
       ::unlinkat(parent_fd, temp_name.c_str(), AT_REMOVEDIR);
@@ -273,59 +305,61 @@ struct writer::impl {
   }
 };
 
-writer::writer(const std::filesystem::path& final_dir) : impl_(std::make_unique<impl>()) {
+writer::writer(const std::filesystem::path& final_dir, std::uint32_t files) : impl_(std::make_unique<impl>()) {
   // On failure impl_'s destructor removes whatever create() made.
-  impl_->create(final_dir);
+  impl_->create(final_dir, files);
 }
 
 writer::~writer() = default;
 
-void writer::begin_extent(std::uint64_t addr, std::uint64_t size) {
+std::uint32_t writer::files() const { return static_cast<std::uint32_t>(impl_->files.size()); }
+
+void writer::begin_extent(std::uint32_t file, std::uint64_t addr, std::uint64_t size) {
   impl& w = *impl_;
-  w.usable("begin_extent");
+  data_file& f = w.file("begin_extent", file);
   try {
-    if (w.in_extent) fail("begin_extent: the extent at " + hex(w.current.addr) + " is still open");
+    if (f.in_extent) fail("begin_extent: the extent at " + hex(f.current.addr) + " is still open");
     if (size == 0) fail("begin_extent: the extent at " + hex(addr) + " is empty");
-    w.current = extent{addr, size, w.payload, 0};
-    w.current_written = 0;
-    XXH3_64bits_reset(&w.hash);
-    w.in_extent = true;
+    f.current = extent{addr, size, file, f.payload, 0};
+    f.current_written = 0;
+    XXH3_64bits_reset(&f.hash);
+    f.in_extent = true;
   } catch (...) {
     w.failed = true;
     throw;
   }
 }
 
-void writer::write(const void* data, std::size_t size) {
+void writer::write(std::uint32_t file, const void* data, std::size_t size) {
   impl& w = *impl_;
-  w.usable("write");
+  data_file& f = w.file("write", file);
   try {
-    if (!w.in_extent) fail("write: no extent was begun");
-    if (size > w.current.size - w.current_written)
-      fail("write: " + std::to_string(size) + " bytes overflow the extent at " + hex(w.current.addr) + " (" +
-           std::to_string(w.current.size - w.current_written) + " bytes left)");
+    if (!f.in_extent) fail("write: no extent was begun");
+    if (size > f.current.size - f.current_written)
+      fail("write: " + std::to_string(size) + " bytes overflow the extent at " + hex(f.current.addr) + " (" +
+           std::to_string(f.current.size - f.current_written) + " bytes left)");
     if (size == 0) return;
-    w.append(static_cast<const unsigned char*>(data), size);
-    w.current_written += size;
-    w.payload += size;
+    f.append(static_cast<const unsigned char*>(data), size);
+    f.current_written += size;
+    f.payload += size;
   } catch (...) {
     w.failed = true;
     throw;
   }
 }
 
-extent writer::end_extent() {
+extent writer::end_extent(std::uint32_t file) {
   impl& w = *impl_;
-  w.usable("end_extent");
+  data_file& f = w.file("end_extent", file);
   try {
-    if (!w.in_extent) fail("end_extent: no extent was begun");
-    if (w.current_written != w.current.size)
-      fail("end_extent: the extent at " + hex(w.current.addr) + " got " + std::to_string(w.current_written) + " of its " +
-           std::to_string(w.current.size) + " bytes");
-    w.current.checksum = XXH3_64bits_digest(&w.hash);
-    w.in_extent = false;
-    w.written.push_back(w.current);
-    return w.current;
+    if (!f.in_extent) fail("end_extent: no extent was begun");
+    if (f.current_written != f.current.size)
+      fail("end_extent: the extent at " + hex(f.current.addr) + " got " + std::to_string(f.current_written) + " of its " +
+           std::to_string(f.current.size) + " bytes");
+    f.current.checksum = XXH3_64bits_digest(&f.hash);
+    f.in_extent = false;
+    f.written.push_back(f.current);
+    return f.current;
   } catch (...) {
     w.failed = true;
     throw;

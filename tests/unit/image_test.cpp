@@ -255,7 +255,7 @@ TEST_CASE("image: JSON round trip and byte-identical re-encoding", "[image]") {
   const std::string file = read_file(s / "img" / "manifest.json");
   CHECK(img::to_json(img::from_json(file)) + "\n" == file);
   // Field order and representation are part of the format.
-  CHECK(file.rfind("{\n  \"magic\": \"vmmckpt-image\",\n  \"format\": 1,\n", 0) == 0);
+  CHECK(file.rfind("{\n  \"magic\": \"vmmckpt-image\",\n  \"format\": 2,\n", 0) == 0);
   CHECK_THAT(file, Contains("\"base\": \"0x200000000000\""));
   const auto j = nlohmann::json::parse(file);
   CHECK(j["pools"][0]["extents"][1]["checksum"].get<std::string>().size() == 16);
@@ -428,8 +428,8 @@ TEST_CASE("image: reader refuses a manifest that is not an object", "[image][val
 
 REFUSES_JSON("a missing magic", "manifest.json: missing field 'magic'", j.erase("magic"))
 REFUSES_JSON("a wrong magic", "manifest.json: magic is \"criu\"", j["magic"] = "criu")
-REFUSES_JSON("a newer format", "manifest.json: format 2 is newer than this tool understands (1)",
-             j["format"] = 2; j["pools"] = "whatever a future format holds")
+REFUSES_JSON("a newer format", "manifest.json: format 3 is newer than this tool understands (2)",
+             j["format"] = 3; j["pools"] = "whatever a future format holds")
 REFUSES_JSON("an unknown older format", "manifest.json: format 0 is not a known format", j["format"] = 0)
 REFUSES_JSON("a format that is not a number", "manifest.json: format: expected an integer", j["format"] = "1")
 REFUSES_JSON("a missing top-level field", "manifest.json: missing field 'pools'", j.erase("pools"))
@@ -521,10 +521,14 @@ TEST_CASE("image: reader refuses a damaged data header", "[image][data]") {
   };
   patch(fresh(), 0, "X");
   CHECK_THAT(open_error(s / "img"), Contains("data.bin: bad magic"));
-  patch(fresh(), 12, std::string("\x02\0\0\0", 4));
-  CHECK_THAT(open_error(s / "img"), Contains("data.bin: format 2 is newer than this tool understands (1)"));
+  patch(fresh(), 12, std::string("\x03\0\0\0", 4));
+  CHECK_THAT(open_error(s / "img"), Contains("data.bin: format 3 is newer than this tool understands (2)"));
+  patch(fresh(), 12, std::string("\x01\0\0\0", 4));
+  CHECK_THAT(open_error(s / "img"), Contains("data.bin: format 1 does not match the manifest's format 2"));
   patch(fresh(), 16, std::string("\x01\0\0\0", 4));
-  CHECK_THAT(open_error(s / "img"), Contains("data.bin: header gives a payload of 1 bytes but the manifest's data_bytes is 7956"));
+  CHECK_THAT(open_error(s / "img"), Contains("data.bin: header gives a payload of 1 bytes but the manifest's extents in this file hold 7956"));
+  patch(fresh(), 32, "\x01");
+  CHECK_THAT(open_error(s / "img"), Contains("data.bin: header says it is data file 1 of 1, expected 0 of 1"));
   patch(fresh(), 40, "\x01");
   CHECK_THAT(open_error(s / "img"), Contains("data.bin: reserved header byte 40 is not zero"));
 }

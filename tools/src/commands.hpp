@@ -16,9 +16,10 @@ struct dump_command_options {
   std::string output;  // empty: ./vmmckpt-<pid>-<time>
   bool json = false;
   int deadline_s = 60;
-  std::string chunk = "64M";
+  std::string chunk = "32M";
   std::string staging = "1G";
   int streams = 2;
+  int writers = 0;  // 0: ckpt::default_writers()
 };
 int dump_command(const dump_command_options& options);
 
@@ -27,6 +28,7 @@ struct suspend_command_options {
   std::string output;  // empty: /dev/shm/vmmckpt-<uid>/suspend-<pid>-<time>
   bool json = false;
   int deadline_s = 120;
+  int writers = 0;  // 0: ckpt::default_writers()
 };
 int suspend_command(const suspend_command_options& options);
 int resume_command(pid_t pid, bool json);

@@ -37,6 +37,7 @@ int dump_command(const dump_command_options& o) {
   }
   options.staging_bytes = staging;
   options.streams = o.streams;
+  if (o.writers > 0) options.writers = o.writers;
   options.hold_deadline_ms = o.deadline_s * 1000;
 
   progress_bar bar("dump");

@@ -63,6 +63,8 @@ int main(int argc, char** argv) {
                    "Most pinned host memory for staging; a dump that fits is held only for its copy out of the GPU")
       ->capture_default_str();
   dump->add_option("--streams", dump_options.streams, "Copy streams")->capture_default_str()->check(CLI::Range(1, 16));
+  dump->add_option("--writers", dump_options.writers, "Threads writing the image, one data file each (default: one per core, up to 16)")
+      ->check(CLI::Range(1, 256));
   dump->footer(
       "The program is held (its GPU work stopped and drained) only until its memory is out of the GPU.\n"
       "Exit status 1 with a message when the process does not exist, is not under vmmckpt, belongs to\n"
@@ -90,6 +92,8 @@ int main(int argc, char** argv) {
   suspend->add_option("--deadline", suspend_options.deadline_s,
                       "Release the program, not suspended, if saving takes longer than this many seconds")
       ->capture_default_str()->check(CLI::Range(1, 3600));
+  suspend->add_option("--writers", suspend_options.writers, "Threads writing the image (default: one per core, up to 16)")
+      ->check(CLI::Range(1, 256));
   suspend->footer(
       "Nothing is freed unless the image is complete and verified. Threads of the program that call CUDA\n"
       "wait until resume; its CUDA context stays on the GPU.");

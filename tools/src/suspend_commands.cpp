@@ -37,6 +37,7 @@ int suspend_command(const suspend_command_options& o) {
   options.pid = o.pid;
   options.suspend = true;
   options.hold_deadline_ms = o.deadline_s * 1000;
+  if (o.writers > 0) options.writers = o.writers;
   if (o.output.empty()) {
     char stamp[32];
     const std::time_t t = std::time(nullptr);

@@ -10,7 +10,11 @@
 
 namespace vmmckpt::image {
 
-inline constexpr std::uint32_t format_version = 1;
+// What the writer writes. Readers also read format 1 (one data file, no `file` fields).
+inline constexpr std::uint32_t format_version = 2;
+// Data files an image may have: the writer spreads extents over several so that threads can
+// write them at once (a file system serializes writes to one file).
+inline constexpr std::uint32_t max_data_files = 256;
 
 // Every defect an image can have is reported as this, with a message naming it.
 struct image_error : std::runtime_error {
@@ -32,11 +36,12 @@ struct allocation {
   friend bool operator==(const allocation&, const allocation&) = default;
 };
 
-// A run of live bytes, stored contiguously in the data file.
+// A run of live bytes, stored contiguously in one data file.
 struct extent {
   std::uint64_t addr = 0;
   std::uint64_t size = 0;
-  std::uint64_t offset = 0;    // in the data file
+  std::uint32_t file = 0;      // which data file holds it
+  std::uint64_t offset = 0;    // in that file's payload
   std::uint64_t checksum = 0;  // XXH3-64 of the bytes
   friend bool operator==(const extent&, const extent&) = default;
 };
@@ -58,7 +63,8 @@ struct manifest {
   std::vector<std::string> command;
   std::vector<device_info> devices;
   std::vector<pool> pools;
-  std::uint64_t data_bytes = 0;     // sum of extent sizes = size of the data file's payload
+  std::uint64_t data_bytes = 0;     // sum of extent sizes = sum of the data files' payloads
+  std::uint32_t data_files = 1;     // data.bin, data.1.bin, ... data.(N-1).bin
   std::uint64_t hold_us = 0;        // how long the program was held for the dump
   friend bool operator==(const manifest&, const manifest&) = default;
 };
@@ -68,17 +74,25 @@ struct manifest {
 // destructor removes the temporary directory of an uncommitted image.
 class writer {
  public:
-  explicit writer(const std::filesystem::path& final_dir);  // throws image_error if final_dir exists
+  // Throws image_error if final_dir exists. `files` data files (1..max_data_files) are created.
+  explicit writer(const std::filesystem::path& final_dir, std::uint32_t files = 1);
   ~writer();
   writer(const writer&) = delete;
   writer& operator=(const writer&) = delete;
 
-  // Extents are written one after another; each is begun, fed in order, ended.
-  void begin_extent(std::uint64_t addr, std::uint64_t size);
-  void write(const void* data, std::size_t size);  // part of the current extent
-  extent end_extent();                             // offset and checksum filled in
+  // Each data file takes extents one after another; each is begun, fed in order, ended. Calls for
+  // different files may come from different threads at once; calls for one file must not.
+  void begin_extent(std::uint32_t file, std::uint64_t addr, std::uint64_t size);
+  void write(std::uint32_t file, const void* data, std::size_t size);  // part of that file's current extent
+  extent end_extent(std::uint32_t file);                               // file, offset and checksum filled in
+  // The same on file 0.
+  void begin_extent(std::uint64_t addr, std::uint64_t size) { begin_extent(0, addr, size); }
+  void write(const void* data, std::size_t size) { write(0, data, size); }
+  extent end_extent() { return end_extent(0); }
+  std::uint32_t files() const;
 
-  // The manifest's extents must be those returned by end_extent, in order.
+  // The manifest's extents, taken file by file in manifest order, must be those end_extent
+  // returned for that file, in order; data_files must be files().
   void commit(const manifest& m);
   const std::filesystem::path& temporary_dir() const;
 
@@ -97,8 +111,15 @@ class reader {
   const manifest& info() const;
   // Reads one extent's bytes into dst (size bytes) and checks its checksum.
   void read(const extent& e, void* dst) const;
-  // Checks every extent's checksum; throws image_error naming the first bad one.
-  void verify_data() const;
+  // Checks every extent's checksum, reading the data files on up to `threads` threads at once
+  // (0: one per data file, at most the machine's cores); throws image_error naming a bad extent.
+  void verify_data(unsigned threads = 0) const;
+  // Checks that the manifest is the one the data files were written with (each header records its
+  // XXH3); verify_data() does this first. Loaders that check extents themselves call it.
+  void verify_manifest() const;
+  // Compares a checksum a loader computed over a whole extent (streaming_checksum) with the
+  // manifest's; throws image_error naming the extent when they differ.
+  void check_extent(const extent& e, std::uint64_t computed) const;
   // Reads part of an extent without checking its checksum: for loaders that
   // ran verify_data() first and stream big extents in pieces.
   void read_part(const extent& e, std::uint64_t offset, std::uint64_t size, void* dst) const;
@@ -107,6 +128,21 @@ class reader {
   struct impl;
   explicit reader(std::unique_ptr<impl>);
   std::unique_ptr<impl> impl_;
+};
+
+// XXH3-64 over bytes fed piece by piece: what an extent's checksum is, for loaders that stream.
+class streaming_checksum {
+ public:
+  streaming_checksum();
+  ~streaming_checksum();
+  streaming_checksum(const streaming_checksum&) = delete;
+  streaming_checksum& operator=(const streaming_checksum&) = delete;
+  void update(const void* data, std::size_t size);
+  std::uint64_t value() const;
+
+ private:
+  struct state;
+  std::unique_ptr<state> state_;
 };
 
 // Checks every rule of docs/image-format.md that needs no data file (what reader::open and

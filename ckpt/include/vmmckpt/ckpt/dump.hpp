@@ -12,12 +12,16 @@
 
 namespace vmmckpt::ckpt {
 
+// One writer per core, up to 16: a tmpfs takes about 2 GB/s per writing thread.
+int default_writers();
+
 struct dump_options {
   pid_t pid = 0;
   std::filesystem::path output;            // the image directory to create
-  std::size_t chunk_bytes = 64ULL << 20;   // one staging buffer
+  std::size_t chunk_bytes = 32ULL << 20;   // one staging buffer
   std::uint64_t staging_bytes = 1ULL << 30;  // most pinned staging to use (at least two buffers)
   int streams = 2;                         // copy streams
+  int writers = default_writers();         // threads writing the image, one data file each
   int hold_deadline_ms = 60'000;           // the program is released after this, dump or not
   // Suspend: keep the program held until the image is written and verified,
   // then have it give back its GPU memory; it waits for `resume`.

@@ -1,0 +1,31 @@
+// Host memory for staging copies between the GPU and files, ready to be pinned.
+#pragma once
+
+#include <cstddef>
+
+namespace vmmckpt {
+
+// Anonymous memory, on transparent huge pages where the kernel allows, with every page already
+// present. Registering such memory with the driver (cuMemHostRegister) costs a fraction of what
+// cuMemHostAlloc of the same size does, which allocates, zeroes and pins 4 KiB pages one by one.
+class host_pages {
+ public:
+  host_pages() = default;
+  explicit host_pages(std::size_t size);  // data() is nullptr when the memory could not be had
+  ~host_pages();
+  host_pages(host_pages&& o) noexcept;
+  host_pages& operator=(host_pages&& o) noexcept;
+  host_pages(const host_pages&) = delete;
+  host_pages& operator=(const host_pages&) = delete;
+
+  void* data() const { return data_; }
+  std::size_t size() const { return size_; }
+
+ private:
+  void* map_ = nullptr;
+  std::size_t map_size_ = 0;
+  void* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+}  // namespace vmmckpt
