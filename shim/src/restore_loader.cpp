@@ -12,6 +12,7 @@
 #include <mutex>
 #include <string>
 
+#include "image_loader.hpp"
 #include "log.hpp"
 #include "pools.hpp"
 #include "real_symbols.hpp"
@@ -23,8 +24,6 @@ namespace {
 
 enum state : int { unchecked, nothing_to_restore, restored, failed };
 std::atomic<int> g_state{unchecked};
-
-constexpr std::size_t fill_chunk = 64ULL << 20;
 
 alloc_api api_from_name(const std::string& name) {
   for (auto api : {alloc_api::cu_mem_alloc, alloc_api::cu_mem_alloc_pitch, alloc_api::cu_mem_alloc_async,
@@ -41,65 +40,15 @@ const char* why(pool_status s) {
   }
 }
 
-// Host staging for the fill: pinned when the driver gives it, plain otherwise.
-struct fill_buffer {
-  const driver_api& d;
-  void* data = nullptr;
-  bool pinned = false;
-  explicit fill_buffer(const driver_api& api) : d(api) {
-    pinned = d.cuMemHostAlloc(&data, fill_chunk, 0) == CUDA_SUCCESS;
-    if (!pinned) data = std::malloc(fill_chunk);
-  }
-  ~fill_buffer() {
-    if (pinned) d.cuMemFreeHost(data);
-    else std::free(data);
-  }
-};
-
-// Copies one pool's extents from the image into the device, in pieces.
-bool fill_pool(const driver_api& d, const image::reader& reader, const image::pool& p, std::string& error) {
-  CUdevice device;
-  CUcontext context;
-  if (d.cuDeviceGet(&device, p.device) != CUDA_SUCCESS || d.cuDevicePrimaryCtxRetain(&context, device) != CUDA_SUCCESS ||
-      d.cuCtxPushCurrent_v2(context) != CUDA_SUCCESS) {
-    error = "no context on device " + std::to_string(p.device);
-    return false;
-  }
-  struct pop_context {
-    const driver_api& d;
-    ~pop_context() {
-      CUcontext ignored;
-      d.cuCtxPopCurrent_v2(&ignored);
-    }
-  } pop{d};
-  fill_buffer buffer(d);
-  if (buffer.data == nullptr) {
-    error = "no memory for the fill buffer";
-    return false;
-  }
-  for (const image::extent& e : p.extents) {
-    for (std::uint64_t done = 0; done < e.size;) {
-      const std::uint64_t n = std::min<std::uint64_t>(fill_chunk, e.size - done);
-      reader.read_part(e, done, n, buffer.data);
-      if (const CUresult r = d.cuMemcpyHtoD_v2(e.addr + done, buffer.data, n); r != CUDA_SUCCESS) {
-        char where[32];
-        std::snprintf(where, sizeof where, "%#llx", static_cast<unsigned long long>(e.addr + done));
-        error = std::string("filling ") + where + " failed (CUDA error " + std::to_string(r) + ")";
-        return false;
-      }
-      done += n;
-    }
-  }
-  return true;
-}
-
 bool restore_image(const std::string& path, bool replay) {
   const auto start = std::chrono::steady_clock::now();
   const driver_api* d = driver();
   if (d == nullptr) return false;
   try {
     const auto reader = image::reader::open(path);
-    reader.verify_data();  // the tool checked it too, but the image may have changed since
+    // Extents are checked as they load; the manifest is checked first (the tool checked the image
+    // too, but it may have changed since).
+    reader.verify_manifest();
     const image::manifest& m = reader.info();
     std::uint64_t bytes = 0;
     std::size_t blocks = 0;
@@ -125,12 +74,11 @@ bool restore_image(const std::string& path, bool replay) {
         }
         ++blocks;
       }
-      std::string error;
-      if (!fill_pool(*d, reader, p, error)) {
-        log::error("restore: {}", error);
-        return false;
-      }
       for (const image::extent& e : p.extents) bytes += e.size;
+    }
+    if (std::string error; !load_image(*d, reader, error)) {
+      log::error("restore: {}", error);
+      return false;
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     log::info("restore: {} allocations, {} bytes from {} in {:.3f} s{}", blocks, bytes, path, seconds,
@@ -177,7 +125,7 @@ bool refill_pools_from_image(const std::string& path, std::string& error, std::u
   };
   try {
     const auto reader = image::reader::open(path);
-    reader.verify_data();
+    reader.verify_manifest();  // extents are checked as they load
     bytes = 0;
     for (const image::pool& p : reader.info().pools) {
       device_pool* pool = pool_containing(p.base);
@@ -203,11 +151,11 @@ bool refill_pools_from_image(const std::string& path, std::string& error, std::u
         return false;
       }
       rebuilt.push_back(pool);
-      if (!fill_pool(*d, reader, p, error)) {
-        undo();
-        return false;
-      }
       for (const image::extent& e : p.extents) bytes += e.size;
+    }
+    if (!load_image(*d, reader, error)) {
+      undo();
+      return false;
     }
     return true;
   } catch (const std::exception& e) {

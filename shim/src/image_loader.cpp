@@ -1,0 +1,160 @@
+// The parallel image loader: per thread, pread into pinned buffers, hash, copy to the device asynchronously.
+#include "image_loader.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "vmmckpt/host_pages.hpp"
+
+namespace vmmckpt::detail {
+namespace {
+
+// Big enough that a read and a copy cost little next to the bytes they move; two per thread
+// so that reading the next piece overlaps copying the last.
+constexpr std::size_t piece_bytes = 16ULL << 20;
+constexpr unsigned max_threads = 16;
+
+struct load_failure {
+  std::string what;
+};
+
+void check(CUresult r, const char* what) {
+  if (r != CUDA_SUCCESS) throw load_failure{std::string(what) + " failed (CUDA error " + std::to_string(r) + ")"};
+}
+
+// One loading thread's buffers, and its stream and events in each device's context.
+class loader_thread {
+ public:
+  explicit loader_thread(const driver_api& d) : d_(d), pages_(2 * piece_bytes) {
+    if (pages_.data() == nullptr) throw load_failure{"no host memory for the load buffers"};
+    // Unpinned memory still works (the copies then block); pinned lets them overlap the reads.
+    pinned_ = d_.cuMemHostRegister_v2(pages_.data(), pages_.size(), 0) == CUDA_SUCCESS;
+  }
+  ~loader_thread() {
+    for (auto& [device, q] : queues_) {
+      d_.cuCtxSetCurrent(q.context);
+      d_.cuStreamSynchronize(q.stream);
+      for (CUevent e : q.done) d_.cuEventDestroy_v2(e);
+      d_.cuStreamDestroy_v2(q.stream);
+    }
+    if (pinned_) d_.cuMemHostUnregister(pages_.data());
+  }
+  loader_thread(const loader_thread&) = delete;
+  loader_thread& operator=(const loader_thread&) = delete;
+
+  void load(const image::reader& reader, const image::extent& e, int device) {
+    queue& q = queue_for(device);
+    image::streaming_checksum sum;
+    for (std::uint64_t at = 0; at < e.size;) {
+      const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(piece_bytes, e.size - at));
+      // The buffer's previous copy must be done before it is filled again.
+      if (pending_[next_] != nullptr) {
+        d_.cuCtxSetCurrent(pending_[next_]->context);
+        check(d_.cuEventSynchronize(pending_[next_]->done[next_]), "waiting for a copy to the device");
+        pending_[next_] = nullptr;
+        d_.cuCtxSetCurrent(q.context);
+      }
+      auto* buffer = static_cast<unsigned char*>(pages_.data()) + next_ * piece_bytes;
+      reader.read_part(e, at, n, buffer);
+      sum.update(buffer, n);
+      if (pinned_) {
+        check(d_.cuMemcpyHtoDAsync_v2(e.addr + at, buffer, n, q.stream), "copying to the device");
+        check(d_.cuEventRecord(q.done[next_], q.stream), "recording a copy");
+        pending_[next_] = &q;
+      } else {
+        check(d_.cuMemcpyHtoD_v2(e.addr + at, buffer, n), "copying to the device");
+      }
+      next_ ^= 1;
+      at += n;
+    }
+    reader.check_extent(e, sum.value());
+  }
+
+  void finish() {
+    for (auto& [device, q] : queues_) {
+      d_.cuCtxSetCurrent(q.context);
+      check(d_.cuStreamSynchronize(q.stream), "finishing the copies to the device");
+    }
+  }
+
+ private:
+  struct queue {
+    CUcontext context = nullptr;
+    CUstream stream = nullptr;
+    CUevent done[2] = {nullptr, nullptr};
+  };
+
+  queue& queue_for(int device) {
+    auto it = queues_.find(device);
+    if (it == queues_.end()) {
+      queue q;
+      CUdevice dev;
+      check(d_.cuDeviceGet(&dev, device), "finding the device");
+      check(d_.cuDevicePrimaryCtxRetain(&q.context, dev), "retaining the device's context");
+      check(d_.cuCtxSetCurrent(q.context), "making the device's context current");
+      check(d_.cuStreamCreate(&q.stream, CU_STREAM_NON_BLOCKING), "creating a copy stream");
+      for (auto& e : q.done) check(d_.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING), "creating an event");
+      it = queues_.emplace(device, q).first;
+    }
+    check(d_.cuCtxSetCurrent(it->second.context), "making the device's context current");
+    return it->second;
+  }
+
+  const driver_api& d_;
+  host_pages pages_;
+  bool pinned_ = false;
+  std::map<int, queue> queues_;
+  queue* pending_[2] = {nullptr, nullptr};  // the queue whose copy last read each buffer
+  int next_ = 0;
+};
+
+}  // namespace
+
+bool load_image(const driver_api& d, const image::reader& reader, std::string& error) {
+  const image::manifest& m = reader.info();
+  // Work by data file: a thread takes the next file and loads its extents in order.
+  std::vector<std::vector<std::pair<const image::extent*, int>>> by_file(m.data_files);
+  for (const image::pool& p : m.pools)
+    for (const image::extent& e : p.extents) by_file[e.file].push_back({&e, p.device});
+  const unsigned threads =
+      std::max(1u, std::min({static_cast<unsigned>(m.data_files), std::thread::hardware_concurrency(), max_threads}));
+
+  std::atomic<std::size_t> next_file{0};
+  std::atomic<bool> failed{false};
+  std::mutex mu;
+  auto work = [&] {
+    // The caller's context stays as it was: this thread's own are set per device.
+    CUcontext caller = nullptr;
+    d.cuCtxGetCurrent(&caller);
+    try {
+      loader_thread t(d);
+      for (std::size_t f; !failed && (f = next_file++) < by_file.size();)
+        for (const auto& [e, device] : by_file[f]) {
+          if (failed) break;
+          t.load(reader, *e, device);
+        }
+      t.finish();
+    } catch (const load_failure& e) {
+      std::lock_guard lock(mu);
+      if (!failed.exchange(true)) error = e.what;
+    } catch (const std::exception& e) {
+      std::lock_guard lock(mu);
+      if (!failed.exchange(true)) error = e.what();
+    }
+    d.cuCtxSetCurrent(caller);
+  };
+  std::vector<std::thread> pool;
+  for (unsigned t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+  return !failed;
+}
+
+}  // namespace vmmckpt::detail
