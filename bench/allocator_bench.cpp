@@ -15,6 +15,7 @@ class null_backend final : public vmmckpt::physical_backend {
   }
   void unmap_segment(std::uint64_t, std::uint64_t, std::uint64_t) override {}
   void synchronize() override {}
+  std::uint64_t submitted_work() const override { return 0; }
   bool is_out_of_memory(int) const override { return false; }
 };
 

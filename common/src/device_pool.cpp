@@ -39,6 +39,8 @@ pool_status device_pool::free(std::uint64_t addr) {
   std::lock_guard lock(mutex_);
   const auto block = ranges_.retire(addr);
   if (!block) return pool_status::invalid_value;
+  // Work submitted until now may still use the block: reusing it waits for that work only.
+  retired_work_ = std::max(retired_work_, backend_.submitted_work());
   count_live(block->addr, block->size, false);
   if (idle_bytes_ > policy_.retain_bytes && !keep_idle_) {
     reclaim_locked();
@@ -75,7 +77,7 @@ pool_status device_pool::prefill(std::uint64_t addr, std::uint64_t size, int* ba
 
 std::uint64_t device_pool::release_all_physical() {
   std::lock_guard lock(mutex_);
-  backend_.synchronize();
+  synchronize_locked();
   ranges_.reclaim_retired();
   const std::uint64_t released = backed_bytes_;
   for (const auto& [addr, seg] : segments_) backend_.unmap_segment(addr, seg.size, seg.handle);
@@ -167,15 +169,23 @@ std::vector<segment_info> device_pool::segments() const {
 
 void device_pool::trim() {
   std::lock_guard lock(mutex_);
-  backend_.synchronize();
+  synchronize_locked();
   ranges_.reclaim_retired();
   release_idle_locked(0);
 }
 
 void device_pool::reclaim_locked() {
   if (!ranges_.has_retired()) return;
-  backend_.synchronize();
+  // An allocate/free loop with no GPU work between (common in allocators' warm-up and in
+  // programs that size buffers) reuses memory without a synchronize each time.
+  if (retired_work_ > synced_work_) synchronize_locked();
   ranges_.reclaim_retired();
+}
+
+void device_pool::synchronize_locked() {
+  const std::uint64_t work = backend_.submitted_work();
+  backend_.synchronize();
+  synced_work_ = std::max(synced_work_, work);
 }
 
 int device_pool::back_range(std::uint64_t addr, std::uint64_t size) {

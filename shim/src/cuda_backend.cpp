@@ -1,6 +1,7 @@
 // Creates, maps and releases the physical handles under a pool.
 #include "cuda_backend.hpp"
 
+#include "gate.hpp"
 #include "log.hpp"
 #include "real_symbols.hpp"
 
@@ -76,6 +77,9 @@ void cuda_backend::unmap_segment(std::uint64_t addr, std::uint64_t size, std::ui
   else
     log::debug("device {}: gave back {} MiB at {:#x}", device_, size >> 20, addr);
 }
+
+// Every call that can submit GPU work passes the gate: its count is the work submitted.
+std::uint64_t cuda_backend::submitted_work() const { return the_gate().entered(); }
 
 void cuda_backend::synchronize() {
   const driver_api& d = *driver();

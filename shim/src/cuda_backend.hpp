@@ -14,6 +14,7 @@ class cuda_backend final : public physical_backend {
   int map_segment(std::uint64_t addr, std::uint64_t size, std::uint64_t& handle) override;
   void unmap_segment(std::uint64_t addr, std::uint64_t size, std::uint64_t handle) override;
   void synchronize() override;
+  std::uint64_t submitted_work() const override;
   bool is_out_of_memory(int error) const override { return error == CUDA_ERROR_OUT_OF_MEMORY; }
 
   // The properties every pool handle is created with.

@@ -9,7 +9,10 @@ thread_local int depth = 0;  // gated calls of this thread currently inside
 void work_gate::enter() {
   for (;;) {
     inside_.fetch_add(1, std::memory_order_seq_cst);
-    if (!closed_.load(std::memory_order_seq_cst)) return;
+    if (!closed_.load(std::memory_order_seq_cst)) {
+      entered_.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
     // Closed: step back out so the closer can finish draining, then wait.
     if (inside_.fetch_sub(1, std::memory_order_seq_cst) == 1) {
       std::lock_guard lock(mutex_);

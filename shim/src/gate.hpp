@@ -22,10 +22,13 @@ class work_gate {
   bool close(std::chrono::steady_clock::time_point deadline);
   void open();
   bool is_closed() const { return closed_.load(std::memory_order_acquire); }
+  // How many calls have come through so far: the pools' measure of work submitted.
+  std::uint64_t entered() const { return entered_.load(std::memory_order_acquire); }
 
  private:
   std::atomic<std::int64_t> inside_{0};
   std::atomic<bool> closed_{false};
+  alignas(64) std::atomic<std::uint64_t> entered_{0};  // a cache line of its own: every launch bumps it
   std::mutex mutex_;
   std::condition_variable changed_;
 };

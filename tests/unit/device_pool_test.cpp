@@ -46,6 +46,8 @@ class fake_backend final : public physical_backend {
     ++unmaps;
   }
   void synchronize() override { ++syncs; }
+  std::uint64_t submitted_work() const override { return work; }
+  void submit() { ++work; }  // the program launched something
   bool is_out_of_memory(int error) const override { return error == fake_oom; }
 
   bool is_mapped(std::uint64_t addr, std::uint64_t size) const {
@@ -66,6 +68,7 @@ class fake_backend final : public physical_backend {
   }
 
   std::atomic<int> syncs{0}, maps{0}, unmaps{0};
+  std::atomic<std::uint64_t> work{0};
 
  private:
   mutable std::mutex mutex_;
@@ -135,6 +138,7 @@ TEST_CASE("a freed block is reused only after a synchronize", "[pool]") {
   const auto a = must_allocate(pool, 4096);
   must_allocate(pool, 4096);
   REQUIRE(backend.syncs == 0);
+  backend.submit();  // a kernel that may still use `a`
   REQUIRE(pool.free(a) == pool_status::ok);
   REQUIRE(backend.syncs == 0);  // free itself does not wait
   REQUIRE(pool.stats().quarantined_bytes == 4096);
@@ -143,6 +147,30 @@ TEST_CASE("a freed block is reused only after a synchronize", "[pool]") {
   REQUIRE(b == a);              // ...and then placed exactly as an immediate free would
   must_allocate(pool, 4096);
   REQUIRE(backend.syncs == 1);  // nothing freed since: no wait
+}
+
+TEST_CASE("memory freed with no GPU work since the last synchronize is reused without waiting", "[pool]") {
+  fake_backend backend(1ULL << 40);
+  device_pool pool(base, 64ULL << 30, policy(), backend);
+  // An allocate/free loop before any work: nothing can be in flight.
+  for (int i = 0; i < 100; ++i) REQUIRE(pool.free(must_allocate(pool, 4096)) == pool_status::ok);
+  must_allocate(pool, 4096);
+  REQUIRE(backend.syncs == 0);
+  // Work submitted, then a block freed: its reuse waits once...
+  const auto a = must_allocate(pool, 8192);
+  backend.submit();
+  REQUIRE(pool.free(a) == pool_status::ok);
+  REQUIRE(must_allocate(pool, 8192) == a);
+  REQUIRE(backend.syncs == 1);
+  // ...and the loop after it, with no new work, does not wait again.
+  for (int i = 0; i < 100; ++i) REQUIRE(pool.free(must_allocate(pool, 4096)) == pool_status::ok);
+  REQUIRE(backend.syncs == 1);
+  // Work submitted after the free still counts: the block it may use is waited for.
+  const auto b = must_allocate(pool, 4096);
+  backend.submit();
+  REQUIRE(pool.free(b) == pool_status::ok);
+  must_allocate(pool, 4096);
+  REQUIRE(backend.syncs == 2);
 }
 
 TEST_CASE("double free, interior and foreign pointers are refused", "[pool]") {
@@ -163,6 +191,7 @@ TEST_CASE("wholly free handles beyond the retained amount are given back", "[poo
   std::vector<std::uint64_t> blocks;
   for (int i = 0; i < 10; ++i) blocks.push_back(must_allocate(pool, 32 * MiB));
   REQUIRE(pool.stats().backed_bytes == 320 * MiB);
+  backend.submit();  // kernels that may use them
   for (auto b : blocks) REQUIRE(pool.free(b) == pool_status::ok);
   const auto s = pool.stats();
   REQUIRE(s.idle_segment_bytes <= 64 * MiB);

@@ -24,6 +24,9 @@ class physical_backend {
   virtual void unmap_segment(std::uint64_t addr, std::uint64_t size, std::uint64_t handle) = 0;
   // Waits until no work submitted so far can touch pool memory.
   virtual void synchronize() = 0;
+  // A count that grows with every piece of GPU work the program submits: while it has not moved
+  // since a synchronize began, freed memory can be reused without waiting again.
+  virtual std::uint64_t submitted_work() const = 0;
   virtual bool is_out_of_memory(int error) const = 0;
 };
 
@@ -121,6 +124,7 @@ class device_pool {
   int back_range(std::uint64_t addr, std::uint64_t size);
   void count_live(std::uint64_t addr, std::uint64_t size, bool add);
   void reclaim_locked();
+  void synchronize_locked();  // backend_.synchronize(), remembering how much work it covered
   void release_idle_locked(std::uint64_t keep_bytes);
 
   const std::uint64_t base_;
@@ -135,6 +139,8 @@ class device_pool {
   std::uint64_t idle_bytes_ = 0;
   bool keep_idle_ = false;  // set by prefill
   bool suspended_ = false;  // between release_all_physical and rebuild_physical
+  std::uint64_t retired_work_ = 0;  // submitted_work() at the latest free still in quarantine
+  std::uint64_t synced_work_ = 0;   // submitted_work() when the last synchronize began
 };
 
 }  // namespace vmmckpt
