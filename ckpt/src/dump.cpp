@@ -152,6 +152,32 @@ struct staging {
   }
 };
 
+// Device memory in this tool's context holding a copy of the program's live bytes.
+struct gpu_snapshot {
+  CUdeviceptr ptr = 0;
+  std::uint64_t bytes = 0;
+  // Only when a quarter of the device stays free after it: the program must not run out of
+  // memory because a dump borrowed it.
+  void try_allocate(std::uint64_t want) {
+    std::size_t free = 0, total = 0;
+    if (cuMemGetInfo(&free, &total) != CUDA_SUCCESS || free < want || free - want < total / 4) return;
+    if (cuMemAlloc(&ptr, want) != CUDA_SUCCESS) {
+      ptr = 0;
+      return;
+    }
+    bytes = want;
+  }
+  void release() {
+    if (ptr != 0) {
+      cuCtxSynchronize();  // no copy may still read it
+      cuMemFree(ptr);
+    }
+    ptr = 0;
+    bytes = 0;
+  }
+  ~gpu_snapshot() { release(); }
+};
+
 }  // namespace
 
 int default_writers() {
@@ -195,14 +221,14 @@ dump_result dump(const dump_options& options, const std::function<void(const dum
   }
   if (context == nullptr) throw tool_error("process " + std::to_string(options.pid) + " has no GPU memory in the pool yet");
 
-  // Enough buffers to take the whole dump when it fits the staging budget, so
-  // the program is held only for the copy out of the GPU, not for the writes.
   // The image's data files: one per writer thread, fewer for a small dump (an unusable
   // destination fails here, before the program is held).
   const std::uint64_t chunks_estimate = std::max<std::uint64_t>(1, (live_estimate + options.chunk_bytes - 1) / options.chunk_bytes);
   image::writer writer(options.output, static_cast<std::uint32_t>(std::clamp<std::uint64_t>(
                                             chunks_estimate, 1, std::clamp(options.writers, 1, int(image::max_data_files)))));
 
+  // Enough buffers to take the whole dump when it fits the staging budget, so
+  // the program is held only for the copy out of the GPU, not for the writes.
   staging st;
   const std::uint64_t wanted = (live_estimate + options.chunk_bytes - 1) / options.chunk_bytes;
   const std::uint64_t budget = std::max<std::uint64_t>(2, options.staging_bytes / options.chunk_bytes);
@@ -213,6 +239,12 @@ dump_result dump(const dump_options& options, const std::function<void(const dum
     VMMCKPT_CUDA_TRY(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
     st.streams.push_back(s);
   }
+
+  // With room on the GPU for a second copy of the live bytes, the program is held only while
+  // they are copied there (at device speed, about 2 TB/s), then written out from the copy.
+  gpu_snapshot snapshot;
+  if (!options.suspend && options.gpu_snapshot && devices.size() == 1)
+    snapshot.try_allocate(live_estimate + live_estimate / 8 + (64ULL << 20));
 
   std::vector<int> fds;
   struct fd_guard {
@@ -343,7 +375,35 @@ dump_result dump(const dump_options& options, const std::function<void(const dum
     }
   } join_writers{writer_threads, mutex, changed, stop};
 
-  const auto copy_start = clock::now();
+  if (snapshot.bytes < total) snapshot.release();  // the program grew since: copy directly
+  std::vector<CUdeviceptr> snapshot_at;  // where each chunk's bytes are in the snapshot
+  bool released = false;
+  auto release_program = [&] {
+    if (const char* pause = std::getenv("VMMCKPT_TEST_PAUSE_HELD_MS"))  // fault tests: die while held
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(pause)));
+    if (options.suspend) return;
+    const json reply = client.call({{"op", "dump_end"}});
+    fault_point("writing");
+    result.hold_ms = reply.value("held_us", 0.0) / 1000.0;
+    mappings.clear();
+    released = true;
+  };
+
+  auto copy_start = clock::now();
+  if (snapshot.ptr != 0) {
+    CUdeviceptr at = snapshot.ptr;
+    for (const chunk& c : chunks) {
+      snapshot_at.push_back(at);
+      for (const piece& pc : c.pieces) {
+        VMMCKPT_CUDA_TRY(cuMemcpyDtoDAsync(at, pc.addr, pc.size, st.streams[0]));
+        at += pc.size;
+      }
+    }
+    VMMCKPT_CUDA_TRY(cuStreamSynchronize(st.streams[0]));
+    result.copy_seconds = std::chrono::duration<double>(clock::now() - copy_start).count();
+    result.gpu_snapshot = true;
+    release_program();
+  }
   for (std::size_t c = 0; c < chunks.size(); ++c) {
     const std::size_t b = c % buffers;
     {
@@ -353,10 +413,14 @@ dump_result dump(const dump_options& options, const std::function<void(const dum
       buffer_free[b] = false;
     }
     CUstream s = st.streams[c % st.streams.size()];
-    std::uint64_t offset = 0;
-    for (const piece& pc : chunks[c].pieces) {
-      VMMCKPT_CUDA_TRY(cuMemcpyDtoHAsync(st.buffers[b] + offset, pc.addr, pc.size, s));
-      offset += pc.size;
+    if (!snapshot_at.empty()) {
+      VMMCKPT_CUDA_TRY(cuMemcpyDtoHAsync(st.buffers[b], snapshot_at[c], chunks[c].bytes, s));
+    } else {
+      std::uint64_t offset = 0;
+      for (const piece& pc : chunks[c].pieces) {
+        VMMCKPT_CUDA_TRY(cuMemcpyDtoHAsync(st.buffers[b] + offset, pc.addr, pc.size, s));
+        offset += pc.size;
+      }
     }
     VMMCKPT_CUDA_TRY(cuEventRecord(st.events[b], s));
     {
@@ -369,13 +433,10 @@ dump_result dump(const dump_options& options, const std::function<void(const dum
   // Every byte is out of the GPU once the copies are done: release the program
   // now, while the last buffers are still being written.
   for (CUstream s : st.streams) VMMCKPT_CUDA_TRY(cuStreamSynchronize(s));
-  result.copy_seconds = std::chrono::duration<double>(clock::now() - copy_start).count();
+  if (snapshot_at.empty()) result.copy_seconds = std::chrono::duration<double>(clock::now() - copy_start).count();
   {
     std::lock_guard lock(mutex);
     if (writer_error) std::rethrow_exception(writer_error);
-  }
-  if (const char* pause = std::getenv("VMMCKPT_TEST_PAUSE_HELD_MS")) {  // fault tests: die while held
-    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(pause)));
   }
   auto finish_writing = [&] {
     for (auto& t : writer_threads) t.join();
@@ -383,11 +444,8 @@ dump_result dump(const dump_options& options, const std::function<void(const dum
     if (progress) progress({total, total});
     m.data_bytes = total;
   };
+  if (!released) release_program();
   if (!options.suspend) {
-    const json released = client.call({{"op", "dump_end"}});
-    fault_point("writing");
-    result.hold_ms = released.value("held_us", 0.0) / 1000.0;
-    mappings.clear();
     finish_writing();
     m.hold_us = static_cast<std::uint64_t>(result.hold_ms * 1000.0);
     writer.commit(m);

@@ -18,8 +18,11 @@ using namespace vmmckpt::test;
 
 namespace {
 
-process_result dump(pid_t pid, const fs::path& out, std::map<std::string, std::string> env = {}) {
-  return run_process({cuda_ckpt, "dump", std::to_string(pid), "-o", out.string(), "--json"}, env, 120);
+process_result dump(pid_t pid, const fs::path& out, std::map<std::string, std::string> env = {},
+                    std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = {cuda_ckpt, "dump", std::to_string(pid), "-o", out.string(), "--json"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return run_process(args, env, 120);
 }
 
 bool left_behind(const fs::path& p) { return fs::exists(fs::symlink_status(p)); }
@@ -38,10 +41,17 @@ TEST_CASE("a busy program dumped many times: every image verifies and holds no t
   auto program = start_writer();
   for (int i = 0; i < 12; ++i) {
     const fs::path out = dir.path / ("image-" + std::to_string(i));
-    const auto r = dump(program->pid(), out);
+    // Both ways of holding: until a copy on the GPU is made (the device has room here), and until
+    // the bytes are on the host; with one data file and with several.
+    const bool direct = i % 2 == 1;
+    std::vector<std::string> extra = {"--writers", std::to_string(1 + i % 4), "--chunk", "1M"};
+    if (direct) extra.push_back("--no-gpu-snapshot");
+    const auto r = dump(program->pid(), out, {}, extra);
     INFO(describe(r));
     REQUIRE(r.exit_code == 0);
     const auto result = nlohmann::json::parse(r.out);
+    REQUIRE(result.at("gpu_snapshot").get<bool>() == !direct);
+    REQUIRE(result.at("data_files").get<int>() == 1 + i % 4);
     REQUIRE(result.at("allocations").get<int>() >= 8);
     REQUIRE(result.at("hold_ms").get<double>() > 0);
     const auto verified = run_process({cuda_ckpt, "verify", out.string()});

@@ -60,9 +60,13 @@ inline std::string untorn_problem(const fs::path& image_dir) {
     std::vector<std::uint64_t> words(writer_buffer_size / 8);
     std::size_t buffers = 0;
     for (const auto& pool : reader.info().pools) {
-      for (const auto& e : pool.extents) {
-        if (e.size != writer_buffer_size) continue;  // the writer's churn blocks are another size
-        reader.read(e, words.data());
+      for (const auto& a : pool.allocations) {
+        if (a.size != writer_buffer_size) continue;  // the writer's churn blocks are another size
+        // A dump may store an allocation as several extents.
+        for (const auto& e : pool.extents)
+          if (e.addr >= a.addr && e.addr < a.addr + a.size)
+            reader.read(e, reinterpret_cast<unsigned char*>(words.data()) + (e.addr - a.addr));
+        const image::allocation& e = a;  // named as the checks below report it
         const std::uint64_t generation = words[0];
         if (words.back() != generation) return "buffer " + std::to_string(e.addr) + ": first and last word differ";
         for (std::size_t k = 1; k + 1 < words.size(); ++k) {

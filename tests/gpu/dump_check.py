@@ -24,31 +24,46 @@ HEADER = 64
 
 def read_image(path):
     manifest = json.load(open(os.path.join(path, "manifest.json")))
-    return manifest, os.path.join(path, "data.bin")
+    return manifest, path
 
 
-def extent_bytes(data_path, extent, start=0, length=None):
-    length = extent["size"] - start if length is None else length
-    with open(data_path, "rb") as f:
-        f.seek(HEADER + extent["offset"] + start)
-        return f.read(length)
+def read_range(image, manifest, addr, nbytes):
+    """The image's bytes for [addr, addr + nbytes), gathered from the extents (and data files) that
+    hold them; None when some byte is in no extent."""
+    out = bytearray(nbytes)
+    covered = 0
+    for pool in manifest["pools"]:
+        for e in pool["extents"]:
+            start, size = int(e["addr"], 16), e["size"]
+            lo, hi = max(start, addr), min(start + size, addr + nbytes)
+            if lo >= hi:
+                continue
+            name = "data.bin" if e.get("file", 0) == 0 else f"data.{e['file']}.bin"
+            with open(os.path.join(image, name), "rb") as f:
+                f.seek(HEADER + e["offset"] + (lo - start))
+                out[lo - addr:hi - addr] = f.read(hi - lo)
+            covered += hi - lo
+    return bytes(out) if covered == nbytes else None
 
 
 def check_busy(image, buffer_size):
     import numpy as np
-    manifest, data = read_image(image)
+    manifest, _ = read_image(image)
     buffers = 0
     for pool in manifest["pools"]:
-        for e in pool["extents"]:
-            if e["size"] != buffer_size:
+        for a in pool["allocations"]:
+            if a["size"] != buffer_size:
                 continue
-            words = np.frombuffer(extent_bytes(data, e), dtype=np.uint64)
+            raw = read_range(image, manifest, int(a["addr"], 16), buffer_size)
+            if raw is None:
+                return f"buffer {a['addr']}: not all of it is in the image"
+            words = np.frombuffer(raw, dtype=np.uint64)
             gen = int(words[0])
             if int(words[-1]) != gen:
-                return f"buffer {e['addr']}: first word {gen}, last {int(words[-1])}"
+                return f"buffer {a['addr']}: first word {gen}, last {int(words[-1])}"
             if gen == 0:
                 if words.any():
-                    return f"buffer {e['addr']}: generation 0 but not zero"
+                    return f"buffer {a['addr']}: generation 0 but not zero"
             else:
                 k = np.arange(len(words), dtype=np.uint64)
                 mult = np.uint64((gen * 0x9e3779b97f4a7c15) & 0xFFFFFFFFFFFFFFFF)
@@ -57,23 +72,20 @@ def check_busy(image, buffer_size):
                 expected[0] = expected[-1] = np.uint64(gen)
                 bad = np.nonzero(words != expected)[0]
                 if len(bad):
-                    return f"buffer {e['addr']}: torn at word {int(bad[0])} (generation {gen})"
+                    return f"buffer {a['addr']}: torn at word {int(bad[0])} (generation {gen})"
             buffers += 1
     return None if buffers else "no buffers of the expected size in the image"
 
 
 def check_torch(image, tensors):
-    manifest, data = read_image(image)
-    extents = [e for p in manifest["pools"] for e in p["extents"]]
+    manifest, _ = read_image(image)
     for name, (ptr, nbytes, digest) in tensors.items():
         if nbytes == 0:
             continue
-        hits = [e for e in extents if int(e["addr"], 16) <= ptr and ptr + nbytes <= int(e["addr"], 16) + e["size"]]
-        if not hits:
-            return f"tensor {name} at 0x{ptr:x} ({nbytes} bytes) is in no extent of the image"
-        e = hits[0]
-        got = hashlib.sha256(extent_bytes(data, e, ptr - int(e["addr"], 16), nbytes)).hexdigest()
-        if got != digest:
+        raw = read_range(image, manifest, ptr, nbytes)
+        if raw is None:
+            return f"tensor {name} at 0x{ptr:x} ({nbytes} bytes) is not all in the image"
+        if hashlib.sha256(raw).hexdigest() != digest:
             return f"tensor {name} at 0x{ptr:x}: bytes in the image differ from the program's"
     return None
 

@@ -20,6 +20,7 @@ struct dump_command_options {
   std::string staging = "1G";
   int streams = 2;
   int writers = 0;  // 0: ckpt::default_writers()
+  bool no_gpu_snapshot = false;
 };
 int dump_command(const dump_command_options& options);
 

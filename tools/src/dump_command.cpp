@@ -38,6 +38,7 @@ int dump_command(const dump_command_options& o) {
   options.staging_bytes = staging;
   options.streams = o.streams;
   if (o.writers > 0) options.writers = o.writers;
+  options.gpu_snapshot = !o.no_gpu_snapshot;
   options.hold_deadline_ms = o.deadline_s * 1000;
 
   progress_bar bar("dump");
@@ -57,14 +58,16 @@ int dump_command(const dump_command_options& o) {
                           {"bytes", result.manifest.data_bytes}, {"allocations", allocations},
                           {"seconds", result.seconds},        {"gb_per_s", gbps},
                           {"copy_seconds", result.copy_seconds}, {"copy_gb_per_s", copy_gbps},
-                          {"hold_ms", result.hold_ms}};
+                          {"hold_ms", result.hold_ms},        {"gpu_snapshot", result.gpu_snapshot},
+                          {"data_files", result.manifest.data_files}};
     std::cout << out.dump(2) << "\n";
   } else {
     std::printf("dumped %s in %zu allocations of process %d to %s\n",
                 human_bytes(result.manifest.data_bytes).c_str(), allocations, static_cast<int>(o.pid),
                 result.image.c_str());
-    std::printf("  %.3f s in all (%.2f GB/s); copy out of the GPU %.3f s (%.2f GB/s); program held %.1f ms\n",
-                result.seconds, gbps, result.copy_seconds, copy_gbps, result.hold_ms);
+    std::printf("  %.3f s in all (%.2f GB/s); program held %.1f ms while its memory was copied %s in %.3f s (%.2f GB/s)\n",
+                result.seconds, gbps, result.hold_ms, result.gpu_snapshot ? "to spare GPU memory" : "out of the GPU",
+                result.copy_seconds, copy_gbps);
   }
   return exit_ok;
 }

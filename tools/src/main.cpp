@@ -63,6 +63,8 @@ int main(int argc, char** argv) {
                    "Most pinned host memory for staging; a dump that fits is held only for its copy out of the GPU")
       ->capture_default_str();
   dump->add_option("--streams", dump_options.streams, "Copy streams")->capture_default_str()->check(CLI::Range(1, 16));
+  dump->add_flag("--no-gpu-snapshot", dump_options.no_gpu_snapshot,
+                 "Hold the program until its memory is on the host, even when the GPU has room for a copy");
   dump->add_option("--writers", dump_options.writers, "Threads writing the image, one data file each (default: one per core, up to 16)")
       ->check(CLI::Range(1, 256));
   dump->footer(

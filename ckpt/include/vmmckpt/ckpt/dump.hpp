@@ -22,7 +22,10 @@ struct dump_options {
   std::uint64_t staging_bytes = 1ULL << 30;  // most pinned staging to use (at least two buffers)
   int streams = 2;                         // copy streams
   int writers = default_writers();         // threads writing the image, one data file each
-  int hold_deadline_ms = 60'000;           // the program is released after this, dump or not
+  int hold_deadline_ms = 60'000;
+  // Hold the program only while its memory is copied to spare GPU memory, when the device has
+  // that much to spare (and a quarter of it stays free); otherwise while it is copied to the host.
+  bool gpu_snapshot = true;           // the program is released after this, dump or not
   // Suspend: keep the program held until the image is written and verified,
   // then have it give back its GPU memory; it waits for `resume`.
   bool suspend = false;
@@ -37,7 +40,8 @@ struct dump_result {
   image::manifest manifest;
   std::filesystem::path image;
   double seconds = 0;        // from connecting to the committed image
-  double copy_seconds = 0;   // first copy issued to last copy out of the GPU
+  double copy_seconds = 0;   // copying the program's memory: to the snapshot, or out of the GPU
+  bool gpu_snapshot = false; // the program was held only for a copy on the GPU
   double hold_ms = 0;        // how long the program was held, as the program measured it
   std::uint64_t freed_bytes = 0;        // suspend: GPU memory the program gave back
   std::uint64_t device_used_after = 0;  // suspend: bytes still in use on its device(s)
