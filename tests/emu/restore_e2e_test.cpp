@@ -172,6 +172,28 @@ TEST_CASE("restore refuses a bad image with a message naming the defect, and sta
   }
 }
 
+TEST_CASE("restore --no-verify starts at once; the restoring process still refuses damaged bytes", "[emu][restore]") {
+  scratch_dir dir;
+  const auto img = make_list_image(dir);
+  require_walked(restore(img, {"--no-verify"}, {list_program, "walk", img.list.string()}));
+  // A flipped byte in the middle of the payload: the command starts, but its memory calls fail
+  // and the damaged extent is named; the program never sees the wrong bytes as its own.
+  const auto data = img.image / "data.bin";
+  std::fstream f(data, std::ios::in | std::ios::out | std::ios::binary);
+  const std::streamoff at = 64 + static_cast<std::streamoff>(fs::file_size(data) - 64) / 2;
+  f.seekg(at);
+  char c = 0;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x5a);
+  f.seekp(at);
+  f.write(&c, 1);
+  f.close();
+  const auto r = restore(img, {"--no-verify"}, {list_program, "walk", img.list.string()});
+  INFO(describe(r));
+  REQUIRE(r.err.find("checksum mismatch") != std::string::npos);
+  REQUIRE_FALSE(has_line(r.out, "walked " + std::to_string(node_count) + " nodes"));
+}
+
 TEST_CASE("restore into a process whose pool base is taken: every memory call refused, no crash",
           "[emu][restore]") {
   scratch_dir dir;

@@ -35,7 +35,8 @@ int suspend_command(const suspend_command_options& options);
 int resume_command(pid_t pid, bool json);
 
 int inspect_command(const std::string& image, bool json);
-int restore_command(const std::string& image, bool replay, int device, const std::vector<std::string>& command);
+int restore_command(const std::string& image, bool replay, int device, bool verify_first,
+                    const std::vector<std::string>& command);
 int verify_command(const std::string& image, bool json);
 
 }  // namespace vmmckpt::tools

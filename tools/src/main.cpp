@@ -115,6 +115,11 @@ int main(int argc, char** argv) {
   restore->add_flag("--replay", restore_replay,
                     "The allocator starts empty with the image's bytes in place: a program that repeats its "
                     "allocations from the start gets the same addresses and finds its data");
+  bool restore_no_verify = false;
+  restore->add_flag("--no-verify", restore_no_verify,
+                    "Start the command after checking the image's structure only, without reading it through "
+                    "first; the restoring process still checks every extent as it loads it, and its memory calls "
+                    "fail if one is damaged");
   int restore_device = -1;
   restore->add_option("--device", restore_device,
                       "Run on this machine's GPU N (migration); the program sees it as the device it had, and "
@@ -122,7 +127,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 63));
   restore->footer(
       "Usage: cuda-ckpt restore IMAGE [--replay] [--device N] -- COMMAND [ARGS...]\n"
-      "The image is checked (structure and every checksum) before the command starts; a bad image is refused.\n"
+      "The image is checked (structure and every checksum) before the command starts; a bad image is refused\n"
+      "(--no-verify: the structure only, and the restoring process checks each extent as it loads).\n"
       "By default the image's allocations are live in the new process: pointers the program saved stay valid.");
 
   // The command of run and restore is everything after the first "--" (or,
@@ -156,7 +162,8 @@ int main(int argc, char** argv) {
     if (*dump) return dump_command(dump_options);
     if (*inspect) return inspect_command(inspect_path, inspect_json);
     if (*verify) return verify_command(verify_path, verify_json);
-    if (*restore) return restore_command(restore_path, restore_replay, restore_device, trailing_command);
+    if (*restore) return restore_command(restore_path, restore_replay, restore_device, !restore_no_verify,
+                                           trailing_command);
     if (*suspend) return suspend_command(suspend_options);
     if (*resume) return resume_command(resume_pid, resume_json);
   } catch (const vmmckpt::ckpt::tool_error& e) {

@@ -56,14 +56,19 @@ void remap_device(int ordinal, int target) {
 
 }  // namespace
 
-int restore_command(const std::string& path, bool replay, int device, const std::vector<std::string>& command) {
+int restore_command(const std::string& path, bool replay, int device, bool verify_first,
+                    const std::vector<std::string>& command) {
   if (command.empty()) {
     std::cerr << "cuda-ckpt restore: no command given (usage: cuda-ckpt restore IMAGE [--replay] -- COMMAND...)\n";
     return exit_usage;
   }
-  // Refuse a bad image before anything starts: the program never sees it.
+  // Refuse a bad image before anything starts: the program never sees it. (The restoring
+  // process checks every extent again as it loads: the image may change in between.)
   const auto reader = image::reader::open(path);
-  reader.verify_data();
+  if (verify_first)
+    reader.verify_data();
+  else
+    reader.verify_manifest();
   const image::manifest& m = reader.info();
   if (m.pools.empty()) throw image::image_error(path + ": the image holds no pool");
   // The new process places its pools exactly where the image's were.
