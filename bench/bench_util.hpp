@@ -1,0 +1,69 @@
+// Small helpers shared by the benchmark programs: checked CUDA calls, timing, statistics, lists.
+#pragma once
+
+#include <cuda.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+#include <vector>
+
+// Every failed call ends the program with its name and the error's: a benchmark that went on after an
+// error would report numbers for something else.
+#define BENCH_CU(call)                                                                                    \
+  do {                                                                                                    \
+    const CUresult bench_result_ = (call);                                                                \
+    if (bench_result_ != CUDA_SUCCESS) {                                                                  \
+      const char* bench_name_ = nullptr;                                                                  \
+      cuGetErrorName(bench_result_, &bench_name_);                                                        \
+      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call,                           \
+                   bench_name_ ? bench_name_ : "?");                                                      \
+      std::exit(1);                                                                                       \
+    }                                                                                                     \
+  } while (0)
+
+#ifdef __CUDACC__
+#define BENCH_RT(call)                                                                                    \
+  do {                                                                                                    \
+    const cudaError_t bench_error_ = (call);                                                              \
+    if (bench_error_ != cudaSuccess) {                                                                    \
+      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call,                           \
+                   cudaGetErrorName(bench_error_));                                                       \
+      std::exit(1);                                                                                       \
+    }                                                                                                     \
+  } while (0)
+#endif
+
+namespace bench {
+
+using clock_type = std::chrono::steady_clock;
+
+inline double seconds_since(clock_type::time_point t) {
+  return std::chrono::duration<double>(clock_type::now() - t).count();
+}
+
+[[noreturn]] inline void usage_error(const char* program, const std::string& what) {
+  std::fprintf(stderr, "%s: %s (see the comment at the top of its source in bench/)\n", program, what.c_str());
+  std::exit(2);
+}
+
+// The value at fraction q (0..1) of sorted samples, nearest rank.
+inline double quantile(const std::vector<double>& sorted, double q) {
+  if (sorted.empty()) return 0;
+  const auto i = static_cast<std::size_t>(q * static_cast<double>(sorted.size() - 1) + 0.5);
+  return sorted[std::min(i, sorted.size() - 1)];
+}
+
+inline std::vector<std::uint64_t> parse_u64_list(const std::string& s) {
+  std::vector<std::uint64_t> out;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');)
+    if (!item.empty()) out.push_back(std::strtoull(item.c_str(), nullptr, 0));
+  return out;
+}
+
+}  // namespace bench

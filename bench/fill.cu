@@ -1,0 +1,89 @@
+// The program a dump, a suspend or the driver's checkpoint works on: live allocations of a known
+// size holding a pattern that can be checked at any time, in this process or in a restored one.
+//
+//   vmmckpt_bench_fill --gib N [--piece-mib M] --pointers FILE
+//       cudaMalloc N GiB (or --mib N) in pieces of M MiB (default 1024), fill word k of piece p with
+//       fill_word(p, k) by a kernel, write "0xADDR SIZE" per piece to FILE, print "ready"; then stay
+//       a live GPU program (a small kernel every 10 ms on a buffer of its own) until stdin closes.
+//       Each stdin line "check" verifies every piece on the device: "check ok" or "check FAILED n".
+//   vmmckpt_bench_fill --verify-pointers FILE
+//       allocate nothing; check that the pieces FILE lists hold the pattern (in a process started by
+//       `cuda-ckpt restore IMAGE -- ...`, where they are back at their addresses); exit 0 or 1.
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <vector>
+
+#include "fill_common.hpp"
+
+namespace {
+
+constexpr int threads_per_block = 256;
+constexpr int blocks = 2048;  // a grid-stride loop: enough to fill an H100/H200
+
+__global__ void fill_kernel(std::uint64_t* words, std::uint64_t count, std::uint64_t piece) {
+  for (std::uint64_t k = blockIdx.x * blockDim.x + threadIdx.x; k < count; k += std::uint64_t(gridDim.x) * blockDim.x)
+    words[k] = bench::fill_word(piece, k);
+}
+
+__global__ void count_kernel(const std::uint64_t* words, std::uint64_t count, std::uint64_t piece,
+                             unsigned long long* mismatches) {
+  unsigned long long bad = 0;
+  for (std::uint64_t k = blockIdx.x * blockDim.x + threadIdx.x; k < count; k += std::uint64_t(gridDim.x) * blockDim.x)
+    bad += words[k] != bench::fill_word(piece, k);
+  if (bad != 0) atomicAdd(mismatches, bad);
+}
+
+__global__ void tick_kernel(unsigned int* counters) { ++counters[threadIdx.x]; }
+
+std::uint64_t count_mismatches(const std::vector<bench::piece>& pieces, unsigned long long* counter) {
+  BENCH_RT(cudaMemset(counter, 0, sizeof *counter));
+  for (std::size_t p = 0; p < pieces.size(); ++p)
+    count_kernel<<<blocks, threads_per_block>>>(reinterpret_cast<const std::uint64_t*>(pieces[p].addr),
+                                                pieces[p].size / 8, p, counter);
+  BENCH_RT(cudaGetLastError());
+  unsigned long long bad = 0;
+  BENCH_RT(cudaMemcpy(&bad, counter, sizeof bad, cudaMemcpyDeviceToHost));
+  return bad;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bench::fill_options o = bench::parse_fill_options(argc, argv);
+  // Under `cuda-ckpt restore` the image comes back at the process's first memory call: make it now.
+  BENCH_RT(cudaFree(nullptr));
+  unsigned long long* counter = nullptr;
+  BENCH_RT(cudaMalloc(&counter, sizeof *counter));
+
+  if (o.verify_only) {
+    const auto pieces = bench::read_pointers(o.pointers);
+    return bench::report_check(count_mismatches(pieces, counter)) ? 0 : 1;
+  }
+
+  auto pieces = bench::plan_pieces(o);
+  const auto t0 = bench::clock_type::now();
+  for (std::size_t p = 0; p < pieces.size(); ++p) {
+    void* d = nullptr;
+    BENCH_RT(cudaMalloc(&d, pieces[p].size));
+    pieces[p].addr = reinterpret_cast<std::uint64_t>(d);
+    fill_kernel<<<blocks, threads_per_block>>>(static_cast<std::uint64_t*>(d), pieces[p].size / 8, p);
+    BENCH_RT(cudaGetLastError());
+  }
+  BENCH_RT(cudaDeviceSynchronize());
+  std::fprintf(stderr, "vmmckpt_bench_fill: %zu pieces, %.2f GiB filled in %.3f s\n", pieces.size(),
+               static_cast<double>(o.bytes) / (1ULL << 30), bench::seconds_since(t0));
+  bench::write_pointers(o.pointers, pieces);
+
+  unsigned int* tick_buffer = nullptr;
+  BENCH_RT(cudaMalloc(&tick_buffer, 32 * sizeof *tick_buffer));
+  cudaStream_t tick_stream;
+  BENCH_RT(cudaStreamCreateWithFlags(&tick_stream, cudaStreamNonBlocking));
+  return bench::serve(
+      [&] {
+        tick_kernel<<<1, 32, 0, tick_stream>>>(tick_buffer);
+        BENCH_RT(cudaGetLastError());
+        BENCH_RT(cudaStreamSynchronize(tick_stream));
+      },
+      [&] { return count_mismatches(pieces, counter); });
+}

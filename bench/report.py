@@ -1,0 +1,625 @@
+#!/usr/bin/env python3
+"""Turns a benchmark run (bench/run_bench.py's results.jsonl and env.json) into docs/benchmarks.md and
+PNG plots, or into a short text summary.
+
+usage: report.py --results DIR [--results DIR...] [--md docs/benchmarks.md] [--img-dir docs/img] [--no-plots]
+       report.py --results DIR --text          print a summary, write nothing
+       report.py --self-test                   run on synthetic results in a temporary directory
+
+Plots need matplotlib; without it the page says they were skipped. Every figure on the page comes
+from the results given: one run, possibly in several parts (run_bench.py --append, or several DIRs),
+on one machine.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+
+GIB = 1 << 30
+MIB = 1 << 20
+GROWTH_STEP = 64 * MIB  # VMMCKPT_GROWTH_STEP's default: the "one growth step" of the memory target
+BIG = 16  # GiB: the targets hold from this size on
+
+
+# ---- reading ----
+
+class Results:
+    def __init__(self, rows, env):
+        self.rows = rows
+        self.env = env
+
+    @classmethod
+    def load(cls, directories):
+        """The rows of every directory's results.jsonl; the machine as the first env.json names it."""
+        rows, env = [], {}
+        for directory in directories:
+            path = os.path.join(directory, "results.jsonl")
+            with open(path) as f:
+                for n, line in enumerate(f, 1):
+                    line = line.strip()
+                    if not line:
+                        continue
+                    try:
+                        rows.append(json.loads(line))
+                    except ValueError:
+                        print(f"report.py: {path} line {n} is not JSON; ignored", file=sys.stderr)
+            if not env:
+                try:
+                    with open(os.path.join(directory, "env.json")) as f:
+                        env = json.load(f)
+                except (OSError, ValueError):
+                    pass
+        return cls(rows, env)
+
+    def get(self, bench, **match):
+        """The rows of one benchmark without an error, whose fields equal `match`."""
+        return [r for r in self.rows if r.get("bench") == bench and "error" not in r
+                and all(r.get(k) == v for k, v in match.items())]
+
+    def errors(self):
+        return [r for r in self.rows if "error" in r]
+
+    def sizes(self, bench, **match):
+        return sorted({r["size_gib"] for r in self.get(bench, **match) if r.get("size_gib") is not None})
+
+    def one(self, bench, **match):
+        rows = self.get(bench, **match)
+        return rows[0] if rows else None
+
+    def pcie(self, name, size_gib):
+        """The best pinned copy of this size (1 or 4 streams), from the per-size limits runs."""
+        rows = [r for r in self.get("limits", name=name) if r.get("bytes") == int(size_gib * GIB)]
+        return max(rows, key=lambda r: r["gbps"]) if rows else None
+
+    def best(self, bench, field, **match):
+        values = [r[field] for r in self.get(bench, **match) if r.get(field) is not None]
+        return min(values) if values else None
+
+
+# ---- formatting ----
+
+def num(x, digits=2):
+    if x is None:
+        return "–"
+    if isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
+        return "–"
+    if abs(x) >= 100 and digits > 0:
+        return f"{x:,.0f}"
+    return f"{x:,.{digits}f}"
+
+
+def size_label(s):
+    if s is None:
+        return "–"
+    return f"{s:g} GiB" if s >= 1 else f"{s * 1024:g} MiB"
+
+
+def bytes_label(b):
+    if b is None:
+        return "–"
+    if b >= GIB:
+        return f"{b / GIB:.2f} GiB"
+    if b >= MIB:
+        return f"{b / MIB:.1f} MiB"
+    if b >= 1024:
+        return f"{b / 1024:g} KiB"
+    return f"{b} B"
+
+
+def table(header, rows):
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(out)
+
+
+def verdict(ok):
+    return "–" if ok is None else ("yes" if ok else "**no**")
+
+
+# ---- the targets of issue #5 ----
+
+def big_sizes(res, bench, **match):
+    """The sizes >= 16 GiB measured, or failing that the largest one (named in the row)."""
+    sizes = res.sizes(bench, **match)
+    big = [s for s in sizes if s >= BIG]
+    return (big, "") if big or not sizes else ([sizes[-1]], f" (at {size_label(sizes[-1])}: no size ≥ {BIG} GiB ran)")
+
+
+def worst_rate(res, bench, **match):
+    sizes, note = big_sizes(res, bench, **match)
+    rates = [(r["gb_per_s"], r["size_gib"]) for s in sizes for r in res.get(bench, size_gib=s, **match)
+             if r.get("gb_per_s") is not None]
+    if not rates:
+        return None, "not measured"
+    rate, size = min(rates)
+    return rate, f"{num(rate)} GB/s (worst, at {size_label(size)}){note}"
+
+
+def target_rows(res):
+    rows = []
+
+    rate, text = worst_rate(res, "dump", where="tmpfs")
+    rows.append(("dump into tmpfs", "≥ 40 GB/s", text, verdict(None if rate is None else rate >= 40)))
+    rate, text = worst_rate(res, "restore", where="tmpfs")
+    rows.append(("restore from tmpfs, new process", "≥ 40 GB/s", text, verdict(None if rate is None else rate >= 40)))
+    rate, text = worst_rate(res, "resume", where="tmpfs")
+    rows.append(("restore from tmpfs, resume", "≥ 40 GB/s", text, verdict(None if rate is None else rate >= 40)))
+
+    # Held no longer than the GPU-to-host copy: the pinned copy of the same size, 10 % allowed.
+    sizes, note = big_sizes(res, "dump", where="tmpfs")
+    worst = None
+    for s in sizes:
+        d, p = res.one("dump", where="tmpfs", size_gib=s), res.pcie("pcie_dtoh", s)
+        if d and p:
+            ratio = d["hold_ms"] / (p["seconds"] * 1e3)
+            if worst is None or ratio > worst[0]:
+                worst = (ratio, s, d["hold_ms"], p["seconds"] * 1e3)
+    if worst:
+        text = f"held {num(worst[2], 0)} ms, copy {num(worst[3], 0)} ms at {size_label(worst[1])} ({num(worst[0])} ×){note}"
+        rows.append(("program held during a dump", "≤ GPU-to-host copy (+10 %)", text, verdict(worst[0] <= 1.10)))
+    else:
+        rows.append(("program held during a dump", "≤ GPU-to-host copy (+10 %)", "not measured", "–"))
+
+    s32 = res.one("suspend", where="tmpfs", size_gib=32)
+    if s32:
+        rows.append(("suspend of 32 GiB until the memory is free", "< 2 s", f"{num(s32['seconds'])} s",
+                     verdict(s32["seconds"] < 2)))
+    else:
+        sizes = res.sizes("suspend", where="tmpfs")
+        text = "not measured" if not sizes else \
+            f"{num(res.one('suspend', where='tmpfs', size_gib=sizes[-1])['seconds'])} s at {size_label(sizes[-1])} (32 GiB not run)"
+        rows.append(("suspend of 32 GiB until the memory is free", "< 2 s", text, "–"))
+
+    def worst_median(mode):
+        medians = [r["median_us"] for r in res.get("alloc", mode=mode, threads=1) if r["size"] <= MIB]
+        return max(medians) if medians else None
+    shim, native = worst_median("shim"), worst_median("native")
+    rows.append(("`cudaMalloc`+`cudaFree` pair, median (≤ 1 MiB, 1 thread)", "≤ 2 us",
+                 f"{num(shim)} us (native {num(native, 1)} us)" if shim is not None else "not measured",
+                 verdict(None if shim is None else shim <= 2)))
+
+    slow = slowdown(res, "launch", "best_seconds")
+    rows.append(("launch-bound program (10⁶ empty launches)", "≤ 2 % slower",
+                 f"{num(slow, 1)} %" if slow is not None else "not measured",
+                 verdict(None if slow is None else slow <= 2)))
+    slow = slowdown(res, "torch", "median_ms")
+    rows.append(("PyTorch training step", "≤ 1 % slower", f"{num(slow, 1)} %" if slow is not None else "not measured",
+                 verdict(None if slow is None else slow <= 1)))
+
+    f = res.one("frag", mode="shim")
+    if f:
+        bound = 1.1 * f["live_bytes"] + GROWTH_STEP
+        n = res.one("frag", mode="native")
+        native = f" (native {num(n['ratio'])} ×)" if n else ""
+        rows.append(("physical memory held (fragmenting pattern)", "≤ 1.1 × live + 64 MiB",
+                     f"{num(f['ratio'])} × live: {bytes_label(f['physical_bytes'])} for {bytes_label(f['live_bytes'])}"
+                     f", bound {bytes_label(bound)}{native}", verdict(f["physical_bytes"] <= bound)))
+    else:
+        rows.append(("physical memory held (fragmenting pattern)", "≤ 1.1 × live + 64 MiB", "not measured", "–"))
+    return rows
+
+
+def slowdown(res, bench, field):
+    """Percent by which the shim's best run is slower than the native best run."""
+    shim, native = res.best(bench, field, mode="shim"), res.best(bench, field, mode="native")
+    if shim is None or not native:
+        return None
+    return (shim / native - 1) * 100
+
+
+# ---- the per-part tables ----
+
+def dump_table(res):
+    rows = []
+    for s in sorted(set(res.sizes("dump") + res.sizes("restore") + res.sizes("driver_ckpt") + res.sizes("suspend"))):
+        drv = res.one("driver_ckpt", size_gib=s)
+        dtoh, htod = res.pcie("pcie_dtoh", s), res.pcie("pcie_htod", s)
+        for where in ("tmpfs", "disk"):
+            d, r = res.one("dump", where=where, size_gib=s), res.one("restore", where=where, size_gib=s)
+            if not d and not r:
+                continue
+            rows.append((size_label(s), where,
+                         f"{num(d and d['gb_per_s'])} ({num(d and d['seconds'])} s)",
+                         num(d and d["hold_ms"], 1) + (" (GPU snapshot)" if d and d.get("gpu_snapshot") else ""),
+                         f"{num(r and r['gb_per_s'])} ({num(r and r['seconds'])} s)",
+                         num(r and r.get("wall_s")),
+                         "" if where != "tmpfs" or not drv else f"{num(drv['checkpoint_gb_per_s'])} ({num(drv['checkpoint_s'])} s)",
+                         "" if where != "tmpfs" or not drv else f"{num(drv['restore_gb_per_s'])} ({num(drv['restore_s'])} s)",
+                         "" if where != "tmpfs" or not dtoh else f"{num(dtoh['gbps'])} ({num(dtoh['seconds'] * 1e3, 0)} ms)",
+                         "" if where != "tmpfs" or not htod else f"{num(htod['gbps'])} ({num(htod['seconds'] * 1e3, 0)} ms)"))
+    return table(["live", "image in", "dump GB/s (s)", "held ms", "restore GB/s (s)", "restore command s",
+                  "driver checkpoint GB/s (s)", "driver restore GB/s (s)", "PCIe DtoH GB/s", "PCIe HtoD GB/s"], rows)
+
+
+def suspend_table(res):
+    rows = []
+    for s in sorted(set(res.sizes("suspend") + res.sizes("resume"))):
+        drv = res.one("driver_ckpt", size_gib=s)
+        for where in ("tmpfs", "disk"):
+            su, re_ = res.one("suspend", where=where, size_gib=s), res.one("resume", where=where, size_gib=s)
+            if not su and not re_:
+                continue
+            rows.append((size_label(s), where, num(su and su["seconds"]), bytes_label(su and su["freed_bytes"]),
+                         num(re_ and re_["seconds"]), num(re_ and re_["gb_per_s"]),
+                         num(drv and drv["checkpoint_s"]) if where == "tmpfs" else "",
+                         num(drv and drv["restore_s"]) if where == "tmpfs" else ""))
+    return table(["live", "image in", "suspend s", "GPU memory freed", "resume s", "resume GB/s",
+                  "driver checkpoint s", "driver restore s"], rows)
+
+
+LIMIT_ORDER = ["memcpy", "write_files", "read_files", "write_one_file", "pinned_alloc", "pinned_free",
+               "register_touched", "file_map_touch", "register_file_map", "pcie_dtoh", "pcie_htod", "d2d"]
+LIMIT_NAMES = {
+    "memcpy": "host memcpy", "write_files": "write, one file per thread", "read_files": "read back",
+    "write_one_file": "write, one shared file", "pinned_alloc": "cuMemHostAlloc", "pinned_free": "cuMemFreeHost",
+    "register_touched": "cuMemHostRegister (touched pages)", "file_map_touch": "touch a mapped file",
+    "register_file_map": "cuMemHostRegister (mapped file)", "pcie_dtoh": "pinned copy GPU → host",
+    "pcie_htod": "pinned copy host → GPU", "d2d": "copy GPU → GPU",
+}
+
+
+def limits_table(res):
+    rows = res.get("limits")
+    rows.sort(key=lambda r: (LIMIT_ORDER.index(r["name"]) if r["name"] in LIMIT_ORDER else 99,
+                             r.get("where") or "", r.get("bytes", 0), r.get("threads", 0)))
+    out = []
+    for r in rows:
+        where = r.get("where") or ""
+        threads = f"{r['threads']} stream(s)" if r["name"].startswith("pcie") else str(r["threads"])
+        failed = " (failed)" if r.get("failed") else ""
+        out.append((LIMIT_NAMES.get(r["name"], r["name"]) + failed, where, threads, bytes_label(r["bytes"]),
+                    num(r["seconds"], 3), num(r["gbps"])))
+    return table(["what", "where", "threads", "bytes", "seconds", "GB/s"], out)
+
+
+def alloc_table(res):
+    out = []
+    keys = sorted({(r["size"], r["threads"]) for r in res.get("alloc")})
+    for size, threads in keys:
+        n, s = res.one("alloc", mode="native", size=size, threads=threads), res.one("alloc", mode="shim", size=size, threads=threads)
+        speedup = n["median_us"] / s["median_us"] if n and s and s["median_us"] > 0 else None
+        out.append((bytes_label(size), threads, num(n and n["median_us"], 1), num(n and n["p99_us"], 1),
+                    num(s and s["median_us"]), num(s and s["p99_us"]), f"{num(speedup, 1)} ×" if speedup else "–"))
+    return table(["size", "threads", "native median us", "native p99 us", "shim median us", "shim p99 us",
+                  "native / shim"], out)
+
+
+def rounds_table(res, bench, header, cells):
+    out = [(r["mode"], r.get("round", ""), *cells(r)) for r in res.get(bench)]
+    out.sort(key=lambda row: (row[1], row[0] != "native"))
+    return table(["mode", "round", *header], out)
+
+
+def frag_table(res):
+    out = []
+    for r in res.get("frag"):
+        bound = 1.1 * r["live_bytes"] + GROWTH_STEP
+        out.append((r["mode"], bytes_label(r["live_bytes"]), bytes_label(r["physical_bytes"]), num(r["ratio"], 3),
+                    bytes_label(r["peak_live_bytes"]), bytes_label(r["peak_physical_bytes"]), num(r.get("peak_ratio"), 3),
+                    verdict(r["physical_bytes"] <= bound), r.get("memory_source", "")))
+    return table(["mode", "live (end)", "physical (end)", "ratio", "peak live", "peak physical", "peak ratio",
+                  "≤ 1.1 × live + 64 MiB", "measured by"], out)
+
+
+def allocator_table(res):
+    return table(["size", "allocate + free (ns)"],
+                 [(bytes_label(r["size"]), num(r["pair_ns"], 1)) for r in res.get("allocator")])
+
+
+# ---- plots ----
+
+def make_plots(res, img_dir):
+    """Writes the PNGs; returns their file names, or None when matplotlib is missing."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    os.makedirs(img_dir, exist_ok=True)
+    made = []
+
+    def figure(name, title, xlabel, ylabel, series, logy=False, logx=True, xlabel_of=lambda x: f"{x:g}"):
+        series = [(label, pts, style) for label, pts, style in series if pts]
+        if not series:
+            return
+        fig, ax = plt.subplots(figsize=(8, 5), dpi=100)
+        for label, pts, style in series:
+            pts = sorted(pts)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label, linewidth=1.5, markersize=5)
+        if logx:
+            ax.set_xscale("log", base=2)
+            xs = sorted({p[0] for _, pts, _ in series for p in pts})
+            ax.set_xticks(xs)
+            ax.set_xticklabels([xlabel_of(x) for x in xs], fontsize=8)
+            ax.minorticks_off()
+        if logy:
+            ax.set_yscale("log")
+        ax.set_title(title)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(os.path.join(img_dir, name))
+        plt.close(fig)
+        made.append(name)
+
+    def points(bench, field, scale=1.0, **match):
+        return [(r["size_gib"], r[field] * scale) for r in res.get(bench, **match)
+                if r.get(field) is not None and r.get("size_gib") is not None]
+
+    def pcie_points(name, field, scale=1.0):
+        sizes = sorted({r["size_gib"] for r in res.get("limits") if r.get("size_gib") is not None})
+        return [(s, res.pcie(name, s)[field] * scale) for s in sizes if res.pcie(name, s)]
+
+    figure("dump_restore.png", "Throughput against live GPU memory", "live GiB", "GB/s", [
+        ("vmmckpt dump → tmpfs", points("dump", "gb_per_s", where="tmpfs"), "o-"),
+        ("vmmckpt dump → disk", points("dump", "gb_per_s", where="disk"), "o--"),
+        ("vmmckpt restore ← tmpfs (new process)", points("restore", "gb_per_s", where="tmpfs"), "s-"),
+        ("vmmckpt resume ← tmpfs", points("resume", "gb_per_s", where="tmpfs"), "^-"),
+        ("driver checkpoint", points("driver_ckpt", "checkpoint_gb_per_s"), "x:"),
+        ("driver restore", points("driver_ckpt", "restore_gb_per_s"), "+:"),
+        ("PCIe limit (pinned GPU → host)", pcie_points("pcie_dtoh", "gbps"), "k--"),
+    ])
+    driver_hold = [(r["size_gib"], (r["lock_s"] + r["checkpoint_s"] + r["restore_s"] + r["unlock_s"]) * 1e3)
+                   for r in res.get("driver_ckpt")]
+    figure("hold.png", "How long the program is held by a leave-running dump", "live GiB", "ms", [
+        ("vmmckpt dump → tmpfs", points("dump", "hold_ms", where="tmpfs"), "o-"),
+        ("vmmckpt dump → disk", points("dump", "hold_ms", where="disk"), "o--"),
+        ("pinned copy GPU → host (PCIe)", pcie_points("pcie_dtoh", "seconds", 1e3), "k--"),
+        ("driver checkpoint + restore (lock to unlock)", driver_hold, "x:"),
+    ], logy=True)
+    figure("suspend_resume.png", "Suspend and resume against live GPU memory", "live GiB", "seconds", [
+        ("vmmckpt suspend (until memory free)", points("suspend", "seconds", where="tmpfs"), "o-"),
+        ("vmmckpt resume", points("resume", "seconds", where="tmpfs"), "s-"),
+        ("driver checkpoint", points("driver_ckpt", "checkpoint_s"), "x:"),
+        ("driver restore", points("driver_ckpt", "restore_s"), "+:"),
+    ], logy=True)
+    alloc = []
+    for mode, style in (("native", ":"), ("shim", "-")):
+        for threads, marker in ((1, "oC0"), (8, "sC1")):
+            pts = [(r["size"], r["median_us"]) for r in res.get("alloc", mode=mode, threads=threads)]
+            alloc.append((f"{mode}, {threads} thread{'s' if threads > 1 else ''}", pts, marker[0] + style + marker[1:]))
+    figure("alloc.png", "cudaMalloc + cudaFree pair, median", "size", "us", alloc, logy=True,
+           xlabel_of=lambda x: bytes_label(int(x)).replace(".00 ", " ").replace(".0 ", " "))
+    return made
+
+
+# ---- the page ----
+
+def header_lines(res):
+    e = res.env
+    return [
+        f"- device: **{e.get('device', 'unknown')}**, driver {e.get('driver', 'unknown')}"
+        + (f", {e['gpu_memory']}" if e.get("gpu_memory") else ""),
+        f"- commit: `{e.get('commit', 'unknown')}`, date: {e.get('date', 'unknown')}",
+        f"- host: {e.get('cpus', '?')} CPUs, {e.get('mem_total_gib', '?')} GiB memory, kernel {e.get('kernel', '?')}",
+    ]
+
+
+def markdown(res, plots, img_rel):
+    cpu_only = str(res.env.get("mode", "")).startswith("cpu")
+    md = ["# Benchmarks", "",
+          "Generated by `scripts/bench.sh` (bench/run_bench.py, bench/report.py) from one run; every figure "
+          "below was measured in that run, on this machine:", ""]
+    md += header_lines(res) + [""]
+
+    if not cpu_only:
+        md += ["## Targets (issue #5)", "",
+               f"Sizes of {BIG} GiB and more where measured; launch and training figures compare the best "
+               "native run with the best run under the shim.", "",
+               table(["what", "target", "measured", "met?"], target_rows(res)), ""]
+
+    def section(title, text, body, plot=None):
+        md.extend([f"## {title}", ""])
+        if text:
+            md.extend([text, ""])
+        md.extend([body, ""])
+        if plot and plots and plot in plots:
+            md.extend([f"![{title}]({img_rel}/{plot})", ""])
+
+    if res.get("dump") or res.get("restore") or res.get("driver_ckpt"):
+        program = ("`bench/emu_fill.cpp` on the emulated driver: pieces of 64 MiB" if cpu_only
+                   else "`bench/fill.cu`: pieces of 1 GiB")
+        section("Dump and restore",
+                f"`cuda-ckpt dump` of a live program ({program} holding a checked pattern; "
+                "the program must still find its pattern afterwards), then `cuda-ckpt restore` of the image into a "
+                "new process, which checks every byte. Dump GB/s counts the whole command (hold, copy, write, sync, "
+                "rename); restore GB/s is the shim's own restore time (placing and filling the allocations). The "
+                "restore command's wall time beside it also covers `cuda-ckpt restore` checking every checksum of "
+                "the image before it starts the program, the program's start and its check of every byte. Disk "
+                "restores start with the page cache dropped where that was allowed; the checksum pass then reads "
+                "the image from disk, so the shim reads it from the page cache and the wall time is the cold "
+                "figure. The driver's checkpoint (`cuCheckpointProcessCheckpoint`, to host "
+                "memory) and restore are of the same program run natively; the PCIe limit is a pinned `cuMemcpy` "
+                "of the same size (best of 1 and 4 streams).",
+                dump_table(res), "dump_restore.png")
+        if plots and "hold.png" in plots:
+            md.extend([f"![held]({img_rel}/hold.png)", ""])
+    if res.get("suspend") or res.get("resume"):
+        section("Suspend and resume",
+                "`cuda-ckpt suspend` (until the GPU memory is free) and `cuda-ckpt resume` of a live program, which "
+                "then checks its pattern.", suspend_table(res), "suspend_resume.png")
+    if res.get("limits"):
+        section("Limits", "What a dump and a restore run into (`bench/host_limits.cpp`): host memory bandwidth, "
+                "files in tmpfs and on disk, pinning, PCIe, device-to-device copies.", limits_table(res))
+    if res.get("alloc"):
+        section("Allocation", "`bench/alloc.cu`: per-pair latency of `cudaMalloc` + `cudaFree`, each thread doing "
+                "its own pairs.", alloc_table(res), "alloc.png")
+    if res.get("allocator"):
+        section("Allocator (CPU only)", "`bench/allocator_bench.cpp`: the pool's placement logic alone, no driver.",
+                allocator_table(res))
+    if res.get("launch"):
+        slow = slowdown(res, "launch", "best_seconds")
+        section("Launch-bound program", f"`bench/launch.cu`: empty `<<<1,1>>>` launches on one stream, best of 3. "
+                f"Shim against native (best runs): {num(slow, 1)} %.",
+                rounds_table(res, "launch", ["launches", "best s", "median s", "us per launch"],
+                             lambda r: (f"{r['launches']:,}", num(r["best_seconds"], 3), num(r["median_seconds"], 3),
+                                        num(r["us_per_launch"], 3))))
+    if res.get("torch"):
+        slow = slowdown(res, "torch", "median_ms")
+        section("PyTorch training step", "`bench/torch_step.py`: a 6-layer transformer encoder (d_model 1024, batch "
+                f"32 × 256 tokens, bf16 autocast, AdamW). Shim against native (best medians): {num(slow, 1)} %.",
+                rounds_table(res, "torch", ["median ms", "mean ms", "steps"],
+                             lambda r: (num(r["median_ms"], 3), num(r["mean_ms"], 3), r["steps"])))
+    if res.get("frag"):
+        section("Pool memory overhead", "`bench/frag.cu`: a fixed pseudo-random sequence of `cudaMalloc`/`cudaFree`, "
+                "sizes log-uniform from 4 KiB to 64 MiB, rising to 8 GiB live, then 20000 steps of churn. Physical = "
+                "the device's used memory (NVML) less what was used before the first allocation.", frag_table(res))
+    errors = res.errors()
+    if errors:
+        rows = [(e.get("bench", "?"), ", ".join(f"{k}={v}" for k, v in e.items() if k not in ("bench", "error")),
+                 str(e["error"]).replace("|", "\\|").replace("\n", " ")[:300]) for e in errors]
+        section("Errors and skipped measurements", None, table(["part", "where", "error"], rows))
+    if plots is None:
+        md.extend(["_Plots skipped: matplotlib is not installed where the report was made._", ""])
+    return "\n".join(md)
+
+
+def text_summary(res):
+    lines = [f"benchmark summary: {res.env.get('device', '?')}, commit {res.env.get('commit', '?')}"]
+    if not str(res.env.get("mode", "")).startswith("cpu"):
+        lines += [f"  target: {what} {target}: {measured} [met: {met.strip('*')}]"
+                  for what, target, measured, met in target_rows(res)]
+    for r in res.get("allocator"):
+        lines.append(f"  allocator pair    {bytes_label(r['size']):>10}: {num(r['pair_ns'], 1)} ns")
+    for r in res.get("limits"):
+        where = r.get("where") or ""
+        lines.append(f"  limits {r['name']:<16} {where:<5} {bytes_label(r['bytes']):>9} {r['threads']:>2} "
+                     f"{'streams' if r['name'].startswith('pcie') else 'threads'}: {num(r['gbps'])} GB/s")
+    steps = [r for bench in ("dump", "restore", "suspend", "resume") for r in res.get(bench)]
+    # By size and place; sorting is stable, so the steps keep their order (dump, restore, suspend, resume).
+    for r in sorted(steps, key=lambda r: (r["size_gib"], r["where"] != "tmpfs")):
+        rate = f", {num(r['gb_per_s'])} GB/s" if r.get("gb_per_s") is not None else ""
+        held = f", held {num(r['hold_ms'], 1)} ms" if r.get("hold_ms") is not None else ""
+        wall = f" (command {num(r['wall_s'], 3)} s)" if r["bench"] == "restore" and r.get("wall_s") else ""
+        lines.append(f"  {r['bench']:<8} {size_label(r['size_gib']):>9} {r['where']:<5}: "
+                     f"{num(r['seconds'], 3)} s{rate}{held}{wall}")
+    for e in res.errors():
+        lines.append(f"  ERROR {e.get('bench')}: {str(e['error'])[:200]}")
+    return "\n".join(lines)
+
+
+def write_report(res, md_path, img_dir, plots_wanted=True):
+    plots = make_plots(res, img_dir) if plots_wanted else None
+    os.makedirs(os.path.dirname(os.path.abspath(md_path)), exist_ok=True)
+    img_rel = os.path.relpath(os.path.abspath(img_dir), os.path.dirname(os.path.abspath(md_path)))
+    with open(md_path, "w") as f:
+        f.write(markdown(res, plots, img_rel))
+    return plots
+
+
+# ---- self-test ----
+
+def synthetic_results(directory):
+    """A plausible run on an H100 with every part and one error, for exercising the report."""
+    rows = []
+    for s in (1, 4, 16, 32):
+        b = s * GIB
+        for where, rate in (("tmpfs", 42.0), ("disk", 3.1)):
+            secs = b / rate / 1e9
+            rows.append({"bench": "dump", "mode": "shim", "where": where, "size_gib": s, "bytes": b, "seconds": secs,
+                         "gb_per_s": rate, "copy_seconds": b / 54e9, "copy_gb_per_s": 54.0,
+                         "hold_ms": b / 53e9 * 1e3, "wall_s": secs + 0.02})
+            rows.append({"bench": "restore", "mode": "shim", "where": where, "size_gib": s, "bytes": b,
+                         "allocations": s + 1, "seconds": b / 41e9, "gb_per_s": 41.0, "wall_s": b / 20e9 + 0.5,
+                         "cache_dropped": where == "disk" or None})
+            rows.append({"bench": "suspend", "mode": "shim", "where": where, "size_gib": s, "bytes": b,
+                         "freed_bytes": b + 64 * MIB, "seconds": b / 30e9})
+            rows.append({"bench": "resume", "mode": "shim", "where": where, "size_gib": s, "bytes": b,
+                         "seconds": b / 45e9, "gb_per_s": 45.0})
+        rows.append({"bench": "driver_ckpt", "mode": "native", "where": "host-memory", "size_gib": s, "bytes": b,
+                     "lock_s": 0.0003, "checkpoint_s": b / 2.4e9, "restore_s": b / 7e9, "unlock_s": 0.0001,
+                     "checkpoint_gb_per_s": 2.4, "restore_gb_per_s": 7.0})
+        for streams in (1, 4):
+            rows.append({"bench": "limits", "name": "pcie_dtoh", "bytes": b, "threads": streams,
+                         "seconds": b / 55e9, "gbps": 55.0, "size_gib": s})
+            rows.append({"bench": "limits", "name": "pcie_htod", "bytes": b, "threads": streams,
+                         "seconds": b / 54e9, "gbps": 54.0, "size_gib": s})
+    for name, gbps in (("memcpy", 20.0), ("write_files", 9.0), ("read_files", 15.0), ("pinned_alloc", 3.0)):
+        rows.append({"bench": "limits", "name": name, "bytes": 8 * GIB, "threads": 8, "seconds": 8 * GIB / gbps / 1e9,
+                     "gbps": gbps, "where": "tmpfs"})
+    rows.append({"bench": "limits", "name": "write_files", "bytes": 4 * GIB, "threads": 8, "seconds": 2.0,
+                 "gbps": 2.1, "where": "disk"})
+    for size in (256, 4096, 65536, MIB, 16 * MIB, 256 * MIB, GIB):
+        for threads in (1, 8):
+            rows.append({"bench": "alloc", "mode": "native", "size": size, "threads": threads, "pairs": 20000,
+                         "median_us": 70.0 * threads, "p99_us": 150.0, "mean_us": 80.0})
+            rows.append({"bench": "alloc", "mode": "shim", "size": size, "threads": threads, "pairs": 20000,
+                         "median_us": 1.2 * threads, "p99_us": 4.0, "mean_us": 1.5})
+    for rnd in (1, 2):
+        rows.append({"bench": "launch", "mode": "native", "round": rnd, "launches": 1000000, "seconds": 2.0,
+                     "us_per_launch": 2.0, "best_seconds": 2.0 + rnd / 100, "median_seconds": 2.05})
+        rows.append({"bench": "launch", "mode": "shim", "round": rnd, "launches": 1000000, "seconds": 2.03,
+                     "us_per_launch": 2.03, "best_seconds": 2.03, "median_seconds": 2.06})
+        rows.append({"bench": "torch", "mode": "native", "round": rnd, "median_ms": 40.0, "mean_ms": 40.2, "steps": 100})
+        rows.append({"bench": "torch", "mode": "shim", "round": rnd, "median_ms": 40.1, "mean_ms": 40.3, "steps": 100})
+    for mode, phys in (("native", 8.3), ("shim", 8.6)):
+        rows.append({"bench": "frag", "mode": mode, "live_bytes": 8 * GIB, "physical_bytes": int(phys * GIB),
+                     "ratio": phys / 8, "peak_live_bytes": 8 * GIB, "peak_physical_bytes": int(phys * GIB),
+                     "peak_ratio": phys / 8, "memory_source": "nvml"})
+    rows.append({"bench": "torch", "mode": "shim", "round": 3, "error": "python3 timed out | after 600 s"})
+    with open(os.path.join(directory, "results.jsonl"), "w") as f:
+        f.write("\n".join(json.dumps(r) for r in rows) + "\n")
+    with open(os.path.join(directory, "env.json"), "w") as f:
+        json.dump({"device": "NVIDIA H100 80GB HBM3 (synthetic)", "driver": "580.159.04", "commit": "abc1234",
+                   "date": "2026-11-22 00:00:00 UTC", "cpus": 16, "kernel": "6.8", "mem_total_gib": 128,
+                   "mode": "gpu"}, f)
+
+
+def self_test():
+    with tempfile.TemporaryDirectory(prefix="vmmckpt-report-") as tmp:
+        synthetic_results(tmp)
+        res = Results.load([tmp])
+        expected = ["dump into tmpfs", "| 42.00 GB/s (worst, at 16 GiB) | yes |", "suspend of 32 GiB", "1.20 us",
+                    "| 1.0 % | yes |", "Errors and skipped", "python3 timed out \\| after 600 s"]
+        for plots_wanted in (True, False):
+            md_path, img = os.path.join(tmp, "md", "benchmarks.md"), os.path.join(tmp, "img")
+            plots = write_report(res, md_path, img, plots_wanted)
+            text = open(md_path).read()
+            missing = [e for e in expected if e not in text]
+            if missing:
+                print(text)
+                sys.exit(f"self-test FAILED: the page lacks {missing}")
+            if plots is None:
+                if "Plots skipped" not in text:
+                    sys.exit("self-test FAILED: no note that the plots were skipped")
+                print("self-test: page without plots ok" + ("" if plots_wanted else " (plots turned off)"))
+            else:
+                want = {"dump_restore.png", "hold.png", "suspend_resume.png", "alloc.png"}
+                if set(plots) != want or any(f"../img/{p}" not in text for p in want):
+                    sys.exit(f"self-test FAILED: plots {plots}, links in the page: "
+                             f"{[p for p in want if p in text]}")
+                sizes = {p: os.path.getsize(os.path.join(img, p)) for p in plots}
+                print(f"self-test: page with {len(plots)} plots ok ({', '.join(f'{p} {s // 1024} KiB' for p, s in sizes.items())})")
+        print(text_summary(res).splitlines()[0])
+    print("self-test passed")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--results", action="append", help="directory with results.jsonl and env.json (repeatable)")
+    p.add_argument("--md", default="docs/benchmarks.md")
+    p.add_argument("--img-dir", default="docs/img")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--text", action="store_true", help="print a short summary instead of writing the page")
+    p.add_argument("--self-test", action="store_true")
+    args = p.parse_args()
+    if args.self_test:
+        self_test()
+        return
+    if not args.results:
+        p.error("--results DIR is required")
+    res = Results.load(args.results)
+    if args.text:
+        print(text_summary(res))
+        return
+    plots = write_report(res, args.md, args.img_dir, not args.no_plots)
+    print(f"wrote {args.md}" + (f" and {len(plots)} plots in {args.img_dir}" if plots else " (no plots)"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,588 @@
+#!/usr/bin/env python3
+"""Runs vmmckpt's benchmarks (issue #5) and writes every figure as a JSON line to OUT/results.jsonl,
+the machine's description to OUT/env.json, and each command's output to OUT/logs/. bench/report.py
+turns them into docs/benchmarks.md; scripts/bench.sh runs both.
+
+usage: run_bench.py --build DIR --out DIR [--sizes 1,4,16,32] [--skip PARTS] [--quick] [--append]
+                    [--disk-dir PATH] [--tmpfs-dir PATH] [--python PY] [--dump-args ARGS]
+       run_bench.py --cpu-only --build DIR --out DIR [--cpu-sizes-mib 256,512]
+
+Parts (GPU): limits, dump, driver, alloc, launch, torch, frag. With --cpu-only, on the emulated
+driver (DIR/lib/emu): allocator, limits (no GPU), dump (tmpfs only).
+A part that fails records {"bench": ..., "error": ...} and the run goes on with the next one; the
+exit status is 1 when anything failed or was skipped. Every command has a timeout, and no program
+started here outlives the run.
+"""
+import argparse
+import datetime
+import glob
+import json
+import os
+import platform
+import queue
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+GPU_PARTS = ["limits", "dump", "driver", "alloc", "launch", "torch", "frag"]
+CPU_PARTS = ["allocator", "limits", "dump"]
+GIB = 1 << 30
+MIB = 1 << 20
+RESTORE_LOG = re.compile(r"restore: (\d+) allocations, (\d+) bytes from .* in ([0-9.]+) s")
+
+
+class BenchError(Exception):
+    pass
+
+
+def log(msg):
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def json_lines(text):
+    """The JSON objects of a program's output, one per line; other lines are ignored."""
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+    return out
+
+
+def free_bytes(path):
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def mem_available():
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+# Every process started here runs in a session of its own (so that a timeout can kill it with what
+# it started); those still running when the run ends, however it ends, are killed.
+LIVE = set()
+
+
+def start(cmd, **kwargs):
+    proc = subprocess.Popen(cmd, start_new_session=True, **kwargs)
+    LIVE.add(proc)
+    return proc
+
+
+def kill_group(proc):
+    """Kills a process started by start() and everything it started."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        pass
+    LIVE.discard(proc)
+
+
+def remove_images(directory, size_gib):
+    """This size's images in directory, with what a killed dump leaves (IMAGE.partial-*)."""
+    for kind in ("image", "suspend"):
+        base = os.path.join(directory, f"{kind}-{size_gib}")
+        for name in [base] + glob.glob(glob.escape(base) + ".partial-*"):
+            shutil.rmtree(name, ignore_errors=True)
+
+
+def kill_all():
+    for proc in list(LIVE):
+        if proc.poll() is None:
+            log(f"killing {proc.pid} ({os.path.basename(str(proc.args[0]))}), still running at the end")
+        kill_group(proc)
+
+
+class FillProgram:
+    """A fill program (bench/fill.cu or emu_fill.cpp) running in the background: waits for "ready",
+    sends "check" and reads the verdict, and is ended (stdin closed, then killed) on leaving."""
+
+    def __init__(self, bench, cmd, name, env=None):
+        self.bench = bench
+        self.lines = queue.Queue()
+        self.stderr_path = bench.log_path(name + ".stderr")
+        log(f"  start: {' '.join(cmd)}")
+        with open(self.stderr_path, "w") as err:
+            self.proc = start(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True,
+                              env=env or bench.env)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def wait_line(self, prefix, timeout):
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise BenchError(f"no '{prefix}' from the fill program within {timeout:.0f} s{self._tail()}")
+            try:
+                line = self.lines.get(timeout=left)
+            except queue.Empty:
+                continue
+            if line is None:
+                self.proc.wait()
+                raise BenchError(f"the fill program exited ({self.proc.returncode}) before '{prefix}'{self._tail()}")
+            if line.startswith(prefix):
+                return line
+
+    def check(self, timeout):
+        """Sends "check"; raises unless the program answers "check ok"."""
+        try:
+            self.proc.stdin.write("check\n")
+            self.proc.stdin.flush()
+        except OSError as e:
+            raise BenchError(f"cannot talk to the fill program: {e}")
+        line = self.wait_line("check", timeout)
+        if line != "check ok":
+            raise BenchError(f"the fill program's pattern is damaged: {line}")
+
+    def _tail(self):
+        try:
+            with open(self.stderr_path, errors="replace") as f:
+                text = f.read()[-1500:].strip()
+        except OSError:
+            text = ""
+        return f"; its stderr ends: {text}" if text else ""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        # After a failure, waiting for the program to end by itself could take long: kill it at once.
+        if exc_type is None and self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                log(f"  the fill program {self.pid} did not end when its stdin closed: killing it")
+        kill_group(self.proc)  # also whatever it left behind
+        return False
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.build = os.path.abspath(args.build)
+        self.bin = os.path.join(self.build, "bin")
+        self.cuda_ckpt = os.path.join(self.bin, "cuda-ckpt")
+        self.out = os.path.abspath(args.out)
+        self.logs = os.path.join(self.out, "logs")
+        os.makedirs(self.logs, exist_ok=True)
+        self.results = open(os.path.join(self.out, "results.jsonl"), "a" if args.append else "w")
+        self.log_seq = len(os.listdir(self.logs)) if args.append else 0  # appended runs keep earlier logs
+        self.failures = 0
+        self.env = dict(os.environ, NCCL_NVLS_ENABLE="0")
+        if args.cpu_only:
+            emu = os.path.join(self.build, "lib", "emu")
+            self.env["LD_LIBRARY_PATH"] = emu + (":" + self.env["LD_LIBRARY_PATH"] if self.env.get("LD_LIBRARY_PATH") else "")
+            self.fill = os.path.join(self.bin, "vmmckpt_bench_emu_fill")
+            self.sizes_gib = [m / 1024 for m in args.cpu_sizes_mib]
+            self.places = [("tmpfs", args.tmpfs_dir)]
+        else:
+            self.fill = os.path.join(self.bin, "vmmckpt_bench_fill")
+            self.sizes_gib = args.sizes
+            self.places = [("tmpfs", args.tmpfs_dir), ("disk", args.disk_dir)]
+        self.gpu_total = self._gpu_total_bytes()
+
+    # ---- recording and running ----
+
+    def record(self, obj):
+        self.results.write(json.dumps(obj) + "\n")
+        self.results.flush()
+
+    def error(self, bench, message, **tags):
+        log(f"  FAILED {bench} {tags}: {message}")
+        self.failures += 1
+        self.record(dict({"bench": bench}, **tags, error=str(message)[:2000]))
+
+    def log_path(self, name):
+        self.log_seq += 1
+        return os.path.join(self.logs, f"{self.log_seq:03d}-{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}")
+
+    def run(self, cmd, timeout, name, env=None, check=True):
+        """Runs cmd to completion (killed with its children after timeout s); returns (proc, seconds)."""
+        log(f"  run: {' '.join(shlex.quote(c) for c in cmd)}")
+        t0 = time.monotonic()
+        proc = start(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                     env=env or self.env)
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_group(proc)
+            stdout, stderr = proc.communicate()
+            self._save_log(name, cmd, "timeout", stdout, stderr)
+            raise BenchError(f"{name} timed out after {timeout:.0f} s")
+        except BaseException:  # stopped from outside: the command goes first, before any cleanup
+            kill_group(proc)
+            raise
+        seconds = time.monotonic() - t0
+        LIVE.discard(proc)
+        proc.stdout_text, proc.stderr_text = stdout, stderr
+        self._save_log(name, cmd, proc.returncode, stdout, stderr)
+        if check and proc.returncode != 0:
+            raise BenchError(f"{name} exited {proc.returncode}: {stderr.strip()[-1500:]}")
+        return proc, seconds
+
+    def _save_log(self, name, cmd, rc, stdout, stderr):
+        with open(self.log_path(name + ".log"), "w") as f:
+            f.write(f"$ {' '.join(shlex.quote(c) for c in cmd)}\nexit: {rc}\n--- stdout\n{stdout[-100000:]}\n"
+                    f"--- stderr\n{stderr[-100000:]}\n")
+
+    def _gpu_total_bytes(self):
+        if self.args.cpu_only or not shutil.which("nvidia-smi"):
+            return None
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits",
+                                  "-i", "0"], capture_output=True, text=True, timeout=60).stdout
+            return int(float(out.split()[0])) * MIB
+        except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+            return None
+
+    def fits_gpu(self, size):
+        # The context and the program's own buffers need some room besides.
+        return self.gpu_total is None or size + 2 * GIB <= self.gpu_total
+
+    # ---- environment ----
+
+    def write_env(self):
+        env = {
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+            "host": platform.node(),
+            "kernel": platform.release(),
+            "cpus": os.cpu_count(),
+            "mem_total_gib": None,
+            "commit": self._commit(),
+            "mode": "cpu-only (emulated driver)" if self.args.cpu_only else "gpu",
+            "args": {k: sorted(v) if isinstance(v, set) else v for k, v in vars(self.args).items()},
+        }
+        try:
+            with open("/proc/meminfo") as f:
+                env["mem_total_gib"] = round(int(f.readline().split()[1]) / (1 << 20), 1)
+        except (OSError, ValueError, IndexError):
+            pass
+        if not self.args.cpu_only and shutil.which("nvidia-smi"):
+            try:
+                out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                                      "--format=csv,noheader"], capture_output=True, text=True, timeout=60).stdout
+                gpus = [line.split(", ") for line in out.strip().splitlines() if line.strip()]
+                if gpus:
+                    env["device"], env["driver"] = gpus[0][0], gpus[0][1]
+                    env["gpu_memory"] = gpus[0][2] if len(gpus[0]) > 2 else None
+                    env["gpus"] = len(gpus)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        env.setdefault("device", "emulated CUDA driver" if self.args.cpu_only else "unknown")
+        env.setdefault("driver", "emulated" if self.args.cpu_only else "unknown")
+        try:
+            env["cuda_ckpt"] = subprocess.run([self.cuda_ckpt, "--version"], capture_output=True, text=True,
+                                              timeout=30).stdout.strip()
+        except OSError:
+            pass
+        with open(os.path.join(self.out, "env.json"), "w") as f:
+            json.dump(env, f, indent=2)
+        log(f"device: {env['device']}, driver {env['driver']}, commit {env['commit']}, {env['cpus']} CPUs")
+
+    @staticmethod
+    def _commit():
+        repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        try:
+            commit = subprocess.run(["git", "-C", repo, "rev-parse", "--short", "HEAD"], capture_output=True,
+                                    text=True, timeout=30)
+            if commit.returncode == 0 and commit.stdout.strip():
+                dirty = subprocess.run(["git", "-C", repo, "status", "--porcelain", "--untracked-files=no"],
+                                       capture_output=True, text=True, timeout=30).stdout.strip()
+                return commit.stdout.strip() + ("-dirty" if dirty else "")
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        return os.environ.get("VMMCKPT_COMMIT", "unknown")
+
+    # ---- parts ----
+
+    def part_allocator(self):
+        """The pool's placement alone (no driver): its own table, 'size pair (ns)'."""
+        proc, _ = self.run([os.path.join(self.bin, "vmmckpt_bench_allocator")], 300, "allocator")
+        for line in proc.stdout_text.splitlines():
+            fields = line.split()
+            if len(fields) == 2 and fields[0].isdigit():
+                self.record({"bench": "allocator", "size": int(fields[0]), "pair_ns": float(fields[1])})
+
+    def part_limits(self):
+        limits = os.path.join(self.bin, "vmmckpt_bench_limits")
+        quick = self.args.quick
+        if self.args.cpu_only:
+            runs = [("tmpfs", [limits, "--dir", self.args.tmpfs_dir, "--bytes", str(GIB), "--threads", "1,2",
+                               "--no-gpu"], 600)]
+        else:
+            tmpfs_bytes = 2 * GIB if quick else 8 * GIB
+            runs = [("tmpfs", [limits, "--dir", self.args.tmpfs_dir, "--bytes", str(tmpfs_bytes), "--threads",
+                               "1,8" if quick else "1,4,8,16"], 900),
+                    ("disk", [limits, "--dir", self.args.disk_dir, "--bytes", str(4 * GIB), "--threads", "1,8",
+                              "--only", "write_files", "--no-gpu"], 900)]
+        for where, cmd, timeout in runs:
+            try:
+                os.makedirs(cmd[cmd.index("--dir") + 1], exist_ok=True)
+                proc, _ = self.run(cmd, timeout, "limits-" + where)
+                for r in json_lines(proc.stdout_text):
+                    self.record(dict(r, where=where))
+            except (BenchError, OSError) as e:
+                self.error("limits", e, where=where)
+        if self.args.cpu_only:
+            return
+        # The PCIe limit at each size a dump moves (pinned copies of the whole size).
+        for s in self.sizes_gib:
+            size = int(s * GIB)
+            if not self.fits_gpu(size) or size * 1.3 > mem_available():
+                self.error("limits", "skipped: the size does not fit in GPU or host memory", name="pcie", size_gib=s)
+                continue
+            try:
+                proc, _ = self.run([limits, "--bytes", str(size), "--threads", "1", "--only", "pcie"],
+                                   300 + 10 * s, f"limits-pcie-{s}")
+                for r in json_lines(proc.stdout_text):
+                    self.record(dict(r, size_gib=s))
+            except BenchError as e:
+                self.error("limits", e, name="pcie", size_gib=s)
+
+    def fill_cmd(self, size_gib, pointers, shim):
+        # Pieces of 1 GiB on a GPU; 64 MiB on the emulated driver, so that its small images still hold several.
+        piece_mib = 64 if self.args.cpu_only else 1024
+        cmd = [self.fill, "--mib", str(int(round(size_gib * 1024))), "--piece-mib", str(piece_mib),
+               "--pointers", pointers]
+        return [self.cuda_ckpt, "run", "--"] + cmd if shim else cmd
+
+    @staticmethod
+    def ready_timeout(s):
+        return 120 + 10 * s
+
+    def part_dump(self):
+        for s in self.sizes_gib:
+            for where, directory in self.places:
+                tags = {"mode": "shim", "where": where, "size_gib": s}
+                try:
+                    os.makedirs(directory, exist_ok=True)
+                    self.dump_one(s, where, directory, tags)
+                except (BenchError, OSError) as e:
+                    self.error("dump", e, **tags)
+                finally:
+                    remove_images(directory, s)
+
+    def dump_one(self, s, where, directory, tags):
+        """One size in one place: dump a live program (which must not notice), restore the image into a
+        new process, then suspend and resume a live program; never more than one image at a time."""
+        size = int(s * GIB)
+        if not self.fits_gpu(size):
+            raise BenchError("skipped: the size does not fit in GPU memory")
+        if free_bytes(directory) < size * 1.05 + 256 * MIB:
+            raise BenchError(f"skipped: {directory} has {free_bytes(directory) / GIB:.1f} GiB free")
+        pointers = os.path.join(self.out, f"pointers-{s}.txt")
+        image = os.path.join(directory, f"image-{s}")
+        suspended = os.path.join(directory, f"suspend-{s}")
+        remove_images(directory, s)
+        step_timeout = 180 + 20 * s
+        check_timeout = 60 + 5 * s
+
+        log(f"dump: {s} GiB into {where}")
+        with FillProgram(self, self.fill_cmd(s, pointers, shim=True), f"fill-{s}-{where}") as prog:
+            prog.wait_line("ready", self.ready_timeout(s))
+            proc, wall = self.run([self.cuda_ckpt, "dump", str(prog.pid), "-o", image, "--json"]
+                                  + shlex.split(self.args.dump_args), step_timeout, f"dump-{s}-{where}")
+            self.record_tool("dump", proc, tags, wall, dump_args=self.args.dump_args)
+            prog.check(check_timeout)
+
+        dropped = self.drop_caches() if where == "disk" else None
+        proc, wall = self.run([self.cuda_ckpt, "restore", image, "--", self.fill, "--verify-pointers", pointers],
+                              step_timeout, f"restore-{s}-{where}", env=dict(self.env, VMMCKPT_LOG_LEVEL="info"),
+                              check=False)
+        if proc.returncode != 0 or "check ok" not in proc.stdout_text:
+            raise BenchError(f"restore: exit {proc.returncode}, {proc.stdout_text.strip()[-300:]} "
+                             f"{proc.stderr_text.strip()[-1500:]}")
+        m = RESTORE_LOG.search(proc.stderr_text)
+        if not m:
+            raise BenchError("restore: the shim's 'restore: N allocations, B bytes ... in T s' line is missing")
+        restored, seconds = int(m.group(2)), float(m.group(3))
+        self.record(dict(tags, bench="restore", allocations=int(m.group(1)), bytes=restored, seconds=seconds,
+                         gb_per_s=restored / seconds / 1e9 if seconds > 0 else None, wall_s=wall,
+                         cache_dropped=dropped))
+        shutil.rmtree(image, ignore_errors=True)
+
+        log(f"suspend/resume: {s} GiB, image in {where}")
+        with FillProgram(self, self.fill_cmd(s, pointers, shim=True), f"fill-suspend-{s}-{where}") as prog:
+            prog.wait_line("ready", self.ready_timeout(s))
+            proc, wall = self.run([self.cuda_ckpt, "suspend", str(prog.pid), "-o", suspended, "--json"],
+                                  step_timeout, f"suspend-{s}-{where}")
+            self.record_tool("suspend", proc, tags, wall)
+            proc, wall = self.run([self.cuda_ckpt, "resume", str(prog.pid), "--json"], step_timeout,
+                                  f"resume-{s}-{where}")
+            self.record_tool("resume", proc, tags, wall)
+            prog.check(check_timeout)
+
+    def record_tool(self, bench, proc, tags, wall, **extra):
+        """Records what `cuda-ckpt dump|suspend|resume --json` printed (all of it: its fields grow)."""
+        try:
+            r = json.loads(proc.stdout_text)
+            seconds, size = float(r["seconds"]), int(r["bytes"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise BenchError(f"{bench}: cannot read its JSON ({e}): {proc.stdout_text[-500:]}")
+        r.pop("image", None)
+        r.pop("pid", None)
+        r.setdefault("gb_per_s", size / seconds / 1e9 if seconds > 0 else None)
+        self.record(dict({"bench": bench, **tags}, **r, wall_s=wall, **extra))
+        return r
+
+    def drop_caches(self):
+        """So that a restore from disk reads the disk, not the page cache; needs root."""
+        try:
+            subprocess.run(["sync"], timeout=300)
+            with open("/proc/sys/vm/drop_caches", "w") as f:
+                f.write("3\n")
+            return True
+        except (OSError, subprocess.TimeoutExpired) as e:
+            log(f"  cannot drop the page cache ({e}): the disk restore may read cached pages")
+            return False
+
+    def part_driver(self):
+        """The driver's own checkpoint and restore of the same program, run natively."""
+        for s in self.sizes_gib:
+            size = int(s * GIB)
+            tags = {"mode": "native", "where": "host-memory", "size_gib": s}
+            try:
+                if not self.fits_gpu(size) or size * 1.2 > mem_available():
+                    raise BenchError("skipped: the size does not fit in GPU or host memory")
+                log(f"driver checkpoint: {s} GiB")
+                pointers = os.path.join(self.out, f"pointers-driver-{s}.txt")
+                with FillProgram(self, self.fill_cmd(s, pointers, shim=False), f"fill-driver-{s}") as prog:
+                    prog.wait_line("ready", self.ready_timeout(s))
+                    proc, wall = self.run([os.path.join(self.bin, "vmmckpt_bench_driver_ckpt"), str(prog.pid)],
+                                          300 + 30 * s, f"driver-ckpt-{s}")
+                    for r in json_lines(proc.stdout_text):
+                        r.update(tags, bytes=size, wall_s=wall,
+                                 checkpoint_gb_per_s=size / r["checkpoint_s"] / 1e9 if r["checkpoint_s"] > 0 else None,
+                                 restore_gb_per_s=size / r["restore_s"] / 1e9 if r["restore_s"] > 0 else None)
+                        self.record(r)
+                    prog.check(60 + 5 * s)
+            except BenchError as e:
+                self.error("driver_ckpt", e, **tags)
+
+    def both_modes(self, bench, cmd, timeout, rounds):
+        """Runs cmd natively and under the shim (cuda-ckpt run sets LD_PRELOAD), alternating, `rounds`
+        times each, so that a drift of the machine does not favour one mode."""
+        for rnd in range(1, rounds + 1):
+            for mode in ("native", "shim"):
+                tags = {"mode": mode, "round": rnd}
+                try:
+                    full = [self.cuda_ckpt, "run", "--"] + cmd if mode == "shim" else cmd
+                    proc, wall = self.run(full, timeout, f"{bench}-{mode}-{rnd}")
+                    found = json_lines(proc.stdout_text)
+                    if not found:
+                        raise BenchError("no result line in its output")
+                    for r in found:
+                        self.record(dict(r, wall_s=wall, **tags))
+                except BenchError as e:
+                    self.error(bench, e, **tags)
+
+    def part_alloc(self):
+        args = ["--scale", "0.1"] if self.args.quick else []
+        self.both_modes("alloc", [os.path.join(self.bin, "vmmckpt_bench_alloc")] + args, 1800, 1)
+
+    def part_launch(self):
+        args = ["--launches", "200000"] if self.args.quick else []
+        self.both_modes("launch", [os.path.join(self.bin, "vmmckpt_bench_launch")] + args, 600, 2)
+
+    def part_frag(self):
+        args = ["--live-gib", "2", "--steps", "5000"] if self.args.quick else []
+        self.both_modes("frag", [os.path.join(self.bin, "vmmckpt_bench_frag")] + args, 1200, 1)
+
+    def part_torch(self):
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_step.py")
+        args = ["--warmup", "5", "--steps", "20"] if self.args.quick else []
+        self.both_modes("torch", [self.args.python, script] + args, 600, 2)
+
+    def main(self):
+        self.write_env()
+        parts = CPU_PARTS if self.args.cpu_only else GPU_PARTS
+        for part in parts:
+            if part in self.args.skip:
+                log(f"== {part}: skipped")
+                continue
+            log(f"== {part}")
+            t0 = time.monotonic()
+            try:
+                getattr(self, "part_" + part)()
+            except Exception as e:  # one part's surprise must not cost the others
+                self.error(part, f"{type(e).__name__}: {e}")
+            log(f"== {part}: {time.monotonic() - t0:.0f} s")
+        self.results.close()
+        log(f"results: {os.path.join(self.out, 'results.jsonl')}"
+            + (f"; {self.failures} measurement(s) failed or were skipped" if self.failures else ""))
+        return 1 if self.failures else 0
+
+
+def number_list(text, kind=float):
+    return [kind(x) for x in text.split(",") if x.strip()]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--build", required=True, help="build directory (bin/ and lib/ inside)")
+    p.add_argument("--out", required=True, help="where results.jsonl, env.json and logs/ go")
+    p.add_argument("--sizes", help="GiB of live allocations for dump/restore/driver (default 1,4,16,32)")
+    p.add_argument("--cpu-sizes-mib", default="256,512", help="--cpu-only: MiB of live allocations")
+    p.add_argument("--disk-dir", default="/var/tmp/vmmckpt-bench")
+    p.add_argument("--tmpfs-dir", default="/dev/shm/vmmckpt-bench")
+    default_python = "/opt/torch/.venv/bin/python3"
+    p.add_argument("--python", default=default_python if os.path.exists(default_python) else "python3",
+                   help="python with PyTorch, for the torch part")
+    p.add_argument("--skip", default="", help="comma list of parts to skip")
+    p.add_argument("--quick", action="store_true", help="sizes 1,4 (unless --sizes) and fewer iterations")
+    p.add_argument("--append", action="store_true",
+                   help="add to OUT/results.jsonl instead of starting it afresh: a run in several parts")
+    p.add_argument("--cpu-only", action="store_true", help="the parts that need no GPU, on the emulated driver")
+    p.add_argument("--dump-args", default="", help="extra options for cuda-ckpt dump, e.g. '--streams 4'")
+    args = p.parse_args()
+    args.sizes = number_list(args.sizes or ("1,4" if args.quick else "1,4,16,32"))
+    args.sizes = [int(s) if float(s).is_integer() else s for s in args.sizes]
+    args.cpu_sizes_mib = number_list(args.cpu_sizes_mib, int)
+    args.skip = set(number_list(args.skip, str))
+    unknown = args.skip - set(GPU_PARTS) - set(CPU_PARTS)
+    if unknown:
+        p.error(f"unknown parts in --skip: {', '.join(sorted(unknown))}")
+    for path in ("bin/cuda-ckpt", "lib/libvmmckpt.so"):
+        if not os.path.exists(os.path.join(args.build, path)):
+            p.error(f"{os.path.join(args.build, path)} is missing: build first (scripts/bench.sh does)")
+    # A run stopped from outside still cleans up (the finally below).
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        status = Bench(args).main()
+    finally:
+        kill_all()
+    sys.exit(status)
+
+
+if __name__ == "__main__":
+    main()
