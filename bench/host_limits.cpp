@@ -179,6 +179,41 @@ void bench_gpu(const options& o) {
     ::unlink(path.c_str());
   }
 
+  // Physical memory: what backing an allocation with a VMM handle costs (create, map, access),
+  // and a plain cuMemAlloc, which restore, resume and the dump's GPU snapshot pay per byte.
+  if (o.wants("vmm")) {
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = dev;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    for (std::uint64_t size : {64ull << 20, 1ull << 30, 8ull << 30}) {
+      CUdeviceptr va = 0;
+      check(cuMemAddressReserve(&va, size, 0, 0, 0), "cuMemAddressReserve");
+      auto t0 = clock_type::now();
+      CUmemGenericAllocationHandle h = 0;
+      check(cuMemCreate(&h, size, &prop, 0), "cuMemCreate");
+      const double create = seconds_since(t0);
+      check(cuMemMap(va, size, 0, h, 0), "cuMemMap");
+      CUmemAccessDesc access{};
+      access.location = prop.location;
+      access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+      check(cuMemSetAccess(va, size, &access, 1), "cuMemSetAccess");
+      emit("vmm_create_map", size, 1, seconds_since(t0), ",\"create_seconds\":" + std::to_string(create));
+      t0 = clock_type::now();
+      check(cuMemUnmap(va, size), "cuMemUnmap");
+      check(cuMemRelease(h), "cuMemRelease");
+      emit("vmm_unmap_release", size, 1, seconds_since(t0));
+      cuMemAddressFree(va, size);
+    }
+    CUdeviceptr big = 0;
+    auto t0 = clock_type::now();
+    if (cuMemAlloc(&big, o.bytes) == CUDA_SUCCESS) {
+      emit("cu_mem_alloc", o.bytes, 1, seconds_since(t0));
+      cuMemFree(big);
+    }
+  }
+
   if (!o.wants("pcie") && !o.wants("d2d")) return;
   CUdeviceptr d = 0;
   check(cuMemAlloc(&d, o.bytes), "cuMemAlloc");

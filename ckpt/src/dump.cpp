@@ -187,6 +187,7 @@ int default_writers() {
 dump_result dump(const dump_options& options, const std::function<void(const dump_progress&)>& progress) {
   const auto start = clock::now();
   dump_result result;
+  result.start = start;
   control_client client(options.pid);
   const json hello = client.call({{"op", "hello"}});
   fault_point("connected");
@@ -220,6 +221,7 @@ dump_result dump(const dump_options& options, const std::function<void(const dum
     }
   }
   if (context == nullptr) throw tool_error("process " + std::to_string(options.pid) + " has no GPU memory in the pool yet");
+  result.mark("context");
 
   // The image's data files: one per writer thread, fewer for a small dump (an unusable
   // destination fails here, before the program is held).
@@ -246,6 +248,7 @@ dump_result dump(const dump_options& options, const std::function<void(const dum
   if (!options.suspend && options.gpu_snapshot && devices.size() == 1)
     snapshot.try_allocate(live_estimate + live_estimate / 8 + (64ULL << 20));
 
+  result.mark("prepared");
   std::vector<int> fds;
   struct fd_guard {
     std::vector<int>& fds;
@@ -258,6 +261,7 @@ dump_result dump(const dump_options& options, const std::function<void(const dum
                                 options.hold_deadline_ms + 5'000);
   // From here the program is held, until dump_end or this connection closes.
   fault_point("held");
+  result.mark("held");
 
   image::manifest& m = result.manifest;
   m.tool_version = VMMCKPT_VERSION;
@@ -403,6 +407,7 @@ dump_result dump(const dump_options& options, const std::function<void(const dum
     result.copy_seconds = std::chrono::duration<double>(clock::now() - copy_start).count();
     result.gpu_snapshot = true;
     release_program();
+    result.mark("released");
   }
   for (std::size_t c = 0; c < chunks.size(); ++c) {
     const std::size_t b = c % buffers;
@@ -444,19 +449,32 @@ dump_result dump(const dump_options& options, const std::function<void(const dum
     if (progress) progress({total, total});
     m.data_bytes = total;
   };
-  if (!released) release_program();
+  result.mark("copied");
+  if (!released) {
+    release_program();
+    if (released) result.mark("released");
+  }
   if (!options.suspend) {
     finish_writing();
+    result.mark("written");
     m.hold_us = static_cast<std::uint64_t>(result.hold_ms * 1000.0);
     writer.commit(m);
+    result.mark("committed");
   } else {
-    // The program gives its memory back only once the image is complete,
-    // synced, and reads back with every checksum right.
+    // The program gives its memory back only once the image is complete and synced, and opens
+    // with every rule checked (headers, sizes, the manifest's checksum). The checksums of the
+    // bytes were taken from the very buffers written; reading them back (--verify) would read
+    // the page cache, not the medium, so it is optional.
     mappings.clear();
     fault_point("writing");
     finish_writing();
+    result.mark("written");
     writer.commit(m);
-    image::reader::open(options.output).verify_data();
+    result.mark("committed");
+    const auto check = image::reader::open(options.output);
+    check.verify_manifest();
+    if (options.verify_before_suspend) check.verify_data();
+    result.mark("verified");
     fault_point("verified");
     json suspended;
     try {
@@ -468,6 +486,7 @@ dump_result dump(const dump_options& options, const std::function<void(const dum
       throw;
     }
     fault_point("suspended");
+    result.mark("suspended");
     result.hold_ms = suspended.value("held_us", 0.0) / 1000.0;
     result.freed_bytes = suspended.value("freed_bytes", std::uint64_t{0});
     for (const json& d : suspended.value("devices", json::array()))

@@ -40,7 +40,7 @@ pool_status device_pool::free(std::uint64_t addr) {
   const auto block = ranges_.retire(addr);
   if (!block) return pool_status::invalid_value;
   // Work submitted until now may still use the block: reusing it waits for that work only.
-  retired_work_ = std::max(retired_work_, backend_.submitted_work());
+  retired_work_ = backend_.submitted_work();
   count_live(block->addr, block->size, false);
   if (idle_bytes_ > policy_.retain_bytes && !keep_idle_) {
     reclaim_locked();
@@ -178,14 +178,16 @@ void device_pool::reclaim_locked() {
   if (!ranges_.has_retired()) return;
   // An allocate/free loop with no GPU work between (common in allocators' warm-up and in
   // programs that size buffers) reuses memory without a synchronize each time.
-  if (retired_work_ > synced_work_) synchronize_locked();
+  // Every synchronize empties the quarantine, so the blocks in it were all freed since the last
+  // one began: if the count has not moved by the latest free, none can be in use.
+  if (retired_work_ != synced_work_) synchronize_locked();
   ranges_.reclaim_retired();
 }
 
 void device_pool::synchronize_locked() {
   const std::uint64_t work = backend_.submitted_work();
   backend_.synchronize();
-  synced_work_ = std::max(synced_work_, work);
+  synced_work_ = work;
 }
 
 int device_pool::back_range(std::uint64_t addr, std::uint64_t size) {
@@ -207,10 +209,13 @@ int device_pool::back_range(std::uint64_t addr, std::uint64_t size) {
     }
     const std::uint64_t gap_end = it == segments_.end() ? pool_end : it->first;
     const std::uint64_t needed_end = std::min(want_end, gap_end);
-    // Grow by at least one step: fewer, larger handles are much cheaper to map
-    // and to grant access to, and the next small blocks land in the slack.
+    // Small blocks grow the pool by at least one step: fewer, larger handles are much cheaper
+    // to map and to grant access to, and the next small blocks land in the slack. A block of a
+    // step or more gets a handle of its own size: slack behind it would stay held as long as
+    // the block lives, and such blocks hold most of the bytes.
     const std::uint64_t step = align_up(policy_.growth_step, granule);
-    const std::uint64_t grown_end = std::min(gap_end, std::max(needed_end, cursor + step));
+    const std::uint64_t grown_end =
+        size >= step ? needed_end : std::min(gap_end, std::max(needed_end, cursor + step));
     std::uint64_t handle = 0;
     std::uint64_t seg_end = grown_end;
     int error = backend_.map_segment(cursor, seg_end - cursor, handle);

@@ -8,13 +8,10 @@ thread_local int depth = 0;  // gated calls of this thread currently inside
 
 void work_gate::enter() {
   for (;;) {
-    inside_.fetch_add(1, std::memory_order_seq_cst);
-    if (!closed_.load(std::memory_order_seq_cst)) {
-      entered_.fetch_add(1, std::memory_order_relaxed);
-      return;
-    }
+    state_.fetch_add(one_entry, std::memory_order_seq_cst);
+    if (!closed_.load(std::memory_order_seq_cst)) return;
     // Closed: step back out so the closer can finish draining, then wait.
-    if (inside_.fetch_sub(1, std::memory_order_seq_cst) == 1) {
+    if ((state_.fetch_sub(1, std::memory_order_seq_cst) & inside_mask) == 1) {
       std::lock_guard lock(mutex_);
       changed_.notify_all();
     }
@@ -24,7 +21,7 @@ void work_gate::enter() {
 }
 
 void work_gate::leave() {
-  if (inside_.fetch_sub(1, std::memory_order_seq_cst) == 1 && closed_.load(std::memory_order_seq_cst)) {
+  if ((state_.fetch_sub(1, std::memory_order_seq_cst) & inside_mask) == 1 && closed_.load(std::memory_order_seq_cst)) {
     std::lock_guard lock(mutex_);
     changed_.notify_all();
   }
@@ -34,7 +31,7 @@ bool work_gate::close(std::chrono::steady_clock::time_point deadline) {
   closed_.store(true, std::memory_order_seq_cst);
   std::unique_lock lock(mutex_);
   const bool drained =
-      changed_.wait_until(lock, deadline, [this] { return inside_.load(std::memory_order_seq_cst) == 0; });
+      changed_.wait_until(lock, deadline, [this] { return inside() == 0; });
   if (!drained) {
     closed_.store(false, std::memory_order_seq_cst);
     changed_.notify_all();

@@ -22,13 +22,18 @@ class work_gate {
   bool close(std::chrono::steady_clock::time_point deadline);
   void open();
   bool is_closed() const { return closed_.load(std::memory_order_acquire); }
-  // How many calls have come through so far: the pools' measure of work submitted.
-  std::uint64_t entered() const { return entered_.load(std::memory_order_acquire); }
+  // How many calls have come in so far (modulo 2^40): the pools' measure of work submitted.
+  std::uint64_t entered() const { return state_.load(std::memory_order_acquire) >> count_bits; }
 
  private:
-  std::atomic<std::int64_t> inside_{0};
+  // One word for both, so that a call still costs two atomic operations: the low bits count the
+  // calls inside now, the high bits every call that came in.
+  static constexpr int count_bits = 24;
+  static constexpr std::uint64_t inside_mask = (1ULL << count_bits) - 1;
+  static constexpr std::uint64_t one_entry = (1ULL << count_bits) + 1;
+  std::uint64_t inside() const { return state_.load(std::memory_order_seq_cst) & inside_mask; }
+  std::atomic<std::uint64_t> state_{0};
   std::atomic<bool> closed_{false};
-  alignas(64) std::atomic<std::uint64_t> entered_{0};  // a cache line of its own: every launch bumps it
   std::mutex mutex_;
   std::condition_variable changed_;
 };

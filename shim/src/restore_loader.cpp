@@ -76,13 +76,16 @@ bool restore_image(const std::string& path, bool replay) {
       }
       for (const image::extent& e : p.extents) bytes += e.size;
     }
+    const auto placed = std::chrono::steady_clock::now();
     if (std::string error; !load_image(*d, reader, error)) {
       log::error("restore: {}", error);
       return false;
     }
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    log::info("restore: {} allocations, {} bytes from {} in {:.3f} s{}", blocks, bytes, path, seconds,
-              replay ? " (replay: the allocator starts empty)" : "");
+    const auto now = std::chrono::steady_clock::now();
+    const double seconds = std::chrono::duration<double>(now - start).count();
+    log::info("restore: {} allocations, {} bytes from {} in {:.3f} s (placing {:.3f} s, loading {:.3f} s){}", blocks,
+              bytes, path, seconds, std::chrono::duration<double>(placed - start).count(),
+              std::chrono::duration<double>(now - placed).count(), replay ? " (replay: the allocator starts empty)" : "");
     return true;
   } catch (const std::exception& e) {
     log::error("restore from {} failed: {}", path, e.what());
@@ -119,6 +122,7 @@ bool refill_pools_from_image(const std::string& path, std::string& error, std::u
     error = "no driver";
     return false;
   }
+  const auto start = std::chrono::steady_clock::now();
   std::vector<device_pool*> rebuilt;
   auto undo = [&] {
     for (device_pool* p : rebuilt) p->release_all_physical();
@@ -153,10 +157,14 @@ bool refill_pools_from_image(const std::string& path, std::string& error, std::u
       rebuilt.push_back(pool);
       for (const image::extent& e : p.extents) bytes += e.size;
     }
+    const auto loading = std::chrono::steady_clock::now();
     if (!load_image(*d, reader, error)) {
       undo();
       return false;
     }
+    log::info("resume: physical memory back in {:.3f} s, {} bytes loaded in {:.3f} s",
+              std::chrono::duration<double>(loading - start).count(), bytes,
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - loading).count());
     return true;
   } catch (const std::exception& e) {
     error = e.what();

@@ -30,6 +30,7 @@ struct suspend_command_options {
   bool json = false;
   int deadline_s = 120;
   int writers = 0;  // 0: ckpt::default_writers()
+  bool verify = false;
 };
 int suspend_command(const suspend_command_options& options);
 int resume_command(pid_t pid, bool json);

@@ -94,10 +94,13 @@ int main(int argc, char** argv) {
   suspend->add_option("--deadline", suspend_options.deadline_s,
                       "Release the program, not suspended, if saving takes longer than this many seconds")
       ->capture_default_str()->check(CLI::Range(1, 3600));
+  suspend->add_flag("--verify", suspend_options.verify,
+                    "Read the image back and check every checksum before the memory is freed");
   suspend->add_option("--writers", suspend_options.writers, "Threads writing the image (default: one per core, up to 16)")
       ->check(CLI::Range(1, 256));
   suspend->footer(
-      "Nothing is freed unless the image is complete and verified. Threads of the program that call CUDA\n"
+      "Nothing is freed unless the image is complete, synced and opens with every rule checked (with --verify:\n"
+      "and reads back with every checksum right). Threads of the program that call CUDA\n"
       "wait until resume; its CUDA context stays on the GPU.");
 
   pid_t resume_pid = 0;

@@ -38,6 +38,7 @@ int suspend_command(const suspend_command_options& o) {
   options.suspend = true;
   options.hold_deadline_ms = o.deadline_s * 1000;
   if (o.writers > 0) options.writers = o.writers;
+  options.verify_before_suspend = o.verify;
   if (o.output.empty()) {
     char stamp[32];
     const std::time_t t = std::time(nullptr);
@@ -53,14 +54,14 @@ int suspend_command(const suspend_command_options& o) {
   bar.finish();
   const double seconds = r.seconds;
   if (o.json) {
-    std::cout << nlohmann::json{{"pid", o.pid},
-                                {"image", r.image.string()},
-                                {"bytes", r.manifest.data_bytes},
-                                {"freed_bytes", r.freed_bytes},
-                                {"device_used_bytes_after", r.device_used_after},
-                                {"seconds", seconds}}
-                     .dump(2)
-              << "\n";
+    nlohmann::json out{{"pid", o.pid},
+                       {"image", r.image.string()},
+                       {"bytes", r.manifest.data_bytes},
+                       {"freed_bytes", r.freed_bytes},
+                       {"device_used_bytes_after", r.device_used_after},
+                       {"seconds", seconds}};
+    for (const auto& [step, at] : r.phases) out["phases"][step] = at;
+    std::cout << out.dump(2) << "\n";
   } else {
     std::printf("suspended process %d in %.3f s: %s of GPU memory freed, image %s (%s)\n", static_cast<int>(o.pid),
                 seconds, human_bytes(r.freed_bytes).c_str(), r.image.c_str(),

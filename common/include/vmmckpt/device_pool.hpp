@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+
+#include "vmmckpt/adaptive_mutex.hpp"
 #include <string>
 #include <vector>
 
@@ -24,8 +26,8 @@ class physical_backend {
   virtual void unmap_segment(std::uint64_t addr, std::uint64_t size, std::uint64_t handle) = 0;
   // Waits until no work submitted so far can touch pool memory.
   virtual void synchronize() = 0;
-  // A count that grows with every piece of GPU work the program submits: while it has not moved
-  // since a synchronize began, freed memory can be reused without waiting again.
+  // A count that moves with every piece of GPU work the program submits (it may wrap): while it
+  // has not moved since a synchronize began, freed memory can be reused without waiting again.
   virtual std::uint64_t submitted_work() const = 0;
   virtual bool is_out_of_memory(int error) const = 0;
 };
@@ -132,14 +134,14 @@ class device_pool {
   const pool_policy policy_;
   physical_backend& backend_;
 
-  mutable std::mutex mutex_;
+  mutable adaptive_mutex mutex_;
   range_allocator ranges_;
   std::map<std::uint64_t, segment> segments_;  // by start address
   std::uint64_t backed_bytes_ = 0;
   std::uint64_t idle_bytes_ = 0;
   bool keep_idle_ = false;  // set by prefill
   bool suspended_ = false;  // between release_all_physical and rebuild_physical
-  std::uint64_t retired_work_ = 0;  // submitted_work() at the latest free still in quarantine
+  std::uint64_t retired_work_ = 0;  // submitted_work() at the latest free
   std::uint64_t synced_work_ = 0;   // submitted_work() when the last synchronize began
 };
 

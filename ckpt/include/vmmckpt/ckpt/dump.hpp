@@ -3,10 +3,13 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "vmmckpt/image.hpp"
 
@@ -25,7 +28,9 @@ struct dump_options {
   int hold_deadline_ms = 60'000;
   // Hold the program only while its memory is copied to spare GPU memory, when the device has
   // that much to spare (and a quarter of it stays free); otherwise while it is copied to the host.
-  bool gpu_snapshot = true;           // the program is released after this, dump or not
+  bool gpu_snapshot = true;
+  // Suspend: read the whole image back and check every checksum before the memory is freed.
+  bool verify_before_suspend = false;           // the program is released after this, dump or not
   // Suspend: keep the program held until the image is written and verified,
   // then have it give back its GPU memory; it waits for `resume`.
   bool suspend = false;
@@ -45,6 +50,13 @@ struct dump_result {
   double hold_ms = 0;        // how long the program was held, as the program measured it
   std::uint64_t freed_bytes = 0;        // suspend: GPU memory the program gave back
   std::uint64_t device_used_after = 0;  // suspend: bytes still in use on its device(s)
+  // Where the time went: seconds from the start at which each step ended ("context", "prepared",
+  // "held", "released", "copied", "written", "committed", ...), in order.
+  std::vector<std::pair<std::string, double>> phases;
+  std::chrono::steady_clock::time_point start;
+  void mark(const std::string& step) {
+    phases.emplace_back(step, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
 };
 
 struct resume_result {
