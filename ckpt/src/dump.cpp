@@ -124,7 +124,7 @@ struct staging {
   std::vector<CUstream> streams;
 
   void allocate(int count, std::size_t bytes) {
-    pages = host_pages(static_cast<std::size_t>(count) * bytes);
+    pages = host_pages(static_cast<std::size_t>(count) * bytes, 8);
     if (pages.data() != nullptr && cuMemHostRegister(pages.data(), pages.size(), 0) == CUDA_SUCCESS) {
       registered = true;
       for (int i = 0; i < count; ++i) buffers.push_back(static_cast<unsigned char*>(pages.data()) + i * bytes);
@@ -139,7 +139,7 @@ struct staging {
     }
     for (int i = 0; i < count; ++i) {
       CUevent e;
-      VMMCKPT_CUDA_TRY(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+      VMMCKPT_CUDA_TRY(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC));
       events.push_back(e);
     }
   }

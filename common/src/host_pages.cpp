@@ -5,14 +5,17 @@
 
 #include <cstdint>
 #include <cstring>
+#include <algorithm>
+#include <thread>
 #include <utility>
+#include <vector>
 
 namespace vmmckpt {
 namespace {
 constexpr std::size_t huge_page = 2u << 20;
 }
 
-host_pages::host_pages(std::size_t size) {
+host_pages::host_pages(std::size_t size, unsigned threads) {
   if (size == 0) return;
   // Over-map by one huge page so that the used part can start on a huge-page boundary.
   map_size_ = (size + 2 * huge_page - 1) / huge_page * huge_page;
@@ -25,10 +28,22 @@ host_pages::host_pages(std::size_t size) {
   data_ = reinterpret_cast<void*>(at);
   size_ = size;
   ::madvise(data_, size_, MADV_HUGEPAGE);  // advice only: 4 KiB pages work too
+  // Slices of whole huge pages, one per thread.
+  const std::size_t slices = std::max<std::size_t>(1, std::min<std::size_t>(threads, size_ / huge_page));
+  const std::size_t slice = (size_ / slices + huge_page - 1) / huge_page * huge_page;
+  auto populate = [&](std::size_t k) {
+    auto* p = static_cast<unsigned char*>(data_) + k * slice;
+    const std::size_t n = std::min(slice, size_ - std::min(size_, k * slice));
+    if (n == 0) return;
 #ifdef MADV_POPULATE_WRITE
-  if (::madvise(data_, size_, MADV_POPULATE_WRITE) == 0) return;
+    if (::madvise(p, n, MADV_POPULATE_WRITE) == 0) return;
 #endif
-  std::memset(data_, 0, size_);  // kernels before 5.14: fault the pages in by touching them
+    std::memset(p, 0, n);  // kernels before 5.14: fault the pages in by touching them
+  };
+  std::vector<std::thread> helpers;
+  for (std::size_t k = 1; k < slices; ++k) helpers.emplace_back(populate, k);
+  populate(0);
+  for (auto& t : helpers) t.join();
 }
 
 host_pages::~host_pages() {

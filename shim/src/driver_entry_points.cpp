@@ -31,7 +31,8 @@ CUresult stream_device(CUstream stream, int& ordinal) {
 }
 
 CUresult pool_allocate(int ordinal, std::size_t size, alloc_api api, CUdeviceptr& out) {
-  gate_scope scope;  // the allocation table must not change while a dump holds the program
+  // The allocation table must not change while a dump holds the program; no GPU work is submitted.
+  gate_scope scope(gate_scope::no_work);
   if (!restore_ready()) return CUDA_ERROR_OUT_OF_MEMORY;
   device_pool* pool = nullptr;
   CUresult e = acquire_pool(ordinal, pool);
@@ -53,7 +54,7 @@ bool pool_free(CUdeviceptr addr, CUresult& result) {
   restore_ready();  // a restored pointer may be freed before any other memory call
   device_pool* pool = pool_containing(addr);
   if (pool == nullptr) return false;
-  gate_scope scope;
+  gate_scope scope(gate_scope::no_work);
   const pool_status status = pool->free(addr);
   if (status != pool_status::ok) log::info("free of {:#x}: not a live pool allocation", static_cast<std::uint64_t>(addr));
   result = to_cuda_result(status, 0);

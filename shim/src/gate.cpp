@@ -6,9 +6,9 @@ namespace {
 thread_local int depth = 0;  // gated calls of this thread currently inside
 }
 
-void work_gate::enter() {
+void work_gate::enter(bool work) {
   for (;;) {
-    state_.fetch_add(one_entry, std::memory_order_seq_cst);
+    state_.fetch_add(work ? one_entry : 1, std::memory_order_seq_cst);
     if (!closed_.load(std::memory_order_seq_cst)) return;
     // Closed: step back out so the closer can finish draining, then wait.
     if ((state_.fetch_sub(1, std::memory_order_seq_cst) & inside_mask) == 1) {
@@ -52,8 +52,8 @@ work_gate& the_gate() {
   return gate;
 }
 
-gate_scope::gate_scope() {
-  if (depth++ == 0) the_gate().enter();
+gate_scope::gate_scope(kind k) {
+  if (depth++ == 0) the_gate().enter(k == submits_work);
 }
 
 gate_scope::~gate_scope() {

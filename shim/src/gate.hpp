@@ -14,7 +14,9 @@ namespace vmmckpt::detail {
 // inside to return. A thread already inside may call through again (nested).
 class work_gate {
  public:
-  void enter();
+  // `work`: the call may submit GPU work and is counted in entered(); allocation and free pass
+  // the gate too (the allocation table must not change during a dump) but are not counted.
+  void enter(bool work = true);
   void leave();
 
   // Closes and waits until no call is inside. False when the deadline passed
@@ -42,7 +44,8 @@ work_gate& the_gate();
 
 class gate_scope {
  public:
-  gate_scope();
+  enum kind { submits_work, no_work };
+  explicit gate_scope(kind k = submits_work);
   ~gate_scope();
   gate_scope(const gate_scope&) = delete;
   gate_scope& operator=(const gate_scope&) = delete;

@@ -77,10 +77,15 @@ class loader_thread {
     reader.check_extent(e, sum.value());
   }
 
+  // Waits for the last copy from each buffer (earlier ones were waited for before the buffer was
+  // reused). Events made with CU_EVENT_BLOCKING_SYNC sleep: sixteen loaders spinning in the
+  // driver would take the cores the reads need.
   void finish() {
-    for (auto& [device, q] : queues_) {
-      d_.cuCtxSetCurrent(q.context);
-      check(d_.cuStreamSynchronize(q.stream), "finishing the copies to the device");
+    for (int b = 0; b < 2; ++b) {
+      if (pending_[b] == nullptr) continue;
+      d_.cuCtxSetCurrent(pending_[b]->context);
+      check(d_.cuEventSynchronize(pending_[b]->done[b]), "finishing the copies to the device");
+      pending_[b] = nullptr;
     }
   }
 
@@ -100,7 +105,7 @@ class loader_thread {
       check(d_.cuDevicePrimaryCtxRetain(&q.context, dev), "retaining the device's context");
       check(d_.cuCtxSetCurrent(q.context), "making the device's context current");
       check(d_.cuStreamCreate(&q.stream, CU_STREAM_NON_BLOCKING), "creating a copy stream");
-      for (auto& e : q.done) check(d_.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING), "creating an event");
+      for (auto& e : q.done) check(d_.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC), "creating an event");
       it = queues_.emplace(device, q).first;
     }
     check(d_.cuCtxSetCurrent(it->second.context), "making the device's context current");
