@@ -310,6 +310,9 @@ class Bench:
 
     @staticmethod
     def _commit():
+        # A copy of the tree (a GPU machine's) may carry a stale .git: an id given explicitly wins.
+        if os.environ.get("VMMCKPT_COMMIT"):
+            return os.environ["VMMCKPT_COMMIT"]
         repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         try:
             commit = subprocess.run(["git", "-C", repo, "rev-parse", "--short", "HEAD"], capture_output=True,

@@ -3,7 +3,7 @@
 # that needs no GPU (ctest -LE gpu) in the same build; the full log goes to ${OUT:-build-gpu}.
 #
 # usage: scripts/gpu-test.sh [--no-build] [--gpu-only] [-- extra ctest args, e.g. -R gpu_pool]
-# env:   OUT (where the log and test artefacts go), VMMCKPT_COMMIT (commit id when .git is absent),
+# env:   OUT (where the log and test artefacts go), VMMCKPT_COMMIT (the commit id to report; default git's),
 #        VMMCKPT_GPU_BUILD_DIR (default build-gpu), VMMCKPT_TEST_PYTHON (python with PyTorch).
 set -uo pipefail
 
@@ -35,6 +35,8 @@ section() { printf '\n===== %s =====\n' "$*"; }
 
 commit_id() {
   local id
+  # A copy of the tree (a GPU machine's) may carry a stale .git: an id given explicitly wins.
+  if [[ -n "${VMMCKPT_COMMIT:-}" ]]; then echo "${VMMCKPT_COMMIT}"; return; fi
   if id="$(git -C "${repo_root}" rev-parse --short HEAD 2>/dev/null)"; then
     if [[ -n "$(git -C "${repo_root}" status --porcelain --untracked-files=no 2>/dev/null)" ]]; then
       id="${id}-dirty"
