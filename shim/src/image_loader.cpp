@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "log.hpp"
 #include "vmmckpt/host_pages.hpp"
 
 namespace vmmckpt::detail {
@@ -34,8 +35,6 @@ class loader_thread {
  public:
   explicit loader_thread(const driver_api& d) : d_(d), pages_(2 * piece_bytes) {
     if (pages_.data() == nullptr) throw load_failure{"no host memory for the load buffers"};
-    // Unpinned memory still works (the copies then block); pinned lets them overlap the reads.
-    pinned_ = d_.cuMemHostRegister_v2(pages_.data(), pages_.size(), 0) == CUDA_SUCCESS;
   }
   ~loader_thread() {
     for (auto& [device, q] : queues_) {
@@ -51,6 +50,13 @@ class loader_thread {
 
   void load(const image::reader& reader, const image::extent& e, int device) {
     queue& q = queue_for(device);
+    if (!tried_pinning_) {
+      // Registering needs a current context (queue_for made one current). Unpinned memory still
+      // works, but each copy then blocks and the driver stages it at a few GB/s in all.
+      tried_pinning_ = true;
+      pinned_ = d_.cuMemHostRegister_v2(pages_.data(), pages_.size(), CU_MEMHOSTREGISTER_PORTABLE) == CUDA_SUCCESS;
+      if (!pinned_) log::warn("restore: pinning the load buffers failed; loading with blocking copies");
+    }
     image::streaming_checksum sum;
     for (std::uint64_t at = 0; at < e.size;) {
       const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(piece_bytes, e.size - at));
@@ -114,7 +120,7 @@ class loader_thread {
 
   const driver_api& d_;
   host_pages pages_;
-  bool pinned_ = false;
+  bool pinned_ = false, tried_pinning_ = false;
   std::map<int, queue> queues_;
   queue* pending_[2] = {nullptr, nullptr};  // the queue whose copy last read each buffer
   int next_ = 0;
