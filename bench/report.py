@@ -172,21 +172,19 @@ def target_rows(res):
             f"{num(res.one('suspend', where='tmpfs', size_gib=sizes[-1])['seconds'])} s at {size_label(sizes[-1])} (32 GiB not run)"
         rows.append(("suspend of 32 GiB until the memory is free", "< 2 s", text, "–"))
 
-    def worst_median(mode):
-        medians = [r["median_us"] for r in res.get("alloc", mode=mode, threads=1) if r["size"] <= MIB]
+    def worst_median(mode, threads):
+        medians = [r["median_us"] for r in res.get("alloc", mode=mode, threads=threads) if r["size"] <= MIB]
         return max(medians) if medians else None
-    shim, native = worst_median("shim"), worst_median("native")
-    rows.append(("`cudaMalloc`+`cudaFree` pair, median (≤ 1 MiB, 1 thread)", "≤ 2 us",
-                 f"{num(shim)} us (native {num(native, 1)} us)" if shim is not None else "not measured",
-                 verdict(None if shim is None else shim <= 2)))
+    for threads in (1, 8):
+        shim, native = worst_median("shim", threads), worst_median("native", threads)
+        rows.append((f"`cudaMalloc`+`cudaFree` pair, median (≤ 1 MiB, {threads} thread{'s' if threads > 1 else ''})",
+                     "≤ 2 us", f"{num(shim)} us (native {num(native, 1)} us)" if shim is not None else "not measured",
+                     verdict(None if shim is None else shim <= 2)))
 
-    slow = slowdown(res, "launch", "best_seconds")
-    rows.append(("launch-bound program (10⁶ empty launches)", "≤ 2 % slower",
-                 f"{num(slow, 1)} %" if slow is not None else "not measured",
-                 verdict(None if slow is None else slow <= 2)))
-    slow = slowdown(res, "torch", "median_ms")
-    rows.append(("PyTorch training step", "≤ 1 % slower", f"{num(slow, 1)} %" if slow is not None else "not measured",
-                 verdict(None if slow is None else slow <= 1)))
+    rows.append(noisy_target(res, "launch", "launch-bound program (10⁶ empty launches)", 2,
+                             [("best of 3", "best_seconds")]))
+    rows.append(noisy_target(res, "torch", "PyTorch training step", 1,
+                             [("fastest step", "min_ms"), ("median step", "median_ms")]))
 
     f = res.one("frag", mode="shim")
     if f:
@@ -199,6 +197,33 @@ def target_rows(res):
     else:
         rows.append(("physical memory held (fragmenting pattern)", "≤ 1.1 × live + 64 MiB", "not measured", "–"))
     return rows
+
+
+def spread(res, bench, field):
+    """Percent by which native runs of the same thing differ between rounds (the noise floor)."""
+    values = [r[field] for r in res.get(bench, mode="native") if r.get(field) is not None]
+    return (max(values) / min(values) - 1) * 100 if len(values) > 1 and min(values) > 0 else None
+
+
+def noisy_target(res, bench, what, limit, measures):
+    """A slowdown target, judged by the first measure; a difference smaller than native's own spread
+    between rounds is reported as such, not as a result."""
+    parts, first = [], None
+    for label, field in measures:
+        slow = slowdown(res, bench, field)
+        if slow is None:
+            continue
+        noise = spread(res, bench, field)
+        parts.append(f"{num(slow, 1)} % by {label}" + (f" (native varies {num(noise, 1)} % between rounds)"
+                                                      if noise is not None else ""))
+        if first is None:
+            first = (slow, noise)
+    if first is None:
+        return (what, f"≤ {limit} % slower", "not measured", "–")
+    slow, noise = first
+    if noise is not None and noise > limit and slow <= noise:
+        return (what, f"≤ {limit} % slower", "; ".join(parts), "within noise")
+    return (what, f"≤ {limit} % slower", "; ".join(parts), verdict(slow <= limit))
 
 
 def slowdown(res, bench, field):
@@ -272,6 +297,88 @@ def limits_table(res):
         out.append((LIMIT_NAMES.get(r["name"], r["name"]) + failed, where, threads, bytes_label(r["bytes"]),
                     num(r["seconds"], 3), num(r["gbps"])))
     return table(["what", "where", "threads", "bytes", "seconds", "GB/s"], out)
+
+
+def best_limit(res, name, where):
+    """The best rate a limits measurement reached (over thread counts), with its thread count."""
+    rows = [r for r in res.get("limits", name=name) if (r.get("where") or "") == where and not r.get("failed")]
+    if not rows:
+        return None, None
+    r = max(rows, key=lambda r: r["gbps"])
+    return r["gbps"], r["threads"]
+
+
+def limit_analysis(res):
+    """Where each target's limit lies, from this run's own figures: each step of the largest dump,
+    suspend and restore set against what the machine itself allows."""
+    out = []
+    write, write_threads = best_limit(res, "write_files", "tmpfs")
+    read, read_threads = best_limit(res, "read_files", "tmpfs")
+    memcpy, memcpy_threads = best_limit(res, "memcpy", "tmpfs")
+    disk, disk_threads = best_limit(res, "write_files", "disk")
+    sizes = res.sizes("dump", where="tmpfs")
+    if sizes:
+        s = sizes[-1]
+        d = res.one("dump", where="tmpfs", size_gib=s)
+        ph = d.get("phases") or {}
+        if {"prepared", "released", "written", "committed"} <= ph.keys():
+            moved = d["bytes"] / (ph["written"] - ph["released"]) / 1e9
+            out.append(
+                f"- **Dump into tmpfs, {size_label(s)}** ({num(d['seconds'])} s): setting up (the tool's CUDA context, "
+                f"pinned staging) {num(ph['prepared'], 3)} s; program held {num(d['hold_ms'], 0)} ms; copying out "
+                f"of the GPU and writing {num(ph['written'] - ph['released'], 3)} s ({num(moved, 1)} GB/s); commit "
+                f"{num(ph['committed'] - ph['written'], 3)} s. The writing is the limit: this machine's tmpfs takes "
+                + (f"{num(write, 1)} GB/s from {write_threads} threads writing one file each, " if write else "")
+                + (f"its memory copies {num(memcpy, 1)} GB/s with {memcpy_threads} threads, " if memcpy else "")
+                + "and a dump moves every byte through memory three times (PCIe into staging, a hash, the copy "
+                "into the page cache) while the GPU's copy engine writes the next buffers. 40 GB/s would need "
+                "a faster file system path than `write()` into tmpfs on this host.")
+    sizes = res.sizes("suspend", where="tmpfs")
+    if sizes:
+        s = sizes[-1]
+        d = res.one("suspend", where="tmpfs", size_gib=s)
+        ph = d.get("phases") or {}
+        if {"prepared", "held", "written", "committed", "verified", "suspended"} <= ph.keys():
+            out.append(
+                f"- **Suspend, {size_label(s)}** ({num(d['seconds'])} s): setting up {num(ph['prepared'], 3)} s; "
+                f"copying and writing {num(ph['written'] - ph['held'], 3)} s "
+                f"({num(d['bytes'] / (ph['written'] - ph['held']) / 1e9, 1)} GB/s, the same limit as the dump); "
+                f"commit and checks {num(ph['verified'] - ph['written'], 3)} s; freeing the GPU memory "
+                f"{num(ph['suspended'] - ph['verified'], 3)} s. The driver's own checkpoint of the same size is on the "
+                "suspend table above.")
+    for bench, what in (("restore", "Restore into a new process"), ("resume", "Resume")):
+        sizes = res.sizes(bench, where="tmpfs")
+        if sizes and read:
+            s = sizes[-1]
+            r = res.one(bench, where="tmpfs", size_gib=s)
+            rate = r["bytes"] / r["seconds"] / 1e9 if r.get("bytes") and r.get("seconds") else None
+            if rate:
+                out.append(
+                    f"- **{what}, {size_label(s)}** ({num(r['seconds'])} s, {num(rate, 1)} GB/s): the image is read "
+                    f"from tmpfs, hashed and copied to the GPU by 16 threads; reading alone reaches {num(read, 1)} GB/s "
+                    f"here ({read_threads} threads), so the load runs at {num(100 * rate / read, 0)} % of what reading "
+                    "the page cache allows; the PCIe copy (55 GB/s) is not the limit.")
+    sizes = res.sizes("dump", where="disk")
+    if sizes and disk:
+        s = sizes[-1]
+        d = res.one("dump", where="disk", size_gib=s)
+        out.append(f"- **Disk, {size_label(s)}**: the dump runs at {num(d['bytes'] / d['seconds'] / 1e9, 2)} GB/s; "
+                   f"the disk takes {num(disk, 2)} GB/s from {disk_threads} threads writing and syncing: the disk "
+                   "is the limit.")
+    a8 = [r for r in res.get("alloc", mode="shim", threads=8) if r["size"] <= MIB]
+    if a8:
+        out.append(f"- **Allocation from 8 threads**: a median of {num(max(r['median_us'] for r in a8), 1)} us per pair "
+                   "against 0.3 to 0.6 us from one thread: every allocation and free takes the device pool's one "
+                   "lock, so eight threads queue behind it. Per-thread caches of freed blocks would remove the lock "
+                   "from the common case; they are not built yet.")
+    f = res.one("frag", mode="shim")
+    if f:
+        out.append(f"- **Pool memory** ({num(f['ratio'])} × live): the pool backs address ranges with physical handles "
+                   "of at least one growth step (64 MiB) and gives a handle back only when nothing in it is live. "
+                   "Best-fit placement scatters small blocks over many handles, and each keeps its handle (or, with "
+                   "a 2 MiB step, its 2 MiB granule) held. Placing small and large blocks in separate parts of the "
+                   "pool would keep the handles of small blocks dense; that change is not built yet.")
+    return "\n".join(out)
 
 
 def alloc_table(res):
@@ -443,6 +550,10 @@ def markdown(res, plots, img_rel):
         section("Suspend and resume",
                 "`cuda-ckpt suspend` (until the GPU memory is free) and `cuda-ckpt resume` of a live program, which "
                 "then checks its pattern.", suspend_table(res), "suspend_resume.png")
+    analysis = "" if cpu_only else limit_analysis(res)
+    if analysis:
+        section("Where the limits lie", "Each target that is not met, taken apart with this run's own figures "
+                "(the dump's and suspend's steps come from `cuda-ckpt --json`'s `phases`).", analysis)
     if res.get("limits"):
         section("Limits", "What a dump and a restore run into (`bench/host_limits.cpp`): host memory bandwidth, "
                 "files in tmpfs and on disk, pinning, PCIe, device-to-device copies.", limits_table(res))
@@ -460,11 +571,15 @@ def markdown(res, plots, img_rel):
                              lambda r: (f"{r['launches']:,}", num(r["best_seconds"], 3), num(r["median_seconds"], 3),
                                         num(r["us_per_launch"], 3))))
     if res.get("torch"):
-        slow = slowdown(res, "torch", "median_ms")
         section("PyTorch training step", "`bench/torch_step.py`: a 6-layer transformer encoder (d_model 1024, batch "
-                f"32 × 256 tokens, bf16 autocast, AdamW). Shim against native (best medians): {num(slow, 1)} %.",
-                rounds_table(res, "torch", ["median ms", "mean ms", "steps"],
-                             lambda r: (num(r["median_ms"], 3), num(r["mean_ms"], 3), r["steps"])))
+                "32 × 256 tokens, bf16 autocast, AdamW), each step synchronized. Shim against native: "
+                f"{num(slowdown(res, 'torch', 'min_ms'), 1)} % by the fastest step, "
+                f"{num(slowdown(res, 'torch', 'median_ms'), 1)} % by the best median; native's own medians differ by "
+                f"{num(spread(res, 'torch', 'median_ms'), 1)} % between rounds, so only the fastest steps resolve "
+                "a difference of 1 %.",
+                rounds_table(res, "torch", ["fastest ms", "median ms", "mean ms", "steps"],
+                             lambda r: (num(r.get("min_ms"), 3), num(r["median_ms"], 3), num(r["mean_ms"], 3),
+                                        r["steps"])))
     if res.get("frag"):
         section("Pool memory overhead", "`bench/frag.cu`: a fixed pseudo-random sequence of `cudaMalloc`/`cudaFree`, "
                 "sizes log-uniform from 4 KiB to 64 MiB, rising to 8 GiB live, then 20000 steps of churn. Physical = "
@@ -575,7 +690,7 @@ def self_test():
         synthetic_results(tmp)
         res = Results.load([tmp])
         expected = ["dump into tmpfs", "| 42.00 GB/s (worst, at 16 GiB) | yes |", "suspend of 32 GiB", "1.20 us",
-                    "| 1.0 % | yes |", "Errors and skipped", "python3 timed out \\| after 600 s"]
+                    "| 1.0 % by best of 3 (native varies 0.5 % between rounds) | yes |", "Errors and skipped", "python3 timed out \\| after 600 s"]
         for plots_wanted in (True, False):
             md_path, img = os.path.join(tmp, "md", "benchmarks.md"), os.path.join(tmp, "img")
             plots = write_report(res, md_path, img, plots_wanted)
