@@ -1,9 +1,9 @@
-// libFuzzer target: the input is a whole image (manifest + data file) handed to reader::open, verify_data and read.
+// libFuzzer target: the input is a whole image (manifest + data files) handed to reader::open, verify_data and read.
 //
 // Input format (what tests/fuzz/make_seeds.cpp writes into tests/fuzz/corpus/image/):
 //   bytes 0..3   manifest length L, unsigned 32-bit little-endian, clamped to what follows
 //   bytes 4..4+L manifest.json
-//   the rest     data.bin
+//   the rest     data.bin, then data.1.bin, data.2.bin ... each after the separator below (at most 8 files)
 // Shorter than 4 bytes: the whole input is the manifest and data.bin is empty.
 #include <fcntl.h>
 #include <unistd.h>
@@ -16,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #define XXH_INLINE_ALL
@@ -68,6 +69,30 @@ const std::filesystem::path& image_dir() {
   return dir;
 }
 
+// Separates the data files in an input (also in tests/fuzz/manifest.dict, so mutations make and drop it).
+constexpr std::string_view file_separator = "\n--vmmckpt-next-data-file--\n";
+constexpr std::size_t max_files = 8;
+
+struct piece {
+  const std::uint8_t* p;
+  std::size_t n;
+};
+
+std::vector<piece> split_files(const std::uint8_t* p, std::size_t n) {
+  std::vector<piece> out;
+  const auto* end = p + n;
+  while (out.size() + 1 < max_files) {
+    const auto* at = std::search(p, end, file_separator.begin(), file_separator.end());
+    if (at == end) break;
+    out.push_back({p, static_cast<std::size_t>(at - p)});
+    p = at + file_separator.size();
+  }
+  out.push_back({p, static_cast<std::size_t>(end - p)});
+  return out;
+}
+
+std::string data_file_name(std::size_t k) { return k == 0 ? "data.bin" : "data." + std::to_string(k) + ".bin"; }
+
 // A failure here is the harness's, not the reader's: abort so it is never mistaken for a finding
 // that the reader refused.
 void write_file(const std::filesystem::path& path, const std::uint8_t* p, std::size_t n) {
@@ -101,18 +126,25 @@ void check_message(const img::image_error& e) {
 }
 
 // What verify_data must conclude, worked out independently of the reader: the manifest's XXH3-64
-// must equal what data.bin's header records (bytes 24..31), and every extent must read back.
-bool manifest_checksum_matches(const std::uint8_t* manifest, std::size_t manifest_len, const std::uint8_t* data,
-                               std::size_t data_len) {
-  if (data_len < 32) return false;  // open() refuses such a data file before this matters
-  std::uint64_t recorded = 0;
-  for (int i = 0; i < 8; ++i) recorded |= static_cast<std::uint64_t>(data[24 + i]) << (8 * i);
-  return XXH3_64bits(manifest, manifest_len) == recorded;
+// must equal what every data file's header records (bytes 24..31), and every extent must read back.
+// Files beyond those the manifest names are never opened, so only its data_files count.
+bool manifest_checksum_matches(const std::uint8_t* manifest, std::size_t manifest_len, const std::vector<piece>& files,
+                               std::size_t named) {
+  const std::uint64_t sum = XXH3_64bits(manifest, manifest_len);
+  for (std::size_t k = 0; k < std::min(named, files.size()); ++k) {
+    if (files[k].n < 32) return false;  // open() refuses such a data file before this matters
+    std::uint64_t recorded = 0;
+    for (int i = 0; i < 8; ++i) recorded |= static_cast<std::uint64_t>(files[k].p[24 + i]) << (8 * i);
+    if (recorded != sum) return false;
+  }
+  return true;
 }
 
-void check_image(const std::filesystem::path& dir, bool manifest_matches) {
+void check_image(const std::filesystem::path& dir, const std::uint8_t* manifest, std::size_t manifest_len,
+                 const std::vector<piece>& files) {
   const img::reader r = img::reader::open(dir);
   const img::manifest& m = r.info();
+  const bool manifest_matches = manifest_checksum_matches(manifest, manifest_len, files, m.data_files);
   // open() promises a manifest that passes validate(): a refusal here is a reader bug, not a defect.
   try {
     img::validate(m);
@@ -199,11 +231,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     manifest_len = std::min<std::size_t>(len, size - 4);
   }
   write_file(dir / "manifest.json", data + skip, manifest_len);
-  write_file(dir / "data.bin", data + skip + manifest_len, size - skip - manifest_len);
+  const auto files = split_files(data + skip + manifest_len, size - skip - manifest_len);
+  for (std::size_t k = 0; k < max_files; ++k) {
+    if (k < files.size())
+      write_file(dir / data_file_name(k), files[k].p, files[k].n);
+    else
+      ::unlink((dir / data_file_name(k)).c_str());  // left by an earlier input
+  }
 
   try {
-    check_image(dir, manifest_checksum_matches(data + skip, manifest_len, data + skip + manifest_len,
-                                               size - skip - manifest_len));
+    check_image(dir, data + skip, manifest_len, files);
   } catch (const img::image_error& e) {
     check_message(e);
     // The expected refusal of a defective image. Anything else escaping is a bug: libFuzzer

@@ -91,17 +91,34 @@ img::manifest base_manifest(std::vector<std::string> command, int devices) {
   return m;
 }
 
+// The data files of an input, one after another with the fuzzer's separator between them
+// (tests/fuzz/image_fuzzer.cpp).
+const std::string file_separator = "\n--vmmckpt-next-data-file--\n";
+
 struct image_files {
   bytes manifest, data;
 };
 
-// Writes the image with img::writer (so the seeds are exactly what dumps look like), checks that
-// the reader takes it, and returns its two files.
+// Where each data file starts in a joined `data`.
+std::vector<std::size_t> file_starts(const bytes& data) {
+  std::vector<std::size_t> starts{0};
+  for (auto at = data.begin();;) {
+    at = std::search(at, data.end(), file_separator.begin(), file_separator.end());
+    if (at == data.end()) return starts;
+    at += static_cast<std::ptrdiff_t>(file_separator.size());
+    starts.push_back(static_cast<std::size_t>(at - data.begin()));
+  }
+}
+
+// Writes the image with img::writer (so the seeds are exactly what dumps look like), extent k in
+// data file k % files, checks that the reader takes it, and returns its manifest and data files.
 image_files write_image(const fs::path& scratch, const std::string& name, img::manifest m,
-                        const std::vector<planned_pool>& pools) {
+                        const std::vector<planned_pool>& pools, std::uint32_t files = 1) {
   const fs::path dir = scratch / name;
+  m.data_files = files;
   {
-    img::writer w(dir);
+    img::writer w(dir, files);
+    std::uint32_t next_file = 0;
     std::uint64_t seed = 1;
     for (const auto& pp : pools) {
       img::pool pl;
@@ -112,12 +129,13 @@ image_files write_image(const fs::path& scratch, const std::string& name, img::m
       pl.allocations = pp.allocations;
       for (const auto& [addr, size] : pp.extents) {
         const bytes b = pattern(size, seed++);
-        w.begin_extent(addr, size);
+        const std::uint32_t f = next_file++ % files;
+        w.begin_extent(f, addr, size);
         // Fed in two pieces, as a dump that copies through a staging buffer does.
         const std::size_t half = b.size() / 2;
-        w.write(b.data(), half);
-        w.write(b.data() + half, b.size() - half);
-        pl.extents.push_back(w.end_extent());
+        w.write(f, b.data(), half);
+        w.write(f, b.data() + half, b.size() - half);
+        pl.extents.push_back(w.end_extent(f));
         m.data_bytes += size;
       }
       m.pools.push_back(std::move(pl));
@@ -126,7 +144,13 @@ image_files write_image(const fs::path& scratch, const std::string& name, img::m
   }
   const img::reader r = img::reader::open(dir);
   r.verify_data();
-  return {read_file(dir / "manifest.json"), read_file(dir / "data.bin")};
+  image_files out{read_file(dir / "manifest.json"), read_file(dir / "data.bin")};
+  for (std::uint32_t k = 1; k < files; ++k) {
+    out.data.insert(out.data.end(), file_separator.begin(), file_separator.end());
+    const bytes more = read_file(dir / ("data." + std::to_string(k) + ".bin"));
+    out.data.insert(out.data.end(), more.begin(), more.end());
+  }
+  return out;
 }
 
 struct seed_writer {
@@ -150,7 +174,8 @@ struct seed_writer {
     manifest(name, text);
     bytes data = good.data;
     const std::uint64_t sum = XXH3_64bits(text.data(), text.size());
-    for (int i = 0; i < 8; ++i) data[24 + static_cast<std::size_t>(i)] = static_cast<unsigned char>(sum >> (8 * i));
+    for (const std::size_t start : file_starts(data))
+      for (int i = 0; i < 8; ++i) data[start + 24 + static_cast<std::size_t>(i)] = static_cast<unsigned char>(sum >> (8 * i));
     image(name, text, data);
   }
 };
@@ -190,7 +215,19 @@ int main(int argc, char** argv) try {
         {{base0 + 2049 * gran + 7, 777}}},
        {0, base0, 4 * gran, {{base0, 64, "cudaMalloc"}}, {}}});
 
-  for (const auto& [name, f] : {std::pair{"empty", &empty}, {"one", &one}, {"two-pools", &two_pools}, {"sparse", &sparse}}) {
+  // The same two pools, their extents spread over three data files, as parallel dumps write them.
+  const image_files striped = write_image(
+      scratch, "striped", base_manifest({"python3", "train.py"}, 2),
+      {{0, base0, 512 * gran,
+        {{base0, 3000, "cudaMalloc"}, {base0 + gran, 5000, "cuMemAlloc_v2"}, {base0 + 2 * gran, 100, "cudaMallocAsync"}},
+        {{base0, 1000}, {base0 + 1000, 2000}, {base0 + gran + 16, 4000}, {base0 + 2 * gran, 100}}},
+       {1, base0 + 1024 * gran, 512 * gran,
+        {{base0 + 1024 * gran, 1, "cudaMalloc"}, {base0 + 1025 * gran, 8192, "cudaMallocManaged"}},
+        {{base0 + 1024 * gran, 1}, {base0 + 1025 * gran + 4096, 4096}}}},
+      3);
+
+  for (const auto& [name, f] : {std::pair{"empty", &empty}, {"one", &one}, {"two-pools", &two_pools}, {"sparse", &sparse},
+                                {"striped", &striped}}) {
     seeds.image(name, f->manifest, f->data);
     seeds.manifest(name, f->manifest);
   }
@@ -223,7 +260,26 @@ int main(int argc, char** argv) try {
   }
 
   // Near-misses in the manifest: each breaks one rule of docs/image-format.md.
-  seeds.edited("near-miss-format-2", one, [](ojson& j) { j["format"] = 2; });
+  seeds.edited("near-miss-format-3", one, [](ojson& j) { j["format"] = 3; });
+  seeds.edited("near-miss-format-1-with-files", striped, [](ojson& j) { j["format"] = 1; });
+  seeds.edited("near-miss-file-index", striped, [](ojson& j) { j["pools"][0]["extents"][1]["file"] = 3; });
+  seeds.edited("near-miss-file-offset", striped, [](ojson& j) { j["pools"][0]["extents"][3]["offset"] = 0; });
+  seeds.edited("near-miss-data-files", striped, [](ojson& j) { j["data_files"] = 2; });
+  {
+    // Data files swapped: each header names its own index.
+    const auto starts = file_starts(striped.data);
+    bytes d(striped.data.begin(), striped.data.begin() + static_cast<std::ptrdiff_t>(starts[1]));
+    const bytes file1(striped.data.begin() + static_cast<std::ptrdiff_t>(starts[1]),
+                      striped.data.begin() + static_cast<std::ptrdiff_t>(starts[2] - file_separator.size()));
+    const bytes file2(striped.data.begin() + static_cast<std::ptrdiff_t>(starts[2]), striped.data.end());
+    d.insert(d.end(), file2.begin(), file2.end());
+    d.insert(d.end(), file_separator.begin(), file_separator.end());
+    d.insert(d.end(), file1.begin(), file1.end());
+    seeds.image("near-miss-files-swapped", striped.manifest, d);
+    // A data file missing.
+    seeds.image("near-miss-file-missing", striped.manifest,
+                bytes(striped.data.begin(), striped.data.begin() + static_cast<std::ptrdiff_t>(starts[2] - file_separator.size())));
+  }
   seeds.edited("near-miss-checksum", two_pools, [](ojson& j) { j["pools"][0]["extents"][1]["checksum"] = "0123456789abcdef"; });
   seeds.edited("near-miss-overlap", two_pools, [](ojson& j) { j["pools"][0]["extents"][1]["addr"] = "0x2000000003e7"; });
   seeds.edited("near-miss-offset", two_pools, [](ojson& j) { j["pools"][1]["extents"][0]["offset"] = 7099; });
