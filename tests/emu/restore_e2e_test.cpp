@@ -65,6 +65,20 @@ process_result restore(const list_image& img, const std::vector<std::string>& op
   return run_process(argv, env, 120);
 }
 
+// Changes one byte inside a data file's payload, well past the header: only the extent's
+// checksum can catch it.
+void flip_payload_byte(const fs::path& data) {
+  std::fstream f(data, std::ios::in | std::ios::out | std::ios::binary);
+  const std::streamoff at = 64 + static_cast<std::streamoff>(fs::file_size(data) - 64) / 2;
+  f.seekg(at);
+  char c = 0;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x5a);
+  f.seekp(at);
+  f.write(&c, 1);
+  REQUIRE(f.good());
+}
+
 bool has_line(const std::string& out, const std::string& line) {
   return ("\n" + out).find("\n" + line + "\n") != std::string::npos;
 }
@@ -126,17 +140,7 @@ TEST_CASE("restore refuses a bad image with a message naming the defect, and sta
     defect = "truncated";
   }
   SECTION("a flipped byte in data.bin") {
-    // Inside the payload, well past the header: only the extent's checksum can catch it.
-    const auto data = img.image / "data.bin";
-    std::fstream f(data, std::ios::in | std::ios::out | std::ios::binary);
-    const std::streamoff at = 64 + static_cast<std::streamoff>(fs::file_size(data) - 64) / 2;
-    f.seekg(at);
-    char c = 0;
-    f.read(&c, 1);
-    c = static_cast<char>(c ^ 0x5a);
-    f.seekp(at);
-    f.write(&c, 1);
-    REQUIRE(f.good());
+    flip_payload_byte(img.image / "data.bin");
     defect = "checksum mismatch";
   }
   SECTION("a manifest of format 99") {
@@ -178,16 +182,7 @@ TEST_CASE("restore --no-verify starts at once; the restoring process still refus
   require_walked(restore(img, {"--no-verify"}, {list_program, "walk", img.list.string()}));
   // A flipped byte in the middle of the payload: the command starts, but its memory calls fail
   // and the damaged extent is named; the program never sees the wrong bytes as its own.
-  const auto data = img.image / "data.bin";
-  std::fstream f(data, std::ios::in | std::ios::out | std::ios::binary);
-  const std::streamoff at = 64 + static_cast<std::streamoff>(fs::file_size(data) - 64) / 2;
-  f.seekg(at);
-  char c = 0;
-  f.read(&c, 1);
-  c = static_cast<char>(c ^ 0x5a);
-  f.seekp(at);
-  f.write(&c, 1);
-  f.close();
+  flip_payload_byte(img.image / "data.bin");
   const auto r = restore(img, {"--no-verify"}, {list_program, "walk", img.list.string()});
   INFO(describe(r));
   REQUIRE(r.err.find("checksum mismatch") != std::string::npos);
