@@ -52,7 +52,7 @@ echo
 echo "==> 4. the demo program serving (under vmmckpt), as a long-running job would"
 build/bin/cuda-ckpt run -- "$app" serve "$work/state" >"$work/serve.out" 2>&1 &
 pid=$!
-trap 'kill $pid 2>/dev/null; rm -rf "$work"' EXIT
+trap 'kill $pid 2>/dev/null || true; rm -rf "$work"' EXIT
 for _ in $(seq 100); do grep -q '^ready' "$work/serve.out" && break; sleep 0.1; done
 grep -q '^ready' "$work/serve.out" || { echo "error: the demo program did not start:" >&2; cat "$work/serve.out" >&2; exit 1; }
 build/bin/cuda-ckpt ps
