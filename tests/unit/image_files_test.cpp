@@ -205,7 +205,7 @@ TEST_CASE("a format 1 image (one data file, no file fields) still reads and veri
   std::vector<unsigned char> header(64, 0);
   std::memcpy(header.data(), "VMMCKPTDATA", 12);
   header[12] = 1;
-  for (int i = 0; i < 8; ++i) header[16 + i] = static_cast<unsigned char>(4096 >> (8 * i));
+  for (int i = 0; i < 8; ++i) header[16 + i] = static_cast<unsigned char>(std::uint64_t{4096} >> (8 * i));
   std::ofstream out(dir / "data.bin", std::ios::binary);
   out.write(reinterpret_cast<const char*>(header.data()), 64);
   out.write(reinterpret_cast<const char*>(data.data()), 4096);
