@@ -1,8 +1,11 @@
-// CPU-only benchmark of placement: allocate/free pair latency of the range allocator and the pool logic.
+// CPU-only benchmark of placement: allocate/free pair latency of the range allocator and the pool logic,
+// and the physical memory the pool logic holds under bench/frag.cu's fragmenting pattern (one JSON line,
+// as frag.cu prints it, with "mode":"pool logic"), so that placement changes can be compared anywhere.
 #include <chrono>
 #include <cstdio>
 #include <vector>
 
+#include "frag_pattern.hpp"
 #include "vmmckpt/device_pool.hpp"
 
 namespace {
@@ -18,6 +21,53 @@ class null_backend final : public vmmckpt::physical_backend {
   std::uint64_t submitted_work() const override { return 0; }
   bool is_out_of_memory(int) const override { return false; }
 };
+
+// Counts the bytes mapped, as the device would hold them.
+class counting_backend final : public vmmckpt::physical_backend {
+ public:
+  int map_segment(std::uint64_t, std::uint64_t size, std::uint64_t& handle) override {
+    mapped += size;
+    handle = 1;
+    return 0;
+  }
+  void unmap_segment(std::uint64_t, std::uint64_t size, std::uint64_t) override { mapped -= size; }
+  void synchronize() override {}
+  std::uint64_t submitted_work() const override { return 0; }
+  bool is_out_of_memory(int) const override { return false; }
+  std::uint64_t mapped = 0;
+};
+
+void fragmentation() {
+  counting_backend backend;
+  vmmckpt::pool_policy policy;
+  vmmckpt::device_pool pool(0x200000000000ULL, 512ULL << 30, policy, backend);
+  std::uint64_t peak_live = 0, peak_physical = 0;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> live;
+  const long steps = 20000;
+  const std::uint64_t live_bytes = bench::run_frag_pattern<std::uint64_t>(
+      8ULL << 30, steps, 42,
+      [&](std::uint64_t size) {
+        std::uint64_t a = 0;
+        pool.allocate(size, vmmckpt::alloc_api::cuda_malloc, a);
+        return a;
+      },
+      [&](std::uint64_t a) { pool.free(a); },
+      [&](std::uint64_t live_now) {
+        if (backend.mapped >= peak_physical) {
+          peak_physical = backend.mapped;
+          peak_live = live_now;
+        }
+      },
+      live);
+  std::printf("{\"bench\":\"frag\",\"mode\":\"pool logic\",\"live_bytes\":%llu,\"physical_bytes\":%llu,"
+              "\"ratio\":%.4f,\"peak_live_bytes\":%llu,\"peak_physical_bytes\":%llu,\"peak_ratio\":%.4f,"
+              "\"blocks\":%zu,\"steps\":%ld,\"memory_source\":\"mapped bytes\"}\n",
+              static_cast<unsigned long long>(live_bytes), static_cast<unsigned long long>(backend.mapped),
+              static_cast<double>(backend.mapped) / static_cast<double>(live_bytes),
+              static_cast<unsigned long long>(peak_live), static_cast<unsigned long long>(peak_physical),
+              peak_live > 0 ? static_cast<double>(peak_physical) / static_cast<double>(peak_live) : 0.0, live.size(),
+              steps);
+}
 
 }  // namespace
 
@@ -44,5 +94,6 @@ int main() {
     const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count();
     std::printf("%-12llu %14.1f\n", static_cast<unsigned long long>(size), ns / rounds);
   }
+  fragmentation();
   return 0;
 }

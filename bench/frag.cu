@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "bench_util.hpp"
+#include "frag_pattern.hpp"
 
 namespace {
 
@@ -61,27 +62,6 @@ class device_memory {
   int (*get_info_)(nvml_device, nvml_memory*) = nullptr;
 };
 
-// splitmix64: the same sequence on every machine and compiler (std:: distributions are not).
-struct rng {
-  std::uint64_t state;
-  std::uint64_t next() {
-    std::uint64_t x = (state += 0x9e3779b97f4a7c15ULL);
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-  }
-  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
-  std::uint64_t size() {  // log-uniform from 4 KiB to 64 MiB
-    static const double lo = std::log(4096.0), hi = std::log(64.0 * (1 << 20));
-    return static_cast<std::uint64_t>(std::exp(lo + uniform() * (hi - lo)));
-  }
-};
-
-struct block {
-  void* ptr;
-  std::uint64_t size;
-};
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -105,40 +85,27 @@ int main(int argc, char** argv) {
   const device_memory memory(device);
   const std::uint64_t used_at_start = memory.used();
 
-  rng r{seed};
-  std::vector<block> live;
-  std::uint64_t live_bytes = 0;
-  auto allocate = [&] {
-    block b{nullptr, r.size()};
-    BENCH_RT(cudaMalloc(&b.ptr, b.size));
-    live.push_back(b);
-    live_bytes += b.size;
-  };
   std::uint64_t peak_live = 0, peak_physical = 0;
-  auto sample = [&] {
+  auto sample = [&](std::uint64_t live_now) {
     const std::uint64_t used = memory.used();
     const std::uint64_t physical = used > used_at_start ? used - used_at_start : 0;
     if (physical >= peak_physical) {
       peak_physical = physical;
-      peak_live = live_bytes;
+      peak_live = live_now;
     }
     return physical;
   };
-
-  const auto target = static_cast<std::uint64_t>(live_gib * (1ULL << 30));
-  while (live_bytes < target) allocate();
-  sample();
-  for (long step = 1; step <= steps; ++step) {
-    const std::size_t victim = r.next() % live.size();
-    BENCH_RT(cudaFree(live[victim].ptr));
-    live_bytes -= live[victim].size;
-    live[victim] = live.back();
-    live.pop_back();
-    allocate();
-    if (step % 500 == 0) sample();
-  }
+  std::vector<std::pair<void*, std::uint64_t>> live;
+  const std::uint64_t live_bytes = bench::run_frag_pattern<void*>(
+      static_cast<std::uint64_t>(live_gib * (1ULL << 30)), steps, seed,
+      [](std::uint64_t size) {
+        void* p = nullptr;
+        BENCH_RT(cudaMalloc(&p, size));
+        return p;
+      },
+      [](void* p) { BENCH_RT(cudaFree(p)); }, sample, live);
   BENCH_RT(cudaDeviceSynchronize());
-  const std::uint64_t physical = sample();
+  const std::uint64_t physical = sample(live_bytes);
 
   std::printf("{\"bench\":\"frag\",\"live_bytes\":%llu,\"physical_bytes\":%llu,\"ratio\":%.4f,"
               "\"peak_live_bytes\":%llu,\"peak_physical_bytes\":%llu,\"peak_ratio\":%.4f,\"blocks\":%zu,"
@@ -148,6 +115,6 @@ int main(int argc, char** argv) {
               static_cast<unsigned long long>(peak_live), static_cast<unsigned long long>(peak_physical),
               peak_live > 0 ? static_cast<double>(peak_physical) / static_cast<double>(peak_live) : 0.0, live.size(),
               steps, memory.source());
-  for (const block& b : live) BENCH_RT(cudaFree(b.ptr));
+  for (const auto& entry : live) BENCH_RT(cudaFree(entry.first));
   return 0;
 }

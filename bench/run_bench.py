@@ -334,6 +334,8 @@ class Bench:
             fields = line.split()
             if len(fields) == 2 and fields[0].isdigit():
                 self.record({"bench": "allocator", "size": int(fields[0]), "pair_ns": float(fields[1])})
+            elif line.startswith("{"):  # the fragmenting pattern on the pool logic alone
+                self.record(json.loads(line))
 
     def part_limits(self):
         limits = os.path.join(self.bin, "vmmckpt_bench_limits")
