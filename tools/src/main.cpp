@@ -68,7 +68,8 @@ int main(int argc, char** argv) {
   dump->add_option("--writers", dump_options.writers, "Threads writing the image, one data file each (default: one per core, up to 16)")
       ->check(CLI::Range(1, 256));
   dump->footer(
-      "The program is held (its GPU work stopped and drained) only until its memory is out of the GPU.\n"
+      "The program is held (its GPU work stopped and drained) only until its memory is copied: to spare\n"
+      "GPU memory when the device has room for it (a quarter staying free), otherwise out of the GPU.\n"
       "Exit status 1 with a message when the process does not exist, is not under vmmckpt, belongs to\n"
       "another user, exits during the dump, or the image cannot be written (full disk).\n"
       "The image appears under its final name only once complete and synced: a failed dump leaves none.");
