@@ -5,10 +5,13 @@
 // usage: vmmckpt_bench_limits [--dir DIR] [--bytes N] [--threads 1,4,8] [--no-gpu] [--only NAME,...]
 #include <cuda.h>
 #include <fcntl.h>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -129,6 +132,80 @@ void bench_file_write(const options& o, const char* src, bool one_file) {
   }
 }
 
+// Copies that land in the files themselves: each thread sizes its own file in DIR (fallocate),
+// maps it, registers the mapping with the driver and copies GPU memory straight into it, then
+// hashes it as the image writer would; the reverse maps the same files, registers, hashes and
+// copies back to the GPU. No write() or read() copies the bytes through the kernel.
+void bench_direct(const options& o) {
+  const int t = *std::max_element(o.threads.begin(), o.threads.end());
+  const std::uint64_t share = o.bytes / t / io_piece * io_piece;
+  CUdeviceptr d = 0;
+  if (cuMemAlloc(&d, share * t) != CUDA_SUCCESS) return;
+  check(cuMemsetD8(d, 7, share * t), "cuMemsetD8");
+  check(cuCtxSynchronize(), "cuCtxSynchronize");
+  CUcontext ctx;
+  check(cuCtxGetCurrent(&ctx), "cuCtxGetCurrent");
+  std::vector<std::string> paths(t);
+  for (int k = 0; k < t; ++k) paths[k] = o.dir + "/vmmckpt-limits-direct-" + std::to_string(::getpid()) + "-" + std::to_string(k);
+  std::vector<double> size_s(t), reg_s(t), copy_s(t), hash_s(t);
+  auto phases = [&](const char* name, double total) {
+    auto most = [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); };
+    emit(name, share * t, t, total,
+         ",\"size_seconds\":" + std::to_string(most(size_s)) + ",\"register_seconds\":" + std::to_string(most(reg_s)) +
+             ",\"copy_seconds\":" + std::to_string(most(copy_s)) + ",\"hash_seconds\":" + std::to_string(most(hash_s)));
+  };
+  std::atomic<bool> failed{false};
+  for (int dir = 0; dir < 2 && !failed; ++dir) {
+    const double s = parallel(t, [&](int k) {
+      cuCtxSetCurrent(ctx);
+      auto t0 = clock_type::now();
+      const int fd = ::open(paths[k].c_str(), dir == 0 ? O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC : O_RDWR | O_CLOEXEC, 0600);
+      if (fd < 0 || (dir == 0 && ::fallocate(fd, 0, 0, static_cast<off_t>(share)) != 0)) {
+        failed = true;
+        if (fd >= 0) ::close(fd);
+        return;
+      }
+      void* map = ::mmap(nullptr, share, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+      ::close(fd);
+      if (map == MAP_FAILED) {
+        failed = true;
+        return;
+      }
+      size_s[k] = seconds_since(t0);
+      t0 = clock_type::now();
+      if (cuMemHostRegister(map, share, 0) != CUDA_SUCCESS) {
+        failed = true;
+        ::munmap(map, share);
+        return;
+      }
+      reg_s[k] = seconds_since(t0);
+      CUstream stream;
+      cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING);
+      auto copy = [&] {
+        const auto c0 = clock_type::now();
+        if (dir == 0) cuMemcpyDtoHAsync(map, d + k * share, share, stream);
+        else cuMemcpyHtoDAsync(d + k * share, map, share, stream);
+        cuStreamSynchronize(stream);
+        copy_s[k] = seconds_since(c0);
+      };
+      auto hash = [&] {
+        const auto h0 = clock_type::now();
+        volatile XXH64_hash_t sink = XXH3_64bits(map, share);
+        (void)sink;
+        hash_s[k] = seconds_since(h0);
+      };
+      if (dir == 0) { copy(); hash(); } else { hash(); copy(); }
+      cuStreamDestroy(stream);
+      cuMemHostUnregister(map);
+      ::munmap(map, share);
+    });
+    if (!failed) phases(dir == 0 ? "direct_dtoh_files" : "direct_htod_files", s);
+  }
+  if (failed) emit("direct_dtoh_files", share * t, t, 0, ",\"failed\":true");
+  for (auto& p : paths) ::unlink(p.c_str());
+  cuMemFree(d);
+}
+
 void bench_gpu(const options& o) {
   check(cuInit(0), "cuInit");
   CUdevice dev;
@@ -214,6 +291,7 @@ void bench_gpu(const options& o) {
     }
   }
 
+  if (o.wants("direct")) bench_direct(o);
   if (!o.wants("pcie") && !o.wants("d2d")) return;
   CUdeviceptr d = 0;
   check(cuMemAlloc(&d, o.bytes), "cuMemAlloc");

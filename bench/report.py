@@ -275,12 +275,14 @@ def suspend_table(res):
 
 
 LIMIT_ORDER = ["memcpy", "write_files", "read_files", "write_one_file", "pinned_alloc", "pinned_free",
-               "register_touched", "file_map_touch", "register_file_map", "pcie_dtoh", "pcie_htod", "d2d"]
+               "register_touched", "file_map_touch", "register_file_map", "direct_dtoh_files", "direct_htod_files", "pcie_dtoh", "pcie_htod", "d2d"]
 LIMIT_NAMES = {
     "memcpy": "host memcpy", "write_files": "write, one file per thread", "read_files": "read back",
     "write_one_file": "write, one shared file", "pinned_alloc": "cuMemHostAlloc", "pinned_free": "cuMemFreeHost",
     "register_touched": "cuMemHostRegister (touched pages)", "file_map_touch": "touch a mapped file",
-    "register_file_map": "cuMemHostRegister (mapped file)", "pcie_dtoh": "pinned copy GPU → host",
+    "register_file_map": "cuMemHostRegister (mapped file)",
+    "direct_dtoh_files": "GPU → registered file mappings, hashed", "direct_htod_files": "registered file mappings, hashed → GPU",
+    "pcie_dtoh": "pinned copy GPU → host",
     "pcie_htod": "pinned copy host → GPU", "d2d": "copy GPU → GPU",
 }
 

@@ -49,7 +49,7 @@ void background_hasher::run() {
     cv_.wait(lock, [&] { return busy_ || stop_; });
     if (busy_) {
       lock.unlock();
-      XXH3_64bits_update(state_, p_, n_);
+      checksum_update(state_, p_, n_);
       lock.lock();
       busy_ = false;
       cv_.notify_all();

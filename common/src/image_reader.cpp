@@ -145,7 +145,7 @@ struct reader::impl {
         if (hasher != nullptr)
           hasher->start(&state, p, n);
         else
-          XXH3_64bits_update(&state, p, n);
+          detail::checksum_update(&state, p, n);
         at += n;
       }
     }
@@ -293,7 +293,7 @@ struct streaming_checksum::state {
 };
 streaming_checksum::streaming_checksum() : state_(std::make_unique<state>()) { XXH3_64bits_reset(&state_->s); }
 streaming_checksum::~streaming_checksum() = default;
-void streaming_checksum::update(const void* data, std::size_t size) { XXH3_64bits_update(&state_->s, data, size); }
+void streaming_checksum::update(const void* data, std::size_t size) { detail::checksum_update(&state_->s, data, size); }
 std::uint64_t streaming_checksum::value() const { return XXH3_64bits_digest(&state_->s); }
 
 }  // namespace vmmckpt::image

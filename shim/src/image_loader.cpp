@@ -20,6 +20,7 @@ namespace {
 // Big enough that a read and a copy cost little next to the bytes they move; two per thread
 // so that reading the next piece overlaps copying the last.
 constexpr std::size_t piece_bytes = 16ULL << 20;
+constexpr std::size_t hash_piece_bytes = 1ULL << 20;
 constexpr unsigned max_threads = 16;
 
 struct load_failure {
@@ -68,8 +69,13 @@ class loader_thread {
         d_.cuCtxSetCurrent(q.context);
       }
       auto* buffer = static_cast<unsigned char*>(pages_.data()) + next_ * piece_bytes;
-      reader.read_part(e, at, n, buffer);
-      sum.update(buffer, n);
+      // Hashed piece by piece right after each read, while the bytes are still in the cache.
+      for (std::size_t done = 0; done < n;) {
+        const std::size_t m = std::min(n - done, hash_piece_bytes);
+        reader.read_part(e, at + done, m, buffer + done);
+        sum.update(buffer + done, m);
+        done += m;
+      }
       if (pinned_) {
         check(d_.cuMemcpyHtoDAsync_v2(e.addr + at, buffer, n, q.stream), "copying to the device");
         check(d_.cuEventRecord(q.done[next_], q.stream), "recording a copy");
