@@ -123,8 +123,12 @@ struct staging {
   std::vector<CUevent> events;
   std::vector<CUstream> streams;
 
+  // The pages alone (no CUDA call): faulted in while the tool's context is being made.
+  void reserve(int count, std::size_t bytes) { pages = host_pages(static_cast<std::size_t>(count) * bytes, 8); }
+
+  // With a current context: pins the reserved pages, or allocates pinned buffers instead.
   void allocate(int count, std::size_t bytes) {
-    pages = host_pages(static_cast<std::size_t>(count) * bytes, 8);
+    if (pages.size() != static_cast<std::size_t>(count) * bytes) reserve(count, bytes);
     if (pages.data() != nullptr && cuMemHostRegister(pages.data(), pages.size(), 0) == CUDA_SUCCESS) {
       registered = true;
       for (int i = 0; i < count; ++i) buffers.push_back(static_cast<unsigned char*>(pages.data()) + i * bytes);
@@ -204,13 +208,28 @@ dump_result dump(const dump_options& options, const std::function<void(const dum
   // Everything that can be prepared is prepared before the program is held:
   // the destination (fail early if unwritable), the CUDA context, and pinned
   // staging sized from the live bytes the program reported.
+  std::uint64_t live_estimate = 0;
+  for (const json& p : hello.value("pools", json::array())) live_estimate += p.value("live_bytes", std::uint64_t{0});
+  // Enough buffers to take the whole dump when it fits the staging budget, so
+  // the program is held only for the copy out of the GPU, not for the writes.
+  const std::uint64_t wanted = (live_estimate + options.chunk_bytes - 1) / options.chunk_bytes;
+  const std::uint64_t budget = std::max<std::uint64_t>(2, options.staging_bytes / options.chunk_bytes);
+  const int buffers = static_cast<int>(std::clamp<std::uint64_t>(wanted, 2, budget));
+  staging st;
+  // The staging pages are faulted in while the driver makes the context (both take a while).
+  std::thread reserving([&] { st.reserve(buffers, options.chunk_bytes); });
+  struct join_on_exit {
+    std::thread& t;
+    ~join_on_exit() {
+      if (t.joinable()) t.join();
+    }
+  } join_reserving{reserving};
+
   VMMCKPT_CUDA_TRY(cuInit(0));
   std::map<int, CUdevice> devices;  // the program's ordinal -> ours
   CUcontext context = nullptr;
-  std::uint64_t live_estimate = 0;
   for (const json& p : hello.value("pools", json::array())) {
     const int ordinal = p.at("device").get<int>();
-    live_estimate += p.value("live_bytes", std::uint64_t{0});
     json dev_info = {{"ordinal", ordinal}};
     for (const json& d : hello.value("devices", json::array()))
       if (d.value("ordinal", -1) == ordinal) dev_info = d;
@@ -229,12 +248,7 @@ dump_result dump(const dump_options& options, const std::function<void(const dum
   image::writer writer(options.output, static_cast<std::uint32_t>(std::clamp<std::uint64_t>(
                                             chunks_estimate, 1, std::clamp(options.writers, 1, int(image::max_data_files)))));
 
-  // Enough buffers to take the whole dump when it fits the staging budget, so
-  // the program is held only for the copy out of the GPU, not for the writes.
-  staging st;
-  const std::uint64_t wanted = (live_estimate + options.chunk_bytes - 1) / options.chunk_bytes;
-  const std::uint64_t budget = std::max<std::uint64_t>(2, options.staging_bytes / options.chunk_bytes);
-  const int buffers = static_cast<int>(std::clamp<std::uint64_t>(wanted, 2, budget));
+  reserving.join();
   st.allocate(buffers, options.chunk_bytes);
   for (int i = 0; i < std::max(1, options.streams); ++i) {
     CUstream s;
