@@ -516,7 +516,7 @@ class Bench:
 
     def part_launch(self):
         args = ["--launches", "200000"] if self.args.quick else []
-        self.both_modes("launch", [os.path.join(self.bin, "vmmckpt_bench_launch")] + args, 600, 2)
+        self.both_modes("launch", [os.path.join(self.bin, "vmmckpt_bench_launch")] + args, 600, 1 if self.args.quick else 3)
 
     def part_frag(self):
         args = ["--live-gib", "2", "--steps", "5000"] if self.args.quick else []
@@ -524,8 +524,8 @@ class Bench:
 
     def part_torch(self):
         script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_step.py")
-        args = ["--warmup", "5", "--steps", "20"] if self.args.quick else []
-        self.both_modes("torch", [self.args.python, script] + args, 600, 2)
+        args = ["--warmup", "5", "--steps", "20"] if self.args.quick else ["--steps", "200"]
+        self.both_modes("torch", [self.args.python, script] + args, 600, 1 if self.args.quick else 3)
 
     def main(self):
         self.write_env()
