@@ -194,6 +194,7 @@ int device_pool::back_range(std::uint64_t addr, std::uint64_t size) {
   const std::uint64_t granule = policy_.granularity;
   const std::uint64_t pool_end = base_ + size_;
   const std::uint64_t want_end = std::min(align_up(addr + size, granule), pool_end);
+  const bool small = range_allocator::is_small(size);
   std::uint64_t cursor = align_down(addr, granule);
 
   auto it = segments_.upper_bound(cursor);
@@ -209,13 +210,15 @@ int device_pool::back_range(std::uint64_t addr, std::uint64_t size) {
     }
     const std::uint64_t gap_end = it == segments_.end() ? pool_end : it->first;
     const std::uint64_t needed_end = std::min(want_end, gap_end);
-    // Small blocks grow the pool by at least one step: fewer, larger handles are much cheaper
-    // to map and to grant access to, and the next small blocks land in the slack. A block of a
-    // step or more gets a handle of its own size: slack behind it would stay held as long as
-    // the block lives, and such blocks hold most of the bytes.
+    // Small blocks grow the pool by at least one step, within their small-block chunk: fewer,
+    // larger handles are much cheaper to map and to grant access to, and the next small blocks
+    // land in the slack. Other blocks lie outside those chunks and get handles of their own
+    // size: nothing else is placed beside them, so slack would stay held, unused, as long as
+    // the block lives.
     const std::uint64_t step = align_up(policy_.growth_step, granule);
     const std::uint64_t grown_end =
-        size >= step ? needed_end : std::min(gap_end, std::max(needed_end, cursor + step));
+        !small ? needed_end
+               : std::min({gap_end, std::max(needed_end, std::min(cursor + step, ranges_.chunk_end(cursor)))});
     std::uint64_t handle = 0;
     std::uint64_t seg_end = grown_end;
     int error = backend_.map_segment(cursor, seg_end - cursor, handle);

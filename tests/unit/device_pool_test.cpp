@@ -337,8 +337,9 @@ TEST_CASE("suspend gives every handle back; resume rebuilds memory under every l
   REQUIRE(pool.rebuild_physical() == pool_status::ok);
   REQUIRE(backend.is_mapped(a, 10 * MiB));
   REQUIRE(backend.is_mapped(c, 20 * MiB));
-  REQUIRE(pool.free(a) == pool_status::ok);  // and behave as before
-  REQUIRE(must_allocate(pool, 1000) == base);  // a and b's ranges, reclaimed, merged
+  REQUIRE(pool.free(a) == pool_status::ok);  // and behave as before: a's and b's ranges are free again
+  REQUIRE(must_allocate(pool, 1000) == base + 64 * MiB);  // b's small-block chunk
+  REQUIRE(must_allocate(pool, 10 * MiB) == base);         // a's range
 
   // Resume without enough memory fails cleanly, leaves nothing mapped, and can be tried again.
   fake_backend small(4 * MiB);
@@ -373,5 +374,19 @@ TEST_CASE("the pool's own consistency check passes through growth, trimming, sus
   pool.release_all_physical();
   REQUIRE(pool.check_invariants().empty());
   REQUIRE(pool.rebuild_physical() == pool_status::ok);
+  REQUIRE(pool.check_invariants().empty());
+}
+
+TEST_CASE("small blocks grow within their chunk; a larger block gets a handle of its own size", "[pool]") {
+  fake_backend backend(1ULL << 40);
+  device_pool pool(base, 64ULL << 30, policy(256 * MiB), backend);
+  REQUIRE(must_allocate(pool, 1000) == base);
+  REQUIRE(pool.stats().backed_bytes == 64 * MiB);  // a 256 MiB step, cut at the small-block chunk's end
+  const auto big = must_allocate(pool, 3 * MiB);
+  REQUIRE(big == base + 64 * MiB);                 // outside the chunk
+  REQUIRE(pool.stats().backed_bytes == 68 * MiB);  // 3 MiB in whole 2 MiB granules, nothing more
+  REQUIRE(pool.stats().segment_count == 2);
+  for (int i = 0; i < 200; ++i) must_allocate(pool, 100000);  // 19 MiB more small blocks: no new handle
+  REQUIRE(backend.maps == 2);
   REQUIRE(pool.check_invariants().empty());
 }
