@@ -18,12 +18,12 @@ pool_status device_pool::allocate(std::uint64_t size, alloc_api api, std::uint64
   if (!placed) return pool_status::out_of_memory;
   const std::uint64_t occupied = range_allocator::rounded_size(size);
 
-  int error = back_range(*placed, occupied);
+  // Quarantine is empty here (reclaimed above), so every idle handle was last
+  // freed before a synchronize: giving them back cannot race with the GPU.
+  int error = back_range(*placed, occupied, true);
   if (error != 0 && backend_.is_out_of_memory(error)) {
-    // Quarantine is empty here (reclaimed above), so every idle handle was last
-    // freed before a synchronize: giving them back cannot race with the GPU.
     release_idle_locked(0);
-    error = back_range(*placed, occupied);
+    error = back_range(*placed, occupied, true);
   }
   if (error != 0) {
     ranges_.release(*placed);
@@ -190,7 +190,7 @@ void device_pool::synchronize_locked() {
   synced_work_ = work;
 }
 
-int device_pool::back_range(std::uint64_t addr, std::uint64_t size) {
+int device_pool::back_range(std::uint64_t addr, std::uint64_t size, bool may_release_idle) {
   const std::uint64_t granule = policy_.granularity;
   const std::uint64_t pool_end = base_ + size_;
   const std::uint64_t want_end = std::min(align_up(addr + size, granule), pool_end);
@@ -198,6 +198,29 @@ int device_pool::back_range(std::uint64_t addr, std::uint64_t size) {
   std::uint64_t cursor = align_down(addr, granule);
 
   auto it = segments_.upper_bound(cursor);
+  if (it != segments_.begin()) {
+    // Most small blocks land inside a handle already in use.
+    const auto prev = std::prev(it);
+    if (prev->second.live != 0 && prev->first + prev->second.size >= want_end) return 0;
+  }
+  if (may_release_idle && !keep_idle_) {
+    // An idle handle reaching past the block's own stretch (its granules; for a small block,
+    // its small-block chunk) is given back rather than reused: the block would keep all of it
+    // held, the part it does not use included, for as long as it lives.
+    const std::uint64_t own_begin = small ? ranges_.chunk_begin(addr) : cursor;
+    const std::uint64_t own_end = small ? ranges_.chunk_end(addr) : want_end;
+    if (it != segments_.begin() && std::prev(it)->first + std::prev(it)->second.size > cursor) --it;
+    while (it != segments_.end() && it->first < want_end) {
+      const std::uint64_t seg_end = it->first + it->second.size;
+      if (it->second.live == 0 && (it->first < own_begin || seg_end > own_end)) {
+        it = drop_segment(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  it = segments_.upper_bound(cursor);
   if (it != segments_.begin()) {
     auto prev = std::prev(it);
     cursor = std::max(cursor, prev->first + prev->second.size);
@@ -260,11 +283,16 @@ void device_pool::release_idle_locked(std::uint64_t keep_bytes) {
   for (auto it = segments_.end(); it != segments_.begin() && idle_bytes_ > keep_bytes;) {
     --it;
     if (it->second.live != 0) continue;
-    backend_.unmap_segment(it->first, it->second.size, it->second.handle);
-    idle_bytes_ -= it->second.size;
-    backed_bytes_ -= it->second.size;
-    it = segments_.erase(it);
+    it = drop_segment(it);
   }
+}
+
+device_pool::segment_map::iterator device_pool::drop_segment(segment_map::iterator it) {
+  const segment& seg = it->second;
+  backend_.unmap_segment(it->first, seg.size, seg.handle);
+  idle_bytes_ -= seg.size;
+  backed_bytes_ -= seg.size;
+  return segments_.erase(it);
 }
 
 }  // namespace vmmckpt

@@ -390,3 +390,23 @@ TEST_CASE("small blocks grow within their chunk; a larger block gets a handle of
   REQUIRE(backend.maps == 2);
   REQUIRE(pool.check_invariants().empty());
 }
+
+TEST_CASE("an idle handle reaching past a new block is given back, not kept under it", "[pool]") {
+  fake_backend backend(1ULL << 40);
+  device_pool pool(base, 64ULL << 30, policy(2 * MiB, 1ULL << 40), backend);
+  const auto a = must_allocate(pool, 60 * MiB);
+  must_allocate(pool, 2 * MiB);
+  backend.submit();
+  REQUIRE(pool.free(a) == pool_status::ok);
+  REQUIRE(backend.used() == 62 * MiB);  // a's handle is idle, kept
+  const auto b = must_allocate(pool, 10 * MiB);
+  REQUIRE(b == a);
+  REQUIRE(backend.syncs == 1);          // a's handle went back only after the GPU was done with it
+  REQUIRE(backend.used() == 12 * MiB);  // b did not keep a's 60 MiB held
+  REQUIRE(backend.is_mapped(b, 10 * MiB));
+  REQUIRE(pool.check_invariants().empty());
+  // A block that fits its idle handle uses it again: an alloc/free loop maps once.
+  const int maps = backend.maps;
+  for (int i = 0; i < 100; ++i) REQUIRE(pool.free(must_allocate(pool, 32 * MiB)) == pool_status::ok);
+  REQUIRE(backend.maps == maps + 1);
+}

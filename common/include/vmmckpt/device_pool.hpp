@@ -122,12 +122,15 @@ class device_pool {
     std::uint64_t handle;
     std::uint64_t live;  // bytes of live blocks inside this segment
   };
+  using segment_map = std::map<std::uint64_t, segment>;
 
-  int back_range(std::uint64_t addr, std::uint64_t size);
+  // may_release_idle: the quarantine is empty, so idle handles may be given back at once.
+  int back_range(std::uint64_t addr, std::uint64_t size, bool may_release_idle = false);
   void count_live(std::uint64_t addr, std::uint64_t size, bool add);
   void reclaim_locked();
   void synchronize_locked();  // backend_.synchronize(), remembering how much work it covered
   void release_idle_locked(std::uint64_t keep_bytes);
+  segment_map::iterator drop_segment(segment_map::iterator it);  // unmaps an idle segment
 
   const std::uint64_t base_;
   const std::uint64_t size_;
@@ -136,7 +139,7 @@ class device_pool {
 
   mutable adaptive_mutex mutex_;
   range_allocator ranges_;
-  std::map<std::uint64_t, segment> segments_;  // by start address
+  segment_map segments_;  // by start address
   std::uint64_t backed_bytes_ = 0;
   std::uint64_t idle_bytes_ = 0;
   bool keep_idle_ = false;  // set by prefill
