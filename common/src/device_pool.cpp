@@ -20,6 +20,7 @@ pool_status device_pool::allocate(std::uint64_t size, alloc_api api, std::uint64
 
   // Quarantine is empty here (reclaimed above), so every idle handle was last
   // freed before a synchronize: giving them back cannot race with the GPU.
+  const std::uint64_t backed_before = backed_bytes_;
   int error = back_range(*placed, occupied, true);
   if (error != 0 && backend_.is_out_of_memory(error)) {
     release_idle_locked(0);
@@ -31,6 +32,17 @@ pool_status device_pool::allocate(std::uint64_t size, alloc_api api, std::uint64
     return backend_.is_out_of_memory(error) ? pool_status::out_of_memory : pool_status::backend_error;
   }
   count_live(*placed, occupied, true);
+  ++allocations_;
+  if (!keep_idle_) {
+    // Memory mapped for this block while idle handles sat unused: give back as much, oldest first.
+    std::uint64_t mapped = backed_bytes_ > backed_before ? backed_bytes_ - backed_before : 0;
+    while (mapped > 0 && !idle_order_.empty()) {
+      auto it = segments_.find(idle_order_.begin()->second);
+      mapped -= std::min(mapped, it->second.size);
+      drop_segment(it);
+    }
+    release_aged_locked();
+  }
   addr = *placed;
   return pool_status::ok;
 }
@@ -82,6 +94,7 @@ std::uint64_t device_pool::release_all_physical() {
   const std::uint64_t released = backed_bytes_;
   for (const auto& [addr, seg] : segments_) backend_.unmap_segment(addr, seg.size, seg.handle);
   segments_.clear();
+  idle_order_.clear();
   backed_bytes_ = 0;
   idle_bytes_ = 0;
   suspended_ = true;
@@ -95,6 +108,7 @@ pool_status device_pool::rebuild_physical(int* backend_error) {
     if (error != 0) {
       for (const auto& [addr, seg] : segments_) backend_.unmap_segment(addr, seg.size, seg.handle);
       segments_.clear();
+      idle_order_.clear();
       backed_bytes_ = idle_bytes_ = 0;
       if (backend_error) *backend_error = error;
       return backend_.is_out_of_memory(error) ? pool_status::out_of_memory : pool_status::backend_error;
@@ -124,9 +138,12 @@ std::string device_pool::check_invariants() const {
     prev_end = addr + seg.size;
     backed += seg.size;
     if (seg.live == 0) idle += seg.size;
+    if ((seg.live == 0) != (idle_order_.count({seg.idle_since, addr}) != 0))
+      return "physical memory: the idle order is wrong";
   }
   if (backed != backed_bytes_) return "physical memory: the backed byte count is wrong";
   if (idle != idle_bytes_) return "physical memory: the idle byte count is wrong";
+  if (idle_order_.size() > segments_.size()) return "physical memory: the idle order names unknown segments";
   if (suspended_) return {};  // no physical memory while suspended, by design
   for (const auto& b : ranges_.live_blocks()) {
     std::uint64_t cursor = b.addr;
@@ -250,9 +267,7 @@ int device_pool::back_range(std::uint64_t addr, std::uint64_t size, bool may_rel
       error = backend_.map_segment(cursor, seg_end - cursor, handle);
     }
     if (error != 0) return error;
-    segments_.emplace(cursor, segment{seg_end - cursor, handle, 0});
-    backed_bytes_ += seg_end - cursor;
-    idle_bytes_ += seg_end - cursor;
+    add_segment(cursor, seg_end - cursor, handle);
     cursor = seg_end;
   }
   return 0;
@@ -268,11 +283,18 @@ void device_pool::count_live(std::uint64_t addr, std::uint64_t size, bool add) {
     if (seg_end <= addr) continue;
     const std::uint64_t overlap = std::min(end, seg_end) - std::max(addr, it->first);
     if (add) {
-      if (seg.live == 0) idle_bytes_ -= seg.size;
+      if (seg.live == 0) {
+        idle_bytes_ -= seg.size;
+        idle_order_.erase({seg.idle_since, it->first});
+      }
       seg.live += overlap;
     } else {
       seg.live -= overlap;
-      if (seg.live == 0) idle_bytes_ += seg.size;
+      if (seg.live == 0) {
+        idle_bytes_ += seg.size;
+        seg.idle_since = allocations_;
+        idle_order_.emplace(seg.idle_since, it->first);
+      }
     }
   }
 }
@@ -287,11 +309,27 @@ void device_pool::release_idle_locked(std::uint64_t keep_bytes) {
   }
 }
 
+void device_pool::release_aged_locked() {
+  // Oldest first; an alloc/free loop uses its handle again at once and never gets here.
+  while (!idle_order_.empty() && allocations_ - idle_order_.begin()->first >= policy_.retain_allocations)
+    drop_segment(segments_.find(idle_order_.begin()->second));
+}
+
+device_pool::segment_map::iterator device_pool::add_segment(std::uint64_t addr, std::uint64_t size,
+                                                           std::uint64_t handle) {
+  // Idle until count_live puts a block in it.
+  backed_bytes_ += size;
+  idle_bytes_ += size;
+  idle_order_.emplace(allocations_, addr);
+  return segments_.emplace(addr, segment{size, handle, 0, allocations_}).first;
+}
+
 device_pool::segment_map::iterator device_pool::drop_segment(segment_map::iterator it) {
   const segment& seg = it->second;
   backend_.unmap_segment(it->first, seg.size, seg.handle);
   idle_bytes_ -= seg.size;
   backed_bytes_ -= seg.size;
+  idle_order_.erase({seg.idle_since, it->first});
   return segments_.erase(it);
 }
 

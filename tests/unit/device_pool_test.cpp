@@ -78,11 +78,13 @@ class fake_backend final : public physical_backend {
   std::map<std::uint64_t, std::uint64_t> mapped_;
 };
 
-pool_policy policy(std::uint64_t growth = 64 * MiB, std::uint64_t retain = 256 * MiB) {
+pool_policy policy(std::uint64_t growth = 64 * MiB, std::uint64_t retain = 256 * MiB,
+                   std::uint64_t retain_allocations = 16) {
   pool_policy p;
   p.granularity = 2 * MiB;
   p.growth_step = growth;
   p.retain_bytes = retain;
+  p.retain_allocations = retain_allocations;
   return p;
 }
 
@@ -409,4 +411,34 @@ TEST_CASE("an idle handle reaching past a new block is given back, not kept unde
   const int maps = backend.maps;
   for (int i = 0; i < 100; ++i) REQUIRE(pool.free(must_allocate(pool, 32 * MiB)) == pool_status::ok);
   REQUIRE(backend.maps == maps + 1);
+}
+
+TEST_CASE("idle handles that allocations keep passing over are given back", "[pool]") {
+  fake_backend backend(1ULL << 40);
+  device_pool pool(base, 64ULL << 30, policy(2 * MiB, 1ULL << 40, 3), backend);
+  const auto a = must_allocate(pool, 32 * MiB);
+  must_allocate(pool, 1000);
+  REQUIRE(pool.free(a) == pool_status::ok);
+  must_allocate(pool, 1000);
+  must_allocate(pool, 1000);
+  REQUIRE(backend.is_mapped(a, 32 * MiB));  // two allocations passed it over: still kept
+  must_allocate(pool, 1000);
+  REQUIRE_FALSE(backend.is_mapped(a, 32 * MiB));  // the third: given back
+  REQUIRE(pool.stats().idle_segment_bytes == 0);
+  REQUIRE(backend.used() == 2 * MiB);
+  REQUIRE(pool.check_invariants().empty());
+}
+
+TEST_CASE("memory mapped for a new block gives back as much idle memory", "[pool]") {
+  fake_backend backend(1ULL << 40);
+  device_pool pool(base, 64ULL << 30, policy(2 * MiB, 1ULL << 40), backend);
+  const auto a = must_allocate(pool, 32 * MiB);
+  const auto b = must_allocate(pool, 32 * MiB);
+  REQUIRE(pool.free(a) == pool_status::ok);
+  const auto c = must_allocate(pool, 40 * MiB);  // a's 32 MiB are too few: new memory
+  REQUIRE(c == base + 64 * MiB);
+  REQUIRE_FALSE(backend.is_mapped(a, 2 * MiB));  // a's idle handle went back
+  REQUIRE(backend.is_mapped(b, 32 * MiB));
+  REQUIRE(backend.used() == 72 * MiB);
+  REQUIRE(pool.check_invariants().empty());
 }
