@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "frag_pattern.hpp"
 #include "vmmckpt/device_pool.hpp"
 
 using namespace vmmckpt;
@@ -441,4 +442,28 @@ TEST_CASE("memory mapped for a new block gives back as much idle memory", "[pool
   REQUIRE(backend.is_mapped(b, 32 * MiB));
   REQUIRE(backend.used() == 72 * MiB);
   REQUIRE(pool.check_invariants().empty());
+}
+
+TEST_CASE("physical memory under the fragmenting pattern stays within 1.1 x live + one growth step", "[pool]") {
+  // bench/frag.cu's pattern (the figure docs/pool.md gives): 8 GiB live, 20000 steps of churn.
+  for (const std::uint64_t step : {64 * MiB, 2 * MiB}) {
+    fake_backend backend(1ULL << 40);
+    pool_policy p;
+    p.growth_step = step;
+    device_pool pool(base, 512ULL << 30, p, backend);
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> live;
+    int samples = 0;
+    const std::uint64_t live_bytes = bench::run_frag_pattern<std::uint64_t>(
+        8ULL << 30, 20000, 42, [&](std::uint64_t size) { return must_allocate(pool, size); },
+        [&](std::uint64_t addr) { REQUIRE(pool.free(addr) == pool_status::ok); },
+        [&](std::uint64_t live_now) {
+          ++samples;
+          REQUIRE(backend.used() <= live_now + live_now / 10 + 64 * MiB);
+          REQUIRE(pool.check_invariants().empty());
+        },
+        live);
+    REQUIRE(samples == 41);
+    REQUIRE(backend.used() <= live_bytes + live_bytes / 10 + 64 * MiB);
+    REQUIRE(backend.used() >= live_bytes);
+  }
 }
