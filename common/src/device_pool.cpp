@@ -18,12 +18,13 @@ pool_status device_pool::allocate(std::uint64_t size, alloc_api api, std::uint64
   if (!placed) return pool_status::out_of_memory;
   const std::uint64_t occupied = range_allocator::rounded_size(size);
 
-  int error = back_range(*placed, occupied);
+  // Quarantine is empty here (reclaimed above), so every idle handle was last
+  // freed before a synchronize: giving them back cannot race with the GPU.
+  const std::uint64_t backed_before = backed_bytes_;
+  int error = back_range(*placed, occupied, true);
   if (error != 0 && backend_.is_out_of_memory(error)) {
-    // Quarantine is empty here (reclaimed above), so every idle handle was last
-    // freed before a synchronize: giving them back cannot race with the GPU.
     release_idle_locked(0);
-    error = back_range(*placed, occupied);
+    error = back_range(*placed, occupied, true);
   }
   if (error != 0) {
     ranges_.release(*placed);
@@ -31,6 +32,17 @@ pool_status device_pool::allocate(std::uint64_t size, alloc_api api, std::uint64
     return backend_.is_out_of_memory(error) ? pool_status::out_of_memory : pool_status::backend_error;
   }
   count_live(*placed, occupied, true);
+  ++allocations_;
+  if (!keep_idle_) {
+    // Memory mapped for this block while idle handles sat unused: give back as much, oldest first.
+    std::uint64_t mapped = backed_bytes_ > backed_before ? backed_bytes_ - backed_before : 0;
+    while (mapped > 0 && !idle_order_.empty()) {
+      auto it = segments_.find(idle_order_.begin()->second);
+      mapped -= std::min(mapped, it->second.size);
+      drop_segment(it);
+    }
+    release_aged_locked();
+  }
   addr = *placed;
   return pool_status::ok;
 }
@@ -82,6 +94,7 @@ std::uint64_t device_pool::release_all_physical() {
   const std::uint64_t released = backed_bytes_;
   for (const auto& [addr, seg] : segments_) backend_.unmap_segment(addr, seg.size, seg.handle);
   segments_.clear();
+  idle_order_.clear();
   backed_bytes_ = 0;
   idle_bytes_ = 0;
   suspended_ = true;
@@ -95,6 +108,7 @@ pool_status device_pool::rebuild_physical(int* backend_error) {
     if (error != 0) {
       for (const auto& [addr, seg] : segments_) backend_.unmap_segment(addr, seg.size, seg.handle);
       segments_.clear();
+      idle_order_.clear();
       backed_bytes_ = idle_bytes_ = 0;
       if (backend_error) *backend_error = error;
       return backend_.is_out_of_memory(error) ? pool_status::out_of_memory : pool_status::backend_error;
@@ -124,9 +138,12 @@ std::string device_pool::check_invariants() const {
     prev_end = addr + seg.size;
     backed += seg.size;
     if (seg.live == 0) idle += seg.size;
+    if ((seg.live == 0) != (idle_order_.count({seg.idle_since, addr}) != 0))
+      return "physical memory: the idle order is wrong";
   }
   if (backed != backed_bytes_) return "physical memory: the backed byte count is wrong";
   if (idle != idle_bytes_) return "physical memory: the idle byte count is wrong";
+  if (idle_order_.size() > segments_.size()) return "physical memory: the idle order names unknown segments";
   if (suspended_) return {};  // no physical memory while suspended, by design
   for (const auto& b : ranges_.live_blocks()) {
     std::uint64_t cursor = b.addr;
@@ -190,13 +207,37 @@ void device_pool::synchronize_locked() {
   synced_work_ = work;
 }
 
-int device_pool::back_range(std::uint64_t addr, std::uint64_t size) {
+int device_pool::back_range(std::uint64_t addr, std::uint64_t size, bool may_release_idle) {
   const std::uint64_t granule = policy_.granularity;
   const std::uint64_t pool_end = base_ + size_;
   const std::uint64_t want_end = std::min(align_up(addr + size, granule), pool_end);
+  const bool small = range_allocator::is_small(size);
   std::uint64_t cursor = align_down(addr, granule);
 
   auto it = segments_.upper_bound(cursor);
+  if (it != segments_.begin()) {
+    // Most small blocks land inside a handle already in use.
+    const auto prev = std::prev(it);
+    if (prev->second.live != 0 && prev->first + prev->second.size >= want_end) return 0;
+  }
+  if (may_release_idle && !keep_idle_) {
+    // An idle handle reaching past the block's own stretch (its granules; for a small block,
+    // its small-block chunk) is given back rather than reused: the block would keep all of it
+    // held, the part it does not use included, for as long as it lives.
+    const std::uint64_t own_begin = small ? ranges_.chunk_begin(addr) : cursor;
+    const std::uint64_t own_end = small ? ranges_.chunk_end(addr) : want_end;
+    if (it != segments_.begin() && std::prev(it)->first + std::prev(it)->second.size > cursor) --it;
+    while (it != segments_.end() && it->first < want_end) {
+      const std::uint64_t seg_end = it->first + it->second.size;
+      if (it->second.live == 0 && (it->first < own_begin || seg_end > own_end)) {
+        it = drop_segment(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  it = segments_.upper_bound(cursor);
   if (it != segments_.begin()) {
     auto prev = std::prev(it);
     cursor = std::max(cursor, prev->first + prev->second.size);
@@ -209,13 +250,15 @@ int device_pool::back_range(std::uint64_t addr, std::uint64_t size) {
     }
     const std::uint64_t gap_end = it == segments_.end() ? pool_end : it->first;
     const std::uint64_t needed_end = std::min(want_end, gap_end);
-    // Small blocks grow the pool by at least one step: fewer, larger handles are much cheaper
-    // to map and to grant access to, and the next small blocks land in the slack. A block of a
-    // step or more gets a handle of its own size: slack behind it would stay held as long as
-    // the block lives, and such blocks hold most of the bytes.
+    // Small blocks grow the pool by at least one step, within their small-block chunk: fewer,
+    // larger handles are much cheaper to map and to grant access to, and the next small blocks
+    // land in the slack. Other blocks lie outside those chunks and get handles of their own
+    // size: nothing else is placed beside them, so slack would stay held, unused, as long as
+    // the block lives.
     const std::uint64_t step = align_up(policy_.growth_step, granule);
     const std::uint64_t grown_end =
-        size >= step ? needed_end : std::min(gap_end, std::max(needed_end, cursor + step));
+        !small ? needed_end
+               : std::min({gap_end, std::max(needed_end, std::min(cursor + step, ranges_.chunk_end(cursor)))});
     std::uint64_t handle = 0;
     std::uint64_t seg_end = grown_end;
     int error = backend_.map_segment(cursor, seg_end - cursor, handle);
@@ -224,9 +267,7 @@ int device_pool::back_range(std::uint64_t addr, std::uint64_t size) {
       error = backend_.map_segment(cursor, seg_end - cursor, handle);
     }
     if (error != 0) return error;
-    segments_.emplace(cursor, segment{seg_end - cursor, handle, 0});
-    backed_bytes_ += seg_end - cursor;
-    idle_bytes_ += seg_end - cursor;
+    add_segment(cursor, seg_end - cursor, handle);
     cursor = seg_end;
   }
   return 0;
@@ -242,11 +283,18 @@ void device_pool::count_live(std::uint64_t addr, std::uint64_t size, bool add) {
     if (seg_end <= addr) continue;
     const std::uint64_t overlap = std::min(end, seg_end) - std::max(addr, it->first);
     if (add) {
-      if (seg.live == 0) idle_bytes_ -= seg.size;
+      if (seg.live == 0) {
+        idle_bytes_ -= seg.size;
+        idle_order_.erase({seg.idle_since, it->first});
+      }
       seg.live += overlap;
     } else {
       seg.live -= overlap;
-      if (seg.live == 0) idle_bytes_ += seg.size;
+      if (seg.live == 0) {
+        idle_bytes_ += seg.size;
+        seg.idle_since = allocations_;
+        idle_order_.emplace(seg.idle_since, it->first);
+      }
     }
   }
 }
@@ -257,11 +305,32 @@ void device_pool::release_idle_locked(std::uint64_t keep_bytes) {
   for (auto it = segments_.end(); it != segments_.begin() && idle_bytes_ > keep_bytes;) {
     --it;
     if (it->second.live != 0) continue;
-    backend_.unmap_segment(it->first, it->second.size, it->second.handle);
-    idle_bytes_ -= it->second.size;
-    backed_bytes_ -= it->second.size;
-    it = segments_.erase(it);
+    it = drop_segment(it);
   }
+}
+
+void device_pool::release_aged_locked() {
+  // Oldest first; an alloc/free loop uses its handle again at once and never gets here.
+  while (!idle_order_.empty() && allocations_ - idle_order_.begin()->first >= policy_.retain_allocations)
+    drop_segment(segments_.find(idle_order_.begin()->second));
+}
+
+device_pool::segment_map::iterator device_pool::add_segment(std::uint64_t addr, std::uint64_t size,
+                                                           std::uint64_t handle) {
+  // Idle until count_live puts a block in it.
+  backed_bytes_ += size;
+  idle_bytes_ += size;
+  idle_order_.emplace(allocations_, addr);
+  return segments_.emplace(addr, segment{size, handle, 0, allocations_}).first;
+}
+
+device_pool::segment_map::iterator device_pool::drop_segment(segment_map::iterator it) {
+  const segment& seg = it->second;
+  backend_.unmap_segment(it->first, seg.size, seg.handle);
+  idle_bytes_ -= seg.size;
+  backed_bytes_ -= seg.size;
+  idle_order_.erase({seg.idle_since, it->first});
+  return segments_.erase(it);
 }
 
 }  // namespace vmmckpt

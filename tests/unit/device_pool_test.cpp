@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "frag_pattern.hpp"
 #include "vmmckpt/device_pool.hpp"
 
 using namespace vmmckpt;
@@ -78,11 +79,13 @@ class fake_backend final : public physical_backend {
   std::map<std::uint64_t, std::uint64_t> mapped_;
 };
 
-pool_policy policy(std::uint64_t growth = 64 * MiB, std::uint64_t retain = 256 * MiB) {
+pool_policy policy(std::uint64_t growth = 64 * MiB, std::uint64_t retain = 256 * MiB,
+                   std::uint64_t retain_allocations = 16) {
   pool_policy p;
   p.granularity = 2 * MiB;
   p.growth_step = growth;
   p.retain_bytes = retain;
+  p.retain_allocations = retain_allocations;
   return p;
 }
 
@@ -337,8 +340,9 @@ TEST_CASE("suspend gives every handle back; resume rebuilds memory under every l
   REQUIRE(pool.rebuild_physical() == pool_status::ok);
   REQUIRE(backend.is_mapped(a, 10 * MiB));
   REQUIRE(backend.is_mapped(c, 20 * MiB));
-  REQUIRE(pool.free(a) == pool_status::ok);  // and behave as before
-  REQUIRE(must_allocate(pool, 1000) == base);  // a and b's ranges, reclaimed, merged
+  REQUIRE(pool.free(a) == pool_status::ok);  // and behave as before: a's and b's ranges are free again
+  REQUIRE(must_allocate(pool, 1000) == base + 64 * MiB);  // b's small-block chunk
+  REQUIRE(must_allocate(pool, 10 * MiB) == base);         // a's range
 
   // Resume without enough memory fails cleanly, leaves nothing mapped, and can be tried again.
   fake_backend small(4 * MiB);
@@ -374,4 +378,92 @@ TEST_CASE("the pool's own consistency check passes through growth, trimming, sus
   REQUIRE(pool.check_invariants().empty());
   REQUIRE(pool.rebuild_physical() == pool_status::ok);
   REQUIRE(pool.check_invariants().empty());
+}
+
+TEST_CASE("small blocks grow within their chunk; a larger block gets a handle of its own size", "[pool]") {
+  fake_backend backend(1ULL << 40);
+  device_pool pool(base, 64ULL << 30, policy(256 * MiB), backend);
+  REQUIRE(must_allocate(pool, 1000) == base);
+  REQUIRE(pool.stats().backed_bytes == 64 * MiB);  // a 256 MiB step, cut at the small-block chunk's end
+  const auto big = must_allocate(pool, 3 * MiB);
+  REQUIRE(big == base + 64 * MiB);                 // outside the chunk
+  REQUIRE(pool.stats().backed_bytes == 68 * MiB);  // 3 MiB in whole 2 MiB granules, nothing more
+  REQUIRE(pool.stats().segment_count == 2);
+  for (int i = 0; i < 200; ++i) must_allocate(pool, 100000);  // 19 MiB more small blocks: no new handle
+  REQUIRE(backend.maps == 2);
+  REQUIRE(pool.check_invariants().empty());
+}
+
+TEST_CASE("an idle handle reaching past a new block is given back, not kept under it", "[pool]") {
+  fake_backend backend(1ULL << 40);
+  device_pool pool(base, 64ULL << 30, policy(2 * MiB, 1ULL << 40), backend);
+  const auto a = must_allocate(pool, 60 * MiB);
+  must_allocate(pool, 2 * MiB);
+  backend.submit();
+  REQUIRE(pool.free(a) == pool_status::ok);
+  REQUIRE(backend.used() == 62 * MiB);  // a's handle is idle, kept
+  const auto b = must_allocate(pool, 10 * MiB);
+  REQUIRE(b == a);
+  REQUIRE(backend.syncs == 1);          // a's handle went back only after the GPU was done with it
+  REQUIRE(backend.used() == 12 * MiB);  // b did not keep a's 60 MiB held
+  REQUIRE(backend.is_mapped(b, 10 * MiB));
+  REQUIRE(pool.check_invariants().empty());
+  // A block that fits its idle handle uses it again: an alloc/free loop maps once.
+  const int maps = backend.maps;
+  for (int i = 0; i < 100; ++i) REQUIRE(pool.free(must_allocate(pool, 32 * MiB)) == pool_status::ok);
+  REQUIRE(backend.maps == maps + 1);
+}
+
+TEST_CASE("idle handles that allocations keep passing over are given back", "[pool]") {
+  fake_backend backend(1ULL << 40);
+  device_pool pool(base, 64ULL << 30, policy(2 * MiB, 1ULL << 40, 3), backend);
+  const auto a = must_allocate(pool, 32 * MiB);
+  must_allocate(pool, 1000);
+  REQUIRE(pool.free(a) == pool_status::ok);
+  must_allocate(pool, 1000);
+  must_allocate(pool, 1000);
+  REQUIRE(backend.is_mapped(a, 32 * MiB));  // two allocations passed it over: still kept
+  must_allocate(pool, 1000);
+  REQUIRE_FALSE(backend.is_mapped(a, 32 * MiB));  // the third: given back
+  REQUIRE(pool.stats().idle_segment_bytes == 0);
+  REQUIRE(backend.used() == 2 * MiB);
+  REQUIRE(pool.check_invariants().empty());
+}
+
+TEST_CASE("memory mapped for a new block gives back as much idle memory", "[pool]") {
+  fake_backend backend(1ULL << 40);
+  device_pool pool(base, 64ULL << 30, policy(2 * MiB, 1ULL << 40), backend);
+  const auto a = must_allocate(pool, 32 * MiB);
+  const auto b = must_allocate(pool, 32 * MiB);
+  REQUIRE(pool.free(a) == pool_status::ok);
+  const auto c = must_allocate(pool, 40 * MiB);  // a's 32 MiB are too few: new memory
+  REQUIRE(c == base + 64 * MiB);
+  REQUIRE_FALSE(backend.is_mapped(a, 2 * MiB));  // a's idle handle went back
+  REQUIRE(backend.is_mapped(b, 32 * MiB));
+  REQUIRE(backend.used() == 72 * MiB);
+  REQUIRE(pool.check_invariants().empty());
+}
+
+TEST_CASE("physical memory under the fragmenting pattern stays within 1.1 x live + one growth step", "[pool]") {
+  // bench/frag.cu's pattern (the figure docs/pool.md gives): 8 GiB live, 20000 steps of churn.
+  for (const std::uint64_t step : {64 * MiB, 2 * MiB}) {
+    fake_backend backend(1ULL << 40);
+    pool_policy p;
+    p.growth_step = step;
+    device_pool pool(base, 512ULL << 30, p, backend);
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> live;
+    int samples = 0;
+    const std::uint64_t live_bytes = bench::run_frag_pattern<std::uint64_t>(
+        8ULL << 30, 20000, 42, [&](std::uint64_t size) { return must_allocate(pool, size); },
+        [&](std::uint64_t addr) { REQUIRE(pool.free(addr) == pool_status::ok); },
+        [&](std::uint64_t live_now) {
+          ++samples;
+          REQUIRE(backend.used() <= live_now + live_now / 10 + 64 * MiB);
+          REQUIRE(pool.check_invariants().empty());
+        },
+        live);
+    REQUIRE(samples == 41);
+    REQUIRE(backend.used() <= live_bytes + live_bytes / 10 + 64 * MiB);
+    REQUIRE(backend.used() >= live_bytes);
+  }
 }

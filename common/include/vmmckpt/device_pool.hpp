@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <set>
 
 #include "vmmckpt/adaptive_mutex.hpp"
 #include <string>
@@ -37,7 +38,11 @@ enum class pool_status { ok, out_of_memory, invalid_value, backend_error };
 struct pool_policy {
   std::uint64_t granularity = 2ULL << 20;   // physical handle granularity
   std::uint64_t growth_step = 64ULL << 20;  // least physical memory added at once
-  std::uint64_t retain_bytes = 256ULL << 20;  // wholly free handles kept mapped
+  std::uint64_t retain_bytes = 256ULL << 20;  // wholly free (idle) handles kept mapped, at most
+  // Idle handles are kept only while they may be used again soon: one that this many allocations
+  // in a row did not use is given back, and so is, oldest first, as much idle memory as an
+  // allocation had to map anew.
+  std::uint64_t retain_allocations = 16;
 };
 
 struct pool_stats {
@@ -120,14 +125,20 @@ class device_pool {
   struct segment {
     std::uint64_t size;
     std::uint64_t handle;
-    std::uint64_t live;  // bytes of live blocks inside this segment
+    std::uint64_t live;        // bytes of live blocks inside this segment
+    std::uint64_t idle_since;  // allocations_ when it last became idle
   };
+  using segment_map = std::map<std::uint64_t, segment>;
 
-  int back_range(std::uint64_t addr, std::uint64_t size);
+  // may_release_idle: the quarantine is empty, so idle handles may be given back at once.
+  int back_range(std::uint64_t addr, std::uint64_t size, bool may_release_idle = false);
   void count_live(std::uint64_t addr, std::uint64_t size, bool add);
   void reclaim_locked();
   void synchronize_locked();  // backend_.synchronize(), remembering how much work it covered
   void release_idle_locked(std::uint64_t keep_bytes);
+  void release_aged_locked();
+  segment_map::iterator add_segment(std::uint64_t addr, std::uint64_t size, std::uint64_t handle);
+  segment_map::iterator drop_segment(segment_map::iterator it);  // unmaps an idle segment
 
   const std::uint64_t base_;
   const std::uint64_t size_;
@@ -136,7 +147,9 @@ class device_pool {
 
   mutable adaptive_mutex mutex_;
   range_allocator ranges_;
-  std::map<std::uint64_t, segment> segments_;  // by start address
+  segment_map segments_;  // by start address
+  std::set<std::pair<std::uint64_t, std::uint64_t>> idle_order_;  // (idle_since, addr) of idle segments
+  std::uint64_t allocations_ = 0;
   std::uint64_t backed_bytes_ = 0;
   std::uint64_t idle_bytes_ = 0;
   bool keep_idle_ = false;  // set by prefill

@@ -20,6 +20,14 @@ inline constexpr int max_devices = 16;
 inline constexpr std::uint64_t small_alignment = 512;
 inline constexpr std::uint64_t large_alignment = 2ULL << 20;
 
+// Small blocks (rounded size under small_block_limit) are placed only in small-block chunks:
+// stretches of small_chunk_size on a grid from the pool's base, holding small blocks only.
+// Larger blocks are placed outside them and start on a 2 MiB boundary, so no two share a
+// granule: the physical memory under one is its own and goes back when it is freed, while
+// small blocks share a few handles.
+inline constexpr std::uint64_t small_block_limit = large_alignment;
+inline constexpr std::uint64_t small_chunk_size = 64ULL << 20;
+
 // Physical memory policy (see docs/pool.md).
 inline constexpr std::uint64_t default_growth_step = 64ULL << 20;
 inline constexpr std::uint64_t default_retain_bytes = 256ULL << 20;
