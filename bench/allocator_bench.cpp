@@ -1,8 +1,20 @@
 // CPU-only benchmark of placement: allocate/free pair latency of the range allocator and the pool logic,
 // and the physical memory the pool logic holds under bench/frag.cu's fragmenting pattern (one JSON line,
 // as frag.cu prints it, with "mode":"pool logic"), so that placement changes can be compared anywhere.
+// Then the pair latency from several threads at once on one pool (bench/alloc.cu's pattern, without the
+// driver), one JSON line per (size, threads):
+//   {"bench":"allocator_threads","size":S,"threads":T,"pairs":N,"median_ns":..,"p99_ns":..,"mean_ns":..,
+//    "pairs_per_s":..}
+// pairs is per thread; the statistics are over all threads' pairs together; pairs_per_s is all threads'
+// pairs over the wall time. With more threads than
+// cores, a thread preempted while it holds a lock stalls the others for a scheduler tick, which the
+// p99 shows; with fewer cores than threads the median understates contention (threads take turns).
+#include <algorithm>
+#include <barrier>
 #include <chrono>
 #include <cstdio>
+#include <numeric>
+#include <thread>
 #include <vector>
 
 #include "frag_pattern.hpp"
@@ -69,6 +81,64 @@ void fragmentation() {
               steps);
 }
 
+// Every thread's per-pair latencies in nanoseconds, all threads starting together on one pool.
+// wall_s: from the start (all threads released together) until the last thread finished.
+std::vector<double> time_pairs(vmmckpt::device_pool& pool, std::uint64_t size, int threads, int pairs,
+                               double& wall_s) {
+  std::vector<std::vector<double>> per_thread(threads);
+  std::chrono::steady_clock::time_point started;
+  std::barrier start(threads, [&]() noexcept { started = std::chrono::steady_clock::now(); });
+  std::vector<std::thread> workers;
+  for (int t = 0; t < threads; ++t) {
+    workers.emplace_back([&, t] {
+      auto pair = [&] {
+        std::uint64_t a = 0;
+        pool.allocate(size, vmmckpt::alloc_api::cuda_malloc, a);
+        pool.free(a);
+      };
+      for (int i = 0; i < pairs / 10; ++i) pair();
+      auto& mine = per_thread[t];
+      mine.reserve(pairs);
+      start.arrive_and_wait();
+      for (int i = 0; i < pairs; ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        pair();
+        mine.push_back(std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count());
+      }
+    });
+  }
+  for (auto& w : workers) w.join();
+  wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  std::vector<double> all;
+  for (auto& v : per_thread) all.insert(all.end(), v.begin(), v.end());
+  return all;
+}
+
+double quantile(const std::vector<double>& sorted, double q) {
+  const auto i = static_cast<std::size_t>(q * static_cast<double>(sorted.size() - 1) + 0.5);
+  return sorted[std::min(i, sorted.size() - 1)];
+}
+
+void threaded_pairs() {
+  null_backend backend;
+  vmmckpt::pool_policy policy;
+  vmmckpt::device_pool pool(0x200000000000ULL, 512ULL << 30, policy, backend);
+  for (std::uint64_t size : {256ULL, 4096ULL, 64ULL << 10, 1ULL << 20}) {
+    for (int threads : {1, 2, 8}) {
+      constexpr int pairs = 100000;
+      double wall_s = 0;
+      std::vector<double> ns = time_pairs(pool, size, threads, pairs, wall_s);
+      std::sort(ns.begin(), ns.end());
+      const double mean = std::accumulate(ns.begin(), ns.end(), 0.0) / static_cast<double>(ns.size());
+      std::printf("{\"bench\":\"allocator_threads\",\"size\":%llu,\"threads\":%d,\"pairs\":%d,\"median_ns\":%.1f,"
+                  "\"p99_ns\":%.1f,\"mean_ns\":%.1f,\"pairs_per_s\":%.0f}\n",
+                  static_cast<unsigned long long>(size), threads, pairs, quantile(ns, 0.5), quantile(ns, 0.99), mean,
+                  static_cast<double>(threads) * pairs / wall_s);
+      std::fflush(stdout);
+    }
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -95,5 +165,6 @@ int main() {
     std::printf("%-12llu %14.1f\n", static_cast<unsigned long long>(size), ns / rounds);
   }
   fragmentation();
+  threaded_pairs();
   return 0;
 }

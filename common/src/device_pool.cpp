@@ -7,11 +7,16 @@
 
 namespace vmmckpt {
 
-device_pool::device_pool(std::uint64_t base, std::uint64_t size, const pool_policy& policy, physical_backend& backend)
-    : base_(base), size_(size), policy_(policy), backend_(backend), ranges_(base, size) {}
+namespace {
+std::atomic<std::uint64_t> next_pool_id{1};
+}
 
-pool_status device_pool::allocate(std::uint64_t size, alloc_api api, std::uint64_t& addr, int* backend_error) {
-  if (size == 0) return pool_status::invalid_value;
+device_pool::device_pool(std::uint64_t base, std::uint64_t size, const pool_policy& policy, physical_backend& backend)
+    : base_(base), size_(size), policy_(policy), backend_(backend), ranges_(base, size), id_(next_pool_id++) {}
+
+// Placement and physical memory under the pool's lock: what every allocation the caches cannot serve takes.
+pool_status device_pool::allocate_locked(std::uint64_t size, alloc_api api, std::uint64_t& addr,
+                                         int* backend_error) {
   std::lock_guard lock(mutex_);
   reclaim_locked();
   const auto placed = ranges_.allocate(size, static_cast<std::uint32_t>(api));
@@ -32,6 +37,7 @@ pool_status device_pool::allocate(std::uint64_t size, alloc_api api, std::uint64
     return backend_.is_out_of_memory(error) ? pool_status::out_of_memory : pool_status::backend_error;
   }
   count_live(*placed, occupied, true);
+  index_insert(*placed, size, static_cast<std::uint32_t>(api));
   ++allocations_;
   if (!keep_idle_) {
     // Memory mapped for this block while idle handles sat unused: give back as much, oldest first.
@@ -47,18 +53,21 @@ pool_status device_pool::allocate(std::uint64_t size, alloc_api api, std::uint64
   return pool_status::ok;
 }
 
-pool_status device_pool::free(std::uint64_t addr) {
-  std::lock_guard lock(mutex_);
+// A block whose life already ended in the live index goes into the quarantine.
+void device_pool::retire_locked(std::uint64_t addr) {
   const auto block = ranges_.retire(addr);
-  if (!block) return pool_status::invalid_value;
+  if (!block) return;  // cannot happen: the live index had it
   // Work submitted until now may still use the block: reusing it waits for that work only.
   retired_work_ = backend_.submitted_work();
   count_live(block->addr, block->size, false);
+  release_over_retain_locked();
+}
+
+void device_pool::release_over_retain_locked() {
   if (idle_bytes_ > policy_.retain_bytes && !keep_idle_) {
     reclaim_locked();
     release_idle_locked(policy_.retain_bytes);
   }
-  return pool_status::ok;
 }
 
 pool_status device_pool::restore_block(std::uint64_t addr, std::uint64_t size, alloc_api api, int* backend_error) {
@@ -72,6 +81,7 @@ pool_status device_pool::restore_block(std::uint64_t addr, std::uint64_t size, a
     return backend_.is_out_of_memory(error) ? pool_status::out_of_memory : pool_status::backend_error;
   }
   count_live(addr, occupied, true);
+  index_insert(addr, size, static_cast<std::uint32_t>(api));
   return pool_status::ok;
 }
 
@@ -121,16 +131,26 @@ pool_status device_pool::rebuild_physical(int* backend_error) {
 
 bool device_pool::address_range(std::uint64_t addr, std::uint64_t& block_base, std::uint64_t& block_size) const {
   std::lock_guard lock(mutex_);
+  // The range taken around addr; a block in a thread's cache is taken but not live.
   const auto* block = ranges_.find(addr);
   if (!block) return false;
+  live_shard& shard = shard_for(block->addr);
+  std::lock_guard shard_lock(shard.mutex);
+  const auto it = shard.blocks.find(block->addr);
+  if (it == shard.blocks.end()) return false;
   block_base = block->addr;
-  block_size = block->requested;
+  block_size = it->second.requested;
   return true;
 }
 
 std::string device_pool::check_invariants() const {
-  std::lock_guard lock(mutex_);
+  lock_everything();
+  struct unlock {
+    const device_pool* pool;
+    ~unlock() { pool->unlock_everything(); }
+  } unlock_at_end{this};
   if (const char* why = ranges_.check_invariants(); *why != '\0') return std::string("placement: ") + why;
+  if (const std::string why = check_caches_locked(); !why.empty()) return why;
   std::uint64_t backed = 0, idle = 0, prev_end = 0;
   for (const auto& [addr, seg] : segments_) {
     if (addr < prev_end) return "physical memory: segments overlap";
@@ -159,10 +179,21 @@ std::string device_pool::check_invariants() const {
 }
 
 pool_stats device_pool::stats() const {
-  std::lock_guard lock(mutex_);
   pool_stats s;
-  s.live_bytes = ranges_.live_bytes();
-  s.live_count = ranges_.live_count();
+  {
+    std::lock_guard lock(caches_mutex_);
+    for (const auto& cache : caches_) {
+      std::lock_guard cache_lock(cache->mutex);
+      s.cached_bytes += cache->bytes;
+      s.cached_count += cache->blocks.size();
+    }
+  }
+  std::lock_guard lock(mutex_);
+  for (const live_shard& shard : shards_) {
+    std::lock_guard shard_lock(shard.mutex);
+    s.live_bytes += shard.bytes;
+    s.live_count += shard.blocks.size();
+  }
   s.quarantined_bytes = ranges_.retired_bytes();
   s.backed_bytes = backed_bytes_;
   s.idle_segment_bytes = idle_bytes_;
@@ -172,8 +203,17 @@ pool_stats device_pool::stats() const {
 }
 
 std::vector<range_allocator::block> device_pool::live_blocks() const {
+  // One shard at a time: a snapshot of all of them at once only while the program allocates nothing
+  // (a dump holds it at the gate). The pool's lock first, as every user of a shard holds it or a cache's.
   std::lock_guard lock(mutex_);
-  return ranges_.live_blocks();
+  std::vector<range_allocator::block> out;
+  for (const live_shard& shard : shards_) {
+    std::lock_guard shard_lock(shard.mutex);
+    for (const auto& [addr, b] : shard.blocks)
+      out.push_back({addr, range_allocator::rounded_size(b.requested), b.requested, b.tag});
+  }
+  std::sort(out.begin(), out.end(), [](const auto& x, const auto& y) { return x.addr < y.addr; });
+  return out;
 }
 
 std::vector<segment_info> device_pool::segments() const {
@@ -185,6 +225,7 @@ std::vector<segment_info> device_pool::segments() const {
 }
 
 void device_pool::trim() {
+  flush_caches();
   std::lock_guard lock(mutex_);
   synchronize_locked();
   ranges_.reclaim_retired();
@@ -197,14 +238,18 @@ void device_pool::reclaim_locked() {
   // programs that size buffers) reuses memory without a synchronize each time.
   // Every synchronize empties the quarantine, so the blocks in it were all freed since the last
   // one began: if the count has not moved by the latest free, none can be in use.
-  if (retired_work_ != synced_work_) synchronize_locked();
+  if (retired_work_ != synced_work_.load(std::memory_order_relaxed)) synchronize_locked();
   ranges_.reclaim_retired();
 }
 
 void device_pool::synchronize_locked() {
+  // Counted as begun before the work is read: a cached block whose free saw the count before this
+  // increment was freed before this synchronize began, so it covers the block.
+  const std::uint64_t number = syncs_begun_.fetch_add(1, std::memory_order_seq_cst) + 1;
   const std::uint64_t work = backend_.submitted_work();
   backend_.synchronize();
-  synced_work_ = work;
+  synced_work_.store(work, std::memory_order_seq_cst);
+  syncs_done_.store(number, std::memory_order_seq_cst);
 }
 
 int device_pool::back_range(std::uint64_t addr, std::uint64_t size, bool may_release_idle) {

@@ -84,7 +84,8 @@ pool_config pool_config_from_env(std::string& error) {
   error.clear();
   if (!read_env("VMMCKPT_POOL_BASE", config.base, error) || !read_env("VMMCKPT_POOL_SIZE", config.size, error) ||
       !read_env("VMMCKPT_GROWTH_STEP", config.growth_step, error) ||
-      !read_env("VMMCKPT_POOL_RETAIN", config.retain_bytes, error))
+      !read_env("VMMCKPT_POOL_RETAIN", config.retain_bytes, error) ||
+      !read_env("VMMCKPT_THREAD_CACHE", config.thread_cache_bytes, error))
     return config;
   error = validate(config);
   return config;

@@ -78,8 +78,8 @@ void cuda_backend::unmap_segment(std::uint64_t addr, std::uint64_t size, std::ui
     log::debug("device {}: gave back {} MiB at {:#x}", device_, size >> 20, addr);
 }
 
-// Every call that can submit GPU work passes the gate: its count is the work submitted.
-std::uint64_t cuda_backend::submitted_work() const { return the_gate().entered(); }
+// Every call that can submit GPU work passes the gate: how many have returned is the work submitted.
+std::uint64_t cuda_backend::submitted_work() const { return the_gate().submitted(); }
 
 void cuda_backend::synchronize() {
   const driver_api& d = *driver();

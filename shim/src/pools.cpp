@@ -109,6 +109,7 @@ CUresult create_pool(registry& r, int ordinal, device_slot& slot) {
   policy.granularity = granularity;
   policy.growth_step = align_up(cfg.growth_step, granularity);
   policy.retain_bytes = cfg.retain_bytes;
+  policy.cache_bytes = cfg.thread_cache_bytes;
   slot.backend = std::make_unique<cuda_backend>(device, primary);
   slot.owner = std::make_unique<device_pool>(base, cfg.size, policy, *slot.backend);
   slot.pool.store(slot.owner.get(), std::memory_order_release);

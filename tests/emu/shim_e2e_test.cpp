@@ -118,6 +118,19 @@ TEST_CASE("a bad pool variable is named and allocations fail cleanly", "[emu][sh
   REQUIRE(r.err.find("CUDA_ERROR_OUT_OF_MEMORY") != std::string::npos);
 }
 
+TEST_CASE("VMMCKPT_THREAD_CACHE=0 turns the threads' caches off; a bad value is named", "[emu][shim]") {
+  const auto cached = run_process({programs + "emu_driver_alloc"}, shim_env());
+  const auto uncached = run_process({programs + "emu_driver_alloc"}, shim_env({{"VMMCKPT_THREAD_CACHE", "0"}}));
+  INFO(describe(uncached));
+  REQUIRE(cached.exit_code == 0);
+  REQUIRE(uncached.exit_code == 0);  // double and interior frees refused, reuse at the same address
+  // The program never frees a block before allocating its size again, so placement is the same.
+  REQUIRE(parse_ptrs(uncached.out) == parse_ptrs(cached.out));
+  const auto bad = run_process({programs + "emu_driver_alloc"}, shim_env({{"VMMCKPT_THREAD_CACHE", "lots"}}));
+  REQUIRE(bad.exit_code == 1);
+  REQUIRE(bad.err.find("VMMCKPT_THREAD_CACHE") != std::string::npos);
+}
+
 TEST_CASE("a pool range that is taken is refused, never moved", "[emu][shim]") {
   const auto r = run_process({programs + "emu_occupy_pool"}, shim_env());
   INFO(describe(r));

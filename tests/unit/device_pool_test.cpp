@@ -1,8 +1,11 @@
 // Unit tests of the pool against a simulated physical backend: growth, quarantine, trimming, OOM, threads.
 #include <catch2/catch.hpp>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <map>
 #include <mutex>
 #include <random>
@@ -89,6 +92,15 @@ pool_policy policy(std::uint64_t growth = 64 * MiB, std::uint64_t retain = 256 *
   return p;
 }
 
+// Without threads' caches: every free goes to the quarantine under the pool's lock.
+pool_policy uncached(pool_policy p = policy()) {
+  p.cache_bytes = 0;
+  return p;
+}
+
+// Never the start of a block: an interior address of the pool's first 512 bytes.
+std::uint64_t addr_of_nothing() { return base + 256; }
+
 std::uint64_t must_allocate(device_pool& pool, std::uint64_t size) {
   std::uint64_t addr = 0;
   REQUIRE(pool.allocate(size, alloc_api::cuda_malloc, addr) == pool_status::ok);
@@ -137,7 +149,7 @@ TEST_CASE("every live block is backed by mapped memory", "[pool]") {
 
 TEST_CASE("a freed block is reused only after a synchronize", "[pool]") {
   fake_backend backend(1ULL << 40);
-  device_pool pool(base, 64ULL << 30, policy(), backend);
+  device_pool pool(base, 64ULL << 30, uncached(), backend);
   const auto a = must_allocate(pool, 4096);
   must_allocate(pool, 4096);
   REQUIRE(backend.syncs == 0);
@@ -153,8 +165,9 @@ TEST_CASE("a freed block is reused only after a synchronize", "[pool]") {
 }
 
 TEST_CASE("memory freed with no GPU work since the last synchronize is reused without waiting", "[pool]") {
+  const bool cached = GENERATE(false, true);
   fake_backend backend(1ULL << 40);
-  device_pool pool(base, 64ULL << 30, policy(), backend);
+  device_pool pool(base, 64ULL << 30, cached ? policy() : uncached(), backend);
   // An allocate/free loop before any work: nothing can be in flight.
   for (int i = 0; i < 100; ++i) REQUIRE(pool.free(must_allocate(pool, 4096)) == pool_status::ok);
   must_allocate(pool, 4096);
@@ -315,6 +328,7 @@ TEST_CASE("restored blocks are live and backed; prefilled memory waits for the r
   REQUIRE(backend.is_mapped(base + 8 * MiB, 5000));
   REQUIRE(pool.restore_block(base + 8 * MiB, 100, alloc_api::cuda_malloc) == pool_status::invalid_value);
   REQUIRE(pool.free(base + 8 * MiB) == pool_status::ok);
+  pool.trim();  // the block went to this thread's cache, which kept its handle mapped
 
   device_pool replay(base, 64ULL << 30, policy(2 * MiB, 0), backend);
   REQUIRE(replay.prefill(base, 10 * MiB) == pool_status::ok);
@@ -340,7 +354,14 @@ TEST_CASE("suspend gives every handle back; resume rebuilds memory under every l
   REQUIRE(pool.rebuild_physical() == pool_status::ok);
   REQUIRE(backend.is_mapped(a, 10 * MiB));
   REQUIRE(backend.is_mapped(c, 20 * MiB));
-  REQUIRE(pool.free(a) == pool_status::ok);  // and behave as before: a's and b's ranges are free again
+  REQUIRE(backend.is_mapped(b, 3000));  // b waits in this thread's cache: its memory came back too
+  REQUIRE(pool.check_invariants().empty());
+  REQUIRE(pool.free(a) == pool_status::ok);  // and behave as before
+  const int resumed_syncs = backend.syncs;
+  REQUIRE(must_allocate(pool, 3000) == b);  // from the cache: the suspend's synchronize covered it
+  REQUIRE(backend.syncs == resumed_syncs);
+  REQUIRE(pool.free(b) == pool_status::ok);
+  pool.trim();  // a's and b's ranges are free again
   REQUIRE(must_allocate(pool, 1000) == base + 64 * MiB);  // b's small-block chunk
   REQUIRE(must_allocate(pool, 10 * MiB) == base);         // a's range
 
@@ -466,4 +487,428 @@ TEST_CASE("physical memory under the fragmenting pattern stays within 1.1 x live
     REQUIRE(backend.used() <= live_bytes + live_bytes / 10 + 64 * MiB);
     REQUIRE(backend.used() >= live_bytes);
   }
+}
+
+// ---- threads' caches of freed small blocks ----
+
+TEST_CASE("a cached block is not live: a second free, its interior and its range are refused", "[pool][cache]") {
+  fake_backend backend(1ULL << 40);
+  device_pool pool(base, 64ULL << 30, policy(), backend);
+  const auto a = must_allocate(pool, 4096);
+  const auto b = must_allocate(pool, 5000);
+  REQUIRE(pool.free(a) == pool_status::ok);
+  REQUIRE(pool.stats().cached_count == 1);  // it is in this thread's cache...
+  REQUIRE(pool.free(a) == pool_status::invalid_value);  // ...and no longer an allocation
+  REQUIRE(pool.free(a + 512) == pool_status::invalid_value);
+  std::uint64_t start = 0, size = 0;
+  REQUIRE_FALSE(pool.address_range(a, start, size));
+  REQUIRE_FALSE(pool.address_range(a + 100, start, size));
+  REQUIRE(pool.address_range(b + 100, start, size));
+  REQUIRE(start == b);
+  REQUIRE(size == 5000);
+  // Taken again, it is an allocation again, with what the new caller asked for.
+  REQUIRE(must_allocate(pool, 4000) == a);  // 4000 and 4096 round to the same 4096
+  REQUIRE(pool.address_range(a + 3999, start, size));
+  REQUIRE(size == 4000);
+  REQUIRE(pool.free(a) == pool_status::ok);
+  REQUIRE(pool.free(a) == pool_status::invalid_value);
+  REQUIRE(pool.check_invariants().empty());
+}
+
+TEST_CASE("cached blocks are left out of live_blocks and of the live bytes", "[pool][cache]") {
+  fake_backend backend(1ULL << 40);
+  device_pool pool(base, 64ULL << 30, policy(), backend);
+  const auto a = must_allocate(pool, 1000);
+  const auto b = must_allocate(pool, 70000);
+  const auto c = must_allocate(pool, 3 * MiB);  // too large for a cache
+  REQUIRE(pool.free(a) == pool_status::ok);
+  const auto live = pool.live_blocks();
+  REQUIRE(live.size() == 2);
+  REQUIRE(live[0].addr == b);
+  REQUIRE(live[0].requested == 70000);
+  REQUIRE(live[0].tag == static_cast<std::uint32_t>(alloc_api::cuda_malloc));
+  REQUIRE(live[1].addr == c);
+  const auto s = pool.stats();
+  REQUIRE(s.live_count == 2);
+  REQUIRE(s.live_bytes == 70144 + 3 * MiB);
+  REQUIRE(s.cached_count == 1);
+  REQUIRE(s.cached_bytes == 1024);
+  REQUIRE(s.quarantined_bytes == 0);
+  REQUIRE(pool.free(c) == pool_status::ok);  // a large block still goes to the quarantine
+  REQUIRE(pool.stats().quarantined_bytes == 3 * MiB);
+  REQUIRE(pool.check_invariants().empty());
+}
+
+TEST_CASE("a cached block is reused only after a synchronize when work was submitted before its free",
+          "[pool][cache]") {
+  fake_backend backend(1ULL << 40);
+  device_pool pool(base, 64ULL << 30, policy(), backend);
+  const auto a = must_allocate(pool, 4096);
+  backend.submit();  // a kernel that may still use `a`
+  REQUIRE(pool.free(a) == pool_status::ok);
+  REQUIRE(backend.syncs == 0);
+  REQUIRE(must_allocate(pool, 4096) == a);
+  REQUIRE(backend.syncs == 1);  // waited before handing it out again
+  REQUIRE(pool.free(a) == pool_status::ok);  // no work since that synchronize began
+  REQUIRE(must_allocate(pool, 4096) == a);
+  REQUIRE(backend.syncs == 1);
+
+  // Work after the free does not matter, work before it does, however many frees come between.
+  REQUIRE(pool.free(a) == pool_status::ok);
+  backend.submit();
+  REQUIRE(must_allocate(pool, 4096) == a);
+  REQUIRE(backend.syncs == 1);
+  const auto b = must_allocate(pool, 8192);
+  backend.submit();
+  REQUIRE(pool.free(b) == pool_status::ok);
+  REQUIRE(pool.free(a) == pool_status::ok);
+  REQUIRE(must_allocate(pool, 4096) == a);
+  REQUIRE(backend.syncs == 2);
+  REQUIRE(must_allocate(pool, 8192) == b);  // the same synchronize covered b
+  REQUIRE(backend.syncs == 2);
+
+  // A synchronize another thread waited for covers this thread's cached blocks freed before it began.
+  REQUIRE(pool.free(a) == pool_status::ok);
+  backend.submit();
+  std::thread([&] {
+    const auto x = must_allocate(pool, 100000);
+    REQUIRE(pool.free(x) == pool_status::ok);
+    REQUIRE(must_allocate(pool, 100000) == x);  // work before x's free: it waits
+  }).join();
+  REQUIRE(backend.syncs == 3);
+  REQUIRE(must_allocate(pool, 4096) == a);
+  REQUIRE(backend.syncs == 3);
+  REQUIRE(pool.check_invariants().empty());
+}
+
+TEST_CASE("a thread's cache stays within its bounds; what it gives back follows the quarantine's rule",
+          "[pool][cache]") {
+  fake_backend backend(1ULL << 40);
+  pool_policy p = policy();
+  p.cache_blocks = 4;
+  p.cache_bytes = 64 * 1024;
+  device_pool pool(base, 64ULL << 30, p, backend);
+  std::vector<std::uint64_t> blocks;
+  for (int i = 0; i < 20; ++i) blocks.push_back(must_allocate(pool, 512 * (i + 1)));
+  backend.submit();
+  for (auto b : blocks) {
+    REQUIRE(pool.free(b) == pool_status::ok);
+    const auto s = pool.stats();
+    REQUIRE(s.cached_count <= 4);
+    REQUIRE(s.cached_bytes <= 64 * 1024);
+    REQUIRE(pool.check_invariants().empty());
+  }
+  REQUIRE(backend.syncs == 0);
+  REQUIRE(pool.stats().quarantined_bytes > 0);  // work was submitted before: quarantined, not freed
+  // A block as large as the whole cache is never cached.
+  const auto big = must_allocate(pool, 64 * 1024 + 1);
+  REQUIRE(backend.syncs == 1);  // the quarantine's synchronize
+  const auto cached_before = pool.stats().cached_count;
+  REQUIRE(pool.free(big) == pool_status::ok);
+  REQUIRE(pool.stats().cached_count == cached_before);
+}
+
+TEST_CASE("out of memory: blocks in threads' caches go back before an allocation fails", "[pool][cache]") {
+  fake_backend backend(62 * MiB);
+  device_pool pool(base, 64ULL << 30, policy(2 * MiB, 1ULL << 40), backend);
+  const auto a = must_allocate(pool, 1 * MiB);
+  REQUIRE(a == base);
+  backend.submit();
+  std::thread([&] { REQUIRE(pool.free(a) == pool_status::ok); }).join();  // that thread's cache...
+  // ...went back when the thread ended.
+  REQUIRE(pool.stats().cached_count == 0);
+  const auto b = must_allocate(pool, 1 * MiB);
+  REQUIRE(b == base);
+  REQUIRE(pool.free(b) == pool_status::ok);  // in this thread's cache, its handle counted as in use
+  REQUIRE(pool.stats().cached_count == 1);
+  // 62 MiB can only be had at base, with b's handle given back and its memory reused.
+  const auto c = must_allocate(pool, 62 * MiB);
+  REQUIRE(c == base);
+  REQUIRE(pool.stats().cached_count == 0);
+  REQUIRE(backend.used() == 62 * MiB);
+  REQUIRE(pool.check_invariants().empty());
+}
+
+TEST_CASE("suspend and resume with blocks in threads' caches", "[pool][cache]") {
+  fake_backend backend(1ULL << 40);
+  device_pool pool(base, 64ULL << 30, policy(2 * MiB, 0), backend);
+  const auto live = must_allocate(pool, 5 * MiB);
+  const auto cached = must_allocate(pool, 700000);
+  backend.submit();
+  REQUIRE(pool.free(cached) == pool_status::ok);
+  REQUIRE(pool.release_all_physical() > 0);
+  REQUIRE(backend.used() == 0);
+  REQUIRE(pool.check_invariants().empty());
+  REQUIRE(pool.live_blocks().size() == 1);  // what a resume compares with the image
+  REQUIRE(pool.stats().cached_count == 1);  // the cache survives, so placement goes on as without the suspend
+  REQUIRE(pool.rebuild_physical() == pool_status::ok);
+  REQUIRE(backend.is_mapped(live, 5 * MiB));
+  REQUIRE(backend.is_mapped(cached, 700000));
+  REQUIRE(pool.check_invariants().empty());
+  const int syncs = backend.syncs;
+  REQUIRE(must_allocate(pool, 700000) == cached);
+  REQUIRE(backend.syncs == syncs);  // the suspend's synchronize covered it
+
+  // A thread that ends while the program is suspended gives its cache back with no memory under it.
+  std::uint64_t other = 0;
+  std::thread([&] {
+    other = must_allocate(pool, 3000);
+    REQUIRE(pool.free(other) == pool_status::ok);
+    pool.release_all_physical();
+  }).join();
+  REQUIRE(pool.check_invariants().empty());
+  REQUIRE(pool.rebuild_physical() == pool_status::ok);
+  REQUIRE(pool.check_invariants().empty());
+  REQUIRE(pool.stats().cached_count == 0);
+  REQUIRE(pool.live_blocks().size() == 2);
+  REQUIRE(backend.is_mapped(live, 5 * MiB));
+  REQUIRE(backend.is_mapped(cached, 700000));
+}
+
+TEST_CASE("trim empties other threads' caches; a pool gone leaves no stale cache behind", "[pool][cache]") {
+  fake_backend backend(1ULL << 40);
+  {
+    device_pool pool(base, 64ULL << 30, policy(2 * MiB, 0), backend);
+    std::mutex m;
+    std::condition_variable cv;
+    int step = 0;
+    std::uint64_t a = 0;
+    std::thread t([&] {
+      a = must_allocate(pool, 8192);
+      REQUIRE(pool.free(a) == pool_status::ok);
+      std::unique_lock lock(m);
+      step = 1;
+      cv.notify_all();
+      cv.wait(lock, [&] { return step == 2; });
+      REQUIRE(must_allocate(pool, 8192) == a);  // placed anew: its range was free again
+    });
+    {
+      std::unique_lock lock(m);
+      cv.wait(lock, [&] { return step == 1; });
+    }
+    REQUIRE(pool.stats().cached_count == 1);
+    pool.trim();
+    REQUIRE(pool.stats().cached_count == 0);
+    REQUIRE(backend.used() == 0);
+    REQUIRE(pool.check_invariants().empty());
+    {
+      std::lock_guard lock(m);
+      step = 2;
+    }
+    cv.notify_all();
+    t.join();
+    REQUIRE(pool.check_invariants().empty());
+    must_allocate(pool, 20000);
+    REQUIRE(pool.free(must_allocate(pool, 20000)) == pool_status::ok);  // this thread's cache now holds a block
+  }
+  // A new pool, likely at the same address as the one just gone: nothing of the old cache reaches it.
+  fake_backend fresh(1ULL << 40);
+  device_pool pool(base, 64ULL << 30, policy(2 * MiB, 0), fresh);
+  REQUIRE(pool.stats().cached_count == 0);
+  REQUIRE(must_allocate(pool, 20000) == base);
+  REQUIRE(fresh.maps == 1);
+  REQUIRE(pool.check_invariants().empty());
+}
+
+namespace {
+
+// One fixed interleaving of three threads' calls (each call runs on its thread, in the script's order),
+// with or without GPU work before every free. Returns every address handed out, in order.
+std::vector<std::uint64_t> scripted_run(bool work_before_frees) {
+  fake_backend backend(1ULL << 40);
+  device_pool pool(base, 64ULL << 30, policy(8 * MiB, 16 * MiB), backend);
+  constexpr int threads = 3;
+  std::mutex m;
+  std::condition_variable cv;
+  int turn = 0;
+  std::vector<std::uint64_t> out;
+  std::vector<std::uint64_t> shared_live;
+  std::mt19937 script(7);
+  std::vector<int> order;
+  for (int i = 0; i < 3000; ++i) order.push_back(static_cast<int>(script() % threads));
+  std::vector<std::thread> workers;
+  for (int t = 0; t < threads; ++t) {
+    workers.emplace_back([&, t] {
+      std::mt19937 rng(50 + t);
+      for (std::size_t step = 0; step < order.size(); ++step) {
+        if (order[step] != t) continue;
+        std::unique_lock lock(m);
+        cv.wait(lock, [&] { return turn == static_cast<int>(step); });
+        // Frees of any thread's blocks, so blocks move between threads' caches.
+        if (!shared_live.empty() && rng() % 2) {
+          const std::size_t k = rng() % shared_live.size();
+          if (work_before_frees) backend.submit();
+          REQUIRE(pool.free(shared_live[k]) == pool_status::ok);
+          shared_live.erase(shared_live.begin() + static_cast<long>(k));
+        } else {
+          const std::uint64_t size = rng() % 4 == 0 ? rng() % (3 * MiB) + 1 : (rng() % 16 + 1) * 1000;
+          const auto a = must_allocate(pool, size);
+          out.push_back(a);
+          shared_live.push_back(a);
+        }
+        ++turn;
+        cv.notify_all();
+      }
+    });
+  }
+  for (auto& w : workers) w.join();
+  REQUIRE(pool.check_invariants().empty());
+  if (work_before_frees) REQUIRE(backend.syncs > 0);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("placement is a function of the calls and their order, not of when the GPU is waited for",
+          "[pool][cache]") {
+  const auto first = scripted_run(false);
+  REQUIRE(scripted_run(false) == first);
+  REQUIRE(scripted_run(true) == first);
+}
+
+TEST_CASE("many threads allocating and freeing each other's blocks, checked while they run", "[pool][cache]") {
+  fake_backend backend(1ULL << 40);
+  device_pool pool(base, 64ULL << 30, policy(8 * MiB, 16 * MiB), backend);
+  constexpr int threads = 8;
+  std::atomic<bool> failed{false}, done{false};
+  std::mutex owners_mutex;
+  std::map<std::uint64_t, std::uint64_t> owners;  // addr -> end, across all threads
+  std::vector<std::uint64_t> handoff;             // blocks one thread leaves for another to free
+  std::string problem;
+  std::atomic<int> checks{0};
+  std::thread checker([&] {
+    for (int i = 0; !done; ++i, ++checks) {
+      if (std::string why = pool.check_invariants(); !why.empty()) {
+        std::lock_guard lock(owners_mutex);
+        problem = why;
+        failed = true;
+      }
+      pool.live_blocks();
+      pool.stats();
+      if (i % 8 == 7) pool.trim();  // empties every thread's cache under their feet
+      if (i % 4 == 0) backend.submit();
+      std::this_thread::yield();
+    }
+  });
+  std::vector<std::thread> workers;
+  for (int t = 0; t < threads; ++t) {
+    workers.emplace_back([&, t] {
+      std::mt19937 rng(200 + t);
+      std::vector<std::uint64_t> mine;
+      auto release = [&](std::uint64_t a) {
+        {
+          std::lock_guard lock(owners_mutex);
+          owners.erase(a);
+        }
+        if (pool.free(a) != pool_status::ok) failed = true;
+      };
+      for (int i = 0; i < 4000 && !failed; ++i) {
+        const unsigned r = rng() % 9;  // frees 3, hand-offs 1, frees of hand-offs 1, allocations 4
+        if (!mine.empty() && r < 3) {
+          const std::size_t k = rng() % mine.size();
+          release(mine[k]);
+          mine.erase(mine.begin() + static_cast<long>(k));
+        } else if (!mine.empty() && r == 3) {
+          std::lock_guard lock(owners_mutex);
+          handoff.push_back(mine.back());
+          mine.pop_back();
+        } else if (r == 4) {
+          std::uint64_t a = 0;
+          {
+            std::lock_guard lock(owners_mutex);
+            if (handoff.empty()) continue;
+            a = handoff.back();
+            handoff.pop_back();
+          }
+          release(a);
+        } else {
+          const std::uint64_t size = rng() % 16 == 0 ? rng() % (4 * MiB) + 1 : rng() % 20000 + 1;
+          std::uint64_t addr = 0;
+          if (pool.allocate(size, alloc_api::cu_mem_alloc, addr) != pool_status::ok) {
+            failed = true;
+            break;
+          }
+          std::lock_guard lock(owners_mutex);
+          auto next = owners.lower_bound(addr);
+          if (next != owners.end() && next->first < addr + size) failed = true;
+          if (next != owners.begin() && std::prev(next)->second > addr) failed = true;
+          owners[addr] = addr + size;
+          mine.push_back(addr);
+        }
+        if (pool.free(addr_of_nothing()) != pool_status::invalid_value) failed = true;
+      }
+      std::lock_guard lock(owners_mutex);
+      for (auto a : mine) handoff.push_back(a);  // left for the end
+    });
+  }
+  for (auto& w : workers) w.join();
+  done = true;
+  checker.join();
+  INFO(problem);
+  REQUIRE_FALSE(failed);
+  REQUIRE(checks > 0);
+  REQUIRE(pool.check_invariants().empty());
+  REQUIRE(pool.stats().cached_count == 0);  // every worker ended: their caches went back
+  const auto live = pool.live_blocks();
+  REQUIRE(live.size() == owners.size());
+  for (const auto& b : live) {
+    REQUIRE(owners.count(b.addr) == 1);
+    REQUIRE(owners[b.addr] == b.addr + b.requested);
+    REQUIRE(backend.is_mapped(b.addr, b.requested));
+  }
+  for (auto a : handoff) REQUIRE(pool.free(a) == pool_status::ok);
+  REQUIRE(pool.stats().live_count == 0);
+  REQUIRE(pool.check_invariants().empty());
+  pool.trim();
+  REQUIRE(backend.used() == 0);
+}
+
+TEST_CASE("fork while other threads allocate: the child finds every lock of the pool free", "[pool][cache]") {
+  fake_backend backend(1ULL << 40);
+  device_pool pool(base, 64ULL << 30, policy(8 * MiB, 16 * MiB), backend);
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> workers;
+  for (int t = 0; t < 4; ++t) {
+    workers.emplace_back([&, t] {
+      std::mt19937 rng(300 + t);
+      std::vector<std::uint64_t> mine;
+      while (!stop) {
+        if (mine.size() > 20 || (!mine.empty() && rng() % 2)) {
+          pool.free(mine.back());
+          mine.pop_back();
+        } else {
+          std::uint64_t a = 0;
+          if (pool.allocate(rng() % 30000 + 1, alloc_api::cuda_malloc, a) == pool_status::ok) mine.push_back(a);
+        }
+      }
+      for (auto a : mine) pool.free(a);
+    });
+  }
+  for (int round = 0; round < 20; ++round) {
+    pool.hold_for_fork();
+    const pid_t child = fork();
+    if (child == 0) {
+      pool.release_after_fork();
+      // Single-threaded now, with the other threads' caches as they were at the fork.
+      int code = pool.check_invariants().empty() ? 0 : 1;
+      std::uint64_t a = 0;
+      if (pool.allocate(4096, alloc_api::cuda_malloc, a) != pool_status::ok || pool.free(a) != pool_status::ok)
+        code = 2;
+      pool.live_blocks();
+      pool.stats();
+      pool.trim();
+      if (!pool.check_invariants().empty()) code = 3;
+      _exit(code);
+    }
+    pool.release_after_fork();
+    REQUIRE(child > 0);
+    int status = 0;
+    REQUIRE(waitpid(child, &status, 0) == child);
+    REQUIRE(WIFEXITED(status));
+    REQUIRE(WEXITSTATUS(status) == 0);
+  }
+  stop = true;
+  for (auto& w : workers) w.join();
+  REQUIRE(pool.check_invariants().empty());
+  REQUIRE(pool.stats().live_count == 0);
 }

@@ -53,4 +53,14 @@ TEST_CASE("the environment overrides the pool and bad values are named", "[confi
 
   ::unsetenv("VMMCKPT_POOL_BASE");
   ::unsetenv("VMMCKPT_POOL_SIZE");
+
+  REQUIRE(pool_config_from_env(error).thread_cache_bytes == default_thread_cache_bytes);
+  ::setenv("VMMCKPT_THREAD_CACHE", "0", 1);  // no caches
+  cfg = pool_config_from_env(error);
+  REQUIRE(error.empty());
+  REQUIRE(cfg.thread_cache_bytes == 0);
+  ::setenv("VMMCKPT_THREAD_CACHE", "many", 1);
+  pool_config_from_env(error);
+  REQUIRE(error.find("VMMCKPT_THREAD_CACHE") != std::string::npos);
+  ::unsetenv("VMMCKPT_THREAD_CACHE");
 }

@@ -1,15 +1,18 @@
 // One device's pool: placement of blocks plus the physical memory under them.
 #pragma once
 
+#include <array>
+#include <atomic>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
-
-#include "vmmckpt/adaptive_mutex.hpp"
 #include <string>
+#include <unordered_map>
 #include <vector>
 
+#include "vmmckpt/adaptive_mutex.hpp"
 #include "vmmckpt/alloc_api.hpp"
 #include "vmmckpt/range_allocator.hpp"
 
@@ -43,6 +46,11 @@ struct pool_policy {
   // in a row did not use is given back, and so is, oldest first, as much idle memory as an
   // allocation had to map anew.
   std::uint64_t retain_allocations = 16;
+  // Each thread's cache of its freed small blocks (docs/pool.md): blocks of at most cache_max_block
+  // bytes, at most cache_blocks of them and cache_bytes in all, per thread and pool. 0 bytes: none.
+  std::uint64_t cache_bytes = 2ULL << 20;
+  std::uint64_t cache_max_block = 1ULL << 20;
+  std::uint64_t cache_blocks = 8;
 };
 
 struct pool_stats {
@@ -53,6 +61,8 @@ struct pool_stats {
   std::uint64_t idle_segment_bytes = 0;  // handles with no live block at all
   std::uint64_t segment_count = 0;
   std::uint64_t largest_free = 0;
+  std::uint64_t cached_bytes = 0;  // freed blocks kept by threads' caches (not live, not reusable by others)
+  std::uint64_t cached_count = 0;
 };
 
 struct segment_info {
@@ -66,10 +76,15 @@ struct segment_info {
 // submitted before the free may still touch it. The synchronization happens at
 // the next allocation after a free (or when idle handles are trimmed), not at
 // every free. Placement is the range_allocator's and so deterministic.
+//
+// Small freed blocks first go to a cache of the freeing thread's, from which that thread's next
+// allocation of the same rounded size takes them without the pool's lock (under the same rule: a
+// synchronize first when work submitted before the free may still run). Liveness is kept in an index
+// sharded by address, so that a free is checked (double, interior, foreign) without the pool's lock.
 class device_pool {
  public:
   device_pool(std::uint64_t base, std::uint64_t size, const pool_policy& policy, physical_backend& backend);
-  ~device_pool() = default;
+  ~device_pool();
   device_pool(const device_pool&) = delete;
   device_pool& operator=(const device_pool&) = delete;
 
@@ -106,8 +121,8 @@ class device_pool {
   // Waits until no work submitted so far can touch the pool (a dump's snapshot point).
   void synchronize() { backend_.synchronize(); }
 
-  // Synchronizes, reuses quarantined ranges and gives back every wholly free
-  // handle (used when the driver runs out of memory, and by tests).
+  // Empties every thread's cache, synchronizes, reuses quarantined ranges and gives back every
+  // wholly free handle (used by tests; running out of memory does the same).
   void trim();
 
   std::uint64_t base() const { return base_; }
@@ -117,11 +132,71 @@ class device_pool {
   // tests and `cuda-ckpt check`); an empty string when they do, else what is wrong.
   std::string check_invariants() const;
 
-  // fork(): held across it so the child never inherits a lock taken by another thread.
-  void hold_for_fork() const { mutex_.lock(); }
-  void release_after_fork() const { mutex_.unlock(); }
+  // fork(): held across it so the child never inherits a lock taken by another thread (the caches'
+  // and the pool's own; the live index's locks are only ever taken under one of those, so none is held).
+  void hold_for_fork() const;
+  void release_after_fork() const;
 
  private:
+  // The live index: every block the program holds, by address, with what it asked for.
+  struct live_block {
+    std::uint64_t requested;
+    std::uint32_t tag;
+  };
+  using live_map = std::unordered_map<std::uint64_t, live_block>;
+  struct alignas(128) live_shard {
+    mutable adaptive_mutex mutex;
+    live_map blocks;
+    std::uint64_t bytes = 0;  // rounded sizes
+  };
+  static constexpr int shard_bits = 6;
+  // A freed block in a thread's cache: still taken in ranges_ and counted live in its segment, but no
+  // longer in the live index. Its index node is kept for the block's next life.
+  struct cached_block {
+    live_map::node_type node;
+    std::uint64_t size;   // rounded
+    std::uint64_t work;   // backend_.submitted_work() at the free
+    std::uint64_t began;  // syncs_begun_ at the free
+  };
+  // One thread's cache for this pool. Its mutex is taken by its thread on every small allocation and
+  // free (never contended then) and by other threads only to flush it, to check it, or around fork().
+  struct thread_cache {
+    thread_cache(std::uint64_t id, device_pool* owner) : pool_id(id), pool(owner) {}
+    const std::uint64_t pool_id;
+    mutable std::mutex mutex;
+    device_pool* pool;                // null once the pool or the thread is gone
+    std::atomic<bool> gone{false};    // the same, read without the mutex
+    std::vector<cached_block> blocks;  // oldest first
+    std::uint64_t bytes = 0;
+    // The rounded sizes of the thread's latest small allocations (0: none yet): only blocks of these
+    // sizes are kept, since only they are likely to be asked for again soon. Blocks of sizes the
+    // thread does not allocate again go straight back, so a pattern that seldom repeats a size is
+    // placed, and holds memory, much as it would be without caches.
+    std::array<std::uint64_t, 16> recent_sizes{};
+    std::size_t recent_next = 0;
+  };
+  struct thread_caches;  // every cache of one thread
+
+  // Lock order: caches_mutex_, then thread caches' mutexes (in caches_ order), then mutex_, then one
+  // shard's. A shard's is taken only under a cache's or mutex_. A thread's fast path takes its own
+  // cache's mutex, then one shard's.
+  live_shard& shard_for(std::uint64_t addr) const;
+  void index_insert(std::uint64_t addr, std::uint64_t requested, std::uint32_t tag);
+  live_map::node_type index_extract(std::uint64_t addr);
+  thread_cache* this_thread_cache();
+  bool take_cached(thread_cache& cache, std::uint64_t rounded, std::uint64_t requested, alloc_api api,
+                   std::uint64_t& addr);
+  bool reusable(const cached_block& b) const;
+  void give_back_locked(thread_cache& cache, std::size_t count);  // its oldest `count` blocks
+  std::size_t flush_caches();
+  bool cacheable(std::uint64_t size) const;
+  std::string check_caches_locked() const;
+  void lock_everything() const;
+  void unlock_everything() const;
+
+  pool_status allocate_locked(std::uint64_t size, alloc_api api, std::uint64_t& addr, int* backend_error);
+  void retire_locked(std::uint64_t addr);
+  void release_over_retain_locked();
   struct segment {
     std::uint64_t size;
     std::uint64_t handle;
@@ -155,7 +230,15 @@ class device_pool {
   bool keep_idle_ = false;  // set by prefill
   bool suspended_ = false;  // between release_all_physical and rebuild_physical
   std::uint64_t retired_work_ = 0;  // submitted_work() at the latest free
-  std::uint64_t synced_work_ = 0;   // submitted_work() when the last synchronize began
+  // Written under mutex_, read without it by the caches.
+  std::atomic<std::uint64_t> synced_work_{0};  // submitted_work() when the last synchronize began
+  std::atomic<std::uint64_t> syncs_begun_{0};
+  std::atomic<std::uint64_t> syncs_done_{0};
+
+  const std::uint64_t id_;  // never reused, unlike the address: threads find their cache by it
+  mutable std::mutex caches_mutex_;
+  std::vector<std::shared_ptr<thread_cache>> caches_;
+  mutable std::array<live_shard, 1 << shard_bits> shards_;
 };
 
 }  // namespace vmmckpt

@@ -31,12 +31,15 @@ inline constexpr std::uint64_t small_chunk_size = 64ULL << 20;
 // Physical memory policy (see docs/pool.md).
 inline constexpr std::uint64_t default_growth_step = 64ULL << 20;
 inline constexpr std::uint64_t default_retain_bytes = 256ULL << 20;
+// Freed small blocks each thread keeps for its own next allocations, per device (0: none).
+inline constexpr std::uint64_t default_thread_cache_bytes = 2ULL << 20;
 
 struct pool_config {
   std::uint64_t base = default_pool_base;
   std::uint64_t size = default_pool_size;
   std::uint64_t growth_step = default_growth_step;
   std::uint64_t retain_bytes = default_retain_bytes;
+  std::uint64_t thread_cache_bytes = default_thread_cache_bytes;
 
   std::uint64_t device_base(int ordinal) const { return base + static_cast<std::uint64_t>(ordinal) * size; }
 };
@@ -45,8 +48,8 @@ struct pool_config {
 // anything else, on overflow, and on an empty string.
 bool parse_size(std::string_view text, std::uint64_t& out);
 
-// Reads VMMCKPT_POOL_BASE, VMMCKPT_POOL_SIZE, VMMCKPT_GROWTH_STEP and
-// VMMCKPT_POOL_RETAIN. On a bad value, `error` names the variable and why, and
+// Reads VMMCKPT_POOL_BASE, VMMCKPT_POOL_SIZE, VMMCKPT_GROWTH_STEP, VMMCKPT_POOL_RETAIN and
+// VMMCKPT_THREAD_CACHE. On a bad value, `error` names the variable and why, and
 // the returned config must not be used.
 pool_config pool_config_from_env(std::string& error);
 
