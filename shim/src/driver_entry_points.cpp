@@ -195,6 +195,60 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemGetAddressRange_v2(CUdeviceptr* pbase, size
   });
 }
 
+namespace {
+// The range attributes of a pool address name its allocation; the driver would name the pool's
+// whole reservation. Other attributes, and other memory, are the driver's to answer.
+bool is_range_attribute(CUpointer_attribute a) {
+  return a == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR || a == CU_POINTER_ATTRIBUTE_RANGE_SIZE;
+}
+
+// Writes a pool block's range attribute; false when ptr is in no live block.
+bool pool_range_attribute(device_pool& pool, CUpointer_attribute a, CUdeviceptr ptr, void* data) {
+  std::uint64_t base = 0, size = 0;
+  if (!pool.address_range(ptr, base, size)) return false;
+  if (a == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR)
+    *static_cast<CUdeviceptr*>(data) = base;
+  else
+    *static_cast<std::size_t*>(data) = size;
+  return true;
+}
+}  // namespace
+
+VMMCKPT_EXPORT CUresult CUDAAPI cuPointerGetAttribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr) {
+  return guarded(CUDA_ERROR_UNKNOWN, [&] {
+    const driver_api* d = driver();
+    if (d == nullptr || d->cuPointerGetAttribute == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+    if (shim_active()) restore_ready();
+    device_pool* pool = shim_active() && is_range_attribute(attribute) ? pool_containing(ptr) : nullptr;
+    if (pool == nullptr || data == nullptr) return d->cuPointerGetAttribute(data, attribute, ptr);
+    // Memory that is no allocation: what the driver answers for an address it does not know.
+    return pool_range_attribute(*pool, attribute, ptr, data) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  });
+}
+
+VMMCKPT_EXPORT CUresult CUDAAPI cuPointerGetAttributes(unsigned int count, CUpointer_attribute* attributes,
+                                                       void** data, CUdeviceptr ptr) {
+  return guarded(CUDA_ERROR_UNKNOWN, [&] {
+    const driver_api* d = driver();
+    if (d == nullptr || d->cuPointerGetAttributes == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+    if (shim_active()) restore_ready();
+    const CUresult r = d->cuPointerGetAttributes(count, attributes, data, ptr);
+    device_pool* pool = shim_active() ? pool_containing(ptr) : nullptr;
+    if (r != CUDA_SUCCESS || pool == nullptr) return r;
+    for (unsigned i = 0; i < count; ++i) {
+      if (data[i] == nullptr || !is_range_attribute(attributes[i])) continue;
+      // No allocation there: the neutral answer the driver gives for unknown memory.
+      if (!pool_range_attribute(*pool, attributes[i], ptr, data[i])) {
+        if (attributes[i] == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR)
+          *static_cast<CUdeviceptr*>(data[i]) = 0;
+        else
+          *static_cast<std::size_t*>(data[i]) = 0;
+      }
+    }
+    return r;
+  });
+}
+
 // Memory the pool does not serve: named once in the log, then passed through.
 
 VMMCKPT_EXPORT CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigned int flags) {

@@ -30,7 +30,7 @@ using get_proc_address_v1_fn = CUresult(CUDAAPI*)(const char*, void**, int, cuui
   X(cuCtxSynchronize_v2) X(cuStreamGetDevice) X(cuMemAllocAsync) X(cuMemAllocAsync_ptsz)            \
   X(cuMemFreeAsync) X(cuMemFreeAsync_ptsz) X(cuMemAllocManaged) X(cuMemPoolCreate)                  \
   X(cuMemAllocFromPoolAsync) X(cuMemAllocFromPoolAsync_ptsz) X(cuArrayCreate_v2) X(cuArray3DCreate_v2) \
-  X(cuMipmappedArrayCreate) X(cuDeviceGetUuid_v2)
+  X(cuMipmappedArrayCreate) X(cuDeviceGetUuid_v2) X(cuPointerGetAttribute) X(cuPointerGetAttributes)
 
 namespace vmmckpt::detail {
 

@@ -82,6 +82,20 @@ int main(int argc, char** argv) {
   size_t size = 0;
   CHECK_CU(cuMemGetAddressRange(&base, &size, ptrs[1] + 999));
   EXPECT(base == ptrs[1] && size == 1000);
+  // So do the pointer's range attributes (the driver alone would name the pool's mapping).
+  CUdeviceptr start = 0;
+  size_t range = 0;
+  CHECK_CU(cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, ptrs[1] + 999));
+  CHECK_CU(cuPointerGetAttribute(&range, CU_POINTER_ATTRIBUTE_RANGE_SIZE, ptrs[1] + 999));
+  EXPECT(start == ptrs[1] && range == 1000);
+  CUpointer_attribute attrs[3] = {CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                                  CU_POINTER_ATTRIBUTE_MEMORY_TYPE};
+  unsigned memory_type = 0;
+  start = 0;
+  range = 0;
+  void* answers[3] = {&start, &range, &memory_type};
+  CHECK_CU(cuPointerGetAttributes(3, attrs, answers, ptrs[1] + 1));
+  EXPECT(start == ptrs[1] && range == 1000 && memory_type == CU_MEMORYTYPE_DEVICE);
 
   size_t free_bytes = 0, total = 0;
   CHECK_CU(cuMemGetInfo(&free_bytes, &total));
