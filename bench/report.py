@@ -319,6 +319,7 @@ def limit_analysis(res):
     read, read_threads = best_limit(res, "read_files", "tmpfs")
     memcpy, memcpy_threads = best_limit(res, "memcpy", "tmpfs")
     disk, disk_threads = best_limit(res, "write_files", "disk")
+    direct, _ = best_limit(res, "direct_dtoh_files", "tmpfs")
     sizes = res.sizes("dump", where="tmpfs")
     if sizes:
         s = sizes[-1]
@@ -333,9 +334,13 @@ def limit_analysis(res):
                 f"{num(ph['committed'] - ph['written'], 3)} s. The writing is the limit: this machine's tmpfs takes "
                 + (f"{num(write, 1)} GB/s from {write_threads} threads writing one file each, " if write else "")
                 + (f"its memory copies {num(memcpy, 1)} GB/s with {memcpy_threads} threads, " if memcpy else "")
-                + "and a dump moves every byte through memory three times (PCIe into staging, a hash, the copy "
-                "into the page cache) while the GPU's copy engine writes the next buffers. 40 GB/s would need "
-                "a faster file system path than `write()` into tmpfs on this host.")
+                + "and a dump moves every byte through memory more than once (PCIe into staging, then, 1 MiB at "
+                "a time while it is in the CPU's cache, a hash and the copy into the page cache) while the GPU's "
+                "copy engine writes the next buffers. "
+                + (f"Copying straight into the image files' pages instead (mapped, registered with the driver: no "
+                   f"`write()`) reaches only {num(direct, 1)} GB/s here, since tmpfs must first allocate and the "
+                   "driver pin every page. " if direct else "")
+                + "40 GB/s would need a faster file system path than `write()` into tmpfs on this host.")
     sizes = res.sizes("suspend", where="tmpfs")
     if sizes:
         s = sizes[-1]
@@ -359,8 +364,9 @@ def limit_analysis(res):
                 out.append(
                     f"- **{what}, {size_label(s)}** ({num(r['seconds'])} s, {num(rate, 1)} GB/s): the image is read "
                     f"from tmpfs, hashed and copied to the GPU by 16 threads; reading alone reaches {num(read, 1)} GB/s "
-                    f"here ({read_threads} threads), so the load runs at {num(100 * rate / read, 0)} % of what reading "
-                    "the page cache allows; the PCIe copy (55 GB/s) is not the limit.")
+                    f"here ({read_threads} threads reading 32 MiB at a time), and the load runs at "
+                    f"{num(100 * rate / read, 0)} % of that (it reads 1 MiB at a time into buffers that stay in the "
+                    "CPU's cache); the PCIe copy (55 GB/s) is not the limit.")
     sizes = res.sizes("dump", where="disk")
     if sizes and disk:
         s = sizes[-1]
@@ -369,18 +375,15 @@ def limit_analysis(res):
                    f"the disk takes {num(disk, 2)} GB/s from {disk_threads} threads writing and syncing: the disk "
                    "is the limit.")
     a8 = [r for r in res.get("alloc", mode="shim", threads=8) if r["size"] <= MIB]
-    if a8:
-        out.append(f"- **Allocation from 8 threads**: a median of {num(max(r['median_us'] for r in a8), 1)} us per pair "
-                   "against 0.3 to 0.6 us from one thread: every allocation and free takes the device pool's one "
-                   "lock, so eight threads queue behind it. Per-thread caches of freed blocks would remove the lock "
-                   "from the common case; they are not built yet.")
+    if a8 and max(r["median_us"] for r in a8) > 2:
+        out.append(f"- **Allocation from 8 threads**: a median of {num(max(r['median_us'] for r in a8), 1)} us per pair: "
+                   "pairs that the threads' caches of freed blocks cannot serve take the device pool's one lock, and "
+                   "eight threads queue behind it (`docs/pool.md`, Threads).")
     f = res.one("frag", mode="shim")
-    if f:
-        out.append(f"- **Pool memory** ({num(f['ratio'])} × live): the pool backs address ranges with physical handles "
-                   "of at least one growth step (64 MiB) and gives a handle back only when nothing in it is live. "
-                   "Best-fit placement scatters small blocks over many handles, and each keeps its handle (or, with "
-                   "a 2 MiB step, its 2 MiB granule) held. Placing small and large blocks in separate parts of the "
-                   "pool would keep the handles of small blocks dense; that change is not built yet.")
+    if f and f["physical_bytes"] > 1.1 * f["live_bytes"] + GROWTH_STEP:
+        out.append(f"- **Pool memory** ({num(f['ratio'])} × live): what the pool holds beyond the live bytes is the rest "
+                   "of each larger block's last 2 MiB granule, the free space in small-block chunks and idle handles "
+                   "not yet given back (`docs/pool.md`, Physical memory).")
     return "\n".join(out)
 
 
