@@ -19,6 +19,16 @@ using namespace vmmckpt;
 
 namespace {
 
+// Records [addr, addr + size) in `owners` (start -> end of every live block, from all threads); false
+// when it overlaps a block already there.
+bool record_disjoint(std::map<std::uint64_t, std::uint64_t>& owners, std::uint64_t addr, std::uint64_t size) {
+  const auto next = owners.lower_bound(addr);
+  const bool overlaps = (next != owners.end() && next->first < addr + size) ||
+                        (next != owners.begin() && std::prev(next)->second > addr);
+  owners[addr] = addr + size;
+  return !overlaps;
+}
+
 constexpr std::uint64_t base = 0x200000000000ULL;
 constexpr std::uint64_t MiB = 1ULL << 20;
 constexpr int fake_oom = 2;
@@ -304,11 +314,7 @@ TEST_CASE("concurrent allocation and free from many threads", "[pool]") {
             break;
           }
           std::lock_guard lock(owners_mutex);
-          // No other live block may overlap this one.
-          auto next = owners.lower_bound(addr);
-          if (next != owners.end() && next->first < addr + size) failed = true;
-          if (next != owners.begin() && std::prev(next)->second > addr) failed = true;
-          owners[addr] = addr + size;
+          if (!record_disjoint(owners, addr, size)) failed = true;
           mine.push_back(addr);
         }
       }
@@ -829,10 +835,7 @@ TEST_CASE("many threads allocating and freeing each other's blocks, checked whil
             break;
           }
           std::lock_guard lock(owners_mutex);
-          auto next = owners.lower_bound(addr);
-          if (next != owners.end() && next->first < addr + size) failed = true;
-          if (next != owners.begin() && std::prev(next)->second > addr) failed = true;
-          owners[addr] = addr + size;
+          if (!record_disjoint(owners, addr, size)) failed = true;
           mine.push_back(addr);
         }
         if (pool.free(addr_of_nothing()) != pool_status::invalid_value) failed = true;
