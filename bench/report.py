@@ -227,6 +227,13 @@ def noisy_target(res, bench, what, limit, measures):
     return (what, f"≤ {limit} % slower", "; ".join(parts), verdict(slow <= limit))
 
 
+def pinned_note(res, bench):
+    rows = res.get(bench)
+    if rows and all(r.get("pinned") for r in rows):
+        return " Every run, native and under the shim, ran on the same two cores (`taskset`)."
+    return ""
+
+
 def slowdown(res, bench, field):
     """Percent by which the shim's best run is slower than the native best run."""
     shim, native = res.best(bench, field, mode="shim"), res.best(bench, field, mode="native")
@@ -572,7 +579,7 @@ def markdown(res, plots, img_rel):
     if res.get("launch"):
         slow = slowdown(res, "launch", "best_seconds")
         section("Launch-bound program", f"`bench/launch.cu`: empty `<<<1,1>>>` launches on one stream, best of 3. "
-                f"Shim against native (best runs): {num(slow, 1)} %.",
+                f"Shim against native (best runs): {num(slow, 1)} %." + pinned_note(res, "launch"),
                 rounds_table(res, "launch", ["launches", "best s", "median s", "us per launch"],
                              lambda r: (f"{r['launches']:,}", num(r["best_seconds"], 3), num(r["median_seconds"], 3),
                                         num(r["us_per_launch"], 3))))
@@ -583,7 +590,7 @@ def markdown(res, plots, img_rel):
                 f"{num(slowdown(res, 'torch', 'median_ms'), 1)} % by the best median; native's two best medians "
                 f"differ by {num(spread(res, 'torch', 'median_ms'), 1)} %"
                 + (", so only the fastest steps resolve a difference of 1 %." if (spread(res, 'torch', 'median_ms') or 0) > 1
-                   else "."),
+                   else ".") + pinned_note(res, "torch"),
                 rounds_table(res, "torch", ["fastest ms", "median ms", "mean ms", "steps"],
                              lambda r: (num(r.get("min_ms"), 3), num(r["median_ms"], 3), num(r["mean_ms"], 3),
                                         r["steps"])))

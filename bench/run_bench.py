@@ -493,7 +493,15 @@ class Bench:
             except BenchError as e:
                 self.error("driver_ckpt", e, **tags)
 
-    def both_modes(self, bench, cmd, timeout, rounds):
+    def pinned(self, cmd):
+        """cmd on two fixed cores, where taskset exists: launch-bound timings then vary far less with
+        where the scheduler puts the launching thread, in both modes alike."""
+        cpus = os.cpu_count() or 1
+        if cpus < 4 or not shutil.which("taskset"):
+            return cmd
+        return ["taskset", "-c", f"{cpus - 2},{cpus - 1}"] + cmd
+
+    def both_modes(self, bench, cmd, timeout, rounds, pin=False):
         """Runs cmd natively and under the shim (cuda-ckpt run sets LD_PRELOAD), alternating, `rounds`
         times each, so that a drift of the machine does not favour one mode."""
         for rnd in range(1, rounds + 1):
@@ -501,6 +509,9 @@ class Bench:
                 tags = {"mode": mode, "round": rnd}
                 try:
                     full = [self.cuda_ckpt, "run", "--"] + cmd if mode == "shim" else cmd
+                    if pin:
+                        full = self.pinned(full)
+                        tags["pinned"] = full[0] == "taskset"
                     proc, wall = self.run(full, timeout, f"{bench}-{mode}-{rnd}")
                     found = json_lines(proc.stdout_text)
                     if not found:
@@ -516,7 +527,8 @@ class Bench:
 
     def part_launch(self):
         args = ["--launches", "200000"] if self.args.quick else []
-        self.both_modes("launch", [os.path.join(self.bin, "vmmckpt_bench_launch")] + args, 600, 1 if self.args.quick else 3)
+        self.both_modes("launch", [os.path.join(self.bin, "vmmckpt_bench_launch")] + args, 600,
+                        1 if self.args.quick else 5, pin=True)
 
     def part_frag(self):
         args = ["--live-gib", "2", "--steps", "5000"] if self.args.quick else []
@@ -525,7 +537,7 @@ class Bench:
     def part_torch(self):
         script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_step.py")
         args = ["--warmup", "5", "--steps", "20"] if self.args.quick else ["--steps", "200"]
-        self.both_modes("torch", [self.args.python, script] + args, 600, 1 if self.args.quick else 3)
+        self.both_modes("torch", [self.args.python, script] + args, 600, 1 if self.args.quick else 3, pin=True)
 
     def main(self):
         self.write_env()
