@@ -113,6 +113,25 @@ std::uint64_t device_pool::release_all_physical() {
 
 pool_status device_pool::rebuild_physical(int* backend_error) {
   std::lock_guard lock(mutex_);
+  int error = rebuild_locked();
+  if (error != 0 && backend_.is_out_of_memory(error)) {
+    // The growth steps of the first small blocks may hold memory that later blocks need: once more,
+    // with memory under each block alone.
+    grow_exactly_ = true;
+    error = rebuild_locked();
+    grow_exactly_ = false;
+  }
+  if (error != 0) {
+    if (backend_error) *backend_error = error;
+    return backend_.is_out_of_memory(error) ? pool_status::out_of_memory : pool_status::backend_error;
+  }
+  for (const auto& b : ranges_.live_blocks()) count_live(b.addr, b.size, true);
+  suspended_ = false;
+  return pool_status::ok;
+}
+
+// Memory under every taken range; on failure nothing stays mapped.
+int device_pool::rebuild_locked() {
   for (const auto& b : ranges_.live_blocks()) {
     const int error = back_range(b.addr, b.size);
     if (error != 0) {
@@ -120,13 +139,10 @@ pool_status device_pool::rebuild_physical(int* backend_error) {
       segments_.clear();
       idle_order_.clear();
       backed_bytes_ = idle_bytes_ = 0;
-      if (backend_error) *backend_error = error;
-      return backend_.is_out_of_memory(error) ? pool_status::out_of_memory : pool_status::backend_error;
+      return error;
     }
   }
-  for (const auto& b : ranges_.live_blocks()) count_live(b.addr, b.size, true);
-  suspended_ = false;
-  return pool_status::ok;
+  return 0;
 }
 
 bool device_pool::address_range(std::uint64_t addr, std::uint64_t& block_base, std::uint64_t& block_size) const {
@@ -302,7 +318,7 @@ int device_pool::back_range(std::uint64_t addr, std::uint64_t size, bool may_rel
     // the block lives.
     const std::uint64_t step = align_up(policy_.growth_step, granule);
     const std::uint64_t grown_end =
-        !small ? needed_end
+        !small || grow_exactly_ ? needed_end
                : std::min({gap_end, std::max(needed_end, std::min(cursor + step, ranges_.chunk_end(cursor)))});
     std::uint64_t handle = 0;
     std::uint64_t seg_end = grown_end;

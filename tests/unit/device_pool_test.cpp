@@ -386,6 +386,22 @@ TEST_CASE("suspend gives every handle back; resume rebuilds memory under every l
   REQUIRE(small.is_mapped(kept, 3 * MiB));
 }
 
+TEST_CASE("resume short of memory backs each block alone rather than fail on growth steps", "[pool]") {
+  fake_backend backend(256 * MiB);
+  device_pool pool(base, 64ULL << 30, policy(), backend);
+  const auto small_block = must_allocate(pool, 1000);  // its chunk grows by a whole 64 MiB step
+  const auto large_block = must_allocate(pool, 4 * MiB);
+  REQUIRE(backend.used() == 68 * MiB);
+  REQUIRE(pool.release_all_physical() == 68 * MiB);
+  device_pool other(base + (64ULL << 30), 64ULL << 30, policy(2 * MiB, 0), backend);
+  must_allocate(other, 190 * MiB);  // meanwhile another program leaves 66 MiB: a step and 2 MiB
+  REQUIRE(pool.rebuild_physical() == pool_status::ok);
+  REQUIRE(backend.is_mapped(small_block, 1000));
+  REQUIRE(backend.is_mapped(large_block, 4 * MiB));
+  REQUIRE(backend.used() == 190 * MiB + 2 * MiB + 4 * MiB);
+  REQUIRE(pool.check_invariants().empty());
+}
+
 TEST_CASE("the pool's own consistency check passes through growth, trimming, suspend and resume", "[pool]") {
   fake_backend backend(1ULL << 40);
   device_pool pool(base, 64ULL << 30, policy(2 * MiB, 4 * MiB), backend);

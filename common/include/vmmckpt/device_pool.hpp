@@ -207,6 +207,7 @@ class device_pool {
 
   // may_release_idle: the quarantine is empty, so idle handles may be given back at once.
   int back_range(std::uint64_t addr, std::uint64_t size, bool may_release_idle = false);
+  int rebuild_locked();
   void count_live(std::uint64_t addr, std::uint64_t size, bool add);
   void reclaim_locked();
   void synchronize_locked();  // backend_.synchronize(), remembering how much work it covered
@@ -229,6 +230,7 @@ class device_pool {
   std::uint64_t idle_bytes_ = 0;
   bool keep_idle_ = false;  // set by prefill
   bool suspended_ = false;  // between release_all_physical and rebuild_physical
+  bool grow_exactly_ = false;  // no growth steps: a resume's second try when memory is short
   std::uint64_t retired_work_ = 0;  // submitted_work() at the latest free
   // Written under mutex_, read without it by the caches.
   std::atomic<std::uint64_t> synced_work_{0};  // submitted_work() when the last synchronize began
