@@ -202,14 +202,18 @@ bool is_range_attribute(CUpointer_attribute a) {
   return a == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR || a == CU_POINTER_ATTRIBUTE_RANGE_SIZE;
 }
 
-// Writes a pool block's range attribute; false when ptr is in no live block.
-bool pool_range_attribute(device_pool& pool, CUpointer_attribute a, CUdeviceptr ptr, void* data) {
-  std::uint64_t base = 0, size = 0;
-  if (!pool.address_range(ptr, base, size)) return false;
+void write_range_attribute(CUpointer_attribute a, void* data, std::uint64_t base, std::uint64_t size) {
   if (a == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR)
     *static_cast<CUdeviceptr*>(data) = base;
   else
     *static_cast<std::size_t*>(data) = size;
+}
+
+// Writes a pool block's range attribute; false when ptr is in no live block.
+bool pool_range_attribute(device_pool& pool, CUpointer_attribute a, CUdeviceptr ptr, void* data) {
+  std::uint64_t base = 0, size = 0;
+  if (!pool.address_range(ptr, base, size)) return false;
+  write_range_attribute(a, data, base, size);
   return true;
 }
 }  // namespace
@@ -238,12 +242,8 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuPointerGetAttributes(unsigned int count, CUpoi
     for (unsigned i = 0; i < count; ++i) {
       if (data[i] == nullptr || !is_range_attribute(attributes[i])) continue;
       // No allocation there: the neutral answer the driver gives for unknown memory.
-      if (!pool_range_attribute(*pool, attributes[i], ptr, data[i])) {
-        if (attributes[i] == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR)
-          *static_cast<CUdeviceptr*>(data[i]) = 0;
-        else
-          *static_cast<std::size_t*>(data[i]) = 0;
-      }
+      if (!pool_range_attribute(*pool, attributes[i], ptr, data[i]))
+        write_range_attribute(attributes[i], data[i], 0, 0);
     }
     return r;
   });
