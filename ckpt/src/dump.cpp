@@ -81,11 +81,10 @@ struct piece {
 struct chunk {
   std::vector<piece> pieces;
   std::uint64_t bytes = 0;
-  std::uint32_t file = 0;
 };
 
-// Cuts every pool's allocations into extents of at most chunk_bytes and packs them into chunks;
-// chunk c goes to data file c % files, so each file takes its chunks in manifest order.
+// Cuts every pool's allocations into extents of at most chunk_bytes and packs them into chunks,
+// in manifest order. Writers take chunks in that order, so each data file gets its extents in it.
 std::vector<chunk> plan_chunks(image::manifest& m, std::uint64_t chunk_bytes, std::uint32_t files) {
   std::vector<chunk> chunks(1);
   for (std::size_t p = 0; p < m.pools.size(); ++p) {
@@ -104,11 +103,7 @@ std::vector<chunk> plan_chunks(image::manifest& m, std::uint64_t chunk_bytes, st
     }
   }
   if (chunks.back().bytes == 0) chunks.pop_back();
-  m.data_files = files;  // files beyond the chunks stay empty
-  for (std::size_t c = 0; c < chunks.size(); ++c) {
-    chunks[c].file = static_cast<std::uint32_t>(c % m.data_files);
-    for (const piece& pc : chunks[c].pieces) m.pools[pc.pool].extents[pc.extent].file = chunks[c].file;
-  }
+  m.data_files = files;  // a file whose writer takes no chunk stays empty
   return chunks;
 }
 
@@ -327,32 +322,52 @@ dump_result dump(const dump_options& options, const std::function<void(const dum
   // does not release it), and a crashed tool must never hang the program. The
   // shim's gate, which reopens when this connection drops, is the quiesce.
 
-  // Copy: a ring of pinned buffers; this thread issues the copies in order, one writer thread per
-  // data file waits for its chunks and appends them, so PCIe and storage overlap and the file
-  // system takes several files at once (it serializes writes to one file).
+  // Copy: pinned buffers; this thread copies the chunks in order into whichever buffer is free,
+  // and each writer thread (one data file each) takes the next copied chunk and appends it, so
+  // PCIe and storage overlap and the file system takes several files at once (it serializes
+  // writes to one file).
   const auto chunks = plan_chunks(m, options.chunk_bytes, writer.files());
   std::uint64_t total = 0;
   for (const auto& c : chunks) total += c.bytes;
 
   std::mutex mutex;
   std::condition_variable changed;
-  std::size_t issued = 0;                 // chunks [0, issued) are copied or in flight
-  std::vector<bool> buffer_free(buffers, true);
+  std::size_t issued = 0;                       // chunks [0, issued) are copied or in flight
+  std::size_t taken = 0;                        // chunks [0, taken) are taken by a writer
+  std::vector<std::size_t> chunk_buffer(chunks.size());  // the staging buffer each chunk is copied into
+  std::vector<std::size_t> free_buffers;
+  for (int b = buffers - 1; b >= 0; --b) free_buffers.push_back(static_cast<std::size_t>(b));
   bool stop = false;                      // the dump is over (done or failed): writers leave
   std::exception_ptr writer_error;
   std::uint64_t written = 0;
 
   auto write_file = [&](std::uint32_t file) {
+    double waiting = 0;
+    struct add_on_exit {  // this thread's waits, summed into the result however it leaves
+      double& waiting;
+      std::mutex& mu;
+      dump_result& result;
+      ~add_on_exit() {
+        std::lock_guard lock(mu);
+        result.threads.waiting += waiting;
+      }
+    } add_waiting{waiting, mutex, result};
     try {
       VMMCKPT_CUDA_TRY(cuCtxSetCurrent(context));
-      for (std::size_t c = file; c < chunks.size(); c += m.data_files) {
+      // Each writer takes the next copied chunk, whichever it is, and appends it to its own file: a
+      // writer that falls behind holds up no other, nor the copies.
+      for (;;) {
+        const auto wait_start = clock::now();
+        std::size_t c, b;
         {
           std::unique_lock lock(mutex);
-          changed.wait(lock, [&] { return issued > c || stop || writer_error; });
-          if (issued <= c) return;
+          changed.wait(lock, [&] { return taken < issued || taken == chunks.size() || stop || writer_error; });
+          if (stop || writer_error || taken == issued) return;
+          c = taken++;
+          b = chunk_buffer[c];
         }
-        const std::size_t b = c % buffers;
         VMMCKPT_CUDA_TRY(cuEventSynchronize(st.events[b]));
+        waiting += std::chrono::duration<double>(clock::now() - wait_start).count();
         const unsigned char* bytes = st.buffers[b];
         for (const piece& pc : chunks[c].pieces) {
           writer.begin_extent(file, pc.addr, pc.size);
@@ -363,7 +378,7 @@ dump_result dump(const dump_options& options, const std::function<void(const dum
         std::uint64_t done;
         {
           std::lock_guard lock(mutex);
-          buffer_free[b] = true;
+          free_buffers.push_back(b);
           done = written += chunks[c].bytes;
         }
         changed.notify_all();
@@ -424,12 +439,16 @@ dump_result dump(const dump_options& options, const std::function<void(const dum
     result.mark("released");
   }
   for (std::size_t c = 0; c < chunks.size(); ++c) {
-    const std::size_t b = c % buffers;
+    std::size_t b;
     {
+      const auto wait_start = clock::now();
       std::unique_lock lock(mutex);
-      changed.wait(lock, [&] { return buffer_free[b] || writer_error; });
+      changed.wait(lock, [&] { return !free_buffers.empty() || writer_error; });
+      result.threads.copy_waiting += std::chrono::duration<double>(clock::now() - wait_start).count();
       if (writer_error) break;
-      buffer_free[b] = false;
+      b = free_buffers.back();
+      free_buffers.pop_back();
+      chunk_buffer[c] = b;
     }
     CUstream s = st.streams[c % st.streams.size()];
     if (!snapshot_at.empty()) {
@@ -460,6 +479,11 @@ dump_result dump(const dump_options& options, const std::function<void(const dum
   auto finish_writing = [&] {
     for (auto& t : writer_threads) t.join();
     if (writer_error) std::rethrow_exception(writer_error);
+    result.threads.writers = static_cast<int>(m.data_files);
+    for (std::uint32_t f = 0; f < m.data_files; ++f) {
+      result.threads.hashing += writer.times(f).hashing;
+      result.threads.writing += writer.times(f).writing;
+    }
     if (progress) progress({total, total});
     m.data_bytes = total;
   };

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -101,12 +102,20 @@ struct data_file {
   std::uint64_t current_written = 0;
   XXH3_state_t hash;
   std::vector<extent> written;
+  writer::file_times times;
 
   void flush() {
     if (buffered == 0) return;
     iovec iov{buffer.get(), buffered};
-    write_all(fd, &iov, 1, path);
+    timed(times.writing, [&] { write_all(fd, &iov, 1, path); });
     buffered = 0;
+  }
+
+  template <typename F>
+  static void timed(double& seconds, F&& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
   // Hashes and stores bytes of the current extent: big pieces straight from the caller's memory,
@@ -118,15 +127,15 @@ struct data_file {
       // read once instead of twice.
       while (size > 0) {
         const std::size_t n = std::min(size, hash_piece);
-        detail::checksum_update(&hash, p, n);
+        timed(times.hashing, [&] { detail::checksum_update(&hash, p, n); });
         iovec iov{const_cast<unsigned char*>(p), n};
-        write_all(fd, &iov, 1, path);
+        timed(times.writing, [&] { write_all(fd, &iov, 1, path); });
         p += n;
         size -= n;
       }
       return;
     }
-    detail::checksum_update(&hash, p, size);
+    timed(times.hashing, [&] { detail::checksum_update(&hash, p, size); });
     if (!buffer) buffer = std::make_unique_for_overwrite<unsigned char[]>(buffer_capacity);
     while (size > 0) {
       const std::size_t n = std::min(size, buffer_capacity - buffered);
@@ -323,6 +332,10 @@ writer::writer(const std::filesystem::path& final_dir, std::uint32_t files) : im
 writer::~writer() = default;
 
 std::uint32_t writer::files() const { return static_cast<std::uint32_t>(impl_->files.size()); }
+
+writer::file_times writer::times(std::uint32_t file) const {
+  return file < impl_->files.size() ? impl_->files[file]->times : file_times{};
+}
 
 void writer::begin_extent(std::uint32_t file, std::uint64_t addr, std::uint64_t size) {
   impl& w = *impl_;

@@ -60,7 +60,7 @@ int dump_command(const dump_command_options& o) {
                           {"copy_seconds", result.copy_seconds}, {"copy_gb_per_s", copy_gbps},
                           {"hold_ms", result.hold_ms},        {"gpu_snapshot", result.gpu_snapshot},
                           {"data_files", result.manifest.data_files}};
-    for (const auto& [step, at] : result.phases) out["phases"][step] = at;
+    out.update(timings_json(result));
     std::cout << out.dump(2) << "\n";
   } else {
     std::printf("dumped %s in %zu allocations of process %d to %s\n",

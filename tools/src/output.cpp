@@ -46,4 +46,15 @@ void progress_bar::finish() {
   if (enabled_ && drawn_) std::fprintf(stderr, "\n");
 }
 
+nlohmann::json timings_json(const ckpt::dump_result& r) {
+  nlohmann::json out;
+  for (const auto& [step, at] : r.phases) out["phases"][step] = at;
+  out["threads"] = {{"writers", r.threads.writers},
+                    {"waiting_s", r.threads.waiting},
+                    {"hashing_s", r.threads.hashing},
+                    {"writing_s", r.threads.writing},
+                    {"copy_waiting_s", r.threads.copy_waiting}};
+  return out;
+}
+
 }  // namespace vmmckpt::tools

@@ -60,7 +60,7 @@ int suspend_command(const suspend_command_options& o) {
                        {"freed_bytes", r.freed_bytes},
                        {"device_used_bytes_after", r.device_used_after},
                        {"seconds", seconds}};
-    for (const auto& [step, at] : r.phases) out["phases"][step] = at;
+    out.update(timings_json(r));
     std::cout << out.dump(2) << "\n";
   } else {
     std::printf("suspended process %d in %.3f s: %s of GPU memory freed, image %s (%s)\n", static_cast<int>(o.pid),

@@ -90,6 +90,12 @@ class writer {
   void write(const void* data, std::size_t size) { write(0, data, size); }
   extent end_extent() { return end_extent(0); }
   std::uint32_t files() const;
+  // Seconds one data file's calls spent hashing and in write(), for reports of where a dump's time went.
+  struct file_times {
+    double hashing = 0;
+    double writing = 0;
+  };
+  file_times times(std::uint32_t file) const;
 
   // The manifest's extents, taken file by file in manifest order, must be those end_extent
   // returned for that file, in order; data_files must be files().

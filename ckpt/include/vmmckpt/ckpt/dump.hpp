@@ -53,6 +53,16 @@ struct dump_result {
   // Where the time went: seconds from the start at which each step ended ("context", "prepared",
   // "held", "released", "copied", "written", "committed", ...), in order.
   std::vector<std::pair<std::string, double>> phases;
+  // Where the threads' time went, in seconds summed over the writing threads: waiting for their
+  // chunks to come out of the GPU, hashing them, and in write(); and the copying thread's wait
+  // for a free staging buffer (the writers being behind).
+  struct thread_times {
+    int writers = 0;
+    double waiting = 0;
+    double hashing = 0;
+    double writing = 0;
+    double copy_waiting = 0;
+  } threads;
   std::chrono::steady_clock::time_point start;
   void mark(const std::string& step) {
     phases.emplace_back(step, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
