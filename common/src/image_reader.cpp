@@ -252,29 +252,45 @@ void reader::verify_manifest() const {
            "): the manifest was changed after the image was written");
 }
 
+std::vector<std::pair<std::size_t, std::size_t>> reader::extents_across_files() const {
+  // by_place is sorted by (file, offset): one cursor per file, taken in turn.
+  std::vector<std::pair<std::size_t, std::size_t>> runs;  // each file's [begin, end) in by_place
+  const auto& places = impl_->by_place;
+  for (std::size_t i = 0; i < places.size(); ++i)
+    if (i == 0 || places[i].file != places[i - 1].file) runs.push_back({i, i});
+  for (std::size_t r = 0; r < runs.size(); ++r) runs[r].second = r + 1 < runs.size() ? runs[r + 1].first : places.size();
+  std::vector<std::pair<std::size_t, std::size_t>> order;
+  order.reserve(places.size());
+  while (order.size() < places.size())
+    for (auto& [at, end] : runs)
+      if (at < end) {
+        order.push_back({places[at].pool, places[at].index});
+        ++at;
+      }
+  return order;
+}
+
 void reader::verify_data(unsigned threads) const {
   verify_manifest();
-  const std::uint32_t files = impl_->info.data_files;
-  if (threads == 0) threads = std::max(1u, std::min<unsigned>(files, std::thread::hardware_concurrency()));
-  threads = std::min<unsigned>(threads, files);
+  const auto order = extents_across_files();
+  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
+  threads = static_cast<unsigned>(std::max<std::size_t>(1, std::min<std::size_t>(threads, order.size())));
   for (int fd : impl_->data_fds) ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-  // Files are taken one at a time by the next free thread; the first error is reported.
-  std::atomic<std::uint32_t> next{0};
+  // Extents are taken one at a time by the next free thread; the first error is reported.
+  std::atomic<std::size_t> next{0};
   std::mutex mu;
   std::exception_ptr error;
   auto work = [&] {
     try {
       auto buffer = std::make_unique_for_overwrite<unsigned char[]>(2 * read_piece);
       detail::background_hasher hasher;
-      for (std::uint32_t f; (f = next++) < files;) {
+      for (std::size_t k; (k = next++) < order.size();) {
         {
           std::lock_guard lock(mu);
           if (error) return;
         }
-        const impl::located key{f, 0, 0, 0};
-        for (auto it = std::lower_bound(impl_->by_place.begin(), impl_->by_place.end(), key);
-             it != impl_->by_place.end() && it->file == f; ++it)
-          impl_->read_checked(*it, buffer.get(), false, &hasher);
+        const extent& e = impl_->info.pools[order[k].first].extents[order[k].second];
+        impl_->read_checked(impl_->locate(e), buffer.get(), false, &hasher);
       }
     } catch (...) {
       std::lock_guard lock(mu);

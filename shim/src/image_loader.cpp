@@ -136,14 +136,13 @@ class loader_thread {
 
 bool load_image(const driver_api& d, const image::reader& reader, std::string& error) {
   const image::manifest& m = reader.info();
-  // Work by data file: a thread takes the next file and loads its extents in order.
-  std::vector<std::vector<std::pair<const image::extent*, int>>> by_file(m.data_files);
-  for (const image::pool& p : m.pools)
-    for (const image::extent& e : p.extents) by_file[e.file].push_back({&e, p.device});
-  const unsigned threads =
-      std::max(1u, std::min({static_cast<unsigned>(m.data_files), std::thread::hardware_concurrency(), max_threads}));
+  // Work by extent: a thread takes the next one, the data files in turn, so the threads share the
+  // work evenly however the bytes fall into files.
+  const auto order = reader.extents_across_files();
+  const unsigned threads = static_cast<unsigned>(
+      std::max<std::size_t>(1, std::min<std::size_t>({order.size(), std::thread::hardware_concurrency(), max_threads})));
 
-  std::atomic<std::size_t> next_file{0};
+  std::atomic<std::size_t> next{0};
   std::atomic<bool> failed{false};
   std::mutex mu;
   auto work = [&] {
@@ -152,11 +151,10 @@ bool load_image(const driver_api& d, const image::reader& reader, std::string& e
     d.cuCtxGetCurrent(&caller);
     try {
       loader_thread t(d);
-      for (std::size_t f; !failed && (f = next_file++) < by_file.size();)
-        for (const auto& [e, device] : by_file[f]) {
-          if (failed) break;
-          t.load(reader, *e, device);
-        }
+      for (std::size_t k; !failed && (k = next++) < order.size();) {
+        const image::pool& p = m.pools[order[k].first];
+        t.load(reader, p.extents[order[k].second], p.device);
+      }
       t.finish();
     } catch (const load_failure& e) {
       std::lock_guard lock(mu);

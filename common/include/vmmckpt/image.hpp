@@ -117,9 +117,14 @@ class reader {
   const manifest& info() const;
   // Reads one extent's bytes into dst (size bytes) and checks its checksum.
   void read(const extent& e, void* dst) const;
-  // Checks every extent's checksum, reading the data files on up to `threads` threads at once
-  // (0: one per data file, at most the machine's cores); throws image_error naming a bad extent.
+  // Checks every extent's checksum on up to `threads` threads at once (0: one per core), each
+  // taking the next extent of extents_across_files(); throws image_error naming a bad extent.
   void verify_data(unsigned threads = 0) const;
+  // Every extent as (pool, index into its extents): the data files taken in turn (the first extent
+  // of each, then the second of each, ...), each file's in the order they lie in it. Threads that
+  // take the next one share the work evenly however the bytes fall into files, and read every
+  // file front to back.
+  std::vector<std::pair<std::size_t, std::size_t>> extents_across_files() const;
   // Checks that the manifest is the one the data files were written with (each header records its
   // XXH3); verify_data() does this first. Loaders that check extents themselves call it.
   void verify_manifest() const;
