@@ -137,15 +137,22 @@ def worst_rate(res, bench, **match):
     return rate, f"{num(rate)} GB/s (worst, at {size_label(size)}){note}"
 
 
+# Images in memory: the usual tmpfs (/dev/shm), and one mounted with transparent huge pages
+# (mount -o huge=always), which a user can choose for the image directory.
+TMPFS_PLACES = (("tmpfs", "tmpfs"), ("tmpfs-huge", "tmpfs with huge pages"))
+PLACES = ("tmpfs", "tmpfs-huge", "disk")
+
+
 def target_rows(res):
     rows = []
 
-    rate, text = worst_rate(res, "dump", where="tmpfs")
-    rows.append(("dump into tmpfs", "≥ 40 GB/s", text, verdict(None if rate is None else rate >= 40)))
-    rate, text = worst_rate(res, "restore", where="tmpfs")
-    rows.append(("restore from tmpfs, new process", "≥ 40 GB/s", text, verdict(None if rate is None else rate >= 40)))
-    rate, text = worst_rate(res, "resume", where="tmpfs")
-    rows.append(("restore from tmpfs, resume", "≥ 40 GB/s", text, verdict(None if rate is None else rate >= 40)))
+    for where, label in TMPFS_PLACES:
+        if where != "tmpfs" and not res.get("dump", where=where):
+            continue
+        for bench, what in (("dump", "dump into "), ("restore", "restore from "), ("resume", "restore from ")):
+            rate, text = worst_rate(res, bench, where=where)
+            rows.append((what + label + {"dump": "", "restore": ", new process", "resume": ", resume"}[bench],
+                         "≥ 40 GB/s", text, verdict(None if rate is None else rate >= 40)))
 
     # Held no longer than the GPU-to-host copy: the pinned copy of the same size, 10 % allowed.
     sizes, note = big_sizes(res, "dump", where="tmpfs")
@@ -162,15 +169,16 @@ def target_rows(res):
     else:
         rows.append(("program held during a dump", "≤ GPU-to-host copy (+10 %)", "not measured", "–"))
 
-    s32 = res.one("suspend", where="tmpfs", size_gib=32)
-    if s32:
-        rows.append(("suspend of 32 GiB until the memory is free", "< 2 s", f"{num(s32['seconds'])} s",
-                     verdict(s32["seconds"] < 2)))
-    else:
-        sizes = res.sizes("suspend", where="tmpfs")
-        text = "not measured" if not sizes else \
-            f"{num(res.one('suspend', where='tmpfs', size_gib=sizes[-1])['seconds'])} s at {size_label(sizes[-1])} (32 GiB not run)"
-        rows.append(("suspend of 32 GiB until the memory is free", "< 2 s", text, "–"))
+    for where, label in TMPFS_PLACES:
+        what = "suspend of 32 GiB until the memory is free" + ("" if where == "tmpfs" else f", into {label}")
+        s32 = res.one("suspend", where=where, size_gib=32)
+        sizes = res.sizes("suspend", where=where)
+        if s32:
+            rows.append((what, "< 2 s", f"{num(s32['seconds'])} s", verdict(s32["seconds"] < 2)))
+        elif where == "tmpfs" or sizes:
+            text = "not measured" if not sizes else \
+                f"{num(res.one('suspend', where=where, size_gib=sizes[-1])['seconds'])} s at {size_label(sizes[-1])} (32 GiB not run)"
+            rows.append((what, "< 2 s", text, "–"))
 
     def worst_median(mode, threads):
         medians = [r["median_us"] for r in res.get("alloc", mode=mode, threads=threads) if r["size"] <= MIB]
@@ -249,7 +257,7 @@ def dump_table(res):
     for s in sorted(set(res.sizes("dump") + res.sizes("restore") + res.sizes("driver_ckpt") + res.sizes("suspend"))):
         drv = res.one("driver_ckpt", size_gib=s)
         dtoh, htod = res.pcie("pcie_dtoh", s), res.pcie("pcie_htod", s)
-        for where in ("tmpfs", "disk"):
+        for where in PLACES:
             d, r = res.one("dump", where=where, size_gib=s), res.one("restore", where=where, size_gib=s)
             if not d and not r:
                 continue
@@ -270,7 +278,7 @@ def suspend_table(res):
     rows = []
     for s in sorted(set(res.sizes("suspend") + res.sizes("resume"))):
         drv = res.one("driver_ckpt", size_gib=s)
-        for where in ("tmpfs", "disk"):
+        for where in PLACES:
             su, re_ = res.one("suspend", where=where, size_gib=s), res.one("resume", where=where, size_gib=s)
             if not su and not re_:
                 continue
@@ -322,32 +330,44 @@ def limit_analysis(res):
     """Where each target's limit lies, from this run's own figures: each step of the largest dump,
     suspend and restore set against what the machine itself allows."""
     out = []
-    write, write_threads = best_limit(res, "write_files", "tmpfs")
-    read, read_threads = best_limit(res, "read_files", "tmpfs")
     memcpy, memcpy_threads = best_limit(res, "memcpy", "tmpfs")
     disk, disk_threads = best_limit(res, "write_files", "disk")
     direct, _ = best_limit(res, "direct_dtoh_files", "tmpfs")
-    sizes = res.sizes("dump", where="tmpfs")
-    if sizes:
+    for where, label in TMPFS_PLACES:
+        sizes = res.sizes("dump", where=where)
+        if not sizes:
+            continue
         s = sizes[-1]
-        d = res.one("dump", where="tmpfs", size_gib=s)
-        ph = d.get("phases") or {}
-        if {"prepared", "released", "written", "committed"} <= ph.keys():
-            moved = d["bytes"] / (ph["written"] - ph["released"]) / 1e9
-            out.append(
-                f"- **Dump into tmpfs, {size_label(s)}** ({num(d['seconds'])} s): setting up (the tool's CUDA context, "
-                f"pinned staging) {num(ph['prepared'], 3)} s; program held {num(d['hold_ms'], 0)} ms; copying out "
-                f"of the GPU and writing {num(ph['written'] - ph['released'], 3)} s ({num(moved, 1)} GB/s); commit "
-                f"{num(ph['committed'] - ph['written'], 3)} s. The writing is the limit: this machine's tmpfs takes "
-                + (f"{num(write, 1)} GB/s from {write_threads} threads writing one file each, " if write else "")
-                + (f"its memory copies {num(memcpy, 1)} GB/s with {memcpy_threads} threads, " if memcpy else "")
-                + "and a dump moves every byte through memory more than once (PCIe into staging, then, 1 MiB at "
-                "a time while it is in the CPU's cache, a hash and the copy into the page cache) while the GPU's "
-                "copy engine writes the next buffers. "
-                + (f"Copying straight into the image files' pages instead (mapped, registered with the driver: no "
-                   f"`write()`) reaches only {num(direct, 1)} GB/s here, since tmpfs must first allocate and the "
-                   "driver pin every page. " if direct else "")
-                + "40 GB/s would need a faster file system path than `write()` into tmpfs on this host.")
+        d = res.one("dump", where=where, size_gib=s)
+        ph, th = d.get("phases") or {}, d.get("threads") or {}
+        write, write_threads = best_limit(res, "write_files", where)
+        if not {"prepared", "released", "written", "committed"} <= ph.keys():
+            continue
+        moved = d["bytes"] / (ph["written"] - ph["released"]) / 1e9
+        text = (f"- **Dump into {label}, {size_label(s)}** ({num(d['seconds'])} s): setting up (the tool's CUDA "
+                f"context, pinned staging) {num(ph['prepared'], 3)} s; program held {num(d['hold_ms'], 0)} ms; "
+                f"copying out of the GPU and writing {num(ph['written'] - ph['released'], 3)} s "
+                f"({num(moved, 1)} GB/s); commit {num(ph['committed'] - ph['written'], 3)} s. ")
+        if th.get("writers"):
+            text += (f"Its {th['writers']} writing threads spent, summed over them, {num(th['writing_s'], 1)} s in "
+                     f"`write()`, {num(th['hashing_s'], 1)} s hashing and {num(th['waiting_s'], 1)} s waiting for "
+                     f"copies out of the GPU, while the copying thread waited {num(th['copy_waiting_s'], 2)} s for a "
+                     "free staging buffer: the writers are the limit, busy in the file system and the hash. ")
+        if write:
+            text += (f"This {label} takes {num(write, 1)} GB/s from {write_threads} threads that only write "
+                     "(one file each). ")
+        if where == "tmpfs":
+            text += ((f"Memory copies reach {num(memcpy, 1)} GB/s with {memcpy_threads} threads; " if memcpy else "")
+                     + "a dump moves every byte through memory more than once (PCIe into staging, then, 1 MiB at a "
+                     "time, a hash and the copy into the page cache) while the GPU's copy engine writes the next "
+                     "buffers. "
+                     + (f"Copying straight into the image files' pages instead (mapped, registered with the driver: "
+                        f"no `write()`) reaches only {num(direct, 1)} GB/s here, since tmpfs must first allocate and "
+                        "the driver pin every page. " if direct else ""))
+        else:
+            text += ("Huge pages spare the file system most of its work per page (one 2 MiB page where tmpfs "
+                     "otherwise allocates 512 small ones); hashing and the copies through memory remain. ")
+        out.append(text.rstrip())
     sizes = res.sizes("suspend", where="tmpfs")
     if sizes:
         s = sizes[-1]
@@ -362,18 +382,21 @@ def limit_analysis(res):
                 f"{num(ph['suspended'] - ph['verified'], 3)} s. The driver's own checkpoint of the same size is on the "
                 "suspend table above.")
     for bench, what in (("restore", "Restore into a new process"), ("resume", "Resume")):
-        sizes = res.sizes(bench, where="tmpfs")
-        if sizes and read:
+        for where, label in TMPFS_PLACES:
+            sizes = res.sizes(bench, where=where)
+            read, read_threads = best_limit(res, "read_files", where)
+            if not sizes or not read:
+                continue
             s = sizes[-1]
-            r = res.one(bench, where="tmpfs", size_gib=s)
+            r = res.one(bench, where=where, size_gib=s)
             rate = r["bytes"] / r["seconds"] / 1e9 if r.get("bytes") and r.get("seconds") else None
             if rate:
                 out.append(
-                    f"- **{what}, {size_label(s)}** ({num(r['seconds'])} s, {num(rate, 1)} GB/s): the image is read "
-                    f"from tmpfs, hashed and copied to the GPU by 16 threads; reading alone reaches {num(read, 1)} GB/s "
-                    f"here ({read_threads} threads reading 32 MiB at a time), and the load runs at "
-                    f"{num(100 * rate / read, 0)} % of that (it reads 1 MiB at a time into buffers that stay in the "
-                    "CPU's cache); the PCIe copy (55 GB/s) is not the limit.")
+                    f"- **{what} from {label}, {size_label(s)}** ({num(r['seconds'])} s, {num(rate, 1)} GB/s): the "
+                    f"image is read, hashed and copied to the GPU by 16 threads; reading alone reaches "
+                    f"{num(read, 1)} GB/s here ({read_threads} threads reading 32 MiB at a time), and the load runs "
+                    f"at {num(100 * rate / read, 0)} % of that (it reads 1 MiB at a time into buffers that stay in "
+                    "the CPU's cache); the PCIe copy (55 GB/s) is not the limit.")
     sizes = res.sizes("dump", where="disk")
     if sizes and disk:
         s = sizes[-1]
@@ -477,8 +500,10 @@ def make_plots(res, img_dir):
 
     figure("dump_restore.png", "Throughput against live GPU memory", "live GiB", "GB/s", [
         ("vmmckpt dump → tmpfs", points("dump", "gb_per_s", where="tmpfs"), "o-"),
+        ("vmmckpt dump → tmpfs, huge pages", points("dump", "gb_per_s", where="tmpfs-huge"), "o-."),
         ("vmmckpt dump → disk", points("dump", "gb_per_s", where="disk"), "o--"),
         ("vmmckpt restore ← tmpfs (new process)", points("restore", "gb_per_s", where="tmpfs"), "s-"),
+        ("vmmckpt restore ← tmpfs, huge pages", points("restore", "gb_per_s", where="tmpfs-huge"), "s-."),
         ("vmmckpt resume ← tmpfs", points("resume", "gb_per_s", where="tmpfs"), "^-"),
         ("driver checkpoint", points("driver_ckpt", "checkpoint_gb_per_s"), "x:"),
         ("driver restore", points("driver_ckpt", "restore_gb_per_s"), "+:"),
@@ -494,7 +519,9 @@ def make_plots(res, img_dir):
     ], logy=True)
     figure("suspend_resume.png", "Suspend and resume against live GPU memory", "live GiB", "seconds", [
         ("vmmckpt suspend (until memory free)", points("suspend", "seconds", where="tmpfs"), "o-"),
+        ("vmmckpt suspend, tmpfs with huge pages", points("suspend", "seconds", where="tmpfs-huge"), "o-."),
         ("vmmckpt resume", points("resume", "seconds", where="tmpfs"), "s-"),
+        ("vmmckpt resume, tmpfs with huge pages", points("resume", "seconds", where="tmpfs-huge"), "s-."),
         ("driver checkpoint", points("driver_ckpt", "checkpoint_s"), "x:"),
         ("driver restore", points("driver_ckpt", "restore_s"), "+:"),
     ], logy=True)
@@ -617,15 +644,15 @@ def text_summary(res):
         lines.append(f"  allocator pair    {bytes_label(r['size']):>10}: {num(r['pair_ns'], 1)} ns")
     for r in res.get("limits"):
         where = r.get("where") or ""
-        lines.append(f"  limits {r['name']:<16} {where:<5} {bytes_label(r['bytes']):>9} {r['threads']:>2} "
+        lines.append(f"  limits {r['name']:<16} {where:<10} {bytes_label(r['bytes']):>9} {r['threads']:>2} "
                      f"{'streams' if r['name'].startswith('pcie') else 'threads'}: {num(r['gbps'])} GB/s")
     steps = [r for bench in ("dump", "restore", "suspend", "resume") for r in res.get(bench)]
     # By size and place; sorting is stable, so the steps keep their order (dump, restore, suspend, resume).
-    for r in sorted(steps, key=lambda r: (r["size_gib"], r["where"] != "tmpfs")):
+    for r in sorted(steps, key=lambda r: (r["size_gib"], PLACES.index(r["where"]) if r["where"] in PLACES else 9)):
         rate = f", {num(r['gb_per_s'])} GB/s" if r.get("gb_per_s") is not None else ""
         held = f", held {num(r['hold_ms'], 1)} ms" if r.get("hold_ms") is not None else ""
         wall = f" (command {num(r['wall_s'], 3)} s)" if r["bench"] == "restore" and r.get("wall_s") else ""
-        lines.append(f"  {r['bench']:<8} {size_label(r['size_gib']):>9} {r['where']:<5}: "
+        lines.append(f"  {r['bench']:<8} {size_label(r['size_gib']):>9} {r['where']:<10}: "
                      f"{num(r['seconds'], 3)} s{rate}{held}{wall}")
     for e in res.errors():
         lines.append(f"  ERROR {e.get('bench')}: {str(e['error'])[:200]}")
@@ -648,11 +675,14 @@ def synthetic_results(directory):
     rows = []
     for s in (1, 4, 16, 32):
         b = s * GIB
-        for where, rate in (("tmpfs", 42.0), ("disk", 3.1)):
+        for where, rate in (("tmpfs", 42.0), ("tmpfs-huge", 38.0), ("disk", 3.1)):
             secs = b / rate / 1e9
             rows.append({"bench": "dump", "mode": "shim", "where": where, "size_gib": s, "bytes": b, "seconds": secs,
                          "gb_per_s": rate, "copy_seconds": b / 54e9, "copy_gb_per_s": 54.0,
-                         "hold_ms": b / 53e9 * 1e3, "wall_s": secs + 0.02})
+                         "hold_ms": b / 53e9 * 1e3, "wall_s": secs + 0.02,
+                         "phases": {"prepared": 0.2, "released": 0.25, "written": secs - 0.01, "committed": secs},
+                         "threads": {"writers": 16, "writing_s": 10.0, "hashing_s": 5.0, "waiting_s": 0.5,
+                                     "copy_waiting_s": 1.0}})
             rows.append({"bench": "restore", "mode": "shim", "where": where, "size_gib": s, "bytes": b,
                          "allocations": s + 1, "seconds": b / 41e9, "gb_per_s": 41.0, "wall_s": b / 20e9 + 0.5,
                          "cache_dropped": where == "disk" or None})
@@ -671,6 +701,9 @@ def synthetic_results(directory):
     for name, gbps in (("memcpy", 20.0), ("write_files", 9.0), ("read_files", 15.0), ("pinned_alloc", 3.0)):
         rows.append({"bench": "limits", "name": name, "bytes": 8 * GIB, "threads": 8, "seconds": 8 * GIB / gbps / 1e9,
                      "gbps": gbps, "where": "tmpfs"})
+        if name in ("write_files", "read_files"):
+            rows.append({"bench": "limits", "name": name, "bytes": 8 * GIB, "threads": 16,
+                         "seconds": 8 * GIB / gbps / 0.5e9, "gbps": 2 * gbps, "where": "tmpfs-huge"})
     rows.append({"bench": "limits", "name": "write_files", "bytes": 4 * GIB, "threads": 8, "seconds": 2.0,
                  "gbps": 2.1, "where": "disk"})
     for size in (256, 4096, 65536, MIB, 16 * MIB, 256 * MIB, GIB):
@@ -704,6 +737,8 @@ def self_test():
         synthetic_results(tmp)
         res = Results.load([tmp])
         expected = ["dump into tmpfs", "| 42.00 GB/s (worst, at 16 GiB) | yes |", "suspend of 32 GiB", "1.20 us",
+                    "dump into tmpfs with huge pages | ≥ 40 GB/s | 38.00 GB/s (worst, at 16 GiB) | **no** |",
+                    "| 32 GiB | tmpfs-huge |", "Dump into tmpfs with huge pages, 32 GiB", "in `write()`, 5.0 s hashing",
                     "| 1.0 % by best of 3 (native's two best rounds differ by 0.5 %) | yes |", "Errors and skipped", "python3 timed out \\| after 600 s"]
         for plots_wanted in (True, False):
             md_path, img = os.path.join(tmp, "md", "benchmarks.md"), os.path.join(tmp, "img")

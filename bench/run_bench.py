@@ -4,10 +4,12 @@ the machine's description to OUT/env.json, and each command's output to OUT/logs
 turns them into docs/benchmarks.md; scripts/bench.sh runs both.
 
 usage: run_bench.py --build DIR --out DIR [--sizes 1,4,16,32] [--skip PARTS] [--quick] [--append]
-                    [--disk-dir PATH] [--tmpfs-dir PATH] [--python PY] [--dump-args ARGS]
+                    [--disk-dir PATH] [--tmpfs-dir PATH] [--huge-tmpfs-dir PATH] [--python PY]
+                    [--dump-args ARGS]
        run_bench.py --cpu-only --build DIR --out DIR [--cpu-sizes-mib 256,512]
 
-Parts (GPU): limits, dump, driver, alloc, launch, torch, frag. With --cpu-only, on the emulated
+Parts (GPU): limits, dump, driver, alloc, launch, torch, frag. Images go to a tmpfs, to disk, and (as
+root, or where one is mounted already) to a tmpfs with huge pages that the run mounts for itself. With --cpu-only, on the emulated
 driver (DIR/lib/emu): allocator, limits (no GPU), dump (tmpfs only).
 A part that fails records {"bench": ..., "error": ...} and the run goes on with the next one; the
 exit status is 1 when anything failed or was skipped. Every command has a timeout, and no program
@@ -197,6 +199,7 @@ class Bench:
         self.results = open(os.path.join(self.out, "results.jsonl"), "a" if args.append else "w")
         self.log_seq = len(os.listdir(self.logs)) if args.append else 0  # appended runs keep earlier logs
         self.failures = 0
+        self.mounted = []  # what this run mounted, unmounted at its end
         self.env = dict(os.environ, NCCL_NVLS_ENABLE="0")
         if args.cpu_only:
             emu = os.path.join(self.build, "lib", "emu")
@@ -207,8 +210,40 @@ class Bench:
         else:
             self.fill = os.path.join(self.bin, "vmmckpt_bench_fill")
             self.sizes_gib = args.sizes
-            self.places = [("tmpfs", args.tmpfs_dir), ("disk", args.disk_dir)]
+            huge = self.huge_tmpfs(args.huge_tmpfs_dir) if args.huge_tmpfs_dir else None
+            self.places = [("tmpfs", args.tmpfs_dir)] + ([("tmpfs-huge", huge)] if huge else []) + \
+                [("disk", args.disk_dir)]
         self.gpu_total = self._gpu_total_bytes()
+
+    def huge_tmpfs(self, path):
+        """A tmpfs with transparent huge pages for images, as a user may mount one for the image directory
+        (`mount -t tmpfs -o huge=always`): the one mounted at path, or one mounted there for this run."""
+        try:
+            with open("/proc/mounts") as f:
+                mounts = [line.split() for line in f]
+        except OSError:
+            mounts = []
+        for m in mounts:
+            if len(m) >= 4 and m[1] == path:
+                if m[2] == "tmpfs" and ("huge=always" in m[3] or "huge=within_size" in m[3]):
+                    return path
+                self.record({"bench": "dump", "where": "tmpfs-huge", "error": f"skipped: {path} is mounted, but not "
+                             "as a tmpfs with huge pages"})
+                return None
+        if os.geteuid() != 0:
+            self.record({"bench": "dump", "where": "tmpfs-huge",
+                         "error": "skipped: mounting a tmpfs with huge pages needs root"})
+            return None
+        os.makedirs(path, exist_ok=True)
+        size_kib = int(mem_available() * 0.6) // 1024
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"huge=always,size={size_kib}k,mode=0700",
+                               "vmmckpt-bench-huge", path], capture_output=True, text=True, timeout=60)
+        if proc.returncode != 0:
+            self.error("dump", f"mounting a tmpfs with huge pages failed: {proc.stderr.strip()[:300]}",
+                       where="tmpfs-huge")
+            return None
+        self.mounted.append(path)
+        return path
 
     # ---- recording and running ----
 
@@ -345,10 +380,13 @@ class Bench:
                                "--no-gpu"], 600)]
         else:
             tmpfs_bytes = 2 * GIB if quick else 8 * GIB
-            runs = [("tmpfs", [limits, "--dir", self.args.tmpfs_dir, "--bytes", str(tmpfs_bytes), "--threads",
-                               "1,8" if quick else "1,4,8,16"], 900),
-                    ("disk", [limits, "--dir", self.args.disk_dir, "--bytes", str(4 * GIB), "--threads", "1,8",
-                              "--only", "write_files", "--no-gpu"], 900)]
+            threads = "1,8" if quick else "1,4,8,16"
+            # Everything on the usual tmpfs; writing and reading alone on the other places.
+            runs = [(where, [limits, "--dir", directory, "--bytes", str(tmpfs_bytes), "--threads", threads]
+                     + ([] if where == "tmpfs" else ["--only", "write_files", "--no-gpu"]), 900)
+                    for where, directory in self.places if where.startswith("tmpfs")]
+            runs.append(("disk", [limits, "--dir", self.args.disk_dir, "--bytes", str(4 * GIB), "--threads", "1,8",
+                                  "--only", "write_files", "--no-gpu"], 900))
         for where, cmd, timeout in runs:
             try:
                 os.makedirs(cmd[cmd.index("--dir") + 1], exist_ok=True)
@@ -540,6 +578,13 @@ class Bench:
         self.both_modes("torch", [self.args.python, script] + args, 600, 1 if self.args.quick else 3, pin=True)
 
     def main(self):
+        try:
+            return self._run_parts()
+        finally:
+            for path in self.mounted:
+                subprocess.run(["umount", path], capture_output=True, timeout=120)
+
+    def _run_parts(self):
         self.write_env()
         parts = CPU_PARTS if self.args.cpu_only else GPU_PARTS
         for part in parts:
@@ -571,6 +616,8 @@ def main():
     p.add_argument("--cpu-sizes-mib", default="256,512", help="--cpu-only: MiB of live allocations")
     p.add_argument("--disk-dir", default="/var/tmp/vmmckpt-bench")
     p.add_argument("--tmpfs-dir", default="/dev/shm/vmmckpt-bench")
+    p.add_argument("--huge-tmpfs-dir", default="/mnt/vmmckpt-bench-huge",
+                   help="a tmpfs with huge pages, mounted here for the run when absent (needs root); '' for none")
     default_python = "/opt/torch/.venv/bin/python3"
     p.add_argument("--python", default=default_python if os.path.exists(default_python) else "python3",
                    help="python with PyTorch, for the torch part")
