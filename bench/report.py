@@ -214,6 +214,12 @@ def spread(res, bench, field):
     return (values[1] / values[0] - 1) * 100 if len(values) > 1 and values[0] > 0 else None
 
 
+def round_range(res, bench, field):
+    """Percent from native's fastest round to its slowest: how far a single round may stray."""
+    values = sorted(r[field] for r in res.get(bench, mode="native") if r.get(field) is not None)
+    return (values[-1] / values[0] - 1) * 100 if len(values) > 2 and values[0] > 0 else None
+
+
 def noisy_target(res, bench, what, limit, measures):
     """A slowdown target, judged by the first measure; a difference smaller than native's own spread
     between rounds is reported as such, not as a result."""
@@ -222,9 +228,11 @@ def noisy_target(res, bench, what, limit, measures):
         slow = slowdown(res, bench, field)
         if slow is None:
             continue
-        noise = spread(res, bench, field)
-        parts.append(f"{num(slow, 1)} % by {label}" + (f" (native's two best rounds differ by {num(noise, 1)} %)"
-                                                      if noise is not None else ""))
+        noise, rounds = spread(res, bench, field), round_range(res, bench, field)
+        parts.append(f"{num(slow, 1)} % by {label}" + (
+            f" (native's two best rounds differ by {num(noise, 1)} %"
+            + (f", its fastest and slowest by {num(rounds, 1)} %" if rounds is not None else "") + ")"
+            if noise is not None else ""))
         if first is None:
             first = (slow, noise)
     if first is None:
