@@ -151,20 +151,23 @@ struct staging {
   }
 };
 
-// Device memory in this tool's context holding a copy of the program's live bytes.
+// Device memory in this tool's context holding a copy of the program's live bytes, or of as many of
+// them as the device has room for.
 struct gpu_snapshot {
   CUdeviceptr ptr = 0;
   std::uint64_t bytes = 0;
-  // Only when a quarter of the device stays free after it: the program must not run out of
-  // memory because a dump borrowed it.
-  void try_allocate(std::uint64_t want) {
+  // Up to `want` bytes, leaving a quarter of the device free: the program must not run out of
+  // memory because a dump borrowed it. Less than `least` is not worth it.
+  void try_allocate(std::uint64_t want, std::uint64_t least) {
     std::size_t free = 0, total = 0;
-    if (cuMemGetInfo(&free, &total) != CUDA_SUCCESS || free < want || free - want < total / 4) return;
-    if (cuMemAlloc(&ptr, want) != CUDA_SUCCESS) {
+    if (cuMemGetInfo(&free, &total) != CUDA_SUCCESS || free <= total / 4) return;
+    const std::uint64_t n = std::min<std::uint64_t>(want, (free - total / 4) & ~((2ULL << 20) - 1));
+    if (n < least) return;
+    if (cuMemAlloc(&ptr, n) != CUDA_SUCCESS) {
       ptr = 0;
       return;
     }
-    bytes = want;
+    bytes = n;
   }
   void release() {
     if (ptr != 0) {
@@ -252,10 +255,11 @@ dump_result dump(const dump_options& options, const std::function<void(const dum
   }
 
   // With room on the GPU for a second copy of the live bytes, the program is held only while
-  // they are copied there (at device speed, about 2 TB/s), then written out from the copy.
+  // they are copied there (at device speed, about 2 TB/s), then written out from the copy. With
+  // room for part of them, the last chunks go there and the first straight out of the GPU.
   gpu_snapshot snapshot;
   if (!options.suspend && options.gpu_snapshot && devices.size() == 1)
-    snapshot.try_allocate(live_estimate + live_estimate / 8 + (64ULL << 20));
+    snapshot.try_allocate(live_estimate + live_estimate / 8 + (64ULL << 20), options.chunk_bytes);
 
   result.mark("prepared");
   std::vector<int> fds;
@@ -408,8 +412,13 @@ dump_result dump(const dump_options& options, const std::function<void(const dum
     }
   } join_writers{writer_threads, mutex, changed, stop};
 
-  if (snapshot.bytes < total) snapshot.release();  // the program grew since: copy directly
-  std::vector<CUdeviceptr> snapshot_at;  // where each chunk's bytes are in the snapshot
+  // The chunks that fit in the snapshot, counted from the end; those before them are copied out of
+  // the GPU while the program is held (all of them when the program grew past the snapshot).
+  std::size_t first_in_snapshot = chunks.size();
+  for (std::uint64_t room = snapshot.bytes; first_in_snapshot > 0 && chunks[first_in_snapshot - 1].bytes <= room;)
+    room -= chunks[--first_in_snapshot].bytes;
+  if (first_in_snapshot == chunks.size()) snapshot.release();
+  std::vector<CUdeviceptr> snapshot_at(chunks.size(), 0);  // where a chunk's bytes are in the snapshot
   bool released = false;
   auto release_program = [&] {
     if (const char* pause = std::getenv("VMMCKPT_TEST_PAUSE_HELD_MS"))  // fault tests: die while held
@@ -423,22 +432,28 @@ dump_result dump(const dump_options& options, const std::function<void(const dum
   };
 
   auto copy_start = clock::now();
-  if (snapshot.ptr != 0) {
-    CUdeviceptr at = snapshot.ptr;
-    for (const chunk& c : chunks) {
-      snapshot_at.push_back(at);
-      for (const piece& pc : c.pieces) {
-        VMMCKPT_CUDA_TRY(cuMemcpyDtoDAsync(at, pc.addr, pc.size, st.streams[0]));
-        at += pc.size;
-      }
-    }
-    VMMCKPT_CUDA_TRY(cuStreamSynchronize(st.streams[0]));
+  // Every byte is out of the program's memory (in the snapshot or on the host): let it go on.
+  auto release_when_copied = [&] {
+    for (CUstream s : st.streams) VMMCKPT_CUDA_TRY(cuStreamSynchronize(s));
     result.copy_seconds = std::chrono::duration<double>(clock::now() - copy_start).count();
     result.gpu_snapshot = true;
     release_program();
     result.mark("released");
+  };
+  if (snapshot.ptr != 0) {
+    CUdeviceptr at = snapshot.ptr;
+    for (std::size_t c = first_in_snapshot; c < chunks.size(); ++c) {
+      snapshot_at[c] = at;
+      for (const piece& pc : chunks[c].pieces) {
+        VMMCKPT_CUDA_TRY(cuMemcpyDtoDAsync(at, pc.addr, pc.size, st.streams[0]));
+        at += pc.size;
+      }
+      result.snapshot_bytes += chunks[c].bytes;
+    }
+    if (first_in_snapshot == 0) release_when_copied();
   }
   for (std::size_t c = 0; c < chunks.size(); ++c) {
+    if (c == first_in_snapshot && c > 0) release_when_copied();
     std::size_t b;
     {
       const auto wait_start = clock::now();
@@ -451,7 +466,7 @@ dump_result dump(const dump_options& options, const std::function<void(const dum
       chunk_buffer[c] = b;
     }
     CUstream s = st.streams[c % st.streams.size()];
-    if (!snapshot_at.empty()) {
+    if (snapshot_at[c] != 0) {
       VMMCKPT_CUDA_TRY(cuMemcpyDtoHAsync(st.buffers[b], snapshot_at[c], chunks[c].bytes, s));
     } else {
       std::uint64_t offset = 0;
@@ -471,7 +486,7 @@ dump_result dump(const dump_options& options, const std::function<void(const dum
   // Every byte is out of the GPU once the copies are done: release the program
   // now, while the last buffers are still being written.
   for (CUstream s : st.streams) VMMCKPT_CUDA_TRY(cuStreamSynchronize(s));
-  if (snapshot_at.empty()) result.copy_seconds = std::chrono::duration<double>(clock::now() - copy_start).count();
+  if (!result.gpu_snapshot) result.copy_seconds = std::chrono::duration<double>(clock::now() - copy_start).count();
   {
     std::lock_guard lock(mutex);
     if (writer_error) std::rethrow_exception(writer_error);

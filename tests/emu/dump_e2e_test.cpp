@@ -66,6 +66,28 @@ TEST_CASE("a busy program dumped many times: every image verifies and holds no t
   REQUIRE(program->running());  // unharmed, still working
 }
 
+TEST_CASE("a device with room for part of the bytes: the last chunks go to a GPU copy, the rest out", "[emu][dump]") {
+  scratch_dir dir;
+  auto program = start_writer();
+  // The tool's emulated device has 8 MiB, a quarter of which stays free: room for 6 of the
+  // program's 8+ chunks of 1 MiB.
+  const fs::path out = dir.path / "image";
+  const auto r = dump(program->pid(), out, {{"VMMCKPT_EMU_MEM", "8M"}}, {"--chunk", "1M", "--writers", "3"});
+  INFO(describe(r));
+  REQUIRE(r.exit_code == 0);
+  const auto result = nlohmann::json::parse(r.out);
+  REQUIRE(result.at("gpu_snapshot").get<bool>());
+  const auto in_snapshot = result.at("gpu_snapshot_bytes").get<std::uint64_t>();
+  REQUIRE(in_snapshot > 0);
+  REQUIRE(in_snapshot <= 6 * (1u << 20));
+  REQUIRE(in_snapshot < result.at("bytes").get<std::uint64_t>());
+  const auto verified = run_process({cuda_ckpt, "verify", out.string()});
+  INFO(describe(verified));
+  REQUIRE(verified.exit_code == 0);
+  require_untorn(out);
+  REQUIRE(program->running());
+}
+
 TEST_CASE("ps lists the program; inspect shows its allocations", "[emu][dump]") {
   scratch_dir dir;
   auto program = start_writer();

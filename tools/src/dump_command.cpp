@@ -59,6 +59,7 @@ int dump_command(const dump_command_options& o) {
                           {"seconds", result.seconds},        {"gb_per_s", gbps},
                           {"copy_seconds", result.copy_seconds}, {"copy_gb_per_s", copy_gbps},
                           {"hold_ms", result.hold_ms},        {"gpu_snapshot", result.gpu_snapshot},
+                          {"gpu_snapshot_bytes", result.snapshot_bytes},
                           {"data_files", result.manifest.data_files}};
     out.update(timings_json(result));
     std::cout << out.dump(2) << "\n";
@@ -67,7 +68,9 @@ int dump_command(const dump_command_options& o) {
                 human_bytes(result.manifest.data_bytes).c_str(), allocations, static_cast<int>(o.pid),
                 result.image.c_str());
     std::printf("  %.3f s in all (%.2f GB/s); program held %.1f ms while its memory was copied %s in %.3f s (%.2f GB/s)\n",
-                result.seconds, gbps, result.hold_ms, result.gpu_snapshot ? "to spare GPU memory" : "out of the GPU",
+                result.seconds, gbps, result.hold_ms, !result.gpu_snapshot ? "out of the GPU"
+                : result.snapshot_bytes < result.manifest.data_bytes ? "partly to spare GPU memory, partly out of the GPU"
+                                                                     : "to spare GPU memory",
                 result.copy_seconds, copy_gbps);
   }
   return exit_ok;

@@ -69,7 +69,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 256));
   dump->footer(
       "The program is held (its GPU work stopped and drained) only until its memory is copied: to spare\n"
-      "GPU memory when the device has room for it (a quarter staying free), otherwise out of the GPU.\n"
+      "GPU memory when the device has room for it (a quarter staying free), otherwise out of the GPU;\n"
+      "with room for part of it, the last part is copied on the GPU and the rest out of it.\n"
       "Exit status 1 with a message when the process does not exist, is not under vmmckpt, belongs to\n"
       "another user, exits during the dump, or the image cannot be written (full disk).\n"
       "The image appears under its final name only once complete and synced: a failed dump leaves none.");

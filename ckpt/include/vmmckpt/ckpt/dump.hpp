@@ -46,7 +46,8 @@ struct dump_result {
   std::filesystem::path image;
   double seconds = 0;        // from connecting to the committed image
   double copy_seconds = 0;   // copying the program's memory: to the snapshot, or out of the GPU
-  bool gpu_snapshot = false; // the program was held only for a copy on the GPU
+  bool gpu_snapshot = false; // the program was held only for a copy on the GPU (of all or part of its bytes)
+  std::uint64_t snapshot_bytes = 0;  // the bytes copied on the GPU; the rest left it while the program was held
   double hold_ms = 0;        // how long the program was held, as the program measured it
   std::uint64_t freed_bytes = 0;        // suspend: GPU memory the program gave back
   std::uint64_t device_used_after = 0;  // suspend: bytes still in use on its device(s)
