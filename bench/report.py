@@ -260,6 +260,14 @@ def slowdown(res, bench, field):
 
 # ---- the per-part tables ----
 
+def snapshot_note(d):
+    """What the program was held for: a copy on the GPU of all its bytes, or of part of them."""
+    part = d.get("gpu_snapshot_bytes")
+    if part is not None and d.get("bytes") and part < d["bytes"]:
+        return f" (GPU snapshot of {num(100 * part / d['bytes'], 0)} %, the rest to the host)"
+    return " (GPU snapshot)"
+
+
 def dump_table(res):
     rows = []
     for s in sorted(set(res.sizes("dump") + res.sizes("restore") + res.sizes("driver_ckpt") + res.sizes("suspend"))):
@@ -271,7 +279,7 @@ def dump_table(res):
                 continue
             rows.append((size_label(s), where,
                          f"{num(d and d['gb_per_s'])} ({num(d and d['seconds'])} s)",
-                         num(d and d["hold_ms"], 1) + (" (GPU snapshot)" if d and d.get("gpu_snapshot") else ""),
+                         num(d and d["hold_ms"], 1) + (snapshot_note(d) if d and d.get("gpu_snapshot") else ""),
                          f"{num(r and r['gb_per_s'])} ({num(r and r['seconds'])} s)",
                          num(r and r.get("wall_s")),
                          "" if where != "tmpfs" or not drv else f"{num(drv['checkpoint_gb_per_s'])} ({num(drv['checkpoint_s'])} s)",
