@@ -29,6 +29,17 @@ bool record_disjoint(std::map<std::uint64_t, std::uint64_t>& owners, std::uint64
   return !overlaps;
 }
 
+// One thread's allocation in the threaded tests: allocates, records the block in `owners` (under
+// `mu`) and in the thread's own `mine`; false when the allocation failed or overlaps another.
+bool allocate_recorded(vmmckpt::device_pool& pool, std::uint64_t size, std::mutex& mu,
+                       std::map<std::uint64_t, std::uint64_t>& owners, std::vector<std::uint64_t>& mine) {
+  std::uint64_t addr = 0;
+  if (pool.allocate(size, vmmckpt::alloc_api::cu_mem_alloc, addr) != vmmckpt::pool_status::ok) return false;
+  mine.push_back(addr);
+  std::lock_guard lock(mu);
+  return record_disjoint(owners, addr, size);
+}
+
 constexpr std::uint64_t base = 0x200000000000ULL;
 constexpr std::uint64_t MiB = 1ULL << 20;
 constexpr int fake_oom = 2;
@@ -307,15 +318,10 @@ TEST_CASE("concurrent allocation and free from many threads", "[pool]") {
           if (pool.free(mine[k]) != pool_status::ok) failed = true;
           mine.erase(mine.begin() + k);
         } else {
-          const std::uint64_t size = rng() % 300000 + 1;
-          std::uint64_t addr = 0;
-          if (pool.allocate(size, alloc_api::cu_mem_alloc, addr) != pool_status::ok) {
+          if (!allocate_recorded(pool, rng() % 300000 + 1, owners_mutex, owners, mine)) {
             failed = true;
             break;
           }
-          std::lock_guard lock(owners_mutex);
-          if (!record_disjoint(owners, addr, size)) failed = true;
-          mine.push_back(addr);
         }
       }
     });
@@ -845,14 +851,10 @@ TEST_CASE("many threads allocating and freeing each other's blocks, checked whil
           release(a);
         } else {
           const std::uint64_t size = rng() % 16 == 0 ? rng() % (4 * MiB) + 1 : rng() % 20000 + 1;
-          std::uint64_t addr = 0;
-          if (pool.allocate(size, alloc_api::cu_mem_alloc, addr) != pool_status::ok) {
+          if (!allocate_recorded(pool, size, owners_mutex, owners, mine)) {
             failed = true;
             break;
           }
-          std::lock_guard lock(owners_mutex);
-          if (!record_disjoint(owners, addr, size)) failed = true;
-          mine.push_back(addr);
         }
         if (pool.free(addr_of_nothing()) != pool_status::invalid_value) failed = true;
       }
