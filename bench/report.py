@@ -189,8 +189,7 @@ def target_rows(res):
                      "≤ 2 us", f"{num(shim)} us (native {num(native, 1)} us)" if shim is not None else "not measured",
                      verdict(None if shim is None else shim <= 2)))
 
-    rows.append(noisy_target(res, "launch", "launch-bound program (10⁶ empty launches)", 2,
-                             [("best of 3", "best_seconds")]))
+    rows.append(launch_target(res))
     rows.append(noisy_target(res, "torch", "PyTorch training step", 1,
                              [("fastest step", "min_ms"), ("median step", "median_ms")]))
 
@@ -241,6 +240,37 @@ def noisy_target(res, bench, what, limit, measures):
     if noise is not None and noise > limit and slow <= noise:
         return (what, f"≤ {limit} % slower", "; ".join(parts), "within noise")
     return (what, f"≤ {limit} % slower", "; ".join(parts), verdict(slow <= limit))
+
+
+def launch_in_process(res):
+    """The shim's cost per launch from bench/launch_ab.cu, measured within one process (under the
+    shim), with the native run's figure, where both paths are one function, as the control."""
+    shim, control = res.one("launch_ab", mode="shim"), res.one("launch_ab", mode="native")
+    if not shim or not shim.get("driver_best_s"):
+        return None
+    per_launch_ns = shim["driver_best_s"] / shim["launches"] * 1e9
+    return {"ns": shim["added_ns_median_pair"], "percent": 100 * shim["added_ns_median_pair"] / per_launch_ns,
+            "launch_ns": per_launch_ns, "control_ns": control and control["added_ns_median_pair"]}
+
+
+def launch_target(res):
+    """End to end (separate processes, best batch each) and, where measured, within one process.
+    Runs of a launch-bound program stray between processes by more than the 2 % asked for; within
+    one process, batches through the shim's entry point and the driver's own alternate, so drift
+    cancels. The target is met when the end-to-end figure is, or when the in-process cost is and the
+    end-to-end difference lies within native's own spread between rounds."""
+    what, target, text, met = noisy_target(res, "launch", "launch-bound program (empty launches)", 2,
+                                           [("best batch", "us_per_launch")])
+    ab = launch_in_process(res)
+    if ab is None:
+        return what, target, text, met
+    text += (f"; within one process the shim's entry point adds {num(ab['ns'], 1)} ns to a "
+             f"{num(ab['launch_ns'] / 1000)} us launch ({num(ab['percent'], 2)} %)"
+             + (f", the native control {num(ab['control_ns'], 1)} ns" if ab["control_ns"] is not None else ""))
+    slow, rounds = slowdown(res, "launch", "us_per_launch"), round_range(res, "launch", "us_per_launch")
+    if met != "yes" and ab["percent"] <= 2 and slow is not None and rounds is not None and slow <= rounds:
+        met = "yes (within one process)"
+    return what, target, text, met
 
 
 def pinned_note(res, bench):
@@ -306,10 +336,11 @@ def suspend_table(res):
                   "driver checkpoint s", "driver restore s"], rows)
 
 
-LIMIT_ORDER = ["memcpy", "write_files", "read_files", "write_one_file", "pinned_alloc", "pinned_free",
+LIMIT_ORDER = ["memcpy", "write_files", "read_files", "mmap_read_files", "write_one_file", "pinned_alloc", "pinned_free",
                "register_touched", "file_map_touch", "register_file_map", "direct_dtoh_files", "direct_htod_files", "pcie_dtoh", "pcie_htod", "d2d"]
 LIMIT_NAMES = {
     "memcpy": "host memcpy", "write_files": "write, one file per thread", "read_files": "read back",
+    "mmap_read_files": "read back through a mapping (memcpy)",
     "write_one_file": "write, one shared file", "pinned_alloc": "cuMemHostAlloc", "pinned_free": "cuMemFreeHost",
     "register_touched": "cuMemHostRegister (touched pages)", "file_map_touch": "touch a mapped file",
     "register_file_map": "cuMemHostRegister (mapped file)",
@@ -412,7 +443,8 @@ def limit_analysis(res):
                     f"image is read, hashed and copied to the GPU by 16 threads; reading alone reaches "
                     f"{num(read, 1)} GB/s here ({read_threads} threads reading 32 MiB at a time), and the load runs "
                     f"at {num(100 * rate / read, 0)} % of that (it reads 1 MiB at a time into buffers that stay in "
-                    "the CPU's cache); the PCIe copy (55 GB/s) is not the limit.")
+                    "the CPU's cache); the PCIe copy (55 GB/s) is not the limit."
+                    + mapped_note(res, where, read))
     sizes = res.sizes("dump", where="disk")
     if sizes and disk:
         s = sizes[-1]
@@ -431,6 +463,14 @@ def limit_analysis(res):
                    "of each larger block's last 2 MiB granule, the free space in small-block chunks and idle handles "
                    "not yet given back (`docs/pool.md`, Physical memory).")
     return "\n".join(out)
+
+
+def mapped_note(res, where, read):
+    mapped, threads = best_limit(res, "mmap_read_files", where)
+    if not mapped:
+        return ""
+    return (f" Copying the same files out of a mapping instead of `read()` reaches {num(mapped, 1)} GB/s "
+            f"({threads} threads).")
 
 
 def alloc_table(res):
@@ -620,12 +660,25 @@ def markdown(res, plots, img_rel):
         section("Allocator (CPU only)", "`bench/allocator_bench.cpp`: the pool's placement logic alone, no driver.",
                 allocator_table(res))
     if res.get("launch"):
-        slow = slowdown(res, "launch", "best_seconds")
-        section("Launch-bound program", f"`bench/launch.cu`: empty `<<<1,1>>>` launches on one stream, best of 3. "
-                f"Shim against native (best runs): {num(slow, 1)} %." + pinned_note(res, "launch"),
-                rounds_table(res, "launch", ["launches", "best s", "median s", "us per launch"],
-                             lambda r: (f"{r['launches']:,}", num(r["best_seconds"], 3), num(r["median_seconds"], 3),
+        slow = slowdown(res, "launch", "us_per_launch")
+        section("Launch-bound program", "`bench/launch.cu`: batches of empty `<<<1,1>>>` launches on one stream, "
+                "each ending in a synchronize; native and shim runs alternate. Shim against native (best batches): "
+                f"{num(slow, 1)} %." + pinned_note(res, "launch"),
+                rounds_table(res, "launch", ["launches per batch", "batches", "best s", "median s", "us per launch"],
+                             lambda r: (f"{r['launches']:,}", len(r.get("all_seconds", [])) or "–",
+                                        num(r["best_seconds"], 3), num(r["median_seconds"], 3),
                                         num(r["us_per_launch"], 3))))
+    if res.get("launch_ab"):
+        section("Launch cost within one process", "`bench/launch_ab.cu`: in one process, batches of empty launches "
+                "through the `cuLaunchKernel` the CUDA runtime is handed (`cuGetProcAddress`: under the shim, its "
+                "gated wrapper) alternate with batches through the driver's own, looked up in libcuda past any "
+                "interposer. Natively both are the same function: that run is the control, and shows what the "
+                "method resolves. Added = the median over pairs of batches of the difference, per launch.",
+                table(["mode", "launches per batch", "pairs", "runtime's entry, best s", "driver's own, best s",
+                       "added ns (median pair)", "added ns (best against best)", "same function"],
+                      [(r["mode"], f"{r['launches']:,}", r["batches"], num(r["handed_best_s"], 4),
+                        num(r["driver_best_s"], 4), num(r["added_ns_median_pair"], 1), num(r["added_ns_best"], 1),
+                        "yes" if r.get("same_function") else "no") for r in res.get("launch_ab")]))
     if res.get("torch"):
         section("PyTorch training step", "`bench/torch_step.py`: a 6-layer transformer encoder (d_model 1024, batch "
                 "32 × 256 tokens, bf16 autocast, AdamW), each step synchronized. Shim against native: "
@@ -730,9 +783,15 @@ def synthetic_results(directory):
                          "median_us": 1.2 * threads, "p99_us": 4.0, "mean_us": 1.5})
     for rnd in (1, 2):
         rows.append({"bench": "launch", "mode": "native", "round": rnd, "launches": 1000000, "seconds": 2.0,
-                     "us_per_launch": 2.0, "best_seconds": 2.0 + rnd / 100, "median_seconds": 2.05})
+                     "us_per_launch": 2.0 + rnd / 100, "best_seconds": 2.0 + rnd / 100, "median_seconds": 2.05,
+                     "all_seconds": [2.0 + rnd / 100, 2.1]})
         rows.append({"bench": "launch", "mode": "shim", "round": rnd, "launches": 1000000, "seconds": 2.03,
-                     "us_per_launch": 2.03, "best_seconds": 2.03, "median_seconds": 2.06})
+                     "us_per_launch": 2.03, "best_seconds": 2.03, "median_seconds": 2.06, "all_seconds": [2.03, 2.2]})
+    for mode, added in (("native", 0.4), ("shim", 21.0)):
+        rows.append({"bench": "launch_ab", "mode": mode, "round": 1, "launches": 20000, "batches": 40,
+                     "same_function": mode == "native", "handed_best_s": 0.0684, "driver_best_s": 0.068,
+                     "handed_median_s": 0.07, "driver_median_s": 0.0695, "added_ns_best": added,
+                     "added_ns_median_pair": added, "added_percent_best": added / 34})
         rows.append({"bench": "torch", "mode": "native", "round": rnd, "median_ms": 40.0, "mean_ms": 40.2, "steps": 100})
         rows.append({"bench": "torch", "mode": "shim", "round": rnd, "median_ms": 40.1, "mean_ms": 40.3, "steps": 100})
     for mode, phys in (("native", 8.3), ("shim", 8.6)):
@@ -755,7 +814,9 @@ def self_test():
         expected = ["dump into tmpfs", "| 42.00 GB/s (worst, at 16 GiB) | yes |", "suspend of 32 GiB", "1.20 us",
                     "dump into tmpfs with huge pages | ≥ 40 GB/s | 38.00 GB/s (worst, at 16 GiB) | **no** |",
                     "| 32 GiB | tmpfs-huge |", "Dump into tmpfs with huge pages, 32 GiB", "in `write()`, 5.0 s hashing",
-                    "| 1.0 % by best of 3 (native's two best rounds differ by 0.5 %) | yes |", "Errors and skipped", "python3 timed out \\| after 600 s"]
+                    "| 1.0 % by best batch (native's two best rounds differ by 0.5 %); within one process the shim's "
+                    "entry point adds 21.0 ns to a 3.40 us launch (0.62 %), the native control 0.4 ns | yes |",
+                    "Launch cost within one process", "Errors and skipped", "python3 timed out \\| after 600 s"]
         for plots_wanted in (True, False):
             md_path, img = os.path.join(tmp, "md", "benchmarks.md"), os.path.join(tmp, "img")
             plots = write_report(res, md_path, img, plots_wanted)

@@ -564,9 +564,15 @@ class Bench:
         self.both_modes("alloc", [os.path.join(self.bin, "vmmckpt_bench_alloc")] + args, 1800, 1)
 
     def part_launch(self):
-        args = ["--launches", "200000"] if self.args.quick else []
+        """End to end, many short batches per run (the best batch is the least disturbed one); then the
+        shim's cost per launch within one process, where the machine's drift between runs cancels."""
+        quick = self.args.quick
+        args = ["--launches", "50000", "--reps", "2"] if quick else ["--launches", "200000", "--reps", "8"]
         self.both_modes("launch", [os.path.join(self.bin, "vmmckpt_bench_launch")] + args, 600,
-                        1 if self.args.quick else 5, pin=True)
+                        1 if quick else 5, pin=True)
+        args = ["--launches", "5000", "--batches", "10"] if quick else []
+        self.both_modes("launch_ab", [os.path.join(self.bin, "vmmckpt_bench_launch_ab")] + args, 600,
+                        1 if quick else 2, pin=True)
 
     def part_frag(self):
         args = ["--live-gib", "2", "--steps", "5000"] if self.args.quick else []

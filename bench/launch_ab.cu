@@ -1,0 +1,114 @@
+// The shim's cost per kernel launch, measured inside one process so that the machine's drift between
+// runs cancels out: batches of empty launches through the entry point the CUDA runtime is handed
+// (cuGetProcAddress: under the shim, its gated wrapper) alternate with batches through the driver's
+// own cuLaunchKernel (looked up in libcuda itself, past any interposer). Natively the two are the same
+// function, so the native run is the control: its difference shows what the method cannot resolve.
+//
+//   vmmckpt_bench_launch_ab [--launches N] [--batches B]
+//
+// B (default 40) pairs of batches of N (default 20000) <<<1,1>>> launches, each batch ending in a
+// synchronize, the order within a pair alternating. One JSON line:
+//   {"bench":"launch_ab","launches":N,"batches":B,"same_function":bool,"handed_best_s":..,
+//    "driver_best_s":..,"handed_median_s":..,"driver_median_s":..,"added_ns_best":..,
+//    "added_ns_median_pair":..,"added_percent_best":..}
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+
+#include <string>
+#include <vector>
+
+#include "bench_util.hpp"
+
+namespace {
+
+__global__ void empty_kernel() {}
+
+using launch_fn = CUresult(CUDAAPI*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                     CUstream, void**, void**);
+using dlsym_fn = void* (*)(void*, const char*);
+
+// glibc's own dlsym, by version: an interposer's dlsym could hand back its own wrapper.
+dlsym_fn glibc_dlsym() {
+  void* libc = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
+  if (libc == nullptr) return nullptr;
+  for (const char* version : {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17"})
+    if (void* p = dlvsym(libc, "dlsym", version)) return reinterpret_cast<dlsym_fn>(p);
+  return nullptr;
+}
+
+launch_fn driver_own_launch() {
+  const dlsym_fn real_dlsym = glibc_dlsym();
+  void* cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (real_dlsym == nullptr || cuda == nullptr) return nullptr;
+  return reinterpret_cast<launch_fn>(real_dlsym(cuda, "cuLaunchKernel"));
+}
+
+launch_fn handed_launch() {
+  void* p = nullptr;
+  CUdriverProcAddressQueryResult found{};
+  BENCH_CU(cuGetProcAddress("cuLaunchKernel", &p, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &found));
+  return reinterpret_cast<launch_fn>(p);
+}
+
+double batch(launch_fn launch, CUfunction f, CUstream stream, long launches) {
+  const auto t0 = bench::clock_type::now();
+  for (long i = 0; i < launches; ++i) BENCH_CU(launch(f, 1, 1, 1, 1, 1, 1, 0, stream, nullptr, nullptr));
+  BENCH_CU(cuStreamSynchronize(stream));
+  return bench::seconds_since(t0);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  long launches = 20000;
+  int batches = 40;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (i + 1 >= argc) bench::usage_error(argv[0], a + " needs a value");
+    const std::string v = argv[++i];
+    if (a == "--launches") launches = std::strtol(v.c_str(), nullptr, 0);
+    else if (a == "--batches") batches = std::atoi(v.c_str());
+    else bench::usage_error(argv[0], "unknown option " + a);
+  }
+  if (launches <= 0 || batches <= 0) bench::usage_error(argv[0], "--launches and --batches must be positive");
+
+  BENCH_RT(cudaFree(nullptr));  // the runtime's context, current on this thread
+  cudaFunction_t fn = nullptr;
+  BENCH_RT(cudaGetFuncBySymbol(&fn, reinterpret_cast<const void*>(&empty_kernel)));
+  const auto f = reinterpret_cast<CUfunction>(fn);
+  CUstream stream;
+  BENCH_CU(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+  const launch_fn handed = handed_launch(), driver = driver_own_launch();
+  if (handed == nullptr || driver == nullptr) {
+    std::fprintf(stderr, "%s: cannot find cuLaunchKernel (%s)\n", argv[0], handed ? "in libcuda" : "cuGetProcAddress");
+    return 1;
+  }
+
+  batch(handed, f, stream, launches / 2);  // warm-up of both paths
+  batch(driver, f, stream, launches / 2);
+  std::vector<double> by_handed, by_driver, pair_diff;
+  for (int b = 0; b < batches; ++b) {
+    double h, d;
+    if (b % 2 == 0) {
+      h = batch(handed, f, stream, launches);
+      d = batch(driver, f, stream, launches);
+    } else {
+      d = batch(driver, f, stream, launches);
+      h = batch(handed, f, stream, launches);
+    }
+    by_handed.push_back(h);
+    by_driver.push_back(d);
+    pair_diff.push_back(h - d);
+  }
+  for (auto* v : {&by_handed, &by_driver, &pair_diff}) std::sort(v->begin(), v->end());
+  const double per = 1e9 / static_cast<double>(launches);
+  const double hb = by_handed.front(), db = by_driver.front();
+  std::printf("{\"bench\":\"launch_ab\",\"launches\":%ld,\"batches\":%d,\"same_function\":%s,\"handed_best_s\":%.6f,"
+              "\"driver_best_s\":%.6f,\"handed_median_s\":%.6f,\"driver_median_s\":%.6f,\"added_ns_best\":%.2f,"
+              "\"added_ns_median_pair\":%.2f,\"added_percent_best\":%.3f}\n",
+              launches, batches, handed == driver ? "true" : "false", hb, db, bench::quantile(by_handed, 0.5),
+              bench::quantile(by_driver, 0.5), (hb - db) * per, bench::quantile(pair_diff, 0.5) * per,
+              (hb / db - 1) * 100);
+  return 0;
+}
