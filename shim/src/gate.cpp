@@ -1,26 +1,117 @@
 // The work gate: lets calls through while open, holds them at the door while a dump has it closed.
 #include "gate.hpp"
 
+#include <linux/membarrier.h>
+#include <pthread.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstdint>
+
 namespace vmmckpt::detail {
 namespace {
-// Gated calls of this thread currently inside, and whether the outermost one submits work.
-thread_local int depth = 0;
-thread_local bool outer_work = false;
-thread_local int my_stripe = -1;
-std::atomic<int> next_stripe{0};
+
+// Gated calls of this thread currently inside, whether the outermost one submits work, and the slot
+// it passes through (-1: none yet). Initial-exec: the shim is preloaded, and a call reaches this
+// state without a function call into the dynamic linker.
+struct gate_thread {
+  int depth = 0;
+  bool outer_work = false;
+  int slot = -1;
+};
+__attribute__((tls_model("initial-exec"))) thread_local gate_thread self;
+
+long membarrier(int command) { return ::syscall(SYS_membarrier, command, 0, 0); }
+
 }  // namespace
 
-std::atomic<std::uint64_t>& work_gate::counter(bool work) {
-  if (work) return state_;
-  if (my_stripe < 0) my_stripe = next_stripe.fetch_add(1, std::memory_order_relaxed) % stripe_count;
-  return stripes_[my_stripe].inside;
+work_gate::work_gate() {
+  // Registered once here, before any call passes: from then on calls rely on close() to fence them.
+  membarrier_ = membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) == 0;
+  exit_key_made_ = pthread_key_create(&exit_key_, &work_gate::on_thread_exit) == 0;
+}
+
+int work_gate::take_slot() {
+  std::lock_guard lock(slots_mutex_);
+  const int used = slots_used_.load(std::memory_order_relaxed);
+  int s = 0;
+  while (s < used && taken_[s].load(std::memory_order_acquire)) ++s;
+  if (s == slot_count) return shared_slot;
+  taken_[s].store(true, std::memory_order_relaxed);
+  if (s == used) slots_used_.store(used + 1, std::memory_order_release);
+  // Without the key the slot is never given back: still correct, one slot fewer for later threads.
+  if (exit_key_made_) pthread_setspecific(exit_key_, reinterpret_cast<void*>(static_cast<std::intptr_t>(s) + 1));
+  return s;
+}
+
+void work_gate::on_thread_exit(void* slot_plus_one) {
+  const int s = static_cast<int>(reinterpret_cast<std::intptr_t>(slot_plus_one)) - 1;
+  if (self.depth != 0 || s < 0 || s >= slot_count) return;  // leaving from inside a call: keep it
+  // Gated calls later in this thread's teardown (other keys' destructors) share the shared slot.
+  self.slot = shared_slot;
+  // Release: the next owner continues this slot's count of returned work from where it stands.
+  the_gate().taken_[s].store(false, std::memory_order_release);
+}
+
+void work_gate::enter() {
+  if (self.slot < 0) self.slot = take_slot();
+  const int s = self.slot;
+  std::atomic<std::uint32_t>& inside = inside_[s].calls;
+  for (;;) {
+    // Dekker with close(): this thread marks itself inside, then looks at closed_; the closer sets
+    // closed_, makes every thread pass a barrier, then looks at the slots. One sees the other.
+    if (s == shared_slot) inside.fetch_add(1, std::memory_order_seq_cst);
+    else inside.store(1, std::memory_order_relaxed);
+    if (membarrier_) std::atomic_signal_fence(std::memory_order_seq_cst);  // the compiler's order only
+    else std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (!closed_.load(std::memory_order_acquire)) return;
+    // Closed: step back out so the closer can finish draining, then wait.
+    if (s == shared_slot) inside.fetch_sub(1, std::memory_order_seq_cst);
+    else inside.store(0, std::memory_order_release);
+    wake_closer();
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [this] { return !closed_.load(std::memory_order_acquire); });
+  }
+}
+
+void work_gate::leave(bool work) {
+  const int s = self.slot;
+  if (s == shared_slot) {
+    if (work) returned_[s].calls.fetch_add(1, std::memory_order_seq_cst);
+    inside_[s].calls.fetch_sub(1, std::memory_order_seq_cst);
+  } else {
+    // Only this thread writes its slot: a plain increment, published with release.
+    std::atomic<std::uint64_t>& returned = returned_[s].calls;
+    if (work) returned.store(returned.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+    inside_[s].calls.store(0, std::memory_order_release);
+  }
+  if (membarrier_) std::atomic_signal_fence(std::memory_order_seq_cst);
+  else std::atomic_thread_fence(std::memory_order_seq_cst);
+  // A closer that saw this thread inside has fenced it since: this load then sees the gate closed.
+  if (closed_.load(std::memory_order_acquire)) wake_closer();
+}
+
+std::uint64_t work_gate::submitted() const {
+  std::uint64_t n = returned_[shared_slot].calls.load(std::memory_order_acquire);
+  const int used = slots_used_.load(std::memory_order_acquire);
+  for (int s = 0; s < used; ++s) n += returned_[s].calls.load(std::memory_order_acquire);
+  return n;
+}
+
+bool work_gate::fence_all_threads() {
+  if (!membarrier_) return true;  // every call fences itself
+  if (membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0) return true;
+  // A child of fork() may have to register again.
+  if (membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) == 0 && membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0)
+    return true;
+  return membarrier(MEMBARRIER_CMD_GLOBAL) == 0;  // the same guarantee, after a grace period
 }
 
 bool work_gate::drained() const {
-  if ((state_.load(std::memory_order_seq_cst) & inside_mask) != 0) return false;
-  for (const stripe& s : stripes_)
-    if (s.inside.load(std::memory_order_seq_cst) != 0) return false;
-  return true;
+  const int used = slots_used_.load(std::memory_order_acquire);
+  for (int s = 0; s < used; ++s)
+    if (inside_[s].calls.load(std::memory_order_acquire) != 0) return false;
+  return inside_[shared_slot].calls.load(std::memory_order_seq_cst) == 0;
 }
 
 // A call stepped out while the gate is closed: the closer re-counts (closing is rare, so every such
@@ -30,37 +121,14 @@ void work_gate::wake_closer() {
   changed_.notify_all();
 }
 
-void work_gate::enter(bool work) {
-  std::atomic<std::uint64_t>& inside = counter(work);
-  for (;;) {
-    // Dekker with close(): this thread counts itself in, then looks at closed_; the closer sets
-    // closed_, then looks at the counts. One of the two sees the other (all seq_cst).
-    inside.fetch_add(1, std::memory_order_seq_cst);
-    if (!closed_.load(std::memory_order_seq_cst)) return;
-    // Closed: step back out so the closer can finish draining, then wait.
-    inside.fetch_sub(1, std::memory_order_seq_cst);
-    wake_closer();
-    std::unique_lock lock(mutex_);
-    changed_.wait(lock, [this] { return !closed_.load(std::memory_order_acquire); });
-  }
-}
-
-void work_gate::leave(bool work) {
-  if (work)
-    state_.fetch_add(one_returned, std::memory_order_seq_cst);
-  else
-    counter(false).fetch_sub(1, std::memory_order_seq_cst);
-  if (closed_.load(std::memory_order_seq_cst)) wake_closer();
-}
-
 bool work_gate::close(std::chrono::steady_clock::time_point deadline) {
   closed_.store(true, std::memory_order_seq_cst);
-  std::unique_lock lock(mutex_);
-  const bool ok = changed_.wait_until(lock, deadline, [this] { return drained(); });
-  if (!ok) {
-    closed_.store(false, std::memory_order_seq_cst);
-    changed_.notify_all();
+  bool ok = fence_all_threads();
+  if (ok) {
+    std::unique_lock lock(mutex_);
+    ok = changed_.wait_until(lock, deadline, [this] { return drained(); });
   }
+  if (!ok) open();
   return ok;
 }
 
@@ -72,20 +140,21 @@ void work_gate::open() {
   changed_.notify_all();
 }
 
+// Never destroyed: threads may still pass the gate while the process exits.
 work_gate& the_gate() {
-  static work_gate gate;
-  return gate;
+  static work_gate* gate = new work_gate;
+  return *gate;
 }
 
 gate_scope::gate_scope(kind k) {
-  if (depth++ == 0) {
-    outer_work = k == submits_work;
-    the_gate().enter(outer_work);
+  if (self.depth++ == 0) {
+    self.outer_work = k == submits_work;
+    the_gate().enter();
   }
 }
 
 gate_scope::~gate_scope() {
-  if (--depth == 0) the_gate().leave(outer_work);
+  if (--self.depth == 0) the_gate().leave(self.outer_work);
 }
 
 }  // namespace vmmckpt::detail
