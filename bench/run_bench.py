@@ -570,7 +570,7 @@ class Bench:
         args = ["--launches", "50000", "--reps", "2"] if quick else ["--launches", "200000", "--reps", "8"]
         self.both_modes("launch", [os.path.join(self.bin, "vmmckpt_bench_launch")] + args, 600,
                         1 if quick else 5, pin=True)
-        args = ["--launches", "5000", "--batches", "10"] if quick else []
+        args = ["--batches", "100"] if quick else []
         self.both_modes("launch_ab", [os.path.join(self.bin, "vmmckpt_bench_launch_ab")] + args, 600,
                         1 if quick else 2, pin=True)
 
