@@ -64,15 +64,13 @@ int main(int argc, char** argv) {
   std::vector<std::uint64_t> sizes = {256, 4096, 64ULL << 10, 1ULL << 20, 16ULL << 20, 256ULL << 20, 1ULL << 30};
   std::vector<std::uint64_t> thread_counts = {1, 8};
   double scale = 1.0;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (i + 1 >= argc) bench::usage_error(argv[0], a + " needs a value");
-    const std::string v = argv[++i];
+  bench::parse_options(argc, argv, [&](const std::string& a, const std::string& v) {
     if (a == "--sizes") sizes = bench::parse_u64_list(v);
     else if (a == "--threads") thread_counts = bench::parse_u64_list(v);
     else if (a == "--scale") scale = std::strtod(v.c_str(), nullptr);
-    else bench::usage_error(argv[0], "unknown option " + a);
-  }
+    else return false;
+    return true;
+  });
   if (sizes.empty() || thread_counts.empty() || !(scale > 0)) bench::usage_error(argv[0], "empty list or bad --scale");
 
   // A warm context: creation and module loading are not part of any pair.

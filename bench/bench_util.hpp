@@ -51,6 +51,17 @@ inline double seconds_since(clock_type::time_point t) {
   std::exit(2);
 }
 
+// "--name value" pairs: take(name, value) stores a value and returns true, or returns false for a
+// name it does not know (a usage error, as is a name without a value).
+template <class Take>
+void parse_options(int argc, char** argv, Take take) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string name = argv[i];
+    if (i + 1 >= argc) usage_error(argv[0], name + " needs a value");
+    if (!take(name, std::string(argv[++i]))) usage_error(argv[0], "unknown option " + name);
+  }
+}
+
 // The value at fraction q (0..1) of sorted samples, nearest rank.
 inline double quantile(const std::vector<double>& sorted, double q) {
   if (sorted.empty()) return 0;

@@ -68,15 +68,13 @@ int main(int argc, char** argv) {
   double live_gib = 8;
   long steps = 20000;
   std::uint64_t seed = 42;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (i + 1 >= argc) bench::usage_error(argv[0], a + " needs a value");
-    const std::string v = argv[++i];
+  bench::parse_options(argc, argv, [&](const std::string& a, const std::string& v) {
     if (a == "--live-gib") live_gib = std::strtod(v.c_str(), nullptr);
     else if (a == "--steps") steps = std::strtol(v.c_str(), nullptr, 0);
     else if (a == "--seed") seed = std::strtoull(v.c_str(), nullptr, 0);
-    else bench::usage_error(argv[0], "unknown option " + a);
-  }
+    else return false;
+    return true;
+  });
   if (!(live_gib > 0) || steps < 0) bench::usage_error(argv[0], "bad --live-gib or --steps");
 
   BENCH_RT(cudaFree(nullptr));

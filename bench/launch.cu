@@ -32,14 +32,12 @@ double launch_batch(cudaStream_t stream, long launches) {
 int main(int argc, char** argv) {
   long launches = 1000000;
   int reps = 3;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (i + 1 >= argc) bench::usage_error(argv[0], a + " needs a value");
-    const std::string v = argv[++i];
+  bench::parse_options(argc, argv, [&](const std::string& a, const std::string& v) {
     if (a == "--launches") launches = std::strtol(v.c_str(), nullptr, 0);
     else if (a == "--reps") reps = std::atoi(v.c_str());
-    else bench::usage_error(argv[0], "unknown option " + a);
-  }
+    else return false;
+    return true;
+  });
   if (launches <= 0 || reps <= 0) bench::usage_error(argv[0], "--launches and --reps must be positive");
 
   cudaStream_t stream;

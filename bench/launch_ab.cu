@@ -66,14 +66,12 @@ double batch(launch_fn launch, CUfunction f, CUstream stream, long launches) {
 int main(int argc, char** argv) {
   long launches = 500;
   int batches = 1000;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (i + 1 >= argc) bench::usage_error(argv[0], a + " needs a value");
-    const std::string v = argv[++i];
+  bench::parse_options(argc, argv, [&](const std::string& a, const std::string& v) {
     if (a == "--launches") launches = std::strtol(v.c_str(), nullptr, 0);
     else if (a == "--batches") batches = std::atoi(v.c_str());
-    else bench::usage_error(argv[0], "unknown option " + a);
-  }
+    else return false;
+    return true;
+  });
   if (launches <= 0 || batches <= 0) bench::usage_error(argv[0], "--launches and --batches must be positive");
 
   BENCH_RT(cudaFree(nullptr));  // the runtime's context, current on this thread
