@@ -23,12 +23,31 @@ __attribute__((tls_model("initial-exec"))) thread_local gate_thread self;
 
 long membarrier(int command) { return ::syscall(SYS_membarrier, command, 0, 0); }
 
+work_gate* forking_gate = nullptr;  // the gate whose slots a fork() must keep consistent
+
 }  // namespace
 
 work_gate::work_gate() {
   // Registered once here, before any call passes: from then on calls rely on close() to fence them.
   membarrier_ = membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) == 0;
   exit_key_made_ = pthread_key_create(&exit_key_, &work_gate::on_thread_exit) == 0;
+  // Not through the_gate(): a fork while this constructor runs would wait for it there.
+  forking_gate = this;
+  pthread_atfork([] { forking_gate->slots_mutex_.lock(); }, [] { forking_gate->slots_mutex_.unlock(); },
+                 [] { forking_gate->after_fork_in_child(); });
+}
+
+// The child has only the thread that forked: the other threads' slots are free again (their returned
+// work stays counted), and none of them is inside, so a dump of the child can close the gate.
+void work_gate::after_fork_in_child() {
+  const int used = slots_used_.load(std::memory_order_relaxed);
+  for (int s = 0; s < used; ++s) {
+    if (s == self.slot) continue;
+    inside_[s].calls.store(0, std::memory_order_relaxed);
+    taken_[s].store(false, std::memory_order_relaxed);
+  }
+  inside_[shared_slot].calls.store(self.slot == shared_slot && self.depth > 0 ? 1 : 0, std::memory_order_relaxed);
+  slots_mutex_.unlock();
 }
 
 int work_gate::take_slot() {

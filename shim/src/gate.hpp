@@ -54,6 +54,7 @@ class work_gate {
   int take_slot();                           // a free slot for the calling thread, or shared_slot
   static void on_thread_exit(void* slot_plus_one);  // gives the thread's slot back
   bool fence_all_threads();                  // false when no way to make the threads fence is left
+  void after_fork_in_child();
   bool drained() const;
   void wake_closer();
 

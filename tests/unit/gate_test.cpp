@@ -1,5 +1,6 @@
 // The shim's work gate (shim/src/gate.cpp): closing holds new calls, waits for calls inside, gives up
-// at its deadline; the count of returned work survives threads that exit and threads beyond the slots.
+// at its deadline; the count of returned work survives threads that exit and threads beyond the slots;
+// a child of fork() can still close it.
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -7,6 +8,9 @@
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "gate.hpp"
 
@@ -148,4 +152,21 @@ TEST_CASE("while the gate is closed no call runs, however busy the callers", "[g
   for (auto& t : pool) t.join();
   for (auto& p : progress) total += p.load();
   CHECK(total > 0);
+}
+
+TEST_CASE("in a child of fork() the gate closes though another thread was inside at the fork", "[gate]") {
+  caller_inside caller;
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    // Only this thread exists here; the caller's slot must not hold the gate open for good.
+    const bool closed = the_gate().close(in(2s));
+    the_gate().open();
+    { gate_scope scope; }
+    _exit(closed ? 0 : 1);
+  }
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
 }
