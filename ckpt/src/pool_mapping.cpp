@@ -3,19 +3,10 @@
 
 #include <unistd.h>
 
-#include <cstdio>
-
 #include "cuda_check.hpp"
+#include "vmmckpt/hex_text.hpp"
 
 namespace vmmckpt::ckpt {
-
-namespace {
-std::string hex(std::uint64_t v) {
-  char buf[24];
-  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-}  // namespace
 
 pool_mapping::pool_mapping(CUdevice device, std::uint64_t base, std::uint64_t size, std::vector<segment_fd> segments)
     : base_(base), size_(size) {

@@ -1,10 +1,11 @@
-// Internals shared by the image writer, reader and JSON code: data-file header, validation, errors.
+// Internals shared by the image writer, reader and manifest code: data-file header, hashing, errors.
 #pragma once
 
 #include <array>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -13,6 +14,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "vmmckpt/hex_text.hpp"
 #include "vmmckpt/image.hpp"
 
 namespace vmmckpt::image::detail {
@@ -79,9 +81,16 @@ struct hash_waiter {
   ~hash_waiter() { h.wait(); }
 };
 
-[[noreturn]] void fail(std::string message);
-std::string errno_text(int err);
-std::string hex(std::uint64_t v);  // "0x2000"
-std::string extent_name(std::size_t pool, std::size_t index);  // "pools[0].extents[3]"
+[[noreturn]] inline void fail(std::string message) { throw image_error(std::move(message)); }
+
+inline std::string errno_text(int err) {
+  char buf[256];
+  // GNU strerror_r may return a static string instead of filling buf.
+  return ::strerror_r(err, buf, sizeof buf);
+}
+
+inline std::string extent_name(std::size_t pool, std::size_t index) {  // "pools[0].extents[3]"
+  return "pools[" + std::to_string(pool) + "].extents[" + std::to_string(index) + "]";
+}
 
 }  // namespace vmmckpt::image::detail

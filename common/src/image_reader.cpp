@@ -23,7 +23,6 @@ namespace {
 
 using detail::errno_text;
 using detail::fail;
-using detail::hex;
 
 // Extents are read in pieces; from this size on, each piece is hashed on a helper thread while
 // the next is read (below it, starting the thread costs more than it saves).
@@ -73,12 +72,6 @@ void pread_all(int fd, void* dst, std::size_t size, std::uint64_t offset, const 
   }
 }
 
-std::string checksum_text(std::uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-
 }  // namespace
 
 struct reader::impl {
@@ -116,7 +109,7 @@ struct reader::impl {
     const extent& e = info.pools[l.pool].extents[l.index];
     if (got != e.checksum)
       fail(data_paths[e.file] + ": " + detail::extent_name(l.pool, l.index) + " at " + hex(e.addr) +
-           ": checksum mismatch (manifest " + checksum_text(e.checksum) + ", data " + checksum_text(got) + ")");
+           ": checksum mismatch (manifest " + hex16(e.checksum) + ", data " + hex16(got) + ")");
   }
 
   // Reads an extent piece by piece and checks its checksum. With `advance` the pieces fill

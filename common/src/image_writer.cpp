@@ -24,7 +24,6 @@ namespace {
 
 using detail::errno_text;
 using detail::fail;
-using detail::hex;
 
 // Large enough that a write() costs little next to the copy, small enough to stay cache-friendly.
 constexpr std::size_t buffer_capacity = 8u << 20;

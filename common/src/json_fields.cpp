@@ -1,0 +1,130 @@
+// Strict JSON field readers shared by the image manifest and the control messages.
+#include "vmmckpt/json_fields.hpp"
+
+#include <climits>
+#include <cmath>
+
+#include "vmmckpt/hex_text.hpp"
+
+namespace vmmckpt::json_fields {
+namespace {
+
+[[noreturn]] void fail(std::string message) { throw decode_error(std::move(message)); }
+
+std::string at_path(const std::string& path, const std::string& what) { return path.empty() ? what : path + ": " + what; }
+
+}  // namespace
+
+json parse_limited(const std::string& text, std::size_t max_depth) {
+  // Deep nesting is refused early: nothing legitimate needs it and it costs memory and time.
+  const json::parser_callback_t limit_depth = [max_depth](int depth, json::parse_event_t, json&) {
+    if (static_cast<std::size_t>(depth) > max_depth)
+      fail("JSON nested deeper than " + std::to_string(max_depth) + " levels");
+    return true;
+  };
+  try {
+    return json::parse(text, limit_depth);
+  } catch (const json::exception& e) {
+    // The parser quotes the bytes it stopped at, which may be broken UTF-8: escaped, the message
+    // stays printable and can go into JSON output (cuda-ckpt verify --json).
+    std::string why = "not valid JSON: ";
+    for (const char* c = e.what(); *c != '\0'; ++c) {
+      const auto b = static_cast<unsigned char>(*c);
+      if (b >= 0x20 && b < 0x7f) {
+        why += *c;
+      } else {
+        static constexpr char digits[] = "0123456789abcdef";
+        why += {'\\', 'x', digits[b >> 4], digits[b & 0xf]};
+      }
+    }
+    fail(std::move(why));
+  }
+}
+
+std::string join(const std::string& path, const char* key) { return path.empty() ? key : path + "." + key; }
+std::string index(const std::string& path, std::size_t i) { return path + "[" + std::to_string(i) + "]"; }
+
+const json& field(const json& obj, const std::string& path, const char* key) {
+  if (!obj.is_object()) fail(at_path(path, "expected an object"));
+  auto it = obj.find(key);
+  if (it == obj.end()) fail(at_path(path, "missing field '" + std::string(key) + "'"));
+  return *it;
+}
+
+const json* optional_field(const json& obj, const char* key) {
+  if (!obj.is_object()) return nullptr;
+  auto it = obj.find(key);
+  return it == obj.end() ? nullptr : &*it;
+}
+
+const json& object_at(const json& v, const std::string& path) {
+  if (!v.is_object()) fail(path + ": expected an object");
+  return v;
+}
+
+const json& array_at(const json& v, const std::string& path) {
+  if (!v.is_array()) fail(path + ": expected an array");
+  return v;
+}
+
+std::uint64_t u64_at(const json& v, const std::string& path) {
+  if (v.is_number_unsigned()) return v.get<std::uint64_t>();
+  if (v.is_number_integer() && v.get<std::int64_t>() >= 0) return static_cast<std::uint64_t>(v.get<std::int64_t>());
+  fail(path + ": expected a non-negative integer below 2^64");
+}
+
+std::uint32_t u32_at(const json& v, const std::string& path) {
+  const std::uint64_t x = u64_at(v, path);
+  if (x > UINT32_MAX) fail(path + ": expected an integer below 2^32");
+  return static_cast<std::uint32_t>(x);
+}
+
+std::int64_t i64_at(const json& v, const std::string& path) {
+  if (v.is_number_unsigned() && v.get<std::uint64_t>() <= static_cast<std::uint64_t>(INT64_MAX))
+    return static_cast<std::int64_t>(v.get<std::uint64_t>());
+  if (v.is_number_integer() && !v.is_number_unsigned()) return v.get<std::int64_t>();
+  fail(path + ": expected a 64-bit signed integer");
+}
+
+int int_at(const json& v, const std::string& path) {
+  if (v.is_number_unsigned()) {
+    if (v.get<std::uint64_t>() <= static_cast<std::uint64_t>(INT_MAX)) return static_cast<int>(v.get<std::uint64_t>());
+  } else if (v.is_number_integer()) {
+    const std::int64_t x = v.get<std::int64_t>();
+    if (x >= INT_MIN && x <= INT_MAX) return static_cast<int>(x);
+  }
+  fail(path + ": expected a 32-bit integer");
+}
+
+bool bool_at(const json& v, const std::string& path) {
+  if (!v.is_boolean()) fail(path + ": expected true or false");
+  return v.get<bool>();
+}
+
+double number_at(const json& v, const std::string& path) {
+  if (!v.is_number()) fail(path + ": expected a number");
+  const double x = v.get<double>();
+  if (!std::isfinite(x)) fail(path + ": expected a finite number");
+  return x;
+}
+
+std::string string_at(const json& v, const std::string& path) {
+  if (!v.is_string()) fail(path + ": expected a string");
+  return v.get<std::string>();
+}
+
+std::uint64_t address_at(const json& v, const std::string& path) {
+  std::uint64_t out = 0;
+  if (v.is_string() && parse_address(v.get_ref<const std::string&>(), out)) return out;
+  fail(path + ": expected an address as a \"0x\" hex string of at most 16 digits");
+}
+
+std::uint64_t hex16_at(const json& v, const std::string& path) {
+  std::uint64_t out = 0;
+  if (v.is_string() && v.get_ref<const std::string&>().size() == 16 &&
+      parse_hex_digits(v.get_ref<const std::string&>(), out))
+    return out;
+  fail(path + ": expected a checksum as a string of 16 hex digits");
+}
+
+}  // namespace vmmckpt::json_fields

@@ -1,0 +1,170 @@
+// The manifest as JSON: the encoding the manifest file holds, and its strict decoding of hostile input.
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "image_detail.hpp"
+#include "vmmckpt/image.hpp"
+#include "vmmckpt/json_fields.hpp"
+
+namespace vmmckpt::image {
+namespace {
+
+using detail::fail;
+using namespace json_fields;
+// Decoding uses std::map objects: ordered_json's linear key lookup would let a hostile object
+// with millions of keys make parsing quadratic. Encoding uses ordered_json for a stable field order.
+using ojson = nlohmann::ordered_json;
+
+// Decodes fields in the order to_json writes them, so the first defect reported is the first in the file.
+manifest decode(const json& root) {
+  if (!root.is_object()) fail("not a JSON object (not a vmmckpt image manifest)");
+  const auto magic = root.find("magic");
+  if (magic == root.end()) fail("missing field 'magic' (not a vmmckpt image manifest)");
+  if (!magic->is_string() || magic->get_ref<const std::string&>() != "vmmckpt-image")
+    fail("magic is " + magic->dump(-1, ' ', true, json::error_handler_t::replace) +
+         ", expected \"vmmckpt-image\" (not a vmmckpt image manifest)");
+  const json& format = field(root, "", "format");
+  if (!format.is_number_integer()) fail("format: expected an integer");
+  // Checked before anything else: a newer format may have changed any other field.
+  if (format.is_number_unsigned() && format.get<std::uint64_t>() > format_version)
+    fail("format " + std::to_string(format.get<std::uint64_t>()) + " is newer than this tool understands (" +
+         std::to_string(format_version) + ")");
+  if (format.get<std::int64_t>() != 1 && format.get<std::int64_t>() != format_version)
+    fail("format " + std::to_string(format.get<std::int64_t>()) + " is not a known format (this tool understands 1 to " +
+         std::to_string(format_version) + ")");
+
+  manifest m;
+  m.format = static_cast<std::uint32_t>(format.get<std::int64_t>());
+  const bool multi_file = m.format >= 2;  // format 1: one data file, extents without `file`
+  m.tool_version = string_of(root, "", "tool_version");
+  m.created = string_of(root, "", "created");
+  m.host = string_of(root, "", "host");
+  m.pid = i64_of(root, "", "pid");
+
+  const json& command = array_of(root, "", "command");
+  m.command.reserve(command.size());
+  for (std::size_t i = 0; i < command.size(); ++i) m.command.push_back(string_at(command[i], index("command", i)));
+
+  const json& devices = array_of(root, "", "devices");
+  m.devices.reserve(devices.size());
+  for (std::size_t i = 0; i < devices.size(); ++i) {
+    const std::string p = index("devices", i);
+    const json& d = object_at(devices[i], p);
+    device_info info;
+    info.ordinal = int_of(d, p, "ordinal");
+    info.name = string_of(d, p, "name");
+    info.uuid = string_of(d, p, "uuid");
+    info.cc_major = int_of(d, p, "cc_major");
+    info.cc_minor = int_of(d, p, "cc_minor");
+    m.devices.push_back(std::move(info));
+  }
+
+  const json& pools = array_of(root, "", "pools");
+  m.pools.reserve(pools.size());
+  for (std::size_t i = 0; i < pools.size(); ++i) {
+    const std::string p = index("pools", i);
+    const json& pj = object_at(pools[i], p);
+    pool pl;
+    pl.device = int_of(pj, p, "device");
+    pl.base = address_of(pj, p, "base");
+    pl.size = u64_of(pj, p, "size");
+    pl.granularity = u64_of(pj, p, "granularity");
+    const std::string ap = join(p, "allocations");
+    const json& allocs = array_of(pj, p, "allocations");
+    pl.allocations.reserve(allocs.size());
+    for (std::size_t k = 0; k < allocs.size(); ++k) {
+      const std::string q = index(ap, k);
+      const json& a = object_at(allocs[k], q);
+      allocation al;
+      al.addr = address_of(a, q, "addr");
+      al.size = u64_of(a, q, "size");
+      al.api = string_of(a, q, "api");
+      pl.allocations.push_back(std::move(al));
+    }
+    const std::string ep = join(p, "extents");
+    const json& exts = array_of(pj, p, "extents");
+    pl.extents.reserve(exts.size());
+    for (std::size_t k = 0; k < exts.size(); ++k) {
+      const std::string q = index(ep, k);
+      const json& e = object_at(exts[k], q);
+      extent ex;
+      ex.addr = address_of(e, q, "addr");
+      ex.size = u64_of(e, q, "size");
+      if (multi_file) ex.file = u32_of(e, q, "file");
+      ex.offset = u64_of(e, q, "offset");
+      ex.checksum = hex16_at(field(e, q, "checksum"), join(q, "checksum"));
+      pl.extents.push_back(ex);
+    }
+    m.pools.push_back(std::move(pl));
+  }
+  m.data_bytes = u64_of(root, "", "data_bytes");
+  if (multi_file) m.data_files = u32_of(root, "", "data_files");
+  m.hold_us = u64_of(root, "", "hold_us");
+  return m;
+}
+
+}  // namespace
+
+std::string to_json(const manifest& m, int indent) {
+  ojson j;
+  j["magic"] = "vmmckpt-image";
+  j["format"] = m.format;
+  j["tool_version"] = m.tool_version;
+  j["created"] = m.created;
+  j["host"] = m.host;
+  j["pid"] = m.pid;
+  j["command"] = m.command;
+  j["devices"] = ojson::array();
+  for (const auto& d : m.devices) {
+    ojson dj;
+    dj["ordinal"] = d.ordinal;
+    dj["name"] = d.name;
+    dj["uuid"] = d.uuid;
+    dj["cc_major"] = d.cc_major;
+    dj["cc_minor"] = d.cc_minor;
+    j["devices"].push_back(std::move(dj));
+  }
+  j["pools"] = ojson::array();
+  for (const auto& p : m.pools) {
+    ojson pj;
+    pj["device"] = p.device;
+    pj["base"] = hex(p.base);
+    pj["size"] = p.size;
+    pj["granularity"] = p.granularity;
+    pj["allocations"] = ojson::array();
+    for (const auto& a : p.allocations) {
+      ojson aj;
+      aj["addr"] = hex(a.addr);
+      aj["size"] = a.size;
+      aj["api"] = a.api;
+      pj["allocations"].push_back(std::move(aj));
+    }
+    pj["extents"] = ojson::array();
+    for (const auto& e : p.extents) {
+      ojson ej;
+      ej["addr"] = hex(e.addr);
+      ej["size"] = e.size;
+      if (m.format >= 2) ej["file"] = e.file;
+      ej["offset"] = e.offset;
+      ej["checksum"] = hex16(e.checksum);
+      pj["extents"].push_back(std::move(ej));
+    }
+    j["pools"].push_back(std::move(pj));
+  }
+  j["data_bytes"] = m.data_bytes;
+  if (m.format >= 2) j["data_files"] = m.data_files;
+  j["hold_us"] = m.hold_us;
+  // A command line or host name need not be UTF-8: replace bad bytes rather than fail the dump.
+  return j.dump(indent, ' ', false, ojson::error_handler_t::replace);
+}
+
+manifest from_json(const std::string& text) {
+  try {
+    return decode(parse_limited(text, detail::max_json_depth));
+  } catch (const decode_error& e) {
+    fail(e.what());
+  }
+}
+
+}  // namespace vmmckpt::image

@@ -1,0 +1,133 @@
+// The rules every image manifest obeys (docs/image-format.md), checked before anything is read or written.
+#include <climits>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "image_detail.hpp"
+#include "vmmckpt/image.hpp"
+
+namespace vmmckpt::image {
+namespace {
+
+using detail::fail;
+
+// [addr, addr + size) lies inside [lo, end); never overflows.
+bool inside(std::uint64_t addr, std::uint64_t size, std::uint64_t lo, std::uint64_t end) {
+  return addr >= lo && addr <= end && size <= end - addr;
+}
+
+std::string range_text(std::uint64_t addr, std::uint64_t size) {
+  return hex(addr) + "+" + std::to_string(size);
+}
+}  // namespace
+
+void validate(const manifest& m) {
+  if (m.format > format_version)
+    fail("format " + std::to_string(m.format) + " is newer than this tool understands (" +
+         std::to_string(format_version) + ")");
+  if (m.format != 1 && m.format != format_version) fail("format " + std::to_string(m.format) + " is not a known format");
+  if (m.data_files == 0 || m.data_files > max_data_files)
+    fail("data_files is " + std::to_string(m.data_files) + ", expected 1 to " + std::to_string(max_data_files));
+  if (m.format == 1 && m.data_files != 1) fail("data_files is " + std::to_string(m.data_files) + " in a format 1 image");
+  if (m.pid <= 0 || m.pid > INT_MAX) fail("pid " + std::to_string(m.pid) + " is not a valid process id");
+
+  // Ordinals are bounded, so the device and pool lists are too, and the pairwise checks stay cheap.
+  constexpr int max_devices = 1024;
+  std::vector<int> device_index(max_devices, -1);
+  for (std::size_t i = 0; i < m.devices.size(); ++i) {
+    const auto& d = m.devices[i];
+    const std::string p = "devices[" + std::to_string(i) + "]";
+    if (d.ordinal < 0 || d.ordinal >= max_devices)
+      fail(p + ".ordinal " + std::to_string(d.ordinal) + " is out of range (0.." + std::to_string(max_devices - 1) + ")");
+    if (device_index[d.ordinal] >= 0)
+      fail(p + ".ordinal " + std::to_string(d.ordinal) + " repeats devices[" + std::to_string(device_index[d.ordinal]) + "]");
+    device_index[d.ordinal] = static_cast<int>(i);
+    if (d.cc_major < 0 || d.cc_minor < 0) fail(p + ": negative compute capability");
+  }
+
+  std::vector<int> pool_of_device(max_devices, -1);
+  // Each data file holds its extents back to back, in manifest order.
+  std::vector<std::uint64_t> file_end(m.data_files, 0);
+  std::uint64_t total = 0;
+  for (std::size_t i = 0; i < m.pools.size(); ++i) {
+    const pool& pl = m.pools[i];
+    const std::string p = "pools[" + std::to_string(i) + "]";
+    if (pl.device < 0 || pl.device >= max_devices || device_index[pl.device] < 0)
+      fail(p + ".device " + std::to_string(pl.device) + " is not listed in devices");
+    if (pool_of_device[pl.device] >= 0)
+      fail(p + ".device " + std::to_string(pl.device) + " already has pools[" + std::to_string(pool_of_device[pl.device]) + "]");
+    pool_of_device[pl.device] = static_cast<int>(i);
+    if (pl.base == 0) fail(p + ".base is zero");
+    if (pl.size == 0) fail(p + ".size is zero");
+    if (pl.granularity == 0) fail(p + ".granularity is zero");
+    if (pl.base % pl.granularity != 0)
+      fail(p + ".base " + hex(pl.base) + " is not a multiple of the granularity " + std::to_string(pl.granularity));
+    if (pl.size % pl.granularity != 0)
+      fail(p + ".size " + std::to_string(pl.size) + " is not a multiple of the granularity " + std::to_string(pl.granularity));
+    if (pl.base > std::numeric_limits<std::uint64_t>::max() - pl.size)
+      fail(p + ": base " + hex(pl.base) + " + size " + std::to_string(pl.size) + " overflows the address space");
+    const std::uint64_t end = pl.base + pl.size;
+    for (std::size_t k = 0; k < i; ++k) {
+      const pool& q = m.pools[k];
+      if (pl.base < q.base + q.size && q.base < end) fail(p + " overlaps pools[" + std::to_string(k) + "]");
+    }
+
+    for (std::size_t k = 0; k < pl.allocations.size(); ++k) {
+      const allocation& a = pl.allocations[k];
+      const std::string q = p + ".allocations[" + std::to_string(k) + "]";
+      if (a.size == 0) fail(q + " has size zero");
+      if (!inside(a.addr, a.size, pl.base, end))
+        fail(q + " (" + range_text(a.addr, a.size) + ") is outside the pool (" + range_text(pl.base, pl.size) + ")");
+      if (k > 0) {
+        const allocation& prev = pl.allocations[k - 1];
+        if (a.addr < prev.addr)
+          fail(q + " at " + hex(a.addr) + " is out of order (below allocations[" + std::to_string(k - 1) + "] at " +
+               hex(prev.addr) + ")");
+        if (a.addr < prev.addr + prev.size) fail(q + " overlaps allocations[" + std::to_string(k - 1) + "]");
+      }
+    }
+
+    std::size_t alloc = 0;  // the last allocation starting at or below the current extent
+    for (std::size_t k = 0; k < pl.extents.size(); ++k) {
+      const extent& e = pl.extents[k];
+      const std::string q = detail::extent_name(i, k);
+      if (e.size == 0) fail(q + " is empty");
+      if (!inside(e.addr, e.size, pl.base, end))
+        fail(q + " (" + range_text(e.addr, e.size) + ") is outside the pool (" + range_text(pl.base, pl.size) + ")");
+      if (k > 0) {
+        const extent& prev = pl.extents[k - 1];
+        if (e.addr < prev.addr)
+          fail(q + " at " + hex(e.addr) + " is out of order (below extents[" + std::to_string(k - 1) + "] at " +
+               hex(prev.addr) + ")");
+        if (e.addr < prev.addr + prev.size) fail(q + " overlaps extents[" + std::to_string(k - 1) + "]");
+      }
+      while (alloc + 1 < pl.allocations.size() && pl.allocations[alloc + 1].addr <= e.addr) ++alloc;
+      // Allocations are sorted and disjoint by now, so only this one can hold the extent.
+      if (pl.allocations.empty() || pl.allocations[alloc].addr > e.addr ||
+          e.addr - pl.allocations[alloc].addr >= pl.allocations[alloc].size)
+        fail(q + " (" + range_text(e.addr, e.size) + ") is not inside any allocation");
+      const allocation& a = pl.allocations[alloc];
+      if (!inside(e.addr, e.size, a.addr, a.addr + a.size))
+        fail(q + " (" + range_text(e.addr, e.size) + ") is not inside one allocation (allocations[" +
+             std::to_string(alloc) + "] is " + range_text(a.addr, a.size) + ")");
+      if (e.file >= m.data_files)
+        fail(q + ".file is " + std::to_string(e.file) + " but the image has " + std::to_string(m.data_files) + " data files");
+      std::uint64_t& offset = file_end[e.file];
+      if (e.offset != offset)
+        fail(q + ".offset is " + std::to_string(e.offset) + ", expected " + std::to_string(offset) +
+             " (each data file holds its extents back to back, in manifest order)");
+      if (e.size > std::numeric_limits<std::uint64_t>::max() - detail::data_header_size - offset)
+        fail(q + ": data offsets overflow");
+      offset += e.size;
+      if (e.size > std::numeric_limits<std::uint64_t>::max() - total) fail(q + ": data_bytes overflows");
+      total += e.size;
+    }
+  }
+  if (m.data_bytes != total)
+    fail("data_bytes is " + std::to_string(m.data_bytes) + " but the extents hold " + std::to_string(total) + " bytes");
+  if (m.data_bytes > std::numeric_limits<std::uint64_t>::max() - detail::data_header_size)
+    fail("data_bytes " + std::to_string(m.data_bytes) + " is too large");
+}
+
+}  // namespace vmmckpt::image
