@@ -55,6 +55,13 @@ void device_pool::index_insert(std::uint64_t addr, std::uint64_t requested, std:
   shard.bytes += range_allocator::rounded_size(requested);
 }
 
+void device_pool::index_reinsert(live_map::node_type& node) {
+  live_shard& shard = shard_for(node.key());
+  std::lock_guard lock(shard.mutex);
+  shard.bytes += range_allocator::rounded_size(node.mapped().requested);
+  shard.blocks.insert(std::move(node));
+}
+
 device_pool::live_map::node_type device_pool::index_extract(std::uint64_t addr) {
   live_shard& shard = shard_for(addr);
   std::lock_guard lock(shard.mutex);
@@ -173,11 +180,24 @@ pool_status device_pool::allocate(std::uint64_t size, alloc_api api, std::uint64
   return status;
 }
 
+// Retires a block whose index entry was taken out; when retiring throws (no memory) before the block
+// left the placement, the entry goes back (a node needs no allocation), so the block stays live and
+// the free can be tried again.
+void device_pool::retire_or_restore_locked(std::uint64_t addr, live_map::node_type& node) {
+  try {
+    retire_locked(addr);
+  } catch (...) {
+    if (ranges_.is_live(addr)) index_reinsert(node);
+    throw;
+  }
+}
+
 pool_status device_pool::free(std::uint64_t addr) {
   if (policy_.cache_blocks == 0 || policy_.cache_bytes == 0) {
     std::lock_guard lock(mutex_);
-    if (index_extract(addr).empty()) return pool_status::invalid_value;
-    retire_locked(addr);
+    live_map::node_type node = index_extract(addr);
+    if (node.empty()) return pool_status::invalid_value;
+    retire_or_restore_locked(addr, node);
     return pool_status::ok;
   }
   thread_cache* cache = this_thread_cache();
@@ -191,7 +211,7 @@ pool_status device_pool::free(std::uint64_t addr) {
   if (rounded == 0 ||
       std::find(cache->recent_sizes.begin(), cache->recent_sizes.end(), rounded) == cache->recent_sizes.end()) {
     std::lock_guard lock(mutex_);
-    retire_locked(addr);
+    retire_or_restore_locked(addr, node);
     return pool_status::ok;
   }
   const std::uint64_t began = syncs_begun_.load(std::memory_order_seq_cst);

@@ -185,9 +185,9 @@ std::optional<range_allocator::block> range_allocator::retire(std::uint64_t addr
   auto it = live_.find(addr);
   if (it == live_.end()) return std::nullopt;
   block b = it->second;
+  retired_.push_back(b);  // first: if it throws (no memory), the block is still live, nothing lost
   live_.erase(it);
   live_bytes_ -= b.size;
-  retired_.push_back(b);
   retired_bytes_ += b.size;
   return b;
 }

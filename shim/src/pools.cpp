@@ -11,7 +11,7 @@
 
 #include "control_server.hpp"
 #include "cuda_backend.hpp"
-#include "log.hpp"
+#include "vmmckpt/log.hpp"
 #include "real_symbols.hpp"
 #include "vmmckpt/pool_layout.hpp"
 
@@ -64,7 +64,8 @@ void after_fork_in_child() {
     if (slot.pool.load() != nullptr) r.forked_child.store(true);
 }
 
-CUresult create_pool(registry& r, int ordinal, device_slot& slot) {
+// `lasting`: the failure will not go away by trying again (the range is taken, the device unsuitable).
+CUresult create_pool(registry& r, int ordinal, device_slot& slot, bool& lasting) {
   const driver_api* d = driver();
   if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   const pool_config& cfg = r.config;
@@ -110,8 +111,18 @@ CUresult create_pool(registry& r, int ordinal, device_slot& slot) {
   policy.growth_step = align_up(cfg.growth_step, granularity);
   policy.retain_bytes = cfg.retain_bytes;
   policy.cache_bytes = cfg.thread_cache_bytes;
-  slot.backend = std::make_unique<cuda_backend>(device, primary);
-  slot.owner = std::make_unique<device_pool>(base, cfg.size, policy, *slot.backend);
+  try {
+    slot.backend = std::make_unique<cuda_backend>(device, primary);
+    slot.owner = std::make_unique<device_pool>(base, cfg.size, policy, *slot.backend);
+  } catch (...) {
+    // No memory for the pool's own structures: the range goes back, so a later call can try again.
+    slot.owner.reset();
+    slot.backend.reset();
+    d->cuMemAddressFree(base, cfg.size);
+    log::warn("device {}: no memory for the pool's bookkeeping; the allocation fails", ordinal);
+    lasting = false;
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
   slot.pool.store(slot.owner.get(), std::memory_order_release);
   log::info("device {}: pool of {} GiB reserved at {:#x}", ordinal, cfg.size >> 30, base);
   return CUDA_SUCCESS;
@@ -145,11 +156,12 @@ CUresult acquire_pool(int ordinal, device_pool*& pool) {
     slot.failure = CUDA_ERROR_OUT_OF_MEMORY;
     return slot.failure;
   }
-  const CUresult e = create_pool(r, ordinal, slot);
+  bool lasting = true;
+  const CUresult e = create_pool(r, ordinal, slot, lasting);
   if (e != CUDA_SUCCESS) {
     // Driver not ready yet (no cuInit, no device) is the caller's error to see
     // again next time; a pool that cannot be placed stays refused.
-    if (e == CUDA_ERROR_OUT_OF_MEMORY || e == CUDA_ERROR_NOT_SUPPORTED) slot.failure = e;
+    if (lasting && (e == CUDA_ERROR_OUT_OF_MEMORY || e == CUDA_ERROR_NOT_SUPPORTED)) slot.failure = e;
     return e;
   }
   pool = slot.pool.load();

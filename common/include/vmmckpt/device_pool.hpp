@@ -183,6 +183,8 @@ class device_pool {
   live_shard& shard_for(std::uint64_t addr) const;
   void index_insert(std::uint64_t addr, std::uint64_t requested, std::uint32_t tag);
   live_map::node_type index_extract(std::uint64_t addr);
+  void index_reinsert(live_map::node_type& node);  // an extracted entry back; allocates nothing
+  void retire_or_restore_locked(std::uint64_t addr, live_map::node_type& node);
   thread_cache* this_thread_cache();
   bool take_cached(thread_cache& cache, std::uint64_t rounded, std::uint64_t requested, alloc_api api,
                    std::uint64_t& addr);

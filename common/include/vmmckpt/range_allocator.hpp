@@ -73,6 +73,7 @@ class range_allocator {
   std::uint64_t size() const { return size_; }
   std::uint64_t live_bytes() const { return live_bytes_; }
   std::size_t live_count() const { return live_.size(); }
+  bool is_live(std::uint64_t addr) const { return live_.count(addr) != 0; }
   std::size_t free_range_count() const { return free_by_addr_.size(); }
   std::uint64_t largest_free() const;
 
