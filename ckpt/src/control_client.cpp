@@ -1,4 +1,4 @@
-// The tool's side of the control channel: find a process under the shim and talk to it.
+// The tool's side of the control channel: find a process under the shim and send it typed requests.
 #include "vmmckpt/ckpt/control_client.hpp"
 
 #include <dirent.h>
@@ -12,12 +12,9 @@
 #include <filesystem>
 #include <fstream>
 
-#include "vmmckpt/protocol.hpp"
+#include "vmmckpt/fault_point.hpp"
 
 namespace vmmckpt::ckpt {
-
-using json = nlohmann::json;
-
 namespace {
 
 // Root checkpointing another user's process: the socket is in that user's
@@ -31,13 +28,40 @@ std::string socket_of_other_user(pid_t pid, uid_t uid) {
   return dir + "/" + std::to_string(pid) + ".sock";
 }
 
-std::string describe_failure(pid_t pid, const std::string& why) {
-  if (why.rfind("connection closed", 0) == 0)
-    return "process " + std::to_string(pid) + " went away (it exited or its control server stopped)";
-  return "process " + std::to_string(pid) + ": " + why;
+[[noreturn]] void channel_failed(pid_t pid, const protocol::failure& f) {
+  const std::string who = "process " + std::to_string(pid);
+  if (f.kind == protocol::failure_kind::connection_closed)
+    throw control_error(who + " went away (it exited or its control server stopped)", f.kind);
+  throw control_error(who + ": " + f.text, f.kind);
+}
+
+void close_all(std::vector<int>& fds) {
+  for (int f : fds) ::close(f);
+  fds.clear();
 }
 
 }  // namespace
+
+received_fds::~received_fds() {
+  for (int f : fds_)
+    if (f >= 0) ::close(f);
+}
+
+received_fds& received_fds::operator=(received_fds&& o) noexcept {
+  if (this != &o) {
+    for (int f : fds_)
+      if (f >= 0) ::close(f);
+    fds_ = std::move(o.fds_);
+    o.fds_.clear();
+  }
+  return *this;
+}
+
+int received_fds::take(std::size_t i) {
+  const int f = fds_.at(i);
+  fds_[i] = -1;
+  return f;
+}
 
 control_client::control_client(pid_t pid) : pid_(pid) {
   const std::string proc = "/proc/" + std::to_string(pid);
@@ -47,15 +71,15 @@ control_client::control_client(pid_t pid) : pid_(pid) {
   if (st.st_uid != ::geteuid() && ::geteuid() != 0)
     throw tool_error("process " + std::to_string(pid) + " belongs to another user (uid " + std::to_string(st.st_uid) +
                      "); only its owner or root may checkpoint it");
-  std::string error;
+  protocol::failure error;
   const std::string path = st.st_uid == ::geteuid() ? protocol::socket_path(pid) : socket_of_other_user(pid, st.st_uid);
   fd_ = protocol::connect_to(path, error);
   if (fd_ < 0) {
-    if (::access(path.c_str(), F_OK) != 0)
+    if (error.kind == protocol::failure_kind::no_socket)
       throw tool_error("process " + std::to_string(pid) +
                        " is not running under vmmckpt (no control socket at " + path +
                        "; start it with `cuda-ckpt run`, and note the socket appears at its first CUDA allocation)");
-    throw tool_error("cannot reach process " + std::to_string(pid) + " at " + path + ": " + error);
+    throw tool_error("cannot reach process " + std::to_string(pid) + " at " + path + ": " + error.text);
   }
 }
 
@@ -63,36 +87,97 @@ control_client::~control_client() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-json control_client::call(const json& request, std::vector<int>* fds, int timeout_ms) {
-  std::string error;
-  if (!protocol::send_frame(fd_, request.dump(), {}, error)) throw tool_error(describe_failure(pid_, error));
+void control_client::send(const control::request& r) {
+  protocol::failure error;
+  if (!protocol::send_frame(fd_, control::encode(r), {}, error)) channel_failed(pid_, error);
+}
+
+std::string control_client::receive(std::vector<int>* fds, int timeout_ms) {
   std::string payload;
   std::vector<int> received;
-  auto fail_closed = [&](const std::string& why) {
-    for (int f : received) ::close(f);
-    throw tool_error(describe_failure(pid_, why));
-  };
-  if (!protocol::recv_frame(fd_, payload, received, timeout_ms, error)) fail_closed(error);
-  json response = json::parse(payload, nullptr, false);
-  if (!response.is_object()) fail_closed("malformed response");
-  if (!response.value("ok", false)) {
-    for (int f : received) ::close(f);
-    throw tool_error("process " + std::to_string(pid_) + ": " + response.value("error", std::string("request refused")));
-  }
-  const std::size_t expected = response.value("fd_count", static_cast<std::size_t>(received.size()));
-  while (received.size() < expected) {
-    std::vector<int> more;
-    if (!protocol::recv_frame(fd_, payload, more, timeout_ms, error)) {
-      received.insert(received.end(), more.begin(), more.end());
-      fail_closed(error);
-    }
-    received.insert(received.end(), more.begin(), more.end());
-  }
-  if (received.size() != expected) fail_closed("expected " + std::to_string(expected) + " descriptors");
-  if (fds != nullptr) *fds = std::move(received);
+  protocol::failure error;
+  if (!protocol::recv_frame(fd_, payload, received, timeout_ms, error)) channel_failed(pid_, error);
+  if (fds != nullptr)
+    fds->insert(fds->end(), received.begin(), received.end());
   else
-    for (int f : received) ::close(f);
-  return response;
+    close_all(received);  // none expected
+  return payload;
+}
+
+template <typename Reply>
+Reply control_client::call(const control::request& r, int timeout_ms, std::vector<int>* fds) {
+  send(r);
+  // Tests kill the tool here: the request is out, its answer never read.
+  std::visit([](const auto& req) {
+    using T = std::decay_t<decltype(req)>;
+    if constexpr (std::is_same_v<T, control::resume_request>) fault_point("requested:resume");
+    if constexpr (std::is_same_v<T, control::suspend_request>) fault_point("requested:suspend");
+  }, r);
+  std::vector<int> mine;
+  const std::string payload = receive(&mine, timeout_ms);
+  try {
+    auto decoded = control::decode_reply<Reply>(payload);
+    if (auto* refused = std::get_if<control::failure_reply>(&decoded)) {
+      close_all(mine);
+      throw control_error("process " + std::to_string(pid_) + ": " + refused->error, refused->code);
+    }
+    if (fds != nullptr) *fds = std::move(mine);
+    else close_all(mine);
+    return std::get<Reply>(std::move(decoded));
+  } catch (const control::decode_error& e) {
+    close_all(mine);
+    throw control_error("process " + std::to_string(pid_) + " sent a malformed reply: " + e.what(),
+                        protocol::failure_kind::bad_frame);
+  }
+}
+
+control::hello_reply control_client::hello(int timeout_ms) {
+  return call<control::hello_reply>(control::hello_request{}, timeout_ms);
+}
+
+control::dump_begin_reply control_client::dump_begin(int deadline_ms, received_fds& fds, int timeout_ms) {
+  std::vector<int> got;
+  struct close_on_failure {
+    std::vector<int>& fds;
+    bool done = false;
+    ~close_on_failure() {
+      if (!done) close_all(fds);
+    }
+  } guard{got};
+  auto reply = call<control::dump_begin_reply>(control::dump_begin_request{deadline_ms}, timeout_ms, &got);
+  // More descriptors than one frame carries follow in fds frames.
+  while (got.size() < reply.fd_count) {
+    const std::string payload = receive(&got, timeout_ms);
+    try {
+      control::decode_fds_frame(payload);
+    } catch (const control::decode_error& e) {
+      throw control_error("process " + std::to_string(pid_) + " sent a malformed fds frame: " + e.what(),
+                          protocol::failure_kind::bad_frame);
+    }
+  }
+  if (got.size() != reply.fd_count)
+    throw control_error("process " + std::to_string(pid_) + " sent " + std::to_string(got.size()) +
+                            " descriptors, expected " + std::to_string(reply.fd_count),
+                        protocol::failure_kind::bad_frame);
+  guard.done = true;
+  fds = received_fds(std::move(got));
+  return reply;
+}
+
+control::dump_end_reply control_client::dump_end(int timeout_ms) {
+  return call<control::dump_end_reply>(control::dump_end_request{}, timeout_ms);
+}
+
+control::suspend_reply control_client::suspend(const std::string& image, int timeout_ms) {
+  return call<control::suspend_reply>(control::suspend_request{image}, timeout_ms);
+}
+
+control::resume_reply control_client::resume(int timeout_ms) {
+  return call<control::resume_reply>(control::resume_request{}, timeout_ms);
+}
+
+control::check_reply control_client::check(int timeout_ms) {
+  return call<control::check_reply>(control::check_request{}, timeout_ms);
 }
 
 std::vector<process_entry> list_processes() {
@@ -110,7 +195,7 @@ std::vector<process_entry> list_processes() {
     }
     try {
       control_client client(pid);
-      out.push_back({pid, client.call({{"op", "hello"}}, nullptr, 2'000)});
+      out.push_back({pid, client.hello(2'000)});
     } catch (const tool_error&) {
       // Not answering (busy, exiting): leave it out of the list.
     }

@@ -1,5 +1,5 @@
-// The shim's logger: one mutex around single-threaded spdlog sinks, created on first use.
-#include "log.hpp"
+// The in-process logger: one mutex around single-threaded spdlog sinks, created on first use.
+#include "vmmckpt/log.hpp"
 
 #include <spdlog/logger.h>
 #include <spdlog/sinks/basic_file_sink.h>
@@ -11,7 +11,7 @@
 #include <memory>
 #include <mutex>
 
-namespace vmmckpt::detail::log {
+namespace vmmckpt::log {
 namespace {
 
 // One mutex serializes every spdlog call, so the _st sinks are safe and fork()
@@ -68,21 +68,26 @@ spdlog::logger& logger() {
 
 }  // namespace
 
-level threshold() {
+level threshold() noexcept {
   static const level value = parse_level(std::getenv("VMMCKPT_LOG_LEVEL"));
   return value;
 }
 
-void write(level l, std::string_view message) {
-  std::lock_guard lock(log_mutex());
+void write(level l, std::string_view message) noexcept {
   try {
+    std::lock_guard lock(log_mutex());
     logger().log(to_spdlog(l), "{}", message);
   } catch (...) {
     // Logging never takes the host program down.
   }
 }
 
-void hold_for_fork() { log_mutex().lock(); }
-void release_after_fork() { log_mutex().unlock(); }
+void hold_for_fork() noexcept {
+  try {
+    log_mutex().lock();
+  } catch (...) {
+  }
+}
+void release_after_fork() noexcept { log_mutex().unlock(); }
 
-}  // namespace vmmckpt::detail::log
+}  // namespace vmmckpt::log

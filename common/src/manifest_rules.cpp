@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "image_detail.hpp"
+#include "vmmckpt/alloc_api.hpp"
 #include "vmmckpt/image.hpp"
 
 namespace vmmckpt::image {
@@ -77,6 +78,9 @@ void validate(const manifest& m) {
       const allocation& a = pl.allocations[k];
       const std::string q = p + ".allocations[" + std::to_string(k) + "]";
       if (a.size == 0) fail(q + " has size zero");
+      // Restore allocates each block again through the API that made it: a name it does not know
+      // could only be guessed at.
+      if (!alloc_api_from_name(a.api)) fail(q + ".api \"" + a.api + "\" is not an allocation API vmmckpt records");
       if (!inside(a.addr, a.size, pl.base, end))
         fail(q + " (" + range_text(a.addr, a.size) + ") is outside the pool (" + range_text(pl.base, pl.size) + ")");
       if (k > 0) {

@@ -82,7 +82,7 @@ std::string validate(const pool_config& config) {
 pool_config pool_config_from_env(std::string& error) {
   pool_config config;
   error.clear();
-  if (!read_env("VMMCKPT_POOL_BASE", config.base, error) || !read_env("VMMCKPT_POOL_SIZE", config.size, error) ||
+  if (!read_env(env_pool_base, config.base, error) || !read_env(env_pool_size, config.size, error) ||
       !read_env("VMMCKPT_GROWTH_STEP", config.growth_step, error) ||
       !read_env("VMMCKPT_POOL_RETAIN", config.retain_bytes, error) ||
       !read_env("VMMCKPT_THREAD_CACHE", config.thread_cache_bytes, error))

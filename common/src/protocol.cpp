@@ -30,10 +30,11 @@ constexpr std::size_t send_control_size = CMSG_SPACE(sizeof(int) * max_fds_per_m
 
 // Every error string is built here: an allocation failure must not escape (the shim runs
 // this inside other people's processes), and the false return already says what matters.
-void set_error(std::string& error, std::initializer_list<std::string_view> parts) noexcept {
+void set_error(failure& error, failure_kind kind, std::initializer_list<std::string_view> parts) noexcept {
+  error.kind = kind;
   try {
-    error.clear();
-    for (std::string_view part : parts) error.append(part);
+    error.text.clear();
+    for (std::string_view part : parts) error.text.append(part);
   } catch (...) {
   }
 }
@@ -124,15 +125,15 @@ std::uint32_t get_u32(const unsigned char* in) noexcept {
   return std::uint32_t(in[0]) | std::uint32_t(in[1]) << 8 | std::uint32_t(in[2]) << 16 | std::uint32_t(in[3]) << 24;
 }
 
-bool make_address(const std::string& path, sockaddr_un& addr, socklen_t& length, std::string& error) noexcept {
+bool make_address(const std::string& path, sockaddr_un& addr, socklen_t& length, failure& error) noexcept {
   addr = {};
   addr.sun_family = AF_UNIX;
   if (path.empty()) {
-    set_error(error, {"empty socket path"});
+    set_error(error, failure_kind::system, {"empty socket path"});
     return false;
   }
   if (path.size() >= sizeof addr.sun_path) {
-    set_error(error, {"socket path too long (", number(static_cast<long long>(path.size())), " bytes, at most ",
+    set_error(error, failure_kind::system, {"socket path too long (", number(static_cast<long long>(path.size())), " bytes, at most ",
                       number(static_cast<long long>(sizeof addr.sun_path - 1)), "): ", path});
     return false;
   }
@@ -183,7 +184,7 @@ void collect_fds(msghdr& msg, received_fds& rx) noexcept {
 // Reads exactly `length` bytes of the frame into buf, collecting descriptors from every
 // recvmsg on the way. `frame_done`/`frame_total` only shape the "connection closed" text.
 bool read_exact(int fd, unsigned char* buf, std::size_t length, received_fds& rx, const deadline& until,
-                std::size_t frame_done, std::size_t frame_total, std::string& error) noexcept {
+                std::size_t frame_done, std::size_t frame_total, failure& error) noexcept {
   std::size_t done = 0;
   while (done < length) {
     int err = 0;
@@ -191,10 +192,10 @@ bool read_exact(int fd, unsigned char* buf, std::size_t length, received_fds& rx
       case wait_result::ready:
         break;
       case wait_result::timed_out:
-        set_error(error, {"timed out"});
+        set_error(error, failure_kind::timed_out, {"timed out"});
         return false;
       case wait_result::failed:
-        set_error(error, {"poll failed: ", errno_text(err)});
+        set_error(error, failure_kind::system, {"poll failed: ", errno_text(err)});
         return false;
     }
     alignas(cmsghdr) unsigned char control[recv_control_size];
@@ -209,23 +210,23 @@ bool read_exact(int fd, unsigned char* buf, std::size_t length, received_fds& rx
       err = errno;
       if (err == EINTR || err == EAGAIN || err == EWOULDBLOCK) continue;
       if (err == ECONNRESET || err == EPIPE) {
-        set_error(error, {"connection closed"});
+        set_error(error, failure_kind::connection_closed, {"connection closed"});
       } else {
-        set_error(error, {"receive failed: ", errno_text(err)});
+        set_error(error, failure_kind::system, {"receive failed: ", errno_text(err)});
       }
       return false;
     }
     collect_fds(msg, rx);
     if (msg.msg_flags & MSG_CTRUNC) {
-      set_error(error, {"descriptors truncated in transit (ancillary data did not fit or the fd limit was reached)"});
+      set_error(error, failure_kind::bad_frame, {"descriptors truncated in transit (ancillary data did not fit or the fd limit was reached)"});
       return false;
     }
     if (r == 0) {
       std::size_t got = frame_done + done;
       if (got == 0) {
-        set_error(error, {"connection closed"});
+        set_error(error, failure_kind::connection_closed, {"connection closed"});
       } else {
-        set_error(error, {"connection closed mid-frame (", number(static_cast<long long>(got)), " of ",
+        set_error(error, failure_kind::connection_closed, {"connection closed mid-frame (", number(static_cast<long long>(got)), " of ",
                           number(static_cast<long long>(frame_total)), " bytes)"});
       }
       return false;
@@ -262,36 +263,36 @@ std::string socket_path(pid_t pid) noexcept {
   }
 }
 
-bool ensure_runtime_dir(std::string& error) noexcept {
+bool ensure_runtime_dir(failure& error) noexcept {
   const std::string dir = runtime_dir();
   if (dir.empty()) {
-    set_error(error, {"out of memory"});
+    set_error(error, failure_kind::out_of_memory, {"out of memory"});
     return false;
   }
   // Only the leaf is created: XDG_RUNTIME_DIR belongs to the session manager, and /tmp exists.
   if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
     int err = errno;
-    set_error(error, {"cannot create ", dir, ": ", errno_text(err),
+    set_error(error, failure_kind::system, {"cannot create ", dir, ": ", errno_text(err),
                       err == ENOENT ? " (its parent directory does not exist)" : ""});
     return false;
   }
   struct stat st {};
   if (::lstat(dir.c_str(), &st) != 0) {
     int err = errno;
-    set_error(error, {"cannot inspect ", dir, ": ", errno_text(err)});
+    set_error(error, failure_kind::system, {"cannot inspect ", dir, ": ", errno_text(err)});
     return false;
   }
   if (S_ISLNK(st.st_mode)) {
-    set_error(error, {"refusing ", dir, ": it is a symlink, not a directory"});
+    set_error(error, failure_kind::system, {"refusing ", dir, ": it is a symlink, not a directory"});
     return false;
   }
   if (!S_ISDIR(st.st_mode)) {
-    set_error(error, {"refusing ", dir, ": it is not a directory"});
+    set_error(error, failure_kind::system, {"refusing ", dir, ": it is not a directory"});
     return false;
   }
   const uid_t me = ::geteuid();
   if (st.st_uid != me) {
-    set_error(error, {"refusing ", dir, ": it is owned by uid ", number(st.st_uid), ", not by us (uid ", number(me),
+    set_error(error, failure_kind::system, {"refusing ", dir, ": it is owned by uid ", number(st.st_uid), ", not by us (uid ", number(me),
                       "); someone else could plant sockets in it"});
     return false;
   }
@@ -300,13 +301,13 @@ bool ensure_runtime_dir(std::string& error) noexcept {
   int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (dfd < 0) {
     int err = errno;
-    set_error(error, {"cannot open ", dir, ": ", errno_text(err)});
+    set_error(error, failure_kind::system, {"cannot open ", dir, ": ", errno_text(err)});
     return false;
   }
   struct stat now {};
   if (::fstat(dfd, &now) != 0 || now.st_dev != st.st_dev || now.st_ino != st.st_ino || now.st_uid != me) {
     close_fd(dfd);
-    set_error(error, {"refusing ", dir, ": it changed while being checked"});
+    set_error(error, failure_kind::system, {"refusing ", dir, ": it changed while being checked"});
     return false;
   }
   // Ours but open to others (or missing our own bits): tightening is safe because it is ours,
@@ -314,14 +315,14 @@ bool ensure_runtime_dir(std::string& error) noexcept {
   if ((now.st_mode & 07777) != 0700 && ::fchmod(dfd, 0700) != 0) {
     int err = errno;
     close_fd(dfd);
-    set_error(error, {"refusing ", dir, ": its mode allows access by others and chmod 0700 failed: ", errno_text(err)});
+    set_error(error, failure_kind::system, {"refusing ", dir, ": its mode allows access by others and chmod 0700 failed: ", errno_text(err)});
     return false;
   }
   close_fd(dfd);
   return true;
 }
 
-int listen_at(const std::string& path, std::string& error) noexcept {
+int listen_at(const std::string& path, failure& error) noexcept {
   sockaddr_un addr;
   socklen_t addr_length = 0;
   if (!make_address(path, addr, addr_length, error)) return -1;
@@ -331,24 +332,24 @@ int listen_at(const std::string& path, std::string& error) noexcept {
   struct stat st {};
   if (::lstat(path.c_str(), &st) == 0) {
     if (!S_ISSOCK(st.st_mode)) {
-      set_error(error, {"refusing to replace ", path, ": it exists and is not a socket"});
+      set_error(error, failure_kind::system, {"refusing to replace ", path, ": it exists and is not a socket"});
       return -1;
     }
     if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
       int err = errno;
-      set_error(error, {"cannot remove the old socket ", path, ": ", errno_text(err)});
+      set_error(error, failure_kind::system, {"cannot remove the old socket ", path, ": ", errno_text(err)});
       return -1;
     }
   } else if (errno != ENOENT) {
     int err = errno;
-    set_error(error, {"cannot inspect ", path, ": ", errno_text(err)});
+    set_error(error, failure_kind::system, {"cannot inspect ", path, ": ", errno_text(err)});
     return -1;
   }
 
   int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) {
     int err = errno;
-    set_error(error, {"cannot create a socket: ", errno_text(err)});
+    set_error(error, failure_kind::system, {"cannot create a socket: ", errno_text(err)});
     return -1;
   }
   // Linux gives the socket file the mode of the socket's own inode (less the umask), so
@@ -358,7 +359,7 @@ int listen_at(const std::string& path, std::string& error) noexcept {
   if (::bind(fd, reinterpret_cast<const sockaddr*>(&addr), addr_length) != 0) {
     int err = errno;
     close_fd(fd);
-    set_error(error, {"cannot bind ", path, ": ", errno_text(err)});
+    set_error(error, failure_kind::system, {"cannot bind ", path, ": ", errno_text(err)});
     return -1;
   }
   // chmod by path right after bind rather than binding under a restrictive umask: umask is
@@ -369,27 +370,27 @@ int listen_at(const std::string& path, std::string& error) noexcept {
     int err = errno;
     close_fd(fd);
     ::unlink(path.c_str());
-    set_error(error, {"cannot chmod 0600 ", path, ": ", errno_text(err)});
+    set_error(error, failure_kind::system, {"cannot chmod 0600 ", path, ": ", errno_text(err)});
     return -1;
   }
   if (::listen(fd, 8) != 0) {
     int err = errno;
     close_fd(fd);
     ::unlink(path.c_str());
-    set_error(error, {"cannot listen on ", path, ": ", errno_text(err)});
+    set_error(error, failure_kind::system, {"cannot listen on ", path, ": ", errno_text(err)});
     return -1;
   }
   return fd;
 }
 
-int connect_to(const std::string& path, std::string& error) noexcept {
+int connect_to(const std::string& path, failure& error) noexcept {
   sockaddr_un addr;
   socklen_t addr_length = 0;
   if (!make_address(path, addr, addr_length, error)) return -1;
   int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) {
     int err = errno;
-    set_error(error, {"cannot create a socket: ", errno_text(err)});
+    set_error(error, failure_kind::system, {"cannot create a socket: ", errno_text(err)});
     return -1;
   }
   for (;;) {
@@ -401,17 +402,17 @@ int connect_to(const std::string& path, std::string& error) noexcept {
     close_fd(fd);
     switch (err) {
       case ENOENT:
-        set_error(error, {"no such socket: ", path, " (is the process running under the shim?)"});
+        set_error(error, failure_kind::no_socket, {"no such socket: ", path, " (is the process running under the shim?)"});
         break;
       case ECONNREFUSED:
-        set_error(error, {"connection refused: ", path, " (a stale socket: its process is gone)"});
+        set_error(error, failure_kind::connection_refused, {"connection refused: ", path, " (a stale socket: its process is gone)"});
         break;
       case EACCES:
       case EPERM:
-        set_error(error, {"permission denied: ", path, " (it belongs to another user)"});
+        set_error(error, failure_kind::permission_denied, {"permission denied: ", path, " (it belongs to another user)"});
         break;
       default:
-        set_error(error, {"cannot connect to ", path, ": ", errno_text(err)});
+        set_error(error, failure_kind::system, {"cannot connect to ", path, ": ", errno_text(err)});
         break;
     }
     return -1;
@@ -431,19 +432,19 @@ bool peer_allowed(int fd, uid_t& peer_uid, pid_t& peer_pid) noexcept {
   return cred.uid == ::geteuid() || cred.uid == 0;
 }
 
-bool send_frame(int fd, const std::string& payload, const std::vector<int>& fds, std::string& error) noexcept {
+bool send_frame(int fd, const std::string& payload, const std::vector<int>& fds, failure& error) noexcept {
   return send_frame(fd, payload, fds, -1, error);
 }
 
 bool send_frame(int fd, const std::string& payload, const std::vector<int>& fds, int timeout_ms,
-                std::string& error) noexcept {
+                failure& error) noexcept {
   if (fds.size() > static_cast<std::size_t>(max_fds_per_message)) {
-    set_error(error, {"too many descriptors for one frame: ", number(static_cast<long long>(fds.size())),
+    set_error(error, failure_kind::too_large, {"too many descriptors for one frame: ", number(static_cast<long long>(fds.size())),
                       " (at most ", number(max_fds_per_message), ")"});
     return false;
   }
   if (payload.size() > max_payload) {
-    set_error(error, {"payload of ", number(static_cast<long long>(payload.size())), " bytes is over the limit of ",
+    set_error(error, failure_kind::too_large, {"payload of ", number(static_cast<long long>(payload.size())), " bytes is over the limit of ",
                       number(max_payload)});
     return false;
   }
@@ -496,24 +497,24 @@ bool send_frame(int fd, const std::string& payload, const std::vector<int>& fds,
         case wait_result::ready:
           continue;
         case wait_result::timed_out:
-          set_error(error, {"timed out"});
+          set_error(error, failure_kind::timed_out, {"timed out"});
           return false;
         case wait_result::failed:
-          set_error(error, {"poll failed: ", errno_text(poll_err)});
+          set_error(error, failure_kind::system, {"poll failed: ", errno_text(poll_err)});
           return false;
       }
     }
     if (err == EPIPE || err == ECONNRESET) {
-      set_error(error, {"connection closed"});
+      set_error(error, failure_kind::connection_closed, {"connection closed"});
     } else {
-      set_error(error, {"send failed: ", errno_text(err)});
+      set_error(error, failure_kind::system, {"send failed: ", errno_text(err)});
     }
     return false;
   }
   return true;
 }
 
-bool recv_frame(int fd, std::string& payload, std::vector<int>& fds, int timeout_ms, std::string& error) noexcept {
+bool recv_frame(int fd, std::string& payload, std::vector<int>& fds, int timeout_ms, failure& error) noexcept {
   received_fds rx;
   payload.clear();
   fds.clear();
@@ -531,20 +532,20 @@ bool recv_frame(int fd, std::string& payload, std::vector<int>& fds, int timeout
   const std::uint32_t length = get_u32(header + 8);
   const std::uint32_t fd_count = get_u32(header + 12);
   if (magic != frame_magic) {
-    set_error(error, {"bad frame magic ", hex_number(magic), " (expected ", hex_number(frame_magic),
+    set_error(error, failure_kind::bad_frame, {"bad frame magic ", hex_number(magic), " (expected ", hex_number(frame_magic),
                       "): not a vmmckpt control frame"});
     return fail();
   }
   if (frame_version != version) {
-    set_error(error, {"protocol version ", number(frame_version), ", expected ", number(version)});
+    set_error(error, failure_kind::bad_frame, {"protocol version ", number(frame_version), ", expected ", number(version)});
     return fail();
   }
   if (length > max_payload) {
-    set_error(error, {"payload of ", number(length), " bytes is over the limit of ", number(max_payload)});
+    set_error(error, failure_kind::bad_frame, {"payload of ", number(length), " bytes is over the limit of ", number(max_payload)});
     return fail();
   }
   if (fd_count > static_cast<std::uint32_t>(max_fds_per_message)) {
-    set_error(error, {"frame declares ", number(fd_count), " descriptors, more than ", number(max_fds_per_message)});
+    set_error(error, failure_kind::bad_frame, {"frame declares ", number(fd_count), " descriptors, more than ", number(max_fds_per_message)});
     return fail();
   }
 
@@ -552,7 +553,7 @@ bool recv_frame(int fd, std::string& payload, std::vector<int>& fds, int timeout
   try {
     body.resize(length);
   } catch (...) {
-    set_error(error, {"out of memory for a payload of ", number(length), " bytes"});
+    set_error(error, failure_kind::out_of_memory, {"out of memory for a payload of ", number(length), " bytes"});
     return fail();
   }
   if (length > 0 && !read_exact(fd, reinterpret_cast<unsigned char*>(body.data()), length, rx, until,
@@ -561,14 +562,14 @@ bool recv_frame(int fd, std::string& payload, std::vector<int>& fds, int timeout
   }
   const long long received = static_cast<long long>(rx.count) + rx.extra;
   if (received != static_cast<long long>(fd_count)) {
-    set_error(error, {"frame declares ", number(fd_count), " descriptors but carried ", number(received)});
+    set_error(error, failure_kind::bad_frame, {"frame declares ", number(fd_count), " descriptors but carried ", number(received)});
     return fail();
   }
   try {
     fds.assign(rx.fd, rx.fd + rx.count);
   } catch (...) {
     fds.clear();
-    set_error(error, {"out of memory"});
+    set_error(error, failure_kind::out_of_memory, {"out of memory"});
     return fail();
   }
   payload.swap(body);

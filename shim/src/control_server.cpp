@@ -1,277 +1,147 @@
 // The control server: a thread in the program that answers cuda-ckpt over a Unix socket (docs/protocol.md).
 #include "control_server.hpp"
 
-#include <nlohmann/json.hpp>
-#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
-#include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "gate.hpp"
-#include "log.hpp"
-#include "pools.hpp"
-#include "restore_loader.hpp"
-#include "real_symbols.hpp"
-#include "vmmckpt/pool_layout.hpp"
+#include "process_control.hpp"
+#include "vmmckpt/control_messages.hpp"
+#include "vmmckpt/log.hpp"
 #include "vmmckpt/protocol.hpp"
-#include "vmmckpt/uuid_text.hpp"
 
 namespace vmmckpt::detail {
 namespace {
 
-using json = nlohmann::json;
 using clock = std::chrono::steady_clock;
 
-constexpr int idle_timeout_ms = 30'000;         // a client that says nothing is dropped
-
-// Only the server thread changes these; hello reports them.
-bool g_suspended = false;
-std::string g_suspend_image;
+constexpr int idle_timeout_ms = 30'000;           // a client that says nothing is dropped
 constexpr int default_hold_deadline_ms = 60'000;  // longest a dump may hold the program
 constexpr int max_hold_deadline_ms = 600'000;
 
-std::string hex(std::uint64_t v) {
-  char buf[24];
-  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
-  return buf;
+void close_all(std::vector<int>& fds) {
+  for (int f : fds) ::close(f);
+  fds.clear();
 }
 
-std::vector<std::string> command_line() {
-  std::vector<std::string> args;
-  std::ifstream in("/proc/self/cmdline", std::ios::binary);
-  std::string arg;
-  while (std::getline(in, arg, '\0')) args.push_back(arg);
-  return args;
-}
-
-json device_json(int ordinal) {
-  const driver_api* d = driver();
-  json dev = {{"ordinal", ordinal}};
-  CUdevice device;
-  if (d == nullptr || d->cuDeviceGet(&device, ordinal) != CUDA_SUCCESS) return dev;
-  char name[256] = {};
-  if (d->cuDeviceGetName(name, sizeof name - 1, device) == CUDA_SUCCESS) dev["name"] = name;
-  CUuuid uuid{};
-  if (d->cuDeviceGetUuid_v2 != nullptr && d->cuDeviceGetUuid_v2(&uuid, device) == CUDA_SUCCESS)
-    dev["uuid"] = uuid_text(uuid.bytes);
-  int major = 0, minor = 0;
-  d->cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device);
-  d->cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device);
-  dev["cc_major"] = major;
-  dev["cc_minor"] = minor;
-  return dev;
-}
-
-json hello() {
-  json devices = json::array(), pools = json::array();
-  for (const auto& p : active_pools()) {
-    devices.push_back(device_json(p.ordinal));
-    const pool_stats s = p.pool->stats();
-    pools.push_back({{"device", p.ordinal},
-                     {"base", hex(p.pool->base())},
-                     {"size", p.pool->size()},
-                     {"live_bytes", s.live_bytes},
-                     {"live_count", s.live_count},
-                     {"backed_bytes", s.backed_bytes}});
-  }
-  json out = {{"ok", true},        {"protocol", protocol::version},
-              {"pid", static_cast<long>(getpid())},
-              {"command", command_line()}, {"state", g_suspended ? "suspended" : "running"},
-              {"devices", devices},    {"pools", pools}};
-  if (g_suspended) out["image"] = g_suspend_image;
-  return out;
-}
-
-bool reply(int fd, const json& body, const std::vector<int>& fds = {}) {
-  std::string error;
-  if (protocol::send_frame(fd, body.dump(), fds, error)) return true;
-  log::warn("control: reply failed: {}", error);
+bool send(int fd, const std::string& payload, const std::vector<int>& fds = {}) {
+  protocol::failure error;
+  if (protocol::send_frame(fd, payload, fds, error)) return true;
+  log::warn("control: reply failed: {}", error.text);
   return false;
 }
 
-json failure(const std::string& why) { return {{"ok", false}, {"error", why}}; }
-
-// Holds the program for one dump: gate closed, work drained, every pool's
-// device synchronized, the pool's handles exported to the client. Returns
-// when the client says dump_end, goes away, or the deadline passes; the gate
-// is open again in every case.
-// Bytes in use on the device now, the program's context and unserved memory
-// included (and other processes' too: the driver counts the whole device).
-std::uint64_t device_used_bytes(int ordinal) {
-  const driver_api* d = driver();
-  CUdevice device;
-  CUcontext context;
-  if (d == nullptr || d->cuDeviceGet(&device, ordinal) != CUDA_SUCCESS ||
-      d->cuDevicePrimaryCtxRetain(&context, device) != CUDA_SUCCESS || d->cuCtxPushCurrent_v2(context) != CUDA_SUCCESS)
-    return 0;
-  size_t free_bytes = 0, total = 0;
-  d->cuMemGetInfo_v2(&free_bytes, &total);
-  CUcontext ignored;
-  d->cuCtxPopCurrent_v2(&ignored);
-  return total - free_bytes;
-}
-
-// The program stays held, its pool's physical memory given back, until resume.
-json suspend_now(const json& request, long long held_us) {
-  std::uint64_t freed = 0;
-  json devices = json::array();
-  for (const auto& p : active_pools()) {
-    freed += p.pool->release_all_physical();
-    devices.push_back({{"device", p.ordinal}, {"used_bytes_after", device_used_bytes(p.ordinal)}});
-  }
-  g_suspended = true;
-  g_suspend_image = request.value("image", "");
-  log::info("control: suspended; {} bytes of GPU memory given back; image {}", freed, g_suspend_image);
-  return {{"ok", true}, {"freed_bytes", freed}, {"devices", devices}, {"held_us", held_us}};
-}
-
-json resume_now() {
-  if (!g_suspended) return failure("the program is not suspended");
-  const auto start = clock::now();
-  std::string error;
-  std::uint64_t bytes = 0;
-  if (!refill_pools_from_image(g_suspend_image, error, bytes))
-    return failure("cannot resume from " + g_suspend_image + ": " + error + "; the program stays suspended");
-  g_suspended = false;
-  the_gate().open();
-  const double seconds = std::chrono::duration<double>(clock::now() - start).count();
-  log::info("control: resumed; {} bytes back from {} in {:.3f} s", bytes, g_suspend_image, seconds);
-  return {{"ok", true}, {"bytes", bytes}, {"seconds", seconds}, {"image", g_suspend_image}};
-}
-
-void serve_dump(int fd, const json& request) {
-  if (g_suspended) {
-    reply(fd, failure("the program is suspended (image " + g_suspend_image + "); resume it first"));
-    return;
-  }
-  int deadline_ms = request.value("deadline_ms", default_hold_deadline_ms);
-  if (deadline_ms <= 0 || deadline_ms > max_hold_deadline_ms) deadline_ms = default_hold_deadline_ms;
-  const auto deadline = clock::now() + std::chrono::milliseconds(deadline_ms);
-  work_gate& gate = the_gate();
-  const auto hold_start = clock::now();
-  if (!gate.close(deadline)) {
-    reply(fd, failure("the program did not quiesce within " + std::to_string(deadline_ms) + " ms"));
-    return;
-  }
-  std::vector<int> fds;
-  auto release = [&](const char* why) {
-    gate.open();
-    for (int f : fds) close(f);
-    const auto held = std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - hold_start).count();
-    log::info("control: program released after {} us ({})", held, why);
-    return held;
-  };
-
-  json pools = json::array();
-  const driver_api* d = driver();
-  for (const auto& p : active_pools()) {
-    p.pool->synchronize();
-    json allocations = json::array(), segments = json::array();
-    for (const auto& b : p.pool->live_blocks())
-      allocations.push_back({{"addr", hex(b.addr)}, {"size", b.requested}, {"api", name_of(static_cast<alloc_api>(b.tag))}});
-    std::uint64_t granularity = 0;
-    for (const auto& s : p.pool->segments()) {
-      int exported = -1;
-      const CUresult e = d->cuMemExportToShareableHandle(&exported, s.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-      if (e != CUDA_SUCCESS) {
-        release("export failed");
-        reply(fd, failure("exporting pool memory at " + hex(s.addr) + " failed: CUDA error " + std::to_string(e)));
-        return;
-      }
-      fds.push_back(exported);
-      segments.push_back({{"addr", hex(s.addr)}, {"size", s.size}});
-      if (granularity == 0 || s.size < granularity) granularity = s.size;
-    }
-    pools.push_back({{"device", p.ordinal},
-                     {"base", hex(p.pool->base())},
-                     {"size", p.pool->size()},
-                     {"granularity", large_alignment},
-                     {"allocations", allocations},
-                     {"segments", segments}});
-  }
-  // Several frames when there are more descriptors than one may carry.
+// Sends the hold's reply and the exported handles, in as many frames as the descriptors need.
+bool send_held(int fd, const control::dump_begin_reply& reply, const std::vector<int>& fds) {
   const std::size_t first = std::min<std::size_t>(fds.size(), protocol::max_fds_per_message);
-  json response = {{"ok", true}, {"pools", pools}, {"devices", json::array()}, {"fd_count", fds.size()}};
-  for (const auto& p : active_pools()) response["devices"].push_back(device_json(p.ordinal));
-  bool sent = reply(fd, response, {fds.begin(), fds.begin() + static_cast<long>(first)});
+  bool sent = send(fd, control::encode(reply), {fds.begin(), fds.begin() + static_cast<long>(first)});
   for (std::size_t i = first; sent && i < fds.size(); i += protocol::max_fds_per_message) {
     const std::size_t n = std::min<std::size_t>(fds.size() - i, protocol::max_fds_per_message);
-    sent = reply(fd, {{"op", "fds"}, {"count", n}},
-                 {fds.begin() + static_cast<long>(i), fds.begin() + static_cast<long>(i + n)});
+    sent = send(fd, control::encode(control::fds_frame{static_cast<std::uint32_t>(n)}),
+                {fds.begin() + static_cast<long>(i), fds.begin() + static_cast<long>(i + n)});
   }
-  for (int f : fds) close(f);  // the client has its own copies now
-  fds.clear();
+  return sent;
+}
+
+// dump_begin: the program is held until the client says dump_end (or suspend), goes away, or the
+// deadline passes; the gate is open again in every case but suspend.
+void serve_hold(int fd, const control::dump_begin_request& request) {
+  int deadline_ms = request.deadline_ms;
+  if (deadline_ms <= 0 || deadline_ms > max_hold_deadline_ms) deadline_ms = default_hold_deadline_ms;
+  const auto deadline = clock::now() + std::chrono::milliseconds(deadline_ms);
+  std::vector<int> fds;
+  auto held = hold(deadline, fds);
+  if (auto* refused = std::get_if<control::failure_reply>(&held)) {
+    close_all(fds);
+    send(fd, control::encode(*refused));
+    return;
+  }
+  const bool sent = send_held(fd, std::get<control::dump_begin_reply>(held), fds);
+  close_all(fds);  // the client has its own copies now
   if (!sent) {
     release("client gone before the handles were sent");
     return;
   }
 
   // Held until the client is done copying out of the GPU.
-  std::string payload, error;
+  std::string payload;
   std::vector<int> ignored;
+  protocol::failure error;
   const int left_ms = static_cast<int>(
       std::max<long>(0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now()).count()));
-  if (!protocol::recv_frame(fd, payload, ignored, left_ms, error)) {
-    for (int f : ignored) close(f);
-    release(error == "timed out" ? "deadline passed" : "client went away");
+  const bool received = protocol::recv_frame(fd, payload, ignored, left_ms, error);
+  close_all(ignored);
+  if (!received) {
+    release(error.kind == protocol::failure_kind::timed_out ? "deadline passed" : "client went away");
     return;
   }
-  for (int f : ignored) close(f);
-  json end = json::parse(payload, nullptr, false);
-  const std::string op = end.is_object() ? end.value("op", "") : "";
-  if (op == "suspend") {
-    // The gate stays closed: threads that call CUDA wait until resume.
-    const auto held = std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - hold_start).count();
-    reply(fd, suspend_now(end, held));
-    return;
+  const auto decoded = control::decode_request(payload);
+  const auto* next = std::get_if<control::request>(&decoded);
+  if (next != nullptr) {
+    if (const auto* s = std::get_if<control::suspend_request>(next)) {
+      // The gate stays closed: threads that call CUDA wait until resume.
+      send(fd, control::encode(suspend_held(s->image)));
+      return;
+    }
+    if (std::holds_alternative<control::dump_end_request>(*next)) {
+      send(fd, control::encode(control::dump_end_reply{release("dump finished")}));
+      return;
+    }
   }
-  const auto held = release("dump finished");
-  if (op != "dump_end") {
-    reply(fd, failure("expected dump_end or suspend"));
-    return;
-  }
-  reply(fd, {{"ok", true}, {"held_us", held}});
+  release("the client sent something else than dump_end or suspend");
+  send(fd, control::encode(control::failure_reply{control::refusal::bad_request, "expected dump_end or suspend"}));
+}
+
+// Answers one request; false when the connection is to be closed.
+bool serve_request(int fd, const control::request& request) {
+  return std::visit(
+      [&](const auto& r) -> bool {
+        using T = std::decay_t<decltype(r)>;
+        if constexpr (std::is_same_v<T, control::hello_request>) {
+          return send(fd, control::encode(describe_process()));
+        } else if constexpr (std::is_same_v<T, control::check_request>) {
+          return send(fd, control::encode(check_pools()));
+        } else if constexpr (std::is_same_v<T, control::dump_begin_request>) {
+          serve_hold(fd, r);
+          return true;
+        } else if constexpr (std::is_same_v<T, control::resume_request>) {
+          return std::visit([&](const auto& reply) { return send(fd, control::encode(reply)); }, resume());
+        } else {
+          // dump_end or suspend with no hold in progress.
+          static_assert(std::is_same_v<T, control::dump_end_request> || std::is_same_v<T, control::suspend_request>);
+          return send(fd, control::encode(control::failure_reply{
+                              control::refusal::not_held,
+                              "no dump in progress: the program was already released (the hold deadline passed)"}));
+        }
+      },
+      request);
 }
 
 void serve_client(int fd) {
   for (;;) {
-    std::string payload, error;
+    std::string payload;
     std::vector<int> fds;
+    protocol::failure error;
     if (!protocol::recv_frame(fd, payload, fds, idle_timeout_ms, error)) {
-      for (int f : fds) close(f);
-      if (error.rfind("connection closed", 0) != 0) log::debug("control: {}", error);
+      close_all(fds);
+      if (error.kind != protocol::failure_kind::connection_closed) log::debug("control: {}", error.text);
       return;
     }
-    for (int f : fds) close(f);  // clients send none
-    const json request = json::parse(payload, nullptr, false);
-    const std::string op = request.is_object() ? request.value("op", "") : "";
-    if (op == "hello") {
-      if (!reply(fd, hello())) return;
-    } else if (op == "dump_begin") {
-      serve_dump(fd, request);
-    } else if (op == "check") {
-      json problems = json::array();
-      for (const auto& p : active_pools())
-        if (std::string why = p.pool->check_invariants(); !why.empty())
-          problems.push_back("device " + std::to_string(p.ordinal) + ": " + why);
-      if (!reply(fd, {{"ok", true}, {"consistent", problems.empty()}, {"problems", problems}})) return;
-    } else if (op == "resume") {
-      if (!reply(fd, resume_now())) return;
-    } else if (op == "dump_end") {
-      if (!reply(fd, failure("no dump in progress: the program was already released (the hold deadline passed)")))
-        return;
-    } else {
-      if (!reply(fd, failure("unknown op '" + op + "'"))) return;
+    close_all(fds);  // clients send none
+    const auto decoded = control::decode_request(payload);
+    if (const auto* refused = std::get_if<control::failure_reply>(&decoded)) {
+      if (!send(fd, control::encode(*refused))) return;
+      continue;
     }
+    if (!serve_request(fd, std::get<control::request>(decoded))) return;
   }
 }
 
@@ -293,7 +163,7 @@ void serve(int listener) {
     try {
       serve_client(fd);
     } catch (...) {
-      if (!g_suspended) the_gate().open();  // never leave a running program held
+      if (!is_suspended()) the_gate().open();  // never leave a running program held
       log::warn("control: a request failed unexpectedly");
     }
     close(fd);
@@ -308,44 +178,48 @@ void remove_socket() {
 
 }  // namespace
 
-void start_control_server() {
+void start_control_server() noexcept {
   static std::once_flag once;
-  std::call_once(once, [] {
-    std::string error;
-    if (!protocol::ensure_runtime_dir(error)) {
-      log::warn("control: no control socket ({}); cuda-ckpt cannot reach this process", error);
-      return;
-    }
-    const std::string path = protocol::socket_path(getpid());
-    const int listener = protocol::listen_at(path, error);
-    if (listener < 0) {
-      log::warn("control: cannot listen at {} ({}); cuda-ckpt cannot reach this process", path, error);
-      return;
-    }
-    g_socket_path = path;
-    std::atexit(remove_socket);
-    // The server thread takes no signals: they stay the program's.
-    sigset_t all, previous;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &previous);
-    pthread_t thread;
-    const int started = pthread_create(
-        &thread, nullptr,
-        [](void* arg) -> void* {
-          serve(static_cast<int>(reinterpret_cast<std::intptr_t>(arg)));
-          return nullptr;
-        },
-        reinterpret_cast<void*>(static_cast<std::intptr_t>(listener)));
-    pthread_sigmask(SIG_SETMASK, &previous, nullptr);
-    if (started != 0) {
-      log::warn("control: cannot start the server thread ({})", started);
-      close(listener);
-      unlink(path.c_str());
-      return;
-    }
-    pthread_detach(thread);
-    log::info("control: listening at {}", path);
-  });
+  try {
+    std::call_once(once, [] {
+      protocol::failure error;
+      if (!protocol::ensure_runtime_dir(error)) {
+        log::warn("control: no control socket ({}); cuda-ckpt cannot reach this process", error.text);
+        return;
+      }
+      const std::string path = protocol::socket_path(getpid());
+      const int listener = protocol::listen_at(path, error);
+      if (listener < 0) {
+        log::warn("control: cannot listen at {} ({}); cuda-ckpt cannot reach this process", path, error.text);
+        return;
+      }
+      g_socket_path = path;
+      std::atexit(remove_socket);
+      // The server thread takes no signals: they stay the program's.
+      sigset_t all, previous;
+      sigfillset(&all);
+      pthread_sigmask(SIG_SETMASK, &all, &previous);
+      pthread_t thread;
+      const int started = pthread_create(
+          &thread, nullptr,
+          [](void* arg) -> void* {
+            serve(static_cast<int>(reinterpret_cast<std::intptr_t>(arg)));
+            return nullptr;
+          },
+          reinterpret_cast<void*>(static_cast<std::intptr_t>(listener)));
+      pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+      if (started != 0) {
+        log::warn("control: cannot start the server thread ({})", started);
+        close(listener);
+        unlink(path.c_str());
+        return;
+      }
+      pthread_detach(thread);
+      log::info("control: listening at {}", path);
+    });
+  } catch (...) {
+    log::warn("control: cannot start the control server (out of memory); cuda-ckpt cannot reach this process");
+  }
 }
 
 }  // namespace vmmckpt::detail

@@ -5,6 +5,6 @@ namespace vmmckpt::detail {
 
 // Starts the server once, on the process's first CUDA use. Failure is logged
 // and leaves the program running without it.
-void start_control_server();
+void start_control_server() noexcept;
 
 }  // namespace vmmckpt::detail

@@ -2,7 +2,7 @@
 #include "cuda_backend.hpp"
 
 #include "gate.hpp"
-#include "log.hpp"
+#include "vmmckpt/log.hpp"
 #include "real_symbols.hpp"
 
 namespace vmmckpt::detail {

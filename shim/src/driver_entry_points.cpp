@@ -3,7 +3,7 @@
 
 #include "entry_points.hpp"
 #include "gate.hpp"
-#include "restore_loader.hpp"
+#include "restore_at_start.hpp"
 #include "vmmckpt/pool_layout.hpp"
 
 namespace vmmckpt::detail {

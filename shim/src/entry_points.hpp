@@ -6,7 +6,7 @@
 #include <atomic>
 #include <new>
 
-#include "log.hpp"
+#include "vmmckpt/log.hpp"
 #include "pools.hpp"
 #include "real_symbols.hpp"
 #include "vmmckpt/alloc_api.hpp"
@@ -43,7 +43,7 @@ inline constexpr std::size_t pitch_alignment = 512;
   do {                                                                                            \
     static std::atomic<bool> said{false};                                                         \
     if (!said.exchange(true))                                                                     \
-      ::vmmckpt::detail::log::warn("{} is not served by the pool: that memory passes through and " \
+      ::vmmckpt::log::warn("{} is not served by the pool: that memory passes through and " \
                                    "is not part of checkpoints",                                  \
                                    what);                                                         \
   } while (0)

@@ -6,7 +6,6 @@
 // toolkit (shim/gen/gen_gated_entry_points.py).
 #define __CUDA_API_VERSION_INTERNAL 1  // exact exported names, no macro renaming
 #include <cuda.h>
-#include <dlfcn.h>
 
 #include <atomic>
 #include <string_view>
@@ -15,20 +14,15 @@
 #include "entry_points.hpp"
 #include "gate.hpp"
 #include "gated_entry_points.hpp"
-#include "restore_loader.hpp"
+#include "restore_at_start.hpp"
 
 namespace vmmckpt::detail {
 namespace {
 
-void* libcuda_handle() {
-  static void* handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  return handle;
-}
-
-void* load_real(std::atomic<void*>& slot, const char* name) {
+void* load_real(std::atomic<void*>& slot, const char* name) noexcept {
   void* p = slot.load(std::memory_order_acquire);
-  if (p == nullptr && libcuda_handle() != nullptr) {
-    p = real_dlsym(libcuda_handle(), name);
+  if (p == nullptr && driver_library() != nullptr) {
+    p = real_dlsym(driver_library(), name);
     slot.store(p, std::memory_order_release);
   }
   return p;
@@ -46,9 +40,11 @@ void* load_real(std::atomic<void*>& slot, const char* name) {
     auto vmmckpt_real = reinterpret_cast<vmmckpt_real_t>(                                  \
         vmmckpt::detail::load_real(vmmckpt::detail::real::name, #name));                   \
     if (vmmckpt_real == nullptr) return CUDA_ERROR_NOT_INITIALIZED;                        \
-    if (!vmmckpt::detail::restore_ready()) return CUDA_ERROR_OUT_OF_MEMORY;                \
-    vmmckpt::detail::gate_scope vmmckpt_scope;                                             \
-    return vmmckpt_real args;                                                              \
+    return vmmckpt::detail::guarded(CUDA_ERROR_UNKNOWN, [&] {                              \
+      if (!vmmckpt::detail::restore_ready()) return CUDA_ERROR_OUT_OF_MEMORY;              \
+      vmmckpt::detail::gate_scope vmmckpt_scope;                                           \
+      return vmmckpt_real args;                                                            \
+    });                                                                                    \
   }
 #include "gated_entry_points.inc"
 #undef VMMCKPT_GATED
@@ -83,13 +79,22 @@ const std::unordered_map<void*, void*>& by_real_pointer() {
 
 }  // namespace
 
-void* gated_substitute_for_pointer(void* real) {
-  const auto& map = by_real_pointer();
+void* gated_substitute_for_pointer(void* real) noexcept {
+  // Built on the first lookup; out of memory then, nothing is substituted (the driver's own passes).
+  static const std::unordered_map<void*, void*>* map_or_null = []() noexcept -> const std::unordered_map<void*, void*>* {
+    try {
+      return &by_real_pointer();
+    } catch (...) {
+      return nullptr;
+    }
+  }();
+  if (map_or_null == nullptr) return nullptr;
+  const auto& map = *map_or_null;
   const auto it = map.find(real);
   return it == map.end() ? nullptr : it->second;
 }
 
-void* gated_substitute_for_name(std::string_view name) {
+void* gated_substitute_for_name(std::string_view name) noexcept {
   for (const auto& e : gated_entries)
     if (e.name == name) return e.ours;
   return nullptr;

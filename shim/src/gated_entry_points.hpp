@@ -6,8 +6,8 @@
 namespace vmmckpt::detail {
 
 // Our gated wrapper for a real driver function pointer, or null.
-void* gated_substitute_for_pointer(void* real);
+void* gated_substitute_for_pointer(void* real) noexcept;
 // Our gated wrapper for an exported driver name (exact ABI name), or null.
-void* gated_substitute_for_name(std::string_view name);
+void* gated_substitute_for_name(std::string_view name) noexcept;
 
 }  // namespace vmmckpt::detail

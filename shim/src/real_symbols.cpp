@@ -5,51 +5,52 @@
 #include <link.h>
 
 #include <cstring>
-#include <mutex>
 #include <string>
 
-#include "log.hpp"
+#include "vmmckpt/log.hpp"
+
+// glibc's own dlsym, found by resolvers.cpp at load (or by the first dlsym(RTLD_NEXT, ...)).
+extern "C" {
+extern __attribute__((visibility("hidden"))) void* vmmckpt_glibc_dlsym;
+__attribute__((visibility("hidden"))) void* vmmckpt_find_glibc_dlsym() noexcept;
+}
 
 namespace vmmckpt::detail {
 namespace {
 
 using dlsym_fn = void* (*)(void*, const char*);
 
-// Not instrumented by ASan: the dlsym we export is called by the ASan runtime itself before it has
-// set up its shadow memory (scripts/sanitize.sh), and it lands here.
-__attribute__((no_sanitize_address)) dlsym_fn glibc_dlsym() {
-  static const dlsym_fn fn = []() __attribute__((no_sanitize_address)) {
-    // The versioned lookup reaches glibc's dlsym even though the shim exports one.
-    void* p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
-    if (p == nullptr) p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
-    if (p == nullptr) p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.17");  // arm64
-    return reinterpret_cast<dlsym_fn>(p);
-  }();
-  return fn;
-}
+struct loaded_driver {
+  void* handle = nullptr;
+  driver_api api;
+  bool complete = false;
+};
 
-const driver_api* load_driver() {
-  void* handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (handle == nullptr) {
-    const char* why = dlerror();
-    log::error("cannot load libcuda.so.1: {}", why ? why : "unknown reason");
-    return nullptr;
-  }
-  static driver_api api;
-  bool complete = true;
+const loaded_driver& load_driver() noexcept {
+  static const loaded_driver loaded = []() noexcept {
+    loaded_driver d;
+    d.handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (d.handle == nullptr) {
+      const char* why = dlerror();
+      log::error("cannot load libcuda.so.1: {}", why ? why : "unknown reason");
+      return d;
+    }
+    d.complete = true;
 #define VMMCKPT_LOAD(name)                                                                 \
-  api.name = reinterpret_cast<decltype(api.name)>(real_dlsym(handle, #name));             \
-  if (api.name == nullptr) {                                                              \
+  d.api.name = reinterpret_cast<decltype(d.api.name)>(real_dlsym(d.handle, #name));       \
+  if (d.api.name == nullptr) {                                                            \
     log::error("libcuda.so.1 has no {}: driver too old for vmmckpt", #name);              \
-    complete = false;                                                                     \
+    d.complete = false;                                                                   \
   }
-  VMMCKPT_DRIVER_FUNCTIONS(VMMCKPT_LOAD)
+    VMMCKPT_DRIVER_FUNCTIONS(VMMCKPT_LOAD)
 #undef VMMCKPT_LOAD
-#define VMMCKPT_LOAD_OPTIONAL(name) api.name = reinterpret_cast<decltype(api.name)>(real_dlsym(handle, #name));
-  VMMCKPT_OPTIONAL_DRIVER_FUNCTIONS(VMMCKPT_LOAD_OPTIONAL)
+#define VMMCKPT_LOAD_OPTIONAL(name) d.api.name = reinterpret_cast<decltype(d.api.name)>(real_dlsym(d.handle, #name));
+    VMMCKPT_OPTIONAL_DRIVER_FUNCTIONS(VMMCKPT_LOAD_OPTIONAL)
 #undef VMMCKPT_LOAD_OPTIONAL
-  api.cuGetProcAddress_v1 = reinterpret_cast<get_proc_address_v1_fn>(real_dlsym(handle, "cuGetProcAddress"));
-  return complete ? &api : nullptr;
+    d.api.cuGetProcAddress_v1 = reinterpret_cast<get_proc_address_v1_fn>(real_dlsym(d.handle, "cuGetProcAddress"));
+    return d;
+  }();
+  return loaded;
 }
 
 int find_cudart(dl_phdr_info* info, size_t, void* out) {
@@ -64,27 +65,36 @@ int find_cudart(dl_phdr_info* info, size_t, void* out) {
 
 }  // namespace
 
-__attribute__((no_sanitize_address)) void* real_dlsym(void* handle, const char* name) {
-  const dlsym_fn fn = glibc_dlsym();
-  return fn ? fn(handle, name) : nullptr;
+// Not instrumented by ASan: the dlsym we export is called by the ASan runtime itself before it has
+// set up its shadow memory (scripts/sanitize.sh), and it lands here.
+__attribute__((no_sanitize_address)) void* real_dlsym(void* handle, const char* name) noexcept {
+  void* fn = __atomic_load_n(&vmmckpt_glibc_dlsym, __ATOMIC_ACQUIRE);
+  if (fn == nullptr) fn = vmmckpt_find_glibc_dlsym();
+  return fn ? reinterpret_cast<dlsym_fn>(fn)(handle, name) : nullptr;
 }
 
-const driver_api* driver() {
-  static const driver_api* api = load_driver();
-  return api;
+const driver_api* driver() noexcept {
+  const loaded_driver& d = load_driver();
+  return d.complete ? &d.api : nullptr;
 }
 
-void* runtime_symbol::resolve() {
+void* driver_library() noexcept { return load_driver().handle; }
+
+void* runtime_symbol::resolve() noexcept {
   void* p = real_dlsym(RTLD_NEXT, name_);
   if (p == nullptr) {
-    std::string path;
-    dl_iterate_phdr(find_cudart, &path);
-    if (!path.empty()) {
-      // RTLD_NOLOAD: only a libcudart the program already has; never load one.
-      if (void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD)) {
-        p = real_dlsym(handle, name_);
-        dlclose(handle);
+    try {
+      std::string path;
+      dl_iterate_phdr(find_cudart, &path);
+      if (!path.empty()) {
+        // RTLD_NOLOAD: only a libcudart the program already has; never load one.
+        if (void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD)) {
+          p = real_dlsym(handle, name_);
+          dlclose(handle);
+        }
       }
+    } catch (...) {
+      return nullptr;  // no memory for the path: not found this time
     }
   }
   if (p != nullptr) address_.store(p, std::memory_order_release);

@@ -1,53 +1,21 @@
 // The real driver and runtime entry points, found at run time: the shim links neither libcuda nor libcudart.
 #pragma once
 
-#include <cuda.h>
-
 #include <atomic>
 
-// ABIs that cuda.h hides behind macros or only declares for its own build.
-extern "C" {
-CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUstream stream);
-CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream);
-CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream stream);
-}
-namespace vmmckpt::detail {
-using get_proc_address_v1_fn = CUresult(CUDAAPI*)(const char*, void**, int, cuuint64_t);
-}
-
-#define VMMCKPT_DRIVER_FUNCTIONS(X)                                                                   \
-  X(cuInit) X(cuGetProcAddress_v2) X(cuDeviceGet) X(cuDevicePrimaryCtxRetain) X(cuCtxGetCurrent)      \
-  X(cuCtxGetDevice) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2) X(cuCtxSynchronize)                 \
-  X(cuMemGetInfo_v2) X(cuMemAlloc_v2) X(cuMemFree_v2) X(cuMemAllocPitch_v2) X(cuMemGetAddressRange_v2) \
-  X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease) X(cuMemMap) X(cuMemUnmap) \
-  X(cuMemSetAccess) X(cuMemGetAllocationGranularity) X(cuMemExportToShareableHandle) X(cuDeviceGetName)  \
-  X(cuDeviceGetAttribute) X(cuMemcpyHtoD_v2) X(cuMemHostAlloc) X(cuMemFreeHost)                      \
-  X(cuMemHostRegister_v2) X(cuMemHostUnregister) X(cuCtxSetCurrent) X(cuStreamCreate)                 \
-  X(cuStreamDestroy_v2) X(cuStreamSynchronize) X(cuMemcpyHtoDAsync_v2) X(cuEventCreate)               \
-  X(cuEventRecord) X(cuEventSynchronize) X(cuEventDestroy_v2)
-// Present only in newer drivers, or not on every platform: may stay null.
-#define VMMCKPT_OPTIONAL_DRIVER_FUNCTIONS(X)                                                        \
-  X(cuCtxSynchronize_v2) X(cuStreamGetDevice) X(cuMemAllocAsync) X(cuMemAllocAsync_ptsz)            \
-  X(cuMemFreeAsync) X(cuMemFreeAsync_ptsz) X(cuMemAllocManaged) X(cuMemPoolCreate)                  \
-  X(cuMemAllocFromPoolAsync) X(cuMemAllocFromPoolAsync_ptsz) X(cuArrayCreate_v2) X(cuArray3DCreate_v2) \
-  X(cuMipmappedArrayCreate) X(cuDeviceGetUuid_v2) X(cuPointerGetAttribute) X(cuPointerGetAttributes)
+#include "vmmckpt/driver_api.hpp"
 
 namespace vmmckpt::detail {
-
-struct driver_api {
-#define VMMCKPT_DECLARE(name) decltype(&::name) name = nullptr;
-  VMMCKPT_DRIVER_FUNCTIONS(VMMCKPT_DECLARE)
-  VMMCKPT_OPTIONAL_DRIVER_FUNCTIONS(VMMCKPT_DECLARE)
-#undef VMMCKPT_DECLARE
-  get_proc_address_v1_fn cuGetProcAddress_v1 = nullptr;  // cuda.h macro-renames the plain name
-};
 
 // The real driver, loaded on first use. Null when libcuda.so.1 cannot be
 // loaded or lacks a required entry point (logged once).
-const driver_api* driver();
+const driver_api* driver() noexcept;
+// The dlopen handle of that libcuda.so.1, for looking up entry points the table does not list;
+// null when it could not be loaded.
+void* driver_library() noexcept;
 
 // glibc's dlsym, bypassing the shim's own.
-void* real_dlsym(void* handle, const char* name);
+void* real_dlsym(void* handle, const char* name) noexcept;
 
 // A runtime (libcudart) function, looked up when first needed: libcudart may
 // be loaded after the shim, and privately (RTLD_LOCAL, as Python extensions
@@ -56,14 +24,14 @@ class runtime_symbol {
  public:
   explicit constexpr runtime_symbol(const char* name) : name_(name) {}
   template <typename Fn>
-  Fn get() {
+  Fn get() noexcept {
     void* p = address_.load(std::memory_order_acquire);
     if (p == nullptr) p = resolve();
     return reinterpret_cast<Fn>(p);
   }
 
  private:
-  void* resolve();
+  void* resolve() noexcept;
   const char* name_;
   std::atomic<void*> address_{nullptr};
 };

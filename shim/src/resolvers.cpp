@@ -13,14 +13,13 @@
 
 #include "entry_points.hpp"
 #include "gated_entry_points.hpp"
+#include "served_entry_points.hpp"
 
 #undef cuGetProcAddress  // cuda.h renames it to _v2; the v1 ABI is exported too
 // cudaGetDriverEntryPoint is deprecated, and still called by programs: we serve it.
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 
 extern "C" {
-cudaError_t CUDARTAPI cudaMallocAsync_ptsz(void** dev_ptr, size_t size, cudaStream_t stream);
-cudaError_t CUDARTAPI cudaFreeAsync_ptsz(void* dev_ptr, cudaStream_t stream);
 CUresult CUDAAPI cuGetProcAddress(const char* symbol, void** pfn, int cuda_version, cuuint64_t flags);
 cudaError_t CUDARTAPI cudaGetDriverEntryPoint_ptsz(const char* symbol, void** func, unsigned long long flags,
                                                    cudaDriverEntryPointQueryResult* status);
@@ -32,101 +31,27 @@ cudaError_t CUDARTAPI cudaGetDriverEntryPointByVersion_ptsz(const char* symbol, 
 namespace vmmckpt::detail {
 namespace {
 
-// A driver entry point by its cuGetProcAddress name: the ABI introduced in
-// `since` (a CUDA version) is the one we implement, until the next row's.
-struct driver_substitute {
-  std::string_view name;
-  int since;
-  void* legacy;
-  void* per_thread;  // the _ptsz twin where the stream semantics differ
-};
-
-#define VMMCKPT_FN(f) reinterpret_cast<void*>(&f)
-const driver_substitute driver_substitutes[] = {
-    {"cuMemAlloc", 3020, VMMCKPT_FN(cuMemAlloc_v2), nullptr},
-    {"cuMemAllocPitch", 3020, VMMCKPT_FN(cuMemAllocPitch_v2), nullptr},
-    {"cuMemFree", 3020, VMMCKPT_FN(cuMemFree_v2), nullptr},
-    {"cuMemGetInfo", 3020, VMMCKPT_FN(cuMemGetInfo_v2), nullptr},
-    {"cuMemGetAddressRange", 3020, VMMCKPT_FN(cuMemGetAddressRange_v2), nullptr},
-    {"cuPointerGetAttribute", 4000, VMMCKPT_FN(cuPointerGetAttribute), nullptr},
-    {"cuPointerGetAttributes", 7000, VMMCKPT_FN(cuPointerGetAttributes), nullptr},
-    {"cuMemAllocAsync", 11020, VMMCKPT_FN(cuMemAllocAsync), VMMCKPT_FN(cuMemAllocAsync_ptsz)},
-    {"cuMemFreeAsync", 11020, VMMCKPT_FN(cuMemFreeAsync), VMMCKPT_FN(cuMemFreeAsync_ptsz)},
-    {"cuGetProcAddress", 11030, VMMCKPT_FN(cuGetProcAddress), nullptr},
-    {"cuGetProcAddress", 12000, VMMCKPT_FN(cuGetProcAddress_v2), nullptr},
-    {"cuMemAllocManaged", 6000, VMMCKPT_FN(cuMemAllocManaged), nullptr},
-    {"cuMemCreate", 10020, VMMCKPT_FN(cuMemCreate), nullptr},
-    {"cuMemPoolCreate", 11020, VMMCKPT_FN(cuMemPoolCreate), nullptr},
-    {"cuMemAllocFromPoolAsync", 11020, VMMCKPT_FN(cuMemAllocFromPoolAsync), VMMCKPT_FN(cuMemAllocFromPoolAsync_ptsz)},
-    {"cuArrayCreate", 3020, VMMCKPT_FN(cuArrayCreate_v2), nullptr},
-    {"cuArray3DCreate", 3020, VMMCKPT_FN(cuArray3DCreate_v2), nullptr},
-    {"cuMipmappedArrayCreate", 5000, VMMCKPT_FN(cuMipmappedArrayCreate), nullptr},
-};
-
-// Exact exported names, for dlsym.
-struct symbol_substitute {
-  std::string_view name;
-  void* ours;
-};
-const symbol_substitute symbol_substitutes[] = {
-    {"cuMemAlloc_v2", VMMCKPT_FN(cuMemAlloc_v2)},
-    {"cuMemAllocPitch_v2", VMMCKPT_FN(cuMemAllocPitch_v2)},
-    {"cuMemFree_v2", VMMCKPT_FN(cuMemFree_v2)},
-    {"cuMemGetInfo_v2", VMMCKPT_FN(cuMemGetInfo_v2)},
-    {"cuMemGetAddressRange_v2", VMMCKPT_FN(cuMemGetAddressRange_v2)},
-    {"cuPointerGetAttribute", VMMCKPT_FN(cuPointerGetAttribute)},
-    {"cuPointerGetAttributes", VMMCKPT_FN(cuPointerGetAttributes)},
-    {"cuMemAllocAsync", VMMCKPT_FN(cuMemAllocAsync)},
-    {"cuMemAllocAsync_ptsz", VMMCKPT_FN(cuMemAllocAsync_ptsz)},
-    {"cuMemFreeAsync", VMMCKPT_FN(cuMemFreeAsync)},
-    {"cuMemFreeAsync_ptsz", VMMCKPT_FN(cuMemFreeAsync_ptsz)},
-    {"cuGetProcAddress", VMMCKPT_FN(cuGetProcAddress)},
-    {"cuGetProcAddress_v2", VMMCKPT_FN(cuGetProcAddress_v2)},
-    {"cuMemAllocManaged", VMMCKPT_FN(cuMemAllocManaged)},
-    {"cuMemCreate", VMMCKPT_FN(cuMemCreate)},
-    {"cuMemPoolCreate", VMMCKPT_FN(cuMemPoolCreate)},
-    {"cuMemAllocFromPoolAsync", VMMCKPT_FN(cuMemAllocFromPoolAsync)},
-    {"cuMemAllocFromPoolAsync_ptsz", VMMCKPT_FN(cuMemAllocFromPoolAsync_ptsz)},
-    {"cuArrayCreate_v2", VMMCKPT_FN(cuArrayCreate_v2)},
-    {"cuArray3DCreate_v2", VMMCKPT_FN(cuArray3DCreate_v2)},
-    {"cuMipmappedArrayCreate", VMMCKPT_FN(cuMipmappedArrayCreate)},
-    {"cudaMalloc", VMMCKPT_FN(cudaMalloc)},
-    {"cudaMallocPitch", VMMCKPT_FN(cudaMallocPitch)},
-    {"cudaMallocAsync", VMMCKPT_FN(cudaMallocAsync)},
-    {"cudaMallocAsync_ptsz", VMMCKPT_FN(cudaMallocAsync_ptsz)},
-    {"cudaFree", VMMCKPT_FN(cudaFree)},
-    {"cudaFreeAsync", VMMCKPT_FN(cudaFreeAsync)},
-    {"cudaFreeAsync_ptsz", VMMCKPT_FN(cudaFreeAsync_ptsz)},
-    {"cudaMemGetInfo", VMMCKPT_FN(cudaMemGetInfo)},
-    {"cudaGetDriverEntryPoint", VMMCKPT_FN(cudaGetDriverEntryPoint)},
-    {"cudaGetDriverEntryPoint_ptsz", VMMCKPT_FN(cudaGetDriverEntryPoint_ptsz)},
-    {"cudaGetDriverEntryPointByVersion", VMMCKPT_FN(cudaGetDriverEntryPointByVersion)},
-    {"cudaGetDriverEntryPointByVersion_ptsz", VMMCKPT_FN(cudaGetDriverEntryPointByVersion_ptsz)},
-};
-#undef VMMCKPT_FN
-
 // The shim's function for a cuGetProcAddress-style request, or null.
-void* driver_substitute_for(const char* symbol, int cuda_version, cuuint64_t flags, void* real) {
+void* driver_substitute_for(const char* symbol, int cuda_version, cuuint64_t flags, void* real) noexcept {
   if (symbol == nullptr || real == nullptr || !shim_active()) return nullptr;
   const std::string_view name(symbol);
-  const driver_substitute* best = nullptr;
-  for (const auto& s : driver_substitutes)
-    if (s.name == name && s.since <= cuda_version && (best == nullptr || s.since > best->since)) best = &s;
+  const served_entry* best = nullptr;
+  for (const auto& e : served_entries())
+    if (e.proc_name != nullptr && e.proc_name == name && e.since <= cuda_version &&
+        (best == nullptr || e.since > best->since))
+      best = &e;
   if (best == nullptr) {
     void* gated = gated_substitute_for_pointer(real);
     if (gated != nullptr) log::debug("resolver: {} (CUDA {}) passes the gate", symbol, cuda_version);
     return gated;
   }
-  void* ours = best->legacy;
-  if (best->per_thread != nullptr) {
-    // Match the stream semantics the driver chose: compare with its _ptsz twin.
-    const driver_api* d = driver();
+  void* ours = best->ours;
+  if (best->twin != nullptr) {
+    // Match the stream semantics the driver chose: compare with its per-thread twin.
     const bool per_thread = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0 ||
-                            (d != nullptr && ((name == "cuMemAllocAsync" && real == reinterpret_cast<void*>(d->cuMemAllocAsync_ptsz)) ||
-                                              (name == "cuMemFreeAsync" && real == reinterpret_cast<void*>(d->cuMemFreeAsync_ptsz)) ||
-                                              (name == "cuMemAllocFromPoolAsync" &&
-                                               real == reinterpret_cast<void*>(d->cuMemAllocFromPoolAsync_ptsz))));
-    if (per_thread) ours = best->per_thread;
+                            (driver_library() != nullptr && real == real_dlsym(driver_library(), best->twin));
+    if (per_thread)
+      if (const served_entry* twin = served_by_symbol(best->twin)) ours = twin->ours;
   }
   if (ours != real) log::debug("resolver: {} (CUDA {}) served by the pool", symbol, cuda_version);
   return ours;
@@ -176,6 +101,7 @@ cudaError_t get_entry_point_by_version(runtime_symbol& real, bool per_thread_bui
 }  // namespace
 }  // namespace vmmckpt::detail
 
+using namespace vmmckpt;
 using namespace vmmckpt::detail;
 
 VMMCKPT_EXPORT CUresult CUDAAPI cuGetProcAddress_v2(const char* symbol, void** pfn, int cuda_version,
@@ -241,22 +167,20 @@ VMMCKPT_EXPORT cudaError_t CUDARTAPI cudaGetDriverEntryPointByVersion_ptsz(const
 
 extern "C" {
 __attribute__((visibility("hidden"))) void* vmmckpt_glibc_dlsym = nullptr;
-__attribute__((visibility("hidden"))) void* vmmckpt_dlsym_impl(void* handle, const char* name);
+__attribute__((visibility("hidden"))) void* vmmckpt_dlsym_impl(void* handle, const char* name) noexcept;
 }
 
 // No ASan instrumentation on the path every early lookup takes: the ASan runtime resolves its
 // interceptors with dlsym before our constructor and before its shadow memory exists.
-__attribute__((no_sanitize_address)) void* vmmckpt_dlsym_impl(void* handle, const char* name) {
+__attribute__((no_sanitize_address)) void* vmmckpt_dlsym_impl(void* handle, const char* name) noexcept {
   void* real = real_dlsym(handle, name);
   // Every name we substitute starts with "cu"; other lookups return at once.
   if (real == nullptr || name == nullptr || name[0] != 'c' || name[1] != 'u') return real;
   if (!shim_active()) return real;
   const std::string_view wanted(name);
-  for (const auto& s : symbol_substitutes) {
-    if (s.name == wanted) {
-      if (s.ours != real) log::debug("dlsym: {} served by the pool", name);
-      return s.ours;
-    }
+  if (const served_entry* e = served_by_symbol(wanted)) {
+    if (e->ours != real) log::debug("dlsym: {} served by the pool", name);
+    return e->ours;
   }
   if (void* gated = gated_substitute_for_name(wanted)) return gated;
   return real;
@@ -265,7 +189,7 @@ __attribute__((no_sanitize_address)) void* vmmckpt_dlsym_impl(void* handle, cons
 // Filled at load (no thread, file or socket: the shim stays inert), or by the first
 // dlsym(RTLD_NEXT, ...) when that comes earlier: libraries initialised before us (the ASan runtime,
 // any interposer) must get the symbol after *them*, not after the shim.
-extern "C" __attribute__((visibility("hidden"), no_sanitize_address)) void* vmmckpt_find_glibc_dlsym() {
+extern "C" __attribute__((visibility("hidden"), no_sanitize_address)) void* vmmckpt_find_glibc_dlsym() noexcept {
   void* p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
   if (p == nullptr) p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
   if (p == nullptr) p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.17");

@@ -164,7 +164,7 @@ TEST_CASE("a program that exits during the dump: a clear error and no image", "[
   // The tool pauses while it holds the program; the program dies meanwhile.
   background_process tool({"sh", "-c", "exec '" + cuda_ckpt + "' dump " + std::to_string(pid) + " -o '" +
                            out.string() + "' 2>" + (dir.path / "tool.err").string()},
-                          {{"VMMCKPT_TEST_PAUSE_HELD_MS", "1500"}});
+                          {{"VMMCKPT_TEST_FAULT", "releasing=pause:1500"}});
   usleep(500'000);
   kill(pid, SIGKILL);
   REQUIRE(tool.wait() == 1);
@@ -211,7 +211,7 @@ TEST_CASE("a dump tool killed while holding the program: the program goes on", "
   auto program = start_writer();
   const fs::path out = dir.path / "image";
   background_process tool({cuda_ckpt, "dump", std::to_string(program->pid()), "-o", out.string()},
-                          {{"VMMCKPT_TEST_PAUSE_HELD_MS", "5000"}});
+                          {{"VMMCKPT_TEST_FAULT", "releasing=pause:5000"}});
   usleep(700'000);
   kill(tool.pid(), SIGKILL);
   tool.wait();
@@ -227,7 +227,7 @@ TEST_CASE("the hold deadline releases the program even when the tool stalls", "[
   const fs::path out = dir.path / "image";
   const auto start = std::chrono::steady_clock::now();
   const auto r = run_process({cuda_ckpt, "dump", std::to_string(program->pid()), "-o", out.string(), "--deadline", "1"},
-                             {{"VMMCKPT_TEST_PAUSE_HELD_MS", "3000"}});
+                             {{"VMMCKPT_TEST_FAULT", "releasing=pause:3000"}});
   INFO(describe(r));
   REQUIRE(r.exit_code == 1);  // the program was released before the tool said it was done
   REQUIRE(r.err.find("hold deadline passed") != std::string::npos);

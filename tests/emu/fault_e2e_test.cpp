@@ -41,7 +41,7 @@ void require_no_valid_leftover(const fs::path& out) {
 }
 
 process_result killed_at(const std::string& phase, const std::vector<std::string>& argv) {
-  const auto r = run_process(argv, {{"VMMCKPT_TEST_KILL_AT", phase}}, 120);
+  const auto r = run_process(argv, {{"VMMCKPT_TEST_FAULT", phase}}, 120);
   INFO(describe(r));
   REQUIRE(r.signal == SIGKILL);  // it really died at that point
   usleep(100'000);              // the program notices the closed connection
@@ -105,7 +105,7 @@ TEST_CASE("resume: the tool killed after asking leaves the program resumed", "[e
   auto program = start_writer();
   const std::string pid = std::to_string(program->pid());
   REQUIRE(run_process({cuda_ckpt, "suspend", pid, "-o", (dir.path / "image").string()}).exit_code == 0);
-  killed_at("resuming", {cuda_ckpt, "resume", pid});
+  killed_at("requested:resume", {cuda_ckpt, "resume", pid});
   // The program finishes the resume on its own; it does not need the tool for it.
   for (int i = 0; i < 50 && state_of(program->pid()).at("state") != "running"; ++i) usleep(100'000);
   REQUIRE(state_of(program->pid()).at("state") == "running");

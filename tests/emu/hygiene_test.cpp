@@ -29,23 +29,16 @@ std::string read_file(const char* path) {
   return text.str();
 }
 
-// The names the shim means to export: those listed by name under `global:` in
-// the version script (its wildcards are for the gated list), and the gated
-// entry points of gated_entry_points.inc.
+// The names the shim means to export: dlsym and every entry of its two lists, served_entry_points.inc
+// and gated_entry_points.inc (the version script is generated from the same lists).
 std::set<std::string> intended_exports() {
-  const std::string map = read_file(VMMCKPT_VERSION_SCRIPT);
-  const auto begin = map.find("global:");
-  const auto end = map.find("local:");
-  std::string body = map.substr(begin + 7, end - begin - 7);
-  body = std::regex_replace(body, std::regex(R"(/\*[^*]*\*/)"), " ");
-  std::set<std::string> names;
-  const std::regex entry(R"(([A-Za-z_][A-Za-z0-9_]*)(\*?);)");
-  for (auto it = std::sregex_iterator(body.begin(), body.end(), entry); it != std::sregex_iterator(); ++it)
-    if ((*it)[2].length() == 0) names.insert((*it)[1].str());
-  const std::string gated = read_file(VMMCKPT_GATED_LIST);
-  const std::regex gated_entry(R"(VMMCKPT_GATED\((\w+),)");
-  for (auto it = std::sregex_iterator(gated.begin(), gated.end(), gated_entry); it != std::sregex_iterator(); ++it)
-    names.insert((*it)[1].str());
+  std::set<std::string> names = {"dlsym"};
+  for (const char* list : {VMMCKPT_SERVED_LIST, VMMCKPT_GATED_LIST}) {
+    const std::string text = read_file(list);
+    const std::regex entry(R"(\n(VMMCKPT_SERVED_DRIVER|VMMCKPT_SERVED_RUNTIME|VMMCKPT_GATED)\((\w+)[,)])");
+    for (auto it = std::sregex_iterator(text.begin(), text.end(), entry); it != std::sregex_iterator(); ++it)
+      names.insert((*it)[2].str());
+  }
   return names;
 }
 
@@ -81,4 +74,22 @@ TEST_CASE("the shim links neither libcuda, libcudart, spdlog nor fmt", "[emu][hy
   // And no undefined CUDA symbol waits for a library to provide it.
   const auto undefined = run_process({"sh", "-c", "nm -D --undefined-only '" + shim + "' | grep -c ' cu' || true"});
   REQUIRE(undefined.out == "0\n");
+}
+
+TEST_CASE("every served entry point is reached through every door", "[emu][hygiene]") {
+  const std::string programs = std::string(VMMCKPT_BUILD_DIR) + "/tests/programs";
+  const auto r = run_process({std::string(VMMCKPT_BUILD_DIR) + "/bin/cuda-ckpt", "run", "--",
+                              programs + "/emu_served_doors", programs + "/fake-cudart/libcudart.so.13"});
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_code == 0);
+  REQUIRE(r.out.find("mismatches 0") != std::string::npos);
+}
+
+TEST_CASE("entry points called while every allocation fails return a code and work again after", "[emu][hygiene]") {
+  const auto r = run_process({std::string(VMMCKPT_BUILD_DIR) + "/bin/cuda-ckpt", "run", "--",
+                              std::string(VMMCKPT_BUILD_DIR) + "/tests/programs/emu_no_memory"},
+                             {{"VMMCKPT_LOG_LEVEL", "trace"}});
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_code == 0);
+  REQUIRE(r.out.find("survived") != std::string::npos);
 }

@@ -43,7 +43,7 @@ TEST_CASE("a client of another uid is refused by the program, and the refusal is
   const pid_t child = ::fork();
   if (child == 0) {
     if (::setgid(65534) != 0 || ::setuid(65534) != 0) _exit(3);
-    std::string error;
+    vmmckpt::protocol::failure error;
     const int fd = vmmckpt::protocol::connect_to(path, error);
     if (fd < 0) _exit(4);
     vmmckpt::protocol::send_frame(fd, R"({"op":"hello"})", {}, error);

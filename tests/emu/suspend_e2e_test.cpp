@@ -107,7 +107,7 @@ TEST_CASE("a suspend whose tool dies before the image is complete frees nothing"
   auto program = start_writer();
   const fs::path image = dir.path / "image";
   background_process tool({cuda_ckpt, "suspend", std::to_string(program->pid()), "-o", image.string()},
-                          {{"VMMCKPT_TEST_PAUSE_HELD_MS", "5000"}});
+                          {{"VMMCKPT_TEST_FAULT", "releasing=pause:5000"}});
   usleep(700'000);
   kill(tool.pid(), SIGKILL);
   tool.wait();

@@ -202,10 +202,10 @@ int main(int argc, char** argv) try {
   const image_files two_pools = write_image(
       scratch, "two-pools", base_manifest({"python3", "train.py", "--lr=3e-4"}, 2),
       {{0, base0, 512 * gran,
-        {{base0, 3000, "cudaMalloc"}, {base0 + gran, 5000, "cuMemAlloc_v2"}, {base0 + 2 * gran, 100, "cudaMallocAsync"}},
+        {{base0, 3000, "cudaMalloc"}, {base0 + gran, 5000, "cuMemAlloc"}, {base0 + 2 * gran, 100, "cudaMallocAsync"}},
         {{base0, 1000}, {base0 + 1000, 2000}, {base0 + gran + 16, 4000}, {base0 + 2 * gran, 100}}},
        {1, base0 + 1024 * gran, 512 * gran,
-        {{base0 + 1024 * gran, 1, "cudaMalloc"}, {base0 + 1025 * gran, 8192, "cudaMallocManaged"}},
+        {{base0 + 1024 * gran, 1, "cudaMalloc"}, {base0 + 1025 * gran, 8192, "cudaMallocPitch"}},
         {{base0 + 1024 * gran, 1}, {base0 + 1025 * gran + 4096, 4096}}}});
   // Allocations without extents (never written to), a device without a pool, odd command bytes.
   const image_files sparse = write_image(
@@ -219,10 +219,10 @@ int main(int argc, char** argv) try {
   const image_files striped = write_image(
       scratch, "striped", base_manifest({"python3", "train.py"}, 2),
       {{0, base0, 512 * gran,
-        {{base0, 3000, "cudaMalloc"}, {base0 + gran, 5000, "cuMemAlloc_v2"}, {base0 + 2 * gran, 100, "cudaMallocAsync"}},
+        {{base0, 3000, "cudaMalloc"}, {base0 + gran, 5000, "cuMemAlloc"}, {base0 + 2 * gran, 100, "cudaMallocAsync"}},
         {{base0, 1000}, {base0 + 1000, 2000}, {base0 + gran + 16, 4000}, {base0 + 2 * gran, 100}}},
        {1, base0 + 1024 * gran, 512 * gran,
-        {{base0 + 1024 * gran, 1, "cudaMalloc"}, {base0 + 1025 * gran, 8192, "cudaMallocManaged"}},
+        {{base0 + 1024 * gran, 1, "cudaMalloc"}, {base0 + 1025 * gran, 8192, "cudaMallocPitch"}},
         {{base0 + 1024 * gran, 1}, {base0 + 1025 * gran + 4096, 4096}}}},
       3);
 

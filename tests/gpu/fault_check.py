@@ -61,7 +61,7 @@ def main():
                 tried += 1
                 out = os.path.join(work, f"{command}-{phase}")
                 print(f"{command} killed at {phase}", flush=True)
-                r = run([ck, command, str(prog.pid), "-o", out], env=dict(env, VMMCKPT_TEST_KILL_AT=phase))
+                r = run([ck, command, str(prog.pid), "-o", out], env=dict(env, VMMCKPT_TEST_FAULT=phase))
                 where = f"{command} killed at {phase}"
                 if r.returncode != -9:
                     problems.append(f"{where}: the tool did not die there (exit {r.returncode}): {r.stderr[-500:]}")

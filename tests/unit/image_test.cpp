@@ -133,7 +133,7 @@ img::pool make_pool(int device, std::uint64_t base, std::uint64_t size, std::vec
 sample big_image(const fs::path& dir) {
   std::vector<img::pool> pools = {
       make_pool(0, base0, 1 * GiB,
-                {{base0, 4 * MiB, "cudaMalloc"}, {base0 + 4 * MiB, 100, "cudaMalloc"}, {base0 + 8 * MiB, 24 * MiB, "cuMemAlloc_v2"}}),
+                {{base0, 4 * MiB, "cudaMalloc"}, {base0 + 4 * MiB, 100, "cudaMalloc"}, {base0 + 8 * MiB, 24 * MiB, "cuMemAlloc"}}),
       make_pool(1, base1, 1 * GiB, {{base1, 2 * MiB, "cudaMallocAsync"}}),
   };
   std::vector<std::vector<planned_extent>> plan = {
@@ -153,7 +153,7 @@ sample small_image(const fs::path& dir) {
   std::vector<img::pool> pools = {
       make_pool(0, base0, 64 * MiB,
                 {{base0, 4 * KiB, "cudaMalloc"}, {base0 + 8 * KiB, 1000, "cudaMalloc"}, {base0 + 2 * MiB, 3 * MiB, "cudaMalloc"}}),
-      make_pool(1, base1, 64 * MiB, {{base1, 2 * MiB, "cuMemAlloc_v2"}}),
+      make_pool(1, base1, 64 * MiB, {{base1, 2 * MiB, "cuMemAlloc"}}),
   };
   std::vector<std::vector<planned_extent>> plan = {
       {{base0, {4096}}, {base0 + 8 * KiB, {1000}}, {base0 + 2 * MiB, {512}}, {base0 + 2 * MiB + 4 * KiB, {2048}}},

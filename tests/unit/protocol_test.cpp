@@ -126,11 +126,11 @@ void raw_send(int fd, std::uint32_t magic, std::uint32_t version, std::uint32_t 
 bool round_trip(const std::string& payload, const std::vector<int>& fds, std::string& got, std::vector<int>& got_fds) {
   socket_pair sp;
   bool sent = false;
-  std::string send_error, recv_error;
+  proto::failure send_error, recv_error;
   std::thread sender([&] { sent = proto::send_frame(sp.a, payload, fds, send_error); });
   bool received = proto::recv_frame(sp.b, got, got_fds, 10000, recv_error);
   sender.join();
-  INFO("send: " << send_error << " recv: " << recv_error);
+  INFO("send: " << send_error.text << " recv: " << recv_error.text);
   return sent && received;
 }
 
@@ -197,11 +197,12 @@ void check_rejected(std::uint32_t magic, std::uint32_t version, std::uint32_t le
       raw_send(sp.a, magic, version, length, fd_count, body, p.read_ends);
     }
     if (close_after) sp.close_a();
-    std::string payload, error;
+    std::string payload;
+    proto::failure error;
     std::vector<int> fds;
     REQUIRE_FALSE(proto::recv_frame(sp.b, payload, fds, 2000, error));
-    INFO("error: " << error);
-    REQUIRE(error.find(expected) != std::string::npos);
+    INFO("error: " << error.text);
+    REQUIRE(error.text.find(expected) != std::string::npos);
     REQUIRE(fds.empty());
     REQUIRE(payload.empty());
   }
@@ -245,7 +246,7 @@ TEST_CASE("frames carry 0, 1 and 250 descriptors that work on arrival", "[protoc
 TEST_CASE("back-to-back frames keep their own descriptors", "[protocol]") {
   socket_pair sp;
   pipes first(2), second(3);
-  std::string error;
+  proto::failure error;
   REQUIRE(proto::send_frame(sp.a, R"({"op":"a"})", first.read_ends, error));
   REQUIRE(proto::send_frame(sp.a, R"({"op":"b"})", {}, error));
   REQUIRE(proto::send_frame(sp.a, R"({"op":"c"})", second.read_ends, error));
@@ -268,16 +269,16 @@ TEST_CASE("send_frame refuses more than 250 descriptors and oversized payloads",
   raise_fd_limit();
   socket_pair sp;
   pipes p(proto::max_fds_per_message + 1);
-  std::string error;
+  proto::failure error;
   REQUIRE_FALSE(proto::send_frame(sp.a, "{}", p.read_ends, error));
-  REQUIRE(error.find("too many descriptors") != std::string::npos);
+  REQUIRE(error.text.find("too many descriptors") != std::string::npos);
   REQUIRE_FALSE(proto::send_frame(sp.a, std::string(proto::max_payload + 1, 'x'), {}, error));
-  REQUIRE(error.find("over the limit") != std::string::npos);
+  REQUIRE(error.text.find("over the limit") != std::string::npos);
   // Nothing went out: the peer sees no frame.
   std::string payload;
   std::vector<int> fds;
   REQUIRE_FALSE(proto::recv_frame(sp.b, payload, fds, 50, error));
-  REQUIRE(error == "timed out");
+  REQUIRE(error.kind == proto::failure_kind::timed_out);
 }
 
 TEST_CASE("malformed frames are refused without leaking descriptors", "[protocol]") {
@@ -310,30 +311,32 @@ TEST_CASE("malformed frames are refused without leaking descriptors", "[protocol
       socket_pair sp;
       REQUIRE(::send(sp.a, "VMCK1234", 8, MSG_NOSIGNAL) == 8);
       sp.close_a();
-      std::string payload, error;
+      std::string payload;
+    proto::failure error;
       std::vector<int> fds;
       REQUIRE_FALSE(proto::recv_frame(sp.b, payload, fds, 1000, error));
-      REQUIRE(error.rfind("connection closed", 0) == 0);
+      REQUIRE(error.kind == proto::failure_kind::connection_closed);
     }
     REQUIRE(open_fd_count() == before);
   }
 }
 
 TEST_CASE("a closed connection and a silent peer are told apart", "[protocol]") {
-  std::string payload, error;
+  std::string payload;
+    proto::failure error;
   std::vector<int> fds;
   {
     socket_pair sp;
     sp.close_a();
     REQUIRE_FALSE(proto::recv_frame(sp.b, payload, fds, 1000, error));
-    REQUIRE(error == "connection closed");
+    REQUIRE(error.kind == proto::failure_kind::connection_closed);
   }
   {
     socket_pair sp;
     auto start = std::chrono::steady_clock::now();
     REQUIRE_FALSE(proto::recv_frame(sp.b, payload, fds, 100, error));
     auto elapsed = std::chrono::steady_clock::now() - start;
-    REQUIRE(error == "timed out");
+    REQUIRE(error.kind == proto::failure_kind::timed_out);
     REQUIRE(elapsed >= std::chrono::milliseconds(95));
     REQUIRE(elapsed < std::chrono::seconds(2));
   }
@@ -342,25 +345,25 @@ TEST_CASE("a closed connection and a silent peer are told apart", "[protocol]") 
     socket_pair sp;
     REQUIRE(::send(sp.a, "VMCK", 4, MSG_NOSIGNAL) == 4);
     REQUIRE_FALSE(proto::recv_frame(sp.b, payload, fds, 100, error));
-    REQUIRE(error == "timed out");
+    REQUIRE(error.kind == proto::failure_kind::timed_out);
   }
 }
 
 TEST_CASE("send_frame to a gone or stuck peer fails instead of killing or hanging", "[protocol]") {
-  std::string error;
+  proto::failure error;
   {
     socket_pair sp;
     ::close(sp.b);
     sp.b = -1;
     // Without MSG_NOSIGNAL this would raise SIGPIPE and end the test run.
     REQUIRE_FALSE(proto::send_frame(sp.a, "{}", {}, error));
-    REQUIRE(error == "connection closed");
+    REQUIRE(error.kind == proto::failure_kind::connection_closed);
   }
   {
     socket_pair sp;  // nobody reads sp.b: 8 MiB cannot fit in the socket buffers
     auto start = std::chrono::steady_clock::now();
     REQUIRE_FALSE(proto::send_frame(sp.a, pattern(8 << 20), {}, 100, error));
-    REQUIRE(error == "timed out");
+    REQUIRE(error.kind == proto::failure_kind::timed_out);
     REQUIRE(std::chrono::steady_clock::now() - start < std::chrono::seconds(2));
   }
 }
@@ -378,13 +381,13 @@ TEST_CASE("the runtime directory follows XDG_RUNTIME_DIR or falls back to /tmp",
 TEST_CASE("ensure_runtime_dir creates 0700, tightens our own open dir, refuses the rest", "[protocol]") {
   temp_runtime rt;
   const std::string dir = rt.root + "/vmmckpt";
-  std::string error;
+  proto::failure error;
 
   SECTION("created 0700 even under a umask that drops our own bits") {
     mode_t old = ::umask(0277);
     bool ok = proto::ensure_runtime_dir(error);
     ::umask(old);
-    INFO(error);
+    INFO(error.text);
     REQUIRE(ok);
     REQUIRE(S_ISDIR(mode_of(dir)));
     REQUIRE((mode_of(dir) & 07777) == 0700);
@@ -401,20 +404,20 @@ TEST_CASE("ensure_runtime_dir creates 0700, tightens our own open dir, refuses t
     REQUIRE(::mkdir(target.c_str(), 0700) == 0);
     REQUIRE(::symlink(target.c_str(), dir.c_str()) == 0);
     REQUIRE_FALSE(proto::ensure_runtime_dir(error));
-    REQUIRE(error.find(dir) != std::string::npos);
-    REQUIRE(error.find("symlink") != std::string::npos);
+    REQUIRE(error.text.find(dir) != std::string::npos);
+    REQUIRE(error.text.find("symlink") != std::string::npos);
   }
   SECTION("a regular file is refused") {
     int f = ::open(dir.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
     REQUIRE(f >= 0);
     ::close(f);
     REQUIRE_FALSE(proto::ensure_runtime_dir(error));
-    REQUIRE(error.find("not a directory") != std::string::npos);
+    REQUIRE(error.text.find("not a directory") != std::string::npos);
   }
   SECTION("a missing XDG_RUNTIME_DIR is not created") {
     ::setenv("XDG_RUNTIME_DIR", (rt.root + "/missing").c_str(), 1);
     REQUIRE_FALSE(proto::ensure_runtime_dir(error));
-    REQUIRE(error.find(rt.root + "/missing/vmmckpt") != std::string::npos);
+    REQUIRE(error.text.find(rt.root + "/missing/vmmckpt") != std::string::npos);
     REQUIRE(::access((rt.root + "/missing").c_str(), F_OK) != 0);
   }
   SECTION("someone else's directory is refused and left alone") {
@@ -426,19 +429,19 @@ TEST_CASE("ensure_runtime_dir creates 0700, tightens our own open dir, refuses t
     REQUIRE(::chown(dir.c_str(), 65534, 65534) == 0);
     REQUIRE(::chmod(dir.c_str(), 0755) == 0);
     REQUIRE_FALSE(proto::ensure_runtime_dir(error));
-    REQUIRE(error.find("owned by uid 65534") != std::string::npos);
+    REQUIRE(error.text.find("owned by uid 65534") != std::string::npos);
     REQUIRE((mode_of(dir) & 07777) == 0755);
   }
 }
 
 TEST_CASE("listen_at makes a 0600 socket and connect_to names each failure", "[protocol]") {
   temp_runtime rt;
-  std::string error;
+  proto::failure error;
   REQUIRE(proto::ensure_runtime_dir(error));
   const std::string path = proto::socket_path(::getpid());
 
   int listener = proto::listen_at(path, error);
-  INFO(error);
+  INFO(error.text);
   REQUIRE(listener >= 0);
   REQUIRE(has_cloexec(listener));
   REQUIRE(S_ISSOCK(mode_of(path)));
@@ -467,8 +470,9 @@ TEST_CASE("listen_at makes a 0600 socket and connect_to names each failure", "[p
   // The listener goes away without removing its file: that is what a crashed process leaves.
   ::close(listener);
   REQUIRE(proto::connect_to(path, error) < 0);
-  REQUIRE(error.find("refused") != std::string::npos);
-  REQUIRE(error.find(path) != std::string::npos);
+  REQUIRE(error.kind == proto::failure_kind::connection_refused);
+  REQUIRE(error.text.find("refused") != std::string::npos);
+  REQUIRE(error.text.find(path) != std::string::npos);
 
   // A stale socket file is replaced by the next listener.
   listener = proto::listen_at(path, error);
@@ -477,7 +481,8 @@ TEST_CASE("listen_at makes a 0600 socket and connect_to names each failure", "[p
   ::unlink(path.c_str());
 
   REQUIRE(proto::connect_to(path, error) < 0);
-  REQUIRE(error.find("no such socket") != std::string::npos);
+  REQUIRE(error.kind == proto::failure_kind::no_socket);
+  REQUIRE(error.text.find("no such socket") != std::string::npos);
 
   // Something that is not a socket is not ours to delete.
   const std::string file = rt.root + "/vmmckpt/file.sock";
@@ -485,13 +490,13 @@ TEST_CASE("listen_at makes a 0600 socket and connect_to names each failure", "[p
   REQUIRE(f >= 0);
   ::close(f);
   REQUIRE(proto::listen_at(file, error) < 0);
-  REQUIRE(error.find("not a socket") != std::string::npos);
+  REQUIRE(error.text.find("not a socket") != std::string::npos);
   REQUIRE(S_ISREG(mode_of(file)));
 
   REQUIRE(proto::listen_at(rt.root + "/" + std::string(120, 'x'), error) < 0);
-  REQUIRE(error.find("too long") != std::string::npos);
+  REQUIRE(error.text.find("too long") != std::string::npos);
   REQUIRE(proto::connect_to(rt.root + "/" + std::string(120, 'x'), error) < 0);
-  REQUIRE(error.find("too long") != std::string::npos);
+  REQUIRE(error.text.find("too long") != std::string::npos);
 }
 
 TEST_CASE("peer_allowed on a socketpair reports our own uid and pid", "[protocol]") {
@@ -513,7 +518,7 @@ TEST_CASE("a client of another uid is refused by peer_allowed and by the socket'
   REQUIRE(::mkdtemp(name) != nullptr);
   const std::string root = name;
   REQUIRE(::chmod(root.c_str(), 0711) == 0);  // searchable, so only the socket's own mode decides
-  std::string error;
+  proto::failure error;
   const std::string closed_path = root + "/closed.sock", open_path = root + "/open.sock";
   int closed_listener = proto::listen_at(closed_path, error);
   int open_listener = proto::listen_at(open_path, error);
@@ -525,9 +530,10 @@ TEST_CASE("a client of another uid is refused by peer_allowed and by the socket'
   REQUIRE(child >= 0);
   if (child == 0) {
     if (::setgroups(0, nullptr) != 0 || ::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(10);
-    std::string e;
+    proto::failure e;
     if (proto::connect_to(closed_path, e) >= 0) ::_exit(11);
-    if (e.find("permission denied") == std::string::npos) ::_exit(12);
+    if (e.kind != proto::failure_kind::permission_denied || e.text.find("permission denied") == std::string::npos)
+      ::_exit(12);
     int c = proto::connect_to(open_path, e);
     if (c < 0) ::_exit(13);
     char byte;

@@ -11,20 +11,15 @@ namespace vmmckpt::tools {
 
 int check_command(pid_t pid, bool as_json) {
   ckpt::control_client client(pid);
-  const auto r = client.call({{"op", "check"}});
-  const bool consistent = r.value("consistent", false);
+  const auto r = client.check();
   if (as_json) {
-    nlohmann::json out = r;
-    out.erase("ok");
-    out["pid"] = pid;
-    std::cout << out.dump(2) << "\n";
-  } else if (consistent) {
+    std::cout << nlohmann::json{{"consistent", r.consistent}, {"problems", r.problems}, {"pid", pid}}.dump(2) << "\n";
+  } else if (r.consistent) {
     std::printf("process %d: pool consistent\n", static_cast<int>(pid));
   } else {
-    for (const auto& p : r.value("problems", std::vector<std::string>{}))
-      std::fprintf(stderr, "process %d: %s\n", static_cast<int>(pid), p.c_str());
+    for (const auto& p : r.problems) std::fprintf(stderr, "process %d: %s\n", static_cast<int>(pid), p.c_str());
   }
-  return consistent ? exit_ok : exit_failure;
+  return r.consistent ? exit_ok : exit_failure;
 }
 
 }  // namespace vmmckpt::tools

@@ -7,7 +7,6 @@
 #include "commands.hpp"
 #include "exit_codes.hpp"
 #include "output.hpp"
-#include "vmmckpt/ckpt/control_client.hpp"
 #include "vmmckpt/ckpt/dump.hpp"
 #include "vmmckpt/pool_layout.hpp"
 
@@ -29,20 +28,20 @@ int dump_command(const dump_command_options& o) {
     std::cerr << "cuda-ckpt dump: --chunk must be a size from 1M to 1G\n";
     return exit_usage;
   }
-  options.chunk_bytes = chunk;
+  options.copy.chunk_bytes = chunk;
   std::uint64_t staging = 0;
   if (!parse_size(o.staging, staging) || staging < 2 * chunk) {
     std::cerr << "cuda-ckpt dump: --staging must be a size of at least two chunks\n";
     return exit_usage;
   }
-  options.staging_bytes = staging;
-  options.streams = o.streams;
-  if (o.writers > 0) options.writers = o.writers;
+  options.copy.staging_bytes = staging;
+  options.copy.streams = o.streams;
+  if (o.writers > 0) options.copy.writers = o.writers;
   options.gpu_snapshot = !o.no_gpu_snapshot;
   options.hold_deadline_ms = o.deadline_s * 1000;
 
   progress_bar bar("dump");
-  auto on_progress = [&](const ckpt::dump_progress& p) {
+  auto on_progress = [&](const ckpt::copy_progress& p) {
     if (!o.json) bar.update(p.bytes_done, p.bytes_total);
   };
   const auto result = ckpt::dump(options, on_progress);

@@ -46,7 +46,7 @@ void progress_bar::finish() {
   if (enabled_ && drawn_) std::fprintf(stderr, "\n");
 }
 
-nlohmann::json timings_json(const ckpt::dump_result& r) {
+nlohmann::json timings_json(const ckpt::image_result& r) {
   nlohmann::json out;
   for (const auto& [step, at] : r.phases) out["phases"][step] = at;
   out["threads"] = {{"writers", r.threads.writers},

@@ -15,7 +15,7 @@ std::string human_bytes(std::uint64_t bytes);  // "1.50 GiB"
 
 // A dump's or suspend's "phases" (when each step ended) and "threads" (where the threads' time
 // went), for --json.
-nlohmann::json timings_json(const ckpt::dump_result& r);
+nlohmann::json timings_json(const ckpt::image_result& r);
 
 // Draws "[####    ] 1.2/4.0 GiB  3.1 GB/s  0:02 left" on stderr, only when stderr
 // is a terminal; redraws at most ten times a second.

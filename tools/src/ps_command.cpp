@@ -1,4 +1,4 @@
-// `cuda-ckpt ps`: the processes running under the shim.
+// `cuda-ckpt ps`: the processes running under the shim, with their state and pool figures.
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -15,7 +15,8 @@ int ps_command(bool as_json) {
   if (as_json) {
     nlohmann::json out = nlohmann::json::array();
     for (const auto& p : processes) {
-      nlohmann::json entry = p.hello;
+      // Each process's hello, as it sent it, less the reply's "ok".
+      nlohmann::json entry = nlohmann::json::parse(control::encode(p.hello));
       entry.erase("ok");
       out.push_back(entry);
     }
@@ -26,17 +27,17 @@ int ps_command(bool as_json) {
   for (const auto& p : processes) {
     std::uint64_t live = 0, backed = 0;
     std::string devices;
-    for (const auto& pool : p.hello.value("pools", nlohmann::json::array())) {
-      live += pool.value("live_bytes", std::uint64_t{0});
-      backed += pool.value("backed_bytes", std::uint64_t{0});
-      devices += (devices.empty() ? "" : ",") + std::to_string(pool.value("device", 0));
+    for (const auto& pool : p.hello.pools) {
+      live += pool.live_bytes;
+      backed += pool.backed_bytes;
+      devices += (devices.empty() ? "" : ",") + std::to_string(pool.device);
     }
     std::string command;
-    for (const auto& arg : p.hello.value("command", std::vector<std::string>{})) command += (command.empty() ? "" : " ") + arg;
-    std::printf("%-8d %-9s %-8s %12s %12s  %s\n", static_cast<int>(p.pid), p.hello.value("state", "?").c_str(),
-                devices.empty() ? "-" : devices.c_str(), human_bytes(live).c_str(), human_bytes(backed).c_str(),
-                command.c_str());
-    if (p.hello.contains("image")) std::printf("%-8s image %s\n", "", p.hello.value("image", "").c_str());
+    for (const auto& arg : p.hello.command) command += (command.empty() ? "" : " ") + arg;
+    std::printf("%-8d %-9s %-8s %12s %12s  %s\n", static_cast<int>(p.pid),
+                std::string(control::name_of(p.hello.state)).c_str(), devices.empty() ? "-" : devices.c_str(),
+                human_bytes(live).c_str(), human_bytes(backed).c_str(), command.c_str());
+    if (p.hello.state == control::process_state::suspended) std::printf("%-8s image %s\n", "", p.hello.image.c_str());
   }
   return exit_ok;
 }

@@ -14,7 +14,7 @@
 #include "exit_codes.hpp"
 #include "output.hpp"
 #include "vmmckpt/ckpt/control_client.hpp"
-#include "vmmckpt/ckpt/dump.hpp"
+#include "vmmckpt/ckpt/suspend.hpp"
 
 namespace vmmckpt::tools {
 namespace {
@@ -33,12 +33,11 @@ std::filesystem::path default_suspend_dir() {
 }  // namespace
 
 int suspend_command(const suspend_command_options& o) {
-  ckpt::dump_options options;
+  ckpt::suspend_options options;
   options.pid = o.pid;
-  options.suspend = true;
   options.hold_deadline_ms = o.deadline_s * 1000;
-  if (o.writers > 0) options.writers = o.writers;
-  options.verify_before_suspend = o.verify;
+  if (o.writers > 0) options.copy.writers = o.writers;
+  options.verify = o.verify;
   if (o.output.empty()) {
     char stamp[32];
     const std::time_t t = std::time(nullptr);
@@ -48,7 +47,7 @@ int suspend_command(const suspend_command_options& o) {
     options.output = o.output;
   }
   progress_bar bar("suspend");
-  const auto r = ckpt::dump(options, [&](const ckpt::dump_progress& p) {
+  const auto r = ckpt::suspend(options, [&](const ckpt::copy_progress& p) {
     if (!o.json) bar.update(p.bytes_done, p.bytes_total);
   });
   bar.finish();

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string_view>
 
 namespace vmmckpt {
@@ -15,6 +16,10 @@ enum class alloc_api : std::uint32_t {
   cuda_malloc_async,
 };
 
+inline constexpr alloc_api all_alloc_apis[] = {alloc_api::cu_mem_alloc,      alloc_api::cu_mem_alloc_pitch,
+                                               alloc_api::cu_mem_alloc_async, alloc_api::cuda_malloc,
+                                               alloc_api::cuda_malloc_pitch, alloc_api::cuda_malloc_async};
+
 constexpr std::string_view name_of(alloc_api api) {
   switch (api) {
     case alloc_api::cu_mem_alloc: return "cuMemAlloc";
@@ -25,6 +30,13 @@ constexpr std::string_view name_of(alloc_api api) {
     case alloc_api::cuda_malloc_async: return "cudaMallocAsync";
   }
   return "unknown";
+}
+
+// The API named as name_of() writes it (in images and control messages); nothing for any other name.
+constexpr std::optional<alloc_api> alloc_api_from_name(std::string_view name) {
+  for (alloc_api api : all_alloc_apis)
+    if (name_of(api) == name) return api;
+  return std::nullopt;
 }
 
 }  // namespace vmmckpt

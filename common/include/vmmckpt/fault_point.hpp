@@ -1,20 +1,43 @@
-// Fault injection for the reliability tests: a named point where the tool can be made to die (SIGKILL).
+// Fault injection for the reliability tests: named points where a process can be made to die, stop or pause.
 #pragma once
 
 #include <signal.h>
+#include <time.h>
 
 #include <cstdlib>
-#include <cstring>
+#include <string_view>
 
 namespace vmmckpt {
 
-// When VMMCKPT_TEST_KILL_AT names this point, the process kills itself here,
-// as a crash or an OOM kill would, with no cleanup of any kind. Used by
-// tests/emu/fault_e2e_test.cpp to prove that a tool dying at any phase never
+// VMMCKPT_TEST_FAULT lists what to do at which point, comma-separated: `POINT` or `POINT=kill` kills
+// the process there with SIGKILL (as a crash or an OOM kill would, no cleanup of any kind);
+// `POINT=stop` stops it with SIGSTOP (as Ctrl-Z, a cgroup freeze or `scontrol suspend` would);
+// `POINT=pause:MS` sleeps MS milliseconds. Unset, a point costs one load. Used by
+// tests/emu/fault_e2e_test.cpp and the chaos test: a tool or a program failing at any phase never
 // hurts the program and never leaves anything that passes verify.
-inline void fault_point(const char* name) {
-  static const char* wanted = std::getenv("VMMCKPT_TEST_KILL_AT");
-  if (wanted != nullptr && std::strcmp(wanted, name) == 0) ::raise(SIGKILL);
+inline void fault_point(std::string_view name) noexcept {
+  static const char* const spec = std::getenv("VMMCKPT_TEST_FAULT");
+  if (spec == nullptr) return;
+  for (std::string_view rest = spec; !rest.empty();) {
+    const std::size_t comma = rest.find(',');
+    const std::string_view entry = rest.substr(0, comma);
+    rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+    const std::size_t eq = entry.find('=');
+    if (entry.substr(0, eq) != name) continue;
+    const std::string_view action = eq == std::string_view::npos ? "kill" : entry.substr(eq + 1);
+    if (action == "kill") ::raise(SIGKILL);
+    if (action == "stop") ::raise(SIGSTOP);
+    if (action.substr(0, 6) == "pause:") {
+      long ms = 0;
+      for (char c : action.substr(6)) {
+        if (c < '0' || c > '9') break;
+        ms = ms * 10 + (c - '0');
+      }
+      timespec t{ms / 1000, (ms % 1000) * 1'000'000};
+      while (::nanosleep(&t, &t) != 0) {
+      }
+    }
+  }
 }
 
 }  // namespace vmmckpt

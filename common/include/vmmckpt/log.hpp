@@ -1,4 +1,7 @@
-// The shim's logger: spdlog compiled in with hidden symbols, off the hot path unless enabled.
+// The logger of code that runs inside the program (the shim, the restore engine): spdlog compiled in with hidden symbols.
+//
+// Nothing here throws: a message that cannot be formatted or written (no memory, a full disk) is
+// dropped, so a log line can stand anywhere in an entry point. Off the hot path unless enabled.
 #pragma once
 
 #include <fmt/format.h>
@@ -6,30 +9,35 @@
 #include <string_view>
 #include <utility>
 
-namespace vmmckpt::detail::log {
+namespace vmmckpt::log {
 
 enum class level { trace, debug, info, warn, error, off };
 
 // The level set by VMMCKPT_LOG_LEVEL (default warn); read once.
-level threshold();
-inline bool enabled(level l) { return l >= threshold(); }
-void write(level l, std::string_view message);
+level threshold() noexcept;
+inline bool enabled(level l) noexcept { return l >= threshold(); }
+void write(level l, std::string_view message) noexcept;
 
 template <typename... Args>
-void at(level l, fmt::format_string<Args...> format, Args&&... args) {
-  if (enabled(l)) write(l, fmt::format(format, std::forward<Args>(args)...));
+void at(level l, fmt::format_string<Args...> format, Args&&... args) noexcept {
+  if (!enabled(l)) return;
+  try {
+    write(l, fmt::format(format, std::forward<Args>(args)...));
+  } catch (...) {
+    // Formatting ran out of memory: the message is lost, the caller goes on.
+  }
 }
 template <typename... Args>
-void debug(fmt::format_string<Args...> f, Args&&... a) { at(level::debug, f, std::forward<Args>(a)...); }
+void debug(fmt::format_string<Args...> f, Args&&... a) noexcept { at(level::debug, f, std::forward<Args>(a)...); }
 template <typename... Args>
-void info(fmt::format_string<Args...> f, Args&&... a) { at(level::info, f, std::forward<Args>(a)...); }
+void info(fmt::format_string<Args...> f, Args&&... a) noexcept { at(level::info, f, std::forward<Args>(a)...); }
 template <typename... Args>
-void warn(fmt::format_string<Args...> f, Args&&... a) { at(level::warn, f, std::forward<Args>(a)...); }
+void warn(fmt::format_string<Args...> f, Args&&... a) noexcept { at(level::warn, f, std::forward<Args>(a)...); }
 template <typename... Args>
-void error(fmt::format_string<Args...> f, Args&&... a) { at(level::error, f, std::forward<Args>(a)...); }
+void error(fmt::format_string<Args...> f, Args&&... a) noexcept { at(level::error, f, std::forward<Args>(a)...); }
 
 // fork(): the child must not inherit a logger lock held by another thread.
-void hold_for_fork();
-void release_after_fork();
+void hold_for_fork() noexcept;
+void release_after_fork() noexcept;
 
-}  // namespace vmmckpt::detail::log
+}  // namespace vmmckpt::log

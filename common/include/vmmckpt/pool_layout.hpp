@@ -34,6 +34,11 @@ inline constexpr std::uint64_t default_retain_bytes = 256ULL << 20;
 // Freed small blocks each thread keeps for its own next allocations, per device (0: none).
 inline constexpr std::uint64_t default_thread_cache_bytes = 2ULL << 20;
 
+// The variables that place the pools (read by pool_config_from_env; set by `cuda-ckpt restore` for the
+// process it starts, so that its pools land where the image's were).
+inline constexpr const char* env_pool_base = "VMMCKPT_POOL_BASE";
+inline constexpr const char* env_pool_size = "VMMCKPT_POOL_SIZE";
+
 struct pool_config {
   std::uint64_t base = default_pool_base;
   std::uint64_t size = default_pool_size;

@@ -20,6 +20,26 @@ inline constexpr int max_fds_per_message = 250;          // SCM_RIGHTS limit is 
 inline constexpr std::uint32_t frame_magic = 0x4b434d56;  // "VMCK" in memory order
 inline constexpr std::size_t frame_header_size = 20;
 
+// What went wrong on the channel, for callers to act on without reading the text.
+enum class failure_kind : std::uint8_t {
+  none,
+  timed_out,           // the deadline passed
+  connection_closed,   // the peer went away (at a frame boundary or mid-frame)
+  bad_frame,           // not a frame of ours: magic, version, lengths, descriptors
+  too_large,           // refused before sending: too many descriptors or too long a payload
+  no_socket,           // connect: nothing at that path
+  connection_refused,  // connect: a stale socket, its process is gone
+  permission_denied,   // connect: another user's socket or directory
+  out_of_memory,
+  system,              // any other failing system call; the text names it
+};
+
+// A failure's kind and a message naming it (paths, counts, errno text).
+struct failure {
+  failure_kind kind = failure_kind::none;
+  std::string text;
+};
+
 // $XDG_RUNTIME_DIR/vmmckpt when XDG_RUNTIME_DIR is set and non-empty, else
 // /tmp/vmmckpt-<euid>. Empty only when memory ran out.
 std::string runtime_dir() noexcept;
@@ -29,15 +49,14 @@ std::string socket_path(pid_t pid) noexcept;  // runtime_dir() + "/<pid>.sock"
 // owned by us with no access for others (refuses it otherwise: a directory
 // others can write could hold a planted socket). A directory of ours that is
 // too open is tightened to 0700; a symlink or someone else's directory is refused.
-bool ensure_runtime_dir(std::string& error) noexcept;
+bool ensure_runtime_dir(failure& error) noexcept;
 
 // A listening socket at path, mode 0600 (an old socket file there is replaced;
 // anything else there is refused). Close-on-exec. -1 with error on failure.
-int listen_at(const std::string& path, std::string& error) noexcept;
-// Connects to path; -1 with error on failure. The error says "no such socket"
-// (nothing there), "connection refused" (a stale socket: its process is gone)
-// or "permission denied".
-int connect_to(const std::string& path, std::string& error) noexcept;
+int listen_at(const std::string& path, failure& error) noexcept;
+// Connects to path; -1 with error on failure: no_socket (nothing there),
+// connection_refused (a stale socket: its process is gone), permission_denied, or system.
+int connect_to(const std::string& path, failure& error) noexcept;
 
 // The peer's credentials; allowed when it is the same user or root.
 // False (uid -1, pid -1) when they cannot be read.
@@ -45,17 +64,17 @@ bool peer_allowed(int fd, uid_t& peer_uid, pid_t& peer_pid) noexcept;
 
 // One frame: header (magic, version, payload length, fd count), JSON payload,
 // and up to max_fds_per_message descriptors riding along (SCM_RIGHTS).
-// timeout_ms < 0 waits forever. On failure `error` says why: it starts with
-// "connection closed" when the peer went away and is "timed out" when the
-// deadline passed. After any failure the stream may be mid-frame: close it.
+// timeout_ms < 0 waits forever. On failure `error` says why (connection_closed when the peer
+// went away, timed_out when the deadline passed). After any failure the stream may be
+// mid-frame: close it.
 // send_frame never closes the caller's fds; recv_frame replaces `fds` with the
 // received descriptors (close-on-exec, the caller owns them) and on failure
 // leaves no descriptor open and `fds` empty.
-bool send_frame(int fd, const std::string& payload, const std::vector<int>& fds, std::string& error) noexcept;
-bool recv_frame(int fd, std::string& payload, std::vector<int>& fds, int timeout_ms, std::string& error) noexcept;
+bool send_frame(int fd, const std::string& payload, const std::vector<int>& fds, failure& error) noexcept;
+bool recv_frame(int fd, std::string& payload, std::vector<int>& fds, int timeout_ms, failure& error) noexcept;
 // send_frame with a deadline over the whole frame: a peer that stops reading
 // cannot hold the sender forever.
 bool send_frame(int fd, const std::string& payload, const std::vector<int>& fds, int timeout_ms,
-                std::string& error) noexcept;
+                failure& error) noexcept;
 
 }  // namespace vmmckpt::protocol

@@ -1,18 +1,47 @@
-// The tool's side of the control channel: find a process under the shim and talk to it.
+// The tool's side of the control channel: find a process under the shim and send it typed requests.
 #pragma once
 
 #include <sys/types.h>
 
-#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "vmmckpt/control_messages.hpp"
+#include "vmmckpt/protocol.hpp"
 
 namespace vmmckpt::ckpt {
 
 // A failure the user can act on; the message says what happened and what to do.
 struct tool_error : std::runtime_error {
   using std::runtime_error::runtime_error;
+};
+
+// A request that did not succeed: either the channel failed (`channel` says how; the process may
+// or may not have acted on the request) or the process refused it (`refused`, with its reason).
+struct control_error : tool_error {
+  control_error(const std::string& what, protocol::failure_kind channel_kind)
+      : tool_error(what), channel(channel_kind) {}
+  control_error(const std::string& what, control::refusal reason)
+      : tool_error(what), refused(true), refusal(reason) {}
+  protocol::failure_kind channel = protocol::failure_kind::none;
+  bool refused = false;
+  control::refusal refusal = control::refusal::failed;
+};
+
+// Descriptors received from the process, closed when this goes.
+class received_fds {
+ public:
+  received_fds() = default;
+  explicit received_fds(std::vector<int> fds) : fds_(std::move(fds)) {}
+  received_fds(received_fds&& o) noexcept : fds_(std::move(o.fds_)) { o.fds_.clear(); }
+  received_fds& operator=(received_fds&& o) noexcept;
+  ~received_fds();
+  std::size_t size() const { return fds_.size(); }
+  int take(std::size_t i);  // the caller owns it from now on
+
+ private:
+  std::vector<int> fds_;
 };
 
 class control_client {
@@ -24,22 +53,32 @@ class control_client {
   control_client(const control_client&) = delete;
   control_client& operator=(const control_client&) = delete;
 
-  // One request and its response. fds receives descriptors that rode along
-  // (and those of follow-up "fds" frames when the response says fd_count).
-  // A response with ok=false becomes a tool_error with its text.
-  nlohmann::json call(const nlohmann::json& request, std::vector<int>* fds = nullptr, int timeout_ms = 30'000);
-
   pid_t pid() const { return pid_; }
-  int fd_for_tests() const { return fd_; }  // fault injection only
+
+  // One typed request each; control_error when the channel fails or the process refuses.
+  control::hello_reply hello(int timeout_ms = default_timeout_ms);
+  // Holds the program; the exported pool memory arrives as one descriptor per segment.
+  control::dump_begin_reply dump_begin(int deadline_ms, received_fds& fds, int timeout_ms);
+  control::dump_end_reply dump_end(int timeout_ms = default_timeout_ms);
+  control::suspend_reply suspend(const std::string& image, int timeout_ms);
+  control::resume_reply resume(int timeout_ms);
+  control::check_reply check(int timeout_ms = default_timeout_ms);
+
+  static constexpr int default_timeout_ms = 30'000;
 
  private:
+  void send(const control::request& r);
+  std::string receive(std::vector<int>* fds, int timeout_ms);
+  template <typename Reply>
+  Reply call(const control::request& r, int timeout_ms, std::vector<int>* fds = nullptr);
+
   pid_t pid_;
   int fd_ = -1;
 };
 
 struct process_entry {
   pid_t pid = 0;
-  nlohmann::json hello;  // the process's answer to hello
+  control::hello_reply hello;
 };
 
 // Every process of ours that runs under the shim. Sockets left by processes

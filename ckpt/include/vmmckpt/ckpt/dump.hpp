@@ -1,4 +1,4 @@
-// The dump engine: a consistent image of a running process's pool memory.
+// Writing an image of a running process's GPU memory: what dump and suspend share, and dump itself.
 #pragma once
 
 #include <sys/types.h>
@@ -18,39 +18,27 @@ namespace vmmckpt::ckpt {
 // One writer per core, up to 16: a tmpfs takes about 2 GB/s per writing thread.
 int default_writers();
 
-struct dump_options {
-  pid_t pid = 0;
-  std::filesystem::path output;            // the image directory to create
-  std::size_t chunk_bytes = 32ULL << 20;   // one staging buffer
+// How the program's memory is copied out and written: the same for dump and suspend.
+struct copy_settings {
+  std::size_t chunk_bytes = 32ULL << 20;     // one staging buffer
   std::uint64_t staging_bytes = 1ULL << 30;  // most pinned staging to use (at least two buffers)
-  int streams = 2;                         // copy streams
-  int writers = default_writers();         // threads writing the image, one data file each
-  int hold_deadline_ms = 60'000;
-  // Hold the program only while its memory is copied to spare GPU memory, when the device has
-  // that much to spare (and a quarter of it stays free); otherwise while it is copied to the host.
-  bool gpu_snapshot = true;
-  // Suspend: read the whole image back and check every checksum before the memory is freed.
-  bool verify_before_suspend = false;           // the program is released after this, dump or not
-  // Suspend: keep the program held until the image is written and verified,
-  // then have it give back its GPU memory; it waits for `resume`.
-  bool suspend = false;
+  int streams = 2;                           // copy streams
+  int writers = default_writers();           // threads writing the image, one data file each
 };
 
-struct dump_progress {
+struct copy_progress {
   std::uint64_t bytes_done = 0;
   std::uint64_t bytes_total = 0;
 };
+using progress_callback = std::function<void(const copy_progress&)>;
 
-struct dump_result {
+// What a dump or a suspend wrote and where its time went.
+struct image_result {
   image::manifest manifest;
   std::filesystem::path image;
-  double seconds = 0;        // from connecting to the committed image
-  double copy_seconds = 0;   // copying the program's memory: to the snapshot, or out of the GPU
-  bool gpu_snapshot = false; // the program was held only for a copy on the GPU (of all or part of its bytes)
-  std::uint64_t snapshot_bytes = 0;  // the bytes copied on the GPU; the rest left it while the program was held
-  double hold_ms = 0;        // how long the program was held, as the program measured it
-  std::uint64_t freed_bytes = 0;        // suspend: GPU memory the program gave back
-  std::uint64_t device_used_after = 0;  // suspend: bytes still in use on its device(s)
+  double seconds = 0;       // from connecting to the committed image
+  double copy_seconds = 0;  // copying the program's memory: to the snapshot, or out of the GPU
+  double hold_ms = 0;       // how long the program was held, as the program measured it
   // Where the time went: seconds from the start at which each step ended ("context", "prepared",
   // "held", "released", "copied", "written", "committed", ...), in order.
   std::vector<std::pair<std::string, double>> phases;
@@ -64,23 +52,29 @@ struct dump_result {
     double writing = 0;
     double copy_waiting = 0;
   } threads;
-  std::chrono::steady_clock::time_point start;
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
   void mark(const std::string& step) {
     phases.emplace_back(step, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
 };
 
-struct resume_result {
-  std::uint64_t bytes = 0;
-  double seconds = 0;     // as the program measured it
-  std::string image;
+struct dump_options {
+  pid_t pid = 0;
+  std::filesystem::path output;  // the image directory to create
+  copy_settings copy;
+  int hold_deadline_ms = 60'000;
+  // Hold the program only while its memory is copied to spare GPU memory, when the device has
+  // that much to spare (and a quarter of it stays free); otherwise while it is copied to the host.
+  bool gpu_snapshot = true;
 };
 
-// Gives a suspended program its GPU memory back from its image and lets it go on.
-resume_result resume(pid_t pid);
+struct dump_result : image_result {
+  bool gpu_snapshot = false;         // the program was held only for a copy on the GPU (of all or part of its bytes)
+  std::uint64_t snapshot_bytes = 0;  // the bytes copied on the GPU; the rest left it while the program was held
+};
 
 // Throws tool_error (ckpt/control_client.hpp) or image::image_error; on any
 // failure nothing that looks like an image is left and the program runs on.
-dump_result dump(const dump_options& options, const std::function<void(const dump_progress&)>& progress = {});
+dump_result dump(const dump_options& options, const progress_callback& progress = {});
 
 }  // namespace vmmckpt::ckpt

@@ -1,0 +1,42 @@
+// Suspend (save a live process's GPU memory, then free it) and resume (give it back).
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+#include "vmmckpt/ckpt/dump.hpp"
+
+namespace vmmckpt::ckpt {
+
+struct suspend_options {
+  pid_t pid = 0;
+  std::filesystem::path output;  // the image directory to create
+  copy_settings copy;
+  int hold_deadline_ms = 120'000;  // released, not suspended, when saving takes longer
+  // Read the whole image back and check every checksum before the memory is freed.
+  bool verify = false;
+};
+
+struct suspend_result : image_result {
+  std::uint64_t freed_bytes = 0;        // GPU memory the program gave back
+  std::uint64_t device_used_after = 0;  // bytes still in use on its device(s)
+};
+
+// Holds the program until its image is written, synced and checked, then has it give back its
+// GPU memory; it waits for resume. On any failure nothing that looks like an image is left and
+// the program runs on, its memory untouched.
+suspend_result suspend(const suspend_options& options, const progress_callback& progress = {});
+
+struct resume_result {
+  std::uint64_t bytes = 0;
+  double seconds = 0;  // as the program measured it
+  std::string image;
+};
+
+// Gives a suspended program its GPU memory back from its image and lets it go on.
+resume_result resume(pid_t pid);
+
+}  // namespace vmmckpt::ckpt

@@ -1,0 +1,349 @@
+// The copy pipeline of dump and suspend: the program's live bytes through pinned staging (or a GPU snapshot) into the image's data files.
+#include "copy_pipeline.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <vector>
+
+#include "cuda_check.hpp"
+#include "vmmckpt/fault_point.hpp"
+
+namespace vmmckpt::ckpt {
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+// A piece of an allocation, stored as one extent; big allocations are cut into chunk-sized
+// extents so that several writer threads share them.
+struct piece {
+  std::size_t pool;    // index into the manifest's pools
+  std::size_t extent;  // index into that pool's extents
+  std::uint64_t addr;
+  std::uint64_t size;
+};
+// One staging buffer's worth of pieces, copied back to back, written to one data file.
+struct chunk {
+  std::vector<piece> pieces;
+  std::uint64_t bytes = 0;
+};
+
+// Cuts every pool's allocations into extents of at most chunk_bytes and packs them into chunks,
+// in manifest order. Writers take chunks in that order, so each data file gets its extents in it.
+std::vector<chunk> plan_chunks(image::manifest& m, std::uint64_t chunk_bytes, std::uint32_t files) {
+  std::vector<chunk> chunks(1);
+  for (std::size_t p = 0; p < m.pools.size(); ++p) {
+    auto& pool = m.pools[p];
+    pool.extents.clear();
+    for (const auto& a : pool.allocations) {
+      for (std::uint64_t done = 0; done < a.size;) {
+        if (chunks.back().bytes == chunk_bytes) chunks.emplace_back();
+        chunk& c = chunks.back();
+        const std::uint64_t n = std::min(a.size - done, chunk_bytes - c.bytes);
+        c.pieces.push_back({p, pool.extents.size(), a.addr + done, n});
+        pool.extents.push_back({a.addr + done, n, 0, 0, 0});
+        c.bytes += n;
+        done += n;
+      }
+    }
+  }
+  if (chunks.back().bytes == 0) chunks.pop_back();
+  m.data_files = files;  // a file whose writer takes no chunk stays empty
+  return chunks;
+}
+
+}  // namespace
+
+int default_writers() { return static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 16u)); }
+
+// Pinned staging buffers and copy streams, released in every case. The buffers are one block of
+// pre-faulted memory registered with the driver (much cheaper to pin than cuMemHostAlloc), or
+// cuMemHostAlloc buffers where registering is refused.
+struct copy_pipeline::staging {
+  host_pages pages;
+  bool registered = false;
+  std::vector<void*> allocated;
+  std::vector<unsigned char*> buffers;
+  std::vector<CUevent> events;
+  std::vector<CUstream> streams;
+
+  // The pages alone (no CUDA call): faulted in while the tool's context is being made.
+  void reserve(int count, std::size_t bytes) { pages = host_pages(static_cast<std::size_t>(count) * bytes, 8); }
+
+  // With a current context: pins the reserved pages, or allocates pinned buffers instead.
+  void allocate(int count, std::size_t bytes) {
+    if (pages.size() != static_cast<std::size_t>(count) * bytes) reserve(count, bytes);
+    if (pages.data() != nullptr && cuMemHostRegister(pages.data(), pages.size(), 0) == CUDA_SUCCESS) {
+      registered = true;
+      for (int i = 0; i < count; ++i) buffers.push_back(static_cast<unsigned char*>(pages.data()) + i * bytes);
+    } else {
+      pages = host_pages();
+      for (int i = 0; i < count; ++i) {
+        void* b = nullptr;
+        VMMCKPT_CUDA_TRY(cuMemHostAlloc(&b, bytes, 0));
+        allocated.push_back(b);
+        buffers.push_back(static_cast<unsigned char*>(b));
+      }
+    }
+    for (int i = 0; i < count; ++i) {
+      CUevent e;
+      VMMCKPT_CUDA_TRY(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC));
+      events.push_back(e);
+    }
+  }
+  ~staging() {
+    for (CUstream s : streams) cuStreamSynchronize(s);
+    if (registered) cuMemHostUnregister(pages.data());
+    for (void* b : allocated) cuMemFreeHost(b);
+    for (CUevent e : events) cuEventDestroy(e);
+    for (CUstream s : streams) cuStreamDestroy(s);
+  }
+};
+
+// Device memory in this tool's context holding a copy of the program's live bytes, or of as many of
+// them as the device has room for.
+struct copy_pipeline::gpu_snapshot {
+  CUdeviceptr ptr = 0;
+  std::uint64_t bytes = 0;
+  // Up to `want` bytes, leaving a quarter of the device free: the program must not run out of
+  // memory because a dump borrowed it. Less than `least` is not worth it.
+  void try_allocate(std::uint64_t want, std::uint64_t least) {
+    std::size_t free = 0, total = 0;
+    if (cuMemGetInfo(&free, &total) != CUDA_SUCCESS || free <= total / 4) return;
+    const std::uint64_t n = std::min<std::uint64_t>(want, (free - total / 4) & ~((2ULL << 20) - 1));
+    if (n < least) return;
+    if (cuMemAlloc(&ptr, n) != CUDA_SUCCESS) {
+      ptr = 0;
+      return;
+    }
+    bytes = n;
+  }
+  void release() {
+    if (ptr != 0) {
+      cuCtxSynchronize();  // no copy may still read it
+      cuMemFree(ptr);
+    }
+    ptr = 0;
+    bytes = 0;
+  }
+  ~gpu_snapshot() { release(); }
+};
+
+copy_pipeline::copy_pipeline(const copy_settings& settings, std::uint64_t live_estimate)
+    : settings_(settings), live_estimate_(live_estimate), staging_(std::make_unique<staging>()) {
+  // Enough buffers to take the whole copy when it fits the staging budget, so the program is
+  // held only for the copy out of the GPU, not for the writes.
+  const std::uint64_t wanted = (live_estimate + settings.chunk_bytes - 1) / settings.chunk_bytes;
+  const std::uint64_t budget = std::max<std::uint64_t>(2, settings.staging_bytes / settings.chunk_bytes);
+  buffers_ = static_cast<int>(std::clamp<std::uint64_t>(wanted, 2, budget));
+  reserving_ = std::thread([this] { staging_->reserve(buffers_, settings_.chunk_bytes); });
+}
+
+copy_pipeline::~copy_pipeline() {
+  if (reserving_.joinable()) reserving_.join();
+  snapshot_.reset();
+  staging_.reset();  // before the writer goes: no copy may still be filling a buffer
+}
+
+void copy_pipeline::prepare(const std::filesystem::path& output, CUcontext context, bool snapshot_allowed) {
+  context_ = context;
+  // One data file per writer thread, fewer for a small image.
+  const std::uint64_t chunks_estimate =
+      std::max<std::uint64_t>(1, (live_estimate_ + settings_.chunk_bytes - 1) / settings_.chunk_bytes);
+  const int writers = std::clamp(settings_.writers, 1, int(image::max_data_files));
+  writer_.emplace(output, static_cast<std::uint32_t>(std::clamp<std::uint64_t>(chunks_estimate, 1, writers)));
+
+  reserving_.join();
+  staging_->allocate(buffers_, settings_.chunk_bytes);
+  for (int i = 0; i < std::max(1, settings_.streams); ++i) {
+    CUstream s;
+    VMMCKPT_CUDA_TRY(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    staging_->streams.push_back(s);
+  }
+  // With room on the GPU for a second copy of the live bytes, the program is held only while
+  // they are copied there (at device speed, about 2 TB/s), then written out from the copy. With
+  // room for part of them, the last chunks go there and the first straight out of the GPU.
+  snapshot_ = std::make_unique<gpu_snapshot>();
+  if (snapshot_allowed) snapshot_->try_allocate(live_estimate_ + live_estimate_ / 8 + (64ULL << 20), settings_.chunk_bytes);
+}
+
+void copy_pipeline::copy(image::manifest& m, const std::function<void()>& release, const progress_callback& progress,
+                         image_result& result, bool& used_snapshot, std::uint64_t& snapshot_bytes) {
+  staging& st = *staging_;
+  image::writer& writer = *writer_;
+  // This thread copies the chunks in order into whichever staging buffer is free, and each writer
+  // thread (one data file each) takes the next copied chunk and appends it, so PCIe and storage
+  // overlap and the file system takes several files at once (it serializes writes to one file).
+  const auto chunks = plan_chunks(m, settings_.chunk_bytes, writer.files());
+  std::uint64_t total = 0;
+  for (const auto& c : chunks) total += c.bytes;
+
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::size_t issued = 0;  // chunks [0, issued) are copied or in flight
+  std::size_t taken = 0;   // chunks [0, taken) are taken by a writer
+  std::vector<std::size_t> chunk_buffer(chunks.size());  // the staging buffer each chunk is copied into
+  std::vector<std::size_t> free_buffers;
+  for (int b = buffers_ - 1; b >= 0; --b) free_buffers.push_back(static_cast<std::size_t>(b));
+  bool stop = false;  // the copy is over (done or failed): writers leave
+  std::exception_ptr writer_error;
+  std::uint64_t written = 0;
+
+  auto write_file = [&](std::uint32_t file) {
+    double waiting = 0;
+    struct add_on_exit {  // this thread's waits, summed into the result however it leaves
+      double& waiting;
+      std::mutex& mu;
+      image_result& result;
+      ~add_on_exit() {
+        std::lock_guard lock(mu);
+        result.threads.waiting += waiting;
+      }
+    } add_waiting{waiting, mutex, result};
+    try {
+      VMMCKPT_CUDA_TRY(cuCtxSetCurrent(context_));
+      // Each writer takes the next copied chunk, whichever it is, and appends it to its own file: a
+      // writer that falls behind holds up no other, nor the copies.
+      for (;;) {
+        const auto wait_start = clock::now();
+        std::size_t c, b;
+        {
+          std::unique_lock lock(mutex);
+          changed.wait(lock, [&] { return taken < issued || taken == chunks.size() || stop || writer_error; });
+          if (stop || writer_error || taken == issued) return;
+          c = taken++;
+          b = chunk_buffer[c];
+        }
+        VMMCKPT_CUDA_TRY(cuEventSynchronize(st.events[b]));
+        waiting += std::chrono::duration<double>(clock::now() - wait_start).count();
+        const unsigned char* bytes = st.buffers[b];
+        for (const piece& pc : chunks[c].pieces) {
+          writer.begin_extent(file, pc.addr, pc.size);
+          writer.write(file, bytes, pc.size);
+          m.pools[pc.pool].extents[pc.extent] = writer.end_extent(file);
+          bytes += pc.size;
+        }
+        std::uint64_t done;
+        {
+          std::lock_guard lock(mutex);
+          free_buffers.push_back(b);
+          done = written += chunks[c].bytes;
+        }
+        changed.notify_all();
+        if (progress && file == 0) progress({done, total});
+      }
+    } catch (...) {
+      std::lock_guard lock(mutex);
+      if (!writer_error) writer_error = std::current_exception();
+      changed.notify_all();
+    }
+  };
+  std::vector<std::thread> writer_threads;
+  for (std::uint32_t f = 0; f < m.data_files; ++f) writer_threads.emplace_back(write_file, f);
+  struct joiner {
+    std::vector<std::thread>& threads;
+    std::mutex& mu;
+    std::condition_variable& cv;
+    bool& stop;
+    ~joiner() {
+      {
+        std::lock_guard lock(mu);
+        stop = true;
+      }
+      cv.notify_all();
+      for (auto& t : threads)
+        if (t.joinable()) t.join();
+    }
+  } join_writers{writer_threads, mutex, changed, stop};
+
+  // The chunks that fit in the snapshot, counted from the end; those before them are copied out of
+  // the GPU while the program is held (all of them when the program grew past the snapshot).
+  gpu_snapshot& snapshot = *snapshot_;
+  std::size_t first_in_snapshot = chunks.size();
+  for (std::uint64_t room = snapshot.bytes; first_in_snapshot > 0 && chunks[first_in_snapshot - 1].bytes <= room;)
+    room -= chunks[--first_in_snapshot].bytes;
+  if (first_in_snapshot == chunks.size()) snapshot.release();
+  std::vector<CUdeviceptr> snapshot_at(chunks.size(), 0);  // where a chunk's bytes are in the snapshot
+  bool released = false;
+  const auto copy_start = clock::now();
+  // Every byte is out of the program's memory (in the snapshot or on the host): let it go on.
+  auto release_now = [&] {
+    fault_point("releasing");
+    release();
+    released = true;
+  };
+  auto release_when_copied = [&] {
+    for (CUstream s : st.streams) VMMCKPT_CUDA_TRY(cuStreamSynchronize(s));
+    result.copy_seconds = std::chrono::duration<double>(clock::now() - copy_start).count();
+    used_snapshot = true;
+    release_now();
+  };
+  if (snapshot.ptr != 0) {
+    CUdeviceptr at = snapshot.ptr;
+    for (std::size_t c = first_in_snapshot; c < chunks.size(); ++c) {
+      snapshot_at[c] = at;
+      for (const piece& pc : chunks[c].pieces) {
+        VMMCKPT_CUDA_TRY(cuMemcpyDtoDAsync(at, pc.addr, pc.size, st.streams[0]));
+        at += pc.size;
+      }
+      snapshot_bytes += chunks[c].bytes;
+    }
+    if (first_in_snapshot == 0) release_when_copied();
+  }
+  for (std::size_t c = 0; c < chunks.size(); ++c) {
+    if (c == first_in_snapshot && c > 0) release_when_copied();
+    std::size_t b;
+    {
+      const auto wait_start = clock::now();
+      std::unique_lock lock(mutex);
+      changed.wait(lock, [&] { return !free_buffers.empty() || writer_error; });
+      result.threads.copy_waiting += std::chrono::duration<double>(clock::now() - wait_start).count();
+      if (writer_error) break;
+      b = free_buffers.back();
+      free_buffers.pop_back();
+      chunk_buffer[c] = b;
+    }
+    CUstream s = st.streams[c % st.streams.size()];
+    if (snapshot_at[c] != 0) {
+      VMMCKPT_CUDA_TRY(cuMemcpyDtoHAsync(st.buffers[b], snapshot_at[c], chunks[c].bytes, s));
+    } else {
+      std::uint64_t offset = 0;
+      for (const piece& pc : chunks[c].pieces) {
+        VMMCKPT_CUDA_TRY(cuMemcpyDtoHAsync(st.buffers[b] + offset, pc.addr, pc.size, s));
+        offset += pc.size;
+      }
+    }
+    VMMCKPT_CUDA_TRY(cuEventRecord(st.events[b], s));
+    {
+      std::lock_guard lock(mutex);
+      issued = c + 1;
+    }
+    changed.notify_all();
+    fault_point("copying");
+  }
+  // Every byte is out of the GPU once the copies are done: release the program now, while the
+  // last buffers are still being written.
+  for (CUstream s : st.streams) VMMCKPT_CUDA_TRY(cuStreamSynchronize(s));
+  if (!used_snapshot) result.copy_seconds = std::chrono::duration<double>(clock::now() - copy_start).count();
+  {
+    std::lock_guard lock(mutex);
+    if (writer_error) std::rethrow_exception(writer_error);
+  }
+  result.mark("copied");
+  if (!released) release_now();
+
+  for (auto& t : writer_threads) t.join();
+  if (writer_error) std::rethrow_exception(writer_error);
+  result.threads.writers = static_cast<int>(m.data_files);
+  for (std::uint32_t f = 0; f < m.data_files; ++f) {
+    result.threads.hashing += writer.times(f).hashing;
+    result.threads.writing += writer.times(f).writing;
+  }
+  if (progress) progress({total, total});
+  m.data_bytes = total;
+  result.mark("written");
+}
+
+}  // namespace vmmckpt::ckpt

@@ -1,0 +1,56 @@
+// The copy pipeline of dump and suspend: the program's live bytes through pinned staging (or a GPU snapshot) into the image's data files.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <thread>
+
+#include "vmmckpt/ckpt/dump.hpp"
+#include "vmmckpt/host_pages.hpp"
+#include "vmmckpt/image.hpp"
+
+namespace vmmckpt::ckpt {
+
+class copy_pipeline {
+ public:
+  // Starts faulting in pinned staging sized for `live_estimate` bytes (up to the settings' budget)
+  // on a thread of its own, while the caller makes the CUDA context.
+  copy_pipeline(const copy_settings& settings, std::uint64_t live_estimate);
+  ~copy_pipeline();
+  copy_pipeline(const copy_pipeline&) = delete;
+  copy_pipeline& operator=(const copy_pipeline&) = delete;
+
+  // Everything that can be made before the program is held, in `context` (current on this thread):
+  // the image's data files under a temporary name (an unusable destination fails here), the pinned
+  // staging, the copy streams, and with `snapshot_allowed` spare GPU memory for a copy of the live bytes.
+  void prepare(const std::filesystem::path& output, CUcontext context, bool snapshot_allowed);
+
+  // Copies every allocation of m's pools (mapped here at their addresses) into the image, filling
+  // in m's extents, data_files and data_bytes. `release` is called once, as soon as every byte has
+  // left the program's memory (copied to the snapshot or to the host), while writing goes on.
+  // Returns when every byte is written (result's "copied" and "written" phases marked, its copy
+  // and thread times filled in). The manifest is not committed.
+  void copy(image::manifest& m, const std::function<void()>& release, const progress_callback& progress,
+            image_result& result, bool& used_snapshot, std::uint64_t& snapshot_bytes);
+
+  image::writer& writer() { return *writer_; }
+
+ private:
+  struct staging;
+  struct gpu_snapshot;
+  copy_settings settings_;
+  std::uint64_t live_estimate_;
+  int buffers_;
+  std::unique_ptr<staging> staging_;
+  std::thread reserving_;
+  CUcontext context_ = nullptr;
+  std::optional<image::writer> writer_;
+  std::unique_ptr<gpu_snapshot> snapshot_;
+};
+
+}  // namespace vmmckpt::ckpt

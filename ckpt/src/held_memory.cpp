@@ -1,0 +1,114 @@
+// A held program's pool memory, mapped into this tool at the same addresses through the handles it exported.
+#include "held_memory.hpp"
+
+#include <unistd.h>
+
+#include "cuda_check.hpp"
+#include "session.hpp"
+#include "vmmckpt/hex_text.hpp"
+
+namespace vmmckpt::ckpt {
+
+// One pool: [base, base + size) reserved here exactly, each segment's handle imported and mapped at
+// its address, readable by `device`. Everything is undone by the destructor.
+class held_memory::pool_mapping {
+ public:
+  pool_mapping(CUdevice device, std::uint64_t base, std::uint64_t size) : base_(base), size_(size) {
+    CUdeviceptr got = 0;
+    VMMCKPT_CUDA_TRY(cuMemAddressReserve(&got, size, 0, base, 0));
+    reserved_ = true;
+    if (got != base) {
+      cuMemAddressFree(got, size);
+      reserved_ = false;
+      throw tool_error("cannot map the pool at " + hex(base) + " in this process: the range is taken");
+    }
+    access_.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access_.location.id = device;
+    access_.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  }
+  ~pool_mapping() {
+    for (const auto& m : mapped_) {
+      cuMemUnmap(m.addr, m.size);
+      cuMemRelease(m.handle);
+    }
+    if (reserved_) cuMemAddressFree(base_, size_);
+  }
+  pool_mapping(const pool_mapping&) = delete;
+  pool_mapping& operator=(const pool_mapping&) = delete;
+
+  // Maps one segment; `fd` is closed here whatever happens.
+  void map(std::uint64_t addr, std::uint64_t size, int fd) {
+    if (addr < base_ || addr + size > base_ + size_ || addr + size < addr) {
+      ::close(fd);
+      throw tool_error("segment " + hex(addr) + " lies outside the pool");
+    }
+    CUmemGenericAllocationHandle handle = 0;
+    const CUresult imported = cuMemImportFromShareableHandle(
+        &handle, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd)), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    ::close(fd);
+    VMMCKPT_CUDA_TRY(imported);
+    const CUresult mapped = cuMemMap(addr, size, 0, handle, 0);
+    if (mapped != CUDA_SUCCESS) cuMemRelease(handle);
+    VMMCKPT_CUDA_TRY(mapped);
+    mapped_.push_back({addr, size, handle});
+    VMMCKPT_CUDA_TRY(cuMemSetAccess(addr, size, &access_, 1));
+  }
+
+  // True when [addr, addr + size) is wholly mapped.
+  bool covers(std::uint64_t addr, std::uint64_t size) const {
+    for (std::uint64_t cursor = addr; cursor < addr + size;) {
+      bool found = false;
+      for (const auto& m : mapped_) {
+        if (m.addr <= cursor && cursor < m.addr + m.size) {
+          cursor = m.addr + m.size;
+          found = true;
+          break;
+        }
+      }
+      if (!found) return false;
+    }
+    return true;
+  }
+
+ private:
+  struct mapped {
+    std::uint64_t addr, size;
+    CUmemGenericAllocationHandle handle;
+  };
+  std::uint64_t base_ = 0, size_ = 0;
+  bool reserved_ = false;
+  CUmemAccessDesc access_{};
+  std::vector<mapped> mapped_;
+};
+
+held_memory::held_memory(session& s, const control::dump_begin_reply& held, received_fds& fds, image::manifest& m) {
+  std::size_t next_fd = 0;
+  for (const auto& p : held.pools) {
+    const control::device_description d = session::describe(p.device, held.devices);
+    const CUdevice device = s.device_for(d);  // a pool created since hello is found here too
+    m.devices.push_back({d.ordinal, d.name, d.uuid, d.cc_major, d.cc_minor});
+
+    image::pool pool;
+    pool.device = p.device;
+    pool.base = p.base;
+    pool.size = p.size;
+    pool.granularity = p.granularity;
+    pools_.push_back(std::make_unique<pool_mapping>(device, p.base, p.size));
+    for (const auto& segment : p.segments) {
+      if (next_fd >= fds.size()) throw tool_error("the program sent fewer handles than segments");
+      pools_.back()->map(segment.addr, segment.size, fds.take(next_fd++));
+    }
+    for (const auto& a : p.allocations) {
+      if (!pools_.back()->covers(a.addr, a.size))
+        throw tool_error("allocation at " + hex(a.addr) + " is not backed by the handles sent");
+      pool.allocations.push_back({a.addr, a.size, a.api});
+    }
+    m.pools.push_back(std::move(pool));
+  }
+}
+
+held_memory::~held_memory() = default;
+
+void held_memory::release() { pools_.clear(); }
+
+}  // namespace vmmckpt::ckpt

@@ -1,0 +1,36 @@
+// A held program's pool memory, mapped into this tool at the same addresses through the handles it exported.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "vmmckpt/ckpt/control_client.hpp"
+#include "vmmckpt/control_messages.hpp"
+#include "vmmckpt/image.hpp"
+
+namespace vmmckpt::ckpt {
+
+class session;
+
+class held_memory {
+ public:
+  // Maps every pool the program handed over (one descriptor per segment, in order) and describes
+  // its devices, pools and allocations in `m`. A tool_error when the handles do not cover the
+  // allocations or a pool's range is taken here.
+  held_memory(session& s, const control::dump_begin_reply& held, received_fds& fds, image::manifest& m);
+  ~held_memory();
+  held_memory(const held_memory&) = delete;
+  held_memory& operator=(const held_memory&) = delete;
+
+  // Unmaps everything: done once every byte has left the program's memory.
+  void release();
+
+ private:
+  class pool_mapping;
+  std::vector<std::unique_ptr<pool_mapping>> pools_;
+};
+
+}  // namespace vmmckpt::ckpt

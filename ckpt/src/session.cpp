@@ -1,0 +1,97 @@
+// One connection to a process under the shim, for one operation: its hello, and this tool's CUDA view of its devices.
+#include "session.hpp"
+
+#include "cuda_check.hpp"
+#include "vmmckpt/fault_point.hpp"
+#include "vmmckpt/protocol.hpp"
+#include "vmmckpt/uuid_text.hpp"
+#include "vmmckpt/version.hpp"
+
+#include <unistd.h>
+
+#include <ctime>
+
+namespace vmmckpt::ckpt {
+namespace {
+
+std::string now_iso8601() {
+  const std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
+
+std::string hostname() {
+  char buf[256] = {};
+  ::gethostname(buf, sizeof buf - 1);
+  return buf;
+}
+
+}  // namespace
+
+session::session(pid_t pid, expect state, const char* what) : client_(pid), hello_(client_.hello()) {
+  fault_point("connected");
+  const std::string who = "process " + std::to_string(pid);
+  if (hello_.protocol != protocol::version)
+    throw tool_error(who + " speaks protocol " + std::to_string(hello_.protocol) + "; this cuda-ckpt speaks " +
+                     std::to_string(protocol::version));
+  const bool suspended = hello_.state == control::process_state::suspended;
+  if (state == expect::running && suspended)
+    throw tool_error(who + " is " + (std::string(what) == "suspend" ? "already suspended" : "suspended") + " (image " +
+                     hello_.image + ")" + (std::string(what) == "suspend" ? "" : "; resume it first"));
+  if (state == expect::suspended && !suspended)
+    throw tool_error(who + " is not suspended (state " + std::string(control::name_of(hello_.state)) + ")");
+}
+
+void session::describe_process(image::manifest& m) const {
+  m.tool_version = VMMCKPT_VERSION;
+  m.created = now_iso8601();
+  m.host = hostname();
+  m.pid = pid();
+  m.command = hello_.command;
+}
+
+std::uint64_t session::live_bytes() const {
+  std::uint64_t bytes = 0;
+  for (const auto& p : hello_.pools) bytes += p.live_bytes;
+  return bytes;
+}
+
+control::device_description session::describe(int ordinal, const std::vector<control::device_description>& known) {
+  for (const auto& d : known)
+    if (d.ordinal == ordinal) return d;
+  control::device_description d;
+  d.ordinal = ordinal;
+  return d;
+}
+
+CUcontext session::open_context() {
+  VMMCKPT_CUDA_TRY(cuInit(0));
+  if (hello_.pools.empty())
+    throw tool_error("process " + std::to_string(pid()) + " has no GPU memory in the pool yet");
+  CUcontext context = nullptr;
+  VMMCKPT_CUDA_TRY(cuDevicePrimaryCtxRetain(&context, device_for(describe(hello_.pools.front().device, hello_.devices))));
+  VMMCKPT_CUDA_TRY(cuCtxSetCurrent(context));
+  for (const auto& p : hello_.pools) device_for(describe(p.device, hello_.devices));
+  return context;
+}
+
+CUdevice session::device_for(const control::device_description& d) {
+  if (auto it = devices_.find(d.ordinal); it != devices_.end()) return it->second;
+  int count = 0;
+  VMMCKPT_CUDA_TRY(cuDeviceGetCount(&count));
+  for (int i = 0; i < count && !d.uuid.empty(); ++i) {
+    CUdevice device;
+    VMMCKPT_CUDA_TRY(cuDeviceGet(&device, i));
+    CUuuid u{};
+    if (cuDeviceGetUuid(&u, device) != CUDA_SUCCESS) continue;
+    if (d.uuid == uuid_text(u.bytes)) return devices_[d.ordinal] = device;
+  }
+  if (d.ordinal >= count)
+    throw tool_error("the program's device " + std::to_string(d.ordinal) + " is not visible here");
+  CUdevice device;
+  VMMCKPT_CUDA_TRY(cuDeviceGet(&device, d.ordinal));
+  return devices_[d.ordinal] = device;
+}
+
+}  // namespace vmmckpt::ckpt

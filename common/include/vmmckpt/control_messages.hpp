@@ -1,0 +1,182 @@
+// The control channel's messages: one request and one reply type per op, encoded and decoded here for both ends.
+//
+// docs/protocol.md describes each op; tests/unit/control_messages_test.cpp checks that document against
+// example_messages() below. Decoding is strict (every field named, typed and bounded) and throws
+// json_fields::decode_error naming the field; encoding never fails on valid input. Fields a newer
+// peer adds are ignored, as docs/protocol.md promises.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "vmmckpt/json_fields.hpp"
+
+namespace vmmckpt::control {
+
+using json_fields::decode_error;
+
+enum class op { hello, dump_begin, dump_end, suspend, resume, check };
+inline constexpr op all_ops[] = {op::hello, op::dump_begin, op::dump_end, op::suspend, op::resume, op::check};
+std::string_view name_of(op o);
+
+// Why the process refused a request: what the tool acts on. The reply's text says it to a person.
+enum class refusal {
+  failed,         // the operation itself failed (an export, not enough memory for resume, ...)
+  bad_request,    // not a request this process understands (malformed, a missing field)
+  unknown_op,     // an op this process does not know
+  suspended,      // dump or suspend of a suspended process
+  not_suspended,  // resume of a running process
+  not_held,       // dump_end or suspend with no hold in progress (its deadline passed)
+  not_quiesced,   // the program's work did not drain before the deadline
+};
+std::string_view name_of(refusal r);
+
+enum class process_state { running, suspended };
+std::string_view name_of(process_state s);
+
+struct device_description {
+  int ordinal = 0;
+  std::string name;  // empty when the driver did not say
+  std::string uuid;  // "GPU-..." as nvidia-smi writes it; empty when unknown
+  int cc_major = 0, cc_minor = 0;
+  friend bool operator==(const device_description&, const device_description&) = default;
+};
+
+// ---- requests ----
+struct hello_request {
+  friend bool operator==(const hello_request&, const hello_request&) = default;
+};
+struct dump_begin_request {
+  int deadline_ms = 60'000;  // the longest the program may be held
+  friend bool operator==(const dump_begin_request&, const dump_begin_request&) = default;
+};
+struct dump_end_request {
+  friend bool operator==(const dump_end_request&, const dump_end_request&) = default;
+};
+struct suspend_request {
+  std::string image;  // absolute path of the image just written and checked
+  friend bool operator==(const suspend_request&, const suspend_request&) = default;
+};
+struct resume_request {
+  friend bool operator==(const resume_request&, const resume_request&) = default;
+};
+struct check_request {
+  friend bool operator==(const check_request&, const check_request&) = default;
+};
+using request = std::variant<hello_request, dump_begin_request, dump_end_request, suspend_request, resume_request,
+                             check_request>;
+
+// ---- replies ----
+struct pool_summary {
+  int device = 0;
+  std::uint64_t base = 0, size = 0;
+  std::uint64_t live_bytes = 0, live_count = 0, backed_bytes = 0;
+  friend bool operator==(const pool_summary&, const pool_summary&) = default;
+};
+struct hello_reply {
+  std::uint32_t protocol = 0;
+  std::int64_t pid = 0;
+  std::vector<std::string> command;
+  process_state state = process_state::running;
+  std::string image;  // the suspend image; only when suspended
+  std::vector<device_description> devices;
+  std::vector<pool_summary> pools;
+  friend bool operator==(const hello_reply&, const hello_reply&) = default;
+};
+
+struct allocation_entry {
+  std::uint64_t addr = 0, size = 0;
+  std::string api;  // name_of(alloc_api)
+  friend bool operator==(const allocation_entry&, const allocation_entry&) = default;
+};
+struct segment_entry {  // mapped physical memory; one descriptor each, in order across pools
+  std::uint64_t addr = 0, size = 0;
+  friend bool operator==(const segment_entry&, const segment_entry&) = default;
+};
+struct pool_contents {
+  int device = 0;
+  std::uint64_t base = 0, size = 0, granularity = 0;
+  std::vector<allocation_entry> allocations;
+  std::vector<segment_entry> segments;
+  friend bool operator==(const pool_contents&, const pool_contents&) = default;
+};
+struct dump_begin_reply {
+  std::uint32_t fd_count = 0;  // descriptors in all: this frame's and those of the fds frames after it
+  std::vector<device_description> devices;
+  std::vector<pool_contents> pools;
+  friend bool operator==(const dump_begin_reply&, const dump_begin_reply&) = default;
+};
+// Follows a dump_begin reply when it has more descriptors than one frame may carry.
+struct fds_frame {
+  std::uint32_t count = 0;
+  friend bool operator==(const fds_frame&, const fds_frame&) = default;
+};
+struct dump_end_reply {
+  std::uint64_t held_us = 0;
+  friend bool operator==(const dump_end_reply&, const dump_end_reply&) = default;
+};
+struct device_usage {
+  int device = 0;
+  std::uint64_t used_bytes_after = 0;
+  friend bool operator==(const device_usage&, const device_usage&) = default;
+};
+struct suspend_reply {
+  std::uint64_t freed_bytes = 0;
+  std::uint64_t held_us = 0;
+  std::vector<device_usage> devices;
+  friend bool operator==(const suspend_reply&, const suspend_reply&) = default;
+};
+struct resume_reply {
+  std::uint64_t bytes = 0;
+  double seconds = 0;
+  std::string image;
+  friend bool operator==(const resume_reply&, const resume_reply&) = default;
+};
+struct check_reply {
+  bool consistent = true;
+  std::vector<std::string> problems;
+  friend bool operator==(const check_reply&, const check_reply&) = default;
+};
+// Any request's negative reply.
+struct failure_reply {
+  refusal code = refusal::failed;
+  std::string error;
+  friend bool operator==(const failure_reply&, const failure_reply&) = default;
+};
+
+// ---- encoding ----
+std::string encode(const request& r);
+std::string encode(const hello_reply& r);
+std::string encode(const dump_begin_reply& r);
+std::string encode(const fds_frame& r);
+std::string encode(const dump_end_reply& r);
+std::string encode(const suspend_reply& r);
+std::string encode(const resume_reply& r);
+std::string encode(const check_reply& r);
+std::string encode(const failure_reply& r);
+
+// ---- decoding ----
+// A request, or a failure_reply (bad_request or unknown_op) to send back.
+std::variant<request, failure_reply> decode_request(const std::string& payload);
+
+// A reply of type Reply, or the process's refusal. Throws decode_error when the payload is neither.
+template <typename Reply>
+std::variant<Reply, failure_reply> decode_reply(const std::string& payload);
+fds_frame decode_fds_frame(const std::string& payload);
+
+// One fully populated example of each message, per op, for the protocol document's check and the
+// round-trip tests: the request and its reply as encoded.
+struct example {
+  op operation;
+  std::string request;
+  std::string reply;
+};
+std::vector<example> example_messages();
+std::string example_failure();
+std::string example_fds_frame();
+
+}  // namespace vmmckpt::control

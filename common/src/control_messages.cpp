@@ -1,0 +1,407 @@
+// Encoding and strict decoding of every control message (docs/protocol.md), shared by the shim and cuda-ckpt.
+#include "vmmckpt/control_messages.hpp"
+
+#include "vmmckpt/hex_text.hpp"
+#include "vmmckpt/protocol.hpp"
+
+namespace vmmckpt::control {
+namespace {
+
+using namespace json_fields;
+using ojson = nlohmann::ordered_json;  // a stable field order on the wire
+
+// Control messages nest at most four levels; anything deeper is not ours.
+constexpr std::size_t max_depth = 8;
+
+std::string dump(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
+
+template <typename Enum, std::size_t N>
+Enum enum_at(const json& v, const std::string& path, const Enum (&values)[N]) {
+  const std::string text = string_at(v, path);
+  for (Enum e : values)
+    if (name_of(e) == text) return e;
+  throw decode_error(path + ": unknown value \"" + text + "\"");
+}
+
+constexpr process_state all_states[] = {process_state::running, process_state::suspended};
+constexpr refusal all_refusals[] = {refusal::failed,        refusal::bad_request, refusal::unknown_op,
+                                    refusal::suspended,     refusal::not_suspended, refusal::not_held,
+                                    refusal::not_quiesced};
+
+// ---- pieces shared by several messages ----
+ojson encode_device(const device_description& d) {
+  ojson j;
+  j["ordinal"] = d.ordinal;
+  j["name"] = d.name;
+  j["uuid"] = d.uuid;
+  j["cc_major"] = d.cc_major;
+  j["cc_minor"] = d.cc_minor;
+  return j;
+}
+
+std::vector<device_description> decode_devices(const json& root) {
+  std::vector<device_description> out;
+  const json& devices = array_of(root, "", "devices");
+  for (std::size_t i = 0; i < devices.size(); ++i) {
+    const std::string p = index("devices", i);
+    const json& d = object_at(devices[i], p);
+    device_description dev;
+    dev.ordinal = int_of(d, p, "ordinal");
+    dev.name = string_of(d, p, "name");
+    dev.uuid = string_of(d, p, "uuid");
+    dev.cc_major = int_of(d, p, "cc_major");
+    dev.cc_minor = int_of(d, p, "cc_minor");
+    out.push_back(std::move(dev));
+  }
+  return out;
+}
+
+ojson encode_devices(const std::vector<device_description>& devices) {
+  ojson out = ojson::array();
+  for (const auto& d : devices) out.push_back(encode_device(d));
+  return out;
+}
+
+ojson success() {
+  ojson j;
+  j["ok"] = true;
+  return j;
+}
+
+// The object of a reply that says ok: true, or the failure_reply it holds.
+template <typename Reply, typename Decode>
+std::variant<Reply, failure_reply> decode_reply_with(const std::string& payload, Decode&& decode) {
+  const json root = parse_limited(payload, max_depth);
+  object_at(root, "reply");
+  if (!bool_of(root, "", "ok")) {
+    failure_reply f;
+    f.error = string_of(root, "", "error");
+    // A process that names no code (or one this tool does not know) failed in some other way.
+    const json* code = optional_field(root, "code");
+    f.code = refusal::failed;
+    if (code != nullptr && code->is_string())
+      for (refusal r : all_refusals)
+        if (name_of(r) == code->get_ref<const std::string&>()) f.code = r;
+    return f;
+  }
+  return decode(root);
+}
+
+hello_reply decode_hello(const json& root) {
+  hello_reply r;
+  r.protocol = u32_of(root, "", "protocol");
+  r.pid = i64_of(root, "", "pid");
+  const json& command = array_of(root, "", "command");
+  for (std::size_t i = 0; i < command.size(); ++i) r.command.push_back(string_at(command[i], index("command", i)));
+  r.state = enum_at(field(root, "", "state"), "state", all_states);
+  if (r.state == process_state::suspended) r.image = string_of(root, "", "image");
+  r.devices = decode_devices(root);
+  const json& pools = array_of(root, "", "pools");
+  for (std::size_t i = 0; i < pools.size(); ++i) {
+    const std::string p = index("pools", i);
+    const json& pj = object_at(pools[i], p);
+    pool_summary s;
+    s.device = int_of(pj, p, "device");
+    s.base = address_of(pj, p, "base");
+    s.size = u64_of(pj, p, "size");
+    s.live_bytes = u64_of(pj, p, "live_bytes");
+    s.live_count = u64_of(pj, p, "live_count");
+    s.backed_bytes = u64_of(pj, p, "backed_bytes");
+    r.pools.push_back(s);
+  }
+  return r;
+}
+
+dump_begin_reply decode_dump_begin(const json& root) {
+  dump_begin_reply r;
+  r.fd_count = u32_of(root, "", "fd_count");
+  r.devices = decode_devices(root);
+  const json& pools = array_of(root, "", "pools");
+  for (std::size_t i = 0; i < pools.size(); ++i) {
+    const std::string p = index("pools", i);
+    const json& pj = object_at(pools[i], p);
+    pool_contents c;
+    c.device = int_of(pj, p, "device");
+    c.base = address_of(pj, p, "base");
+    c.size = u64_of(pj, p, "size");
+    c.granularity = u64_of(pj, p, "granularity");
+    const std::string ap = join(p, "allocations");
+    const json& allocations = array_of(pj, p, "allocations");
+    c.allocations.reserve(allocations.size());
+    for (std::size_t k = 0; k < allocations.size(); ++k) {
+      const std::string q = index(ap, k);
+      const json& a = object_at(allocations[k], q);
+      c.allocations.push_back({address_of(a, q, "addr"), u64_of(a, q, "size"), string_of(a, q, "api")});
+    }
+    const std::string sp = join(p, "segments");
+    const json& segments = array_of(pj, p, "segments");
+    c.segments.reserve(segments.size());
+    for (std::size_t k = 0; k < segments.size(); ++k) {
+      const std::string q = index(sp, k);
+      const json& s = object_at(segments[k], q);
+      c.segments.push_back({address_of(s, q, "addr"), u64_of(s, q, "size")});
+    }
+    r.pools.push_back(std::move(c));
+  }
+  return r;
+}
+
+suspend_reply decode_suspend(const json& root) {
+  suspend_reply r;
+  r.freed_bytes = u64_of(root, "", "freed_bytes");
+  r.held_us = u64_of(root, "", "held_us");
+  const json& devices = array_of(root, "", "devices");
+  for (std::size_t i = 0; i < devices.size(); ++i) {
+    const std::string p = index("devices", i);
+    const json& d = object_at(devices[i], p);
+    r.devices.push_back({int_of(d, p, "device"), u64_of(d, p, "used_bytes_after")});
+  }
+  return r;
+}
+
+check_reply decode_check(const json& root) {
+  check_reply r;
+  r.consistent = bool_of(root, "", "consistent");
+  const json& problems = array_of(root, "", "problems");
+  for (std::size_t i = 0; i < problems.size(); ++i) r.problems.push_back(string_at(problems[i], index("problems", i)));
+  return r;
+}
+
+}  // namespace
+
+std::string_view name_of(op o) {
+  switch (o) {
+    case op::hello: return "hello";
+    case op::dump_begin: return "dump_begin";
+    case op::dump_end: return "dump_end";
+    case op::suspend: return "suspend";
+    case op::resume: return "resume";
+    case op::check: return "check";
+  }
+  return "?";
+}
+
+std::string_view name_of(refusal r) {
+  switch (r) {
+    case refusal::failed: return "failed";
+    case refusal::bad_request: return "bad_request";
+    case refusal::unknown_op: return "unknown_op";
+    case refusal::suspended: return "suspended";
+    case refusal::not_suspended: return "not_suspended";
+    case refusal::not_held: return "not_held";
+    case refusal::not_quiesced: return "not_quiesced";
+  }
+  return "failed";
+}
+
+std::string_view name_of(process_state s) { return s == process_state::suspended ? "suspended" : "running"; }
+
+// ---- encoding ----
+std::string encode(const request& r) {
+  ojson j;
+  std::visit(
+      [&](const auto& req) {
+        using T = std::decay_t<decltype(req)>;
+        if constexpr (std::is_same_v<T, hello_request>) {
+          j["op"] = name_of(op::hello);
+        } else if constexpr (std::is_same_v<T, dump_begin_request>) {
+          j["op"] = name_of(op::dump_begin);
+          j["deadline_ms"] = req.deadline_ms;
+        } else if constexpr (std::is_same_v<T, dump_end_request>) {
+          j["op"] = name_of(op::dump_end);
+        } else if constexpr (std::is_same_v<T, suspend_request>) {
+          j["op"] = name_of(op::suspend);
+          j["image"] = req.image;
+        } else if constexpr (std::is_same_v<T, resume_request>) {
+          j["op"] = name_of(op::resume);
+        } else {
+          static_assert(std::is_same_v<T, check_request>);
+          j["op"] = name_of(op::check);
+        }
+      },
+      r);
+  return dump(j);
+}
+
+std::string encode(const hello_reply& r) {
+  ojson j = success();
+  j["protocol"] = r.protocol;
+  j["pid"] = r.pid;
+  j["command"] = r.command;
+  j["state"] = name_of(r.state);
+  if (r.state == process_state::suspended) j["image"] = r.image;
+  j["devices"] = encode_devices(r.devices);
+  j["pools"] = ojson::array();
+  for (const auto& p : r.pools) {
+    ojson pj;
+    pj["device"] = p.device;
+    pj["base"] = hex(p.base);
+    pj["size"] = p.size;
+    pj["live_bytes"] = p.live_bytes;
+    pj["live_count"] = p.live_count;
+    pj["backed_bytes"] = p.backed_bytes;
+    j["pools"].push_back(std::move(pj));
+  }
+  return dump(j);
+}
+
+std::string encode(const dump_begin_reply& r) {
+  ojson j = success();
+  j["fd_count"] = r.fd_count;
+  j["devices"] = encode_devices(r.devices);
+  j["pools"] = ojson::array();
+  for (const auto& p : r.pools) {
+    ojson pj;
+    pj["device"] = p.device;
+    pj["base"] = hex(p.base);
+    pj["size"] = p.size;
+    pj["granularity"] = p.granularity;
+    pj["allocations"] = ojson::array();
+    for (const auto& a : p.allocations) {
+      ojson aj;
+      aj["addr"] = hex(a.addr);
+      aj["size"] = a.size;
+      aj["api"] = a.api;
+      pj["allocations"].push_back(std::move(aj));
+    }
+    pj["segments"] = ojson::array();
+    for (const auto& s : p.segments) {
+      ojson sj;
+      sj["addr"] = hex(s.addr);
+      sj["size"] = s.size;
+      pj["segments"].push_back(std::move(sj));
+    }
+    j["pools"].push_back(std::move(pj));
+  }
+  return dump(j);
+}
+
+std::string encode(const fds_frame& r) {
+  ojson j;
+  j["op"] = "fds";
+  j["count"] = r.count;
+  return dump(j);
+}
+
+std::string encode(const dump_end_reply& r) {
+  ojson j = success();
+  j["held_us"] = r.held_us;
+  return dump(j);
+}
+
+std::string encode(const suspend_reply& r) {
+  ojson j = success();
+  j["freed_bytes"] = r.freed_bytes;
+  j["held_us"] = r.held_us;
+  j["devices"] = ojson::array();
+  for (const auto& d : r.devices) {
+    ojson dj;
+    dj["device"] = d.device;
+    dj["used_bytes_after"] = d.used_bytes_after;
+    j["devices"].push_back(std::move(dj));
+  }
+  return dump(j);
+}
+
+std::string encode(const resume_reply& r) {
+  ojson j = success();
+  j["bytes"] = r.bytes;
+  j["seconds"] = r.seconds;
+  j["image"] = r.image;
+  return dump(j);
+}
+
+std::string encode(const check_reply& r) {
+  ojson j = success();
+  j["consistent"] = r.consistent;
+  j["problems"] = r.problems;
+  return dump(j);
+}
+
+std::string encode(const failure_reply& r) {
+  ojson j;
+  j["ok"] = false;
+  j["code"] = name_of(r.code);
+  j["error"] = r.error;
+  return dump(j);
+}
+
+// ---- decoding ----
+std::variant<request, failure_reply> decode_request(const std::string& payload) {
+  try {
+    const json root = parse_limited(payload, max_depth);
+    const std::string name = string_of(object_at(root, "request"), "", "op");
+    if (name == name_of(op::hello)) return request{hello_request{}};
+    if (name == name_of(op::dump_begin)) {
+      dump_begin_request r;
+      r.deadline_ms = int_of(root, "", "deadline_ms");
+      return request{r};
+    }
+    if (name == name_of(op::dump_end)) return request{dump_end_request{}};
+    if (name == name_of(op::suspend)) return request{suspend_request{string_of(root, "", "image")}};
+    if (name == name_of(op::resume)) return request{resume_request{}};
+    if (name == name_of(op::check)) return request{check_request{}};
+    return failure_reply{refusal::unknown_op, "unknown op '" + name + "'"};
+  } catch (const decode_error& e) {
+    return failure_reply{refusal::bad_request, std::string("malformed request: ") + e.what()};
+  }
+}
+
+template <>
+std::variant<hello_reply, failure_reply> decode_reply<hello_reply>(const std::string& payload) {
+  return decode_reply_with<hello_reply>(payload, decode_hello);
+}
+template <>
+std::variant<dump_begin_reply, failure_reply> decode_reply<dump_begin_reply>(const std::string& payload) {
+  return decode_reply_with<dump_begin_reply>(payload, decode_dump_begin);
+}
+template <>
+std::variant<dump_end_reply, failure_reply> decode_reply<dump_end_reply>(const std::string& payload) {
+  return decode_reply_with<dump_end_reply>(payload, [](const json& root) {
+    return dump_end_reply{u64_of(root, "", "held_us")};
+  });
+}
+template <>
+std::variant<suspend_reply, failure_reply> decode_reply<suspend_reply>(const std::string& payload) {
+  return decode_reply_with<suspend_reply>(payload, decode_suspend);
+}
+template <>
+std::variant<resume_reply, failure_reply> decode_reply<resume_reply>(const std::string& payload) {
+  return decode_reply_with<resume_reply>(payload, [](const json& root) {
+    return resume_reply{u64_of(root, "", "bytes"), number_of(root, "", "seconds"), string_of(root, "", "image")};
+  });
+}
+template <>
+std::variant<check_reply, failure_reply> decode_reply<check_reply>(const std::string& payload) {
+  return decode_reply_with<check_reply>(payload, decode_check);
+}
+
+fds_frame decode_fds_frame(const std::string& payload) {
+  const json root = parse_limited(payload, max_depth);
+  if (string_of(object_at(root, "frame"), "", "op") != "fds") throw decode_error("op: expected \"fds\"");
+  return fds_frame{u32_of(root, "", "count")};
+}
+
+// ---- examples ----
+std::vector<example> example_messages() {
+  const device_description h200{0, "NVIDIA H200", "GPU-2f6c1d3e-8a41-4b7e-9c55-0d1e2f3a4b5c", 9, 0};
+  hello_reply hello{protocol::version, 4242, {"python", "train.py"}, process_state::suspended,
+                    "/dev/shm/vmmckpt-1000/suspend-4242-20261123-101500", {h200},
+                    {{0, 0x200000000000, 549755813888, 1073741824, 12, 1140850688}}};
+  dump_begin_reply held{1, {h200}, {{0, 0x200000000000, 549755813888, 2097152,
+                                     {{0x200000000000, 4096, "cudaMalloc"}}, {{0x200000000000, 67108864}}}}};
+  return {
+      {op::hello, encode(request{hello_request{}}), encode(hello)},
+      {op::dump_begin, encode(request{dump_begin_request{30'000}}), encode(held)},
+      {op::dump_end, encode(request{dump_end_request{}}), encode(dump_end_reply{183000})},
+      {op::suspend, encode(request{suspend_request{"/dev/shm/vmmckpt-1000/suspend-4242-20261123-101500"}}),
+       encode(suspend_reply{8657043456, 6200000, {{0, 1107689472}}})},
+      {op::resume, encode(request{resume_request{}}), encode(resume_reply{8593080320, 3.83, "/dev/shm/vmmckpt-1000/suspend-4242-20261123-101500"})},
+      {op::check, encode(request{check_request{}}), encode(check_reply{false, {"device 0: block at 0x200000000000 has no physical memory"}})},
+  };
+}
+
+std::string example_failure() { return encode(failure_reply{refusal::not_suspended, "the program is not suspended"}); }
+std::string example_fds_frame() { return encode(fds_frame{250}); }
+
+}  // namespace vmmckpt::control

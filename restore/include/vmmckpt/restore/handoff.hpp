@@ -1,0 +1,33 @@
+// The hand-off from `cuda-ckpt restore` to the shim in the process it starts: which image, how, and for which process.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace vmmckpt::restore {
+
+enum class mode {
+  live,    // the image's allocations are live in the new process: pointers it kept stay valid
+  replay,  // the allocator starts empty with the bytes in place, for a program that repeats its allocations
+};
+
+struct handoff {
+  std::string image;  // absolute path of the image directory
+  mode how = mode::live;
+  pid_t pid = 0;  // the process meant: exec keeps the pid, and children that inherit the environment are not it
+  std::uint64_t pool_base = 0, pool_size = 0;  // device 0's pool base and each pool's size, as in the image
+};
+
+// Puts the hand-off into this process's environment, for the command it is about to exec: the
+// variables the shim reads, including the pool layout (VMMCKPT_POOL_BASE and VMMCKPT_POOL_SIZE).
+void export_to_environment(const handoff& h);
+
+// The hand-off meant for the calling process (`self`), read from its environment: nothing when
+// there is none, or when it is meant for another process. Never throws (a path it has no memory to
+// copy comes back empty, and the restore of an empty path fails).
+std::optional<handoff> handoff_for(pid_t self) noexcept;
+
+}  // namespace vmmckpt::restore

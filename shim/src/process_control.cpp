@@ -1,0 +1,197 @@
+// What cuda-ckpt asks of this process, apart from the channel itself: describe it, check its pools, hold it, suspend, resume.
+#include "process_control.hpp"
+
+#include <unistd.h>
+
+#include <fstream>
+
+#include "gate.hpp"
+#include "pools.hpp"
+#include "real_symbols.hpp"
+#include "vmmckpt/hex_text.hpp"
+#include "vmmckpt/log.hpp"
+#include "vmmckpt/pool_layout.hpp"
+#include "vmmckpt/protocol.hpp"
+#include "vmmckpt/restore/pool_restore.hpp"
+#include "vmmckpt/restore/upload.hpp"
+#include "vmmckpt/uuid_text.hpp"
+
+namespace vmmckpt::detail {
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+// Only the control server's thread changes these.
+bool g_suspended = false;
+std::string g_suspend_image;
+clock::time_point g_hold_start;
+
+std::vector<std::string> command_line() {
+  std::vector<std::string> args;
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::string arg;
+  while (std::getline(in, arg, '\0')) args.push_back(arg);
+  return args;
+}
+
+control::device_description describe_device(int ordinal) {
+  control::device_description dev;
+  dev.ordinal = ordinal;
+  const driver_api* d = driver();
+  CUdevice device;
+  if (d == nullptr || d->cuDeviceGet(&device, ordinal) != CUDA_SUCCESS) return dev;
+  char name[256] = {};
+  if (d->cuDeviceGetName(name, sizeof name - 1, device) == CUDA_SUCCESS) dev.name = name;
+  CUuuid uuid{};
+  if (d->cuDeviceGetUuid_v2 != nullptr && d->cuDeviceGetUuid_v2(&uuid, device) == CUDA_SUCCESS)
+    dev.uuid = uuid_text(uuid.bytes);
+  d->cuDeviceGetAttribute(&dev.cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device);
+  d->cuDeviceGetAttribute(&dev.cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device);
+  return dev;
+}
+
+// Bytes in use on the device now, the program's context and unserved memory included (and other
+// processes' too: the driver counts the whole device).
+std::uint64_t device_used_bytes(int ordinal) {
+  const driver_api* d = driver();
+  CUdevice device;
+  CUcontext context;
+  if (d == nullptr || d->cuDeviceGet(&device, ordinal) != CUDA_SUCCESS ||
+      d->cuDevicePrimaryCtxRetain(&context, device) != CUDA_SUCCESS)
+    return 0;
+  std::size_t free_bytes = 0, total = 0;
+  if (d->cuCtxPushCurrent_v2(context) == CUDA_SUCCESS) {
+    d->cuMemGetInfo_v2(&free_bytes, &total);
+    CUcontext ignored;
+    d->cuCtxPopCurrent_v2(&ignored);
+  }
+  d->cuDevicePrimaryCtxRelease_v2(device);  // the pool holds its own reference
+  return total - free_bytes;
+}
+
+std::uint64_t held_us() {
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - g_hold_start).count());
+}
+
+}  // namespace
+
+bool is_suspended() { return g_suspended; }
+
+control::hello_reply describe_process() {
+  control::hello_reply r;
+  r.protocol = protocol::version;
+  r.pid = getpid();
+  r.command = command_line();
+  r.state = g_suspended ? control::process_state::suspended : control::process_state::running;
+  r.image = g_suspend_image;
+  for (const auto& p : active_pools()) {
+    r.devices.push_back(describe_device(p.ordinal));
+    const pool_stats s = p.pool->stats();
+    r.pools.push_back({p.ordinal, p.pool->base(), p.pool->size(), s.live_bytes, s.live_count, s.backed_bytes});
+  }
+  return r;
+}
+
+control::check_reply check_pools() {
+  control::check_reply r;
+  for (const auto& p : active_pools())
+    if (std::string why = p.pool->check_invariants(); !why.empty())
+      r.problems.push_back("device " + std::to_string(p.ordinal) + ": " + why);
+  r.consistent = r.problems.empty();
+  return r;
+}
+
+std::variant<control::dump_begin_reply, control::failure_reply> hold(clock::time_point deadline, std::vector<int>& fds) {
+  if (g_suspended)
+    return control::failure_reply{control::refusal::suspended,
+                                  "the program is suspended (image " + g_suspend_image + "); resume it first"};
+  g_hold_start = clock::now();
+  if (!the_gate().close(deadline))
+    return control::failure_reply{
+        control::refusal::not_quiesced,
+        "the program did not quiesce within " +
+            std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - g_hold_start).count()) +
+            " ms"};
+  const driver_api* d = driver();
+  control::dump_begin_reply r;
+  for (const auto& p : active_pools()) {
+    p.pool->synchronize();
+    control::pool_contents c{p.ordinal, p.pool->base(), p.pool->size(), large_alignment, {}, {}};
+    for (const auto& b : p.pool->live_blocks())
+      c.allocations.push_back({b.addr, b.requested, std::string(name_of(static_cast<alloc_api>(b.tag)))});
+    for (const auto& s : p.pool->segments()) {
+      int exported = -1;
+      const CUresult e = d->cuMemExportToShareableHandle(&exported, s.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+      if (e != CUDA_SUCCESS) {
+        release("export failed");
+        return control::failure_reply{control::refusal::failed, "exporting pool memory at " + hex(s.addr) +
+                                                                    " failed: CUDA error " + std::to_string(e)};
+      }
+      fds.push_back(exported);
+      c.segments.push_back({s.addr, s.size});
+    }
+    r.pools.push_back(std::move(c));
+    r.devices.push_back(describe_device(p.ordinal));
+  }
+  r.fd_count = static_cast<std::uint32_t>(fds.size());
+  return r;
+}
+
+std::uint64_t release(const char* why) {
+  the_gate().open();
+  const std::uint64_t held = held_us();
+  log::info("control: program released after {} us ({})", held, why);
+  return held;
+}
+
+control::suspend_reply suspend_held(const std::string& image) {
+  control::suspend_reply r;
+  for (const auto& p : active_pools()) {
+    r.freed_bytes += p.pool->release_all_physical();
+    r.devices.push_back({p.ordinal, device_used_bytes(p.ordinal)});
+  }
+  g_suspended = true;
+  g_suspend_image = image;
+  r.held_us = held_us();
+  log::info("control: suspended; {} bytes of GPU memory given back; image {}", r.freed_bytes, g_suspend_image);
+  return r;
+}
+
+std::variant<control::resume_reply, control::failure_reply> resume() {
+  if (!g_suspended) return control::failure_reply{control::refusal::not_suspended, "the program is not suspended"};
+  const auto start = clock::now();
+  const driver_api* d = driver();
+  auto refuse = [](const std::string& why) {
+    return control::failure_reply{control::refusal::failed,
+                                  "cannot resume from " + g_suspend_image + ": " + why + "; the program stays suspended"};
+  };
+  if (d == nullptr) return refuse("no CUDA driver");
+  std::uint64_t bytes = 0;
+  try {
+    const auto reader = image::reader::open(g_suspend_image);
+    reader.verify_manifest();  // extents are checked as they load
+    std::vector<device_pool*> backed;
+    const status placed = restore::back_suspended_pools(
+        reader.info(), [](std::uint64_t base) { return pool_containing(base); }, backed);
+    if (!placed.ok()) return refuse(placed.message());
+    const auto loading = clock::now();
+    if (const status loaded = restore::upload(*d, reader); !loaded.ok()) {
+      restore::release_pools(backed);
+      return refuse(loaded.message());
+    }
+    bytes = reader.info().data_bytes;
+    log::info("resume: physical memory back in {:.3f} s, {} bytes loaded in {:.3f} s",
+              std::chrono::duration<double>(loading - start).count(), bytes,
+              std::chrono::duration<double>(clock::now() - loading).count());
+  } catch (const std::exception& e) {
+    return refuse(e.what());
+  }
+  g_suspended = false;
+  the_gate().open();
+  const double seconds = std::chrono::duration<double>(clock::now() - start).count();
+  log::info("control: resumed; {} bytes back from {} in {:.3f} s", bytes, g_suspend_image, seconds);
+  return control::resume_reply{bytes, seconds, g_suspend_image};
+}
+
+}  // namespace vmmckpt::detail

@@ -1,0 +1,168 @@
+// Unit tests of the control messages: round trips, strict decoding, and docs/protocol.md checked against the code.
+#include <catch2/catch.hpp>
+
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "vmmckpt/control_messages.hpp"
+
+namespace control = vmmckpt::control;
+using nlohmann::json;
+
+namespace {
+
+template <typename Reply>
+Reply decode_ok(const std::string& payload) {
+  auto decoded = control::decode_reply<Reply>(payload);
+  REQUIRE(std::holds_alternative<Reply>(decoded));
+  return std::get<Reply>(decoded);
+}
+
+std::string reencode_reply(control::op o, const std::string& payload) {
+  switch (o) {
+    case control::op::hello: return control::encode(decode_ok<control::hello_reply>(payload));
+    case control::op::dump_begin: return control::encode(decode_ok<control::dump_begin_reply>(payload));
+    case control::op::dump_end: return control::encode(decode_ok<control::dump_end_reply>(payload));
+    case control::op::suspend: return control::encode(decode_ok<control::suspend_reply>(payload));
+    case control::op::resume: return control::encode(decode_ok<control::resume_reply>(payload));
+    case control::op::check: return control::encode(decode_ok<control::check_reply>(payload));
+  }
+  return {};
+}
+
+// Every object key in a JSON value, at any depth.
+void collect_keys(const json& v, std::set<std::string>& keys) {
+  if (v.is_object()) {
+    for (const auto& [key, value] : v.items()) {
+      keys.insert(key);
+      collect_keys(value, keys);
+    }
+  } else if (v.is_array()) {
+    for (const auto& e : v) collect_keys(e, keys);
+  }
+}
+
+std::string read_doc() {
+  std::ifstream in(VMMCKPT_PROTOCOL_DOC);
+  REQUIRE(in.good());
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// The text of the section headed "### `name`", up to the next heading of that level or above.
+std::string section(const std::string& doc, const std::string& name) {
+  const std::string heading = "### `" + name + "`";
+  const auto start = doc.find(heading);
+  if (start == std::string::npos) return {};
+  auto end = doc.find("\n#", start + heading.size());
+  return doc.substr(start, end == std::string::npos ? std::string::npos : end - start);
+}
+
+bool mentions(const std::string& text, const std::string& key) {
+  return text.find("\"" + key + "\"") != std::string::npos || text.find("`" + key + "`") != std::string::npos;
+}
+
+}  // namespace
+
+TEST_CASE("every message survives encode and decode unchanged", "[control]") {
+  for (const auto& ex : control::example_messages()) {
+    INFO(control::name_of(ex.operation));
+    const auto request = control::decode_request(ex.request);
+    REQUIRE(std::holds_alternative<control::request>(request));
+    REQUIRE(control::encode(std::get<control::request>(request)) == ex.request);
+    REQUIRE(reencode_reply(ex.operation, ex.reply) == ex.reply);
+  }
+  const auto refused = control::decode_reply<control::hello_reply>(control::example_failure());
+  REQUIRE(std::holds_alternative<control::failure_reply>(refused));
+  REQUIRE(std::get<control::failure_reply>(refused).code == control::refusal::not_suspended);
+  REQUIRE(control::decode_fds_frame(control::example_fds_frame()).count == 250);
+}
+
+TEST_CASE("requests that are not ours are answered, not acted on", "[control]") {
+  auto refusal_of = [](const std::string& payload) {
+    const auto decoded = control::decode_request(payload);
+    REQUIRE(std::holds_alternative<control::failure_reply>(decoded));
+    return std::get<control::failure_reply>(decoded);
+  };
+  CHECK(refusal_of(R"({"op":"fly"})").code == control::refusal::unknown_op);
+  CHECK(refusal_of(R"({"op":"fly"})").error == "unknown op 'fly'");
+  for (const char* bad : {R"({"op":5})", R"({"op":null})", R"({})", R"([1,2])", "not json", "",
+                          R"({"op":"dump_begin"})", R"({"op":"dump_begin","deadline_ms":"5"})",
+                          R"({"op":"dump_begin","deadline_ms":1e99})", R"({"op":"suspend"})",
+                          R"({"op":"suspend","image":7})", "[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]"}) {
+    INFO(bad);
+    const auto r = refusal_of(bad);
+    CHECK(r.code == control::refusal::bad_request);
+    CHECK(r.error.rfind("malformed request: ", 0) == 0);
+  }
+  // A field a newer tool adds is ignored.
+  const auto newer = control::decode_request(R"({"op":"dump_begin","deadline_ms":1000,"colour":"blue"})");
+  REQUIRE(std::holds_alternative<control::request>(newer));
+  REQUIRE(std::get<control::dump_begin_request>(std::get<control::request>(newer)).deadline_ms == 1000);
+}
+
+TEST_CASE("replies are decoded strictly, naming the field at fault", "[control]") {
+  auto error_of = [](const std::string& payload) -> std::string {
+    try {
+      control::decode_reply<control::dump_begin_reply>(payload);
+    } catch (const control::decode_error& e) {
+      return e.what();
+    }
+    return "decoded";
+  };
+  const json good = json::parse(control::example_messages()[1].reply);
+  json j = good;
+  j["pools"][0]["segments"][0]["addr"] = "0x" + std::string(17, 'f');
+  CHECK(error_of(j.dump()) == "pools[0].segments[0].addr: expected an address as a \"0x\" hex string of at most 16 digits");
+  j = good;
+  j["pools"][0]["allocations"][0]["addr"] = "200000000000";  // no 0x: not read as decimal or anything else
+  CHECK(error_of(j.dump()).rfind("pools[0].allocations[0].addr: ", 0) == 0);
+  j = good;
+  j["pools"][0].erase("granularity");
+  CHECK(error_of(j.dump()) == "pools[0]: missing field 'granularity'");
+  j = good;
+  j["fd_count"] = -1;
+  CHECK(error_of(j.dump()) == "fd_count: expected a non-negative integer below 2^64");
+  j = good;
+  j["ok"] = "yes";
+  CHECK(error_of(j.dump()) == "ok: expected true or false");
+  CHECK(error_of("[]") == "reply: expected an object");
+  // A refusal without a code this tool knows is a plain failure, with its text.
+  const auto refused = control::decode_reply<control::check_reply>(R"({"ok":false,"code":"later","error":"no"})");
+  REQUIRE(std::get<control::failure_reply>(refused) == control::failure_reply{control::refusal::failed, "no"});
+}
+
+TEST_CASE("docs/protocol.md describes every op and every field the code sends", "[control]") {
+  const std::string doc = read_doc();
+  for (const auto& ex : control::example_messages()) {
+    const std::string name(control::name_of(ex.operation));
+    INFO("op " << name);
+    const std::string text = section(doc, name);
+    REQUIRE_FALSE(text.empty());  // a section "### `op`"
+    std::set<std::string> keys;
+    collect_keys(json::parse(ex.request), keys);
+    collect_keys(json::parse(ex.reply), keys);
+    for (const auto& key : keys) {
+      INFO("field " << key);
+      CHECK((mentions(text, key) || key == "ok" || key == "op"));
+    }
+  }
+  std::set<std::string> keys;
+  collect_keys(json::parse(control::example_failure()), keys);
+  collect_keys(json::parse(control::example_fds_frame()), keys);
+  for (const auto& key : keys) {
+    INFO("field " << key);
+    CHECK(mentions(doc, key));
+  }
+  for (auto r : {control::refusal::failed, control::refusal::bad_request, control::refusal::unknown_op,
+                 control::refusal::suspended, control::refusal::not_suspended, control::refusal::not_held,
+                 control::refusal::not_quiesced}) {
+    INFO("refusal " << control::name_of(r));
+    CHECK(mentions(doc, std::string(control::name_of(r))));
+  }
+}
