@@ -118,7 +118,7 @@ def verdict(ok):
     return "–" if ok is None else ("yes" if ok else "**no**")
 
 
-# ---- the targets of issue #5 ----
+# ---- the performance targets (what each figure is measured against) ----
 
 def big_sizes(res, bench, **match):
     """The sizes >= 16 GiB measured, or failing that the largest one (named in the row)."""
@@ -616,7 +616,7 @@ def markdown(res, plots, img_rel):
     md += header_lines(res) + [""]
 
     if not cpu_only:
-        md += ["## Targets (issue #5)", "",
+        md += ["## Targets", "",
                f"Sizes of {BIG} GiB and more where measured; launch and training figures compare the best "
                "native run with the best run under the shim.", "",
                table(["what", "target", "measured", "met?"], target_rows(res)), ""]

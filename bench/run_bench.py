@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Runs vmmckpt's benchmarks (issue #5) and writes every figure as a JSON line to OUT/results.jsonl,
+"""Runs vmmckpt's benchmarks and writes every figure as a JSON line to OUT/results.jsonl,
 the machine's description to OUT/env.json, and each command's output to OUT/logs/. bench/report.py
 turns them into docs/benchmarks.md; scripts/bench.sh runs both.
 
