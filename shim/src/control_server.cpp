@@ -171,9 +171,12 @@ void serve(int listener) {
 }
 
 std::string g_socket_path;
+pid_t g_socket_owner = 0;
 
+// At exit, by the process that made the socket only: a fork() child inherits this atexit handler, and
+// its exit must not cut its parent off from cuda-ckpt.
 void remove_socket() {
-  if (!g_socket_path.empty()) unlink(g_socket_path.c_str());
+  if (!g_socket_path.empty() && getpid() == g_socket_owner) unlink(g_socket_path.c_str());
 }
 
 }  // namespace
@@ -194,6 +197,7 @@ void start_control_server() noexcept {
         return;
       }
       g_socket_path = path;
+      g_socket_owner = getpid();
       std::atexit(remove_socket);
       // The server thread takes no signals: they stay the program's.
       sigset_t all, previous;

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -44,6 +45,21 @@ int main(int argc, char** argv) {
     const CUdeviceptr p = init_and_allocate(1000);
     print_ptr(p, 1000, "parent:cuMemAlloc");
     std::printf("done\n");
+    return 0;
+  }
+
+  if (std::strcmp(argv[1], "child-exits") == 0) {
+    // A child that ends through exit(), running the atexit handlers it inherited, must leave the
+    // parent's control socket alone: the parent stays reachable by cuda-ckpt.
+    const CUdeviceptr p = init_and_allocate(4096);
+    print_ptr(p, 4096, "parent:cuMemAlloc");
+    std::fflush(stdout);
+    const pid_t pid = fork();
+    if (pid == 0) std::exit(0);
+    EXPECT(wait_child(pid) == 0);
+    std::printf("ready\n");
+    std::fflush(stdout);
+    sleep(60);
     return 0;
   }
 
