@@ -45,7 +45,7 @@ struct fill_options {
   bool verify_only = false;
 };
 
-// --gib N | --mib N, --piece-mib M, --pointers FILE | --verify-pointers FILE
+// --gib N | --mib N, --piece-mib M | --piece-bytes B (many small allocations), --pointers FILE | --verify-pointers FILE
 inline fill_options parse_fill_options(int argc, char** argv) {
   fill_options o;
   for (int i = 1; i < argc; ++i) {
@@ -57,6 +57,7 @@ inline fill_options parse_fill_options(int argc, char** argv) {
     if (a == "--gib") o.bytes = static_cast<std::uint64_t>(std::strtod(value().c_str(), nullptr) * (1ULL << 30));
     else if (a == "--mib") o.bytes = std::strtoull(value().c_str(), nullptr, 0) << 20;
     else if (a == "--piece-mib") o.piece_bytes = std::strtoull(value().c_str(), nullptr, 0) << 20;
+    else if (a == "--piece-bytes") o.piece_bytes = std::strtoull(value().c_str(), nullptr, 0);
     else if (a == "--pointers") o.pointers = value();
     else if (a == "--verify-pointers") {
       o.pointers = value();

@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -20,6 +21,7 @@
 namespace vmmckpt::image::detail {
 
 inline constexpr std::string_view manifest_name = "manifest.json";
+inline constexpr std::string_view tables_name = "tables.bin";  // format 3: the allocation and extent tables
 inline constexpr std::string_view data_name = "data.bin";  // data file 0; file k > 0 is "data.k.bin"
 std::string data_file_name(std::uint32_t file);
 
@@ -34,6 +36,33 @@ inline constexpr std::uint32_t data_version = format_version;  // the data files
 inline constexpr std::uint64_t max_manifest_bytes = 512ULL << 20;
 // JSON nesting deeper than this is refused while parsing; the manifest itself needs 4 levels.
 inline constexpr std::size_t max_json_depth = 16;
+
+// tables.bin (format 3): a 64-byte header (magic, u32 version, u64 allocation records, u64 extent
+// records, u64 pools, zeros), then each pool's allocation records followed by its extent records.
+inline constexpr std::size_t tables_header_size = 64;
+inline constexpr std::array<char, 12> tables_magic = {'V', 'M', 'M', 'C', 'K', 'P', 'T', 'T', 'A', 'B', 'L', 'E'};
+inline constexpr std::size_t allocation_record_size = 24;  // u64 addr, u64 size, u32 api, u32 zero
+inline constexpr std::size_t extent_record_size = 40;      // u64 addr, u64 size, u64 offset, u64 checksum, u32 file, u32 zero
+
+// The tables of m's pools, as tables.bin holds them.
+std::string encode_tables(const manifest& m);
+// Fills every pool's allocations and extents from tables.bin's bytes; `allocation_counts` and
+// `extent_counts` are the manifest's, pool by pool. Throws image_error naming what is wrong
+// (sizes, header, a reserved byte, an API number), without the file name.
+void decode_tables(const std::string& bytes, const std::vector<std::uint64_t>& allocation_counts,
+                   const std::vector<std::uint64_t>& extent_counts, manifest& m);
+
+// The manifest file of a format 3 image: everything but the tables, which it counts and checksums.
+std::string encode_manifest_file(const manifest& m, std::uint64_t tables_bytes, std::uint64_t tables_checksum);
+struct manifest_file {
+  manifest m;               // format 3: pools without their allocations and extents, which tables.bin holds
+  bool tables_apart = false;  // format 3
+  std::vector<std::uint64_t> allocation_counts, extent_counts;  // format 3, pool by pool
+  std::uint64_t tables_bytes = 0, tables_checksum = 0;          // format 3
+};
+// Decodes manifest.json as an image holds it (strictly, as from_json): formats 1 and 2 with their
+// tables inline, format 3 with them counted and checksummed, apart in tables.bin.
+manifest_file decode_manifest_file(const std::string& text);
 
 using header_bytes = std::array<unsigned char, data_header_size>;
 // Bytes 24..31 hold the XXH3-64 of manifest.json as written, so that verify

@@ -170,8 +170,34 @@ reader reader::open(const std::filesystem::path& dir) {
   std::string text(static_cast<std::size_t>(st.st_size), '\0');
   if (!text.empty()) pread_all(mfd.fd, text.data(), text.size(), 0, manifest_path);
   r->manifest_checksum = XXH3_64bits(text.data(), text.size());
+  detail::manifest_file decoded;
   try {
-    r->info = from_json(text);
+    decoded = detail::decode_manifest_file(text);
+  } catch (const image_error& e) {
+    fail(manifest_path + ": " + e.what());
+  }
+  text = std::string();  // a big manifest's text is not kept beside its decoded tables
+  if (decoded.tables_apart) {
+    // Format 3: the tables, checked against the manifest's account of them before they are decoded.
+    const std::string tables_path = (dir / detail::tables_name).string();
+    fd_guard tfd{open_member(dir_fd.fd, detail::tables_name, tables_path, st)};
+    if (static_cast<std::uint64_t>(st.st_size) != decoded.tables_bytes)
+      fail(tables_path + ": " + std::to_string(st.st_size) + " bytes, the manifest says " +
+           std::to_string(decoded.tables_bytes));
+    std::string tables(static_cast<std::size_t>(st.st_size), '\0');
+    if (!tables.empty()) pread_all(tfd.fd, tables.data(), tables.size(), 0, tables_path);
+    const std::uint64_t checksum = XXH3_64bits(tables.data(), tables.size());
+    if (checksum != decoded.tables_checksum)
+      fail(tables_path + ": checksum mismatch (manifest " + hex16(decoded.tables_checksum) + ", file " + hex16(checksum) +
+           "): the tables were changed after the image was written");
+    try {
+      detail::decode_tables(tables, decoded.allocation_counts, decoded.extent_counts, decoded.m);
+    } catch (const image_error& e) {
+      fail(tables_path + ": " + e.what());
+    }
+  }
+  r->info = std::move(decoded.m);
+  try {
     validate(r->info);
   } catch (const image_error& e) {
     fail(manifest_path + ": " + e.what());

@@ -148,6 +148,7 @@ struct data_file {
 };
 
 struct writer::impl {
+  std::string image_id = random_suffix() + random_suffix();  // 128 random bits, 32 hex digits
   std::filesystem::path final_dir, temp_dir;
   std::string final_name, temp_name;
   int parent_fd = -1, dir_fd = -1;
@@ -256,9 +257,31 @@ struct writer::impl {
              std::to_string(f) + ", " + std::to_string(files[f]->written.size()) + " were written");
   }
 
+  // A file of the image, created, written whole, synced and closed.
+  void write_member(std::string_view name, const std::string& bytes) {
+    const std::string path = (temp_dir / name).string();
+    int fd = ::openat(dir_fd, std::string(name).c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) fail(path + ": cannot create: " + errno_text(errno));
+    try {
+      if (::fchmod(fd, 0600) != 0) fail(path + ": chmod failed: " + errno_text(errno));
+      iovec iov{const_cast<char*>(bytes.data()), bytes.size()};
+      write_all(fd, &iov, 1, path);
+      fsync_or_fail(fd, path);
+    } catch (...) {
+      ::close(fd);
+      throw;
+    }
+    close_or_fail(fd, path);
+  }
+
   void write_out(const manifest& m) {
-    const std::string text = to_json(m) + "\n";
+    // The tables first, so that the manifest can record their size and checksum, and the data files'
+    // headers the manifest's: the chain of checksums covers every byte of metadata.
+    const metadata_files files_of_m = encode_metadata(m);
+    const std::string& tables = files_of_m.tables;
+    const std::string& text = files_of_m.manifest_json;
     const std::uint64_t manifest_checksum = XXH3_64bits(text.data(), text.size());
+    write_member(detail::tables_name, tables);
     for (std::uint32_t k = 0; k < files.size(); ++k) {
       data_file& d = *files[k];
       d.flush();
@@ -268,18 +291,7 @@ struct writer::impl {
       close_or_fail(d.fd, d.path);
     }
 
-    int mfd = ::openat(dir_fd, detail::manifest_name.data(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (mfd < 0) fail(manifest_path() + ": cannot create: " + errno_text(errno));
-    try {
-      if (::fchmod(mfd, 0600) != 0) fail(manifest_path() + ": chmod failed: " + errno_text(errno));
-      iovec iov{const_cast<char*>(text.data()), text.size()};
-      write_all(mfd, &iov, 1, manifest_path());
-      fsync_or_fail(mfd, manifest_path());
-    } catch (...) {
-      ::close(mfd);
-      throw;
-    }
-    close_or_fail(mfd, manifest_path());
+    write_member(detail::manifest_name, text);
     // The directory entries must be durable before the name makes them visible as an image.
     fsync_or_fail(dir_fd, temp_dir.string());
 
@@ -315,6 +327,7 @@ struct writer::impl {
       if (dir_fd >= 0) {
         for (std::uint32_t k = 0; k < files.size(); ++k) ::unlinkat(dir_fd, detail::data_file_name(k).c_str(), 0);
         ::unlinkat(dir_fd, detail::manifest_name.data(), 0);
+        ::unlinkat(dir_fd, detail::tables_name.data(), 0);
       }
       ::unlinkat(parent_fd, temp_name.c_str(), AT_REMOVEDIR);
     }
@@ -329,6 +342,15 @@ writer::writer(const std::filesystem::path& final_dir, std::uint32_t files) : im
 }
 
 writer::~writer() = default;
+
+const std::string& writer::image_id() const { return impl_->image_id; }
+
+metadata_files encode_metadata(const manifest& m) {
+  metadata_files out;
+  out.tables = detail::encode_tables(m);
+  out.manifest_json = detail::encode_manifest_file(m, out.tables.size(), XXH3_64bits(out.tables.data(), out.tables.size()));
+  return out;
+}
 
 std::uint32_t writer::files() const { return static_cast<std::uint32_t>(impl_->files.size()); }
 
@@ -388,7 +410,9 @@ extent writer::end_extent(std::uint32_t file) {
   }
 }
 
-void writer::commit(const manifest& m) {
+void writer::commit(const manifest& given) {
+  manifest m = given;
+  m.image_id = impl_->image_id;
   impl_->check(m);
   try {
     impl_->write_out(m);

@@ -15,15 +15,41 @@ std::string at_path(const std::string& path, const std::string& what) { return p
 
 }  // namespace
 
+namespace {
+
+// The deepest nesting of arrays and objects in text, stopping once it passes `limit`. One pass over the
+// bytes: nlohmann's parser callback, which could do this while parsing, makes it rescan the
+// enclosing array at every closing object (quadratic in the number of allocations of a manifest).
+std::size_t nesting_depth(const std::string& text, std::size_t limit) {
+  std::size_t depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (const char c : text) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > deepest && (deepest = depth) > limit) return deepest;
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+}  // namespace
+
 json parse_limited(const std::string& text, std::size_t max_depth) {
-  // Deep nesting is refused early: nothing legitimate needs it and it costs memory and time.
-  const json::parser_callback_t limit_depth = [max_depth](int depth, json::parse_event_t, json&) {
-    if (static_cast<std::size_t>(depth) > max_depth)
-      fail("JSON nested deeper than " + std::to_string(max_depth) + " levels");
-    return true;
-  };
+  // Deep nesting is refused before parsing: nothing legitimate needs it and it costs memory and time.
+  // (Malformed text is left to the parser, whose message says where.)
+  if (nesting_depth(text, max_depth) > max_depth)
+    fail("JSON nested deeper than " + std::to_string(max_depth) + " levels");
   try {
-    return json::parse(text, limit_depth);
+    return json::parse(text);
   } catch (const json::exception& e) {
     // The parser quotes the bytes it stopped at, which may be broken UTF-8: escaped, the message
     // stays printable and can go into JSON output (cuda-ckpt verify --json).

@@ -1,4 +1,5 @@
-// The manifest as JSON: the encoding the manifest file holds, and its strict decoding of hostile input.
+// The manifest as JSON: the manifest file's encoding (format 3: tables apart), the full form that
+// `inspect --json` prints and formats 1 and 2 hold, and their strict decoding of hostile input.
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -16,8 +17,11 @@ using namespace json_fields;
 // with millions of keys make parsing quadratic. Encoding uses ordered_json for a stable field order.
 using ojson = nlohmann::ordered_json;
 
-// Decodes fields in the order to_json writes them, so the first defect reported is the first in the file.
-manifest decode(const json& root) {
+// How the pools' tables are held: in the JSON (formats 1 and 2, and the full form of any format),
+// or apart in tables.bin (the manifest file of format 3).
+enum class tables { inline_, apart };
+
+std::uint32_t decode_format(const json& root) {
   if (!root.is_object()) fail("not a JSON object (not a vmmckpt image manifest)");
   const auto magic = root.find("magic");
   if (magic == root.end()) fail("missing field 'magic' (not a vmmckpt image manifest)");
@@ -30,13 +34,53 @@ manifest decode(const json& root) {
   if (format.is_number_unsigned() && format.get<std::uint64_t>() > format_version)
     fail("format " + std::to_string(format.get<std::uint64_t>()) + " is newer than this tool understands (" +
          std::to_string(format_version) + ")");
-  if (format.get<std::int64_t>() != 1 && format.get<std::int64_t>() != format_version)
-    fail("format " + std::to_string(format.get<std::int64_t>()) + " is not a known format (this tool understands 1 to " +
+  const std::int64_t f = format.get<std::int64_t>();
+  if (f < 1 || f > format_version)
+    fail("format " + std::to_string(f) + " is not a known format (this tool understands 1 to " +
          std::to_string(format_version) + ")");
+  return static_cast<std::uint32_t>(f);
+}
 
-  manifest m;
-  m.format = static_cast<std::uint32_t>(format.get<std::int64_t>());
+void decode_allocations(const json& pj, const std::string& p, pool& pl) {
+  const std::string ap = join(p, "allocations");
+  const json& allocs = array_of(pj, p, "allocations");
+  pl.allocations.reserve(allocs.size());
+  for (std::size_t k = 0; k < allocs.size(); ++k) {
+    const std::string q = index(ap, k);
+    const json& a = object_at(allocs[k], q);
+    allocation al;
+    al.addr = address_of(a, q, "addr");
+    al.size = u64_of(a, q, "size");
+    al.api = string_of(a, q, "api");
+    pl.allocations.push_back(std::move(al));
+  }
+}
+
+void decode_extents(const json& pj, const std::string& p, bool multi_file, pool& pl) {
+  const std::string ep = join(p, "extents");
+  const json& exts = array_of(pj, p, "extents");
+  pl.extents.reserve(exts.size());
+  for (std::size_t k = 0; k < exts.size(); ++k) {
+    const std::string q = index(ep, k);
+    const json& e = object_at(exts[k], q);
+    extent ex;
+    ex.addr = address_of(e, q, "addr");
+    ex.size = u64_of(e, q, "size");
+    if (multi_file) ex.file = u32_of(e, q, "file");
+    ex.offset = u64_of(e, q, "offset");
+    ex.checksum = hex16_at(field(e, q, "checksum"), join(q, "checksum"));
+    pl.extents.push_back(ex);
+  }
+}
+
+// Decodes fields in the order the encoder writes them, so the first defect reported is the first in the file.
+detail::manifest_file decode(const json& root, tables how) {
+  detail::manifest_file out;
+  manifest& m = out.m;
+  m.format = decode_format(root);
+  out.tables_apart = how == tables::apart;
   const bool multi_file = m.format >= 2;  // format 1: one data file, extents without `file`
+  if (m.format >= 3) m.image_id = string_of(root, "", "image_id");
   m.tool_version = string_of(root, "", "tool_version");
   m.created = string_of(root, "", "created");
   m.host = string_of(root, "", "host");
@@ -70,46 +114,32 @@ manifest decode(const json& root) {
     pl.base = address_of(pj, p, "base");
     pl.size = u64_of(pj, p, "size");
     pl.granularity = u64_of(pj, p, "granularity");
-    const std::string ap = join(p, "allocations");
-    const json& allocs = array_of(pj, p, "allocations");
-    pl.allocations.reserve(allocs.size());
-    for (std::size_t k = 0; k < allocs.size(); ++k) {
-      const std::string q = index(ap, k);
-      const json& a = object_at(allocs[k], q);
-      allocation al;
-      al.addr = address_of(a, q, "addr");
-      al.size = u64_of(a, q, "size");
-      al.api = string_of(a, q, "api");
-      pl.allocations.push_back(std::move(al));
-    }
-    const std::string ep = join(p, "extents");
-    const json& exts = array_of(pj, p, "extents");
-    pl.extents.reserve(exts.size());
-    for (std::size_t k = 0; k < exts.size(); ++k) {
-      const std::string q = index(ep, k);
-      const json& e = object_at(exts[k], q);
-      extent ex;
-      ex.addr = address_of(e, q, "addr");
-      ex.size = u64_of(e, q, "size");
-      if (multi_file) ex.file = u32_of(e, q, "file");
-      ex.offset = u64_of(e, q, "offset");
-      ex.checksum = hex16_at(field(e, q, "checksum"), join(q, "checksum"));
-      pl.extents.push_back(ex);
+    if (how == tables::apart) {
+      out.allocation_counts.push_back(u64_of(pj, p, "allocation_count"));
+      out.extent_counts.push_back(u64_of(pj, p, "extent_count"));
+    } else {
+      decode_allocations(pj, p, pl);
+      decode_extents(pj, p, multi_file, pl);
     }
     m.pools.push_back(std::move(pl));
   }
   m.data_bytes = u64_of(root, "", "data_bytes");
   if (multi_file) m.data_files = u32_of(root, "", "data_files");
   m.hold_us = u64_of(root, "", "hold_us");
-  return m;
+  if (how == tables::apart) {
+    const json& t = object_of(root, "", "tables");
+    out.tables_bytes = u64_of(t, "tables", "bytes");
+    out.tables_checksum = hex16_at(field(t, "tables", "checksum"), "tables.checksum");
+  }
+  return out;
 }
 
-}  // namespace
-
-std::string to_json(const manifest& m, int indent) {
+// Everything before the pools' tables, and after them, in file order.
+ojson encode_head(const manifest& m) {
   ojson j;
   j["magic"] = "vmmckpt-image";
   j["format"] = m.format;
+  if (m.format >= 3) j["image_id"] = m.image_id;
   j["tool_version"] = m.tool_version;
   j["created"] = m.created;
   j["host"] = m.host;
@@ -125,13 +155,34 @@ std::string to_json(const manifest& m, int indent) {
     dj["cc_minor"] = d.cc_minor;
     j["devices"].push_back(std::move(dj));
   }
+  return j;
+}
+
+ojson encode_pool_head(const pool& p) {
+  ojson pj;
+  pj["device"] = p.device;
+  pj["base"] = hex(p.base);
+  pj["size"] = p.size;
+  pj["granularity"] = p.granularity;
+  return pj;
+}
+
+void encode_tail(const manifest& m, ojson& j) {
+  j["data_bytes"] = m.data_bytes;
+  if (m.format >= 2) j["data_files"] = m.data_files;
+  j["hold_us"] = m.hold_us;
+}
+
+// A command line or host name need not be UTF-8: replace bad bytes rather than fail the dump.
+std::string dump(const ojson& j, int indent) { return j.dump(indent, ' ', false, ojson::error_handler_t::replace); }
+
+}  // namespace
+
+std::string to_json(const manifest& m, int indent) {
+  ojson j = encode_head(m);
   j["pools"] = ojson::array();
   for (const auto& p : m.pools) {
-    ojson pj;
-    pj["device"] = p.device;
-    pj["base"] = hex(p.base);
-    pj["size"] = p.size;
-    pj["granularity"] = p.granularity;
+    ojson pj = encode_pool_head(p);
     pj["allocations"] = ojson::array();
     for (const auto& a : p.allocations) {
       ojson aj;
@@ -152,19 +203,45 @@ std::string to_json(const manifest& m, int indent) {
     }
     j["pools"].push_back(std::move(pj));
   }
-  j["data_bytes"] = m.data_bytes;
-  if (m.format >= 2) j["data_files"] = m.data_files;
-  j["hold_us"] = m.hold_us;
-  // A command line or host name need not be UTF-8: replace bad bytes rather than fail the dump.
-  return j.dump(indent, ' ', false, ojson::error_handler_t::replace);
+  encode_tail(m, j);
+  return dump(j, indent);
 }
 
 manifest from_json(const std::string& text) {
   try {
-    return decode(parse_limited(text, detail::max_json_depth));
+    return decode(parse_limited(text, detail::max_json_depth), tables::inline_).m;
   } catch (const decode_error& e) {
     fail(e.what());
   }
 }
 
+namespace detail {
+
+std::string encode_manifest_file(const manifest& m, std::uint64_t tables_bytes, std::uint64_t tables_checksum) {
+  ojson j = encode_head(m);
+  j["pools"] = ojson::array();
+  for (const auto& p : m.pools) {
+    ojson pj = encode_pool_head(p);
+    pj["allocation_count"] = p.allocations.size();
+    pj["extent_count"] = p.extents.size();
+    j["pools"].push_back(std::move(pj));
+  }
+  encode_tail(m, j);
+  ojson t;
+  t["bytes"] = tables_bytes;
+  t["checksum"] = hex16(tables_checksum);
+  j["tables"] = std::move(t);
+  return dump(j, 2) + "\n";
+}
+
+manifest_file decode_manifest_file(const std::string& text) {
+  try {
+    const json root = parse_limited(text, max_json_depth);
+    return decode(root, decode_format(root) >= 3 ? tables::apart : tables::inline_);
+  } catch (const decode_error& e) {
+    fail(e.what());
+  }
+}
+
+}  // namespace detail
 }  // namespace vmmckpt::image

@@ -1,10 +1,11 @@
-// libFuzzer target: the input is a whole image (manifest + data files) handed to reader::open, verify_data and read.
+// libFuzzer target: the input is a whole image (manifest, tables, data files) handed to reader::open, verify_data and read.
 //
 // Input format (what tests/fuzz/make_seeds.cpp writes into tests/fuzz/corpus/image/):
 //   bytes 0..3   manifest length L, unsigned 32-bit little-endian, clamped to what follows
 //   bytes 4..4+L manifest.json
-//   the rest     data.bin, then data.1.bin, data.2.bin ... each after the separator below (at most 8 files)
-// Shorter than 4 bytes: the whole input is the manifest and data.bin is empty.
+//   the rest     tables.bin, then data.bin, data.1.bin, data.2.bin ... each after the separator below
+//                (at most 8 data files)
+// Shorter than 4 bytes: the whole input is the manifest and the other files are empty.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -69,9 +70,9 @@ const std::filesystem::path& image_dir() {
   return dir;
 }
 
-// Separates the data files in an input (also in tests/fuzz/manifest.dict, so mutations make and drop it).
+// Separates the files in an input (also in tests/fuzz/manifest.dict, so mutations make and drop it).
 constexpr std::string_view file_separator = "\n--vmmckpt-next-data-file--\n";
-constexpr std::size_t max_files = 8;
+constexpr std::size_t max_files = 9;  // tables.bin and up to 8 data files
 
 struct piece {
   const std::uint8_t* p;
@@ -141,10 +142,10 @@ bool manifest_checksum_matches(const std::uint8_t* manifest, std::size_t manifes
 }
 
 void check_image(const std::filesystem::path& dir, const std::uint8_t* manifest, std::size_t manifest_len,
-                 const std::vector<piece>& files) {
+                 const std::vector<piece>& data_files) {
   const img::reader r = img::reader::open(dir);
   const img::manifest& m = r.info();
-  const bool manifest_matches = manifest_checksum_matches(manifest, manifest_len, files, m.data_files);
+  const bool manifest_matches = manifest_checksum_matches(manifest, manifest_len, data_files, m.data_files);
   // open() promises a manifest that passes validate(): a refusal here is a reader bug, not a defect.
   try {
     img::validate(m);
@@ -231,8 +232,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     manifest_len = std::min<std::size_t>(len, size - 4);
   }
   write_file(dir / "manifest.json", data + skip, manifest_len);
-  const auto files = split_files(data + skip + manifest_len, size - skip - manifest_len);
-  for (std::size_t k = 0; k < max_files; ++k) {
+  auto files = split_files(data + skip + manifest_len, size - skip - manifest_len);
+  write_file(dir / "tables.bin", files[0].p, files[0].n);
+  files.erase(files.begin());
+  for (std::size_t k = 0; k + 1 < max_files; ++k) {
     if (k < files.size())
       write_file(dir / data_file_name(k), files[k].p, files[k].n);
     else

@@ -61,12 +61,18 @@ void write_file(const fs::path& p, const bytes& b) {
 
 bytes to_bytes(const std::string& s) { return bytes(s.begin(), s.end()); }
 
-// image_fuzzer's input: u32 little-endian manifest length, the manifest, the data file.
-bytes fuzz_input(const bytes& manifest, const bytes& data) {
+// The data files of an input, one after another with the fuzzer's separator between them
+// (tests/fuzz/image_fuzzer.cpp); the tables come before the first.
+const std::string file_separator = "\n--vmmckpt-next-data-file--\n";
+
+// image_fuzzer's input: u32 little-endian manifest length, the manifest, the tables, the data files.
+bytes fuzz_input(const bytes& manifest, const bytes& tables, const bytes& data) {
   bytes out;
   const auto n = static_cast<std::uint32_t>(manifest.size());
   for (int i = 0; i < 4; ++i) out.push_back(static_cast<unsigned char>(n >> (8 * i)));
   out.insert(out.end(), manifest.begin(), manifest.end());
+  out.insert(out.end(), tables.begin(), tables.end());
+  out.insert(out.end(), file_separator.begin(), file_separator.end());
   out.insert(out.end(), data.begin(), data.end());
   return out;
 }
@@ -91,12 +97,9 @@ img::manifest base_manifest(std::vector<std::string> command, int devices) {
   return m;
 }
 
-// The data files of an input, one after another with the fuzzer's separator between them
-// (tests/fuzz/image_fuzzer.cpp).
-const std::string file_separator = "\n--vmmckpt-next-data-file--\n";
-
 struct image_files {
-  bytes manifest, data;
+  bytes manifest, tables, data;  // as the image holds them (data: its data files joined)
+  img::manifest decoded;         // as the reader reads it back
 };
 
 // Where each data file starts in a joined `data`.
@@ -144,7 +147,7 @@ image_files write_image(const fs::path& scratch, const std::string& name, img::m
   }
   const img::reader r = img::reader::open(dir);
   r.verify_data();
-  image_files out{read_file(dir / "manifest.json"), read_file(dir / "data.bin")};
+  image_files out{read_file(dir / "manifest.json"), read_file(dir / "tables.bin"), read_file(dir / "data.bin"), r.info()};
   for (std::uint32_t k = 1; k < files; ++k) {
     out.data.insert(out.data.end(), file_separator.begin(), file_separator.end());
     const bytes more = read_file(dir / ("data." + std::to_string(k) + ".bin"));
@@ -153,30 +156,58 @@ image_files write_image(const fs::path& scratch, const std::string& name, img::m
   return out;
 }
 
+// Each data file's header records the manifest's checksum (docs/image-format.md, bytes 24..31) and
+// the format (12..15): set to those of `manifest_text`, so that an edited image is refused for its
+// edit and not merely for the changed manifest.
+bytes with_headers_for(bytes data, const bytes& manifest_text, std::uint32_t format) {
+  const std::uint64_t sum = XXH3_64bits(manifest_text.data(), manifest_text.size());
+  for (const std::size_t start : file_starts(data)) {
+    for (int i = 0; i < 4; ++i) data[start + 12 + static_cast<std::size_t>(i)] = static_cast<unsigned char>(format >> (8 * i));
+    for (int i = 0; i < 8; ++i) data[start + 24 + static_cast<std::size_t>(i)] = static_cast<unsigned char>(sum >> (8 * i));
+  }
+  return data;
+}
+
 struct seed_writer {
   fs::path out;
   int count = 0;
-  void image(const std::string& name, const bytes& manifest, const bytes& data) {
-    write_file(out / "image" / name, fuzz_input(manifest, data));
+  void image(const std::string& name, const bytes& manifest, const bytes& tables, const bytes& data) {
+    write_file(out / "image" / name, fuzz_input(manifest, tables, data));
     ++count;
   }
   void manifest(const std::string& name, const bytes& text) {
     write_file(out / "manifest" / (name + ".json"), text);
     ++count;
   }
-  // A near-miss of both kinds: the edited manifest alone, and as an image with the good data file,
-  // whose header records the edited manifest's checksum (docs/image-format.md, data.bin bytes
-  // 24..31) so that the image is refused for the edit and not merely for the changed manifest.
+  // A near-miss in the manifest file's own fields (format 3): the image, with the good tables and data.
   void edited(const std::string& name, const image_files& good, void (*edit)(ojson&)) {
     ojson j = ojson::parse(good.manifest.begin(), good.manifest.end());
     edit(j);
     const bytes text = to_bytes(j.dump(2) + "\n");
+    image(name, text, good.tables, with_headers_for(good.data, text, img::format_version));
+  }
+  // A near-miss in the tables, as the manifest's full JSON form holds them: the edited full form
+  // alone (manifest_fuzzer's input), and as a format 2 image, whose manifest file holds its tables.
+  void edited_tables(const std::string& name, const image_files& good, void (*edit)(ojson&)) {
+    img::manifest m = good.decoded;
+    m.format = 2;
+    ojson j = ojson::parse(img::to_json(m));
+    edit(j);
+    const bytes text = to_bytes(j.dump(2) + "\n");
     manifest(name, text);
-    bytes data = good.data;
-    const std::uint64_t sum = XXH3_64bits(text.data(), text.size());
-    for (const std::size_t start : file_starts(data))
-      for (int i = 0; i < 8; ++i) data[start + 24 + static_cast<std::size_t>(i)] = static_cast<unsigned char>(sum >> (8 * i));
-    image(name, text, data);
+    image(name, text, {}, with_headers_for(good.data, text, 2));
+  }
+  // A near-miss in tables.bin's bytes, with the checksum in the manifest made to match them.
+  void edited_binary_tables(const std::string& name, const image_files& good, void (*edit)(bytes&)) {
+    bytes tables = good.tables;
+    edit(tables);
+    ojson j = ojson::parse(good.manifest.begin(), good.manifest.end());
+    char sum[17];
+    std::snprintf(sum, sizeof sum, "%016llx", static_cast<unsigned long long>(XXH3_64bits(tables.data(), tables.size())));
+    j["tables"]["checksum"] = sum;
+    j["tables"]["bytes"] = tables.size();
+    const bytes text = to_bytes(j.dump(2) + "\n");
+    image(name, text, tables, with_headers_for(good.data, text, img::format_version));
   }
 };
 
@@ -228,43 +259,50 @@ int main(int argc, char** argv) try {
 
   for (const auto& [name, f] : {std::pair{"empty", &empty}, {"one", &one}, {"two-pools", &two_pools}, {"sparse", &sparse},
                                 {"striped", &striped}}) {
-    seeds.image(name, f->manifest, f->data);
-    seeds.manifest(name, f->manifest);
+    seeds.image(name, f->manifest, f->tables, f->data);
+    seeds.manifest(name, to_bytes(img::to_json(f->decoded) + "\n"));
   }
 
   // Near-misses in the data file: each is refused for one reason (open or verify_data).
   {
     bytes d = two_pools.data;
     d.pop_back();
-    seeds.image("near-miss-data-truncated", two_pools.manifest, d);
+    seeds.image("near-miss-data-truncated", two_pools.manifest, two_pools.tables, d);
     d = two_pools.data;
     d.push_back(0);
-    seeds.image("near-miss-data-trailing-byte", two_pools.manifest, d);
+    seeds.image("near-miss-data-trailing-byte", two_pools.manifest, two_pools.tables, d);
     d = two_pools.data;
     d[40] = 1;
-    seeds.image("near-miss-data-reserved-byte", two_pools.manifest, d);
+    seeds.image("near-miss-data-reserved-byte", two_pools.manifest, two_pools.tables, d);
     d = two_pools.data;
     d[12] = 2;
-    seeds.image("near-miss-data-newer-version", two_pools.manifest, d);
+    seeds.image("near-miss-data-newer-version", two_pools.manifest, two_pools.tables, d);
     d = two_pools.data;
     d[64 + 1500] ^= 0x40;
-    seeds.image("near-miss-data-flipped-bit", two_pools.manifest, d);
-    seeds.image("near-miss-data-missing-header", two_pools.manifest, {});
+    seeds.image("near-miss-data-flipped-bit", two_pools.manifest, two_pools.tables, d);
+    seeds.image("near-miss-data-missing-header", two_pools.manifest, two_pools.tables, {});
     // A manifest changed after writing, still valid: open() takes it, verify_data() must not.
     bytes m = two_pools.manifest;
     const std::string was = "\"hold_us\": 1234", now = "\"hold_us\": 1235";
     const auto at = std::search(m.begin(), m.end(), was.begin(), was.end());
     if (at == m.end()) throw std::runtime_error("hold_us not found in the manifest");
     std::copy(now.begin(), now.end(), at);
-    seeds.image("near-miss-manifest-changed", m, two_pools.data);
+    seeds.image("near-miss-manifest-changed", m, two_pools.tables, two_pools.data);
   }
 
   // Near-misses in the manifest: each breaks one rule of docs/image-format.md.
-  seeds.edited("near-miss-format-3", one, [](ojson& j) { j["format"] = 3; });
-  seeds.edited("near-miss-format-1-with-files", striped, [](ojson& j) { j["format"] = 1; });
-  seeds.edited("near-miss-file-index", striped, [](ojson& j) { j["pools"][0]["extents"][1]["file"] = 3; });
-  seeds.edited("near-miss-file-offset", striped, [](ojson& j) { j["pools"][0]["extents"][3]["offset"] = 0; });
+  seeds.edited("near-miss-format-4", one, [](ojson& j) { j["format"] = 4; });
+  seeds.edited_tables("near-miss-format-1-with-files", striped, [](ojson& j) { j["format"] = 1; });
+  seeds.edited_tables("near-miss-file-index", striped, [](ojson& j) { j["pools"][0]["extents"][1]["file"] = 3; });
+  seeds.edited_tables("near-miss-file-offset", striped, [](ojson& j) { j["pools"][0]["extents"][3]["offset"] = 0; });
   seeds.edited("near-miss-data-files", striped, [](ojson& j) { j["data_files"] = 2; });
+  seeds.edited("near-miss-image-id", one, [](ojson& j) { j["image_id"] = "not hex"; });
+  seeds.edited("near-miss-allocation-count", two_pools, [](ojson& j) { j["pools"][0]["allocation_count"] = 4; });
+  seeds.edited("near-miss-tables-checksum", two_pools, [](ojson& j) { j["tables"]["checksum"] = "0123456789abcdef"; });
+  seeds.edited_binary_tables("near-miss-tables-truncated", two_pools, [](bytes& t) { t.pop_back(); });
+  seeds.edited_binary_tables("near-miss-tables-reserved-byte", two_pools, [](bytes& t) { t[64 + 20] = 1; });
+  seeds.edited_binary_tables("near-miss-tables-api", two_pools, [](bytes& t) { t[64 + 16] = 42; });
+  seeds.edited_binary_tables("near-miss-tables-magic", two_pools, [](bytes& t) { t[0] = 'X'; });
   {
     // Data files swapped: each header names its own index.
     const auto starts = file_starts(striped.data);
@@ -275,23 +313,23 @@ int main(int argc, char** argv) try {
     d.insert(d.end(), file2.begin(), file2.end());
     d.insert(d.end(), file_separator.begin(), file_separator.end());
     d.insert(d.end(), file1.begin(), file1.end());
-    seeds.image("near-miss-files-swapped", striped.manifest, d);
+    seeds.image("near-miss-files-swapped", striped.manifest, striped.tables, d);
     // A data file missing.
-    seeds.image("near-miss-file-missing", striped.manifest,
+    seeds.image("near-miss-file-missing", striped.manifest, striped.tables,
                 bytes(striped.data.begin(), striped.data.begin() + static_cast<std::ptrdiff_t>(starts[2] - file_separator.size())));
   }
-  seeds.edited("near-miss-checksum", two_pools, [](ojson& j) { j["pools"][0]["extents"][1]["checksum"] = "0123456789abcdef"; });
-  seeds.edited("near-miss-overlap", two_pools, [](ojson& j) { j["pools"][0]["extents"][1]["addr"] = "0x2000000003e7"; });
-  seeds.edited("near-miss-offset", two_pools, [](ojson& j) { j["pools"][1]["extents"][0]["offset"] = 7099; });
-  seeds.edited("near-miss-two-allocations", two_pools, [](ojson& j) { j["pools"][0]["extents"][3]["size"] = 2 * gran; });
+  seeds.edited_tables("near-miss-checksum", two_pools, [](ojson& j) { j["pools"][0]["extents"][1]["checksum"] = "0123456789abcdef"; });
+  seeds.edited_tables("near-miss-overlap", two_pools, [](ojson& j) { j["pools"][0]["extents"][1]["addr"] = "0x2000000003e7"; });
+  seeds.edited_tables("near-miss-offset", two_pools, [](ojson& j) { j["pools"][1]["extents"][0]["offset"] = 7099; });
+  seeds.edited_tables("near-miss-two-allocations", two_pools, [](ojson& j) { j["pools"][0]["extents"][3]["size"] = 2 * gran; });
   seeds.edited("near-miss-address-17-digits", one, [](ojson& j) { j["pools"][0]["base"] = "0x10000000000000000"; });
-  seeds.edited("near-miss-negative-size", one, [](ojson& j) { j["pools"][0]["allocations"][0]["size"] = -1; });
-  seeds.edited("near-miss-float-size", one, [](ojson& j) { j["pools"][0]["extents"][0]["size"] = 4096.0; });
+  seeds.edited_tables("near-miss-negative-size", one, [](ojson& j) { j["pools"][0]["allocations"][0]["size"] = -1; });
+  seeds.edited_tables("near-miss-float-size", one, [](ojson& j) { j["pools"][0]["extents"][0]["size"] = 4096.0; });
   seeds.edited("near-miss-pool-overflow", one, [](ojson& j) {
     j["pools"][0]["base"] = "0xffffffffffe00000";
   });
   seeds.edited("near-miss-unknown-device", sparse, [](ojson& j) { j["pools"][1]["device"] = 9; });
-  seeds.edited("near-miss-missing-field", two_pools, [](ojson& j) { j["pools"][1]["extents"][1].erase("checksum"); });
+  seeds.edited_tables("near-miss-missing-field", two_pools, [](ojson& j) { j["pools"][1]["extents"][1].erase("checksum"); });
   seeds.edited("near-miss-data-bytes", two_pools, [](ojson& j) { j["data_bytes"] = 18446744073709551615ULL; });
   {
     // Nesting one level past the limit, in an ignored field.
@@ -300,7 +338,7 @@ int main(int argc, char** argv) try {
     for (int i = 0; i < 17; ++i) deep += "]";
     deep += "}\n";
     seeds.manifest("near-miss-deep", to_bytes(deep));
-    seeds.image("near-miss-deep", to_bytes(deep), empty.data);
+    seeds.image("near-miss-deep", to_bytes(deep), empty.tables, empty.data);
   }
 
   std::error_code ec;

@@ -83,12 +83,12 @@ std::string check(const fs::path& dir) {
 
 }  // namespace
 
-TEST_CASE("a flipped bit anywhere in the manifest or the data is refused", "[image][damage]") {
+TEST_CASE("a flipped bit anywhere in the manifest, the tables or the data is refused", "[image][damage]") {
   temp_dir tmp;
   const fs::path dir = make_image(tmp.path);
   REQUIRE(check(dir).empty());
   int tried = 0;
-  for (const char* name : {"manifest.json", "data.bin"}) {
+  for (const char* name : {"manifest.json", "tables.bin", "data.bin"}) {
     const fs::path file = dir / name;
     const auto original = read_all(file);
     for (std::size_t i = 0; i < original.size(); ++i) {
@@ -108,11 +108,11 @@ TEST_CASE("a flipped bit anywhere in the manifest or the data is refused", "[ima
   WARN("bit flips tried: " << tried << ", all refused");
 }
 
-TEST_CASE("a truncated or extended manifest or data file is refused", "[image][damage]") {
+TEST_CASE("a truncated or extended manifest, tables or data file is refused", "[image][damage]") {
   temp_dir tmp;
   const fs::path dir = make_image(tmp.path);
   int tried = 0;
-  for (const char* name : {"manifest.json", "data.bin"}) {
+  for (const char* name : {"manifest.json", "tables.bin", "data.bin"}) {
     const fs::path file = dir / name;
     const auto original = read_all(file);
     for (std::size_t keep = 0; keep < original.size(); keep += (name[0] == 'm' ? 1 : 7)) {

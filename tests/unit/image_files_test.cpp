@@ -83,6 +83,7 @@ img::manifest write_striped(const fs::path& dir, std::uint32_t files, int extent
   m.pools[0].extents = done;
   for (const auto& e : done) m.data_bytes += e.size;
   w.commit(m);
+  m.image_id = w.image_id();
   return m;
 }
 

@@ -115,6 +115,7 @@ sample write_image(const fs::path& final_dir, std::vector<img::pool> pools,
   s.m.pools = std::move(pools);
   CHECK_FALSE(fs::exists(final_dir));
   w.commit(s.m);
+  s.m.image_id = w.image_id();
   return s;
 }
 
@@ -185,14 +186,18 @@ std::string open_error(const fs::path& dir) {
   return {};
 }
 
-// A copy of the small image whose manifest is replaced by `text`.
-fs::path image_with_manifest_text(const scratch& s, const std::string& text) {
+// A copy of the small image whose manifest is replaced by `text` (and its tables by `tables`).
+fs::path image_with_manifest_text(const scratch& s, const std::string& text, const std::string* tables = nullptr) {
   const fs::path good = s / "good";
   if (!fs::exists(good)) small_image(good);
   const fs::path bad = s / "bad";
   fs::remove_all(bad);
   fs::create_directory(bad);
   fs::copy_file(good / "data.bin", bad / "data.bin");
+  if (tables != nullptr)
+    write_file(bad / "tables.bin", *tables);
+  else
+    fs::copy_file(good / "tables.bin", bad / "tables.bin");
   write_file(bad / "manifest.json", text);
   return bad;
 }
@@ -205,14 +210,25 @@ std::string refusal(const std::function<void(img::manifest&)>& spoil) {
   spoil(m);
   // validate() is the same rule set, applied to the struct.
   CHECK_THROWS_AS(img::validate(m), img::image_error);
-  return open_error(image_with_manifest_text(s, img::to_json(m) + "\n"));
+  const img::metadata_files files = img::encode_metadata(m);
+  return open_error(image_with_manifest_text(s, files.manifest_json, &files.tables));
 }
 
-// The same, for a change made on the JSON text (types, missing fields, ...).
+// The same, for a change made on the JSON text of the manifest file (types, missing fields, ...).
 std::string json_refusal(const std::function<void(nlohmann::json&)>& spoil) {
   scratch s;
   small_image(s / "good");
   auto j = nlohmann::json::parse(read_file(s / "good" / "manifest.json"));
+  spoil(j);
+  return open_error(image_with_manifest_text(s, j.dump(2)));
+}
+
+// The same, for a format 2 manifest, whose tables are in its JSON (the reader still reads format 2).
+std::string format2_json_refusal(const std::function<void(nlohmann::json&)>& spoil) {
+  scratch s;
+  img::manifest m = small_image(s / "good").m;
+  m.format = 2;
+  auto j = nlohmann::json::parse(img::to_json(m));
   spoil(j);
   return open_error(image_with_manifest_text(s, j.dump(2)));
 }
@@ -292,14 +308,56 @@ TEST_CASE("image: JSON round trip and byte-identical re-encoding", "[image]") {
   const sample w = big_image(s / "img");
   CHECK(img::from_json(img::to_json(w.m)) == w.m);
   CHECK(img::from_json(img::to_json(w.m, -1)) == w.m);
+  // The files are exactly what encode_metadata gives for the manifest read back.
   const std::string file = read_file(s / "img" / "manifest.json");
-  CHECK(img::to_json(img::from_json(file)) + "\n" == file);
+  const img::metadata_files again = img::encode_metadata(img::reader::open(s / "img").info());
+  CHECK(again.manifest_json == file);
+  CHECK(again.tables == read_file(s / "img" / "tables.bin"));
+  CHECK(again.tables.size() == 64 + 4 * 24 + 5 * 40);  // 4 allocations, 5 extents
   // Field order and representation are part of the format.
-  CHECK(file.rfind("{\n  \"magic\": \"vmmckpt-image\",\n  \"format\": 2,\n", 0) == 0);
+  CHECK(file.rfind("{\n  \"magic\": \"vmmckpt-image\",\n  \"format\": 3,\n  \"image_id\": \"", 0) == 0);
   CHECK_THAT(file, Contains("\"base\": \"0x200000000000\""));
   const auto j = nlohmann::json::parse(file);
-  CHECK(j["pools"][0]["extents"][1]["checksum"].get<std::string>().size() == 16);
+  CHECK(j["tables"]["checksum"].get<std::string>().size() == 16);
+  CHECK(j["pools"][0]["allocation_count"] == 3);
+  CHECK(j["pools"][0]["extent_count"] == 4);
   CHECK(j["pools"][0]["size"].is_number_unsigned());
+  CHECK_FALSE(j["pools"][0].contains("extents"));
+}
+
+TEST_CASE("image: reader refuses tables that are not the manifest's", "[image][validation]") {
+  scratch s;
+  const sample good = small_image(s / "good");
+  const img::metadata_files files = img::encode_metadata(good.m);
+  auto with_tables = [&](std::string tables) {
+    return open_error(image_with_manifest_text(s, files.manifest_json, &tables));
+  };
+  CHECK_THAT(with_tables(files.tables + "x"), Contains("tables.bin: " + std::to_string(files.tables.size() + 1) +
+                                                        " bytes, the manifest says " + std::to_string(files.tables.size())));
+  std::string flipped = files.tables;
+  flipped[64 + 3] ^= 1;
+  CHECK_THAT(with_tables(flipped), Contains("tables.bin: checksum mismatch"));
+  fs::remove(image_with_manifest_text(s, files.manifest_json) / "tables.bin");
+  CHECK_THAT(open_error(s / "bad"), Contains("tables.bin: missing"));
+  // Damage that keeps the sizes: the checksums in the manifest are recomputed, so the tables' own
+  // rules are what refuses them.
+  auto refused = [&](std::size_t at, unsigned char value) {
+    std::string tables = files.tables;
+    tables[at] = static_cast<char>(value);
+    img::manifest m = good.m;
+    std::string text = files.manifest_json;
+    const std::string old_sum = nlohmann::json::parse(text)["tables"]["checksum"];
+    char sum[17];
+    std::snprintf(sum, sizeof sum, "%016llx", static_cast<unsigned long long>(XXH3_64bits(tables.data(), tables.size())));
+    text.replace(text.find(old_sum), old_sum.size(), sum);
+    return open_error(image_with_manifest_text(s, text, &tables));
+  };
+  CHECK_THAT(refused(0, 'X'), Contains("tables.bin: bad magic"));
+  CHECK_THAT(refused(16, 9), Contains("tables.bin: the header counts 9 allocations"));
+  CHECK_THAT(refused(50, 1), Contains("tables.bin: reserved header byte 50 is not zero"));
+  CHECK_THAT(refused(64 + 16, 42), Contains("tables.bin: pools[0].allocations[0].api 42 is not an allocation API"));
+  CHECK_THAT(refused(64 + 20, 1), Contains("tables.bin: pools[0].allocations[0]: reserved bytes are not zero"));
+  CHECK_THAT(refused(64 + 3 * 24 + 36, 1), Contains("tables.bin: pools[0].extents[0]: reserved bytes are not zero"));
 }
 
 TEST_CASE("image: nothing at the final path before commit; an abandoned writer leaves nothing", "[image]") {
@@ -403,6 +461,7 @@ TEST_CASE("image: commit refuses a manifest that does not match what was written
   // A refused manifest leaves the writer usable.
   m.pools[0].allocations[0].size = 100;
   w.commit(m);
+  m.image_id = w.image_id();
   CHECK(img::reader::open(s / "img").info() == m);
 }
 
@@ -432,6 +491,10 @@ TEST_CASE("image: writer misuse is refused", "[image]") {
 #define REFUSES_JSON(name, expected, body)                                       \
   TEST_CASE("image: reader refuses " name, "[image][validation]") {              \
     CHECK_THAT(json_refusal([](nlohmann::json & j) { body; }), Contains(expected)); \
+  }
+#define REFUSES_FORMAT2_JSON(name, expected, body)                                       \
+  TEST_CASE("image: reader refuses in format 2 " name, "[image][validation]") {          \
+    CHECK_THAT(format2_json_refusal([](nlohmann::json & j) { body; }), Contains(expected)); \
   }
 
 TEST_CASE("image: the unspoilt small image is accepted", "[image][validation]") {
@@ -468,27 +531,36 @@ TEST_CASE("image: reader refuses a manifest that is not an object", "[image][val
 
 REFUSES_JSON("a missing magic", "manifest.json: missing field 'magic'", j.erase("magic"))
 REFUSES_JSON("a wrong magic", "manifest.json: magic is \"criu\"", j["magic"] = "criu")
-REFUSES_JSON("a newer format", "manifest.json: format 3 is newer than this tool understands (2)",
-             j["format"] = 3; j["pools"] = "whatever a future format holds")
+REFUSES_JSON("a newer format", "manifest.json: format 4 is newer than this tool understands (3)",
+             j["format"] = 4; j["pools"] = "whatever a future format holds")
 REFUSES_JSON("an unknown older format", "manifest.json: format 0 is not a known format", j["format"] = 0)
 REFUSES_JSON("a format that is not a number", "manifest.json: format: expected an integer", j["format"] = "1")
 REFUSES_JSON("a missing top-level field", "manifest.json: missing field 'pools'", j.erase("pools"))
-REFUSES_JSON("a missing nested field", "manifest.json: pools[1].extents[0]: missing field 'checksum'",
-             j["pools"][1]["extents"][0].erase("checksum"))
+REFUSES_JSON("a missing nested field", "manifest.json: pools[1]: missing field 'extent_count'",
+             j["pools"][1].erase("extent_count"))
+REFUSES_FORMAT2_JSON("a missing nested field", "manifest.json: pools[1].extents[0]: missing field 'checksum'",
+                     j["pools"][1]["extents"][0].erase("checksum"))
 REFUSES_JSON("a string where a number belongs", "manifest.json: pid: expected a 64-bit signed integer", j["pid"] = "4242")
-REFUSES_JSON("a negative size", "manifest.json: pools[0].extents[2].size: expected a non-negative integer",
-             j["pools"][0]["extents"][2]["size"] = -512)
+REFUSES_FORMAT2_JSON("a negative size", "manifest.json: pools[0].extents[2].size: expected a non-negative integer",
+                     j["pools"][0]["extents"][2]["size"] = -512)
+REFUSES_JSON("a negative count", "manifest.json: pools[0].allocation_count: expected a non-negative integer",
+             j["pools"][0]["allocation_count"] = -1)
 REFUSES_JSON("a fractional size", "manifest.json: pools[0].size: expected a non-negative integer", j["pools"][0]["size"] = 1.5)
 REFUSES_JSON("a size beyond 2^64", "manifest.json: data_bytes: expected a non-negative integer",
              j["data_bytes"] = 1e30)
 REFUSES_JSON("an address that is not hex", "manifest.json: pools[0].base: expected an address",
              j["pools"][0]["base"] = "0x20000000000g")
-REFUSES_JSON("an address as a number", "manifest.json: pools[0].allocations[1].addr: expected an address",
-             j["pools"][0]["allocations"][1]["addr"] = 35184372097024ULL)
+REFUSES_FORMAT2_JSON("an address as a number", "manifest.json: pools[0].allocations[1].addr: expected an address",
+                     j["pools"][0]["allocations"][1]["addr"] = 35184372097024ULL)
 REFUSES_JSON("an address of more than 64 bits", "manifest.json: pools[0].base: expected an address",
              j["pools"][0]["base"] = "0x10000000000000000")
-REFUSES_JSON("a short checksum", "manifest.json: pools[0].extents[1].checksum: expected a checksum",
-             j["pools"][0]["extents"][1]["checksum"] = "0123456789abcde")
+REFUSES_FORMAT2_JSON("a short checksum", "manifest.json: pools[0].extents[1].checksum: expected a checksum",
+                     j["pools"][0]["extents"][1]["checksum"] = "0123456789abcde")
+REFUSES_JSON("a short tables checksum", "manifest.json: tables.checksum: expected a checksum",
+             j["tables"]["checksum"] = "0123456789abcde")
+REFUSES_JSON("a missing image id", "manifest.json: missing field 'image_id'", j.erase("image_id"))
+REFUSES_JSON("an image id that is not 32 hex digits", "manifest.json: image_id \"xyz\" is not 32 lowercase hex digits",
+             j["image_id"] = "xyz")
 REFUSES_JSON("an ordinal beyond int", "manifest.json: devices[0].ordinal: expected a 32-bit integer",
              j["devices"][0]["ordinal"] = 1ULL << 40)
 REFUSES_JSON("a pool that is not an object", "manifest.json: pools[1]: expected an object", j["pools"][1] = 7)
@@ -561,10 +633,10 @@ TEST_CASE("image: reader refuses a damaged data header", "[image][data]") {
   };
   patch(fresh(), 0, "X");
   CHECK_THAT(open_error(s / "img"), Contains("data.bin: bad magic"));
-  patch(fresh(), 12, std::string("\x03\0\0\0", 4));
-  CHECK_THAT(open_error(s / "img"), Contains("data.bin: format 3 is newer than this tool understands (2)"));
+  patch(fresh(), 12, std::string("\x04\0\0\0", 4));
+  CHECK_THAT(open_error(s / "img"), Contains("data.bin: format 4 is newer than this tool understands (3)"));
   patch(fresh(), 12, std::string("\x01\0\0\0", 4));
-  CHECK_THAT(open_error(s / "img"), Contains("data.bin: format 1 does not match the manifest's format 2"));
+  CHECK_THAT(open_error(s / "img"), Contains("data.bin: format 1 does not match the manifest's format 3"));
   patch(fresh(), 16, std::string("\x01\0\0\0", 4));
   CHECK_THAT(open_error(s / "img"), Contains("data.bin: header gives a payload of 1 bytes but the manifest's extents in this file hold 7956"));
   patch(fresh(), 32, "\x01");

@@ -10,8 +10,10 @@
 
 namespace vmmckpt::image {
 
-// What the writer writes. Readers also read format 1 (one data file, no `file` fields).
-inline constexpr std::uint32_t format_version = 2;
+// What the writer writes: format 3, whose allocation and extent tables are apart from the manifest's
+// JSON, in tables.bin. Readers also read format 2 (tables in the JSON) and format 1 (one data file,
+// no `file` fields).
+inline constexpr std::uint32_t format_version = 3;
 // Data files an image may have: the writer spreads extents over several so that threads can
 // write them at once (a file system serializes writes to one file).
 inline constexpr std::uint32_t max_data_files = 256;
@@ -56,6 +58,9 @@ struct pool {
 
 struct manifest {
   std::uint32_t format = format_version;
+  // Format 3: 32 hex digits, random, given by the writer at commit: which image this is, so that
+  // resume takes only the image its own suspend wrote. Empty in older formats.
+  std::string image_id;
   std::string tool_version;
   std::string created;  // ISO 8601, UTC
   std::string host;
@@ -98,8 +103,10 @@ class writer {
   file_times times(std::uint32_t file) const;
 
   // The manifest's extents, taken file by file in manifest order, must be those end_extent
-  // returned for that file, in order; data_files must be files().
+  // returned for that file, in order; data_files must be files(). The image is written with the
+  // writer's own image_id (whatever m says).
   void commit(const manifest& m);
+  const std::string& image_id() const;
   const std::filesystem::path& temporary_dir() const;
 
  private:
@@ -161,8 +168,17 @@ class streaming_checksum {
 // "pools[0].extents[3] overlaps extents[2]".
 void validate(const manifest& m);
 
-// The manifest as JSON (what the manifest file holds, and `inspect --json` prints).
+// The metadata files of a format 3 image for m, exactly as writer::commit writes them (with m's own
+// image_id): manifest.json's text and tables.bin's bytes. For tests and tools that build images by hand.
+struct metadata_files {
+  std::string manifest_json;
+  std::string tables;
+};
+metadata_files encode_metadata(const manifest& m);
+
+// The manifest as JSON, its tables inline: what `inspect --json` prints, and what the manifest file
+// of a format 1 or 2 image holds (a format 3 file keeps the tables apart, in tables.bin).
 std::string to_json(const manifest& m, int indent = 2);
-manifest from_json(const std::string& text);  // structural checks only; throws image_error
+manifest from_json(const std::string& text);  // that form; structural checks only; throws image_error
 
 }  // namespace vmmckpt::image

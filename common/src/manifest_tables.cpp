@@ -1,0 +1,116 @@
+// tables.bin of a format 3 image: the pools' allocation and extent tables as fixed little-endian records.
+//
+// A million allocations are 64 MB of JSON but 64 bytes each here, read at memory speed: what keeps
+// verify, restore and the hold of a suspend short for programs of many small allocations.
+#include <cstring>
+
+#include "image_detail.hpp"
+#include "vmmckpt/alloc_api.hpp"
+
+namespace vmmckpt::image::detail {
+namespace {
+
+void put(std::string& out, std::size_t at, std::uint64_t v, int bytes) {
+  // Little-endian whatever the host: the file must read the same on every machine.
+  for (int i = 0; i < bytes; ++i) out[at + i] = static_cast<char>(v >> (8 * i));
+}
+
+std::uint64_t get(const std::string& in, std::size_t at, int bytes) {
+  std::uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(in[at + i])) << (8 * i);
+  return v;
+}
+
+}  // namespace
+
+std::string encode_tables(const manifest& m) {
+  std::uint64_t allocations = 0, extents = 0;
+  for (const auto& p : m.pools) {
+    allocations += p.allocations.size();
+    extents += p.extents.size();
+  }
+  std::string out(tables_header_size + allocations * allocation_record_size + extents * extent_record_size, '\0');
+  std::memcpy(out.data(), tables_magic.data(), tables_magic.size());
+  put(out, 12, format_version, 4);
+  put(out, 16, allocations, 8);
+  put(out, 24, extents, 8);
+  put(out, 32, m.pools.size(), 8);
+  std::size_t at = tables_header_size;
+  for (const auto& p : m.pools) {
+    for (const auto& a : p.allocations) {
+      const auto api = alloc_api_from_name(a.api);
+      if (!api) fail("the allocation at " + hex(a.addr) + " names no known API (\"" + a.api + "\")");
+      put(out, at, a.addr, 8);
+      put(out, at + 8, a.size, 8);
+      put(out, at + 16, static_cast<std::uint32_t>(*api), 4);
+      at += allocation_record_size;
+    }
+    for (const auto& e : p.extents) {
+      put(out, at, e.addr, 8);
+      put(out, at + 8, e.size, 8);
+      put(out, at + 16, e.offset, 8);
+      put(out, at + 24, e.checksum, 8);
+      put(out, at + 32, e.file, 4);
+      at += extent_record_size;
+    }
+  }
+  return out;
+}
+
+void decode_tables(const std::string& bytes, const std::vector<std::uint64_t>& allocation_counts,
+                   const std::vector<std::uint64_t>& extent_counts, manifest& m) {
+  // Counts are bounded by the file's size before anything is reserved: a manifest cannot make the
+  // reader allocate more than the tables it really has.
+  std::uint64_t allocations = 0, extents = 0;
+  const std::uint64_t most = bytes.size() / allocation_record_size;
+  for (std::size_t p = 0; p < m.pools.size(); ++p) {
+    if (allocation_counts[p] > most || extent_counts[p] > most || allocations > most || extents > most)
+      fail("the manifest counts more records than " + std::to_string(bytes.size()) + " bytes can hold");
+    allocations += allocation_counts[p];
+    extents += extent_counts[p];
+  }
+  const std::uint64_t expected = tables_header_size + allocations * allocation_record_size + extents * extent_record_size;
+  if (bytes.size() != expected)
+    fail(std::to_string(bytes.size()) + " bytes, expected " + std::to_string(expected) + " (a 64-byte header, " +
+         std::to_string(allocations) + " allocation and " + std::to_string(extents) + " extent records)");
+  if (std::memcmp(bytes.data(), tables_magic.data(), tables_magic.size()) != 0) fail("bad magic (not vmmckpt tables)");
+  if (get(bytes, 12, 4) != m.format)
+    fail("version " + std::to_string(get(bytes, 12, 4)) + " does not match the manifest's format " + std::to_string(m.format));
+  if (get(bytes, 16, 8) != allocations || get(bytes, 24, 8) != extents || get(bytes, 32, 8) != m.pools.size())
+    fail("the header counts " + std::to_string(get(bytes, 16, 8)) + " allocations, " + std::to_string(get(bytes, 24, 8)) +
+         " extents and " + std::to_string(get(bytes, 32, 8)) + " pools; the manifest " + std::to_string(allocations) +
+         ", " + std::to_string(extents) + " and " + std::to_string(m.pools.size()));
+  for (std::size_t i = 40; i < tables_header_size; ++i)
+    if (bytes[i] != 0) fail("reserved header byte " + std::to_string(i) + " is not zero");
+  std::size_t at = tables_header_size;
+  for (std::size_t p = 0; p < m.pools.size(); ++p) {
+    pool& pl = m.pools[p];
+    pl.allocations.resize(allocation_counts[p]);
+    for (std::size_t k = 0; k < pl.allocations.size(); ++k, at += allocation_record_size) {
+      allocation& a = pl.allocations[k];
+      a.addr = get(bytes, at, 8);
+      a.size = get(bytes, at + 8, 8);
+      const std::uint64_t api = get(bytes, at + 16, 4);
+      bool known = false;
+      for (alloc_api x : all_alloc_apis) known = known || static_cast<std::uint64_t>(x) == api;
+      if (!known)
+        fail("pools[" + std::to_string(p) + "].allocations[" + std::to_string(k) + "].api " + std::to_string(api) +
+             " is not an allocation API vmmckpt records");
+      a.api = std::string(name_of(static_cast<alloc_api>(api)));
+      if (get(bytes, at + 20, 4) != 0)
+        fail("pools[" + std::to_string(p) + "].allocations[" + std::to_string(k) + "]: reserved bytes are not zero");
+    }
+    pl.extents.resize(extent_counts[p]);
+    for (std::size_t k = 0; k < pl.extents.size(); ++k, at += extent_record_size) {
+      extent& e = pl.extents[k];
+      e.addr = get(bytes, at, 8);
+      e.size = get(bytes, at + 8, 8);
+      e.offset = get(bytes, at + 16, 8);
+      e.checksum = get(bytes, at + 24, 8);
+      e.file = static_cast<std::uint32_t>(get(bytes, at + 32, 4));
+      if (get(bytes, at + 36, 4) != 0) fail(extent_name(p, k) + ": reserved bytes are not zero");
+    }
+  }
+}
+
+}  // namespace vmmckpt::image::detail
