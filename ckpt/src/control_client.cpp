@@ -40,6 +40,20 @@ void close_all(std::vector<int>& fds) {
   fds.clear();
 }
 
+// The allocation table's bytes: a memfd of the process, read whole (at most 4 GiB: 170 million allocations).
+bool read_table(int fd, std::string& out) {
+  struct stat st{};
+  if (::fstat(fd, &st) != 0 || st.st_size < 0 || static_cast<std::uint64_t>(st.st_size) > (4ULL << 30)) return false;
+  out.resize(static_cast<std::size_t>(st.st_size));
+  for (std::size_t done = 0; done < out.size();) {
+    const ssize_t r = ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    done += static_cast<std::size_t>(r);
+  }
+  return true;
+}
+
 }  // namespace
 
 received_fds::~received_fds() {
@@ -155,10 +169,23 @@ control::dump_begin_reply control_client::dump_begin(int deadline_ms, received_f
                           protocol::failure_kind::bad_frame);
     }
   }
-  if (got.size() != reply.fd_count)
+  if (got.size() != reply.fd_count || got.empty())
     throw control_error("process " + std::to_string(pid_) + " sent " + std::to_string(got.size()) +
                             " descriptors, expected " + std::to_string(reply.fd_count),
                         protocol::failure_kind::bad_frame);
+  // The last descriptor is the allocation table; the others are the segments'.
+  const int table_fd = got.back();
+  got.pop_back();
+  std::string table;
+  const bool read = read_table(table_fd, table);
+  ::close(table_fd);
+  try {
+    if (!read) throw control::decode_error("cannot read it");
+    control::decode_allocation_table(table, reply);
+  } catch (const control::decode_error& e) {
+    throw control_error("process " + std::to_string(pid_) + " sent a bad allocation table: " + e.what(),
+                        protocol::failure_kind::bad_frame);
+  }
   guard.done = true;
   fds = received_fds(std::move(got));
   return reply;

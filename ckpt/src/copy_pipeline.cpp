@@ -19,32 +19,66 @@ using clock = std::chrono::steady_clock;
 // A piece of an allocation, stored as one extent; big allocations are cut into chunk-sized
 // extents so that several writer threads share them.
 struct piece {
-  std::size_t pool;    // index into the manifest's pools
-  std::size_t extent;  // index into that pool's extents
+  std::size_t pool;       // index into the manifest's pools
+  std::size_t extent;     // index into that pool's extents
   std::uint64_t addr;
   std::uint64_t size;
+  std::uint64_t offset;   // where its bytes are in the chunk's buffer
 };
-// One staging buffer's worth of pieces, copied back to back, written to one data file.
+// One copy: a run of the program's memory holding one or more pieces and the gaps between them.
+// Copying small allocations one by one costs a driver call each (200 000 of them take most of a
+// second); a run costs one, and the gaps' bytes are never written to the image.
+struct span {
+  std::uint64_t addr;
+  std::uint64_t size;
+  std::uint64_t offset;  // in the chunk's buffer
+};
+// One staging buffer's worth of spans, copied back to back; its pieces go to one data file.
 struct chunk {
   std::vector<piece> pieces;
-  std::uint64_t bytes = 0;
+  std::vector<span> spans;
+  std::uint64_t bytes = 0;  // of the buffer, gaps included
 };
 
-// Cuts every pool's allocations into extents of at most chunk_bytes and packs them into chunks,
-// in manifest order. Writers take chunks in that order, so each data file gets its extents in it.
-std::vector<chunk> plan_chunks(image::manifest& m, std::uint64_t chunk_bytes, std::uint32_t files) {
+// A gap up to this size between two pieces is copied with them rather than split into two copies.
+constexpr std::uint64_t max_gap = 64 << 10;
+
+// Cuts every pool's allocations into extents of at most chunk_bytes and packs them into chunks, in
+// manifest order, joining nearby pieces into one span where `readable` says the memory between them
+// is mapped. Writers take chunks in that order, so each data file gets its extents in it.
+std::vector<chunk> plan_chunks(image::manifest& m, std::uint64_t chunk_bytes, std::uint32_t files,
+                               const std::function<bool(std::uint64_t, std::uint64_t)>& readable) {
   std::vector<chunk> chunks(1);
   for (std::size_t p = 0; p < m.pools.size(); ++p) {
     auto& pool = m.pools[p];
     pool.extents.clear();
     for (const auto& a : pool.allocations) {
       for (std::uint64_t done = 0; done < a.size;) {
-        if (chunks.back().bytes == chunk_bytes) chunks.emplace_back();
-        chunk& c = chunks.back();
-        const std::uint64_t n = std::min(a.size - done, chunk_bytes - c.bytes);
-        c.pieces.push_back({p, pool.extents.size(), a.addr + done, n});
-        pool.extents.push_back({a.addr + done, n, 0, 0, 0});
-        c.bytes += n;
+        chunk* c = &chunks.back();
+        const std::uint64_t addr = a.addr + done;
+        // Joined to the chunk's last span when the gap is small, mapped, and the chunk has room.
+        if (!c->spans.empty()) {
+          span& last = c->spans.back();
+          const std::uint64_t end = last.addr + last.size;
+          if (addr >= end && addr - end <= max_gap && c->bytes + (addr - end) < chunk_bytes && readable(end, addr - end)) {
+            const std::uint64_t n = std::min(a.size - done, chunk_bytes - c->bytes - (addr - end));
+            c->pieces.push_back({p, pool.extents.size(), addr, n, last.offset + (addr - last.addr)});
+            pool.extents.push_back({addr, n, 0, 0, 0});
+            last.size = addr + n - last.addr;
+            c->bytes = last.offset + last.size;
+            done += n;
+            continue;
+          }
+        }
+        if (c->bytes == chunk_bytes) {
+          chunks.emplace_back();
+          c = &chunks.back();
+        }
+        const std::uint64_t n = std::min(a.size - done, chunk_bytes - c->bytes);
+        c->spans.push_back({addr, n, c->bytes});
+        c->pieces.push_back({p, pool.extents.size(), addr, n, c->bytes});
+        pool.extents.push_back({addr, n, 0, 0, 0});
+        c->bytes += n;
         done += n;
       }
     }
@@ -169,16 +203,18 @@ void copy_pipeline::prepare(const std::filesystem::path& output, CUcontext conte
   if (snapshot_allowed) snapshot_->try_allocate(live_estimate_ + live_estimate_ / 8 + (64ULL << 20), settings_.chunk_bytes);
 }
 
-void copy_pipeline::copy(image::manifest& m, const std::function<void()>& release, const progress_callback& progress,
+void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint64_t, std::uint64_t)>& readable,
+                         const std::function<void()>& release, const progress_callback& progress,
                          image_result& result, bool& used_snapshot, std::uint64_t& snapshot_bytes) {
   staging& st = *staging_;
   image::writer& writer = *writer_;
   // This thread copies the chunks in order into whichever staging buffer is free, and each writer
   // thread (one data file each) takes the next copied chunk and appends it, so PCIe and storage
   // overlap and the file system takes several files at once (it serializes writes to one file).
-  const auto chunks = plan_chunks(m, settings_.chunk_bytes, writer.files());
-  std::uint64_t total = 0;
-  for (const auto& c : chunks) total += c.bytes;
+  const auto chunks = plan_chunks(m, settings_.chunk_bytes, writer.files(), readable);
+  std::uint64_t total = 0;  // the image's bytes (without the gaps copied along)
+  for (const auto& c : chunks)
+    for (const piece& pc : c.pieces) total += pc.size;
 
   std::mutex mutex;
   std::condition_variable changed;
@@ -218,18 +254,18 @@ void copy_pipeline::copy(image::manifest& m, const std::function<void()>& releas
         }
         VMMCKPT_CUDA_TRY(cuEventSynchronize(st.events[b]));
         waiting += std::chrono::duration<double>(clock::now() - wait_start).count();
-        const unsigned char* bytes = st.buffers[b];
+        std::uint64_t chunk_total = 0;
         for (const piece& pc : chunks[c].pieces) {
           writer.begin_extent(file, pc.addr, pc.size);
-          writer.write(file, bytes, pc.size);
+          writer.write(file, st.buffers[b] + pc.offset, pc.size);
           m.pools[pc.pool].extents[pc.extent] = writer.end_extent(file);
-          bytes += pc.size;
+          chunk_total += pc.size;
         }
         std::uint64_t done;
         {
           std::lock_guard lock(mutex);
           free_buffers.push_back(b);
-          done = written += chunks[c].bytes;
+          done = written += chunk_total;
         }
         changed.notify_all();
         if (progress && file == 0) progress({done, total});
@@ -284,11 +320,10 @@ void copy_pipeline::copy(image::manifest& m, const std::function<void()>& releas
     CUdeviceptr at = snapshot.ptr;
     for (std::size_t c = first_in_snapshot; c < chunks.size(); ++c) {
       snapshot_at[c] = at;
-      for (const piece& pc : chunks[c].pieces) {
-        VMMCKPT_CUDA_TRY(cuMemcpyDtoDAsync(at, pc.addr, pc.size, st.streams[0]));
-        at += pc.size;
-      }
-      snapshot_bytes += chunks[c].bytes;
+      for (const span& sp : chunks[c].spans)
+        VMMCKPT_CUDA_TRY(cuMemcpyDtoDAsync(at + sp.offset, sp.addr, sp.size, st.streams[0]));
+      at += chunks[c].bytes;
+      for (const piece& pc : chunks[c].pieces) snapshot_bytes += pc.size;
     }
     if (first_in_snapshot == 0) release_when_copied();
   }
@@ -309,11 +344,8 @@ void copy_pipeline::copy(image::manifest& m, const std::function<void()>& releas
     if (snapshot_at[c] != 0) {
       VMMCKPT_CUDA_TRY(cuMemcpyDtoHAsync(st.buffers[b], snapshot_at[c], chunks[c].bytes, s));
     } else {
-      std::uint64_t offset = 0;
-      for (const piece& pc : chunks[c].pieces) {
-        VMMCKPT_CUDA_TRY(cuMemcpyDtoHAsync(st.buffers[b] + offset, pc.addr, pc.size, s));
-        offset += pc.size;
-      }
+      for (const span& sp : chunks[c].spans)
+        VMMCKPT_CUDA_TRY(cuMemcpyDtoHAsync(st.buffers[b] + sp.offset, sp.addr, sp.size, s));
     }
     VMMCKPT_CUDA_TRY(cuEventRecord(st.events[b], s));
     {

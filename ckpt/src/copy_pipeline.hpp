@@ -31,12 +31,14 @@ class copy_pipeline {
   void prepare(const std::filesystem::path& output, CUcontext context, bool snapshot_allowed);
 
   // Copies every allocation of m's pools (mapped here at their addresses) into the image, filling
-  // in m's extents, data_files and data_bytes. `release` is called once, as soon as every byte has
+  // in m's extents, data_files and data_bytes. Nearby allocations are copied together with the gap
+  // between them where `readable(addr, size)` says that gap is mapped here. `release` is called once, as soon as every byte has
   // left the program's memory (copied to the snapshot or to the host), while writing goes on.
   // Returns when every byte is written (result's "copied" and "written" phases marked, its copy
   // and thread times filled in). The manifest is not committed.
-  void copy(image::manifest& m, const std::function<void()>& release, const progress_callback& progress,
-            image_result& result, bool& used_snapshot, std::uint64_t& snapshot_bytes);
+  void copy(image::manifest& m, const std::function<bool(std::uint64_t, std::uint64_t)>& readable,
+            const std::function<void()>& release, const progress_callback& progress, image_result& result,
+            bool& used_snapshot, std::uint64_t& snapshot_bytes);
 
   image::writer& writer() { return *writer_; }
 

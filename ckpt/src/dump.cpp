@@ -36,7 +36,7 @@ dump_result dump(const dump_options& options, const progress_callback& progress)
   // tool must never hang the program. The shim's gate, which reopens when this connection drops,
   // is the quiesce.
   pipeline.copy(
-      m,
+      m, [&](std::uint64_t addr, std::uint64_t size) { return memory.mapped(addr, size); },
       [&] {
         result.hold_ms = static_cast<double>(s.client().dump_end().held_us) / 1000.0;
         fault_point("writing");

@@ -3,6 +3,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "cuda_check.hpp"
 #include "session.hpp"
 #include "vmmckpt/hex_text.hpp"
@@ -51,24 +53,28 @@ class held_memory::pool_mapping {
     if (mapped != CUDA_SUCCESS) cuMemRelease(handle);
     VMMCKPT_CUDA_TRY(mapped);
     mapped_.push_back({addr, size, handle});
+    sorted_ = false;
     VMMCKPT_CUDA_TRY(cuMemSetAccess(addr, size, &access_, 1));
   }
 
-  // True when [addr, addr + size) is wholly mapped.
+  // True when [addr, addr + size) is wholly mapped. The segments arrive in address order, so the
+  // one holding each address is found by binary search: a million allocations check in milliseconds.
   bool covers(std::uint64_t addr, std::uint64_t size) const {
+    if (!sorted_) {
+      std::sort(mapped_.begin(), mapped_.end(), [](const mapped& a, const mapped& b) { return a.addr < b.addr; });
+      sorted_ = true;
+    }
     for (std::uint64_t cursor = addr; cursor < addr + size;) {
-      bool found = false;
-      for (const auto& m : mapped_) {
-        if (m.addr <= cursor && cursor < m.addr + m.size) {
-          cursor = m.addr + m.size;
-          found = true;
-          break;
-        }
-      }
-      if (!found) return false;
+      auto it = std::upper_bound(mapped_.begin(), mapped_.end(), cursor,
+                                 [](std::uint64_t a, const mapped& m) { return a < m.addr; });
+      if (it == mapped_.begin()) return false;
+      --it;
+      if (cursor >= it->addr + it->size) return false;
+      cursor = it->addr + it->size;
     }
     return true;
   }
+  bool contains(std::uint64_t addr) const { return addr - base_ < size_; }
 
  private:
   struct mapped {
@@ -78,7 +84,8 @@ class held_memory::pool_mapping {
   std::uint64_t base_ = 0, size_ = 0;
   bool reserved_ = false;
   CUmemAccessDesc access_{};
-  std::vector<mapped> mapped_;
+  mutable std::vector<mapped> mapped_;
+  mutable bool sorted_ = true;
 };
 
 held_memory::held_memory(session& s, const control::dump_begin_reply& held, received_fds& fds, image::manifest& m) {
@@ -108,6 +115,12 @@ held_memory::held_memory(session& s, const control::dump_begin_reply& held, rece
 }
 
 held_memory::~held_memory() = default;
+
+bool held_memory::mapped(std::uint64_t addr, std::uint64_t size) const {
+  for (const auto& p : pools_)
+    if (p->contains(addr)) return p->covers(addr, size);
+  return false;
+}
 
 void held_memory::release() { pools_.clear(); }
 

@@ -25,6 +25,8 @@ class held_memory {
   held_memory(const held_memory&) = delete;
   held_memory& operator=(const held_memory&) = delete;
 
+  // True when [addr, addr + size) is wholly mapped here (in one pool).
+  bool mapped(std::uint64_t addr, std::uint64_t size) const;
   // Unmaps everything: done once every byte has left the program's memory.
   void release();
 

@@ -29,7 +29,7 @@ suspend_result suspend(const suspend_options& options, const progress_callback& 
   bool snapshot_used = false;
   std::uint64_t snapshot_bytes = 0;
   pipeline.copy(
-      m,
+      m, [&](std::uint64_t addr, std::uint64_t size) { return memory.mapped(addr, size); },
       [&] {
         // The program stays held: only this tool's mapping of its memory goes.
         memory.release();

@@ -1,7 +1,9 @@
 // Encoding and strict decoding of every control message (docs/protocol.md), shared by the shim and cuda-ckpt.
 #include "vmmckpt/control_messages.hpp"
 
+#include "vmmckpt/alloc_api.hpp"
 #include "vmmckpt/hex_text.hpp"
+#include "vmmckpt/little_endian.hpp"
 #include "vmmckpt/protocol.hpp"
 
 namespace vmmckpt::control {
@@ -125,14 +127,7 @@ dump_begin_reply decode_dump_begin(const json& root) {
     c.base = address_of(pj, p, "base");
     c.size = u64_of(pj, p, "size");
     c.granularity = u64_of(pj, p, "granularity");
-    const std::string ap = join(p, "allocations");
-    const json& allocations = array_of(pj, p, "allocations");
-    c.allocations.reserve(allocations.size());
-    for (std::size_t k = 0; k < allocations.size(); ++k) {
-      const std::string q = index(ap, k);
-      const json& a = object_at(allocations[k], q);
-      c.allocations.push_back({address_of(a, q, "addr"), u64_of(a, q, "size"), string_of(a, q, "api")});
-    }
+    c.allocation_count = u64_of(pj, p, "allocation_count");
     const std::string sp = join(p, "segments");
     const json& segments = array_of(pj, p, "segments");
     c.segments.reserve(segments.size());
@@ -256,14 +251,7 @@ std::string encode(const dump_begin_reply& r) {
     pj["base"] = hex(p.base);
     pj["size"] = p.size;
     pj["granularity"] = p.granularity;
-    pj["allocations"] = ojson::array();
-    for (const auto& a : p.allocations) {
-      ojson aj;
-      aj["addr"] = hex(a.addr);
-      aj["size"] = a.size;
-      aj["api"] = a.api;
-      pj["allocations"].push_back(std::move(aj));
-    }
+    pj["allocation_count"] = p.allocation_count;
     pj["segments"] = ojson::array();
     for (const auto& s : p.segments) {
       ojson sj;
@@ -382,13 +370,53 @@ fds_frame decode_fds_frame(const std::string& payload) {
   return fds_frame{u32_of(root, "", "count")};
 }
 
+std::string encode_allocation_table(const dump_begin_reply& r) {
+  std::size_t count = 0;
+  for (const auto& p : r.pools) count += p.allocations.size();
+  std::string out(count * allocation_record_size, '\0');
+  auto* at = reinterpret_cast<unsigned char*>(out.data());
+  for (const auto& p : r.pools)
+    for (const auto& a : p.allocations) {
+      const auto api = alloc_api_from_name(a.api);
+      put_allocation_record(at, {a.addr, a.size, api ? static_cast<std::uint32_t>(*api) : 0u, 0});
+      at += allocation_record_size;
+    }
+  return out;
+}
+
+void decode_allocation_table(const std::string& table, dump_begin_reply& r) {
+  std::uint64_t count = 0;
+  const std::uint64_t most = table.size() / allocation_record_size;
+  for (const auto& p : r.pools) {
+    if (p.allocation_count > most || count > most) throw decode_error("the allocation table is shorter than the counts");
+    count += p.allocation_count;
+  }
+  if (count * allocation_record_size != table.size())
+    throw decode_error("the allocation table holds " + std::to_string(table.size()) + " bytes, expected " +
+                       std::to_string(count * allocation_record_size) + " (" + std::to_string(count) + " records)");
+  const auto* at = reinterpret_cast<const unsigned char*>(table.data());
+  for (std::size_t i = 0; i < r.pools.size(); ++i) {
+    auto& p = r.pools[i];
+    p.allocations.clear();
+    p.allocations.reserve(p.allocation_count);
+    for (std::uint64_t k = 0; k < p.allocation_count; ++k, at += allocation_record_size) {
+      const allocation_record rec = get_allocation_record(at);
+      const auto api = alloc_api_from_value(rec.api);
+      if (!api || rec.reserved != 0)
+        throw decode_error("pools[" + std::to_string(i) + "].allocations[" + std::to_string(k) +
+                           "]: not a valid allocation record (API " + std::to_string(rec.api) + ")");
+      p.allocations.push_back({rec.addr, rec.size, std::string(name_of(*api))});
+    }
+  }
+}
+
 // ---- examples ----
 std::vector<example> example_messages() {
   const device_description h200{0, "NVIDIA H200", "GPU-2f6c1d3e-8a41-4b7e-9c55-0d1e2f3a4b5c", 9, 0};
   hello_reply hello{protocol::version, 4242, {"python", "train.py"}, process_state::suspended,
                     "/dev/shm/vmmckpt-1000/suspend-4242-20261123-101500", {h200},
                     {{0, 0x200000000000, 549755813888, 1073741824, 12, 1140850688}}};
-  dump_begin_reply held{1, {h200}, {{0, 0x200000000000, 549755813888, 2097152,
+  dump_begin_reply held{2, {h200}, {{0, 0x200000000000, 549755813888, 2097152, 1,
                                      {{0x200000000000, 4096, "cudaMalloc"}}, {{0x200000000000, 67108864}}}}};
   return {
       {op::hello, encode(request{hello_request{}}), encode(hello)},

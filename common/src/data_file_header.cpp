@@ -8,15 +8,8 @@ std::string data_file_name(std::uint32_t file) {
 }
 
 namespace {
-void put_le(header_bytes& h, std::size_t at, std::uint64_t v, int bytes) {
-  // Little-endian whatever the host: the file must read the same on every machine.
-  for (int i = 0; i < bytes; ++i) h[at + i] = static_cast<unsigned char>(v >> (8 * i));
-}
-std::uint64_t get_le(const header_bytes& h, std::size_t at, int bytes) {
-  std::uint64_t v = 0;
-  for (int i = 0; i < bytes; ++i) v |= static_cast<std::uint64_t>(h[at + i]) << (8 * i);
-  return v;
-}
+void put_le(header_bytes& h, std::size_t at, std::uint64_t v, int bytes) { vmmckpt::put_le(h.data() + at, v, bytes); }
+std::uint64_t get_le(const header_bytes& h, std::size_t at, int bytes) { return vmmckpt::get_le(h.data() + at, bytes); }
 }  // namespace
 
 header_bytes encode_data_header(std::uint64_t payload_bytes, std::uint64_t manifest_checksum, std::uint32_t file,

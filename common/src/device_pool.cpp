@@ -223,6 +223,12 @@ std::vector<range_allocator::block> device_pool::live_blocks() const {
   // (a dump holds it at the gate). The pool's lock first, as every user of a shard holds it or a cache's.
   std::lock_guard lock(mutex_);
   std::vector<range_allocator::block> out;
+  std::size_t count = 0;
+  for (const live_shard& shard : shards_) {
+    std::lock_guard shard_lock(shard.mutex);
+    count += shard.blocks.size();
+  }
+  out.reserve(count);
   for (const live_shard& shard : shards_) {
     std::lock_guard shard_lock(shard.mutex);
     for (const auto& [addr, b] : shard.blocks)

@@ -17,6 +17,7 @@
 
 #include "vmmckpt/hex_text.hpp"
 #include "vmmckpt/image.hpp"
+#include "vmmckpt/little_endian.hpp"
 
 namespace vmmckpt::image::detail {
 
@@ -41,7 +42,6 @@ inline constexpr std::size_t max_json_depth = 16;
 // records, u64 pools, zeros), then each pool's allocation records followed by its extent records.
 inline constexpr std::size_t tables_header_size = 64;
 inline constexpr std::array<char, 12> tables_magic = {'V', 'M', 'M', 'C', 'K', 'P', 'T', 'T', 'A', 'B', 'L', 'E'};
-inline constexpr std::size_t allocation_record_size = 24;  // u64 addr, u64 size, u32 api, u32 zero
 inline constexpr std::size_t extent_record_size = 40;      // u64 addr, u64 size, u64 offset, u64 checksum, u32 file, u32 zero
 
 // The tables of m's pools, as tables.bin holds them.

@@ -6,19 +6,17 @@
 
 #include "image_detail.hpp"
 #include "vmmckpt/alloc_api.hpp"
+#include "vmmckpt/little_endian.hpp"
 
 namespace vmmckpt::image::detail {
 namespace {
 
 void put(std::string& out, std::size_t at, std::uint64_t v, int bytes) {
-  // Little-endian whatever the host: the file must read the same on every machine.
-  for (int i = 0; i < bytes; ++i) out[at + i] = static_cast<char>(v >> (8 * i));
+  put_le(reinterpret_cast<unsigned char*>(out.data()) + at, v, bytes);
 }
 
 std::uint64_t get(const std::string& in, std::size_t at, int bytes) {
-  std::uint64_t v = 0;
-  for (int i = 0; i < bytes; ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(in[at + i])) << (8 * i);
-  return v;
+  return get_le(reinterpret_cast<const unsigned char*>(in.data()) + at, bytes);
 }
 
 }  // namespace
@@ -40,9 +38,8 @@ std::string encode_tables(const manifest& m) {
     for (const auto& a : p.allocations) {
       const auto api = alloc_api_from_name(a.api);
       if (!api) fail("the allocation at " + hex(a.addr) + " names no known API (\"" + a.api + "\")");
-      put(out, at, a.addr, 8);
-      put(out, at + 8, a.size, 8);
-      put(out, at + 16, static_cast<std::uint32_t>(*api), 4);
+      put_allocation_record(reinterpret_cast<unsigned char*>(out.data()) + at,
+                            {a.addr, a.size, static_cast<std::uint32_t>(*api), 0});
       at += allocation_record_size;
     }
     for (const auto& e : p.extents) {
@@ -88,16 +85,15 @@ void decode_tables(const std::string& bytes, const std::vector<std::uint64_t>& a
     pl.allocations.resize(allocation_counts[p]);
     for (std::size_t k = 0; k < pl.allocations.size(); ++k, at += allocation_record_size) {
       allocation& a = pl.allocations[k];
-      a.addr = get(bytes, at, 8);
-      a.size = get(bytes, at + 8, 8);
-      const std::uint64_t api = get(bytes, at + 16, 4);
-      bool known = false;
-      for (alloc_api x : all_alloc_apis) known = known || static_cast<std::uint64_t>(x) == api;
-      if (!known)
-        fail("pools[" + std::to_string(p) + "].allocations[" + std::to_string(k) + "].api " + std::to_string(api) +
+      const allocation_record r = get_allocation_record(reinterpret_cast<const unsigned char*>(bytes.data()) + at);
+      a.addr = r.addr;
+      a.size = r.size;
+      const auto api = alloc_api_from_value(r.api);
+      if (!api)
+        fail("pools[" + std::to_string(p) + "].allocations[" + std::to_string(k) + "].api " + std::to_string(r.api) +
              " is not an allocation API vmmckpt records");
-      a.api = std::string(name_of(static_cast<alloc_api>(api)));
-      if (get(bytes, at + 20, 4) != 0)
+      a.api = std::string(name_of(*api));
+      if (r.reserved != 0)
         fail("pools[" + std::to_string(p) + "].allocations[" + std::to_string(k) + "]: reserved bytes are not zero");
     }
     pl.extents.resize(extent_counts[p]);

@@ -1,6 +1,8 @@
 // Transport of the control channel: the runtime directory, Unix sockets, peer checks, framing and fd passing.
 #include "vmmckpt/protocol.hpp"
 
+#include "vmmckpt/little_endian.hpp"
+
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -114,16 +116,8 @@ wait_result wait_for(int fd, short events, const deadline& until, int& err) noex
   }
 }
 
-void put_u32(unsigned char* out, std::uint32_t v) noexcept {
-  out[0] = static_cast<unsigned char>(v);
-  out[1] = static_cast<unsigned char>(v >> 8);
-  out[2] = static_cast<unsigned char>(v >> 16);
-  out[3] = static_cast<unsigned char>(v >> 24);
-}
-
-std::uint32_t get_u32(const unsigned char* in) noexcept {
-  return std::uint32_t(in[0]) | std::uint32_t(in[1]) << 8 | std::uint32_t(in[2]) << 16 | std::uint32_t(in[3]) << 24;
-}
+void put_u32(unsigned char* out, std::uint32_t v) noexcept { put_le(out, v, 4); }
+std::uint32_t get_u32(const unsigned char* in) noexcept { return static_cast<std::uint32_t>(get_le(in, 4)); }
 
 bool make_address(const std::string& path, sockaddr_un& addr, socklen_t& length, failure& error) noexcept {
   addr = {};

@@ -1,7 +1,12 @@
 // What cuda-ckpt asks of this process, apart from the channel itself: describe it, check its pools, hold it, suspend, resume.
 #include "process_control.hpp"
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <fstream>
 
@@ -69,6 +74,26 @@ std::uint64_t device_used_bytes(int ordinal) {
   return total - free_bytes;
 }
 
+// The bytes in a sealed memfd (they can no longer change), or -1 with errno set.
+int sealed_memfd(const std::string& bytes) {
+  const int fd = ::memfd_create("vmmckpt-allocation-table", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return -1;
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t w = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      const int err = w < 0 ? errno : EIO;
+      ::close(fd);
+      errno = err;
+      return -1;
+    }
+    done += static_cast<std::size_t>(w);
+  }
+  ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL);
+  return fd;
+}
+
 std::uint64_t held_us() {
   return static_cast<std::uint64_t>(
       std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - g_hold_start).count());
@@ -117,9 +142,10 @@ std::variant<control::dump_begin_reply, control::failure_reply> hold(clock::time
   control::dump_begin_reply r;
   for (const auto& p : active_pools()) {
     p.pool->synchronize();
-    control::pool_contents c{p.ordinal, p.pool->base(), p.pool->size(), large_alignment, {}, {}};
+    control::pool_contents c{p.ordinal, p.pool->base(), p.pool->size(), large_alignment, 0, {}, {}};
     for (const auto& b : p.pool->live_blocks())
       c.allocations.push_back({b.addr, b.requested, std::string(name_of(static_cast<alloc_api>(b.tag)))});
+    c.allocation_count = c.allocations.size();
     for (const auto& s : p.pool->segments()) {
       int exported = -1;
       const CUresult e = d->cuMemExportToShareableHandle(&exported, s.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
@@ -134,6 +160,14 @@ std::variant<control::dump_begin_reply, control::failure_reply> hold(clock::time
     r.pools.push_back(std::move(c));
     r.devices.push_back(describe_device(p.ordinal));
   }
+  const int table = sealed_memfd(control::encode_allocation_table(r));
+  if (table < 0) {
+    const int err = errno;
+    release("the allocation table could not be made");
+    return control::failure_reply{control::refusal::failed,
+                                  "cannot make the allocation table: " + std::string(std::strerror(err))};
+  }
+  fds.push_back(table);
   r.fd_count = static_cast<std::uint32_t>(fds.size());
   return r;
 }

@@ -32,6 +32,13 @@ constexpr std::string_view name_of(alloc_api api) {
   return "unknown";
 }
 
+// The API of a record's number (alloc_api's value); nothing for any other number.
+constexpr std::optional<alloc_api> alloc_api_from_value(std::uint32_t value) {
+  for (alloc_api api : all_alloc_apis)
+    if (static_cast<std::uint32_t>(api) == value) return api;
+  return std::nullopt;
+}
+
 // The API named as name_of() writes it (in images and control messages); nothing for any other name.
 constexpr std::optional<alloc_api> alloc_api_from_name(std::string_view name) {
   for (alloc_api api : all_alloc_apis)

@@ -100,12 +100,19 @@ struct segment_entry {  // mapped physical memory; one descriptor each, in order
 struct pool_contents {
   int device = 0;
   std::uint64_t base = 0, size = 0, granularity = 0;
+  // The live allocations travel apart, in the allocation table (a descriptor after the segments'):
+  // a program of a million small blocks would otherwise send 60 MB of JSON while it is held.
+  // The reply carries allocation_count (the sender sets it to allocations.size()); the table's
+  // records fill allocations (decode_allocation_table).
+  std::uint64_t allocation_count = 0;
   std::vector<allocation_entry> allocations;
   std::vector<segment_entry> segments;
   friend bool operator==(const pool_contents&, const pool_contents&) = default;
 };
 struct dump_begin_reply {
-  std::uint32_t fd_count = 0;  // descriptors in all: this frame's and those of the fds frames after it
+  // Descriptors in all, this frame's and those of the fds frames after it: one per segment, in
+  // order across pools, then one for the allocation table.
+  std::uint32_t fd_count = 0;
   std::vector<device_description> devices;
   std::vector<pool_contents> pools;
   friend bool operator==(const dump_begin_reply&, const dump_begin_reply&) = default;
@@ -167,6 +174,13 @@ std::variant<request, failure_reply> decode_request(const std::string& payload);
 template <typename Reply>
 std::variant<Reply, failure_reply> decode_reply(const std::string& payload);
 fds_frame decode_fds_frame(const std::string& payload);
+
+// The allocation table of a dump_begin reply: every pool's allocations in order, as fixed records
+// (little_endian.hpp's allocation_record). The process sends it as a sealed memfd.
+std::string encode_allocation_table(const dump_begin_reply& r);
+// Fills every pool's allocations from the table, which must hold exactly allocation_count records
+// for each; decode_error when it does not, or names an API vmmckpt does not record.
+void decode_allocation_table(const std::string& table, dump_begin_reply& r);
 
 // One fully populated example of each message, per op, for the protocol document's check and the
 // round-trip tests: the request and its reply as encoded.
