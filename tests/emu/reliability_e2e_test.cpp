@@ -26,3 +26,15 @@ TEST_CASE("a fork child that exits through exit() leaves its parent's control so
   INFO(describe(r));
   REQUIRE(r.exit_code == 0);
 }
+
+TEST_CASE("cuda-ckpt ignores SIGXFSZ for itself, not for the command it runs", "[emu][reliability]") {
+  // SIGXFSZ is signal 25: bit 24 of the SigIgn mask in /proc/PID/status.
+  const auto r = run_process({"sh", "-c", "trap - XFSZ; exec '" + cuda_ckpt +
+                                              "' run -- sh -c 'grep SigIgn /proc/self/status'"});
+  INFO(describe(r));
+  REQUIRE(r.exit_code == 0);
+  const auto at = r.out.find("SigIgn:");
+  REQUIRE(at != std::string::npos);
+  const std::uint64_t ignored = std::stoull(r.out.substr(at + 7), nullptr, 16);
+  REQUIRE((ignored & (1ULL << 24)) == 0);
+}

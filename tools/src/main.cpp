@@ -29,6 +29,7 @@ constexpr const char* exit_code_help =
 }  // namespace
 
 int main(int argc, char** argv) {
+  ignore_file_size_signal();
   CLI::App app{"cuda-ckpt: deterministic-address checkpoint/restart for CUDA programs"};
   app.footer(exit_code_help);
   app.set_version_flag("--version", std::string("cuda-ckpt ") + VMMCKPT_VERSION);

@@ -1,6 +1,7 @@
 // `cuda-ckpt run`: start a command with libvmmckpt.so preloaded.
 #include "run_command.hpp"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -12,6 +13,17 @@
 #include "exit_codes.hpp"
 
 namespace vmmckpt::tools {
+namespace {
+struct sigaction inherited_file_size_action {};
+bool file_size_signal_changed = false;
+}  // namespace
+
+void ignore_file_size_signal() {
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  file_size_signal_changed = ::sigaction(SIGXFSZ, &ignore, &inherited_file_size_action) == 0;
+}
 
 std::string locate_shim() {
   if (const char* explicit_path = std::getenv("VMMCKPT_SHIM"); explicit_path && *explicit_path) return explicit_path;
@@ -36,6 +48,7 @@ int run_under_shim(const std::vector<std::string>& command) {
   if (const char* existing = std::getenv("LD_PRELOAD"); existing && *existing) preload += std::string(":") + existing;
   ::setenv("LD_PRELOAD", preload.c_str(), 1);
 
+  if (file_size_signal_changed) ::sigaction(SIGXFSZ, &inherited_file_size_action, nullptr);
   std::vector<char*> argv;
   argv.reserve(command.size() + 1);
   for (const auto& arg : command) argv.push_back(const_cast<char*>(arg.c_str()));
