@@ -8,6 +8,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <iterator>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -28,11 +31,10 @@ std::string socket_of_other_user(pid_t pid, uid_t uid) {
   return dir + "/" + std::to_string(pid) + ".sock";
 }
 
-[[noreturn]] void channel_failed(pid_t pid, const protocol::failure& f) {
-  const std::string who = "process " + std::to_string(pid);
-  if (f.kind == protocol::failure_kind::connection_closed)
-    throw control_error(who + " went away (it exited or its control server stopped)", f.kind);
-  throw control_error(who + ": " + f.text, f.kind);
+std::string read_small_file(const std::string& path) {
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return text;
 }
 
 void close_all(std::vector<int>& fds) {
@@ -56,6 +58,25 @@ bool read_table(int fd, std::string& out) {
 
 }  // namespace
 
+std::string why_silent(pid_t pid) {
+  const std::string proc = "/proc/" + std::to_string(pid);
+  const std::string status = read_small_file(proc + "/status");
+  if (const auto at = status.find("\nState:\t"); at != std::string::npos) {
+    const char state = status[at + 8];
+    if (state == 'T') return "it is stopped (SIGSTOP, Ctrl-Z or a job scheduler's suspend): `kill -CONT " + std::to_string(pid) + "` lets it go on";
+    if (state == 't') return "it is stopped by a debugger";
+  }
+  // cgroup v2: the process's cgroup says whether it is frozen.
+  const std::string cgroup = read_small_file(proc + "/cgroup");
+  if (cgroup.rfind("0::", 0) == 0) {
+    std::string path = cgroup.substr(3);
+    while (!path.empty() && (path.back() == '\n' || path.back() == '/')) path.pop_back();
+    if (read_small_file("/sys/fs/cgroup" + path + "/cgroup.events").find("frozen 1") != std::string::npos)
+      return "it is frozen (its cgroup's freezer)";
+  }
+  return {};
+}
+
 received_fds::~received_fds() {
   for (int f : fds_)
     if (f >= 0) ::close(f);
@@ -77,7 +98,7 @@ int received_fds::take(std::size_t i) {
   return f;
 }
 
-control_client::control_client(pid_t pid) : pid_(pid) {
+control_client::control_client(pid_t pid, clock::time_point deadline) : pid_(pid), deadline_(deadline) {
   const std::string proc = "/proc/" + std::to_string(pid);
   struct stat st{};
   if (pid <= 0 || ::stat(proc.c_str(), &st) != 0)
@@ -87,12 +108,13 @@ control_client::control_client(pid_t pid) : pid_(pid) {
                      "); only its owner or root may checkpoint it");
   protocol::failure error;
   const std::string path = st.st_uid == ::geteuid() ? protocol::socket_path(pid) : socket_of_other_user(pid, st.st_uid);
-  fd_ = protocol::connect_to(path, error);
+  fd_ = protocol::connect_to(path, remaining_ms(), error);
   if (fd_ < 0) {
     if (error.kind == protocol::failure_kind::no_socket)
       throw tool_error("process " + std::to_string(pid) +
                        " is not running under vmmckpt (no control socket at " + path +
                        "; start it with `cuda-ckpt run`, and note the socket appears at its first CUDA allocation)");
+    if (error.kind == protocol::failure_kind::timed_out) channel_failed(error);
     throw tool_error("cannot reach process " + std::to_string(pid) + " at " + path + ": " + error.text);
   }
 }
@@ -101,16 +123,35 @@ control_client::~control_client() {
   if (fd_ >= 0) ::close(fd_);
 }
 
+int control_client::remaining_ms() const {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - clock::now()).count();
+  return static_cast<int>(std::clamp<long long>(left, 1, INT_MAX));
+}
+
+void control_client::channel_failed(const protocol::failure& f) const {
+  const std::string who = "process " + std::to_string(pid_);
+  if (f.kind == protocol::failure_kind::connection_closed)
+    throw control_error(who + " went away (it exited or its control server stopped)", f.kind);
+  if (f.kind == protocol::failure_kind::timed_out) {
+    const double waited = std::chrono::duration<double>(clock::now() - start_).count();
+    char seconds[32];
+    std::snprintf(seconds, sizeof seconds, "%.1f", waited);
+    const std::string why = why_silent(pid_);
+    throw control_error(who + " did not answer within " + seconds + " s" + (why.empty() ? "" : ": " + why), f.kind);
+  }
+  throw control_error(who + ": " + f.text, f.kind);
+}
+
 void control_client::send(const control::request& r) {
   protocol::failure error;
-  if (!protocol::send_frame(fd_, control::encode(r), {}, error)) channel_failed(pid_, error);
+  if (!protocol::send_frame(fd_, control::encode(r), {}, remaining_ms(), error)) channel_failed(error);
 }
 
 std::string control_client::receive(std::vector<int>* fds, int timeout_ms) {
   std::string payload;
   std::vector<int> received;
   protocol::failure error;
-  if (!protocol::recv_frame(fd_, payload, received, timeout_ms, error)) channel_failed(pid_, error);
+  if (!protocol::recv_frame(fd_, payload, received, timeout_ms, error)) channel_failed(error);
   if (fds != nullptr)
     fds->insert(fds->end(), received.begin(), received.end());
   else
@@ -119,16 +160,17 @@ std::string control_client::receive(std::vector<int>* fds, int timeout_ms) {
 }
 
 template <typename Reply>
-Reply control_client::call(const control::request& r, int timeout_ms, std::vector<int>* fds) {
+Reply control_client::call(const control::request& r, std::vector<int>* fds) {
   send(r);
-  // Tests kill the tool here: the request is out, its answer never read.
+  // Tests stop or kill the tool here: the request is out, its answer not read yet.
   std::visit([](const auto& req) {
     using T = std::decay_t<decltype(req)>;
     if constexpr (std::is_same_v<T, control::resume_request>) fault_point("requested:resume");
     if constexpr (std::is_same_v<T, control::suspend_request>) fault_point("requested:suspend");
+    if constexpr (std::is_same_v<T, control::dump_begin_request>) fault_point("requested:dump_begin");
   }, r);
   std::vector<int> mine;
-  const std::string payload = receive(&mine, timeout_ms);
+  const std::string payload = receive(&mine, remaining_ms());
   try {
     auto decoded = control::decode_reply<Reply>(payload);
     if (auto* refused = std::get_if<control::failure_reply>(&decoded)) {
@@ -145,11 +187,9 @@ Reply control_client::call(const control::request& r, int timeout_ms, std::vecto
   }
 }
 
-control::hello_reply control_client::hello(int timeout_ms) {
-  return call<control::hello_reply>(control::hello_request{}, timeout_ms);
-}
+control::hello_reply control_client::hello() { return call<control::hello_reply>(control::hello_request{}); }
 
-control::dump_begin_reply control_client::dump_begin(int deadline_ms, received_fds& fds, int timeout_ms) {
+control::dump_begin_reply control_client::dump_begin(int hold_ms, received_fds& fds) {
   std::vector<int> got;
   struct close_on_failure {
     std::vector<int>& fds;
@@ -158,10 +198,14 @@ control::dump_begin_reply control_client::dump_begin(int deadline_ms, received_f
       if (!done) close_all(fds);
     }
   } guard{got};
-  auto reply = call<control::dump_begin_reply>(control::dump_begin_request{deadline_ms}, timeout_ms, &got);
+  // The reply comes once the program is quiet, which takes at most the hold's deadline: the tool
+  // waits a little longer than that for it.
+  deadline_ = std::max(deadline_, clock::now() + std::chrono::milliseconds(hold_ms) + std::chrono::seconds(5));
+  auto reply = call<control::dump_begin_reply>(
+      control::dump_begin_request{hold_ms, control::unix_ms_now() + hold_ms}, &got);
   // More descriptors than one frame carries follow in fds frames.
   while (got.size() < reply.fd_count) {
-    const std::string payload = receive(&got, timeout_ms);
+    const std::string payload = receive(&got, remaining_ms());
     try {
       control::decode_fds_frame(payload);
     } catch (const control::decode_error& e) {
@@ -191,21 +235,20 @@ control::dump_begin_reply control_client::dump_begin(int deadline_ms, received_f
   return reply;
 }
 
-control::dump_end_reply control_client::dump_end(int timeout_ms) {
-  return call<control::dump_end_reply>(control::dump_end_request{}, timeout_ms);
+control::dump_end_reply control_client::dump_end() {
+  return call<control::dump_end_reply>(control::dump_end_request{});
 }
 
-control::suspend_reply control_client::suspend(const std::string& image, int timeout_ms) {
-  return call<control::suspend_reply>(control::suspend_request{image}, timeout_ms);
+control::suspend_reply control_client::suspend(const std::string& image, const std::string& image_id) {
+  return call<control::suspend_reply>(
+      control::suspend_request{image, image_id, control::unix_ms_now() + remaining_ms()});
 }
 
-control::resume_reply control_client::resume(int timeout_ms) {
-  return call<control::resume_reply>(control::resume_request{}, timeout_ms);
+control::resume_reply control_client::resume() {
+  return call<control::resume_reply>(control::resume_request{control::unix_ms_now() + remaining_ms()});
 }
 
-control::check_reply control_client::check(int timeout_ms) {
-  return call<control::check_reply>(control::check_request{}, timeout_ms);
-}
+control::check_reply control_client::check() { return call<control::check_reply>(control::check_request{}); }
 
 std::vector<process_entry> list_processes() {
   std::vector<process_entry> out;
@@ -221,8 +264,8 @@ std::vector<process_entry> list_processes() {
       continue;
     }
     try {
-      control_client client(pid);
-      out.push_back({pid, client.hello(2'000)});
+      control_client client(pid, control_client::clock::now() + std::chrono::seconds(2));
+      out.push_back({pid, client.hello()});
     } catch (const tool_error&) {
       // Not answering (busy, exiting): leave it out of the list.
     }

@@ -10,7 +10,9 @@ namespace vmmckpt::ckpt {
 
 dump_result dump(const dump_options& options, const progress_callback& progress) {
   dump_result result;
-  session s(options.pid, session::expect::running, "dump");
+  // The deadline covers everything up to the release: connecting, preparing and the hold.
+  session s(options.pid, session::expect::running, "dump",
+            result.start + std::chrono::milliseconds(options.hold_deadline_ms));
 
   // Everything that can be prepared is prepared before the program is held: the destination (fail
   // early if unwritable), the CUDA context, and pinned staging sized from the live bytes.
@@ -22,7 +24,7 @@ dump_result dump(const dump_options& options, const progress_callback& progress)
   result.mark("prepared");
 
   received_fds fds;
-  const auto held = s.client().dump_begin(options.hold_deadline_ms, fds, options.hold_deadline_ms + 5'000);
+  const auto held = s.client().dump_begin(s.client().remaining_ms(), fds);
   // From here the program is held, until dump_end or this connection closes.
   fault_point("held");
   result.mark("held");
@@ -38,7 +40,15 @@ dump_result dump(const dump_options& options, const progress_callback& progress)
   pipeline.copy(
       m, [&](std::uint64_t addr, std::uint64_t size) { return memory.mapped(addr, size); },
       [&] {
-        result.hold_ms = static_cast<double>(s.client().dump_end().held_us) / 1000.0;
+        try {
+          result.hold_ms = static_cast<double>(s.client().dump_end().held_us) / 1000.0;
+        } catch (const control_error& e) {
+          if (e.refused && e.refusal == control::refusal::not_held)
+            throw tool_error("the hold deadline passed (" + std::to_string(options.hold_deadline_ms / 1000) +
+                             " s, --deadline) before the program's memory was copied: the program was released, "
+                             "and the copy may be inconsistent, so no image is written");
+          throw;
+        }
         fault_point("writing");
         memory.release();
         result.mark("released");

@@ -5,9 +5,10 @@
 namespace vmmckpt::ckpt {
 
 resume_result resume(pid_t pid) {
-  session s(pid, session::expect::suspended, "resume");
-  // The program itself loads the image; the tool only asks and waits.
-  const auto r = s.client().resume(600'000);
+  // The program itself loads the image; the tool only asks and waits (a long while: tens of GiB from a
+  // slow disk take minutes).
+  session s(pid, session::expect::suspended, "resume", std::chrono::steady_clock::now() + std::chrono::minutes(10));
+  const auto r = s.client().resume();
   return {r.bytes, r.seconds, r.image};
 }
 

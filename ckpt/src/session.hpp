@@ -17,9 +17,10 @@ namespace vmmckpt::ckpt {
 class session {
  public:
   enum class expect { running, suspended };
-  // Connects and says hello; a tool_error when the process speaks another protocol version or is
+  // Connects and says hello, all by `deadline` (the operation's own: connecting and the first
+  // exchange count against it too); a tool_error when the process speaks another protocol version or is
   // not in the state the operation needs (`what` names the operation in that message).
-  session(pid_t pid, expect state, const char* what);
+  session(pid_t pid, expect state, const char* what, control_client::clock::time_point deadline);
 
   control_client& client() { return client_; }
   pid_t pid() const { return client_.pid(); }

@@ -1,25 +1,46 @@
 // cuda-ckpt suspend: save a held program's memory to an image, then have it free that memory and wait.
 #include "vmmckpt/ckpt/suspend.hpp"
 
+#include <unistd.h>
+
 #include "copy_pipeline.hpp"
 #include "held_memory.hpp"
 #include "session.hpp"
 #include "vmmckpt/fault_point.hpp"
+#include "vmmckpt/suspend_claim.hpp"
 
 namespace vmmckpt::ckpt {
+namespace {
+
+// An image no process will depend on, removed; what to say when that fails.
+void remove_image(const std::filesystem::path& image) {
+  std::error_code ec;
+  std::filesystem::remove_all(image, ec);
+}
+
+}  // namespace
 
 suspend_result suspend(const suspend_options& options, const progress_callback& progress) {
   suspend_result result;
-  session s(options.pid, session::expect::running, "suspend");
+  // The deadline covers everything up to the program's memory being freed.
+  session s(options.pid, session::expect::running, "suspend",
+            result.start + std::chrono::milliseconds(options.hold_deadline_ms));
   copy_pipeline pipeline(options.copy, s.live_bytes());
   const CUcontext context = s.open_context();
   result.mark("context");
   // No GPU snapshot: the program stays held until its memory is freed anyway.
   pipeline.prepare(options.output, context, false);
+  // The claim is in the image from the moment it appears (suspend_claim.hpp): whoever renames it
+  // first, the program accepting or this tool (or `cuda-ckpt gc`) withdrawing, decides.
+  const std::string image = std::filesystem::absolute(options.output).lexically_normal().string();
+  pipeline.writer().add_file(
+      suspend_claim::pending,
+      suspend_claim::encode({::getpid(), suspend_claim::start_time(::getpid()), options.pid,
+                             suspend_claim::start_time(options.pid), pipeline.writer().image_id()}));
   result.mark("prepared");
 
   received_fds fds;
-  const auto held = s.client().dump_begin(options.hold_deadline_ms, fds, options.hold_deadline_ms + 5'000);
+  const auto held = s.client().dump_begin(s.client().remaining_ms(), fds);
   fault_point("held");
   result.mark("held");
 
@@ -38,23 +59,48 @@ suspend_result suspend(const suspend_options& options, const progress_callback& 
       progress, result, snapshot_used, snapshot_bytes);
 
   // The program gives its memory back only once the image is complete and synced, and opens with
-  // every rule checked (headers, sizes, the manifest's checksum). The checksums of the bytes were
-  // taken from the very buffers written; reading them back (--verify) would read the page cache,
-  // not the medium, so it is optional.
+  // every rule checked (headers, sizes, the manifest's and tables' checksums). The checksums of the
+  // bytes were taken from the very buffers written; reading them back (--verify) would read the
+  // page cache, not the medium, so it is optional.
   pipeline.writer().commit(m);
   result.mark("committed");
-  const auto check = image::reader::open(options.output);
-  check.verify_manifest();
-  if (options.verify) check.verify_data();
+  try {
+    const auto check = image::reader::open(options.output);
+    check.verify_manifest();
+    if (options.verify) check.verify_data();
+  } catch (...) {
+    remove_image(options.output);  // no request was sent: nobody can depend on it
+    throw;
+  }
   result.mark("verified");
   fault_point("verified");
   control::suspend_reply suspended;
   try {
-    suspended = s.client().suspend(std::filesystem::absolute(options.output).string(), 120'000);
-  } catch (...) {
-    std::error_code ec;
-    std::filesystem::remove_all(options.output, ec);  // the program runs on; the image is no use
-    throw;
+    suspended = s.client().suspend(image, pipeline.writer().image_id());
+  } catch (const control_error& e) {
+    if (e.refused) {
+      // The program did not take the claim: the image is nobody's.
+      remove_image(options.output);
+      if (e.refusal == control::refusal::not_held)
+        throw tool_error("the hold deadline (" + std::to_string(options.hold_deadline_ms / 1000) +
+                         " s, --deadline) passed before the image was complete and checked: the program was "
+                         "released and goes on, not suspended");
+      throw;
+    }
+    // No answer: whether the program took the request is settled by the claim, not guessed.
+    if (suspend_claim::take(image, suspend_claim::cancelled)) {
+      remove_image(options.output);
+      throw tool_error(std::string(e.what()) +
+                       "; the suspend is withdrawn: the program goes on, not suspended, when it continues");
+    }
+    if (!std::filesystem::exists(std::filesystem::path(image) / suspend_claim::accepted)) throw;
+    // It took the claim and then did not answer (it was stopped, or its answer was lost): it is
+    // suspended, or will be when it continues, with this image. Say so; nothing is undone.
+    result.late = true;
+    result.image = options.output;
+    result.mark("suspended");
+    result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - result.start).count();
+    return result;
   }
   fault_point("suspended");
   result.mark("suspended");

@@ -1,6 +1,8 @@
 // Encoding and strict decoding of every control message (docs/protocol.md), shared by the shim and cuda-ckpt.
 #include "vmmckpt/control_messages.hpp"
 
+#include <time.h>
+
 #include "vmmckpt/alloc_api.hpp"
 #include "vmmckpt/hex_text.hpp"
 #include "vmmckpt/little_endian.hpp"
@@ -26,9 +28,10 @@ Enum enum_at(const json& v, const std::string& path, const Enum (&values)[N]) {
 }
 
 constexpr process_state all_states[] = {process_state::running, process_state::suspended};
-constexpr refusal all_refusals[] = {refusal::failed,        refusal::bad_request, refusal::unknown_op,
-                                    refusal::suspended,     refusal::not_suspended, refusal::not_held,
-                                    refusal::not_quiesced};
+constexpr refusal all_refusals[] = {refusal::failed,       refusal::bad_request,   refusal::unknown_op,
+                                    refusal::suspended,    refusal::not_suspended, refusal::not_held,
+                                    refusal::not_quiesced, refusal::busy,          refusal::expired,
+                                    refusal::withdrawn};
 
 // ---- pieces shared by several messages ----
 ojson encode_device(const device_description& d) {
@@ -185,8 +188,17 @@ std::string_view name_of(refusal r) {
     case refusal::not_suspended: return "not_suspended";
     case refusal::not_held: return "not_held";
     case refusal::not_quiesced: return "not_quiesced";
+    case refusal::busy: return "busy";
+    case refusal::expired: return "expired";
+    case refusal::withdrawn: return "withdrawn";
   }
   return "failed";
+}
+
+std::int64_t unix_ms_now() noexcept {
+  timespec t{};
+  ::clock_gettime(CLOCK_REALTIME, &t);
+  return static_cast<std::int64_t>(t.tv_sec) * 1000 + t.tv_nsec / 1'000'000;
 }
 
 std::string_view name_of(process_state s) { return s == process_state::suspended ? "suspended" : "running"; }
@@ -202,13 +214,17 @@ std::string encode(const request& r) {
         } else if constexpr (std::is_same_v<T, dump_begin_request>) {
           j["op"] = name_of(op::dump_begin);
           j["deadline_ms"] = req.deadline_ms;
+          j["valid_until_ms"] = req.valid_until_ms;
         } else if constexpr (std::is_same_v<T, dump_end_request>) {
           j["op"] = name_of(op::dump_end);
         } else if constexpr (std::is_same_v<T, suspend_request>) {
           j["op"] = name_of(op::suspend);
           j["image"] = req.image;
+          j["image_id"] = req.image_id;
+          j["valid_until_ms"] = req.valid_until_ms;
         } else if constexpr (std::is_same_v<T, resume_request>) {
           j["op"] = name_of(op::resume);
+          j["valid_until_ms"] = req.valid_until_ms;
         } else {
           static_assert(std::is_same_v<T, check_request>);
           j["op"] = name_of(op::check);
@@ -323,11 +339,14 @@ std::variant<request, failure_reply> decode_request(const std::string& payload) 
     if (name == name_of(op::dump_begin)) {
       dump_begin_request r;
       r.deadline_ms = int_of(root, "", "deadline_ms");
+      r.valid_until_ms = i64_of(root, "", "valid_until_ms");
       return request{r};
     }
     if (name == name_of(op::dump_end)) return request{dump_end_request{}};
-    if (name == name_of(op::suspend)) return request{suspend_request{string_of(root, "", "image")}};
-    if (name == name_of(op::resume)) return request{resume_request{}};
+    if (name == name_of(op::suspend))
+      return request{suspend_request{string_of(root, "", "image"), string_of(root, "", "image_id"),
+                                     i64_of(root, "", "valid_until_ms")}};
+    if (name == name_of(op::resume)) return request{resume_request{i64_of(root, "", "valid_until_ms")}};
     if (name == name_of(op::check)) return request{check_request{}};
     return failure_reply{refusal::unknown_op, "unknown op '" + name + "'"};
   } catch (const decode_error& e) {
@@ -420,11 +439,13 @@ std::vector<example> example_messages() {
                                      {{0x200000000000, 4096, "cudaMalloc"}}, {{0x200000000000, 67108864}}}}};
   return {
       {op::hello, encode(request{hello_request{}}), encode(hello)},
-      {op::dump_begin, encode(request{dump_begin_request{30'000}}), encode(held)},
+      {op::dump_begin, encode(request{dump_begin_request{30'000, 1795430130000}}), encode(held)},
       {op::dump_end, encode(request{dump_end_request{}}), encode(dump_end_reply{183000})},
-      {op::suspend, encode(request{suspend_request{"/dev/shm/vmmckpt-1000/suspend-4242-20261123-101500"}}),
+      {op::suspend,
+       encode(request{suspend_request{"/dev/shm/vmmckpt-1000/suspend-4242-20261123-101500",
+                                      "0123456789abcdef0123456789abcdef", 1795430250000}}),
        encode(suspend_reply{8657043456, 6200000, {{0, 1107689472}}})},
-      {op::resume, encode(request{resume_request{}}), encode(resume_reply{8593080320, 3.83, "/dev/shm/vmmckpt-1000/suspend-4242-20261123-101500"})},
+      {op::resume, encode(request{resume_request{1795431000000}}), encode(resume_reply{8593080320, 3.83, "/dev/shm/vmmckpt-1000/suspend-4242-20261123-101500"})},
       {op::check, encode(request{check_request{}}), encode(check_reply{false, {"device 0: block at 0x200000000000 has no physical memory"}})},
   };
 }

@@ -155,6 +155,7 @@ struct writer::impl {
   bool dir_created = false, committed = false;
   std::atomic<bool> failed{false};
   std::vector<std::unique_ptr<data_file>> files;
+  std::vector<std::pair<std::string, std::string>> extra_files;  // add_file's, written at commit
 
   std::string manifest_path() const { return (temp_dir / detail::manifest_name).string(); }
 
@@ -281,6 +282,7 @@ struct writer::impl {
     const std::string& tables = files_of_m.tables;
     const std::string& text = files_of_m.manifest_json;
     const std::uint64_t manifest_checksum = XXH3_64bits(text.data(), text.size());
+    for (const auto& [name, contents] : extra_files) write_member(name, contents);
     write_member(detail::tables_name, tables);
     for (std::uint32_t k = 0; k < files.size(); ++k) {
       data_file& d = *files[k];
@@ -328,6 +330,7 @@ struct writer::impl {
         for (std::uint32_t k = 0; k < files.size(); ++k) ::unlinkat(dir_fd, detail::data_file_name(k).c_str(), 0);
         ::unlinkat(dir_fd, detail::manifest_name.data(), 0);
         ::unlinkat(dir_fd, detail::tables_name.data(), 0);
+        for (const auto& f : extra_files) ::unlinkat(dir_fd, f.first.c_str(), 0);
       }
       ::unlinkat(parent_fd, temp_name.c_str(), AT_REMOVEDIR);
     }
@@ -344,6 +347,14 @@ writer::writer(const std::filesystem::path& final_dir, std::uint32_t files) : im
 writer::~writer() = default;
 
 const std::string& writer::image_id() const { return impl_->image_id; }
+
+void writer::add_file(const std::string& name, const std::string& contents) {
+  impl_->usable("add_file");
+  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == ".." ||
+      name == detail::manifest_name || name == detail::tables_name || name.rfind("data.", 0) == 0)
+    fail("add_file: \"" + name + "\" is not a name an image may take");
+  impl_->extra_files.emplace_back(name, contents);
+}
 
 metadata_files encode_metadata(const manifest& m) {
   metadata_files out;

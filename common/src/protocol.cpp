@@ -15,6 +15,7 @@
 #include <chrono>
 #include <climits>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <initializer_list>
 #include <string_view>
@@ -377,22 +378,38 @@ int listen_at(const std::string& path, failure& error) noexcept {
   return fd;
 }
 
-int connect_to(const std::string& path, failure& error) noexcept {
+int connect_to(const std::string& path, failure& error) noexcept { return connect_to(path, -1, error); }
+
+int connect_to(const std::string& path, int timeout_ms, failure& error) noexcept {
   sockaddr_un addr;
   socklen_t addr_length = 0;
   if (!make_address(path, addr, addr_length, error)) return -1;
-  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  // Non-blocking: a process whose listen backlog is full (it is stopped, or swamped) answers EAGAIN
+  // at once instead of holding connect() until it accepts, so the deadline holds here too.
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) {
     int err = errno;
     set_error(error, failure_kind::system, {"cannot create a socket: ", errno_text(err)});
     return -1;
   }
+  const deadline until(timeout_ms);
   for (;;) {
     if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), addr_length) == 0) return fd;
     int err = errno;
     // An interrupted Unix-socket connect leaves the socket unconnected: try again.
     if (err == EINTR) continue;
     if (err == EISCONN) return fd;
+    if (err == EAGAIN) {
+      if (until.passed()) {
+        close_fd(fd);
+        set_error(error, failure_kind::timed_out,
+                  {"timed out: ", path, " takes no connection (its process is not accepting: stopped or busy)"});
+        return -1;
+      }
+      const int wait_ms = until.forever() ? 10 : std::min(10, until.poll_ms());
+      ::poll(nullptr, 0, wait_ms);
+      continue;
+    }
     close_fd(fd);
     switch (err) {
       case ENOENT:

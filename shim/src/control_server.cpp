@@ -1,11 +1,18 @@
-// The control server: a thread in the program that answers cuda-ckpt over a Unix socket (docs/protocol.md).
+// The control server: threads in the program that answer cuda-ckpt over a Unix socket (docs/protocol.md).
+//
+// One thread accepts; each connection is served by a thread of its own, so that a client that is
+// slow, silent or hostile holds up nobody else. Operations that change the process (a hold for a
+// dump or suspend, a resume) take one lock, each for at most its request's deadline; hello and
+// check never wait for it.
 #include "control_server.hpp"
 
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <mutex>
@@ -23,9 +30,14 @@ namespace {
 
 using clock = std::chrono::steady_clock;
 
-constexpr int idle_timeout_ms = 30'000;           // a client that says nothing is dropped
-constexpr int default_hold_deadline_ms = 60'000;  // longest a dump may hold the program
-constexpr int max_hold_deadline_ms = 600'000;
+constexpr int idle_timeout_ms = 30'000;            // a client that says nothing is dropped
+constexpr int reply_timeout_ms = 10'000;           // a client that reads nothing is dropped
+constexpr int max_hold_deadline_ms = 3'600'000;    // the longest hold a tool may ask for
+constexpr int max_connections = 32;                // served at once; more are answered `busy`
+
+std::atomic<int> g_connections{0};
+// Held by the connection that holds, suspends or resumes the process.
+std::timed_mutex g_operation;
 
 void close_all(std::vector<int>& fds) {
   for (int f : fds) ::close(f);
@@ -34,9 +46,13 @@ void close_all(std::vector<int>& fds) {
 
 bool send(int fd, const std::string& payload, const std::vector<int>& fds = {}) {
   protocol::failure error;
-  if (protocol::send_frame(fd, payload, fds, error)) return true;
+  if (protocol::send_frame(fd, payload, fds, reply_timeout_ms, error)) return true;
   log::warn("control: reply failed: {}", error.text);
   return false;
+}
+
+bool refuse(int fd, control::refusal code, const std::string& why) {
+  return send(fd, control::encode(control::failure_reply{code, why}));
 }
 
 // Sends the hold's reply and the exported handles, in as many frames as the descriptors need.
@@ -51,12 +67,30 @@ bool send_held(int fd, const control::dump_begin_reply& reply, const std::vector
   return sent;
 }
 
+// The operation lock, waited for until the request is void; false (and a reply saying so) when
+// another operation kept it that long.
+bool take_operation(int fd, std::unique_lock<std::timed_mutex>& lock, std::int64_t valid_until_ms) {
+  const std::int64_t left_ms = valid_until_ms - control::unix_ms_now();
+  if (left_ms > 0 && lock.try_lock_for(std::chrono::milliseconds(left_ms))) return true;
+  refuse(fd, left_ms > 0 ? control::refusal::busy : control::refusal::expired,
+         left_ms > 0 ? "another operation (a dump, suspend or resume) kept the program busy until the request's deadline"
+                     : "the request arrived after it expired; nothing was done");
+  return false;
+}
+
 // dump_begin: the program is held until the client says dump_end (or suspend), goes away, or the
 // deadline passes; the gate is open again in every case but suspend.
 void serve_hold(int fd, const control::dump_begin_request& request) {
-  int deadline_ms = request.deadline_ms;
-  if (deadline_ms <= 0 || deadline_ms > max_hold_deadline_ms) deadline_ms = default_hold_deadline_ms;
-  const auto deadline = clock::now() + std::chrono::milliseconds(deadline_ms);
+  if (request.deadline_ms <= 0 || request.deadline_ms > max_hold_deadline_ms) {
+    refuse(fd, control::refusal::bad_request,
+           "deadline_ms " + std::to_string(request.deadline_ms) + " is out of range (1 to " +
+               std::to_string(max_hold_deadline_ms) + ")");
+    return;
+  }
+  std::unique_lock operation(g_operation, std::defer_lock);
+  if (!take_operation(fd, operation, request.valid_until_ms)) return;
+  // The hold lasts deadline_ms from now, whatever time the request spent waiting.
+  const auto deadline = clock::now() + std::chrono::milliseconds(request.deadline_ms);
   std::vector<int> fds;
   auto held = hold(deadline, fds);
   if (auto* refused = std::get_if<control::failure_reply>(&held)) {
@@ -64,9 +98,18 @@ void serve_hold(int fd, const control::dump_begin_request& request) {
     send(fd, control::encode(*refused));
     return;
   }
+  // From here the program is held: however this function leaves (an exception included), it is
+  // released, or suspended on purpose.
+  struct held_guard {
+    bool settled = false;
+    ~held_guard() {
+      if (!settled && !is_suspended()) release("a request failed unexpectedly");
+    }
+  } guard;
   const bool sent = send_held(fd, std::get<control::dump_begin_reply>(held), fds);
   close_all(fds);  // the client has its own copies now
   if (!sent) {
+    guard.settled = true;
     release("client gone before the handles were sent");
     return;
   }
@@ -80,6 +123,7 @@ void serve_hold(int fd, const control::dump_begin_request& request) {
   const bool received = protocol::recv_frame(fd, payload, ignored, left_ms, error);
   close_all(ignored);
   if (!received) {
+    guard.settled = true;
     release(error.kind == protocol::failure_kind::timed_out ? "deadline passed" : "client went away");
     return;
   }
@@ -87,17 +131,28 @@ void serve_hold(int fd, const control::dump_begin_request& request) {
   const auto* next = std::get_if<control::request>(&decoded);
   if (next != nullptr) {
     if (const auto* s = std::get_if<control::suspend_request>(next)) {
-      // The gate stays closed: threads that call CUDA wait until resume.
-      send(fd, control::encode(suspend_held(s->image)));
+      // Accepted, the gate stays closed: threads that call CUDA wait until resume. (suspend_held
+      // releases the program itself when it does not suspend it.)
+      const auto outcome = suspend_held(*s);
+      guard.settled = true;
+      std::visit([&](const auto& reply) { send(fd, control::encode(reply)); }, outcome);
       return;
     }
     if (std::holds_alternative<control::dump_end_request>(*next)) {
+      guard.settled = true;
       send(fd, control::encode(control::dump_end_reply{release("dump finished")}));
       return;
     }
   }
+  guard.settled = true;
   release("the client sent something else than dump_end or suspend");
-  send(fd, control::encode(control::failure_reply{control::refusal::bad_request, "expected dump_end or suspend"}));
+  refuse(fd, control::refusal::bad_request, "expected dump_end or suspend");
+}
+
+void serve_resume(int fd, const control::resume_request& request) {
+  std::unique_lock operation(g_operation, std::defer_lock);
+  if (!take_operation(fd, operation, request.valid_until_ms)) return;
+  std::visit([&](const auto& reply) { send(fd, control::encode(reply)); }, resume(request));
 }
 
 // Answers one request; false when the connection is to be closed.
@@ -113,13 +168,13 @@ bool serve_request(int fd, const control::request& request) {
           serve_hold(fd, r);
           return true;
         } else if constexpr (std::is_same_v<T, control::resume_request>) {
-          return std::visit([&](const auto& reply) { return send(fd, control::encode(reply)); }, resume());
+          serve_resume(fd, r);
+          return true;
         } else {
           // dump_end or suspend with no hold in progress.
           static_assert(std::is_same_v<T, control::dump_end_request> || std::is_same_v<T, control::suspend_request>);
-          return send(fd, control::encode(control::failure_reply{
-                              control::refusal::not_held,
-                              "no dump in progress: the program was already released (the hold deadline passed)"}));
+          return refuse(fd, control::refusal::not_held,
+                        "no dump in progress: the program was already released (the hold deadline passed)");
         }
       },
       request);
@@ -145,11 +200,27 @@ void serve_client(int fd) {
   }
 }
 
+void* serve_connection(void* arg) {
+  const int fd = static_cast<int>(reinterpret_cast<std::intptr_t>(arg));
+  try {
+    serve_client(fd);
+  } catch (...) {
+    log::warn("control: a request failed unexpectedly");
+  }
+  ::close(fd);
+  g_connections.fetch_sub(1);
+  return nullptr;
+}
+
 void serve(int listener) {
   for (;;) {
     const int fd = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno == EMFILE || errno == ENFILE || errno == ENOMEM || errno == ENOBUFS) {
+        ::poll(nullptr, 0, 100);  // out of descriptors or memory for now: later
+        continue;
+      }
       log::warn("control: accept failed ({}); the control server stops", errno);
       return;
     }
@@ -160,13 +231,20 @@ void serve(int listener) {
       close(fd);
       continue;
     }
-    try {
-      serve_client(fd);
-    } catch (...) {
-      if (!is_suspended()) the_gate().open();  // never leave a running program held
-      log::warn("control: a request failed unexpectedly");
+    pthread_t thread;
+    if (g_connections.fetch_add(1) >= max_connections ||
+        pthread_create(&thread, nullptr, serve_connection, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd))) != 0) {
+      g_connections.fetch_sub(1);
+      protocol::failure ignored;
+      protocol::send_frame(fd,
+                           control::encode(control::failure_reply{
+                               control::refusal::busy, "the program serves " + std::to_string(max_connections) +
+                                                           " connections already; try again"}),
+                           {}, 100, ignored);
+      close(fd);
+      continue;
     }
-    close(fd);
+    pthread_detach(thread);
   }
 }
 
@@ -199,7 +277,7 @@ void start_control_server() noexcept {
       g_socket_path = path;
       g_socket_owner = getpid();
       std::atexit(remove_socket);
-      // The server thread takes no signals: they stay the program's.
+      // The server's threads take no signals: they stay the program's. (Threads inherit the mask.)
       sigset_t all, previous;
       sigfillset(&all);
       pthread_sigmask(SIG_SETMASK, &all, &previous);

@@ -2,13 +2,16 @@
 #include "process_control.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 
+#include <atomic>
 #include <fstream>
+#include <mutex>
 
 #include "gate.hpp"
 #include "pools.hpp"
@@ -19,6 +22,7 @@
 #include "vmmckpt/protocol.hpp"
 #include "vmmckpt/restore/pool_restore.hpp"
 #include "vmmckpt/restore/upload.hpp"
+#include "vmmckpt/suspend_claim.hpp"
 #include "vmmckpt/uuid_text.hpp"
 
 namespace vmmckpt::detail {
@@ -26,10 +30,19 @@ namespace {
 
 using clock = std::chrono::steady_clock;
 
-// Only the control server's thread changes these.
-bool g_suspended = false;
+// Changed only by the connection holding the operation lock (control_server.cpp); read by any.
+std::atomic<bool> g_suspended{false};
+std::mutex g_image_mutex;  // g_suspend_image and its identity, which hello reads
 std::string g_suspend_image;
+std::string g_suspend_image_id;
+dev_t g_suspend_image_dev = 0;
+ino_t g_suspend_image_ino = 0;
 clock::time_point g_hold_start;
+
+std::string suspend_image() {
+  std::lock_guard lock(g_image_mutex);
+  return g_suspend_image;
+}
 
 std::vector<std::string> command_line() {
   std::vector<std::string> args;
@@ -101,7 +114,7 @@ std::uint64_t held_us() {
 
 }  // namespace
 
-bool is_suspended() { return g_suspended; }
+bool is_suspended() { return g_suspended.load(); }
 
 control::hello_reply describe_process() {
   control::hello_reply r;
@@ -109,7 +122,7 @@ control::hello_reply describe_process() {
   r.pid = getpid();
   r.command = command_line();
   r.state = g_suspended ? control::process_state::suspended : control::process_state::running;
-  r.image = g_suspend_image;
+  if (g_suspended) r.image = suspend_image();
   for (const auto& p : active_pools()) {
     r.devices.push_back(describe_device(p.ordinal));
     const pool_stats s = p.pool->stats();
@@ -130,7 +143,7 @@ control::check_reply check_pools() {
 std::variant<control::dump_begin_reply, control::failure_reply> hold(clock::time_point deadline, std::vector<int>& fds) {
   if (g_suspended)
     return control::failure_reply{control::refusal::suspended,
-                                  "the program is suspended (image " + g_suspend_image + "); resume it first"};
+                                  "the program is suspended (image " + suspend_image() + "); resume it first"};
   g_hold_start = clock::now();
   if (!the_gate().close(deadline))
     return control::failure_reply{
@@ -179,31 +192,74 @@ std::uint64_t release(const char* why) {
   return held;
 }
 
-control::suspend_reply suspend_held(const std::string& image) {
+std::variant<control::suspend_reply, control::failure_reply> suspend_held(const control::suspend_request& request) {
+  if (control::unix_ms_now() > request.valid_until_ms) {
+    release("the suspend request arrived after it expired");
+    return control::failure_reply{control::refusal::expired,
+                                  "the suspend request arrived after it expired (the program was stopped, or the "
+                                  "tool waited too long): the program goes on, not suspended"};
+  }
+  // The claim decides (suspend_claim.hpp): from here on this program depends on the image, or the
+  // tool has withdrawn it and the image goes.
+  if (!suspend_claim::take(request.image, suspend_claim::accepted)) {
+    release("the suspend was withdrawn");
+    return control::failure_reply{control::refusal::withdrawn,
+                                  "the suspend was withdrawn (" + request.image + " has no pending claim): the "
+                                  "program goes on, not suspended"};
+  }
+  struct stat st{};
+  ::stat(request.image.c_str(), &st);
   control::suspend_reply r;
   for (const auto& p : active_pools()) {
     r.freed_bytes += p.pool->release_all_physical();
     r.devices.push_back({p.ordinal, device_used_bytes(p.ordinal)});
   }
+  {
+    std::lock_guard lock(g_image_mutex);
+    g_suspend_image = request.image;
+    g_suspend_image_id = request.image_id;
+    g_suspend_image_dev = st.st_dev;
+    g_suspend_image_ino = st.st_ino;
+  }
   g_suspended = true;
-  g_suspend_image = image;
   r.held_us = held_us();
-  log::info("control: suspended; {} bytes of GPU memory given back; image {}", r.freed_bytes, g_suspend_image);
+  log::info("control: suspended; {} bytes of GPU memory given back; image {}", r.freed_bytes, request.image);
   return r;
 }
 
-std::variant<control::resume_reply, control::failure_reply> resume() {
+std::variant<control::resume_reply, control::failure_reply> resume(const control::resume_request& request) {
+  if (control::unix_ms_now() > request.valid_until_ms)
+    return control::failure_reply{control::refusal::expired,
+                                  "the resume request arrived after it expired; nothing was done"};
   if (!g_suspended) return control::failure_reply{control::refusal::not_suspended, "the program is not suspended"};
   const auto start = clock::now();
   const driver_api* d = driver();
-  auto refuse = [](const std::string& why) {
+  std::string image, image_id;
+  dev_t dev;
+  ino_t ino;
+  {
+    std::lock_guard lock(g_image_mutex);
+    image = g_suspend_image;
+    image_id = g_suspend_image_id;
+    dev = g_suspend_image_dev;
+    ino = g_suspend_image_ino;
+  }
+  auto refuse = [&](const std::string& why) {
     return control::failure_reply{control::refusal::failed,
-                                  "cannot resume from " + g_suspend_image + ": " + why + "; the program stays suspended"};
+                                  "cannot resume from " + image + ": " + why + "; the program stays suspended"};
   };
   if (d == nullptr) return refuse("no CUDA driver");
+  // Only the image suspend took: the same directory (not a symlink put in its place, not another
+  // directory moved there) holding the same image.
+  struct stat st{};
+  if (::lstat(image.c_str(), &st) != 0) return refuse(std::string("it is gone: ") + std::strerror(errno));
+  if (S_ISLNK(st.st_mode)) return refuse("it has been replaced by a symbolic link");
+  if (st.st_dev != dev || st.st_ino != ino) return refuse("it has been replaced by another directory");
   std::uint64_t bytes = 0;
   try {
-    const auto reader = image::reader::open(g_suspend_image);
+    const auto reader = image::reader::open(image);
+    if (reader.info().image_id != image_id)
+      return refuse("it holds another image (image_id " + reader.info().image_id + ", suspend wrote " + image_id + ")");
     reader.verify_manifest();  // extents are checked as they load
     std::vector<device_pool*> backed;
     const status placed = restore::back_suspended_pools(
@@ -224,8 +280,8 @@ std::variant<control::resume_reply, control::failure_reply> resume() {
   g_suspended = false;
   the_gate().open();
   const double seconds = std::chrono::duration<double>(clock::now() - start).count();
-  log::info("control: resumed; {} bytes back from {} in {:.3f} s", bytes, g_suspend_image, seconds);
-  return control::resume_reply{bytes, seconds, g_suspend_image};
+  log::info("control: resumed; {} bytes back from {} in {:.3f} s", bytes, image, seconds);
+  return control::resume_reply{bytes, seconds, image};
 }
 
 }  // namespace vmmckpt::detail

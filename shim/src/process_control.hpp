@@ -24,11 +24,14 @@ std::variant<control::dump_begin_reply, control::failure_reply> hold(std::chrono
                                                                      std::vector<int>& fds);
 // Ends a hold: the gate opens and the program goes on. Returns how long it was held, in microseconds.
 std::uint64_t release(const char* why);
-// suspend, during a hold: every pool's physical memory given back; the program stays held until resume.
-control::suspend_reply suspend_held(const std::string& image);
-// resume: the pools' memory back from the suspend image, and the program goes on. A failure_reply
-// when it cannot; the program then stays suspended with its image.
-std::variant<control::resume_reply, control::failure_reply> resume();
+// suspend, during a hold: unless the request expired, or its claim was withdrawn (suspend_claim.hpp),
+// every pool's physical memory given back; the program then stays held until resume. A
+// failure_reply (the program is then released and goes on) otherwise.
+std::variant<control::suspend_reply, control::failure_reply> suspend_held(const control::suspend_request& request);
+// resume: the pools' memory back from the suspend image (the very image suspend took: the same
+// directory and image_id), and the program goes on. A failure_reply when it cannot; the program then
+// stays suspended with its image.
+std::variant<control::resume_reply, control::failure_reply> resume(const control::resume_request& request);
 bool is_suspended();
 
 }  // namespace vmmckpt::detail

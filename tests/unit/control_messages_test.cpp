@@ -114,7 +114,8 @@ TEST_CASE("requests that are not ours are answered, not acted on", "[control]") 
   CHECK(refusal_of(R"({"op":"fly"})").error == "unknown op 'fly'");
   for (const char* bad : {R"({"op":5})", R"({"op":null})", R"({})", R"([1,2])", "not json", "",
                           R"({"op":"dump_begin"})", R"({"op":"dump_begin","deadline_ms":"5"})",
-                          R"({"op":"dump_begin","deadline_ms":1e99})", R"({"op":"suspend"})",
+                          R"({"op":"dump_begin","deadline_ms":1e99})", R"({"op":"dump_begin","deadline_ms":5})",
+                          R"({"op":"suspend"})", R"({"op":"resume"})",
                           R"({"op":"suspend","image":7})", "[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]"}) {
     INFO(bad);
     const auto r = refusal_of(bad);
@@ -122,7 +123,8 @@ TEST_CASE("requests that are not ours are answered, not acted on", "[control]") 
     CHECK(r.error.rfind("malformed request: ", 0) == 0);
   }
   // A field a newer tool adds is ignored.
-  const auto newer = control::decode_request(R"({"op":"dump_begin","deadline_ms":1000,"colour":"blue"})");
+  const auto newer =
+      control::decode_request(R"({"op":"dump_begin","deadline_ms":1000,"valid_until_ms":5,"colour":"blue"})");
   REQUIRE(std::holds_alternative<control::request>(newer));
   REQUIRE(std::get<control::dump_begin_request>(std::get<control::request>(newer)).deadline_ms == 1000);
 }
@@ -182,7 +184,8 @@ TEST_CASE("docs/protocol.md describes every op and every field the code sends", 
   }
   for (auto r : {control::refusal::failed, control::refusal::bad_request, control::refusal::unknown_op,
                  control::refusal::suspended, control::refusal::not_suspended, control::refusal::not_held,
-                 control::refusal::not_quiesced}) {
+                 control::refusal::not_quiesced, control::refusal::busy, control::refusal::expired,
+                 control::refusal::withdrawn}) {
     INFO("refusal " << control::name_of(r));
     CHECK(mentions(doc, std::string(control::name_of(r))));
   }

@@ -57,8 +57,10 @@ int main(int argc, char** argv) {
   dump->add_option("pid", dump_options.pid, "The process (running under vmmckpt)")->required();
   dump->add_option("-o,--output", dump_options.output, "Image directory to create (default ./vmmckpt-PID-TIME)");
   dump->add_flag("--json", dump_options.json, "Print the result as JSON");
-  dump->add_option("--deadline", dump_options.deadline_s, "Release the program after this many seconds, dump or not")
-      ->capture_default_str()->check(CLI::Range(1, 600));
+  dump->add_option("--deadline", dump_options.deadline_s,
+                   "Give up after this many seconds, connecting and preparing included; the program is released by then, "
+                   "dump or not")
+      ->capture_default_str()->check(CLI::Range(1, 3600));
   dump->add_option("--chunk", dump_options.chunk, "Staging buffer size")->capture_default_str();
   dump->add_option("--staging", dump_options.staging,
                    "Most pinned host memory for staging; a dump that fits is held only for its copy out of the GPU")
@@ -95,7 +97,8 @@ int main(int argc, char** argv) {
                       "Image directory (default /dev/shm/vmmckpt-UID/suspend-PID-TIME, removed by resume)");
   suspend->add_flag("--json", suspend_options.json, "Print the result as JSON");
   suspend->add_option("--deadline", suspend_options.deadline_s,
-                      "Release the program, not suspended, if saving takes longer than this many seconds")
+                      "Give up after this many seconds, connecting and saving included: the program is then released, "
+                      "not suspended")
       ->capture_default_str()->check(CLI::Range(1, 3600));
   suspend->add_flag("--verify", suspend_options.verify,
                     "Read the image back and check every checksum before the memory is freed");

@@ -52,6 +52,18 @@ int suspend_command(const suspend_command_options& o) {
   });
   bar.finish();
   const double seconds = r.seconds;
+  if (r.late) {
+    // Suspended, but its answer never came: the figures are unknown, the state is not.
+    if (o.json) {
+      std::cout << nlohmann::json{{"pid", o.pid}, {"image", r.image.string()}, {"late", true}, {"seconds", seconds}}.dump(2)
+                << "\n";
+    } else {
+      std::printf("process %d took the suspend but did not answer in time (it is stopped, or was stopped right "
+                  "after): it is suspended with image %s, or will be when it continues\n",
+                  static_cast<int>(o.pid), r.image.c_str());
+    }
+    return exit_ok;
+  }
   if (o.json) {
     nlohmann::json out{{"pid", o.pid},
                        {"image", r.image.string()},

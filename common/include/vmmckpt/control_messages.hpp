@@ -32,8 +32,14 @@ enum class refusal {
   not_suspended,  // resume of a running process
   not_held,       // dump_end or suspend with no hold in progress (its deadline passed)
   not_quiesced,   // the program's work did not drain before the deadline
+  busy,           // another operation (a dump, suspend or resume) held the process until the deadline
+  expired,        // the request arrived after the time it was valid until: nothing was done
+  withdrawn,      // suspend: the tool had withdrawn the request (its claim was gone): nothing was done
 };
 std::string_view name_of(refusal r);
+
+// Milliseconds since the Unix epoch now: what valid_until_ms is measured in.
+std::int64_t unix_ms_now() noexcept;
 
 enum class process_state { running, suspended };
 std::string_view name_of(process_state s);
@@ -50,18 +56,25 @@ struct device_description {
 struct hello_request {
   friend bool operator==(const hello_request&, const hello_request&) = default;
 };
+// Requests that change the process carry the time they are valid until, in milliseconds since the
+// Unix epoch (a clock the tool and the program share even across PID and time namespaces): a request
+// that waited in the socket while the program was stopped is refused, not acted on late.
 struct dump_begin_request {
-  int deadline_ms = 60'000;  // the longest the program may be held
+  int deadline_ms = 60'000;  // the longest the program may be held (1 to 3 600 000)
+  std::int64_t valid_until_ms = 0;
   friend bool operator==(const dump_begin_request&, const dump_begin_request&) = default;
 };
 struct dump_end_request {
   friend bool operator==(const dump_end_request&, const dump_end_request&) = default;
 };
 struct suspend_request {
-  std::string image;  // absolute path of the image just written and checked
+  std::string image;     // absolute path of the image just written and checked
+  std::string image_id;  // its manifest's image_id: resume takes only this image
+  std::int64_t valid_until_ms = 0;
   friend bool operator==(const suspend_request&, const suspend_request&) = default;
 };
 struct resume_request {
+  std::int64_t valid_until_ms = 0;
   friend bool operator==(const resume_request&, const resume_request&) = default;
 };
 struct check_request {

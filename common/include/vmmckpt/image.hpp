@@ -108,6 +108,9 @@ class writer {
   void commit(const manifest& m);
   const std::string& image_id() const;
   const std::filesystem::path& temporary_dir() const;
+  // A small file of the caller's written into the image (synced with it, there from the moment the
+  // image appears): suspend's claim file. Its name must not be one of the image's own.
+  void add_file(const std::string& name, const std::string& contents);
 
  private:
   struct impl;

@@ -57,6 +57,9 @@ int listen_at(const std::string& path, failure& error) noexcept;
 // Connects to path; -1 with error on failure: no_socket (nothing there),
 // connection_refused (a stale socket: its process is gone), permission_denied, or system.
 int connect_to(const std::string& path, failure& error) noexcept;
+// The same within timeout_ms (< 0: forever); timed_out when the process takes no connection by then.
+// The socket returned is non-blocking (send_frame and recv_frame wait with poll).
+int connect_to(const std::string& path, int timeout_ms, failure& error) noexcept;
 
 // The peer's credentials; allowed when it is the same user or root.
 // False (uid -1, pid -1) when they cannot be read.

@@ -3,6 +3,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -44,35 +45,47 @@ class received_fds {
   std::vector<int> fds_;
 };
 
+// How a process that did not answer in time is doing, for the message that says so: "it is
+// stopped (SIGSTOP or a debugger)", "it is frozen (cgroup freezer)", or empty.
+std::string why_silent(pid_t pid);
+
 class control_client {
  public:
-  // Connects to pid's control socket, checking first that the process exists,
-  // is ours, and runs under the shim. Throws tool_error naming the reason.
-  explicit control_client(pid_t pid);
+  using clock = std::chrono::steady_clock;
+
+  // Connects to pid's control socket by `deadline`, checking first that the process exists, is
+  // ours, and runs under the shim. Throws tool_error naming the reason.
+  explicit control_client(pid_t pid, clock::time_point deadline = clock::now() + std::chrono::seconds(30));
   ~control_client();
   control_client(const control_client&) = delete;
   control_client& operator=(const control_client&) = delete;
 
   pid_t pid() const { return pid_; }
+  clock::time_point deadline() const { return deadline_; }
+  // Milliseconds left until the deadline (at least 1, so that a request is never sent already void).
+  int remaining_ms() const;
 
-  // One typed request each; control_error when the channel fails or the process refuses.
-  control::hello_reply hello(int timeout_ms = default_timeout_ms);
-  // Holds the program; the exported pool memory arrives as one descriptor per segment.
-  control::dump_begin_reply dump_begin(int deadline_ms, received_fds& fds, int timeout_ms);
-  control::dump_end_reply dump_end(int timeout_ms = default_timeout_ms);
-  control::suspend_reply suspend(const std::string& image, int timeout_ms);
-  control::resume_reply resume(int timeout_ms);
-  control::check_reply check(int timeout_ms = default_timeout_ms);
-
-  static constexpr int default_timeout_ms = 30'000;
+  // One typed request each, answered by the deadline; control_error when the channel fails or the
+  // process refuses. Requests that change the process are stamped valid until the deadline: one
+  // that waits in the socket past it (the program stopped meanwhile) is refused, never acted on late.
+  control::hello_reply hello();
+  // Holds the program for at most hold_ms; its pool memory arrives as one descriptor per segment.
+  control::dump_begin_reply dump_begin(int hold_ms, received_fds& fds);
+  control::dump_end_reply dump_end();
+  control::suspend_reply suspend(const std::string& image, const std::string& image_id);
+  control::resume_reply resume();
+  control::check_reply check();
 
  private:
   void send(const control::request& r);
   std::string receive(std::vector<int>* fds, int timeout_ms);
   template <typename Reply>
-  Reply call(const control::request& r, int timeout_ms, std::vector<int>* fds = nullptr);
+  Reply call(const control::request& r, std::vector<int>* fds = nullptr);
+  [[noreturn]] void channel_failed(const protocol::failure& f) const;
 
   pid_t pid_;
+  clock::time_point deadline_;
+  clock::time_point start_ = clock::now();
   int fd_ = -1;
 };
 

@@ -23,6 +23,9 @@ struct suspend_options {
 struct suspend_result : image_result {
   std::uint64_t freed_bytes = 0;        // GPU memory the program gave back
   std::uint64_t device_used_after = 0;  // bytes still in use on its device(s)
+  // The program took the suspend but its answer did not come in time (it was stopped right after,
+  // say): it is suspended with this image, or will be when it continues; the figures are unknown.
+  bool late = false;
 };
 
 // Holds the program until its image is written, synced and checked, then has it give back its
