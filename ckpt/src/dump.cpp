@@ -24,7 +24,7 @@ dump_result dump(const dump_options& options, const progress_callback& progress)
   result.mark("prepared");
 
   received_fds fds;
-  const auto held = s.client().dump_begin(s.client().remaining_ms(), fds);
+  const auto held = s.client().dump_begin(hold_budget_ms(s, options.hold_deadline_ms), fds);
   // From here the program is held, until dump_end or this connection closes.
   fault_point("held");
   result.mark("held");

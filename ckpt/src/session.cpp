@@ -95,4 +95,13 @@ CUdevice session::device_for(const control::device_description& d) {
   return devices_[d.ordinal] = device;
 }
 
+int hold_budget_ms(session& s, int deadline_ms) {
+  constexpr int least_ms = 100;
+  const int left = s.client().remaining_ms();
+  if (left < least_ms)
+    throw tool_error("the deadline (" + std::to_string(deadline_ms / 1000) + " s, --deadline) passed while preparing " +
+                     "(connecting, making the CUDA context, pinning staging memory): the program was not held");
+  return left;
+}
+
 }  // namespace vmmckpt::ckpt

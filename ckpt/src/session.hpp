@@ -46,4 +46,8 @@ class session {
   std::map<int, CUdevice> devices_;  // the program's ordinal -> ours
 };
 
+// What is left of the operation's deadline for holding the program; a tool_error when preparing
+// took (almost) all of it, so that the program is not held for a hold that cannot succeed.
+int hold_budget_ms(session& s, int deadline_ms);
+
 }  // namespace vmmckpt::ckpt

@@ -120,6 +120,7 @@ hello_reply decode_hello(const json& root) {
 dump_begin_reply decode_dump_begin(const json& root) {
   dump_begin_reply r;
   r.fd_count = u32_of(root, "", "fd_count");
+  r.hold_ms = u32_of(root, "", "hold_ms");
   r.devices = decode_devices(root);
   const json& pools = array_of(root, "", "pools");
   for (std::size_t i = 0; i < pools.size(); ++i) {
@@ -259,6 +260,7 @@ std::string encode(const hello_reply& r) {
 std::string encode(const dump_begin_reply& r) {
   ojson j = success();
   j["fd_count"] = r.fd_count;
+  j["hold_ms"] = r.hold_ms;
   j["devices"] = encode_devices(r.devices);
   j["pools"] = ojson::array();
   for (const auto& p : r.pools) {
@@ -435,7 +437,7 @@ std::vector<example> example_messages() {
   hello_reply hello{protocol::version, 4242, {"python", "train.py"}, process_state::suspended,
                     "/dev/shm/vmmckpt-1000/suspend-4242-20261123-101500", {h200},
                     {{0, 0x200000000000, 549755813888, 1073741824, 12, 1140850688}}};
-  dump_begin_reply held{2, {h200}, {{0, 0x200000000000, 549755813888, 2097152, 1,
+  dump_begin_reply held{2, 30'000, {h200}, {{0, 0x200000000000, 549755813888, 2097152, 1,
                                      {{0x200000000000, 4096, "cudaMalloc"}}, {{0x200000000000, 67108864}}}}};
   return {
       {op::hello, encode(request{hello_request{}}), encode(hello)},

@@ -21,6 +21,7 @@
 
 #include "gate.hpp"
 #include "process_control.hpp"
+#include "vmmckpt/fault_point.hpp"
 #include "vmmckpt/control_messages.hpp"
 #include "vmmckpt/log.hpp"
 #include "vmmckpt/protocol.hpp"
@@ -93,6 +94,7 @@ void serve_hold(int fd, const control::dump_begin_request& request) {
   const auto deadline = clock::now() + std::chrono::milliseconds(request.deadline_ms);
   std::vector<int> fds;
   auto held = hold(deadline, fds);
+  if (auto* reply = std::get_if<control::dump_begin_reply>(&held)) reply->hold_ms = request.deadline_ms;
   if (auto* refused = std::get_if<control::failure_reply>(&held)) {
     close_all(fds);
     send(fd, control::encode(*refused));
@@ -108,6 +110,7 @@ void serve_hold(int fd, const control::dump_begin_request& request) {
   } guard;
   const bool sent = send_held(fd, std::get<control::dump_begin_reply>(held), fds);
   close_all(fds);  // the client has its own copies now
+  fault_point("program:held");
   if (!sent) {
     guard.settled = true;
     release("client gone before the handles were sent");

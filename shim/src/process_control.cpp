@@ -16,6 +16,7 @@
 #include "gate.hpp"
 #include "pools.hpp"
 #include "real_symbols.hpp"
+#include "vmmckpt/fault_point.hpp"
 #include "vmmckpt/hex_text.hpp"
 #include "vmmckpt/log.hpp"
 #include "vmmckpt/pool_layout.hpp"
@@ -193,6 +194,7 @@ std::uint64_t release(const char* why) {
 }
 
 std::variant<control::suspend_reply, control::failure_reply> suspend_held(const control::suspend_request& request) {
+  fault_point("program:suspend-received");  // the reliability tests stop the program here, and below
   if (control::unix_ms_now() > request.valid_until_ms) {
     release("the suspend request arrived after it expired");
     return control::failure_reply{control::refusal::expired,
@@ -207,6 +209,7 @@ std::variant<control::suspend_reply, control::failure_reply> suspend_held(const 
                                   "the suspend was withdrawn (" + request.image + " has no pending claim): the "
                                   "program goes on, not suspended"};
   }
+  fault_point("program:claimed");
   struct stat st{};
   ::stat(request.image.c_str(), &st);
   control::suspend_reply r;
@@ -222,6 +225,7 @@ std::variant<control::suspend_reply, control::failure_reply> suspend_held(const 
     g_suspend_image_ino = st.st_ino;
   }
   g_suspended = true;
+  fault_point("program:suspended");
   r.held_us = held_us();
   log::info("control: suspended; {} bytes of GPU memory given back; image {}", r.freed_bytes, request.image);
   return r;

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <memory>
 #include <string>
 #include <vector>
@@ -83,6 +84,14 @@ inline std::string untorn_problem(const fs::path& image_dir) {
   } catch (const std::exception& e) {
     return e.what();
   }
+}
+
+// A process's entry in `cuda-ckpt ps --json`, or null when it is not listed.
+inline nlohmann::json listed_state(pid_t pid) {
+  const auto ps = run_process({cuda_ckpt, "ps", "--json"});
+  for (const auto& p : nlohmann::json::parse(ps.out))
+    if (p.at("pid").get<pid_t>() == pid) return p;
+  return nullptr;
 }
 
 inline void require_untorn(const fs::path& image_dir) {

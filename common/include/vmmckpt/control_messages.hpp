@@ -126,6 +126,7 @@ struct dump_begin_reply {
   // Descriptors in all, this frame's and those of the fds frames after it: one per segment, in
   // order across pools, then one for the allocation table.
   std::uint32_t fd_count = 0;
+  std::uint32_t hold_ms = 0;  // how long the program is held at most, from the hold's start
   std::vector<device_description> devices;
   std::vector<pool_contents> pools;
   friend bool operator==(const dump_begin_reply&, const dump_begin_reply&) = default;

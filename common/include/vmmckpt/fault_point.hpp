@@ -4,6 +4,8 @@
 #include <signal.h>
 #include <time.h>
 
+#include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <string_view>
 
@@ -12,18 +14,23 @@ namespace vmmckpt {
 // VMMCKPT_TEST_FAULT lists what to do at which point, comma-separated: `POINT` or `POINT=kill` kills
 // the process there with SIGKILL (as a crash or an OOM kill would, no cleanup of any kind);
 // `POINT=stop` stops it with SIGSTOP (as Ctrl-Z, a cgroup freeze or `scontrol suspend` would);
-// `POINT=pause:MS` sleeps MS milliseconds. Unset, a point costs one load. Used by
+// `POINT=pause:MS` sleeps MS milliseconds. Each entry acts once per process: a stopped program that
+// continues is not stopped again by its next pass. Unset, a point costs one load. Used by
 // tests/emu/fault_e2e_test.cpp and the chaos test: a tool or a program failing at any phase never
 // hurts the program and never leaves anything that passes verify.
 inline void fault_point(std::string_view name) noexcept {
   static const char* const spec = std::getenv("VMMCKPT_TEST_FAULT");
+  static std::atomic<std::uint64_t> fired{0};  // bit k: entry k has acted
   if (spec == nullptr) return;
-  for (std::string_view rest = spec; !rest.empty();) {
+  int index = 0;
+  for (std::string_view rest = spec; !rest.empty(); ++index) {
     const std::size_t comma = rest.find(',');
     const std::string_view entry = rest.substr(0, comma);
     rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
     const std::size_t eq = entry.find('=');
     if (entry.substr(0, eq) != name) continue;
+    const std::uint64_t bit = 1ULL << (index % 64);
+    if (fired.fetch_or(bit) & bit) continue;
     const std::string_view action = eq == std::string_view::npos ? "kill" : entry.substr(eq + 1);
     if (action == "kill") ::raise(SIGKILL);
     if (action == "stop") ::raise(SIGSTOP);
