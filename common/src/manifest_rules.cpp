@@ -6,6 +6,7 @@
 
 #include "image_detail.hpp"
 #include "vmmckpt/alloc_api.hpp"
+#include "vmmckpt/pool_layout.hpp"
 #include "vmmckpt/image.hpp"
 
 namespace vmmckpt::image {
@@ -21,6 +22,56 @@ bool inside(std::uint64_t addr, std::uint64_t size, std::uint64_t lo, std::uint6
 std::string range_text(std::uint64_t addr, std::uint64_t size) {
   return hex(addr) + "+" + std::to_string(size);
 }
+// What a restore relies on beyond the image's own consistency, so that verify refuses what restore
+// cannot use, by the same rules (pool_layout's for the pools, the shim's for the devices).
+void check_restorable(const manifest& m) {
+  if (m.pools.empty()) return;
+  // A restored process places its pools with VMMCKPT_POOL_BASE and VMMCKPT_POOL_SIZE: every pool must
+  // sit at base + device * size of one such layout, and that layout must be one the shim accepts.
+  const pool& first = m.pools.front();
+  for (std::size_t i = 0; i < m.pools.size(); ++i) {
+    const pool& p = m.pools[i];
+    const std::string name = "pools[" + std::to_string(i) + "]";
+    if (p.device >= max_devices)
+      fail(name + ".device " + std::to_string(p.device) + " is beyond the devices vmmckpt serves (0 to " +
+           std::to_string(max_devices - 1) + ")");
+    if (p.size != first.size)
+      fail(name + ".size " + std::to_string(p.size) + " differs from pools[0]'s " + std::to_string(first.size) +
+           ": the pools follow no one layout (base + device * size)");
+  }
+  const std::uint64_t stride = first.size;
+  if (static_cast<std::uint64_t>(first.device) * stride > first.base)
+    fail("pools[0]: its base " + hex(first.base) + " is below its device's place in any layout (base + device * size)");
+  pool_config layout;
+  layout.base = first.base - static_cast<std::uint64_t>(first.device) * stride;
+  layout.size = stride;
+  for (std::size_t i = 0; i < m.pools.size(); ++i)
+    if (m.pools[i].base != layout.base + static_cast<std::uint64_t>(m.pools[i].device) * stride)
+      fail("pools[" + std::to_string(i) + "].base " + hex(m.pools[i].base) +
+           " is not where pools[0]'s layout puts its device (base + device * size)");
+  if (const std::string why = validate(layout); !why.empty())
+    fail("the pools' layout (base " + hex(layout.base) + ", size " + std::to_string(layout.size) +
+         ") is not one a process can use: " + why);
+  // Every byte of every allocation is in the image: a dump stores each allocation whole, and a
+  // restore brings back exactly what the image holds.
+  for (std::size_t i = 0; i < m.pools.size(); ++i) {
+    const pool& p = m.pools[i];
+    std::size_t e = 0;
+    for (std::size_t k = 0; k < p.allocations.size(); ++k) {
+      const allocation& a = p.allocations[k];
+      std::uint64_t covered = a.addr;
+      while (e < p.extents.size() && p.extents[e].addr < a.addr + a.size) {
+        if (p.extents[e].addr != covered) break;
+        covered += p.extents[e].size;
+        ++e;
+      }
+      if (covered != a.addr + a.size)
+        fail("pools[" + std::to_string(i) + "].allocations[" + std::to_string(k) + "] (" + range_text(a.addr, a.size) +
+             ") is not wholly in the image: its bytes from " + hex(covered) + " are in no extent");
+    }
+  }
+}
+
 }  // namespace
 
 void validate(const manifest& m) {
@@ -36,27 +87,27 @@ void validate(const manifest& m) {
   if (m.pid <= 0 || m.pid > INT_MAX) fail("pid " + std::to_string(m.pid) + " is not a valid process id");
 
   // Ordinals are bounded, so the device and pool lists are too, and the pairwise checks stay cheap.
-  constexpr int max_devices = 1024;
-  std::vector<int> device_index(max_devices, -1);
+  constexpr int max_listed_devices = 1024;
+  std::vector<int> device_index(max_listed_devices, -1);
   for (std::size_t i = 0; i < m.devices.size(); ++i) {
     const auto& d = m.devices[i];
     const std::string p = "devices[" + std::to_string(i) + "]";
-    if (d.ordinal < 0 || d.ordinal >= max_devices)
-      fail(p + ".ordinal " + std::to_string(d.ordinal) + " is out of range (0.." + std::to_string(max_devices - 1) + ")");
+    if (d.ordinal < 0 || d.ordinal >= max_listed_devices)
+      fail(p + ".ordinal " + std::to_string(d.ordinal) + " is out of range (0.." + std::to_string(max_listed_devices - 1) + ")");
     if (device_index[d.ordinal] >= 0)
       fail(p + ".ordinal " + std::to_string(d.ordinal) + " repeats devices[" + std::to_string(device_index[d.ordinal]) + "]");
     device_index[d.ordinal] = static_cast<int>(i);
     if (d.cc_major < 0 || d.cc_minor < 0) fail(p + ": negative compute capability");
   }
 
-  std::vector<int> pool_of_device(max_devices, -1);
+  std::vector<int> pool_of_device(max_listed_devices, -1);
   // Each data file holds its extents back to back, in manifest order.
   std::vector<std::uint64_t> file_end(m.data_files, 0);
   std::uint64_t total = 0;
   for (std::size_t i = 0; i < m.pools.size(); ++i) {
     const pool& pl = m.pools[i];
     const std::string p = "pools[" + std::to_string(i) + "]";
-    if (pl.device < 0 || pl.device >= max_devices || device_index[pl.device] < 0)
+    if (pl.device < 0 || pl.device >= max_listed_devices || device_index[pl.device] < 0)
       fail(p + ".device " + std::to_string(pl.device) + " is not listed in devices");
     if (pool_of_device[pl.device] >= 0)
       fail(p + ".device " + std::to_string(pl.device) + " already has pools[" + std::to_string(pool_of_device[pl.device]) + "]");
@@ -132,6 +183,7 @@ void validate(const manifest& m) {
   }
   if (m.data_bytes != total)
     fail("data_bytes is " + std::to_string(m.data_bytes) + " but the extents hold " + std::to_string(total) + " bytes");
+  check_restorable(m);
   if (m.data_bytes > std::numeric_limits<std::uint64_t>::max() - detail::data_header_size)
     fail("data_bytes " + std::to_string(m.data_bytes) + " is too large");
 }

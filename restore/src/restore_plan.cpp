@@ -27,9 +27,7 @@ restore_plan plan_restore(const image::manifest& m, const std::string& image_nam
   plan.pool_base = first.base - static_cast<std::uint64_t>(first.device) * first.size;
   plan.pool_size = first.size;
   plan.device = first.device;
-  for (const auto& p : m.pools)
-    if (p.size != first.size || p.base != plan.pool_base + static_cast<std::uint64_t>(p.device) * p.size)
-      throw image::image_error(image_name + ": its pools do not follow one layout (base + device * size)");
+  // That the pools follow one layout a process can use is a rule of every image (image::validate).
   if (moving && m.pools.size() != 1)
     throw image::image_error(image_name + ": --device moves single-device images only (this one has " +
                              std::to_string(m.pools.size()) + " pools)");

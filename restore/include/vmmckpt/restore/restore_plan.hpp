@@ -15,9 +15,9 @@ struct restore_plan {
   int device = 0;               // the device of the first pool (the only one, for --device)
 };
 
-// The pool layout the new process must use so that every pool lands where the image's was. An
-// image_error naming the image when it holds no pool, when its pools follow no one layout
-// (base + device * size), or when `moving` (--device) and it has more than one pool.
+// The pool layout the new process must use so that every pool lands where the image's was (an
+// image that opened follows one: image::validate). An image_error naming the image when it holds no
+// pool, or when `moving` (--device) and it has more than one pool.
 restore_plan plan_restore(const image::manifest& m, const std::string& image_name, bool moving);
 
 // --device: the CUDA_VISIBLE_DEVICES that makes this machine's GPU `target` (an ordinal as the
