@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "process.hpp"
+#include "skip.hpp"
 #include "vmmckpt/image.hpp"
 
 namespace vmmckpt::test {
