@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "contracts/busy_pattern.hpp"
 #include "process.hpp"
 #include "skip.hpp"
 #include "vmmckpt/image.hpp"
@@ -51,10 +52,9 @@ inline std::unique_ptr<background_process> start_writer(int seconds = 120) {
   return p;
 }
 
-// Every writer buffer in the image holds one whole generation of its pattern:
-// word 0 and the last word the generation, every word between a function of
-// (generation, buffer, position). A torn copy breaks it. Returns what is wrong,
-// or an empty string; safe to call from any thread (no Catch2 assertions).
+// Every writer buffer in the image holds one whole generation of its pattern
+// (contracts/busy_pattern.hpp); a torn copy breaks it. Returns what is wrong, or
+// an empty string; safe to call from any thread (no Catch2 assertions).
 inline std::string untorn_problem(const fs::path& image_dir) {
   try {
     const auto reader = image::reader::open(image_dir);
@@ -67,15 +67,8 @@ inline std::string untorn_problem(const fs::path& image_dir) {
         for (const auto& e : pool.extents)
           if (e.addr >= a.addr && e.addr < a.addr + a.size)
             reader.read(e, reinterpret_cast<unsigned char*>(words.data()) + (e.addr - a.addr));
-        const image::allocation& e = a;  // named as the checks below report it
-        const std::uint64_t generation = words[0];
-        if (words.back() != generation) return "buffer " + std::to_string(e.addr) + ": first and last word differ";
-        for (std::size_t k = 1; k + 1 < words.size(); ++k) {
-          const std::uint64_t buffer = (words[1] ^ (generation * 0x9e3779b97f4a7c15ULL) ^ 1) >> 40;
-          const std::uint64_t expected =
-              generation == 0 ? 0 : (generation * 0x9e3779b97f4a7c15ULL) ^ (buffer << 40) ^ k;
-          if (words[k] != expected) return "buffer " + std::to_string(e.addr) + " torn at word " + std::to_string(k);
-        }
+        if (const std::string problem = contracts::busy_problem(words.data(), words.size()); !problem.empty())
+          return "buffer " + std::to_string(a.addr) + ": " + problem;
         ++buffers;
       }
     }

@@ -1,9 +1,8 @@
 // Emulator test program: streams keep rewriting pool buffers under an invariant while the program is dumped.
 //
 // Each job rewrites one whole buffer in stream order (a host function is the
-// emulator's kernel): word 0 and the last word hold the generation, every word
-// between is a function of (generation, buffer, position). A consistent image
-// holds every buffer whole at one generation; a torn copy breaks the pattern.
+// emulator's kernel) with the pattern of contracts/busy_pattern.hpp: a consistent
+// image holds every buffer whole at one generation; a torn copy breaks the pattern.
 #include <cuda.h>
 
 #include <atomic>
@@ -14,6 +13,7 @@
 #include <vector>
 
 #include "check.hpp"
+#include "contracts/busy_pattern.hpp"
 
 namespace {
 
@@ -26,9 +26,8 @@ struct job {
 
 void rewrite(void* arg) {
   const job* j = static_cast<const job*>(arg);
-  j->words[0] = j->generation;
-  for (std::size_t k = 1; k + 1 < j->count; ++k) j->words[k] = (j->generation * 0x9e3779b97f4a7c15ULL) ^ (j->buffer << 40) ^ k;
-  j->words[j->count - 1] = j->generation;
+  for (std::size_t k = 0; k < j->count; ++k)
+    j->words[k] = vmmckpt::contracts::busy_word(j->generation, j->buffer, k, j->count);
   delete j;
 }
 

@@ -1,9 +1,8 @@
 // GPU test program: kernels keep rewriting pool buffers under an invariant while the program is dumped.
 //
-// Each launch rewrites one whole buffer: word 0 and the last word hold the
-// generation, every word between is a function of (generation, buffer,
-// position), as in the emulator's busy_writer. A consistent image holds every
-// buffer whole at one generation.
+// Each launch rewrites one whole buffer with the pattern of
+// contracts/busy_pattern.hpp, as the emulator's busy_writer does. A consistent
+// image holds every buffer whole at one generation.
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -14,15 +13,13 @@
 #include <thread>
 #include <vector>
 
+#include "contracts/busy_pattern.hpp"
 #include "gpu_check.cuh"
 
 __global__ void rewrite(unsigned long long* words, size_t count, unsigned long long generation,
                         unsigned long long buffer) {
-  for (size_t k = blockIdx.x * blockDim.x + threadIdx.x; k < count; k += size_t(gridDim.x) * blockDim.x) {
-    unsigned long long v = (generation * 0x9e3779b97f4a7c15ULL) ^ (buffer << 40) ^ k;
-    if (k == 0 || k == count - 1) v = generation;
-    words[k] = v;
-  }
+  for (size_t k = blockIdx.x * blockDim.x + threadIdx.x; k < count; k += size_t(gridDim.x) * blockDim.x)
+    words[k] = vmmckpt::contracts::busy_word(generation, buffer, k, count);
 }
 
 int main(int argc, char** argv) {
