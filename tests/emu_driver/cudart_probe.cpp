@@ -13,70 +13,54 @@
 #include <cstdio>
 #include <cstring>
 
+#include "support/cuda_check.hpp"
+
 namespace {
 
 // What cudart answers on the emulator today (CUDA 13.0), found by running it.
 constexpr cudaError_t known_refusal = cudaErrorInvalidValue;
 
-#define CHECK(call)                                                                           \
-  do {                                                                                        \
-    const cudaError_t e_ = (call);                                                            \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "FAIL: %s failed: %s (%d)\n", #call, cudaGetErrorName(e_), (int)e_); \
-      return 1;                                                                               \
-    }                                                                                         \
-  } while (0)
-
-#define CHECK_CU(call)                                                                        \
-  do {                                                                                        \
-    const CUresult r_ = (call);                                                               \
-    if (r_ != CUDA_SUCCESS) {                                                                 \
-      std::fprintf(stderr, "FAIL: after cudart's refusal, %s failed (%d)\n", #call, (int)r_); \
-      return 1;                                                                               \
-    }                                                                                         \
-  } while (0)
-
 void CUDART_CB set_flag(void* p) { *static_cast<int*>(p) = 1; }
 
 int full_flow() {
-  CHECK(cudaSetDevice(0));
+  VMMCKPT_CHECK(cudaSetDevice(0));
   int dev = -1;
-  CHECK(cudaGetDevice(&dev));
+  VMMCKPT_CHECK(cudaGetDevice(&dev));
   void* d = nullptr;
-  CHECK(cudaMalloc(&d, 1 << 20));
+  VMMCKPT_CHECK(cudaMalloc(&d, 1 << 20));
   char in[16] = "emulated";
   char out[16] = {};
-  CHECK(cudaMemcpy(d, in, sizeof in, cudaMemcpyHostToDevice));
-  CHECK(cudaMemcpy(out, d, sizeof out, cudaMemcpyDeviceToHost));
+  VMMCKPT_CHECK(cudaMemcpy(d, in, sizeof in, cudaMemcpyHostToDevice));
+  VMMCKPT_CHECK(cudaMemcpy(out, d, sizeof out, cudaMemcpyDeviceToHost));
   if (std::strcmp(in, out) != 0) {
     std::fprintf(stderr, "FAIL: cudaMemcpy round trip gave '%s'\n", out);
     return 1;
   }
-  CHECK(cudaMemset(d, 0, 16));
+  VMMCKPT_CHECK(cudaMemset(d, 0, 16));
   void* pitched = nullptr;
   size_t pitch = 0;
-  CHECK(cudaMallocPitch(&pitched, &pitch, 100, 4));
+  VMMCKPT_CHECK(cudaMallocPitch(&pitched, &pitch, 100, 4));
   size_t free_b = 0, total_b = 0;
-  CHECK(cudaMemGetInfo(&free_b, &total_b));
+  VMMCKPT_CHECK(cudaMemGetInfo(&free_b, &total_b));
   cudaStream_t s = nullptr;
-  CHECK(cudaStreamCreate(&s));
-  CHECK(cudaMemcpyAsync(d, in, sizeof in, cudaMemcpyHostToDevice, s));
+  VMMCKPT_CHECK(cudaStreamCreate(&s));
+  VMMCKPT_CHECK(cudaMemcpyAsync(d, in, sizeof in, cudaMemcpyHostToDevice, s));
   int flag = 0;
-  CHECK(cudaLaunchHostFunc(s, set_flag, &flag));
-  CHECK(cudaStreamSynchronize(s));
+  VMMCKPT_CHECK(cudaLaunchHostFunc(s, set_flag, &flag));
+  VMMCKPT_CHECK(cudaStreamSynchronize(s));
   if (flag != 1) {
     std::fprintf(stderr, "FAIL: the host function did not run by cudaStreamSynchronize\n");
     return 1;
   }
   void* a = nullptr;
-  if (cudaMallocAsync(&a, 4096, s) == cudaSuccess) CHECK(cudaFreeAsync(a, s));
+  if (cudaMallocAsync(&a, 4096, s) == cudaSuccess) VMMCKPT_CHECK(cudaFreeAsync(a, s));
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult q{};
-  CHECK(cudaGetDriverEntryPointByVersion("cuMemAlloc", &fn, 13000, cudaEnableDefault, &q));
-  CHECK(cudaDeviceSynchronize());
-  CHECK(cudaStreamDestroy(s));
-  CHECK(cudaFree(pitched));
-  CHECK(cudaFree(d));
+  VMMCKPT_CHECK(cudaGetDriverEntryPointByVersion("cuMemAlloc", &fn, 13000, cudaEnableDefault, &q));
+  VMMCKPT_CHECK(cudaDeviceSynchronize());
+  VMMCKPT_CHECK(cudaStreamDestroy(s));
+  VMMCKPT_CHECK(cudaFree(pitched));
+  VMMCKPT_CHECK(cudaFree(d));
   std::printf("cudart: full host-side flow passed\n");
   return 0;
 }
@@ -100,21 +84,21 @@ int check_refusal(cudaError_t first, int count) {
     return 1;
   }
   // The driver underneath: the emulator (a real driver would have let cudart run), in working order.
-  CHECK_CU(cuInit(0));
+  VMMCKPT_CHECK(cuInit(0));
   CUdevice dev = -1;
-  CHECK_CU(cuDeviceGet(&dev, 0));
+  VMMCKPT_CHECK(cuDeviceGet(&dev, 0));
   char name[128] = {};
-  CHECK_CU(cuDeviceGetName(name, sizeof name, dev));
+  VMMCKPT_CHECK(cuDeviceGetName(name, sizeof name, dev));
   CUcontext ctx = nullptr;
-  CHECK_CU(cuDevicePrimaryCtxRetain(&ctx, dev));
-  CHECK_CU(cuCtxSetCurrent(ctx));
+  VMMCKPT_CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
+  VMMCKPT_CHECK(cuCtxSetCurrent(ctx));
   CUdeviceptr d = 0;
-  CHECK_CU(cuMemAlloc(&d, 4096));
+  VMMCKPT_CHECK(cuMemAlloc(&d, 4096));
   const char in[16] = "still working";
   char out[16] = {};
-  CHECK_CU(cuMemcpyHtoD(d, in, sizeof in));
-  CHECK_CU(cuMemcpyDtoH(out, d, sizeof out));
-  CHECK_CU(cuMemFree(d));
+  VMMCKPT_CHECK(cuMemcpyHtoD(d, in, sizeof in));
+  VMMCKPT_CHECK(cuMemcpyDtoH(out, d, sizeof out));
+  VMMCKPT_CHECK(cuMemFree(d));
   if (std::memcmp(in, out, sizeof in) != 0) {
     std::fprintf(stderr, "FAIL: after the refusal, a copy through %s did not round-trip\n", name);
     return 1;

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "host_device.hpp"
@@ -21,6 +22,25 @@ VMMCKPT_HOST_DEVICE inline std::uint64_t busy_word(std::uint64_t generation, std
                                                    std::uint64_t count) {
   if (k == 0 || k + 1 == count) return generation;
   return (generation * busy_multiplier) ^ (buffer << 40) ^ k;
+}
+
+// The writers' command line: `--buffers N --streams N --seconds N --size BYTES`, each optional; the
+// defaults differ between the emulator and a GPU.
+struct busy_options {
+  int buffers = 8;
+  int streams = 1;
+  int seconds = 60;
+  std::size_t size = 1 << 20;
+};
+inline busy_options parse_busy_options(int argc, char** argv, busy_options o) {
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--buffers") o.buffers = std::atoi(argv[i + 1]);
+    else if (flag == "--streams") o.streams = std::atoi(argv[i + 1]);
+    else if (flag == "--seconds") o.seconds = std::atoi(argv[i + 1]);
+    else if (flag == "--size") o.size = std::strtoull(argv[i + 1], nullptr, 0);
+  }
+  return o;
 }
 
 // What is wrong with a buffer's words, or an empty string when they hold one whole generation. The

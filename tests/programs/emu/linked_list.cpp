@@ -18,18 +18,21 @@
 #include <string>
 #include <vector>
 
-#include "check.hpp"
+#include "contracts/ptr_line.hpp"
+#include "support/cuda_check.hpp"
 #include "contracts/linked_list.hpp"
+
+using vmmckpt::contracts::print_ptr;
 
 namespace {
 
 namespace ll = vmmckpt::contracts::linked_list;
 
 CUcontext init_cuda() {
-  CHECK_CU(cuInit(0));
+  VMMCKPT_CHECK(cuInit(0));
   CUcontext ctx;
-  CHECK_CU(cuDevicePrimaryCtxRetain(&ctx, 0));
-  CHECK_CU(cuCtxSetCurrent(ctx));
+  VMMCKPT_CHECK(cuDevicePrimaryCtxRetain(&ctx, 0));
+  VMMCKPT_CHECK(cuCtxSetCurrent(ctx));
   return ctx;
 }
 
@@ -38,10 +41,10 @@ std::vector<std::uint64_t> allocate_nodes(std::uint64_t n) {
       n,
       [](std::uint64_t size) {
         CUdeviceptr p = 0;
-        CHECK_CU(cuMemAlloc(&p, size));
+        VMMCKPT_CHECK(cuMemAlloc(&p, size));
         return static_cast<std::uint64_t>(p);
       },
-      [](std::uint64_t p) { CHECK_CU(cuMemFree(p)); });
+      [](std::uint64_t p) { VMMCKPT_CHECK(cuMemFree(p)); });
 }
 
 
@@ -59,7 +62,7 @@ std::uint64_t walk_list(const ll::list_file& f, bool check_sum = true) {
   const auto r = ll::walk_list(f.head, ll::walk_tables::view(tables.words.data(), f.nodes),
                                [&node](std::uint64_t addr, std::uint64_t size) {
                                  node.assign(size / 8, 0);
-                                 CHECK_CU(cuMemcpyDtoH(node.data(), addr, size));
+                                 VMMCKPT_CHECK(cuMemcpyDtoH(node.data(), addr, size));
                                  return static_cast<const std::uint64_t*>(node.data());
                                });
   if (const std::string problem = ll::walk_problem(r, f, check_sum); !problem.empty()) {
@@ -75,7 +78,7 @@ void use_and_free(const ll::list_file& f) {
   for (std::uint64_t i = 0; i < f.nodes; ++i) {
     CUdeviceptr base = 0;
     size_t size = 0;
-    CHECK_CU(cuMemGetAddressRange(&base, &size, f.addrs[i] + f.sizes[i] / 2));
+    VMMCKPT_CHECK(cuMemGetAddressRange(&base, &size, f.addrs[i] + f.sizes[i] / 2));
     if (base != f.addrs[i] || size != f.sizes[i]) {
       std::fprintf(stderr, "node %" PRIu64 " at 0x%" PRIx64 ": the pool says [0x%llx, +%zu), the file [0x%" PRIx64
                    ", +%" PRIu64 ")\n",
@@ -88,18 +91,18 @@ void use_and_free(const ll::list_file& f) {
   for (int k = 0; k < ll::fresh_blocks; ++k) {
     const std::size_t size = ll::fresh_block_size(k);
     CUdeviceptr p = 0;
-    CHECK_CU(cuMemAlloc(&p, size));
+    VMMCKPT_CHECK(cuMemAlloc(&p, size));
     if (const std::uint64_t i = ll::overlapped_node(f, p, size); i != ll::no_node) {
       std::fprintf(stderr, "new block [0x%llx, +%zu) overlaps node %" PRIu64 " at 0x%" PRIx64 "\n",
                    static_cast<unsigned long long>(p), size, i, f.addrs[i]);
       std::exit(1);
     }
-    CHECK_CU(cuMemsetD8(p, 0xa5, size));
+    VMMCKPT_CHECK(cuMemsetD8(p, 0xa5, size));
     fresh.emplace_back(p, size);
   }
-  CHECK_CU(cuCtxSynchronize());
+  VMMCKPT_CHECK(cuCtxSynchronize());
   walk_list(f);
-  for (const auto& [p, size] : fresh) CHECK_CU(cuMemFree(p));
+  for (const auto& [p, size] : fresh) VMMCKPT_CHECK(cuMemFree(p));
   for (std::uint64_t i = 0; i < f.nodes; ++i) {
     const CUresult r = cuMemFree(f.addrs[i]);
     if (r != CUDA_SUCCESS) {
@@ -126,10 +129,10 @@ int build(const std::string& path, std::uint64_t n) {
     ll::write_header(words.data(), next[i], i, payload_words);
     for (std::uint64_t w = 0; w < payload_words; ++w) words[ll::header_words + w] = ll::payload_word(i, w);
     ll::seal(words.data());
-    CHECK_CU(cuMemcpyHtoD(nodes[i], words.data(), ll::node_size(i)));
+    VMMCKPT_CHECK(cuMemcpyHtoD(nodes[i], words.data(), ll::node_size(i)));
     print_ptr(nodes[i], ll::node_size(i), "cuMemAlloc");
   }
-  CHECK_CU(cuCtxSynchronize());
+  VMMCKPT_CHECK(cuCtxSynchronize());
   // The checksum recorded is the walk's over the list as the device holds it (the walk also checks every
   // node against its index, so a bad build is caught here, not blamed on restore).
   ll::list_file f = ll::describe_list(nodes, 0);
@@ -176,7 +179,7 @@ int expect_refused(const std::string& path, bool occupy) {
     const unsigned long long base = base_text ? std::strtoull(base_text, nullptr, 0) : 0x200000000000ULL;
     void* taken = mmap(reinterpret_cast<void*>(base), 2 << 20, PROT_READ | PROT_WRITE,
                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
-    EXPECT(taken == reinterpret_cast<void*>(base));
+    VMMCKPT_EXPECT(taken == reinterpret_cast<void*>(base));
   }
   init_cuda();
   std::uint64_t header[ll::header_words] = {};

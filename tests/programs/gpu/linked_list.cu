@@ -55,10 +55,10 @@ std::vector<u64> allocate_nodes(u64 n) {
       n,
       [](u64 size) {
         void* p = nullptr;
-        GPU_CHECK(cudaMalloc(&p, size));
+        VMMCKPT_CHECK(cudaMalloc(&p, size));
         return reinterpret_cast<u64>(p);
       },
-      [](u64 p) { GPU_CHECK(cudaFree(reinterpret_cast<void*>(p))); });
+      [](u64 p) { VMMCKPT_CHECK(cudaFree(reinterpret_cast<void*>(p))); });
 }
 
 
@@ -73,18 +73,18 @@ walk_figures walk_on_device(const ll::list_file& f, bool check_sum = true) {
   const ll::walk_tables tables(f);
   u64* d_tables = nullptr;
   ll::walk_result* d_result = nullptr;
-  GPU_CHECK(cudaMalloc(&d_tables, tables.words.size() * 8));
-  GPU_CHECK(cudaMalloc(&d_result, sizeof(ll::walk_result)));
-  GPU_CHECK(cudaMemcpy(d_tables, tables.words.data(), tables.words.size() * 8, cudaMemcpyHostToDevice));
+  VMMCKPT_CHECK(cudaMalloc(&d_tables, tables.words.size() * 8));
+  VMMCKPT_CHECK(cudaMalloc(&d_result, sizeof(ll::walk_result)));
+  VMMCKPT_CHECK(cudaMemcpy(d_tables, tables.words.data(), tables.words.size() * 8, cudaMemcpyHostToDevice));
   const auto start = std::chrono::steady_clock::now();
   walk_kernel<<<1, 1>>>(f.head, ll::walk_tables::view(d_tables, f.nodes), d_result);
   GPU_CHECK_LAUNCH();
-  GPU_CHECK(cudaDeviceSynchronize());
+  VMMCKPT_CHECK(cudaDeviceSynchronize());
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   ll::walk_result r{};
-  GPU_CHECK(cudaMemcpy(&r, d_result, sizeof r, cudaMemcpyDeviceToHost));
-  GPU_CHECK(cudaFree(d_tables));
-  GPU_CHECK(cudaFree(d_result));
+  VMMCKPT_CHECK(cudaMemcpy(&r, d_result, sizeof r, cudaMemcpyDeviceToHost));
+  VMMCKPT_CHECK(cudaFree(d_tables));
+  VMMCKPT_CHECK(cudaFree(d_result));
   if (const std::string problem = ll::walk_problem(r, f, check_sum); !problem.empty()) {
     std::fprintf(stderr, "%s\n", problem.c_str());
     std::exit(1);
@@ -99,18 +99,18 @@ void use_and_free(const ll::list_file& f) {
   for (int k = 0; k < ll::fresh_blocks; ++k) {
     const size_t size = ll::fresh_block_size(k);
     void* p = nullptr;
-    GPU_CHECK(cudaMalloc(&p, size));
+    VMMCKPT_CHECK(cudaMalloc(&p, size));
     if (const u64 i = ll::overlapped_node(f, reinterpret_cast<u64>(p), size); i != ll::no_node) {
       std::fprintf(stderr, "new block [%p, +%zu) overlaps node %" PRIu64 " at 0x%" PRIx64 "\n", p, size, i,
                    f.addrs[i]);
       std::exit(1);
     }
-    GPU_CHECK(cudaMemset(p, 0xa5, size));
+    VMMCKPT_CHECK(cudaMemset(p, 0xa5, size));
     fresh.emplace_back(p, size);
   }
-  GPU_CHECK(cudaDeviceSynchronize());
+  VMMCKPT_CHECK(cudaDeviceSynchronize());
   walk_on_device(f);  // writing the new blocks must not have touched a node
-  for (const auto& [p, size] : fresh) GPU_CHECK(cudaFree(p));
+  for (const auto& [p, size] : fresh) VMMCKPT_CHECK(cudaFree(p));
   for (u64 i = 0; i < f.nodes; ++i) {
     const cudaError_t e = cudaFree(reinterpret_cast<void*>(f.addrs[i]));
     if (e != cudaSuccess) {
@@ -140,12 +140,12 @@ int build(const std::string& path, u64 n) {
     gpu_check::print_ptr(static_cast<CUdeviceptr>(nodes[i]), ll::node_size(i), "cudaMalloc");
   }
   u64** d_nodes = nullptr;
-  GPU_CHECK(cudaMalloc(&d_nodes, n * sizeof(u64*)));
-  GPU_CHECK(cudaMemcpy(d_nodes, nodes.data(), n * sizeof(u64*), cudaMemcpyHostToDevice));
+  VMMCKPT_CHECK(cudaMalloc(&d_nodes, n * sizeof(u64*)));
+  VMMCKPT_CHECK(cudaMemcpy(d_nodes, nodes.data(), n * sizeof(u64*), cudaMemcpyHostToDevice));
   seal_nodes<<<static_cast<unsigned>((n + 127) / 128), 128>>>(d_nodes, n);
   GPU_CHECK_LAUNCH();
-  GPU_CHECK(cudaDeviceSynchronize());
-  GPU_CHECK(cudaFree(d_nodes));
+  VMMCKPT_CHECK(cudaDeviceSynchronize());
+  VMMCKPT_CHECK(cudaFree(d_nodes));
 
   // The checksum recorded is what the walk kernel computes on the list as built (the walk also checks
   // every node against its index, so a bad build is caught here, not blamed on restore).
