@@ -43,9 +43,9 @@ struct busy_image {
     {
       background_process writer({cuda_ckpt, "run", "--", writer_program, "--size", std::to_string(buffer_size)});
       REQUIRE(writer.wait_for_output("ready\n"));
-      const auto dumped = run_process(
-          {cuda_ckpt, "dump", std::to_string(writer.pid()), "-o", image.string(), "--chunk", "1M", "--writers", "3"}, {},
-          120);
+      const auto dumped = run_process({cuda_ckpt, "dump", std::to_string(writer.pid()), "-o", image.string(),
+                                       "--chunk", "1M", "--writers", "3"},
+                                      {}, 120);
       INFO(describe(dumped));
       REQUIRE(dumped.exit_code == 0);
     }
@@ -88,16 +88,8 @@ struct busy_image {
 
   // Changes one payload byte of extent `e` in its data file: only that extent's checksum can catch it.
   void damage(const vmmckpt::image::extent& e) const {
-    const fs::path data = image / (e.file == 0 ? "data.bin" : "data." + std::to_string(e.file) + ".bin");
-    std::fstream f(data, std::ios::in | std::ios::out | std::ios::binary);
-    const std::streamoff at = 64 + static_cast<std::streamoff>(e.offset + e.size / 2);
-    f.seekg(at);
-    char c = 0;
-    f.read(&c, 1);
-    c = static_cast<char>(c ^ 0x5a);
-    f.seekp(at);
-    f.write(&c, 1);
-    REQUIRE(f.good());
+    const std::string data = e.file == 0 ? "data.bin" : "data." + std::to_string(e.file) + ".bin";
+    flip_byte(image / data, 64 + e.offset + e.size / 2);
   }
 };
 

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -77,6 +78,19 @@ inline std::string untorn_problem(const fs::path& image_dir) {
   } catch (const std::exception& e) {
     return e.what();
   }
+}
+
+// Changes the byte at `offset` of a file (an image's data file, past its header): only the checksum of the
+// extent holding it can catch that.
+inline void flip_byte(const fs::path& file, std::uint64_t offset) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(offset));
+  char c = 0;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x5a);
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.write(&c, 1);
+  REQUIRE(f.good());
 }
 
 inline void require_untorn(const fs::path& image_dir) {

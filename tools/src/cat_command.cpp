@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -19,9 +20,9 @@ namespace vmmckpt::tools {
 namespace {
 
 std::string hex(std::uint64_t v) {
-  char text[24];
-  std::snprintf(text, sizeof text, "0x%llx", static_cast<unsigned long long>(v));
-  return text;
+  std::ostringstream text;
+  text << "0x" << std::hex << v;
+  return text.str();
 }
 
 // Where the bytes go: stdout, or a file that appears under its name only when every byte is in it
