@@ -38,8 +38,8 @@ std::vector<double> time_pairs(std::uint64_t size, int threads, int pairs) {
     pool.emplace_back([&, t] {
       auto pair = [&] {
         void* p = nullptr;
-        BENCH_RT(cudaMalloc(&p, size));
-        BENCH_RT(cudaFree(p));
+        VMMCKPT_CHECK(cudaMalloc(&p, size));
+        VMMCKPT_CHECK(cudaFree(p));
       };
       for (int i = 0; i < std::max(2, pairs / 10); ++i) pair();  // warm-up: first touches, pool growth
       auto& mine = per_thread[t];
@@ -75,11 +75,11 @@ int main(int argc, char** argv) {
 
   // A warm context: creation and module loading are not part of any pair.
   int* warm = nullptr;
-  BENCH_RT(cudaMalloc(&warm, sizeof *warm));
+  VMMCKPT_CHECK(cudaMalloc(&warm, sizeof *warm));
   warm_kernel<<<1, 1>>>(warm);
-  BENCH_RT(cudaGetLastError());
-  BENCH_RT(cudaDeviceSynchronize());
-  BENCH_RT(cudaFree(warm));
+  VMMCKPT_CHECK(cudaGetLastError());
+  VMMCKPT_CHECK(cudaDeviceSynchronize());
+  VMMCKPT_CHECK(cudaFree(warm));
 
   for (const std::uint64_t size : sizes) {
     for (const std::uint64_t threads : thread_counts) {

@@ -1,4 +1,4 @@
-// Small helpers shared by the benchmark programs: checked CUDA calls, timing, statistics, lists.
+// Small helpers shared by the benchmark programs: timing, statistics, lists (checked CUDA calls: support/cuda_check.hpp).
 #pragma once
 
 #include <cuda.h>
@@ -12,31 +12,9 @@
 #include <string>
 #include <vector>
 
-// Every failed call ends the program with its name and the error's: a benchmark that went on after an
-// error would report numbers for something else.
-#define BENCH_CU(call)                                                                                    \
-  do {                                                                                                    \
-    const CUresult bench_result_ = (call);                                                                \
-    if (bench_result_ != CUDA_SUCCESS) {                                                                  \
-      const char* bench_name_ = nullptr;                                                                  \
-      cuGetErrorName(bench_result_, &bench_name_);                                                        \
-      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call,                           \
-                   bench_name_ ? bench_name_ : "?");                                                      \
-      std::exit(1);                                                                                       \
-    }                                                                                                     \
-  } while (0)
-
-#ifdef __CUDACC__
-#define BENCH_RT(call)                                                                                    \
-  do {                                                                                                    \
-    const cudaError_t bench_error_ = (call);                                                              \
-    if (bench_error_ != cudaSuccess) {                                                                    \
-      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call,                           \
-                   cudaGetErrorName(bench_error_));                                                       \
-      std::exit(1);                                                                                       \
-    }                                                                                                     \
-  } while (0)
-#endif
+// Every failed call ends the program with its name and the error's (VMMCKPT_CHECK): a benchmark that
+// went on after an error would report numbers for something else.
+#include "support/cuda_check.hpp"
 
 namespace bench {
 

@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
   const int pid = std::atoi(argv[1]);
   if (pid <= 0) bench::usage_error(argv[0], std::string("not a process id: ") + argv[1]);
   // Restore needs cuInit in this process (or persistence mode).
-  BENCH_CU(cuInit(0));
+  VMMCKPT_CHECK(cuInit(0));
 
   CUprocessState state = CU_PROCESS_STATE_RUNNING;
   if (const CUresult r = cuCheckpointProcessGetState(pid, &state); r != CUDA_SUCCESS)

@@ -28,7 +28,7 @@ std::uint64_t count_mismatches(const std::vector<bench::piece>& pieces) {
   for (std::size_t p = 0; p < pieces.size(); ++p) {
     for (std::uint64_t at = 0; at < pieces[p].size; at += slice_bytes) {
       const std::uint64_t n = std::min(slice_bytes, pieces[p].size - at);
-      BENCH_CU(cuMemcpyDtoH(back.data(), pieces[p].addr + at, n));
+      VMMCKPT_CHECK(cuMemcpyDtoH(back.data(), pieces[p].addr + at, n));
       fill_slice(expected, p, at / 8, n / 8);
       for (std::uint64_t k = 0; k < n / 8; ++k) bad += back[k] != expected[k];
     }
@@ -40,13 +40,13 @@ std::uint64_t count_mismatches(const std::vector<bench::piece>& pieces) {
 
 int main(int argc, char** argv) {
   const bench::fill_options o = bench::parse_fill_options(argc, argv);
-  BENCH_CU(cuInit(0));
+  VMMCKPT_CHECK(cuInit(0));
   CUcontext ctx;
-  BENCH_CU(cuDevicePrimaryCtxRetain(&ctx, 0));
-  BENCH_CU(cuCtxSetCurrent(ctx));
+  VMMCKPT_CHECK(cuDevicePrimaryCtxRetain(&ctx, 0));
+  VMMCKPT_CHECK(cuCtxSetCurrent(ctx));
   // Under `cuda-ckpt restore` the image comes back at the process's first memory call: make it now.
   CUdeviceptr tick_buffer = 0;
-  BENCH_CU(cuMemAlloc(&tick_buffer, 4096));
+  VMMCKPT_CHECK(cuMemAlloc(&tick_buffer, 4096));
 
   if (o.verify_only) return bench::report_check(count_mismatches(bench::read_pointers(o.pointers))) ? 0 : 1;
 
@@ -55,12 +55,12 @@ int main(int argc, char** argv) {
   const auto t0 = bench::clock_type::now();
   for (std::size_t p = 0; p < pieces.size(); ++p) {
     CUdeviceptr d = 0;
-    BENCH_CU(cuMemAlloc(&d, pieces[p].size));
+    VMMCKPT_CHECK(cuMemAlloc(&d, pieces[p].size));
     pieces[p].addr = d;
     for (std::uint64_t at = 0; at < pieces[p].size; at += slice_bytes) {
       const std::uint64_t n = std::min(slice_bytes, pieces[p].size - at);
       fill_slice(host, p, at / 8, n / 8);
-      BENCH_CU(cuMemcpyHtoD(d + at, host.data(), n));
+      VMMCKPT_CHECK(cuMemcpyHtoD(d + at, host.data(), n));
     }
   }
   std::fprintf(stderr, "vmmckpt_bench_emu_fill: %zu pieces, %.1f MiB filled in %.3f s\n", pieces.size(),
@@ -68,13 +68,13 @@ int main(int argc, char** argv) {
   bench::write_pointers(o.pointers, pieces);
 
   CUstream tick_stream;
-  BENCH_CU(cuStreamCreate(&tick_stream, CU_STREAM_NON_BLOCKING));
+  VMMCKPT_CHECK(cuStreamCreate(&tick_stream, CU_STREAM_NON_BLOCKING));
   unsigned int generation = 0;
   return bench::serve(
       [&] {
-        BENCH_CU(cuCtxSetCurrent(ctx));  // the tick runs on a thread of its own
-        BENCH_CU(cuMemsetD32Async(tick_buffer, ++generation, 1024, tick_stream));
-        BENCH_CU(cuStreamSynchronize(tick_stream));
+        VMMCKPT_CHECK(cuCtxSetCurrent(ctx));  // the tick runs on a thread of its own
+        VMMCKPT_CHECK(cuMemsetD32Async(tick_buffer, ++generation, 1024, tick_stream));
+        VMMCKPT_CHECK(cuStreamSynchronize(tick_stream));
       },
       [&] { return count_mismatches(pieces); });
 }

@@ -37,13 +37,13 @@ __global__ void count_kernel(const std::uint64_t* words, std::uint64_t count, st
 __global__ void tick_kernel(unsigned int* counters) { ++counters[threadIdx.x]; }
 
 std::uint64_t count_mismatches(const std::vector<bench::piece>& pieces, unsigned long long* counter) {
-  BENCH_RT(cudaMemset(counter, 0, sizeof *counter));
+  VMMCKPT_CHECK(cudaMemset(counter, 0, sizeof *counter));
   for (std::size_t p = 0; p < pieces.size(); ++p)
     count_kernel<<<blocks, threads_per_block>>>(reinterpret_cast<const std::uint64_t*>(pieces[p].addr),
                                                 pieces[p].size / 8, p, counter);
-  BENCH_RT(cudaGetLastError());
+  VMMCKPT_CHECK(cudaGetLastError());
   unsigned long long bad = 0;
-  BENCH_RT(cudaMemcpy(&bad, counter, sizeof bad, cudaMemcpyDeviceToHost));
+  VMMCKPT_CHECK(cudaMemcpy(&bad, counter, sizeof bad, cudaMemcpyDeviceToHost));
   return bad;
 }
 
@@ -52,9 +52,9 @@ std::uint64_t count_mismatches(const std::vector<bench::piece>& pieces, unsigned
 int main(int argc, char** argv) {
   const bench::fill_options o = bench::parse_fill_options(argc, argv);
   // Under `cuda-ckpt restore` the image comes back at the process's first memory call: make it now.
-  BENCH_RT(cudaFree(nullptr));
+  VMMCKPT_CHECK(cudaFree(nullptr));
   unsigned long long* counter = nullptr;
-  BENCH_RT(cudaMalloc(&counter, sizeof *counter));
+  VMMCKPT_CHECK(cudaMalloc(&counter, sizeof *counter));
 
   if (o.verify_only) {
     const auto pieces = bench::read_pointers(o.pointers);
@@ -65,25 +65,25 @@ int main(int argc, char** argv) {
   const auto t0 = bench::clock_type::now();
   for (std::size_t p = 0; p < pieces.size(); ++p) {
     void* d = nullptr;
-    BENCH_RT(cudaMalloc(&d, pieces[p].size));
+    VMMCKPT_CHECK(cudaMalloc(&d, pieces[p].size));
     pieces[p].addr = reinterpret_cast<std::uint64_t>(d);
     fill_kernel<<<blocks, threads_per_block>>>(static_cast<std::uint64_t*>(d), pieces[p].size / 8, p);
-    BENCH_RT(cudaGetLastError());
+    VMMCKPT_CHECK(cudaGetLastError());
   }
-  BENCH_RT(cudaDeviceSynchronize());
+  VMMCKPT_CHECK(cudaDeviceSynchronize());
   std::fprintf(stderr, "vmmckpt_bench_fill: %zu pieces, %.2f GiB filled in %.3f s\n", pieces.size(),
                static_cast<double>(o.bytes) / (1ULL << 30), bench::seconds_since(t0));
   bench::write_pointers(o.pointers, pieces);
 
   unsigned int* tick_buffer = nullptr;
-  BENCH_RT(cudaMalloc(&tick_buffer, 32 * sizeof *tick_buffer));
+  VMMCKPT_CHECK(cudaMalloc(&tick_buffer, 32 * sizeof *tick_buffer));
   cudaStream_t tick_stream;
-  BENCH_RT(cudaStreamCreateWithFlags(&tick_stream, cudaStreamNonBlocking));
+  VMMCKPT_CHECK(cudaStreamCreateWithFlags(&tick_stream, cudaStreamNonBlocking));
   return bench::serve(
       [&] {
         tick_kernel<<<1, 32, 0, tick_stream>>>(tick_buffer);
-        BENCH_RT(cudaGetLastError());
-        BENCH_RT(cudaStreamSynchronize(tick_stream));
+        VMMCKPT_CHECK(cudaGetLastError());
+        VMMCKPT_CHECK(cudaStreamSynchronize(tick_stream));
       },
       [&] { return count_mismatches(pieces, counter); });
 }

@@ -46,7 +46,7 @@ class device_memory {
   std::uint64_t used() const {
     if (get_info_ == nullptr) {
       size_t free_bytes = 0, total = 0;
-      BENCH_RT(cudaMemGetInfo(&free_bytes, &total));
+      VMMCKPT_CHECK(cudaMemGetInfo(&free_bytes, &total));
       return total - free_bytes;
     }
     nvml_memory m{};
@@ -77,9 +77,9 @@ int main(int argc, char** argv) {
   });
   if (!(live_gib > 0) || steps < 0) bench::usage_error(argv[0], "bad --live-gib or --steps");
 
-  BENCH_RT(cudaFree(nullptr));
+  VMMCKPT_CHECK(cudaFree(nullptr));
   int device = 0;
-  BENCH_RT(cudaGetDevice(&device));
+  VMMCKPT_CHECK(cudaGetDevice(&device));
   const device_memory memory(device);
   const std::uint64_t used_at_start = memory.used();
 
@@ -98,11 +98,11 @@ int main(int argc, char** argv) {
       static_cast<std::uint64_t>(live_gib * (1ULL << 30)), steps, seed,
       [](std::uint64_t size) {
         void* p = nullptr;
-        BENCH_RT(cudaMalloc(&p, size));
+        VMMCKPT_CHECK(cudaMalloc(&p, size));
         return p;
       },
-      [](void* p) { BENCH_RT(cudaFree(p)); }, sample, live);
-  BENCH_RT(cudaDeviceSynchronize());
+      [](void* p) { VMMCKPT_CHECK(cudaFree(p)); }, sample, live);
+  VMMCKPT_CHECK(cudaDeviceSynchronize());
   const std::uint64_t physical = sample(live_bytes);
 
   std::printf("{\"bench\":\"frag\",\"live_bytes\":%llu,\"physical_bytes\":%llu,\"ratio\":%.4f,"
@@ -113,6 +113,6 @@ int main(int argc, char** argv) {
               static_cast<unsigned long long>(peak_live), static_cast<unsigned long long>(peak_physical),
               peak_live > 0 ? static_cast<double>(peak_physical) / static_cast<double>(peak_live) : 0.0, live.size(),
               steps, memory.source());
-  for (const auto& entry : live) BENCH_RT(cudaFree(entry.first));
+  for (const auto& entry : live) VMMCKPT_CHECK(cudaFree(entry.first));
   return 0;
 }

@@ -21,9 +21,9 @@ __global__ void empty_kernel() {}
 double launch_batch(cudaStream_t stream, long launches) {
   const auto t0 = bench::clock_type::now();
   for (long i = 0; i < launches; ++i) empty_kernel<<<1, 1, 0, stream>>>();
-  BENCH_RT(cudaStreamSynchronize(stream));
+  VMMCKPT_CHECK(cudaStreamSynchronize(stream));
   const double s = bench::seconds_since(t0);
-  BENCH_RT(cudaGetLastError());  // a failed launch would make the batch meaninglessly fast
+  VMMCKPT_CHECK(cudaGetLastError());  // a failed launch would make the batch meaninglessly fast
   return s;
 }
 
@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
   if (launches <= 0 || reps <= 0) bench::usage_error(argv[0], "--launches and --reps must be positive");
 
   cudaStream_t stream;
-  BENCH_RT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  VMMCKPT_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   launch_batch(stream, 10000);
   std::vector<double> seconds;
   for (int r = 0; r < reps; ++r) seconds.push_back(launch_batch(stream, launches));

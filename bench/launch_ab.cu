@@ -48,16 +48,16 @@ launch_fn driver_own_launch() {
 launch_fn handed_launch() {
   void* p = nullptr;
   CUdriverProcAddressQueryResult found{};
-  BENCH_CU(cuGetProcAddress("cuLaunchKernel", &p, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &found));
+  VMMCKPT_CHECK(cuGetProcAddress("cuLaunchKernel", &p, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &found));
   return reinterpret_cast<launch_fn>(p);
 }
 
 // Seconds spent in the launch calls alone; the queue is drained after the clock stops.
 double batch(launch_fn launch, CUfunction f, CUstream stream, long launches) {
   const auto t0 = bench::clock_type::now();
-  for (long i = 0; i < launches; ++i) BENCH_CU(launch(f, 1, 1, 1, 1, 1, 1, 0, stream, nullptr, nullptr));
+  for (long i = 0; i < launches; ++i) VMMCKPT_CHECK(launch(f, 1, 1, 1, 1, 1, 1, 0, stream, nullptr, nullptr));
   const double s = bench::seconds_since(t0);
-  BENCH_CU(cuStreamSynchronize(stream));
+  VMMCKPT_CHECK(cuStreamSynchronize(stream));
   return s;
 }
 
@@ -74,12 +74,12 @@ int main(int argc, char** argv) {
   });
   if (launches <= 0 || batches <= 0) bench::usage_error(argv[0], "--launches and --batches must be positive");
 
-  BENCH_RT(cudaFree(nullptr));  // the runtime's context, current on this thread
+  VMMCKPT_CHECK(cudaFree(nullptr));  // the runtime's context, current on this thread
   cudaFunction_t fn = nullptr;
-  BENCH_RT(cudaGetFuncBySymbol(&fn, reinterpret_cast<const void*>(&empty_kernel)));
+  VMMCKPT_CHECK(cudaGetFuncBySymbol(&fn, reinterpret_cast<const void*>(&empty_kernel)));
   const auto f = reinterpret_cast<CUfunction>(fn);
   CUstream stream;
-  BENCH_CU(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+  VMMCKPT_CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
   const launch_fn handed = handed_launch(), driver = driver_own_launch();
   if (handed == nullptr || driver == nullptr) {
     std::fprintf(stderr, "%s: cannot find cuLaunchKernel (%s)\n", argv[0], handed ? "in libcuda" : "cuGetProcAddress");

@@ -130,20 +130,6 @@ TEST_CASE("dump refuses bad targets with a clear error and writes nothing", "[em
     REQUIRE(r.exit_code == 1);
     REQUIRE(r.err.find("not running under vmmckpt") != std::string::npos);
   }
-  SECTION("a process of another user") {
-    if (geteuid() != 0) {
-      WARN("skipped: needs root to run the tool as another user");
-      return;
-    }
-    // Our program, and the tool run by somebody else.
-    auto program = start_writer();
-    const auto r = run_process({"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", cuda_ckpt, "dump",
-                                std::to_string(program->pid()), "-o", out.string()});
-    INFO(describe(r));
-    REQUIRE(r.exit_code == 1);
-    REQUIRE(r.err.find("belongs to another user") != std::string::npos);
-    REQUIRE(program->running());
-  }
   SECTION("an image that already exists") {
     auto program = start_writer();
     fs::create_directory(out);
@@ -153,6 +139,21 @@ TEST_CASE("dump refuses bad targets with a clear error and writes nothing", "[em
     fs::remove(out);
     REQUIRE(program->running());
   }
+  require_nothing_left(out);
+}
+
+TEST_CASE("dump refuses a process of another user and writes nothing", "[emu][dump]") {
+  if (geteuid() != 0) VMMCKPT_SKIP("needs root to run the tool as another user");
+  scratch_dir dir;
+  const fs::path out = dir.path / "image";
+  // Our program, and the tool run by somebody else.
+  auto program = start_writer();
+  const auto r = run_process({"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", cuda_ckpt, "dump",
+                              std::to_string(program->pid()), "-o", out.string()});
+  INFO(describe(r));
+  REQUIRE(r.exit_code == 1);
+  REQUIRE(r.err.find("belongs to another user") != std::string::npos);
+  REQUIRE(program->running());
   require_nothing_left(out);
 }
 

@@ -6,12 +6,15 @@
 #include <stdlib.h>
 
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "contracts/busy_pattern.hpp"
 #include "process.hpp"
+#include "skip.hpp"
 #include "vmmckpt/image.hpp"
 
 namespace vmmckpt::test {
@@ -51,10 +54,9 @@ inline std::unique_ptr<background_process> start_writer(int seconds = 120) {
   return p;
 }
 
-// Every writer buffer in the image holds one whole generation of its pattern:
-// word 0 and the last word the generation, every word between a function of
-// (generation, buffer, position). A torn copy breaks it. Returns what is wrong,
-// or an empty string; safe to call from any thread (no Catch2 assertions).
+// Every writer buffer in the image holds one whole generation of its pattern
+// (contracts/busy_pattern.hpp); a torn copy breaks it. Returns what is wrong, or
+// an empty string; safe to call from any thread (no Catch2 assertions).
 inline std::string untorn_problem(const fs::path& image_dir) {
   try {
     const auto reader = image::reader::open(image_dir);
@@ -67,15 +69,8 @@ inline std::string untorn_problem(const fs::path& image_dir) {
         for (const auto& e : pool.extents)
           if (e.addr >= a.addr && e.addr < a.addr + a.size)
             reader.read(e, reinterpret_cast<unsigned char*>(words.data()) + (e.addr - a.addr));
-        const image::allocation& e = a;  // named as the checks below report it
-        const std::uint64_t generation = words[0];
-        if (words.back() != generation) return "buffer " + std::to_string(e.addr) + ": first and last word differ";
-        for (std::size_t k = 1; k + 1 < words.size(); ++k) {
-          const std::uint64_t buffer = (words[1] ^ (generation * 0x9e3779b97f4a7c15ULL) ^ 1) >> 40;
-          const std::uint64_t expected =
-              generation == 0 ? 0 : (generation * 0x9e3779b97f4a7c15ULL) ^ (buffer << 40) ^ k;
-          if (words[k] != expected) return "buffer " + std::to_string(e.addr) + " torn at word " + std::to_string(k);
-        }
+        if (const std::string problem = contracts::busy_problem(words.data(), words.size()); !problem.empty())
+          return "buffer " + std::to_string(a.addr) + ": " + problem;
         ++buffers;
       }
     }
@@ -92,6 +87,19 @@ inline nlohmann::json listed_state(pid_t pid) {
   for (const auto& p : nlohmann::json::parse(ps.out))
     if (p.at("pid").get<pid_t>() == pid) return p;
   return nullptr;
+}
+
+// Changes the byte at `offset` of a file (an image's data file, past its header): only the checksum of the
+// extent holding it can catch that.
+inline void flip_byte(const fs::path& file, std::uint64_t offset) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(offset));
+  char c = 0;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x5a);
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.write(&c, 1);
+  REQUIRE(f.good());
 }
 
 inline void require_untorn(const fs::path& image_dir) {

@@ -127,7 +127,7 @@ TEST_CASE("malformed requests get the documented answer, and half a frame delays
   require_untorn(dir.path / "img");
 }
 
-TEST_CASE("--deadline covers connecting to a stopped program, and says it is stopped", "[emu][reliability]") {
+TEST_CASE("a dump's deadline covers connecting to a stopped program, and says it is stopped", "[emu][reliability]") {
   auto program = start_writer();
   scratch_dir dir;
   REQUIRE(::kill(program->pid(), SIGSTOP) == 0);

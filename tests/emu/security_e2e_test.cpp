@@ -26,10 +26,7 @@ TEST_CASE("the control directory is 0700 and the socket 0600", "[emu][security]"
 }
 
 TEST_CASE("a client of another uid is refused by the program, and the refusal is logged", "[emu][security]") {
-  if (::geteuid() != 0) {
-    WARN("skipped: needs root to become another uid inside the test");
-    return;
-  }
+  if (::geteuid() != 0) VMMCKPT_SKIP("needs root to become another uid inside the test");
   scratch_dir dir;
   const fs::path log = dir.path / "shim.log";
   background_process program({cuda_ckpt, "run", "--", writer_program, "--seconds", "60"},

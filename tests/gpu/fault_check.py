@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """Kills cuda-ckpt at every phase of dump and suspend against a GPU program whose kernels keep writing.
 
-  fault_check.py --cuda-ckpt build/bin/cuda-ckpt -- build/tests/programs/gpu_busy_kernels ...
+  fault_check.py --cuda-ckpt build/bin/cuda-ckpt --pattern-check build/tests/programs/busy_pattern_check
+                 -- build/tests/programs/gpu_busy_kernels ...
 
 After every kill: the program is alive, its pool consistent (`cuda-ckpt check`), resumable when the
 kill came after it had suspended, nothing left behind passes verify, and a new dump verifies with no
 torn buffer. Prints the fault points tried and PASS/FAIL; exits 77 without a GPU.
 """
-import argparse
 import json
 import os
 import shutil
@@ -15,8 +15,7 @@ import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dump_check import check_busy  # noqa: E402
+import gpu_checks
 
 DUMP_PHASES = ["connected", "held", "copying", "writing", "renaming"]
 SUSPEND_PHASES = DUMP_PHASES + ["verified", "suspended"]
@@ -31,15 +30,13 @@ def run(argv, **kw):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--cuda-ckpt", required=True)
+    ap = gpu_checks.argument_parser(__doc__)
+    ap.add_argument("--pattern-check", required=True, help="busy_pattern_check")
     ap.add_argument("--buffer-size", type=int, default=64 << 20)
-    ap.add_argument("cmd", nargs=argparse.REMAINDER)
     args = ap.parse_args()
-    cmd = args.cmd[1:] if args.cmd and args.cmd[0] == "--" else args.cmd
-    if not os.path.exists("/dev/nvidia0"):
-        print("SKIPPED: no GPU (/dev/nvidia0 does not exist)")
-        return 77
+    cmd = gpu_checks.command(args)
+    if (reason := gpu_checks.skip_reason(args)):
+        return gpu_checks.skipped(reason)
     env = dict(os.environ, NCCL_NVLS_ENABLE="0")
     ck = args.cuda_ckpt
     work = tempfile.mkdtemp(prefix="vmmckpt-fault-check-")
@@ -83,8 +80,13 @@ def main():
                 d = run([ck, "dump", str(prog.pid), "-o", after], env=env)
                 if d.returncode != 0:
                     problems.append(f"{where}: the next dump failed: {d.stderr.strip()}")
-                elif (defect := check_busy(after, args.buffer_size)):
-                    problems.append(f"{where}: the next dump: {defect}")
+                else:
+                    try:
+                        defect = gpu_checks.busy_problem(ck, args.pattern_check, after, args.buffer_size)
+                    except gpu_checks.CheckError as e:
+                        defect = str(e)
+                    if defect:
+                        problems.append(f"{where}: the next dump: {defect}")
                 shutil.rmtree(after, ignore_errors=True)
     finally:
         alive = prog.poll() is None
@@ -94,11 +96,8 @@ def main():
     if not alive:
         problems.append("the program did not survive")
     print(f"fault points tried: {tried} ({len(DUMP_PHASES)} in dump, {len(SUSPEND_PHASES)} in suspend)")
-    if problems:
-        print("FAIL: " + "; ".join(problems))
-        return 1
-    print(f"PASS: the tool killed at {tried} points; the program ran on unharmed and every later dump verified untorn")
-    return 0
+    return gpu_checks.verdict(
+        problems, f"the tool killed at {tried} points; the program ran on unharmed and every later dump verified untorn")
 
 
 if __name__ == "__main__":

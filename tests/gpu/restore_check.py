@@ -8,7 +8,6 @@ Starts `cuda-ckpt run -- PROGRAM build FILE`, waits for `ready`, dumps it, kills
 build's) and `cuda-ckpt restore IMAGE --replay -- PROGRAM replay FILE`. Prints the dump and restore wall
 times and PASS/FAIL. Exits 77 when there is no GPU. Standard library only.
 """
-import argparse
 import json
 import os
 import shutil
@@ -17,6 +16,8 @@ import sys
 import tempfile
 import threading
 import time
+
+import gpu_checks
 
 
 def read_until_ready(prog, lines, timeout_s):
@@ -49,17 +50,15 @@ def describe(r):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--cuda-ckpt", required=True)
-    ap.add_argument("--program", required=True, help="gpu_linked_list")
+    ap = gpu_checks.argument_parser(__doc__, command=False)
+    ap.add_argument("--program", required=True, help="gpu_linked_list (emu_linked_list with --emulated)")
     ap.add_argument("--nodes", type=int, default=200)
     ap.add_argument("--workdir", default=None,
                     help="where the image and the list file go (default: a temporary directory)")
     ap.add_argument("--timeout", type=int, default=120, help="seconds for each step")
     args = ap.parse_args()
-    if not os.path.exists("/dev/nvidia0"):
-        print("SKIPPED: no GPU (/dev/nvidia0 does not exist)")
-        return 77
+    if (reason := gpu_checks.skip_reason(args)):
+        return gpu_checks.skipped(reason)
 
     env = dict(os.environ, NCCL_NVLS_ENABLE="0")
     work = args.workdir or tempfile.mkdtemp(prefix="vmmckpt-restore-check-")
@@ -95,7 +94,10 @@ def main():
             ("walk", [], "walk", f"walked {args.nodes} nodes"),
             ("replay", ["--replay"], "replay", f"replayed {args.nodes} nodes"),
         ]
-        gpus = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.count("GPU ")
+        if args.emulated:
+            gpus = int(os.environ.get("VMMCKPT_EMU_DEVICES", "1"))
+        else:
+            gpus = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.count("GPU ")
         if gpus >= 2:
             # Migration: the same image restored onto the other GPU, every address unchanged.
             steps.append(("migrate", ["--device", "1"], "walk", f"walked {args.nodes} nodes"))
@@ -125,12 +127,9 @@ def main():
         if f"{name}_s" in figures:
             kernel = f", walk kernel {figures[name + '_kernel']}" if f"{name}_kernel" in figures else ""
             print(f"restore ({name}): {figures[name + '_s']:.3f} s wall, program start to exit{kernel}")
-    if problems:
-        print("FAIL: " + "\n".join(problems))
-        return 1
     migrated = " and on the other GPU (--device 1)" if figures.get("gpus", 0) >= 2 else " (one GPU: --device not tried)"
-    print(f"PASS: {args.nodes} nodes dumped, restored and walked on the device in both modes{migrated}")
-    return 0
+    return gpu_checks.verdict(problems,
+                              f"{args.nodes} nodes dumped, restored and walked on the device in both modes{migrated}")
 
 
 if __name__ == "__main__":

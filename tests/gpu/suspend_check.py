@@ -8,12 +8,13 @@ resume a moment later. Checks: suspend and resume succeed; the GPU memory in use
 suspended (nvidia-smi); the program makes no progress while suspended; the loss sequence is bitwise
 the uninterrupted one. Prints the figures and PASS/FAIL; exits 77 without a GPU or PyTorch.
 """
-import argparse
 import json
 import os
 import subprocess
 import sys
 import time
+
+import gpu_checks
 
 
 def gpu_used_mib():
@@ -27,19 +28,10 @@ def losses(lines):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--cuda-ckpt", required=True)
-    ap.add_argument("cmd", nargs=argparse.REMAINDER)
-    args = ap.parse_args()
-    cmd = args.cmd[1:] if args.cmd and args.cmd[0] == "--" else args.cmd
-    if not os.path.exists("/dev/nvidia0"):
-        print("SKIPPED: no GPU (/dev/nvidia0 does not exist)")
-        return 77
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        print("SKIPPED: PyTorch is not installed")
-        return 77
+    args = gpu_checks.argument_parser(__doc__).parse_args()
+    cmd = gpu_checks.command(args)
+    if (reason := gpu_checks.skip_reason(args, torch=True)):
+        return gpu_checks.skipped(reason)
     env = dict(os.environ, NCCL_NVLS_ENABLE="0", PYTHONUNBUFFERED="1")
     base = subprocess.run([args.cuda_ckpt, "run", "--"] + cmd, capture_output=True, text=True, env=env)
     if base.returncode != 0:
@@ -87,11 +79,8 @@ def main():
         problems.append(f"loss sequence differs from the uninterrupted run at entry {diff} "
                         f"({len(got)} vs {len(expected)} steps)")
     print("figures: " + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in figures.items()))
-    if problems:
-        print("FAIL: " + "; ".join(problems))
-        return 1
-    print(f"PASS: suspended at step 10 and resumed; {len(got)} losses bitwise equal to the uninterrupted run")
-    return 0
+    return gpu_checks.verdict(problems,
+                              f"suspended at step 10 and resumed; {len(got)} losses bitwise equal to the uninterrupted run")
 
 
 if __name__ == "__main__":

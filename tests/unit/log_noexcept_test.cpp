@@ -1,6 +1,5 @@
 // The in-process logger and status idiom never throw, even when every allocation fails (its own executable:
 // it replaces operator new).
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
 #include <stdlib.h>

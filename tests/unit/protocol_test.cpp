@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "skip.hpp"
 #include "vmmckpt/protocol.hpp"
 
 namespace proto = vmmckpt::protocol;
@@ -421,18 +422,19 @@ TEST_CASE("ensure_runtime_dir creates 0700, tightens our own open dir, refuses t
     REQUIRE(error.text.find(rt.root + "/missing/vmmckpt") != std::string::npos);
     REQUIRE(::access((rt.root + "/missing").c_str(), F_OK) != 0);
   }
-  SECTION("someone else's directory is refused and left alone") {
-    if (::geteuid() != 0) {
-      WARN("skipped: chowning a directory to another user needs root");
-      return;
-    }
-    REQUIRE(::mkdir(dir.c_str(), 0700) == 0);
-    REQUIRE(::chown(dir.c_str(), 65534, 65534) == 0);
-    REQUIRE(::chmod(dir.c_str(), 0755) == 0);
-    REQUIRE_FALSE(proto::ensure_runtime_dir(error));
-    REQUIRE(error.text.find("owned by uid 65534") != std::string::npos);
-    REQUIRE((mode_of(dir) & 07777) == 0755);
-  }
+}
+
+TEST_CASE("ensure_runtime_dir refuses someone else's directory and leaves it alone", "[protocol]") {
+  if (::geteuid() != 0) VMMCKPT_SKIP("chowning a directory to another user needs root");
+  temp_runtime rt;
+  const std::string dir = rt.root + "/vmmckpt";
+  proto::failure error;
+  REQUIRE(::mkdir(dir.c_str(), 0700) == 0);
+  REQUIRE(::chown(dir.c_str(), 65534, 65534) == 0);
+  REQUIRE(::chmod(dir.c_str(), 0755) == 0);
+  REQUIRE_FALSE(proto::ensure_runtime_dir(error));
+  REQUIRE(error.text.find("owned by uid 65534") != std::string::npos);
+  REQUIRE((mode_of(dir) & 07777) == 0755);
 }
 
 TEST_CASE("listen_at makes a 0600 socket and connect_to names each failure", "[protocol]") {
@@ -511,10 +513,7 @@ TEST_CASE("peer_allowed on a socketpair reports our own uid and pid", "[protocol
 }
 
 TEST_CASE("a client of another uid is refused by peer_allowed and by the socket's mode", "[protocol]") {
-  if (::geteuid() != 0) {
-    WARN("skipped: connecting as another user needs root to setuid");
-    return;
-  }
+  if (::geteuid() != 0) VMMCKPT_SKIP("connecting as another user needs root to setuid");
   char name[] = "/tmp/vmmckpt-test-XXXXXX";
   REQUIRE(::mkdtemp(name) != nullptr);
   const std::string root = name;

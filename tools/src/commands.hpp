@@ -39,5 +39,7 @@ int inspect_command(const std::string& image, bool json);
 int restore_command(const std::string& image, bool replay, int device, bool verify_first,
                     const std::vector<std::string>& command);
 int verify_command(const std::string& image, bool json);
+// Writes the image's bytes for [addr, addr + size) to `output` (empty: stdout); addr and size as typed.
+int cat_command(const std::string& image, const std::string& addr, const std::string& size, const std::string& output);
 
 }  // namespace vmmckpt::tools

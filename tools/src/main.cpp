@@ -90,6 +90,18 @@ int main(int argc, char** argv) {
   verify->add_option("image", verify_path, "Image directory")->required();
   verify->add_flag("--json", verify_json, "Print the result as JSON");
 
+  std::string cat_path, cat_addr, cat_size, cat_output;
+  auto* cat = app.add_subcommand("cat", "Write an image's bytes for an address range, every checksum checked");
+  cat->add_option("image", cat_path, "Image directory")->required();
+  cat->add_option("addr", cat_addr, "First address (0x hex or decimal)")->required();
+  cat->add_option("size", cat_size, "Number of bytes (0x hex or decimal, K/M/G/T)")->required();
+  cat->add_option("-o,--output", cat_output, "Write to this file (created 0600, only when complete) instead of stdout");
+  cat->footer(
+      "Usage: cuda-ckpt cat IMAGE ADDR SIZE [-o FILE]\n"
+      "Each extent the range touches is read whole and its checksum checked before any of its bytes are written.\n"
+      "Exit status 1, naming it, when a byte of the range is in no extent (nothing is written) or an extent is\n"
+      "damaged (the bytes before it, all checked, may have been written; with -o no file is left).");
+
   suspend_command_options suspend_options;
   auto* suspend = app.add_subcommand("suspend", "Save a process's GPU memory and free it; the process waits");
   suspend->add_option("pid", suspend_options.pid, "The process (running under vmmckpt)")->required();
@@ -171,6 +183,7 @@ int main(int argc, char** argv) {
     if (*dump) return dump_command(dump_options);
     if (*inspect) return inspect_command(inspect_path, inspect_json);
     if (*verify) return verify_command(verify_path, verify_json);
+    if (*cat) return cat_command(cat_path, cat_addr, cat_size, cat_output);
     if (*restore) return restore_command(restore_path, restore_replay, restore_device, !restore_no_verify,
                                            trailing_command);
     if (*suspend) return suspend_command(suspend_options);

@@ -1,9 +1,8 @@
 // Emulator test program: streams keep rewriting pool buffers under an invariant while the program is dumped.
 //
 // Each job rewrites one whole buffer in stream order (a host function is the
-// emulator's kernel): word 0 and the last word hold the generation, every word
-// between is a function of (generation, buffer, position). A consistent image
-// holds every buffer whole at one generation; a torn copy breaks the pattern.
+// emulator's kernel) with the pattern of contracts/busy_pattern.hpp: a consistent
+// image holds every buffer whole at one generation; a torn copy breaks the pattern.
 #include <cuda.h>
 
 #include <atomic>
@@ -13,7 +12,11 @@
 #include <thread>
 #include <vector>
 
-#include "check.hpp"
+#include "contracts/ptr_line.hpp"
+#include "support/cuda_check.hpp"
+#include "contracts/busy_pattern.hpp"
+
+using vmmckpt::contracts::print_ptr;
 
 namespace {
 
@@ -26,32 +29,25 @@ struct job {
 
 void rewrite(void* arg) {
   const job* j = static_cast<const job*>(arg);
-  j->words[0] = j->generation;
-  for (std::size_t k = 1; k + 1 < j->count; ++k) j->words[k] = (j->generation * 0x9e3779b97f4a7c15ULL) ^ (j->buffer << 40) ^ k;
-  j->words[j->count - 1] = j->generation;
+  for (std::size_t k = 0; k < j->count; ++k)
+    j->words[k] = vmmckpt::contracts::busy_word(j->generation, j->buffer, k, j->count);
   delete j;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  int buffers = 8, streams = 3, seconds = 60;
-  std::size_t size = 1 << 20;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (flag == "--buffers") buffers = std::atoi(argv[i + 1]);
-    else if (flag == "--streams") streams = std::atoi(argv[i + 1]);
-    else if (flag == "--seconds") seconds = std::atoi(argv[i + 1]);
-    else if (flag == "--size") size = std::strtoull(argv[i + 1], nullptr, 0);
-  }
-  CHECK_CU(cuInit(0));
+  const auto options = vmmckpt::contracts::parse_busy_options(argc, argv, {.streams = 3});
+  const int buffers = options.buffers, streams = options.streams, seconds = options.seconds;
+  const std::size_t size = options.size;
+  VMMCKPT_CHECK(cuInit(0));
   CUcontext ctx;
-  CHECK_CU(cuDevicePrimaryCtxRetain(&ctx, 0));
-  CHECK_CU(cuCtxSetCurrent(ctx));
+  VMMCKPT_CHECK(cuDevicePrimaryCtxRetain(&ctx, 0));
+  VMMCKPT_CHECK(cuCtxSetCurrent(ctx));
   std::vector<CUdeviceptr> ptrs(buffers);
   for (int b = 0; b < buffers; ++b) {
-    CHECK_CU(cuMemAlloc(&ptrs[b], size));
-    CHECK_CU(cuMemsetD8(ptrs[b], 0, size));
+    VMMCKPT_CHECK(cuMemAlloc(&ptrs[b], size));
+    VMMCKPT_CHECK(cuMemsetD8(ptrs[b], 0, size));
     print_ptr(ptrs[b], size, "cuMemAlloc");
   }
   std::printf("ready\n");
@@ -62,28 +58,28 @@ int main(int argc, char** argv) {
   std::vector<std::thread> workers;
   for (int t = 0; t < streams; ++t) {
     workers.emplace_back([&, t] {
-      CHECK_CU(cuCtxSetCurrent(ctx));
+      VMMCKPT_CHECK(cuCtxSetCurrent(ctx));
       CUstream stream;
-      CHECK_CU(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+      VMMCKPT_CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
       std::uint64_t generation = 0;
       while (std::chrono::steady_clock::now() < stop_at) {
         ++generation;
         for (int b = t; b < buffers; b += streams) {
           auto* j = new job{reinterpret_cast<std::uint64_t*>(ptrs[b]), size / 8, generation, static_cast<std::uint64_t>(b)};
-          CHECK_CU(cuLaunchHostFunc(stream, rewrite, j));
+          VMMCKPT_CHECK(cuLaunchHostFunc(stream, rewrite, j));
           ++jobs;
         }
-        if (generation % 4 == 0) CHECK_CU(cuStreamSynchronize(stream));  // bounded queue
+        if (generation % 4 == 0) VMMCKPT_CHECK(cuStreamSynchronize(stream));  // bounded queue
       }
-      CHECK_CU(cuStreamSynchronize(stream));
-      CHECK_CU(cuStreamDestroy(stream));
+      VMMCKPT_CHECK(cuStreamSynchronize(stream));
+      VMMCKPT_CHECK(cuStreamDestroy(stream));
     });
   }
   // Allocation churn alongside: the gate covers the allocator too.
   while (std::chrono::steady_clock::now() < stop_at) {
     CUdeviceptr p = 0;
-    CHECK_CU(cuMemAlloc(&p, 3 << 20));
-    CHECK_CU(cuMemFree(p));
+    VMMCKPT_CHECK(cuMemAlloc(&p, 3 << 20));
+    VMMCKPT_CHECK(cuMemFree(p));
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   for (auto& w : workers) w.join();

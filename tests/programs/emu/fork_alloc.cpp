@@ -8,30 +8,33 @@
 #include <cstring>
 #include <thread>
 
-#include "check.hpp"
+#include "contracts/ptr_line.hpp"
+#include "support/cuda_check.hpp"
+
+using vmmckpt::contracts::print_ptr;
 
 namespace {
 
 CUdeviceptr init_and_allocate(size_t size) {
-  CHECK_CU(cuInit(0));
+  VMMCKPT_CHECK(cuInit(0));
   CUcontext ctx;
-  CHECK_CU(cuDevicePrimaryCtxRetain(&ctx, 0));
-  CHECK_CU(cuCtxSetCurrent(ctx));
+  VMMCKPT_CHECK(cuDevicePrimaryCtxRetain(&ctx, 0));
+  VMMCKPT_CHECK(cuCtxSetCurrent(ctx));
   CUdeviceptr p = 0;
-  CHECK_CU(cuMemAlloc(&p, size));
+  VMMCKPT_CHECK(cuMemAlloc(&p, size));
   return p;
 }
 
 int wait_child(pid_t pid) {
   int status = 0;
-  EXPECT(waitpid(pid, &status, 0) == pid);
+  VMMCKPT_EXPECT(waitpid(pid, &status, 0) == pid);
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  EXPECT(argc == 2);
+  VMMCKPT_EXPECT(argc == 2);
   if (std::strcmp(argv[1], "before-cuda") == 0) {
     // A child of a process that never touched CUDA uses the pool normally.
     const pid_t pid = fork();
@@ -41,7 +44,7 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
       _exit(0);
     }
-    EXPECT(wait_child(pid) == 0);
+    VMMCKPT_EXPECT(wait_child(pid) == 0);
     const CUdeviceptr p = init_and_allocate(1000);
     print_ptr(p, 1000, "parent:cuMemAlloc");
     std::printf("done\n");
@@ -56,27 +59,27 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     const pid_t pid = fork();
     if (pid == 0) std::exit(0);
-    EXPECT(wait_child(pid) == 0);
+    VMMCKPT_EXPECT(wait_child(pid) == 0);
     std::printf("ready\n");
     std::fflush(stdout);
     sleep(60);
     return 0;
   }
 
-  EXPECT(std::strcmp(argv[1], "after-cuda") == 0);
+  VMMCKPT_EXPECT(std::strcmp(argv[1], "after-cuda") == 0);
   const CUdeviceptr first = init_and_allocate(4096);
   print_ptr(first, 4096, "parent:cuMemAlloc");
   CUcontext ctx;
-  CHECK_CU(cuCtxGetCurrent(&ctx));
+  VMMCKPT_CHECK(cuCtxGetCurrent(&ctx));
 
   // Another thread keeps the pool's locks busy while we fork.
   std::atomic<bool> stop{false};
   std::thread churn([&] {
-    CHECK_CU(cuCtxSetCurrent(ctx));
+    VMMCKPT_CHECK(cuCtxSetCurrent(ctx));
     while (!stop) {
       CUdeviceptr p = 0;
-      CHECK_CU(cuMemAlloc(&p, 1 << 16));
-      CHECK_CU(cuMemFree(p));
+      VMMCKPT_CHECK(cuMemAlloc(&p, 1 << 16));
+      VMMCKPT_CHECK(cuMemFree(p));
     }
   });
   for (int i = 0; i < 20; ++i) {
@@ -90,12 +93,12 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
       _exit(0);
     }
-    EXPECT(wait_child(pid) == 0);
+    VMMCKPT_EXPECT(wait_child(pid) == 0);
   }
   stop = true;
   churn.join();
   CUdeviceptr later = 0;
-  CHECK_CU(cuMemAlloc(&later, 4096));
+  VMMCKPT_CHECK(cuMemAlloc(&later, 4096));
   print_ptr(later, 4096, "parent:cuMemAlloc");
   std::printf("done\n");
   return 0;

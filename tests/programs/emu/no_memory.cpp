@@ -10,7 +10,10 @@
 #include <cstdlib>
 #include <new>
 
-#include "check.hpp"
+#include "contracts/ptr_line.hpp"
+#include "support/cuda_check.hpp"
+
+using vmmckpt::contracts::print_ptr;
 
 namespace {
 thread_local bool fail_allocations = false;
@@ -26,18 +29,18 @@ void operator delete(void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 int main() {
-  CHECK_CU(cuInit(0));
+  VMMCKPT_CHECK(cuInit(0));
   CUcontext ctx;
-  CHECK_CU(cuDevicePrimaryCtxRetain(&ctx, 0));
-  CHECK_CU(cuCtxSetCurrent(ctx));
+  VMMCKPT_CHECK(cuDevicePrimaryCtxRetain(&ctx, 0));
+  VMMCKPT_CHECK(cuCtxSetCurrent(ctx));
 
   // (The first allocation creates the pool: with memory, since the emulated driver's own reservation
   // would fail without it, and a pool that cannot be reserved stays refused.)
   CUdeviceptr p = 0;
-  CHECK_CU(cuMemAlloc(&p, 1 << 20));
+  VMMCKPT_CHECK(cuMemAlloc(&p, 1 << 20));
   print_ptr(p, 1 << 20, "cuMemAlloc");
   CUdeviceptr q = 0;
-  CHECK_CU(cuMemAlloc(&q, 5 << 20));
+  VMMCKPT_CHECK(cuMemAlloc(&q, 5 << 20));
 
   // Every door and kind of entry point, while allocations fail: a code or success, never a throw.
   fail_allocations = true;
@@ -54,15 +57,15 @@ int main() {
   std::printf("without memory: alloc %d, memset %d, dlsym %s, cuGetProcAddress %d, free %d\n",
               static_cast<int>(again), static_cast<int>(set), found != nullptr ? "found" : "null",
               static_cast<int>(resolved), static_cast<int>(freed));
-  if (again == CUDA_SUCCESS) CHECK_CU(cuMemFree(r));
-  if (freed != CUDA_SUCCESS) CHECK_CU(cuMemFree(q));
+  if (again == CUDA_SUCCESS) VMMCKPT_CHECK(cuMemFree(r));
+  if (freed != CUDA_SUCCESS) VMMCKPT_CHECK(cuMemFree(q));
 
   // Memory is back: everything works as before.
-  CHECK_CU(cuMemsetD8(p, 9, 1 << 20));
+  VMMCKPT_CHECK(cuMemsetD8(p, 9, 1 << 20));
   unsigned char byte = 0;
-  CHECK_CU(cuMemcpyDtoH(&byte, p + 100, 1));
-  EXPECT(byte == 9);
-  CHECK_CU(cuMemFree(p));
+  VMMCKPT_CHECK(cuMemcpyDtoH(&byte, p + 100, 1));
+  VMMCKPT_EXPECT(byte == 9);
+  VMMCKPT_CHECK(cuMemFree(p));
   std::printf("survived\n");
   return 0;
 }

@@ -4,7 +4,7 @@
 
 #include <cstdlib>
 
-#include "check.hpp"
+#include "support/cuda_check.hpp"
 
 int main() {
   // Take 2 MiB at the start of device 0's pool before the shim can reserve it.
@@ -12,12 +12,12 @@ int main() {
   const unsigned long long base = base_text ? std::strtoull(base_text, nullptr, 0) : 0x200000000000ULL;
   void* taken = mmap(reinterpret_cast<void*>(base), 2 << 20, PROT_READ | PROT_WRITE,
                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
-  EXPECT(taken == reinterpret_cast<void*>(base));
+  VMMCKPT_EXPECT(taken == reinterpret_cast<void*>(base));
 
-  CHECK_CU(cuInit(0));
+  VMMCKPT_CHECK(cuInit(0));
   CUcontext ctx;
-  CHECK_CU(cuDevicePrimaryCtxRetain(&ctx, 0));
-  CHECK_CU(cuCtxSetCurrent(ctx));
+  VMMCKPT_CHECK(cuDevicePrimaryCtxRetain(&ctx, 0));
+  VMMCKPT_CHECK(cuCtxSetCurrent(ctx));
   CUdeviceptr p = 0;
   const CUresult first = cuMemAlloc(&p, 4096);
   const CUresult second = cuMemAlloc(&p, 4096);
@@ -25,7 +25,7 @@ int main() {
   cuGetErrorName(first, &name);
   std::printf("result %s\n", name ? name : "?");
   // Refused, consistently, and never placed somewhere that cannot be restored.
-  EXPECT(first == CUDA_ERROR_OUT_OF_MEMORY && second == CUDA_ERROR_OUT_OF_MEMORY);
+  VMMCKPT_EXPECT(first == CUDA_ERROR_OUT_OF_MEMORY && second == CUDA_ERROR_OUT_OF_MEMORY);
   std::printf("done\n");
   return 0;
 }

@@ -1,9 +1,8 @@
 // GPU test program: kernels keep rewriting pool buffers under an invariant while the program is dumped.
 //
-// Each launch rewrites one whole buffer: word 0 and the last word hold the
-// generation, every word between is a function of (generation, buffer,
-// position), as in the emulator's busy_writer. A consistent image holds every
-// buffer whole at one generation.
+// Each launch rewrites one whole buffer with the pattern of
+// contracts/busy_pattern.hpp, as the emulator's busy_writer does. A consistent
+// image holds every buffer whole at one generation.
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -14,34 +13,27 @@
 #include <thread>
 #include <vector>
 
+#include "contracts/busy_pattern.hpp"
 #include "gpu_check.cuh"
 
 __global__ void rewrite(unsigned long long* words, size_t count, unsigned long long generation,
                         unsigned long long buffer) {
-  for (size_t k = blockIdx.x * blockDim.x + threadIdx.x; k < count; k += size_t(gridDim.x) * blockDim.x) {
-    unsigned long long v = (generation * 0x9e3779b97f4a7c15ULL) ^ (buffer << 40) ^ k;
-    if (k == 0 || k == count - 1) v = generation;
-    words[k] = v;
-  }
+  for (size_t k = blockIdx.x * blockDim.x + threadIdx.x; k < count; k += size_t(gridDim.x) * blockDim.x)
+    words[k] = vmmckpt::contracts::busy_word(generation, buffer, k, count);
 }
 
 int main(int argc, char** argv) {
-  int buffers = 8, streams = 4, seconds = 120;
-  size_t size = 64ull << 20;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (flag == "--buffers") buffers = std::atoi(argv[i + 1]);
-    else if (flag == "--streams") streams = std::atoi(argv[i + 1]);
-    else if (flag == "--seconds") seconds = std::atoi(argv[i + 1]);
-    else if (flag == "--size") size = std::strtoull(argv[i + 1], nullptr, 0);
-  }
+  const auto options =
+      vmmckpt::contracts::parse_busy_options(argc, argv, {.streams = 4, .seconds = 120, .size = 64ull << 20});
+  const int buffers = options.buffers, streams = options.streams, seconds = options.seconds;
+  const size_t size = options.size;
   std::vector<unsigned long long*> ptrs(buffers);
   for (int b = 0; b < buffers; ++b) {
-    GPU_CHECK(cudaMalloc(&ptrs[b], size));
-    GPU_CHECK(cudaMemset(ptrs[b], 0, size));
-    std::printf("ptr %p %zu cudaMalloc\n", static_cast<void*>(ptrs[b]), size);
+    VMMCKPT_CHECK(cudaMalloc(&ptrs[b], size));
+    VMMCKPT_CHECK(cudaMemset(ptrs[b], 0, size));
+    gpu_check::print_ptr(ptrs[b], size, "cudaMalloc");
   }
-  GPU_CHECK(cudaDeviceSynchronize());
+  VMMCKPT_CHECK(cudaDeviceSynchronize());
   std::printf("ready\n");
   std::fflush(stdout);
 
@@ -51,26 +43,26 @@ int main(int argc, char** argv) {
   for (int t = 0; t < streams; ++t) {
     workers.emplace_back([&, t] {
       cudaStream_t stream;
-      GPU_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      VMMCKPT_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
       unsigned long long generation = 0;
       while (std::chrono::steady_clock::now() < stop_at) {
         ++generation;
         for (int b = t; b < buffers; b += streams) {
           rewrite<<<264, 256, 0, stream>>>(ptrs[b], size / 8, generation, b);
-          GPU_CHECK(cudaGetLastError());
+          VMMCKPT_CHECK(cudaGetLastError());
           ++launches;
         }
-        if (generation % 8 == 0) GPU_CHECK(cudaStreamSynchronize(stream));
+        if (generation % 8 == 0) VMMCKPT_CHECK(cudaStreamSynchronize(stream));
       }
-      GPU_CHECK(cudaStreamSynchronize(stream));
-      GPU_CHECK(cudaStreamDestroy(stream));
+      VMMCKPT_CHECK(cudaStreamSynchronize(stream));
+      VMMCKPT_CHECK(cudaStreamDestroy(stream));
     });
   }
   // Allocation churn alongside, through the runtime.
   while (std::chrono::steady_clock::now() < stop_at) {
     void* p = nullptr;
-    GPU_CHECK(cudaMalloc(&p, 3 << 20));
-    GPU_CHECK(cudaFree(p));
+    VMMCKPT_CHECK(cudaMalloc(&p, 3 << 20));
+    VMMCKPT_CHECK(cudaFree(p));
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   for (auto& w : workers) w.join();

@@ -9,26 +9,12 @@
 #include <string>
 #include <vector>
 
-namespace gpu_check {
-inline void check_status(cublasStatus_t s, const char* stmt, const char* file, int line) {
-  if (s == CUBLAS_STATUS_SUCCESS) return;
-  std::fprintf(stderr, "cuBLAS call failed: %s\n  at %s:%d: %s (%d)\n", stmt, file, line,
-               cublasGetStatusName(s), static_cast<int>(s));
-  std::fflush(stderr);
-  std::exit(1);
-}
-}  // namespace gpu_check
+// VMMCKPT_CHECK of cuBLAS calls: their status type's name, where argument-dependent lookup finds it.
+inline const char* error_name(cublasStatus_t s) { return cublasGetStatusName(s); }
 
 namespace {
 
-uint32_t mix32(uint32_t x) {
-  x ^= x >> 16;
-  x *= 0x7feb352dU;
-  x ^= x >> 15;
-  x *= 0x846ca68bU;
-  x ^= x >> 16;
-  return x;
-}
+using gpu_check::mix32;
 
 // Exact inputs: multiples of 1/8 in [-1, 1]. Every product and partial sum of a K <= 4096 dot
 // product is exactly representable in fp32, so the result is exact in any summation order and
@@ -70,15 +56,15 @@ uint64_t double_bits(double d) {
 
 float* device_copy(const std::vector<float>& host, const char* what) {
   float* d = nullptr;
-  GPU_CHECK(cudaMalloc(&d, host.size() * sizeof(float)));
+  VMMCKPT_CHECK(cudaMalloc(&d, host.size() * sizeof(float)));
   gpu_check::print_ptr(d, host.size() * sizeof(float), what);
-  GPU_CHECK(cudaMemcpy(d, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+  VMMCKPT_CHECK(cudaMemcpy(d, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
   return d;
 }
 
 std::vector<float> host_copy(const float* d, size_t n) {
   std::vector<float> host(n);
-  GPU_CHECK(cudaMemcpy(host.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
+  VMMCKPT_CHECK(cudaMemcpy(host.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
   return host;
 }
 
@@ -95,31 +81,23 @@ int failures = 0;
 }  // namespace
 
 int main(int argc, char** argv) {
-  int device = 0;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--device") == 0 && i + 1 < argc) {
-      device = std::atoi(argv[++i]);
-    } else {
-      std::fprintf(stderr, "usage: %s [--device N]\n", argv[0]);
-      return 2;
-    }
-  }
-  GPU_CHECK(cudaSetDevice(device));
+  const int device = gpu_check::device_option(argc, argv);
+  VMMCKPT_CHECK(cudaSetDevice(device));
 
   cudaStream_t stream;
-  GPU_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  VMMCKPT_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cublasHandle_t handle;
-  GPU_CHECK(cublasCreate(&handle));
-  GPU_CHECK(cublasSetStream(handle, stream));
+  VMMCKPT_CHECK(cublasCreate(&handle));
+  VMMCKPT_CHECK(cublasSetStream(handle, stream));
   // Pedantic math: no TF32 or other reduced-precision shortcuts.
-  GPU_CHECK(cublasSetMathMode(handle, CUBLAS_PEDANTIC_MATH));
+  VMMCKPT_CHECK(cublasSetMathMode(handle, CUBLAS_PEDANTIC_MATH));
   // Our own workspace: its address is printed and checked too, and cuBLAS picks the same
   // algorithms in both runs because the workspace size is fixed.
   const size_t workspace_size = 32 * 1024 * 1024;
   void* workspace = nullptr;
-  GPU_CHECK(cudaMalloc(&workspace, workspace_size));
+  VMMCKPT_CHECK(cudaMalloc(&workspace, workspace_size));
   gpu_check::print_ptr(workspace, workspace_size, "cudaMalloc");
-  GPU_CHECK(cublasSetWorkspace(handle, workspace, workspace_size));
+  VMMCKPT_CHECK(cublasSetWorkspace(handle, workspace, workspace_size));
 
   // GEMM 1: exact inputs, cublasSgemm, checked bit for bit against a host reference.
   {
@@ -129,9 +107,9 @@ int main(int argc, char** argv) {
     float* db = device_copy(b, "cudaMalloc");
     float* dc = device_copy(std::vector<float>(size_t{m} * n, 0.0f), "cudaMalloc");
     const float alpha = 1.0f, beta = 0.0f;
-    GPU_CHECK(cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &alpha, da, m, db, k, &beta,
+    VMMCKPT_CHECK(cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &alpha, da, m, db, k, &beta,
                           dc, m));
-    GPU_CHECK(cudaStreamSynchronize(stream));
+    VMMCKPT_CHECK(cudaStreamSynchronize(stream));
     std::vector<float> c = host_copy(dc, size_t{m} * n);
     // Reference on a sample of entries (every 97th): enough to catch wrong data, cheap on a CPU.
     size_t mismatches = 0;
@@ -147,9 +125,9 @@ int main(int argc, char** argv) {
       ++failures;
     }
     report("sgemm_exact", c);
-    GPU_CHECK(cudaFree(da));
-    GPU_CHECK(cudaFree(db));
-    GPU_CHECK(cudaFree(dc));
+    VMMCKPT_CHECK(cudaFree(da));
+    VMMCKPT_CHECK(cudaFree(db));
+    VMMCKPT_CHECK(cudaFree(dc));
   }
 
   // GEMM 2: generic inputs, odd shapes, transposed A, beta != 0, through cublasGemmEx.
@@ -162,10 +140,10 @@ int main(int argc, char** argv) {
     float* db = device_copy(b, "cudaMalloc");
     float* dc = device_copy(c0, "cudaMalloc");
     const float alpha = 0.75f, beta = -0.5f;
-    GPU_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, da, CUDA_R_32F, k, db,
+    VMMCKPT_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, da, CUDA_R_32F, k, db,
                            CUDA_R_32F, k, &beta, dc, CUDA_R_32F, m, CUBLAS_COMPUTE_32F_PEDANTIC,
                            CUBLAS_GEMM_DEFAULT));
-    GPU_CHECK(cudaStreamSynchronize(stream));
+    VMMCKPT_CHECK(cudaStreamSynchronize(stream));
     std::vector<float> c = host_copy(dc, size_t{m} * n);
     // Tolerance check against a double reference on a sample: proves the product is right.
     size_t bad = 0;
@@ -183,9 +161,9 @@ int main(int argc, char** argv) {
       ++failures;
     }
     report("gemmex_generic", c);
-    GPU_CHECK(cudaFree(da));
-    GPU_CHECK(cudaFree(db));
-    GPU_CHECK(cudaFree(dc));
+    VMMCKPT_CHECK(cudaFree(da));
+    VMMCKPT_CHECK(cudaFree(db));
+    VMMCKPT_CHECK(cudaFree(dc));
   }
 
   // GEMM 3: strided batched, so cuBLAS walks pointer offsets across one large allocation.
@@ -198,18 +176,18 @@ int main(int argc, char** argv) {
     float* db = device_copy(b, "cudaMalloc");
     float* dc = device_copy(std::vector<float>(size_t(stride) * batch, 0.0f), "cudaMalloc");
     const float alpha = 1.0f, beta = 0.0f;
-    GPU_CHECK(cublasSgemmStridedBatched(handle, CUBLAS_OP_N, CUBLAS_OP_T, m, n, k, &alpha, da, m,
+    VMMCKPT_CHECK(cublasSgemmStridedBatched(handle, CUBLAS_OP_N, CUBLAS_OP_T, m, n, k, &alpha, da, m,
                                         stride, db, n, stride, &beta, dc, m, stride, batch));
-    GPU_CHECK(cudaStreamSynchronize(stream));
+    VMMCKPT_CHECK(cudaStreamSynchronize(stream));
     report("sgemm_batched", host_copy(dc, size_t(stride) * batch));
-    GPU_CHECK(cudaFree(da));
-    GPU_CHECK(cudaFree(db));
-    GPU_CHECK(cudaFree(dc));
+    VMMCKPT_CHECK(cudaFree(da));
+    VMMCKPT_CHECK(cudaFree(db));
+    VMMCKPT_CHECK(cudaFree(dc));
   }
 
-  GPU_CHECK(cublasDestroy(handle));
-  GPU_CHECK(cudaFree(workspace));
-  GPU_CHECK(cudaStreamDestroy(stream));
+  VMMCKPT_CHECK(cublasDestroy(handle));
+  VMMCKPT_CHECK(cudaFree(workspace));
+  VMMCKPT_CHECK(cudaStreamDestroy(stream));
   if (failures != 0) {
     std::fprintf(stderr, "cublas_gemm: %d check(s) failed\n", failures);
     return 1;

@@ -52,7 +52,7 @@ void runtime_cases(cudaStream_t stream) {
     cudaError_t s = cudaMalloc(&p, 0);
     print_case("cudaMalloc_size0", s, kv("ptr_null", p == nullptr));
     print_last_error("cudaMalloc_size0");
-    if (s == cudaSuccess && p != nullptr && p != sentinel()) GPU_CHECK(cudaFree(p));
+    if (s == cudaSuccess && p != nullptr && p != sentinel()) VMMCKPT_CHECK(cudaFree(p));
   }
   {
     print_case("cudaMalloc_null_out", cudaMalloc(nullptr, 1024));
@@ -64,7 +64,7 @@ void runtime_cases(cudaStream_t stream) {
   }
   {
     void* p = nullptr;
-    GPU_CHECK(cudaMalloc(&p, mib));
+    VMMCKPT_CHECK(cudaMalloc(&p, mib));
     gpu_check::print_ptr(p, mib, "cudaMalloc");
     print_case("cudaFree_double.first", cudaFree(p));
     print_case("cudaFree_double.second", cudaFree(p));
@@ -72,7 +72,7 @@ void runtime_cases(cudaStream_t stream) {
   }
   {
     void* p = nullptr;
-    GPU_CHECK(cudaMalloc(&p, mib));
+    VMMCKPT_CHECK(cudaMalloc(&p, mib));
     gpu_check::print_ptr(p, mib, "cudaMalloc");
     print_case("cudaFree_interior", cudaFree(static_cast<char*>(p) + 4096));
     print_last_error("cudaFree_interior");
@@ -87,7 +87,7 @@ void runtime_cases(cudaStream_t stream) {
   }
   // Pitches: the value itself is the runtime's choice (informational); that it fits is not.
   int tex_pitch_align = 0;
-  GPU_CHECK(cudaDeviceGetAttribute(&tex_pitch_align, cudaDevAttrTexturePitchAlignment, 0));
+  VMMCKPT_CHECK(cudaDeviceGetAttribute(&tex_pitch_align, cudaDevAttrTexturePitchAlignment, 0));
   std::printf("info texture_pitch_alignment %d\n", tex_pitch_align);
   for (size_t width : {size_t{1}, size_t{100}, size_t{512}, size_t{513}, size_t{1000},
                        size_t{4096}, size_t{70000}}) {
@@ -103,8 +103,8 @@ void runtime_cases(cudaStream_t stream) {
     if (s == cudaSuccess) {
       gpu_check::print_ptr(p, pitch * height, "cudaMallocPitch");
       // Touch the last byte of the last row: the whole pitched block must be backed.
-      GPU_CHECK(cudaMemset(static_cast<char*>(p) + pitch * (height - 1), 0x7f, pitch));
-      GPU_CHECK(cudaFree(p));
+      VMMCKPT_CHECK(cudaMemset(static_cast<char*>(p) + pitch * (height - 1), 0x7f, pitch));
+      VMMCKPT_CHECK(cudaFree(p));
     }
   }
   {
@@ -113,7 +113,7 @@ void runtime_cases(cudaStream_t stream) {
     cudaError_t s = cudaMallocPitch(&p, &pitch, 0, 10);
     print_case("cudaMallocPitch_width0", s, kv("ptr_null", p == nullptr));
     print_last_error("cudaMallocPitch_width0");
-    if (s == cudaSuccess && p != nullptr && p != sentinel()) GPU_CHECK(cudaFree(p));
+    if (s == cudaSuccess && p != nullptr && p != sentinel()) VMMCKPT_CHECK(cudaFree(p));
   }
   {
     void* p = sentinel();
@@ -121,35 +121,35 @@ void runtime_cases(cudaStream_t stream) {
     print_case("cudaMalloc_1PiB", s);
     print_case("cudaMalloc_1PiB.last_error", cudaGetLastError());
     print_case("cudaMalloc_1PiB.last_error_again", cudaGetLastError());
-    if (s == cudaSuccess) GPU_CHECK(cudaFree(p));
+    if (s == cudaSuccess) VMMCKPT_CHECK(cudaFree(p));
     // Out of memory is not sticky: the next allocation works.
     void* q = nullptr;
     cudaError_t s2 = cudaMalloc(&q, mib);
     print_case("cudaMalloc_after_oom", s2);
     if (s2 == cudaSuccess) {
       gpu_check::print_ptr(q, mib, "cudaMalloc");
-      GPU_CHECK(cudaFree(q));
+      VMMCKPT_CHECK(cudaFree(q));
     }
   }
   {
     size_t free_before = 0, total = 0;
     cudaError_t s = cudaMemGetInfo(&free_before, &total);
     cudaDeviceProp prop{};
-    GPU_CHECK(cudaGetDeviceProperties(&prop, 0));
+    VMMCKPT_CHECK(cudaGetDeviceProperties(&prop, 0));
     print_case("cudaMemGetInfo", s,
                kv("free_le_total", free_before <= total) + " " +
                    kv("total_eq_prop", total == prop.totalGlobalMem) + " " +
                    kv("free_positive", free_before > 0));
     void* p = nullptr;
-    GPU_CHECK(cudaMalloc(&p, 256 * mib));
+    VMMCKPT_CHECK(cudaMalloc(&p, 256 * mib));
     gpu_check::print_ptr(p, 256 * mib, "cudaMalloc");
-    GPU_CHECK(cudaMemset(p, 0, 256 * mib));
+    VMMCKPT_CHECK(cudaMemset(p, 0, 256 * mib));
     size_t free_after = 0, total_after = 0;
-    GPU_CHECK(cudaMemGetInfo(&free_after, &total_after));
+    VMMCKPT_CHECK(cudaMemGetInfo(&free_after, &total_after));
     // How a pool accounts for memory is its own business: the drop is informational.
     std::printf("info cudaMemGetInfo free %zu total %zu drop_after_256MiB %lld\n", free_before,
                 total, static_cast<long long>(free_before) - static_cast<long long>(free_after));
-    GPU_CHECK(cudaFree(p));
+    VMMCKPT_CHECK(cudaFree(p));
   }
   {
     void* p = sentinel();
@@ -158,7 +158,7 @@ void runtime_cases(cudaStream_t stream) {
     print_last_error("cudaMallocAsync_size0");
     print_case("cudaFreeAsync_null", cudaFreeAsync(nullptr, stream));
     print_last_error("cudaFreeAsync_null");
-    GPU_CHECK(cudaStreamSynchronize(stream));
+    VMMCKPT_CHECK(cudaStreamSynchronize(stream));
   }
   {
     // Many odd sizes: all 256-byte aligned and pairwise disjoint.
@@ -167,7 +167,7 @@ void runtime_cases(cudaStream_t stream) {
     for (size_t i = 0; i < 64; ++i) {
       size_t size = 1 + i * 157 + (i % 7) * 4099;
       void* p = nullptr;
-      GPU_CHECK(cudaMalloc(&p, size));
+      VMMCKPT_CHECK(cudaMalloc(&p, size));
       gpu_check::print_ptr(p, size, "cudaMalloc");
       aligned = aligned && reinterpret_cast<uintptr_t>(p) % 256 == 0;
       ranges.emplace_back(reinterpret_cast<uintptr_t>(p), size);
@@ -178,12 +178,12 @@ void runtime_cases(cudaStream_t stream) {
       disjoint = disjoint && ranges[i - 1].first + ranges[i - 1].second <= ranges[i].first;
     print_case("cudaMalloc_small_many", cudaSuccess,
                kv("aligned256", aligned) + " " + kv("disjoint", disjoint));
-    for (auto& r : ranges) GPU_CHECK(cudaFree(reinterpret_cast<void*>(r.first)));
+    for (auto& r : ranges) VMMCKPT_CHECK(cudaFree(reinterpret_cast<void*>(r.first)));
   }
   {
     // What PyTorch and others ask about a pointer they were given.
     char* p = nullptr;
-    GPU_CHECK(cudaMalloc(&p, 2 * mib));
+    VMMCKPT_CHECK(cudaMalloc(&p, 2 * mib));
     gpu_check::print_ptr(p, 2 * mib, "cudaMalloc");
     cudaPointerAttributes attr{};
     cudaError_t s = cudaPointerGetAttributes(&attr, p + 1000);
@@ -209,7 +209,7 @@ void runtime_cases(cudaStream_t stream) {
     cudaIpcMemHandle_t handle{};
     print_case("cudaIpcGetMemHandle", cudaIpcGetMemHandle(&handle, p));
     print_last_error("cudaIpcGetMemHandle");
-    GPU_CHECK(cudaFree(p));
+    VMMCKPT_CHECK(cudaFree(p));
   }
 }
 
@@ -222,14 +222,14 @@ void driver_cases() {
   print_case("cuMemFree_zero", cuMemFree_v2(0));
   {
     CUdeviceptr d = 0;
-    GPU_CHECK(cuMemAlloc_v2(&d, mib));
+    VMMCKPT_CHECK(cuMemAlloc_v2(&d, mib));
     gpu_check::print_ptr(d, mib, "cuMemAlloc");
     print_case("cuMemFree_double.first", cuMemFree_v2(d));
     print_case("cuMemFree_double.second", cuMemFree_v2(d));
   }
   {
     CUdeviceptr d = 0;
-    GPU_CHECK(cuMemAlloc_v2(&d, mib));
+    VMMCKPT_CHECK(cuMemAlloc_v2(&d, mib));
     gpu_check::print_ptr(d, mib, "cuMemAlloc");
     print_case("cuMemFree_interior", cuMemFree_v2(d + 4096));
     print_case("cuMemFree_interior.base_after", cuMemFree_v2(d));
@@ -240,7 +240,7 @@ void driver_cases() {
   }
   for (size_t size : {6 * mib, size_t{1000000}}) {
     CUdeviceptr d = 0;
-    GPU_CHECK(cuMemAlloc_v2(&d, size));
+    VMMCKPT_CHECK(cuMemAlloc_v2(&d, size));
     gpu_check::print_ptr(d, size, "cuMemAlloc");
     std::string name = "cuMemGetAddressRange_interior_" + std::to_string(size);
     CUdeviceptr base = 0;
@@ -275,7 +275,7 @@ void driver_cases() {
     print_case("cuPointerGetAttribute_range_" + std::to_string(size), s1 != CUDA_SUCCESS ? s1 : s2,
                kv("start_off", static_cast<long long>(start) - static_cast<long long>(d)));
     std::printf("info cuPointerGetAttribute_range_%zu size %zu\n", size, range_size);
-    GPU_CHECK(cuMemFree_v2(d));
+    VMMCKPT_CHECK(cuMemFree_v2(d));
   }
   {
     std::vector<char> host(64);
@@ -288,7 +288,7 @@ void driver_cases() {
     CUdeviceptr d = 0x1234;
     CUresult s = cuMemAlloc_v2(&d, pib);
     print_case("cuMemAlloc_1PiB", s);
-    if (s == CUDA_SUCCESS) GPU_CHECK(cuMemFree_v2(d));
+    if (s == CUDA_SUCCESS) VMMCKPT_CHECK(cuMemFree_v2(d));
   }
   {
     CUdeviceptr d = 0;
@@ -298,7 +298,7 @@ void driver_cases() {
     std::printf("info cuMemAllocPitch_w1000 pitch %zu\n", pitch);
     if (s == CUDA_SUCCESS) {
       gpu_check::print_ptr(d, pitch * 10, "cuMemAllocPitch");
-      GPU_CHECK(cuMemFree_v2(d));
+      VMMCKPT_CHECK(cuMemFree_v2(d));
     }
   }
 }
@@ -306,13 +306,13 @@ void driver_cases() {
 }  // namespace
 
 int main() {
-  GPU_CHECK(cudaSetDevice(0));
-  GPU_CHECK(cudaFree(nullptr));  // primary context: the driver calls below use it
+  VMMCKPT_CHECK(cudaSetDevice(0));
+  VMMCKPT_CHECK(cudaFree(nullptr));  // primary context: the driver calls below use it
   cudaStream_t stream;
-  GPU_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  VMMCKPT_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   runtime_cases(stream);
   driver_cases();
-  GPU_CHECK(cudaStreamDestroy(stream));
+  VMMCKPT_CHECK(cudaStreamDestroy(stream));
   print_case("final_device_synchronize", cudaDeviceSynchronize());
   print_case("final_last_error", cudaGetLastError());
   return 0;

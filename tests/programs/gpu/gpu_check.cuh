@@ -1,5 +1,6 @@
-// Shared helpers for the GPU test programs: the one checking macro and the line format that
-// tests/gpu/check_pool_run.py reads (ptr / result / case / info lines on stdout).
+// Shared helpers for the GPU test programs: driver entry points through cudart, an input mixer, the line format that
+// tests/gpu/check_pool_run.py reads (ptr / result / case / info lines on stdout). Failing calls go through
+// VMMCKPT_CHECK (support/cuda_check.hpp), as in every test and benchmark program.
 #pragma once
 
 #include <cuda.h>
@@ -9,8 +10,14 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
+
+#include "contracts/ptr_line.hpp"
+#include "support/cuda_check.hpp"
 
 namespace gpu_check {
+
+using vmmckpt::contracts::print_ptr;
 
 // Driver entry points are resolved through cudart rather than linked, so the programs that use
 // them need no libcuda link and go through the resolver door the shim must cover.
@@ -27,46 +34,34 @@ inline void* driver_entry_point(const char* name) {
   return fn;
 }
 
-inline const char* result_name(cudaError_t err) { return cudaGetErrorName(err); }
-
-inline const char* result_name(CUresult res) {
-  using get_error_name_fn = CUresult (*)(CUresult, const char**);
-  static auto fn = reinterpret_cast<get_error_name_fn>(driver_entry_point("cuGetErrorName"));
-  const char* name = nullptr;
-  if (fn(res, &name) != CUDA_SUCCESS || name == nullptr) return "CUDA_ERROR_<unknown>";
-  return name;
-}
-
-template <typename Status>
-inline void check(Status status, Status ok, const char* stmt, const char* file, int line) {
-  if (status == ok) return;
-  std::fprintf(stderr, "CUDA call failed: %s\n  at %s:%d: %s (%d)\n", stmt, file, line,
-               result_name(status), static_cast<int>(status));
-  std::fflush(stderr);
-  std::exit(1);
-}
-
-inline void check_status(cudaError_t s, const char* stmt, const char* file, int line) {
-  check(s, cudaSuccess, stmt, file, line);
-}
-inline void check_status(CUresult s, const char* stmt, const char* file, int line) {
-  check(s, CUDA_SUCCESS, stmt, file, line);
-}
-
 // Formats a status as one token, "<name>(<number>)", for the exact native-vs-shim comparison.
-inline void format_code(char* out, size_t len, cudaError_t s) {
-  std::snprintf(out, len, "%s(%d)", cudaGetErrorName(s), static_cast<int>(s));
-}
-inline void format_code(char* out, size_t len, CUresult s) {
-  std::snprintf(out, len, "%s(%d)", result_name(s), static_cast<int>(s));
+template <typename Status>
+inline void format_code(char* out, size_t len, Status s) {
+  std::snprintf(out, len, "%s(%d)", vmmckpt::programs::error_name(s), static_cast<int>(s));
 }
 
-inline void print_ptr(const void* p, size_t bytes, const char* api) {
-  std::printf("ptr 0x%" PRIxPTR " %zu %s\n", reinterpret_cast<uintptr_t>(p), bytes, api);
+// The programs' one option, `--device N` (default 0); anything else is a usage error (exit 2).
+inline int device_option(int argc, char** argv) {
+  int device = 0;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--device" && i + 1 < argc) {
+      device = std::atoi(argv[++i]);
+    } else {
+      std::fprintf(stderr, "usage: %s [--device N]\n", argv[0]);
+      std::exit(2);
+    }
+  }
+  return device;
 }
 
-inline void print_ptr(CUdeviceptr p, size_t bytes, const char* api) {
-  std::printf("ptr 0x%llx %zu %s\n", static_cast<unsigned long long>(p), bytes, api);
+// A good integer mixer for the programs' inputs: values depend on index and seed only, never on addresses.
+__host__ __device__ inline uint32_t mix32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352dU;
+  x ^= x >> 15;
+  x *= 0x846ca68bU;
+  x ^= x >> 16;
+  return x;
 }
 
 inline void print_result(const char* name, uint64_t value) {
@@ -75,9 +70,5 @@ inline void print_result(const char* name, uint64_t value) {
 
 }  // namespace gpu_check
 
-// Every CUDA (runtime or driver, and cuBLAS where the program adds an overload) call goes
-// through this: on failure it names the statement, the place and the error, and exits 1.
-#define GPU_CHECK(stmt) ::gpu_check::check_status((stmt), #stmt, __FILE__, __LINE__)
-
 // Kernel launches report configuration errors only through the last-error state.
-#define GPU_CHECK_LAUNCH() GPU_CHECK(cudaGetLastError())
+#define GPU_CHECK_LAUNCH() VMMCKPT_CHECK(cudaGetLastError())

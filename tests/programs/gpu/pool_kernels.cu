@@ -14,15 +14,7 @@ namespace {
 constexpr size_t kib = 1024;
 constexpr size_t mib = 1024 * kib;
 
-// A good integer mixer: values depend on index and seed only, never on addresses.
-__host__ __device__ inline uint32_t mix32(uint32_t x) {
-  x ^= x >> 16;
-  x *= 0x7feb352dU;
-  x ^= x >> 15;
-  x *= 0x846ca68bU;
-  x ^= x >> 16;
-  return x;
-}
+using gpu_check::mix32;
 
 __host__ __device__ inline uint32_t fill_value(size_t i, uint32_t seed) {
   return mix32(static_cast<uint32_t>(i) ^ (seed * 0x9e3779b9U) ^ static_cast<uint32_t>(i >> 32));
@@ -107,12 +99,12 @@ checksums host_checksum(const uint32_t* data, size_t n) {
 
 checksums device_checksum(const uint32_t* buf, size_t n, unsigned long long* acc,
                           cudaStream_t stream) {
-  GPU_CHECK(cudaMemsetAsync(acc, 0, 2 * sizeof(unsigned long long), stream));
+  VMMCKPT_CHECK(cudaMemsetAsync(acc, 0, 2 * sizeof(unsigned long long), stream));
   checksum_kernel<<<grid, block, 0, stream>>>(buf, n, acc);
   GPU_CHECK_LAUNCH();
   unsigned long long host[2];
-  GPU_CHECK(cudaMemcpyAsync(host, acc, sizeof(host), cudaMemcpyDeviceToHost, stream));
-  GPU_CHECK(cudaStreamSynchronize(stream));
+  VMMCKPT_CHECK(cudaMemcpyAsync(host, acc, sizeof(host), cudaMemcpyDeviceToHost, stream));
+  VMMCKPT_CHECK(cudaStreamSynchronize(stream));
   return {host[0], host[1]};
 }
 
@@ -136,9 +128,9 @@ void verify_buffer(const std::string& name, const uint32_t* dev, size_t n,
                    const std::vector<uint32_t>& expected, unsigned long long* acc,
                    cudaStream_t stream) {
   std::vector<uint32_t> host(n);
-  GPU_CHECK(cudaMemcpyAsync(host.data(), dev, n * sizeof(uint32_t), cudaMemcpyDeviceToHost,
+  VMMCKPT_CHECK(cudaMemcpyAsync(host.data(), dev, n * sizeof(uint32_t), cudaMemcpyDeviceToHost,
                             stream));
-  GPU_CHECK(cudaStreamSynchronize(stream));
+  VMMCKPT_CHECK(cudaStreamSynchronize(stream));
   checksums from_device = device_checksum(dev, n, acc, stream);
   checksums from_copy = host_checksum(host.data(), n);
   checksums from_formula = host_checksum(expected.data(), n);
@@ -156,23 +148,15 @@ std::vector<uint32_t> expected_fill(size_t n, uint32_t seed) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int device = 0;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--device") == 0 && i + 1 < argc) {
-      device = std::atoi(argv[++i]);
-    } else {
-      std::fprintf(stderr, "usage: %s [--device N]\n", argv[0]);
-      return 2;
-    }
-  }
-  GPU_CHECK(cudaSetDevice(device));
-  GPU_CHECK(cudaFree(nullptr));  // create the primary context before timing-free work starts
+  const int device = gpu_check::device_option(argc, argv);
+  VMMCKPT_CHECK(cudaSetDevice(device));
+  VMMCKPT_CHECK(cudaFree(nullptr));  // create the primary context before timing-free work starts
 
   cudaStream_t stream;
-  GPU_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  VMMCKPT_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 
   unsigned long long* acc = nullptr;
-  GPU_CHECK(cudaMalloc(&acc, 2 * sizeof(unsigned long long)));
+  VMMCKPT_CHECK(cudaMalloc(&acc, 2 * sizeof(unsigned long long)));
   gpu_check::print_ptr(acc, 2 * sizeof(unsigned long long), "cudaMalloc");
 
   // 1. cudaMalloc over a spread of sizes, odd ones included (1 KiB .. 256 MiB, ~340 MiB total).
@@ -182,7 +166,7 @@ int main(int argc, char** argv) {
   std::vector<size_t> words;
   for (size_t idx = 0; idx < std::size(sizes); ++idx) {
     uint32_t* p = nullptr;
-    GPU_CHECK(cudaMalloc(&p, sizes[idx]));
+    VMMCKPT_CHECK(cudaMalloc(&p, sizes[idx]));
     gpu_check::print_ptr(p, sizes[idx], "cudaMalloc");
     expect(reinterpret_cast<uintptr_t>(p) % 256 == 0, "cudaMalloc pointer not 256-byte aligned");
     bufs.push_back(p);
@@ -209,8 +193,8 @@ int main(int argc, char** argv) {
 
   // Copies between pool buffers with cudaMemcpyDefault: needs UVA to know the pool addresses.
   {
-    GPU_CHECK(cudaMemsetAsync(bufs[5], 0x5a, sizes[5], stream));
-    GPU_CHECK(cudaMemcpyAsync(bufs[5], bufs[3], sizes[3], cudaMemcpyDefault, stream));
+    VMMCKPT_CHECK(cudaMemsetAsync(bufs[5], 0x5a, sizes[5], stream));
+    VMMCKPT_CHECK(cudaMemcpyAsync(bufs[5], bufs[3], sizes[3], cudaMemcpyDefault, stream));
     std::vector<uint32_t> expected(words[5], 0x5a5a5a5aU);
     std::vector<uint32_t> src = expected_fill(words[3], 4);
     std::copy(src.begin(), src.end(), expected.begin());
@@ -222,21 +206,21 @@ int main(int argc, char** argv) {
     const size_t width_words = 250, height = 300;  // 1000 bytes wide: pitch > width
     void* p = nullptr;
     size_t pitch = 0;
-    GPU_CHECK(cudaMallocPitch(&p, &pitch, width_words * sizeof(uint32_t), height));
+    VMMCKPT_CHECK(cudaMallocPitch(&p, &pitch, width_words * sizeof(uint32_t), height));
     gpu_check::print_ptr(p, pitch * height, "cudaMallocPitch");
     expect(pitch >= width_words * sizeof(uint32_t), "pitch smaller than the row width");
     fill_pitched_kernel<<<dim3(1, height), block, 0, stream>>>(static_cast<uint8_t*>(p), pitch,
                                                                width_words, height, 99);
     GPU_CHECK_LAUNCH();
     std::vector<uint32_t> host(width_words * height);
-    GPU_CHECK(cudaMemcpy2DAsync(host.data(), width_words * sizeof(uint32_t), p, pitch,
+    VMMCKPT_CHECK(cudaMemcpy2DAsync(host.data(), width_words * sizeof(uint32_t), p, pitch,
                                 width_words * sizeof(uint32_t), height, cudaMemcpyDeviceToHost,
                                 stream));
-    GPU_CHECK(cudaStreamSynchronize(stream));
+    VMMCKPT_CHECK(cudaStreamSynchronize(stream));
     std::vector<uint32_t> expected = expected_fill(width_words * height, 99);
     expect(host == expected, "pitched buffer content differs");
     report("pitched", host_checksum(host.data(), host.size()));
-    GPU_CHECK(cudaFree(p));
+    VMMCKPT_CHECK(cudaFree(p));
   }
 
   // 3. Stream-ordered allocations, with a free and a reallocation in the middle of the stream.
@@ -244,17 +228,17 @@ int main(int argc, char** argv) {
     const size_t async_sizes[] = {1 * mib, 5 * mib + 8, 33 * mib};
     uint32_t* a[3];
     for (int i = 0; i < 3; ++i) {
-      GPU_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&a[i]), async_sizes[i], stream));
+      VMMCKPT_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&a[i]), async_sizes[i], stream));
       gpu_check::print_ptr(a[i], async_sizes[i], "cudaMallocAsync");
       fill_kernel<<<grid, block, 0, stream>>>(a[i], async_sizes[i] / 4, 200 + i);
       GPU_CHECK_LAUNCH();
     }
-    GPU_CHECK(cudaFreeAsync(a[0], stream));
+    VMMCKPT_CHECK(cudaFreeAsync(a[0], stream));
     uint32_t* b = nullptr;
     const size_t b_size = 12 * mib;
-    GPU_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&b), b_size, stream));
+    VMMCKPT_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&b), b_size, stream));
     gpu_check::print_ptr(b, b_size, "cudaMallocAsync");
-    GPU_CHECK(cudaMemsetAsync(b, 0, b_size, stream));
+    VMMCKPT_CHECK(cudaMemsetAsync(b, 0, b_size, stream));
     size_t n = async_sizes[1] / 4;
     transform_kernel<<<grid, block, 0, stream>>>(a[1], b, n, 747796405U, 2891336453U);
     GPU_CHECK_LAUNCH();
@@ -264,10 +248,10 @@ int main(int argc, char** argv) {
     verify_buffer("async_transform", b, b_size / 4, expected, acc, stream);
     verify_buffer("async2", a[2], async_sizes[2] / 4, expected_fill(async_sizes[2] / 4, 202), acc,
                   stream);
-    GPU_CHECK(cudaFreeAsync(a[1], stream));
-    GPU_CHECK(cudaFreeAsync(a[2], stream));
-    GPU_CHECK(cudaFreeAsync(b, stream));
-    GPU_CHECK(cudaStreamSynchronize(stream));
+    VMMCKPT_CHECK(cudaFreeAsync(a[1], stream));
+    VMMCKPT_CHECK(cudaFreeAsync(a[2], stream));
+    VMMCKPT_CHECK(cudaFreeAsync(b, stream));
+    VMMCKPT_CHECK(cudaStreamSynchronize(stream));
   }
 
   // 4. The driver API reached through each resolver door: cudart's entry-point query (what
@@ -304,10 +288,10 @@ int main(int argc, char** argv) {
     void* alloc_fn = nullptr;
     void* free_fn = nullptr;
     CUdriverProcAddressQueryResult found = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-    GPU_CHECK(get_proc("cuMemAlloc", &alloc_fn, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &found));
+    VMMCKPT_CHECK(get_proc("cuMemAlloc", &alloc_fn, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &found));
     expect(found == CU_GET_PROC_ADDRESS_SUCCESS && alloc_fn != nullptr,
            "cuGetProcAddress(cuMemAlloc)");
-    GPU_CHECK(get_proc("cuMemFree", &free_fn, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &found));
+    VMMCKPT_CHECK(get_proc("cuMemFree", &free_fn, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &found));
     expect(found == CU_GET_PROC_ADDRESS_SUCCESS && free_fn != nullptr,
            "cuGetProcAddress(cuMemFree)");
     doors.push_back({"cuGetProcAddress:cuMemAlloc", reinterpret_cast<mem_alloc_fn>(alloc_fn),
@@ -319,14 +303,14 @@ int main(int argc, char** argv) {
       CUdeviceptr d = 0;
       const size_t d_size = 8 * mib + 12 + i * 4096;
       const uint32_t seed = 300 + static_cast<uint32_t>(i);
-      GPU_CHECK(doors[i].alloc(&d, d_size));
+      VMMCKPT_CHECK(doors[i].alloc(&d, d_size));
       gpu_check::print_ptr(d, d_size, doors[i].api);
       auto* p = reinterpret_cast<uint32_t*>(d);
       fill_kernel<<<grid, block, 0, stream>>>(p, d_size / 4, seed);
       GPU_CHECK_LAUNCH();
       verify_buffer("driver" + std::to_string(i), p, d_size / 4, expected_fill(d_size / 4, seed),
                     acc, stream);
-      GPU_CHECK(doors[i].free(d));
+      VMMCKPT_CHECK(doors[i].free(d));
     }
     dlclose(libcuda);
   }
@@ -334,37 +318,37 @@ int main(int argc, char** argv) {
   // 5. A pointer table in device memory that kernels follow into the other allocations.
   {
     uint32_t** table = nullptr;
-    GPU_CHECK(cudaMalloc(&table, bufs.size() * sizeof(uint32_t*)));
+    VMMCKPT_CHECK(cudaMalloc(&table, bufs.size() * sizeof(uint32_t*)));
     gpu_check::print_ptr(table, bufs.size() * sizeof(uint32_t*), "cudaMalloc");
-    GPU_CHECK(cudaMemcpyAsync(table, bufs.data(), bufs.size() * sizeof(uint32_t*),
+    VMMCKPT_CHECK(cudaMemcpyAsync(table, bufs.data(), bufs.size() * sizeof(uint32_t*),
                               cudaMemcpyHostToDevice, stream));
     chase_kernel<<<1, 32, 0, stream>>>(table, bufs.size(), acc);
     GPU_CHECK_LAUNCH();
     unsigned long long chased = 0;
-    GPU_CHECK(cudaMemcpyAsync(&chased, acc, sizeof(chased), cudaMemcpyDeviceToHost, stream));
-    GPU_CHECK(cudaStreamSynchronize(stream));
+    VMMCKPT_CHECK(cudaMemcpyAsync(&chased, acc, sizeof(chased), cudaMemcpyDeviceToHost, stream));
+    VMMCKPT_CHECK(cudaStreamSynchronize(stream));
     // The same walk on the host over the values each buffer holds by now.
     unsigned long long expected = 0;
     for (size_t i = 0; i < bufs.size(); ++i) {
       uint32_t head[2];
-      GPU_CHECK(cudaMemcpy(head, bufs[i], sizeof(head), cudaMemcpyDeviceToHost));
+      VMMCKPT_CHECK(cudaMemcpy(head, bufs[i], sizeof(head), cudaMemcpyDeviceToHost));
       expected = expected * 1000003ULL + head[0] + head[1];
     }
     expect(chased == expected, "pointer chase through device-stored addresses differs");
     gpu_check::print_result("pointer_chase", chased);
-    GPU_CHECK(cudaFree(table));
+    VMMCKPT_CHECK(cudaFree(table));
   }
 
   // 6. Churn: free and reallocate many sizes; every new buffer must hold exactly what we wrote.
   {
-    GPU_CHECK(cudaFree(bufs[5]));
-    GPU_CHECK(cudaFree(bufs[3]));
+    VMMCKPT_CHECK(cudaFree(bufs[5]));
+    VMMCKPT_CHECK(cudaFree(bufs[3]));
     uint64_t churn_sum = 0;
     for (int round = 0; round < 48; ++round) {
       size_t size = (4 * kib) << (round % 11);  // 4 KiB .. 4 MiB
       size += static_cast<size_t>(round) * 256;
       uint32_t* p = nullptr;
-      GPU_CHECK(cudaMalloc(&p, size));
+      VMMCKPT_CHECK(cudaMalloc(&p, size));
       gpu_check::print_ptr(p, size, "cudaMalloc");
       fill_kernel<<<grid, block, 0, stream>>>(p, size / 4, 400 + round);
       GPU_CHECK_LAUNCH();
@@ -373,7 +357,7 @@ int main(int argc, char** argv) {
       expect(c == host_checksum(expected.data(), expected.size()),
              "churn round " + std::to_string(round) + " checksum differs");
       churn_sum = churn_sum * 31 + c.weighted;
-      GPU_CHECK(cudaFree(p));
+      VMMCKPT_CHECK(cudaFree(p));
     }
     gpu_check::print_result("churn", churn_sum);
   }
@@ -383,37 +367,37 @@ int main(int argc, char** argv) {
   {
     const size_t size = 4 * mib;
     cudaStream_t other;
-    GPU_CHECK(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+    VMMCKPT_CHECK(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
     uint32_t* victim = nullptr;
-    GPU_CHECK(cudaMalloc(&victim, size));
+    VMMCKPT_CHECK(cudaMalloc(&victim, size));
     gpu_check::print_ptr(victim, size, "cudaMalloc");
     slow_writer_kernel<<<64, block, 0, stream>>>(victim, size / 4, 0xdeadbeefU, 4000);
     GPU_CHECK_LAUNCH();
-    GPU_CHECK(cudaFree(victim));
+    VMMCKPT_CHECK(cudaFree(victim));
     uint32_t* fresh = nullptr;
-    GPU_CHECK(cudaMalloc(&fresh, size));
+    VMMCKPT_CHECK(cudaMalloc(&fresh, size));
     gpu_check::print_ptr(fresh, size, "cudaMalloc");
-    GPU_CHECK(cudaMemsetAsync(fresh, 0, size, other));
+    VMMCKPT_CHECK(cudaMemsetAsync(fresh, 0, size, other));
     std::vector<uint32_t> host(size / 4, 1);
-    GPU_CHECK(cudaMemcpyAsync(host.data(), fresh, size, cudaMemcpyDeviceToHost, other));
-    GPU_CHECK(cudaStreamSynchronize(other));
-    GPU_CHECK(cudaDeviceSynchronize());
+    VMMCKPT_CHECK(cudaMemcpyAsync(host.data(), fresh, size, cudaMemcpyDeviceToHost, other));
+    VMMCKPT_CHECK(cudaStreamSynchronize(other));
+    VMMCKPT_CHECK(cudaDeviceSynchronize());
     // Copy again after everything has finished: a late write from the old kernel shows here.
-    GPU_CHECK(cudaMemcpy(host.data(), fresh, size, cudaMemcpyDeviceToHost));
+    VMMCKPT_CHECK(cudaMemcpy(host.data(), fresh, size, cudaMemcpyDeviceToHost));
     size_t dirty = 0;
     for (uint32_t v : host) dirty += (v != 0);
     expect(dirty == 0, "memory reused while a kernel submitted before cudaFree still wrote it (" +
                            std::to_string(dirty) + " dirty words)");
     gpu_check::print_result("free_reuse_dirty_words", dirty);
-    GPU_CHECK(cudaFree(fresh));
-    GPU_CHECK(cudaStreamDestroy(other));
+    VMMCKPT_CHECK(cudaFree(fresh));
+    VMMCKPT_CHECK(cudaStreamDestroy(other));
   }
 
   for (size_t idx = 0; idx < bufs.size(); ++idx)
-    if (idx != 3 && idx != 5) GPU_CHECK(cudaFree(bufs[idx]));
-  GPU_CHECK(cudaFree(acc));
-  GPU_CHECK(cudaStreamDestroy(stream));
-  GPU_CHECK(cudaDeviceSynchronize());
+    if (idx != 3 && idx != 5) VMMCKPT_CHECK(cudaFree(bufs[idx]));
+  VMMCKPT_CHECK(cudaFree(acc));
+  VMMCKPT_CHECK(cudaStreamDestroy(stream));
+  VMMCKPT_CHECK(cudaDeviceSynchronize());
 
   if (failures != 0) {
     std::fprintf(stderr, "pool_kernels: %d check(s) failed\n", failures);

@@ -1,0 +1,129 @@
+// `cuda-ckpt cat`: write an image's bytes for an address range, every extent's checksum checked before any of its bytes go out.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "commands.hpp"
+#include "exit_codes.hpp"
+#include "vmmckpt/image.hpp"
+#include "vmmckpt/pool_layout.hpp"
+
+namespace vmmckpt::tools {
+
+namespace {
+
+std::string hex(std::uint64_t v) {
+  std::ostringstream text;
+  text << "0x" << std::hex << v;
+  return text.str();
+}
+
+// Where the bytes go: stdout, or a file that appears under its name only when every byte is in it
+// (a failed cat leaves none), owner-only like the image it comes from.
+class sink {
+ public:
+  explicit sink(const std::string& path) : path_(path) {
+    if (path_.empty()) return;
+    temp_ = path_ + ".partial-" + std::to_string(::getpid());
+    fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd_ < 0) throw image::image_error(temp_ + ": cannot create: " + std::strerror(errno));
+  }
+  ~sink() {
+    if (!path_.empty() && fd_ >= 0) {
+      ::close(fd_);
+      ::unlink(temp_.c_str());
+    }
+  }
+  sink(const sink&) = delete;
+  sink& operator=(const sink&) = delete;
+
+  void write(const unsigned char* p, std::size_t n) {
+    while (n > 0) {
+      const ssize_t w = ::write(fd_, p, n);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) throw image::image_error(name() + ": write failed: " + std::strerror(errno));
+      p += w;
+      n -= static_cast<std::size_t>(w);
+    }
+  }
+  void commit() {
+    if (path_.empty()) return;
+    const int fd = fd_;
+    fd_ = -1;
+    if (::fsync(fd) != 0 || ::close(fd) != 0 || ::rename(temp_.c_str(), path_.c_str()) != 0) {
+      const std::string why = std::strerror(errno);
+      ::unlink(temp_.c_str());
+      throw image::image_error(path_ + ": cannot complete: " + why);
+    }
+  }
+
+ private:
+  std::string name() const { return path_.empty() ? "stdout" : temp_; }
+  std::string path_, temp_;
+  int fd_ = STDOUT_FILENO;
+};
+
+}  // namespace
+
+int cat_command(const std::string& path, const std::string& addr_text, const std::string& size_text,
+                const std::string& output) {
+  std::uint64_t addr = 0, size = 0;
+  if (!parse_size(addr_text, addr) || addr_text.find_first_not_of("0123456789abcdefABCDEFxX") != std::string::npos) {
+    std::fprintf(stderr, "cuda-ckpt cat: ADDR '%s' is not an address (0x hex or decimal)\n", addr_text.c_str());
+    return exit_usage;
+  }
+  if (!parse_size(size_text, size) || size == 0) {
+    std::fprintf(stderr, "cuda-ckpt cat: SIZE '%s' is not a size of at least 1 (0x hex or decimal, K/M/G/T)\n",
+                 size_text.c_str());
+    return exit_usage;
+  }
+  if (size > ~std::uint64_t{0} - addr) {
+    std::fprintf(stderr, "cuda-ckpt cat: %s + %s runs past the end of the address space\n", addr_text.c_str(),
+                 size_text.c_str());
+    return exit_usage;
+  }
+  const std::uint64_t end = addr + size;
+
+  const auto reader = image::reader::open(path);
+  // Every extent of every pool, by address (open() has checked that none overlap).
+  std::vector<const image::extent*> extents;
+  for (const auto& pool : reader.info().pools)
+    for (const auto& e : pool.extents) extents.push_back(&e);
+  std::sort(extents.begin(), extents.end(), [](const auto* a, const auto* b) { return a->addr < b->addr; });
+
+  // The whole range must be held before a byte goes out: a hole is named, not skipped or zero-filled.
+  std::vector<const image::extent*> touched;
+  std::uint64_t at = addr;
+  for (const auto* e : extents) {
+    if (at >= end) break;
+    if (e->addr + e->size <= at) continue;
+    if (e->addr > at) break;
+    touched.push_back(e);
+    at = e->addr + e->size;
+  }
+  if (at < end)
+    throw image::image_error(path + ": byte " + hex(at) + " is not in the image (no extent holds it; asked for " +
+                             hex(addr) + " + " + std::to_string(size) + " bytes)");
+
+  // Each extent is read whole, which is what its checksum covers, and checked by read() before any of
+  // its bytes are written: the memory needed is the largest extent touched.
+  sink out(output);
+  std::vector<unsigned char> bytes;
+  for (const auto* e : touched) {
+    bytes.resize(e->size);
+    reader.read(*e, bytes.data());
+    const std::uint64_t from = std::max(addr, e->addr), to = std::min(end, e->addr + e->size);
+    out.write(bytes.data() + (from - e->addr), to - from);
+  }
+  out.commit();
+  return exit_ok;
+}
+
+}  // namespace vmmckpt::tools
