@@ -230,31 +230,34 @@ int main(int argc, char** argv) try {
   const image_files one = write_image(
       scratch, "one", base_manifest({"./app", "--steps", "100"}, 1),
       {{0, base0, 512 * gran, {{base0, 4096, "cudaMalloc"}}, {{base0, 4096}}}});
+  // Pools lie as a process's do, device d's at base0 + d * size (image::validate), and every allocation
+  // is wholly in the image.
+  constexpr std::uint64_t size = 512 * gran;
   const image_files two_pools = write_image(
       scratch, "two-pools", base_manifest({"python3", "train.py", "--lr=3e-4"}, 2),
-      {{0, base0, 512 * gran,
+      {{0, base0, size,
         {{base0, 3000, "cudaMalloc"}, {base0 + gran, 5000, "cuMemAlloc"}, {base0 + 2 * gran, 100, "cudaMallocAsync"}},
-        {{base0, 1000}, {base0 + 1000, 2000}, {base0 + gran + 16, 4000}, {base0 + 2 * gran, 100}}},
-       {1, base0 + 1024 * gran, 512 * gran,
-        {{base0 + 1024 * gran, 1, "cudaMalloc"}, {base0 + 1025 * gran, 8192, "cudaMallocPitch"}},
-        {{base0 + 1024 * gran, 1}, {base0 + 1025 * gran + 4096, 4096}}}});
-  // Allocations without extents (never written to), a device without a pool, odd command bytes.
+        {{base0, 1000}, {base0 + 1000, 2000}, {base0 + gran, 5000}, {base0 + 2 * gran, 100}}},
+       {1, base0 + size, size,
+        {{base0 + size, 1, "cudaMalloc"}, {base0 + size + gran, 8192, "cudaMallocPitch"}},
+        {{base0 + size, 1}, {base0 + size + gran, 8192}}}});
+  // A device without a pool, pools not in device order, odd command bytes.
   const image_files sparse = write_image(
       scratch, "sparse", base_manifest({"./app", "caf\xc3\xa9", "", "\xe2\x82\xac"}, 3),
-      {{2, base0 + 2048 * gran, 4 * gran,
-        {{base0 + 2048 * gran, gran, "cudaMalloc"}, {base0 + 2049 * gran, 2 * gran, "cudaMalloc"}},
-        {{base0 + 2049 * gran + 7, 777}}},
-       {0, base0, 4 * gran, {{base0, 64, "cudaMalloc"}}, {}}});
+      {{2, base0 + 2 * size, size,
+        {{base0 + 2 * size, gran, "cudaMalloc"}, {base0 + 2 * size + gran, 2 * gran, "cudaMalloc"}},
+        {{base0 + 2 * size, gran}, {base0 + 2 * size + gran, 777}, {base0 + 2 * size + gran + 777, 2 * gran - 777}}},
+       {0, base0, size, {{base0, 64, "cudaMalloc"}}, {{base0, 64}}}});
 
   // The same two pools, their extents spread over three data files, as parallel dumps write them.
   const image_files striped = write_image(
       scratch, "striped", base_manifest({"python3", "train.py"}, 2),
-      {{0, base0, 512 * gran,
+      {{0, base0, size,
         {{base0, 3000, "cudaMalloc"}, {base0 + gran, 5000, "cuMemAlloc"}, {base0 + 2 * gran, 100, "cudaMallocAsync"}},
-        {{base0, 1000}, {base0 + 1000, 2000}, {base0 + gran + 16, 4000}, {base0 + 2 * gran, 100}}},
-       {1, base0 + 1024 * gran, 512 * gran,
-        {{base0 + 1024 * gran, 1, "cudaMalloc"}, {base0 + 1025 * gran, 8192, "cudaMallocPitch"}},
-        {{base0 + 1024 * gran, 1}, {base0 + 1025 * gran + 4096, 4096}}}},
+        {{base0, 1000}, {base0 + 1000, 2000}, {base0 + gran, 5000}, {base0 + 2 * gran, 100}}},
+       {1, base0 + size, size,
+        {{base0 + size, 1, "cudaMalloc"}, {base0 + size + gran, 8192, "cudaMallocPitch"}},
+        {{base0 + size, 1}, {base0 + size + gran, 8192}}}},
       3);
 
   for (const auto& [name, f] : {std::pair{"empty", &empty}, {"one", &one}, {"two-pools", &two_pools}, {"sparse", &sparse},
