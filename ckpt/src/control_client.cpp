@@ -256,11 +256,11 @@ std::vector<process_entry> list_processes() {
   const std::filesystem::path dir = protocol::runtime_dir();
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
-    if (name.size() < 6 || name.substr(name.size() - 5) != ".sock") continue;
+    if (name.size() < 6 || name.substr(name.size() - 5) != ".sock" || !entry.is_socket(ec)) continue;
     const pid_t pid = static_cast<pid_t>(std::strtol(name.c_str(), nullptr, 10));
     if (pid <= 0) continue;
     if (::kill(pid, 0) != 0 && errno == ESRCH) {
-      std::filesystem::remove(entry.path(), ec);  // left behind by a process that is gone
+      std::filesystem::remove(entry.path(), ec);  // a socket left behind by a process that is gone
       continue;
     }
     try {

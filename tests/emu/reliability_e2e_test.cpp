@@ -6,7 +6,10 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <fstream>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "e2e_support.hpp"
@@ -263,5 +266,46 @@ TEST_CASE("resume takes only the image its own suspend wrote", "[emu][reliabilit
   r = run_process({cuda_ckpt, "resume", pid});
   INFO(describe(r));
   REQUIRE(r.exit_code == 0);
+  REQUIRE(state_name(program->pid()) == "running");
+}
+
+TEST_CASE("gc removes what killed tools left behind, and keeps what a process depends on", "[emu][reliability]") {
+  scratch_dir dir;
+  auto program = start_writer();
+  const std::string pid = std::to_string(program->pid());
+  const auto killed_at = [&](const std::string& point, const fs::path& image) {
+    const auto r = run_process({cuda_ckpt, "suspend", pid, "-o", image.string()}, {{"VMMCKPT_TEST_FAULT", point}});
+    INFO(describe(r));
+    REQUIRE(r.signal == SIGKILL);
+  };
+  // Killed while writing: an unfinished image. Killed once the image was whole but before the request:
+  // an image with a pending claim whose tool is gone.
+  killed_at("writing", dir.path / "partial");
+  killed_at("verified", dir.path / "pending");
+  usleep(300'000);  // the program notices the closed connection and goes on
+  REQUIRE(state_name(program->pid()) == "running");
+  // Not a socket: a file that only looks like one must stay.
+  { std::ofstream(vmmckpt::protocol::runtime_dir() + "/999999.sock") << "not a socket"; }
+  // And one the program depends on: it is suspended on it.
+  REQUIRE(run_process({cuda_ckpt, "suspend", pid, "-o", (dir.path / "needed").string()}).exit_code == 0);
+
+  const auto gc = run_process({cuda_ckpt, "gc", "--json", dir.path.string()});
+  INFO(describe(gc));
+  REQUIRE(gc.exit_code == 0);
+  const auto report = nlohmann::json::parse(gc.out);
+  std::set<std::string> removed;
+  for (const auto& r : report.at("removed")) removed.insert(fs::path(r.at("path").get<std::string>()).filename().string());
+  REQUIRE(removed.count("pending") == 1);
+  REQUIRE(std::count_if(removed.begin(), removed.end(),
+                        [](const std::string& n) { return n.rfind("partial.partial-", 0) == 0; }) == 1);
+  REQUIRE(fs::exists(dir.path / "needed" / "suspend.accepted"));
+  REQUIRE(fs::exists(vmmckpt::protocol::runtime_dir() + "/999999.sock"));
+  fs::remove(vmmckpt::protocol::runtime_dir() + "/999999.sock");
+  for (const auto& entry : fs::directory_iterator(dir.path))
+    REQUIRE(entry.path().filename().string().find(".partial-") == std::string::npos);
+  // Resumed, the program no longer needs its image: the next gc takes it.
+  REQUIRE(run_process({cuda_ckpt, "resume", pid}).exit_code == 0);
+  REQUIRE(run_process({cuda_ckpt, "gc", dir.path.string()}).exit_code == 0);
+  REQUIRE_FALSE(fs::exists(dir.path / "needed"));
   REQUIRE(state_name(program->pid()) == "running");
 }

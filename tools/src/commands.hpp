@@ -36,6 +36,7 @@ int suspend_command(const suspend_command_options& options);
 int resume_command(pid_t pid, bool json);
 
 int inspect_command(const std::string& image, bool json);
+int gc_command(const std::vector<std::string>& dirs, bool dry_run, bool json);
 int restore_command(const std::string& image, bool replay, int device, bool verify_first,
                     const std::vector<std::string>& command);
 int verify_command(const std::string& image, bool json);

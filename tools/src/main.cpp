@@ -103,6 +103,18 @@ int main(int argc, char** argv) {
       "damaged (the bytes before it, all checked, may have been written; with -o no file is left).");
 
   suspend_command_options suspend_options;
+  std::vector<std::string> gc_dirs;
+  bool gc_dry_run = false, gc_json = false;
+  auto* gc = app.add_subcommand("gc", "Remove what killed tools left behind, when no process depends on it");
+  gc->add_option("dirs", gc_dirs, "Directories to scan (default: the default suspend directory, /dev/shm/vmmckpt-UID)");
+  gc->add_flag("--dry-run", gc_dry_run, "Say what would be removed, remove nothing");
+  gc->add_flag("--json", gc_json, "Print the result as JSON");
+  gc->footer(
+      "Removes unfinished images (NAME.partial-PID-...) whose writer is gone; suspend images nobody depends on\n"
+      "(withdrawn, or whose tool died before the program took them, or whose program is gone or resumed);\n"
+      "and control sockets of processes that are gone. A suspend image of a process that does not answer\n"
+      "(stopped, busy) stays.");
+
   auto* suspend = app.add_subcommand("suspend", "Save a process's GPU memory and free it; the process waits");
   suspend->add_option("pid", suspend_options.pid, "The process (running under vmmckpt)")->required();
   suspend->add_option("-o,--output", suspend_options.output,
@@ -188,6 +200,7 @@ int main(int argc, char** argv) {
                                            trailing_command);
     if (*suspend) return suspend_command(suspend_options);
     if (*resume) return resume_command(resume_pid, resume_json);
+    if (*gc) return gc_command(gc_dirs, gc_dry_run, gc_json);
   } catch (const vmmckpt::ckpt::tool_error& e) {
     std::cerr << "cuda-ckpt " << command << ": " << e.what() << "\n";
     return exit_failure;

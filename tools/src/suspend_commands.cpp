@@ -14,23 +14,10 @@
 #include "exit_codes.hpp"
 #include "output.hpp"
 #include "vmmckpt/ckpt/control_client.hpp"
+#include "vmmckpt/ckpt/leftovers.hpp"
 #include "vmmckpt/ckpt/suspend.hpp"
 
 namespace vmmckpt::tools {
-namespace {
-
-// Suspended images live in memory by default: a per-user directory on /dev/shm.
-std::filesystem::path default_suspend_dir() {
-  const std::filesystem::path dir = "/dev/shm/vmmckpt-" + std::to_string(::geteuid());
-  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
-    throw ckpt::tool_error("cannot create " + dir.string() + ": " + std::strerror(errno));
-  struct stat st{};
-  if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 077) != 0)
-    throw ckpt::tool_error(dir.string() + " is not a private directory of ours; use -o DIR");
-  return dir;
-}
-
-}  // namespace
 
 int suspend_command(const suspend_command_options& o) {
   ckpt::suspend_options options;
@@ -42,7 +29,7 @@ int suspend_command(const suspend_command_options& o) {
     char stamp[32];
     const std::time_t t = std::time(nullptr);
     std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&t));
-    options.output = default_suspend_dir() / ("suspend-" + std::to_string(o.pid) + "-" + stamp);
+    options.output = ckpt::default_suspend_dir() / ("suspend-" + std::to_string(o.pid) + "-" + stamp);
   } else {
     options.output = o.output;
   }
