@@ -193,6 +193,8 @@ def target_rows(res):
     rows.append(noisy_target(res, "torch", "PyTorch training step", 1,
                              [("fastest step", "min_ms"), ("median step", "median_ms")]))
 
+    rows.extend(many_target_rows(res))
+
     f = res.one("frag", mode="shim")
     if f:
         bound = 1.1 * f["live_bytes"] + GROWTH_STEP
@@ -204,6 +206,55 @@ def target_rows(res):
     else:
         rows.append(("physical memory held (fragmenting pattern)", "≤ 1.1 × live + 64 MiB", "not measured", "–"))
     return rows
+
+
+def many_target_rows(res):
+    """The program's hold with 200 000 small allocations against one allocation of the same bytes, and
+    verify of a million allocations."""
+    rows = []
+    for bench, what in (("many_dump", "dump"), ("many_suspend", "suspend")):
+        one, small = res.one(bench, shape="one"), res.one(bench, shape="small")
+        if one and small and one.get("hold_ms") is not None and small.get("hold_ms") is not None:
+            extra = small["hold_ms"] - one["hold_ms"]
+            rows.append((f"program held during a {what}, {small['bytes_live'] // 256:,} allocations of 256 B",
+                         "≤ one allocation's + 50 ms",
+                         f"{num(small['hold_ms'], 1)} ms against {num(one['hold_ms'], 1)} ms (+{num(extra, 1)} ms)",
+                         verdict(extra <= 50)))
+        else:
+            rows.append((f"program held during a {what}, 200 704 allocations of 256 B", "≤ one allocation's + 50 ms",
+                         "not measured", "–"))
+    big = [r for r in res.get("many_verify", shape="small") if r.get("allocations", 0) >= 1_000_000]
+    if big:
+        r = big[0]
+        rss = f", {num(r['max_rss_kb'] / 1024, 0)} MiB of memory" if r.get("max_rss_kb") else ""
+        rows.append((f"verify of {r['allocations']:,} allocations", "≤ 2 s", f"{num(r['seconds'])} s{rss}",
+                     verdict(r["seconds"] <= 2)))
+    else:
+        rows.append(("verify of 1 M allocations", "≤ 2 s", "not measured", "–"))
+    return rows
+
+
+def many_table(res):
+    rows = []
+    for shape in ("one", "small"):
+        d, s, r = res.one("many_dump", shape=shape), res.one("many_suspend", shape=shape), res.one("many_resume", shape=shape)
+        if not d:
+            continue
+        rs = res.one("many_restore", shape=shape)
+        v = [x for x in res.get("many_verify", shape=shape) if x.get("bytes_live") == d.get("bytes_live")
+             and x.get("allocations", 0) < 1_000_000]
+        label = (f"{bytes_label(d['bytes_live'])} as one allocation" if shape == "one"
+                 else f"{bytes_label(d['bytes_live'])} as {d['bytes_live'] // 256:,} allocations of 256 B")
+        rows.append((label, num(d.get("hold_ms"), 1), num(d.get("seconds"), 3),
+                     num(s.get("hold_ms"), 1) if s else "–", num(s.get("seconds"), 3) if s else "–",
+                     num(r.get("seconds"), 3) if r else "–", num(rs.get("seconds"), 3) if rs else "–",
+                     num(v[0]["seconds"], 3) if v else "–"))
+    for x in res.get("many_verify", shape="small"):
+        if x.get("allocations", 0) >= 1_000_000:
+            rows.append((f"{x['allocations']:,} allocations of 256 B", "–", "–", "–", "–", "–", "–",
+                         num(x["seconds"], 3)))
+    return table(["program", "dump: held ms", "dump s", "suspend: held ms", "suspend s", "resume s",
+                  "restore s", "verify s"], rows)
 
 
 def spread(res, bench, field):
@@ -647,6 +698,11 @@ def markdown(res, plots, img_rel):
                 dump_table(res), "dump_restore.png")
         if plots and "hold.png" in plots:
             md.extend([f"![held]({img_rel}/hold.png)", ""])
+    if res.get("many_dump"):
+        section("Many small allocations", "The same bytes (49 MiB) as one allocation and as 200 704 allocations of "
+                "256 bytes (`bench/fill.cu --piece-bytes 256`), in tmpfs: how long the program is held by a dump and "
+                "a suspend, resume, restore into a new process (the shim's own time), and `verify` (the command); "
+                "then `verify` of an image of a million allocations.", many_table(res))
     if res.get("suspend") or res.get("resume"):
         section("Suspend and resume",
                 "`cuda-ckpt suspend` (until the GPU memory is free) and `cuda-ckpt resume` of a live program, which "

@@ -31,8 +31,8 @@ import sys
 import threading
 import time
 
-GPU_PARTS = ["limits", "dump", "driver", "alloc", "launch", "torch", "frag"]
-CPU_PARTS = ["allocator", "limits", "dump"]
+GPU_PARTS = ["limits", "dump", "many", "driver", "alloc", "launch", "torch", "frag"]
+CPU_PARTS = ["allocator", "limits", "dump", "many"]
 GIB = 1 << 30
 MIB = 1 << 20
 RESTORE_LOG = re.compile(r"restore: (\d+) allocations, (\d+) bytes from .* in ([0-9.]+) s")
@@ -483,6 +483,73 @@ class Bench:
                                   f"resume-{s}-{where}")
             self.record_tool("resume", proc, tags, wall)
             prog.check(check_timeout)
+
+    def part_many(self):
+        """Many small allocations against one allocation of the same bytes: the program's hold during a dump
+        and a suspend, resume, restore into a new process, and verify; then verify of a million allocations."""
+        directory = self.args.tmpfs_dir
+        os.makedirs(directory, exist_ok=True)
+        mib = 49  # 200 704 allocations of 256 bytes
+        for shape, piece in (("one", mib * MIB), ("small", 256)):
+            try:
+                self.many_one(directory, mib, shape, piece)
+            except (BenchError, OSError) as e:
+                self.error("many", e, shape=shape)
+            finally:
+                for name in glob.glob(os.path.join(directory, "many-*")):
+                    shutil.rmtree(name, ignore_errors=True)
+        try:
+            self.many_verify(directory, 245)  # 1 003 520 allocations of 256 bytes
+        except (BenchError, OSError) as e:
+            self.error("many", e, shape="verify")
+        finally:
+            for name in glob.glob(os.path.join(directory, "many-*")):
+                shutil.rmtree(name, ignore_errors=True)
+
+    def many_fill(self, mib, piece, pointers):
+        return [self.cuda_ckpt, "run", "--", self.fill, "--mib", str(mib), "--piece-bytes", str(piece),
+                "--pointers", pointers]
+
+    def many_one(self, directory, mib, shape, piece):
+        pointers = os.path.join(self.out, f"pointers-many-{shape}.txt")
+        image = os.path.join(directory, f"many-{shape}")
+        suspended = os.path.join(directory, f"many-{shape}-suspend")
+        tags = {"shape": shape, "bytes_live": mib * MIB}
+        log(f"many: {(mib * MIB) // piece} allocations of {piece} bytes")
+        with FillProgram(self, self.many_fill(mib, piece, pointers), f"fill-many-{shape}") as prog:
+            prog.wait_line("ready", 300)
+            proc, wall = self.run([self.cuda_ckpt, "dump", str(prog.pid), "-o", image, "--json"], 600,
+                                  f"many-dump-{shape}")
+            self.record_tool("many_dump", proc, tags, wall)
+            prog.check(300)
+            proc, wall = self.run([self.cuda_ckpt, "suspend", str(prog.pid), "-o", suspended, "--json"], 600,
+                                  f"many-suspend-{shape}")
+            self.record_tool("many_suspend", proc, tags, wall)
+            proc, wall = self.run([self.cuda_ckpt, "resume", str(prog.pid), "--json"], 600, f"many-resume-{shape}")
+            self.record_tool("many_resume", proc, tags, wall)
+            prog.check(300)
+        proc, wall = self.run([self.cuda_ckpt, "verify", image], 600, f"many-verify-{shape}")
+        self.record(dict(tags, bench="many_verify", seconds=wall))
+        proc, wall = self.run([self.cuda_ckpt, "restore", "--no-verify", image, "--", self.fill, "--verify-pointers",
+                               pointers], 600, f"many-restore-{shape}", env=dict(self.env, VMMCKPT_LOG_LEVEL="info"),
+                              check=False)
+        m = RESTORE_LOG.search(proc.stderr_text)
+        if proc.returncode != 0 or not m:
+            raise BenchError(f"restore: exit {proc.returncode}, {proc.stderr_text.strip()[-800:]}")
+        self.record(dict(tags, bench="many_restore", seconds=float(m.group(3)), wall_s=wall))
+
+    def many_verify(self, directory, mib):
+        pointers = os.path.join(self.out, "pointers-many-verify.txt")
+        image = os.path.join(directory, "many-verify")
+        log(f"many: verify of {(mib * MIB) // 256} allocations")
+        with FillProgram(self, self.many_fill(mib, 256, pointers), "fill-many-verify") as prog:
+            prog.wait_line("ready", 600)
+            self.run([self.cuda_ckpt, "dump", str(prog.pid), "-o", image], 600, "many-verify-dump")
+        proc, wall = self.run(["/usr/bin/time", "-f", "max_rss_kb %M", self.cuda_ckpt, "verify", image], 600,
+                              "many-verify-verify")
+        rss = re.search(r"max_rss_kb (\d+)", proc.stderr_text)
+        self.record({"bench": "many_verify", "shape": "small", "allocations": (mib * MIB) // 256,
+                     "bytes_live": mib * MIB, "seconds": wall, "max_rss_kb": int(rss.group(1)) if rss else None})
 
     def record_tool(self, bench, proc, tags, wall, **extra):
         """Records what `cuda-ckpt dump|suspend|resume --json` printed (all of it: its fields grow)."""

@@ -57,6 +57,7 @@ int suspend_command(const suspend_command_options& o) {
                        {"bytes", r.manifest.data_bytes},
                        {"freed_bytes", r.freed_bytes},
                        {"device_used_bytes_after", r.device_used_after},
+                       {"hold_ms", r.hold_ms},
                        {"seconds", seconds}};
     out.update(timings_json(r));
     std::cout << out.dump(2) << "\n";
