@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <exception>
 #include <mutex>
 #include <vector>
@@ -16,24 +17,27 @@ namespace {
 
 using clock = std::chrono::steady_clock;
 
-// A piece of an allocation, stored as one extent; big allocations are cut into chunk-sized
-// extents so that several writer threads share them.
+// A piece of an allocation: where its bytes are in the chunk's buffer after the copy.
 struct piece {
-  std::size_t pool;       // index into the manifest's pools
-  std::size_t extent;     // index into that pool's extents
-  std::uint64_t addr;
-  std::uint64_t size;
-  std::uint64_t offset;   // where its bytes are in the chunk's buffer
-};
-// One copy: a run of the program's memory holding one or more pieces and the gaps between them.
-// Copying small allocations one by one costs a driver call each (200 000 of them take most of a
-// second); a run costs one, and the gaps' bytes are never written to the image.
-struct span {
   std::uint64_t addr;
   std::uint64_t size;
   std::uint64_t offset;  // in the chunk's buffer
 };
-// One staging buffer's worth of spans, copied back to back; its pieces go to one data file.
+// One copy and one extent: a run of a pool's memory holding pieces of one or more allocations and
+// the gaps between them. Copying small allocations one by one costs a driver call each (200 000
+// of them take most of a second), and writing each as an extent of its own costs as much again; a
+// span costs one of each. Its pieces' bytes, packed, are the extent's stored bytes: the gaps are
+// copied along but never written to the image.
+struct span {
+  std::size_t pool;      // index into the manifest's pools
+  std::size_t extent;    // index into that pool's extents
+  std::uint64_t addr;
+  std::uint64_t size;
+  std::uint64_t offset;  // in the chunk's buffer
+  std::uint64_t stored;  // its pieces' bytes
+  std::size_t first_piece, piece_count;
+};
+// One staging buffer's worth of spans, copied back to back; its extents go to one data file.
 struct chunk {
   std::vector<piece> pieces;
   std::vector<span> spans;
@@ -43,28 +47,33 @@ struct chunk {
 // A gap up to this size between two pieces is copied with them rather than split into two copies.
 constexpr std::uint64_t max_gap = 64 << 10;
 
-// Cuts every pool's allocations into extents of at most chunk_bytes and packs them into chunks, in
+// Cuts every pool's allocations into pieces of at most chunk_bytes and packs them into chunks, in
 // manifest order, joining nearby pieces into one span where `readable` says the memory between them
-// is mapped. Writers take chunks in that order, so each data file gets its extents in it.
+// is mapped. Each span is one extent of the manifest. Writers take chunks in that order, so each
+// data file gets its extents in it.
 std::vector<chunk> plan_chunks(image::manifest& m, std::uint64_t chunk_bytes, std::uint32_t files,
                                const std::function<bool(std::uint64_t, std::uint64_t)>& readable) {
   std::vector<chunk> chunks(1);
   for (std::size_t p = 0; p < m.pools.size(); ++p) {
     auto& pool = m.pools[p];
     pool.extents.clear();
+    bool pool_has_span = false;  // spans never join across pools
     for (const auto& a : pool.allocations) {
       for (std::uint64_t done = 0; done < a.size;) {
         chunk* c = &chunks.back();
         const std::uint64_t addr = a.addr + done;
         // Joined to the chunk's last span when the gap is small, mapped, and the chunk has room.
-        if (!c->spans.empty()) {
+        if (pool_has_span && !c->spans.empty()) {
           span& last = c->spans.back();
           const std::uint64_t end = last.addr + last.size;
           if (addr >= end && addr - end <= max_gap && c->bytes + (addr - end) < chunk_bytes && readable(end, addr - end)) {
             const std::uint64_t n = std::min(a.size - done, chunk_bytes - c->bytes - (addr - end));
-            c->pieces.push_back({p, pool.extents.size(), addr, n, last.offset + (addr - last.addr)});
-            pool.extents.push_back({addr, n, 0, 0, 0});
+            c->pieces.push_back({addr, n, last.offset + (addr - last.addr)});
             last.size = addr + n - last.addr;
+            last.stored += n;
+            ++last.piece_count;
+            pool.extents.back().size = last.size;
+            pool.extents.back().stored = last.stored;
             c->bytes = last.offset + last.size;
             done += n;
             continue;
@@ -75,9 +84,10 @@ std::vector<chunk> plan_chunks(image::manifest& m, std::uint64_t chunk_bytes, st
           c = &chunks.back();
         }
         const std::uint64_t n = std::min(a.size - done, chunk_bytes - c->bytes);
-        c->spans.push_back({addr, n, c->bytes});
-        c->pieces.push_back({p, pool.extents.size(), addr, n, c->bytes});
-        pool.extents.push_back({addr, n, 0, 0, 0});
+        c->spans.push_back({p, pool.extents.size(), addr, n, c->bytes, n, c->pieces.size(), 1});
+        c->pieces.push_back({addr, n, c->bytes});
+        pool.extents.push_back({addr, n, n, 0, 0, 0});
+        pool_has_span = true;
         c->bytes += n;
         done += n;
       }
@@ -86,6 +96,19 @@ std::vector<chunk> plan_chunks(image::manifest& m, std::uint64_t chunk_bytes, st
   if (chunks.back().bytes == 0) chunks.pop_back();
   m.data_files = files;  // a file whose writer takes no chunk stays empty
   return chunks;
+}
+
+// Packs a span's pieces together at its start in the buffer: its stored bytes. The pieces lie in
+// address order, each at or after where it goes, so moving them front to back overwrites nothing
+// still needed.
+const unsigned char* pack(unsigned char* buffer, const chunk& c, const span& sp) {
+  unsigned char* at = buffer + sp.offset;
+  for (std::size_t k = sp.first_piece; k < sp.first_piece + sp.piece_count; ++k) {
+    const piece& pc = c.pieces[k];
+    if (buffer + pc.offset != at) std::memmove(at, buffer + pc.offset, pc.size);
+    at += pc.size;
+  }
+  return buffer + sp.offset;
 }
 
 }  // namespace
@@ -212,9 +235,10 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
   // thread (one data file each) takes the next copied chunk and appends it, so PCIe and storage
   // overlap and the file system takes several files at once (it serializes writes to one file).
   const auto chunks = plan_chunks(m, settings_.chunk_bytes, writer.files(), readable);
+  result.mark("planned");
   std::uint64_t total = 0;  // the image's bytes (without the gaps copied along)
   for (const auto& c : chunks)
-    for (const piece& pc : c.pieces) total += pc.size;
+    for (const span& sp : c.spans) total += sp.stored;
 
   std::mutex mutex;
   std::condition_variable changed;
@@ -255,11 +279,11 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
         VMMCKPT_CUDA_TRY(cuEventSynchronize(st.events[b]));
         waiting += std::chrono::duration<double>(clock::now() - wait_start).count();
         std::uint64_t chunk_total = 0;
-        for (const piece& pc : chunks[c].pieces) {
-          writer.begin_extent(file, pc.addr, pc.size);
-          writer.write(file, st.buffers[b] + pc.offset, pc.size);
-          m.pools[pc.pool].extents[pc.extent] = writer.end_extent(file);
-          chunk_total += pc.size;
+        for (const span& sp : chunks[c].spans) {
+          writer.begin_extent(file, sp.addr, sp.size, sp.stored);
+          writer.write(file, pack(st.buffers[b], chunks[c], sp), sp.stored);
+          m.pools[sp.pool].extents[sp.extent] = writer.end_extent(file);
+          chunk_total += sp.stored;
         }
         std::uint64_t done;
         {
@@ -323,7 +347,7 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
       for (const span& sp : chunks[c].spans)
         VMMCKPT_CUDA_TRY(cuMemcpyDtoDAsync(at + sp.offset, sp.addr, sp.size, st.streams[0]));
       at += chunks[c].bytes;
-      for (const piece& pc : chunks[c].pieces) snapshot_bytes += pc.size;
+      for (const span& sp : chunks[c].spans) snapshot_bytes += sp.stored;
     }
     if (first_in_snapshot == 0) release_when_copied();
   }

@@ -32,6 +32,7 @@ dump_result dump(const dump_options& options, const progress_callback& progress)
   image::manifest& m = result.manifest;
   s.describe_process(m);
   held_memory memory(s, held, fds, m);
+  result.mark("mapped");
 
   // The driver's cuCheckpointProcessLock is deliberately not taken as well: a tool that dies
   // holding it leaves the program locked for good (the driver does not release it), and a crashed

@@ -7,6 +7,7 @@
 
 #include "cuda_check.hpp"
 #include "session.hpp"
+#include "vmmckpt/address_ranges.hpp"
 #include "vmmckpt/hex_text.hpp"
 
 namespace vmmckpt::ckpt {
@@ -53,26 +54,15 @@ class held_memory::pool_mapping {
     if (mapped != CUDA_SUCCESS) cuMemRelease(handle);
     VMMCKPT_CUDA_TRY(mapped);
     mapped_.push_back({addr, size, handle});
-    sorted_ = false;
     VMMCKPT_CUDA_TRY(cuMemSetAccess(addr, size, &access_, 1));
   }
 
-  // True when [addr, addr + size) is wholly mapped. The segments arrive in address order, so the
-  // one holding each address is found by binary search: a million allocations check in milliseconds.
-  bool covers(std::uint64_t addr, std::uint64_t size) const {
-    if (!sorted_) {
-      std::sort(mapped_.begin(), mapped_.end(), [](const mapped& a, const mapped& b) { return a.addr < b.addr; });
-      sorted_ = true;
-    }
-    for (std::uint64_t cursor = addr; cursor < addr + size;) {
-      auto it = std::upper_bound(mapped_.begin(), mapped_.end(), cursor,
-                                 [](std::uint64_t a, const mapped& m) { return a < m.addr; });
-      if (it == mapped_.begin()) return false;
-      --it;
-      if (cursor >= it->addr + it->size) return false;
-      cursor = it->addr + it->size;
-    }
-    return true;
+  // True when [addr, addr + size) is wholly mapped; after the last map().
+  bool covers(std::uint64_t addr, std::uint64_t size) const { return ranges_.covers(addr, size); }
+  void mapping_done() {
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
+    for (const auto& m : mapped_) ranges.emplace_back(m.addr, m.size);
+    ranges_ = address_ranges(std::move(ranges));
   }
   bool contains(std::uint64_t addr) const { return addr - base_ < size_; }
 
@@ -84,8 +74,8 @@ class held_memory::pool_mapping {
   std::uint64_t base_ = 0, size_ = 0;
   bool reserved_ = false;
   CUmemAccessDesc access_{};
-  mutable std::vector<mapped> mapped_;
-  mutable bool sorted_ = true;
+  std::vector<mapped> mapped_;
+  address_ranges ranges_;
 };
 
 held_memory::held_memory(session& s, const control::dump_begin_reply& held, received_fds& fds, image::manifest& m) {
@@ -105,11 +95,11 @@ held_memory::held_memory(session& s, const control::dump_begin_reply& held, rece
       if (next_fd >= fds.size()) throw tool_error("the program sent fewer handles than segments");
       pools_.back()->map(segment.addr, segment.size, fds.take(next_fd++));
     }
-    for (const auto& a : p.allocations) {
+    pools_.back()->mapping_done();
+    for (const auto& a : p.allocations)
       if (!pools_.back()->covers(a.addr, a.size))
         throw tool_error("allocation at " + hex(a.addr) + " is not backed by the handles sent");
-      pool.allocations.push_back({a.addr, a.size, a.api});
-    }
+    pool.allocations = p.allocations;
     m.pools.push_back(std::move(pool));
   }
 }

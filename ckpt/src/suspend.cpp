@@ -47,6 +47,7 @@ suspend_result suspend(const suspend_options& options, const progress_callback& 
   image::manifest& m = result.manifest;
   s.describe_process(m);
   held_memory memory(s, held, fds, m);
+  result.mark("mapped");
   bool snapshot_used = false;
   std::uint64_t snapshot_bytes = 0;
   pipeline.copy(

@@ -398,8 +398,7 @@ std::string encode_allocation_table(const dump_begin_reply& r) {
   auto* at = reinterpret_cast<unsigned char*>(out.data());
   for (const auto& p : r.pools)
     for (const auto& a : p.allocations) {
-      const auto api = alloc_api_from_name(a.api);
-      put_allocation_record(at, {a.addr, a.size, api ? static_cast<std::uint32_t>(*api) : 0u, 0});
+      put_allocation_record(at, {a.addr, a.size, static_cast<std::uint32_t>(a.api), 0});
       at += allocation_record_size;
     }
   return out;
@@ -426,7 +425,7 @@ void decode_allocation_table(const std::string& table, dump_begin_reply& r) {
       if (!api || rec.reserved != 0)
         throw decode_error("pools[" + std::to_string(i) + "].allocations[" + std::to_string(k) +
                            "]: not a valid allocation record (API " + std::to_string(rec.api) + ")");
-      p.allocations.push_back({rec.addr, rec.size, std::string(name_of(*api))});
+      p.allocations.push_back({rec.addr, rec.size, *api});
     }
   }
 }
@@ -438,7 +437,7 @@ std::vector<example> example_messages() {
                     "/dev/shm/vmmckpt-1000/suspend-4242-20261123-101500", {h200},
                     {{0, 0x200000000000, 549755813888, 1073741824, 12, 1140850688}}};
   dump_begin_reply held{2, 30'000, {h200}, {{0, 0x200000000000, 549755813888, 2097152, 1,
-                                     {{0x200000000000, 4096, "cudaMalloc"}}, {{0x200000000000, 67108864}}}}};
+                                     {{0x200000000000, 4096, vmmckpt::alloc_api::cuda_malloc}}, {{0x200000000000, 67108864}}}}};
   return {
       {op::hello, encode(request{hello_request{}}), encode(hello)},
       {op::dump_begin, encode(request{dump_begin_request{30'000, 1795430130000}}), encode(held)},

@@ -218,23 +218,59 @@ pool_stats device_pool::stats() const {
   return s;
 }
 
-std::vector<range_allocator::block> device_pool::live_blocks() const {
+std::vector<allocation> device_pool::live_allocations() const {
   // One shard at a time: a snapshot of all of them at once only while the program allocates nothing
   // (a dump holds it at the gate). The pool's lock first, as every user of a shard holds it or a cache's.
   std::lock_guard lock(mutex_);
-  std::vector<range_allocator::block> out;
   std::size_t count = 0;
   for (const live_shard& shard : shards_) {
     std::lock_guard shard_lock(shard.mutex);
     count += shard.blocks.size();
   }
+  std::vector<allocation> out;
   out.reserve(count);
-  for (const live_shard& shard : shards_) {
-    std::lock_guard shard_lock(shard.mutex);
-    for (const auto& [addr, b] : shard.blocks)
-      out.push_back({addr, range_allocator::rounded_size(b.requested), b.requested, b.tag});
+  // The shards are walked side by side, one entry of each in turn: a hash map's entries are nodes
+  // scattered through memory, and walking one map waits on every node's cache miss in turn, while
+  // the walks of different maps are independent, so the processor overlaps their misses (several
+  // times faster with 200 000 blocks). Every shard's lock is taken, in index order.
+  using iterator = live_map::const_iterator;
+  std::array<std::pair<iterator, iterator>, std::size_t{1} << shard_bits> walks;
+  std::array<std::unique_lock<adaptive_mutex>, std::size_t{1} << shard_bits> shard_locks;
+  for (std::size_t s = 0; s < shards_.size(); ++s) {
+    shard_locks[s] = std::unique_lock(shards_[s].mutex);
+    walks[s] = {shards_[s].blocks.cbegin(), shards_[s].blocks.cend()};
   }
-  std::sort(out.begin(), out.end(), [](const auto& x, const auto& y) { return x.addr < y.addr; });
+  for (bool more = true; more;) {
+    more = false;
+    for (auto& [it, end] : walks)
+      if (it != end) {
+        out.push_back({it->first, it->second.requested, static_cast<alloc_api>(it->second.tag)});
+        ++it;
+        more = true;
+      }
+  }
+  // The shards hash addresses, so the blocks come out of order. Sorted by their 512-byte unit in the
+  // pool, 11 bits a pass (a 512 GiB pool takes three): linear, where a comparison sort of 200 000
+  // blocks takes tens of milliseconds of the program's hold.
+  std::vector<allocation> spare(out.size());
+  constexpr int digit_bits = 11;
+  std::uint64_t top = 0;
+  for (const auto& a : out) top = std::max(top, (a.addr - base_) >> 9);
+  for (int shift = 0; (top >> shift) != 0; shift += digit_bits) {
+    std::array<std::size_t, (1 << digit_bits) + 1> start{};
+    auto digit = [&](const allocation& a) { return (((a.addr - base_) >> 9) >> shift) & ((1u << digit_bits) - 1); };
+    for (const auto& a : out) ++start[digit(a) + 1];
+    for (std::size_t d = 1; d < start.size(); ++d) start[d] += start[d - 1];
+    for (const auto& a : out) spare[start[digit(a)]++] = a;
+    out.swap(spare);
+  }
+  return out;
+}
+
+std::vector<range_allocator::block> device_pool::live_blocks() const {
+  std::vector<range_allocator::block> out;
+  for (const auto& a : live_allocations())
+    out.push_back({a.addr, range_allocator::rounded_size(a.size), a.size, static_cast<std::uint32_t>(a.api)});
   return out;
 }
 

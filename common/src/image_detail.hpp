@@ -42,7 +42,8 @@ inline constexpr std::size_t max_json_depth = 16;
 // records, u64 pools, zeros), then each pool's allocation records followed by its extent records.
 inline constexpr std::size_t tables_header_size = 64;
 inline constexpr std::array<char, 12> tables_magic = {'V', 'M', 'M', 'C', 'K', 'P', 'T', 'T', 'A', 'B', 'L', 'E'};
-inline constexpr std::size_t extent_record_size = 40;      // u64 addr, u64 size, u64 offset, u64 checksum, u32 file, u32 zero
+// u64 addr, u64 size, u64 stored, u64 offset, u64 checksum, u32 file, u32 zero
+inline constexpr std::size_t extent_record_size = 48;
 
 // The tables of m's pools, as tables.bin holds them.
 std::string encode_tables(const manifest& m);

@@ -99,7 +99,7 @@ struct reader::impl {
     auto it = std::lower_bound(by_place.begin(), by_place.end(), key);
     if (it != by_place.end() && it->file == e.file && it->offset == e.offset) {
       const extent& mine = info.pools[it->pool].extents[it->index];
-      if (mine.addr == e.addr && mine.size == e.size && mine.checksum == e.checksum) return *it;
+      if (mine.addr == e.addr && mine.size == e.size && mine.stored == e.stored && mine.checksum == e.checksum) return *it;
     }
     fail(dir.string() + ": the extent at " + hex(e.addr) + " (data file " + std::to_string(e.file) + ", offset " +
          std::to_string(e.offset) + ") is not an extent of this image");
@@ -119,7 +119,7 @@ struct reader::impl {
     XXH3_state_t state;
     XXH3_64bits_reset(&state);
     std::unique_ptr<detail::background_hasher> own;
-    if (e.size < background_hash_from) {
+    if (e.stored < background_hash_from) {
       hasher = nullptr;
     } else if (hasher == nullptr) {
       own = std::make_unique<detail::background_hasher>();
@@ -129,8 +129,8 @@ struct reader::impl {
       std::optional<detail::hash_waiter> done;
       if (hasher != nullptr) done.emplace(*hasher);
       std::uint64_t at = 0;
-      for (std::size_t k = 0; at < e.size; ++k) {
-        const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(read_piece, e.size - at));
+      for (std::size_t k = 0; at < e.stored; ++k) {
+        const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(read_piece, e.stored - at));
         unsigned char* p = advance ? dst + at : dst + (k % 2) * read_piece;
         // When pieces alternate, start() below has already waited for the hash of the piece
         // that last used this half.
@@ -206,7 +206,7 @@ reader reader::open(const std::filesystem::path& dir) {
   // Each data file: header first, then its exact size.
   std::vector<std::uint64_t> payloads(r->info.data_files, 0);
   for (const pool& p : r->info.pools)
-    for (const extent& e : p.extents) payloads[e.file] += e.size;  // validate() keeps these from overflowing
+    for (const extent& e : p.extents) payloads[e.file] += e.stored;  // validate() keeps these from overflowing
   for (std::uint32_t k = 0; k < r->info.data_files; ++k) {
     const std::string file_name = detail::data_file_name(k);
     r->data_paths.push_back((dir / file_name).string());
@@ -254,10 +254,47 @@ void reader::read(const extent& e, void* dst) const {
 void reader::read_part(const extent& e, std::uint64_t offset, std::uint64_t size, void* dst) const {
   const auto& l = impl_->locate(e);
   const extent& known = impl_->info.pools[l.pool].extents[l.index];
-  if (offset > known.size || size > known.size - offset)
+  if (offset > known.stored || size > known.stored - offset)
     fail(impl_->data_paths[known.file] + ": read past the end of the extent at " + hex(known.addr));
   pread_all(impl_->data_fds[known.file], dst, size, detail::data_header_size + known.offset + offset,
             impl_->data_paths[known.file]);
+}
+
+void reader::read_range(std::uint64_t addr, std::uint64_t size,
+                        const std::function<void(const unsigned char*, std::size_t)>& out) const {
+  const manifest& m = impl_->info;
+  const std::uint64_t end = addr + size;
+  auto missing = [&](std::uint64_t at) {
+    fail(impl_->dir.string() + ": byte " + hex(at) + " is not in the image (no allocation of it holds it; asked for " +
+         hex(addr) + " + " + std::to_string(size) + " bytes)");
+  };
+  if (size == 0) return;
+  if (end < addr) missing(addr);
+  const pool* in = nullptr;
+  for (const pool& p : m.pools)
+    if (addr >= p.base && addr - p.base < p.size) in = &p;
+  if (in == nullptr) missing(addr);
+  const pool& p = *in;
+  // The whole range must be in allocations before a byte goes out: a hole is named, not skipped.
+  auto a = std::upper_bound(p.allocations.begin(), p.allocations.end(), addr,
+                            [](std::uint64_t at, const allocation& x) { return at < x.addr + x.size; });
+  for (std::uint64_t at = addr; at < end; ++a) {
+    if (a == p.allocations.end() || a->addr > at) missing(at);
+    at = a->addr + a->size;  // validate() keeps this from overflowing
+  }
+  // Each extent touched is read whole (what its checksum covers) and checked, then the parts of its
+  // runs inside the range go out.
+  auto e = std::upper_bound(p.extents.begin(), p.extents.end(), addr,
+                            [](std::uint64_t at, const extent& x) { return at < x.addr + x.size; });
+  std::vector<unsigned char> bytes;
+  for (; e != p.extents.end() && e->addr < end; ++e) {
+    bytes.resize(e->stored);
+    read(*e, bytes.data());
+    for (const stored_run& r : stored_runs(p, *e)) {
+      const std::uint64_t from = std::max(addr, r.addr), to = std::min(end, r.addr + r.size);
+      if (from < to) out(bytes.data() + r.offset + (from - r.addr), to - from);
+    }
+  }
 }
 
 void reader::check_extent(const extent& e, std::uint64_t computed) const { impl_->check(impl_->locate(e), computed); }

@@ -247,7 +247,7 @@ struct writer::impl {
           fail("commit refused: the manifest lists more extents in data file " + std::to_string(e.file) + " than the " +
                std::to_string(written.size()) + " written");
         const extent& w = written[n];
-        if (e.addr != w.addr || e.size != w.size || e.offset != w.offset || e.checksum != w.checksum)
+        if (e.addr != w.addr || e.size != w.size || e.stored != w.stored || e.offset != w.offset || e.checksum != w.checksum)
           fail("commit refused: " + detail::extent_name(p, k) + " (" + hex(e.addr) + "+" + std::to_string(e.size) +
                ") is not extent " + std::to_string(n) + " of data file " + std::to_string(e.file) + " as written (" +
                hex(w.addr) + "+" + std::to_string(w.size) + ")");
@@ -369,13 +369,16 @@ writer::file_times writer::times(std::uint32_t file) const {
   return file < impl_->files.size() ? impl_->files[file]->times : file_times{};
 }
 
-void writer::begin_extent(std::uint32_t file, std::uint64_t addr, std::uint64_t size) {
+void writer::begin_extent(std::uint32_t file, std::uint64_t addr, std::uint64_t size, std::uint64_t stored) {
   impl& w = *impl_;
   data_file& f = w.file("begin_extent", file);
   try {
     if (f.in_extent) fail("begin_extent: the extent at " + hex(f.current.addr) + " is still open");
-    if (size == 0) fail("begin_extent: the extent at " + hex(addr) + " is empty");
-    f.current = extent{addr, size, file, f.payload, 0};
+    if (size == 0 || stored == 0) fail("begin_extent: the extent at " + hex(addr) + " is empty");
+    if (stored > size)
+      fail("begin_extent: the extent at " + hex(addr) + " cannot store " + std::to_string(stored) + " bytes of a " +
+           std::to_string(size) + "-byte range");
+    f.current = extent{addr, size, stored, file, f.payload, 0};
     f.current_written = 0;
     XXH3_64bits_reset(&f.hash);
     f.in_extent = true;
@@ -390,9 +393,9 @@ void writer::write(std::uint32_t file, const void* data, std::size_t size) {
   data_file& f = w.file("write", file);
   try {
     if (!f.in_extent) fail("write: no extent was begun");
-    if (size > f.current.size - f.current_written)
+    if (size > f.current.stored - f.current_written)
       fail("write: " + std::to_string(size) + " bytes overflow the extent at " + hex(f.current.addr) + " (" +
-           std::to_string(f.current.size - f.current_written) + " bytes left)");
+           std::to_string(f.current.stored - f.current_written) + " bytes left)");
     if (size == 0) return;
     f.append(static_cast<const unsigned char*>(data), size);
     f.current_written += size;
@@ -408,9 +411,9 @@ extent writer::end_extent(std::uint32_t file) {
   data_file& f = w.file("end_extent", file);
   try {
     if (!f.in_extent) fail("end_extent: no extent was begun");
-    if (f.current_written != f.current.size)
+    if (f.current_written != f.current.stored)
       fail("end_extent: the extent at " + hex(f.current.addr) + " got " + std::to_string(f.current_written) + " of its " +
-           std::to_string(f.current.size) + " bytes");
+           std::to_string(f.current.stored) + " bytes");
     f.current.checksum = XXH3_64bits_digest(&f.hash);
     f.in_extent = false;
     f.written.push_back(f.current);

@@ -51,12 +51,17 @@ void decode_allocations(const json& pj, const std::string& p, pool& pl) {
     allocation al;
     al.addr = address_of(a, q, "addr");
     al.size = u64_of(a, q, "size");
-    al.api = string_of(a, q, "api");
+    const std::string api = string_of(a, q, "api");
+    // Restore allocates each block again through the API that made it: a name it does not know
+    // could only be guessed at.
+    const auto known = alloc_api_from_name(api);
+    if (!known) fail(join(q, "api") + " \"" + api + "\" is not an allocation API vmmckpt records");
+    al.api = *known;
     pl.allocations.push_back(std::move(al));
   }
 }
 
-void decode_extents(const json& pj, const std::string& p, bool multi_file, pool& pl) {
+void decode_extents(const json& pj, const std::string& p, std::uint32_t format, pool& pl) {
   const std::string ep = join(p, "extents");
   const json& exts = array_of(pj, p, "extents");
   pl.extents.reserve(exts.size());
@@ -66,7 +71,9 @@ void decode_extents(const json& pj, const std::string& p, bool multi_file, pool&
     extent ex;
     ex.addr = address_of(e, q, "addr");
     ex.size = u64_of(e, q, "size");
-    if (multi_file) ex.file = u32_of(e, q, "file");
+    // Before format 3 an extent lay in one allocation and stored every byte of its range.
+    ex.stored = format >= 3 ? u64_of(e, q, "stored") : ex.size;
+    if (format >= 2) ex.file = u32_of(e, q, "file");
     ex.offset = u64_of(e, q, "offset");
     ex.checksum = hex16_at(field(e, q, "checksum"), join(q, "checksum"));
     pl.extents.push_back(ex);
@@ -119,7 +126,7 @@ detail::manifest_file decode(const json& root, tables how) {
       out.extent_counts.push_back(u64_of(pj, p, "extent_count"));
     } else {
       decode_allocations(pj, p, pl);
-      decode_extents(pj, p, multi_file, pl);
+      decode_extents(pj, p, m.format, pl);
     }
     m.pools.push_back(std::move(pl));
   }
@@ -188,7 +195,7 @@ std::string to_json(const manifest& m, int indent) {
       ojson aj;
       aj["addr"] = hex(a.addr);
       aj["size"] = a.size;
-      aj["api"] = a.api;
+      aj["api"] = name_of(a.api);
       pj["allocations"].push_back(std::move(aj));
     }
     pj["extents"] = ojson::array();
@@ -196,6 +203,7 @@ std::string to_json(const manifest& m, int indent) {
       ojson ej;
       ej["addr"] = hex(e.addr);
       ej["size"] = e.size;
+      if (m.format >= 3) ej["stored"] = e.stored;
       if (m.format >= 2) ej["file"] = e.file;
       ej["offset"] = e.offset;
       ej["checksum"] = hex16(e.checksum);

@@ -1,4 +1,5 @@
 // The rules every image manifest obeys (docs/image-format.md), checked before anything is read or written.
+#include <algorithm>
 #include <climits>
 #include <limits>
 #include <string>
@@ -59,15 +60,13 @@ void check_restorable(const manifest& m) {
     std::size_t e = 0;
     for (std::size_t k = 0; k < p.allocations.size(); ++k) {
       const allocation& a = p.allocations[k];
-      std::uint64_t covered = a.addr;
-      while (e < p.extents.size() && p.extents[e].addr < a.addr + a.size) {
-        if (p.extents[e].addr != covered) break;
-        covered += p.extents[e].size;
-        ++e;
+      for (std::uint64_t covered = a.addr; covered < a.addr + a.size;) {
+        while (e < p.extents.size() && p.extents[e].addr + p.extents[e].size <= covered) ++e;
+        if (e == p.extents.size() || p.extents[e].addr > covered)
+          fail("pools[" + std::to_string(i) + "].allocations[" + std::to_string(k) + "] (" + range_text(a.addr, a.size) +
+               ") is not wholly in the image: its bytes from " + hex(covered) + " are in no extent");
+        covered = std::min(a.addr + a.size, p.extents[e].addr + p.extents[e].size);
       }
-      if (covered != a.addr + a.size)
-        fail("pools[" + std::to_string(i) + "].allocations[" + std::to_string(k) + "] (" + range_text(a.addr, a.size) +
-             ") is not wholly in the image: its bytes from " + hex(covered) + " are in no extent");
     }
   }
 }
@@ -127,65 +126,101 @@ void validate(const manifest& m) {
       if (pl.base < q.base + q.size && q.base < end) fail(p + " overlaps pools[" + std::to_string(k) + "]");
     }
 
+    // Names are made only for a defect: a pool of a million allocations is checked in milliseconds.
+    auto allocation_name = [&](std::size_t k) { return p + ".allocations[" + std::to_string(k) + "]"; };
     for (std::size_t k = 0; k < pl.allocations.size(); ++k) {
       const allocation& a = pl.allocations[k];
-      const std::string q = p + ".allocations[" + std::to_string(k) + "]";
-      if (a.size == 0) fail(q + " has size zero");
-      // Restore allocates each block again through the API that made it: a name it does not know
-      // could only be guessed at.
-      if (!alloc_api_from_name(a.api)) fail(q + ".api \"" + a.api + "\" is not an allocation API vmmckpt records");
+      if (a.size == 0) fail(allocation_name(k) + " has size zero");
+      if (!alloc_api_from_value(static_cast<std::uint32_t>(a.api)))
+        fail(allocation_name(k) + ".api " + std::to_string(static_cast<std::uint32_t>(a.api)) +
+             " is not an allocation API vmmckpt records");
       if (!inside(a.addr, a.size, pl.base, end))
-        fail(q + " (" + range_text(a.addr, a.size) + ") is outside the pool (" + range_text(pl.base, pl.size) + ")");
+        fail(allocation_name(k) + " (" + range_text(a.addr, a.size) + ") is outside the pool (" +
+             range_text(pl.base, pl.size) + ")");
       if (k > 0) {
         const allocation& prev = pl.allocations[k - 1];
         if (a.addr < prev.addr)
-          fail(q + " at " + hex(a.addr) + " is out of order (below allocations[" + std::to_string(k - 1) + "] at " +
-               hex(prev.addr) + ")");
-        if (a.addr < prev.addr + prev.size) fail(q + " overlaps allocations[" + std::to_string(k - 1) + "]");
+          fail(allocation_name(k) + " at " + hex(a.addr) + " is out of order (below allocations[" +
+               std::to_string(k - 1) + "] at " + hex(prev.addr) + ")");
+        if (a.addr < prev.addr + prev.size) fail(allocation_name(k) + " overlaps allocations[" + std::to_string(k - 1) + "]");
       }
     }
 
-    std::size_t alloc = 0;  // the last allocation starting at or below the current extent
+    // Allocations are sorted and disjoint by now. `first` is the first allocation ending past the
+    // current extent's start; it only moves forward, so the extents are checked in one sweep.
+    std::size_t first = 0;
     for (std::size_t k = 0; k < pl.extents.size(); ++k) {
       const extent& e = pl.extents[k];
-      const std::string q = detail::extent_name(i, k);
-      if (e.size == 0) fail(q + " is empty");
+      auto q = [&] { return detail::extent_name(i, k); };
+      if (e.size == 0) fail(q() + " is empty");
       if (!inside(e.addr, e.size, pl.base, end))
-        fail(q + " (" + range_text(e.addr, e.size) + ") is outside the pool (" + range_text(pl.base, pl.size) + ")");
+        fail(q() + " (" + range_text(e.addr, e.size) + ") is outside the pool (" + range_text(pl.base, pl.size) + ")");
       if (k > 0) {
         const extent& prev = pl.extents[k - 1];
         if (e.addr < prev.addr)
-          fail(q + " at " + hex(e.addr) + " is out of order (below extents[" + std::to_string(k - 1) + "] at " +
+          fail(q() + " at " + hex(e.addr) + " is out of order (below extents[" + std::to_string(k - 1) + "] at " +
                hex(prev.addr) + ")");
-        if (e.addr < prev.addr + prev.size) fail(q + " overlaps extents[" + std::to_string(k - 1) + "]");
+        if (e.addr < prev.addr + prev.size) fail(q() + " overlaps extents[" + std::to_string(k - 1) + "]");
       }
-      while (alloc + 1 < pl.allocations.size() && pl.allocations[alloc + 1].addr <= e.addr) ++alloc;
-      // Allocations are sorted and disjoint by now, so only this one can hold the extent.
-      if (pl.allocations.empty() || pl.allocations[alloc].addr > e.addr ||
-          e.addr - pl.allocations[alloc].addr >= pl.allocations[alloc].size)
-        fail(q + " (" + range_text(e.addr, e.size) + ") is not inside any allocation");
-      const allocation& a = pl.allocations[alloc];
-      if (!inside(e.addr, e.size, a.addr, a.addr + a.size))
-        fail(q + " (" + range_text(e.addr, e.size) + ") is not inside one allocation (allocations[" +
-             std::to_string(alloc) + "] is " + range_text(a.addr, a.size) + ")");
+      const std::uint64_t e_end = e.addr + e.size;
+      while (first < pl.allocations.size() && pl.allocations[first].addr + pl.allocations[first].size <= e.addr) ++first;
+      if (first == pl.allocations.size() || pl.allocations[first].addr > e.addr)
+        fail(q() + " (" + range_text(e.addr, e.size) + ") does not begin inside an allocation");
+      // The bytes it stores: those of every allocation inside its range.
+      std::uint64_t stored = 0;
+      std::size_t last = first;
+      for (std::size_t a = first; a < pl.allocations.size() && pl.allocations[a].addr < e_end; ++a) {
+        const allocation& al = pl.allocations[a];
+        stored += std::min(e_end, al.addr + al.size) - std::max(e.addr, al.addr);
+        last = a;
+      }
+      if (pl.allocations[last].addr + pl.allocations[last].size < e_end)
+        fail(q() + " (" + range_text(e.addr, e.size) + ") does not end inside an allocation");
+      if (m.format < 3 && last != first)
+        fail(q() + " (" + range_text(e.addr, e.size) + ") is not inside one allocation (format " +
+             std::to_string(m.format) + " extents are)");
+      if (e.stored != stored)
+        fail(q() + ".stored is " + std::to_string(e.stored) + " but the allocations in its range hold " +
+             std::to_string(stored) + " bytes");
+      first = last;  // the last one may go on into the next extent
       if (e.file >= m.data_files)
-        fail(q + ".file is " + std::to_string(e.file) + " but the image has " + std::to_string(m.data_files) + " data files");
+        fail(q() + ".file is " + std::to_string(e.file) + " but the image has " + std::to_string(m.data_files) +
+             " data files");
       std::uint64_t& offset = file_end[e.file];
       if (e.offset != offset)
-        fail(q + ".offset is " + std::to_string(e.offset) + ", expected " + std::to_string(offset) +
+        fail(q() + ".offset is " + std::to_string(e.offset) + ", expected " + std::to_string(offset) +
              " (each data file holds its extents back to back, in manifest order)");
-      if (e.size > std::numeric_limits<std::uint64_t>::max() - detail::data_header_size - offset)
-        fail(q + ": data offsets overflow");
-      offset += e.size;
-      if (e.size > std::numeric_limits<std::uint64_t>::max() - total) fail(q + ": data_bytes overflows");
-      total += e.size;
+      if (e.stored > std::numeric_limits<std::uint64_t>::max() - detail::data_header_size - offset)
+        fail(q() + ": data offsets overflow");
+      offset += e.stored;
+      if (e.stored > std::numeric_limits<std::uint64_t>::max() - total) fail(q() + ": data_bytes overflows");
+      total += e.stored;
     }
   }
   if (m.data_bytes != total)
-    fail("data_bytes is " + std::to_string(m.data_bytes) + " but the extents hold " + std::to_string(total) + " bytes");
+    fail("data_bytes is " + std::to_string(m.data_bytes) + " but the extents store " + std::to_string(total) + " bytes");
   check_restorable(m);
   if (m.data_bytes > std::numeric_limits<std::uint64_t>::max() - detail::data_header_size)
     fail("data_bytes " + std::to_string(m.data_bytes) + " is too large");
+}
+
+}  // namespace vmmckpt::image
+
+namespace vmmckpt::image {
+
+std::vector<stored_run> stored_runs(const pool& p, const extent& e) {
+  std::vector<stored_run> out;
+  const std::uint64_t e_end = e.addr + e.size;
+  // The first allocation ending past the extent's start.
+  auto it = std::upper_bound(p.allocations.begin(), p.allocations.end(), e.addr,
+                             [](std::uint64_t at, const allocation& a) { return at < a.addr + a.size; });
+  std::uint64_t offset = 0;
+  for (; it != p.allocations.end() && it->addr < e_end; ++it) {
+    const std::uint64_t from = std::max(e.addr, it->addr), to = std::min(e_end, it->addr + it->size);
+    out.push_back({from, to - from, offset});
+    offset += to - from;
+  }
+  return out;
 }
 
 }  // namespace vmmckpt::image

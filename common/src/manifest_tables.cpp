@@ -36,18 +36,17 @@ std::string encode_tables(const manifest& m) {
   std::size_t at = tables_header_size;
   for (const auto& p : m.pools) {
     for (const auto& a : p.allocations) {
-      const auto api = alloc_api_from_name(a.api);
-      if (!api) fail("the allocation at " + hex(a.addr) + " names no known API (\"" + a.api + "\")");
       put_allocation_record(reinterpret_cast<unsigned char*>(out.data()) + at,
-                            {a.addr, a.size, static_cast<std::uint32_t>(*api), 0});
+                            {a.addr, a.size, static_cast<std::uint32_t>(a.api), 0});
       at += allocation_record_size;
     }
     for (const auto& e : p.extents) {
       put(out, at, e.addr, 8);
       put(out, at + 8, e.size, 8);
-      put(out, at + 16, e.offset, 8);
-      put(out, at + 24, e.checksum, 8);
-      put(out, at + 32, e.file, 4);
+      put(out, at + 16, e.stored, 8);
+      put(out, at + 24, e.offset, 8);
+      put(out, at + 32, e.checksum, 8);
+      put(out, at + 40, e.file, 4);
       at += extent_record_size;
     }
   }
@@ -92,7 +91,7 @@ void decode_tables(const std::string& bytes, const std::vector<std::uint64_t>& a
       if (!api)
         fail("pools[" + std::to_string(p) + "].allocations[" + std::to_string(k) + "].api " + std::to_string(r.api) +
              " is not an allocation API vmmckpt records");
-      a.api = std::string(name_of(*api));
+      a.api = *api;
       if (r.reserved != 0)
         fail("pools[" + std::to_string(p) + "].allocations[" + std::to_string(k) + "]: reserved bytes are not zero");
     }
@@ -101,10 +100,11 @@ void decode_tables(const std::string& bytes, const std::vector<std::uint64_t>& a
       extent& e = pl.extents[k];
       e.addr = get(bytes, at, 8);
       e.size = get(bytes, at + 8, 8);
-      e.offset = get(bytes, at + 16, 8);
-      e.checksum = get(bytes, at + 24, 8);
-      e.file = static_cast<std::uint32_t>(get(bytes, at + 32, 4));
-      if (get(bytes, at + 36, 4) != 0) fail(extent_name(p, k) + ": reserved bytes are not zero");
+      e.stored = get(bytes, at + 16, 8);
+      e.offset = get(bytes, at + 24, 8);
+      e.checksum = get(bytes, at + 32, 8);
+      e.file = static_cast<std::uint32_t>(get(bytes, at + 40, 4));
+      if (get(bytes, at + 44, 4) != 0) fail(extent_name(p, k) + ": reserved bytes are not zero");
     }
   }
 }

@@ -36,7 +36,7 @@ status place_allocations(const image::manifest& m, mode how, const pool_for_devi
       for (const image::allocation& a : p.allocations) {
         int backend_error = 0;
         // The image's rules admit only known API names (image::validate).
-        const alloc_api api = alloc_api_from_name(a.api).value_or(alloc_api::cu_mem_alloc);
+        const alloc_api api = a.api;
         const pool_status s = how == mode::replay
                                   ? pool->prefill(align_down(a.addr, small_alignment), align_up(a.size, small_alignment),
                                                   &backend_error)

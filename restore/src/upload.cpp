@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -46,10 +47,11 @@ class upload_thread {
   upload_thread(const upload_thread&) = delete;
   upload_thread& operator=(const upload_thread&) = delete;
 
-  status upload(const image::reader& reader, const image::extent& e, int device) {
+  status upload(const image::reader& reader, const image::pool& pool, const image::extent& e,
+                const backed_memory& backed) {
     if (pages_.data() == nullptr) return failure(CUDA_ERROR_OUT_OF_MEMORY, "restore: no host memory for the load buffers");
     queue* q = nullptr;
-    VMMCKPT_TRY(queue_for(device, q));
+    VMMCKPT_TRY(queue_for(pool.device, q));
     if (!tried_pinning_) {
       // Registering needs a current context (queue_for made one current). Unpinned memory still
       // works, but each copy then blocks and the driver stages it at a few GB/s in all.
@@ -58,32 +60,44 @@ class upload_thread {
       if (!pinned_) log::warn("restore: pinning the load buffers failed; loading with blocking copies");
     }
     image::streaming_checksum sum;
-    for (std::uint64_t at = 0; at < e.size;) {
-      const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(piece_bytes, e.size - at));
-      // The buffer's previous copy must be done before it is filled again.
-      if (pending_[next_] != nullptr) {
-        d_.cuCtxSetCurrent(pending_[next_]->context);
-        VMMCKPT_CUDA_STEP(d_.cuEventSynchronize(pending_[next_]->done[next_]), "waiting for a copy to the device");
-        pending_[next_] = nullptr;
-        d_.cuCtxSetCurrent(q->context);
+    const auto runs = image::stored_runs(pool, e);
+    for (std::size_t i = 0; i < runs.size();) {
+      // A big run goes alone, a buffer at a time.
+      if (runs[i].size >= piece_bytes) {
+        for (std::uint64_t at = 0; at < runs[i].size;) {
+          const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(piece_bytes, runs[i].size - at));
+          unsigned char* buffer = nullptr;
+          VMMCKPT_TRY(take_buffer(q, buffer));
+          read_hashed(reader, e, runs[i].offset + at, n, buffer, sum);
+          VMMCKPT_TRY(copy(q, runs[i].addr + at, buffer, n));
+          at += n;
+        }
+        ++i;
+        continue;
       }
-      auto* buffer = static_cast<unsigned char*>(pages_.data()) + next_ * piece_bytes;
-      // Hashed piece by piece right after each read, while the bytes are still in the cache.
-      for (std::size_t done = 0; done < n;) {
-        const std::size_t m = std::min(n - done, hash_piece_bytes);
-        reader.read_part(e, at + done, m, buffer + done);
-        sum.update(buffer + done, m);
-        done += m;
+      // Small runs that fit one buffer as an address range with the gaps between them, each gap
+      // mapped: read packed, spread out to their places (gaps zeroed), copied as one.
+      const std::uint64_t start = runs[i].addr;
+      std::uint64_t end = runs[i].addr + runs[i].size, stored = runs[i].size;
+      std::size_t j = i + 1;
+      for (; j < runs.size() && runs[j].addr + runs[j].size - start <= piece_bytes &&
+             backed && backed(pool.device, end, runs[j].addr - end);
+           ++j) {
+        end = runs[j].addr + runs[j].size;
+        stored += runs[j].size;
       }
-      if (pinned_) {
-        VMMCKPT_CUDA_STEP(d_.cuMemcpyHtoDAsync_v2(e.addr + at, buffer, n, q->stream), "copying to the device");
-        VMMCKPT_CUDA_STEP(d_.cuEventRecord(q->done[next_], q->stream), "recording a copy");
-        pending_[next_] = q;
-      } else {
-        VMMCKPT_CUDA_STEP(d_.cuMemcpyHtoD_v2(e.addr + at, buffer, n), "copying to the device");
+      unsigned char* buffer = nullptr;
+      VMMCKPT_TRY(take_buffer(q, buffer));
+      read_hashed(reader, e, runs[i].offset, stored, buffer, sum);
+      // Last first: each run moves up to its place, past where the ones before it still lie.
+      for (std::size_t k = j; k-- > i;) {
+        const std::uint64_t place = runs[k].addr - start, packed = runs[k].offset - runs[i].offset;
+        if (place != packed) std::memmove(buffer + place, buffer + packed, runs[k].size);
+        const std::uint64_t gap_end = k + 1 < j ? runs[k + 1].addr - start : place + runs[k].size;
+        std::memset(buffer + place + runs[k].size, 0, gap_end - place - runs[k].size);
       }
-      next_ ^= 1;
-      at += n;
+      VMMCKPT_TRY(copy(q, start, buffer, end - start));
+      i = j;
     }
     reader.check_extent(e, sum.value());
     return {};
@@ -127,6 +141,43 @@ class upload_thread {
     return {};
   }
 
+  // The next of the two buffers, once its previous copy is done.
+  status take_buffer(queue* q, unsigned char*& buffer) {
+    if (pending_[next_] != nullptr) {
+      d_.cuCtxSetCurrent(pending_[next_]->context);
+      VMMCKPT_CUDA_STEP(d_.cuEventSynchronize(pending_[next_]->done[next_]), "waiting for a copy to the device");
+      pending_[next_] = nullptr;
+      d_.cuCtxSetCurrent(q->context);
+    }
+    buffer = static_cast<unsigned char*>(pages_.data()) + next_ * piece_bytes;
+    return {};
+  }
+
+  // `size` stored bytes of `e` from `offset`, hashed piece by piece right after each read, while the
+  // bytes are still in the cache.
+  static void read_hashed(const image::reader& reader, const image::extent& e, std::uint64_t offset, std::size_t size,
+                          unsigned char* buffer, image::streaming_checksum& sum) {
+    for (std::size_t done = 0; done < size;) {
+      const std::size_t m = std::min(size - done, hash_piece_bytes);
+      reader.read_part(e, offset + done, m, buffer + done);
+      sum.update(buffer + done, m);
+      done += m;
+    }
+  }
+
+  // The buffer taken last into device memory at `addr`; the other buffer is next.
+  status copy(queue* q, std::uint64_t addr, const unsigned char* buffer, std::size_t size) {
+    if (pinned_) {
+      VMMCKPT_CUDA_STEP(d_.cuMemcpyHtoDAsync_v2(addr, buffer, size, q->stream), "copying to the device");
+      VMMCKPT_CUDA_STEP(d_.cuEventRecord(q->done[next_], q->stream), "recording a copy");
+      pending_[next_] = q;
+    } else {
+      VMMCKPT_CUDA_STEP(d_.cuMemcpyHtoD_v2(addr, buffer, size), "copying to the device");
+    }
+    next_ ^= 1;
+    return {};
+  }
+
   const driver_api& d_;
   host_pages pages_;
   bool pinned_ = false, tried_pinning_ = false;
@@ -137,7 +188,7 @@ class upload_thread {
 
 }  // namespace
 
-status upload(const driver_api& d, const image::reader& reader) noexcept {
+status upload(const driver_api& d, const image::reader& reader, const backed_memory& backed) noexcept {
   try {
     const image::manifest& m = reader.info();
     // Work by extent: a thread takes the next one, the data files in turn, so the threads share the
@@ -162,7 +213,7 @@ status upload(const driver_api& d, const image::reader& reader) noexcept {
         upload_thread t(d);
         for (std::size_t k; !failed && (k = next++) < order.size();) {
           const image::pool& p = m.pools[order[k].first];
-          if (status s = t.upload(reader, p.extents[order[k].second], p.device); !s.ok()) {
+          if (status s = t.upload(reader, p, p.extents[order[k].second], backed); !s.ok()) {
             fail_with(std::move(s));
             break;
           }

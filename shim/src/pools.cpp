@@ -4,6 +4,7 @@
 #include <pthread.h>
 
 #include <array>
+#include <map>
 #include <atomic>
 #include <memory>
 #include <mutex>
@@ -11,6 +12,7 @@
 
 #include "control_server.hpp"
 #include "cuda_backend.hpp"
+#include "vmmckpt/address_ranges.hpp"
 #include "vmmckpt/log.hpp"
 #include "real_symbols.hpp"
 #include "vmmckpt/pool_layout.hpp"
@@ -185,6 +187,19 @@ std::vector<active_pool> active_pools() {
   for (int i = 0; i < max_devices; ++i)
     if (device_pool* p = slots[i].pool.load(std::memory_order_acquire)) out.push_back({i, p});
   return out;
+}
+
+restore::backed_memory pool_memory_backed() {
+  auto by_device = std::make_shared<std::map<int, address_ranges>>();
+  for (const auto& p : active_pools()) {
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
+    for (const auto& s : p.pool->segments()) ranges.emplace_back(s.addr, s.size);
+    by_device->emplace(p.ordinal, address_ranges(std::move(ranges)));
+  }
+  return [by_device](int device, std::uint64_t addr, std::uint64_t size) {
+    const auto it = by_device->find(device);
+    return it != by_device->end() && it->second.covers(addr, size);
+  };
 }
 
 std::uint64_t reusable_pool_bytes(int ordinal) {

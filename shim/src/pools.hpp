@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "vmmckpt/device_pool.hpp"
+#include "vmmckpt/restore/upload.hpp"
 
 namespace vmmckpt::detail {
 
@@ -31,6 +32,10 @@ struct active_pool {
 };
 // Every pool created so far, by device ordinal.
 std::vector<active_pool> active_pools();
+
+// Whether [addr, addr + size) of a device has physical memory under it, in the pools as they stand
+// when this is called: for an upload, during which nothing maps or unmaps.
+restore::backed_memory pool_memory_backed();
 
 // CUresult for a pool_status.
 CUresult to_cuda_result(pool_status status, int backend_error);

@@ -157,8 +157,7 @@ std::variant<control::dump_begin_reply, control::failure_reply> hold(clock::time
   for (const auto& p : active_pools()) {
     p.pool->synchronize();
     control::pool_contents c{p.ordinal, p.pool->base(), p.pool->size(), large_alignment, 0, {}, {}};
-    for (const auto& b : p.pool->live_blocks())
-      c.allocations.push_back({b.addr, b.requested, std::string(name_of(static_cast<alloc_api>(b.tag)))});
+    c.allocations = p.pool->live_allocations();
     c.allocation_count = c.allocations.size();
     for (const auto& s : p.pool->segments()) {
       int exported = -1;
@@ -270,7 +269,7 @@ std::variant<control::resume_reply, control::failure_reply> resume(const control
         reader.info(), [](std::uint64_t base) { return pool_containing(base); }, backed);
     if (!placed.ok()) return refuse(placed.message());
     const auto loading = clock::now();
-    if (const status loaded = restore::upload(*d, reader); !loaded.ok()) {
+    if (const status loaded = restore::upload(*d, reader, pool_memory_backed()); !loaded.ok()) {
       restore::release_pools(backed);
       return refuse(loaded.message());
     }

@@ -33,7 +33,7 @@ status restore_image(const restore::handoff& h) noexcept {
     const image::manifest& m = reader.info();
     VMMCKPT_TRY(restore::place_allocations(m, h.how, acquire_pool));
     const auto placed = clock::now();
-    VMMCKPT_TRY(restore::upload(*d, reader));
+    VMMCKPT_TRY(restore::upload(*d, reader, pool_memory_backed()));
     const auto now = clock::now();
     std::size_t blocks = 0;
     for (const auto& p : m.pools) blocks += p.allocations.size();

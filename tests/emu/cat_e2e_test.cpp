@@ -38,6 +38,7 @@ struct busy_image {
   fs::path image = dir.path / "image";
   std::vector<vmmckpt::image::allocation> buffers;
   std::vector<vmmckpt::image::extent> extents;  // every extent, by address
+  vmmckpt::image::pool pool;                     // the pool that holds them (the test program has one)
 
   busy_image() {
     {
@@ -50,11 +51,11 @@ struct busy_image {
       REQUIRE(dumped.exit_code == 0);
     }
     const auto reader = vmmckpt::image::reader::open(image);
-    for (const auto& pool : reader.info().pools) {
-      for (const auto& a : pool.allocations)
-        if (a.size == buffer_size) buffers.push_back(a);
-      extents.insert(extents.end(), pool.extents.begin(), pool.extents.end());
-    }
+    REQUIRE(reader.info().pools.size() == 1);
+    pool = reader.info().pools[0];
+    for (const auto& a : pool.allocations)
+      if (a.size == buffer_size) buffers.push_back(a);
+    extents = pool.extents;
     REQUIRE(buffers.size() == writer_buffers);
     REQUIRE(extents_of(buffers[0]).size() == 3);
   }
@@ -62,20 +63,23 @@ struct busy_image {
   std::vector<vmmckpt::image::extent> extents_of(const vmmckpt::image::allocation& a) const {
     std::vector<vmmckpt::image::extent> out;
     for (const auto& e : extents)
-      if (e.addr >= a.addr && e.addr < a.addr + a.size) out.push_back(e);
+      if (e.addr < a.addr + a.size && a.addr < e.addr + e.size) out.push_back(e);
     return out;
   }
 
-  // The bytes of [addr, addr + size) as the image library reads them (every extent checked).
+  // The bytes of [addr, addr + size) (inside allocations) as the image library reads its extents
+  // (each checked) and places their stored bytes.
   std::string bytes(std::uint64_t addr, std::uint64_t size) const {
     const auto reader = vmmckpt::image::reader::open(image);
     std::string out(size, '\0');
     for (const auto& e : extents) {
-      const std::uint64_t from = std::max(addr, e.addr), to = std::min(addr + size, e.addr + e.size);
-      if (from >= to) continue;
-      std::string whole(e.size, '\0');
-      reader.read(e, whole.data());
-      out.replace(from - addr, to - from, whole, from - e.addr, to - from);
+      if (e.addr >= addr + size || addr >= e.addr + e.size) continue;
+      std::string stored(e.stored, '\0');
+      reader.read(e, stored.data());
+      for (const auto& r : vmmckpt::image::stored_runs(pool, e)) {
+        const std::uint64_t from = std::max(addr, r.addr), to = std::min(addr + size, r.addr + r.size);
+        if (from < to) out.replace(from - addr, to - from, stored, r.offset + (from - r.addr), to - from);
+      }
     }
     return out;
   }
@@ -89,7 +93,7 @@ struct busy_image {
   // Changes one payload byte of extent `e` in its data file: only that extent's checksum can catch it.
   void damage(const vmmckpt::image::extent& e) const {
     const std::string data = e.file == 0 ? "data.bin" : "data." + std::to_string(e.file) + ".bin";
-    flip_byte(image / data, 64 + e.offset + e.size / 2);
+    flip_byte(image / data, 64 + e.offset + e.stored / 2);
   }
 };
 
@@ -162,7 +166,8 @@ TEST_CASE("cat: a damaged extent fails with its checksum and none of its bytes i
   busy_image img;
   const auto& a = img.buffers[0];
   const auto parts = img.extents_of(a);
-  const std::string good_first = img.bytes(parts[0].addr, parts[0].size);
+  // The buffer's bytes in its first extent (which may begin in the allocation before it).
+  const std::string good_first = img.bytes(a.addr, parts[0].addr + parts[0].size - a.addr);
   img.damage(parts[1]);
 
   // Only the damaged extent: nothing out.

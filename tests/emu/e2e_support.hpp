@@ -65,10 +65,11 @@ inline std::string untorn_problem(const fs::path& image_dir) {
     for (const auto& pool : reader.info().pools) {
       for (const auto& a : pool.allocations) {
         if (a.size != writer_buffer_size) continue;  // the writer's churn blocks are another size
-        // A dump may store an allocation as several extents.
-        for (const auto& e : pool.extents)
-          if (e.addr >= a.addr && e.addr < a.addr + a.size)
-            reader.read(e, reinterpret_cast<unsigned char*>(words.data()) + (e.addr - a.addr));
+        auto* at = reinterpret_cast<unsigned char*>(words.data());
+        reader.read_range(a.addr, a.size, [&](const unsigned char* bytes, std::size_t n) {
+          std::memcpy(at, bytes, n);
+          at += n;
+        });
         if (const std::string problem = contracts::busy_problem(words.data(), words.size()); !problem.empty())
           return "buffer " + std::to_string(a.addr) + ": " + problem;
         ++buffers;

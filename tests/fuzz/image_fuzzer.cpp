@@ -165,11 +165,11 @@ void check_image(const std::filesystem::path& dir, const std::uint8_t* manifest,
   bool all_read = true, skipped = false;
   for (const auto& p : m.pools) {
     for (const auto& e : p.extents) {
-      if (e.size > max_read) {
+      if (e.stored > max_read) {
         skipped = true;
         continue;
       }
-      buffer.resize(e.size);
+      buffer.resize(e.stored);
       try {
         r.read(e, buffer.data());
       } catch (const img::image_error&) {
@@ -177,16 +177,16 @@ void check_image(const std::filesystem::path& dir, const std::uint8_t* manifest,
       }
       // read_part inside the extent must work whatever the checksum (open() checked the file's size);
       // past its end it must be refused.
-      const std::uint64_t part = e.size < 4096 ? e.size : 4096;
+      const std::uint64_t part = e.stored < 4096 ? e.stored : 4096;
       try {
-        r.read_part(e, e.size - part, part, buffer.data());
+        r.read_part(e, e.stored - part, part, buffer.data());
       } catch (const img::image_error& err) {
         std::fprintf(stderr, "image_fuzzer: read_part inside an extent was refused: %s\n", err.what());
         std::abort();
       }
       bool refused = false;
       try {
-        r.read_part(e, e.size, 1, buffer.data());
+        r.read_part(e, e.stored, 1, buffer.data());
       } catch (const img::image_error&) {
         refused = true;
       }
@@ -200,6 +200,37 @@ void check_image(const std::filesystem::path& dir, const std::uint8_t* manifest,
     std::fprintf(stderr, "image_fuzzer: verify_data says %s but reading every extent %s and the manifest checksum %s\n",
                  data_good ? "good" : "bad", all_read ? "succeeded" : "failed", manifest_matches ? "matches" : "differs");
     std::abort();
+  }
+
+  // Each allocation of a good image reads whole through read_range, and its bytes are those its
+  // extents' stored runs place there.
+  if (data_good && !skipped) {
+    for (const auto& p : m.pools)
+      for (const auto& a : p.allocations) {
+        if (a.size > max_read) continue;
+        std::vector<unsigned char> got, expected(a.size);
+        try {
+          r.read_range(a.addr, a.size, [&](const unsigned char* b, std::size_t n) { got.insert(got.end(), b, b + n); });
+        } catch (const img::image_error& err) {
+          std::fprintf(stderr, "image_fuzzer: read_range of an allocation of a good image failed: %s\n", err.what());
+          std::abort();
+        }
+        for (const auto& e : p.extents) {
+          if (e.addr >= a.addr + a.size || a.addr >= e.addr + e.size) continue;
+          buffer.resize(e.stored);
+          r.read(e, buffer.data());
+          for (const auto& run : img::stored_runs(p, e))
+            if (run.addr >= a.addr && run.addr < a.addr + a.size)
+              std::copy(buffer.begin() + static_cast<std::ptrdiff_t>(run.offset),
+                        buffer.begin() + static_cast<std::ptrdiff_t>(run.offset + run.size),
+                        expected.begin() + static_cast<std::ptrdiff_t>(run.addr - a.addr));
+        }
+        if (got != expected) {
+          std::fprintf(stderr, "image_fuzzer: read_range of the allocation at 0x%llx differs from its extents\n",
+                       static_cast<unsigned long long>(a.addr));
+          std::abort();
+        }
+      }
   }
 
   // An extent the image does not hold (here: a shifted offset) must be refused, not read.

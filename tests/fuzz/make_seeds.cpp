@@ -81,7 +81,11 @@ struct planned_pool {
   int device;
   std::uint64_t base, size;
   std::vector<img::allocation> allocations;
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> extents;  // addr, size
+  struct planned_extent {
+    std::uint64_t addr, size;
+    std::uint64_t stored = 0;  // 0: all `size` bytes (the extent lies in one allocation)
+  };
+  std::vector<planned_extent> extents;
 };
 
 img::manifest base_manifest(std::vector<std::string> command, int devices) {
@@ -130,10 +134,11 @@ image_files write_image(const fs::path& scratch, const std::string& name, img::m
       pl.size = pp.size;
       pl.granularity = gran;
       pl.allocations = pp.allocations;
-      for (const auto& [addr, size] : pp.extents) {
+      for (const auto& pe : pp.extents) {
+        const std::uint64_t size = pe.stored != 0 ? pe.stored : pe.size;
         const bytes b = pattern(size, seed++);
         const std::uint32_t f = next_file++ % files;
-        w.begin_extent(f, addr, size);
+        w.begin_extent(f, pe.addr, pe.size, size);
         // Fed in two pieces, as a dump that copies through a staging buffer does.
         const std::size_t half = b.size() / 2;
         w.write(f, b.data(), half);
@@ -229,39 +234,47 @@ int main(int argc, char** argv) try {
   const image_files empty = write_image(scratch, "empty", base_manifest({"./app"}, 1), {});
   const image_files one = write_image(
       scratch, "one", base_manifest({"./app", "--steps", "100"}, 1),
-      {{0, base0, 512 * gran, {{base0, 4096, "cudaMalloc"}}, {{base0, 4096}}}});
+      {{0, base0, 512 * gran, {{base0, 4096, vmmckpt::alloc_api::cuda_malloc}}, {{base0, 4096}}}});
   // Pools lie as a process's do, device d's at base0 + d * size (image::validate), and every allocation
   // is wholly in the image.
   constexpr std::uint64_t size = 512 * gran;
   const image_files two_pools = write_image(
       scratch, "two-pools", base_manifest({"python3", "train.py", "--lr=3e-4"}, 2),
       {{0, base0, size,
-        {{base0, 3000, "cudaMalloc"}, {base0 + gran, 5000, "cuMemAlloc"}, {base0 + 2 * gran, 100, "cudaMallocAsync"}},
+        {{base0, 3000, vmmckpt::alloc_api::cuda_malloc}, {base0 + gran, 5000, vmmckpt::alloc_api::cu_mem_alloc}, {base0 + 2 * gran, 100, vmmckpt::alloc_api::cuda_malloc_async}},
         {{base0, 1000}, {base0 + 1000, 2000}, {base0 + gran, 5000}, {base0 + 2 * gran, 100}}},
        {1, base0 + size, size,
-        {{base0 + size, 1, "cudaMalloc"}, {base0 + size + gran, 8192, "cudaMallocPitch"}},
+        {{base0 + size, 1, vmmckpt::alloc_api::cuda_malloc}, {base0 + size + gran, 8192, vmmckpt::alloc_api::cuda_malloc_pitch}},
         {{base0 + size, 1}, {base0 + size + gran, 8192}}}});
   // A device without a pool, pools not in device order, odd command bytes.
   const image_files sparse = write_image(
       scratch, "sparse", base_manifest({"./app", "caf\xc3\xa9", "", "\xe2\x82\xac"}, 3),
       {{2, base0 + 2 * size, size,
-        {{base0 + 2 * size, gran, "cudaMalloc"}, {base0 + 2 * size + gran, 2 * gran, "cudaMalloc"}},
+        {{base0 + 2 * size, gran, vmmckpt::alloc_api::cuda_malloc}, {base0 + 2 * size + gran, 2 * gran, vmmckpt::alloc_api::cuda_malloc}},
         {{base0 + 2 * size, gran}, {base0 + 2 * size + gran, 777}, {base0 + 2 * size + gran + 777, 2 * gran - 777}}},
-       {0, base0, size, {{base0, 64, "cudaMalloc"}}, {{base0, 64}}}});
+       {0, base0, size, {{base0, 64, vmmckpt::alloc_api::cuda_malloc}}, {{base0, 64}}}});
 
   // The same two pools, their extents spread over three data files, as parallel dumps write them.
   const image_files striped = write_image(
       scratch, "striped", base_manifest({"python3", "train.py"}, 2),
       {{0, base0, size,
-        {{base0, 3000, "cudaMalloc"}, {base0 + gran, 5000, "cuMemAlloc"}, {base0 + 2 * gran, 100, "cudaMallocAsync"}},
+        {{base0, 3000, vmmckpt::alloc_api::cuda_malloc}, {base0 + gran, 5000, vmmckpt::alloc_api::cu_mem_alloc}, {base0 + 2 * gran, 100, vmmckpt::alloc_api::cuda_malloc_async}},
         {{base0, 1000}, {base0 + 1000, 2000}, {base0 + gran, 5000}, {base0 + 2 * gran, 100}}},
        {1, base0 + size, size,
-        {{base0 + size, 1, "cudaMalloc"}, {base0 + size + gran, 8192, "cudaMallocPitch"}},
+        {{base0 + size, 1, vmmckpt::alloc_api::cuda_malloc}, {base0 + size + gran, 8192, vmmckpt::alloc_api::cuda_malloc_pitch}},
         {{base0 + size, 1}, {base0 + size + gran, 8192}}}},
       3);
 
+  // Small allocations with gaps between them, stored as one extent, as dumps store them.
+  const image_files packed = write_image(
+      scratch, "packed", base_manifest({"./many-small"}, 1),
+      {{0, base0, size,
+        {{base0, 100, vmmckpt::alloc_api::cuda_malloc}, {base0 + 512, 300, vmmckpt::alloc_api::cuda_malloc},
+         {base0 + 4096, 2000, vmmckpt::alloc_api::cu_mem_alloc}},
+        {{base0, 4096 + 2000, 2400}}}});
+
   for (const auto& [name, f] : {std::pair{"empty", &empty}, {"one", &one}, {"two-pools", &two_pools}, {"sparse", &sparse},
-                                {"striped", &striped}}) {
+                                {"striped", &striped}, {"packed", &packed}}) {
     seeds.image(name, f->manifest, f->tables, f->data);
     seeds.manifest(name, to_bytes(img::to_json(f->decoded) + "\n"));
   }
@@ -306,6 +319,8 @@ int main(int argc, char** argv) try {
   seeds.edited_binary_tables("near-miss-tables-reserved-byte", two_pools, [](bytes& t) { t[64 + 20] = 1; });
   seeds.edited_binary_tables("near-miss-tables-api", two_pools, [](bytes& t) { t[64 + 16] = 42; });
   seeds.edited_binary_tables("near-miss-tables-magic", two_pools, [](bytes& t) { t[0] = 'X'; });
+  // The packed extent's stored bytes, one too many for its allocations (header, 3 allocations, then stored).
+  seeds.edited_binary_tables("near-miss-tables-stored", packed, [](bytes& t) { t[64 + 3 * 24 + 16] += 1; });
   {
     // Data files swapped: each header names its own index.
     const auto starts = file_starts(striped.data);

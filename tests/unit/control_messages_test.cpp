@@ -89,7 +89,7 @@ TEST_CASE("the allocation table travels apart and comes back whole", "[control]"
   REQUIRE(reply.pools[0].allocation_count == 1);
   REQUIRE(reply.pools[0].allocations.empty());
   control::dump_begin_reply sent = reply;
-  sent.pools[0].allocations = {{0x200000000000, 4096, "cudaMalloc"}};
+  sent.pools[0].allocations = {{0x200000000000, 4096, vmmckpt::alloc_api::cuda_malloc}};
   const std::string table = control::encode_allocation_table(sent);
   REQUIRE(table.size() == 24);
   control::decode_allocation_table(table, reply);

@@ -49,7 +49,7 @@ fs::path make_image(const fs::path& where) {
   for (std::uint64_t size : sizes) {
     std::vector<unsigned char> bytes(size);
     for (std::size_t i = 0; i < size; ++i) bytes[i] = static_cast<unsigned char>(i * 13 + size);
-    p.allocations.push_back({addr, size, "cudaMalloc"});
+    p.allocations.push_back({addr, size, vmmckpt::alloc_api::cuda_malloc});
     w.begin_extent(addr, size);
     w.write(bytes.data(), size);
     p.extents.push_back(w.end_extent());

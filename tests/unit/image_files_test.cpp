@@ -64,7 +64,7 @@ std::vector<unsigned char> bytes_for(std::uint64_t addr, std::uint64_t size) {
 img::manifest write_striped(const fs::path& dir, std::uint32_t files, int extents, std::uint64_t piece) {
   img::manifest m = skeleton();
   m.data_files = files;
-  m.pools[0].allocations.push_back({base0, piece * extents, "cudaMalloc"});
+  m.pools[0].allocations.push_back({base0, piece * extents, vmmckpt::alloc_api::cuda_malloc});
   img::writer w(dir, files);
   std::vector<img::extent> done(extents);
   std::vector<std::thread> threads;
@@ -132,7 +132,7 @@ TEST_CASE("extents spread unevenly over the data files are taken the files in tu
   const std::uint64_t piece = 1 * MiB + 3;
   img::manifest m = skeleton();
   m.data_files = 3;
-  m.pools[0].allocations.push_back({base0, piece * file_of.size(), "cudaMalloc"});
+  m.pools[0].allocations.push_back({base0, piece * file_of.size(), vmmckpt::alloc_api::cuda_malloc});
   {
     img::writer w(dir, 3);
     for (std::size_t k = 0; k < file_of.size(); ++k) {
@@ -199,7 +199,7 @@ TEST_CASE("a data file that is missing, swapped, or extra in the manifest is ref
 TEST_CASE("the writer refuses a manifest whose data files disagree with what was written") {
   scratch s;
   img::manifest m = skeleton();
-  m.pools[0].allocations.push_back({base0, MiB, "cudaMalloc"});
+  m.pools[0].allocations.push_back({base0, MiB, vmmckpt::alloc_api::cuda_malloc});
   img::writer w(s.dir / "img", 2);
   const auto data = bytes_for(base0, MiB);
   w.begin_extent(1, base0, MiB);
@@ -226,8 +226,8 @@ TEST_CASE("a format 1 image (one data file, no file fields) still reads and veri
   sum.update(data.data(), data.size());
   img::manifest m = skeleton();
   m.format = 1;
-  m.pools[0].allocations.push_back({base0, 4096, "cudaMalloc"});
-  m.pools[0].extents.push_back({base0, 4096, 0, 0, sum.value()});
+  m.pools[0].allocations.push_back({base0, 4096, vmmckpt::alloc_api::cuda_malloc});
+  m.pools[0].extents.push_back({base0, 4096, 4096, 0, 0, sum.value()});
   m.data_bytes = 4096;
   const std::string text = img::to_json(m) + "\n";
   CHECK(text.find("\"file\"") == std::string::npos);

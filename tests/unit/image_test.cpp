@@ -135,8 +135,8 @@ img::pool make_pool(int device, std::uint64_t base, std::uint64_t size, std::vec
 sample big_image(const fs::path& dir) {
   std::vector<img::pool> pools = {
       make_pool(0, base0, 512 * GiB,
-                {{base0, 4 * MiB, "cudaMalloc"}, {base0 + 4 * MiB, 100, "cudaMalloc"}, {base0 + 8 * MiB, 20 * MiB, "cuMemAlloc"}}),
-      make_pool(1, base1, 512 * GiB, {{base1 + 256, 4096, "cudaMallocAsync"}}),
+                {{base0, 4 * MiB, vmmckpt::alloc_api::cuda_malloc}, {base0 + 4 * MiB, 100, vmmckpt::alloc_api::cuda_malloc}, {base0 + 8 * MiB, 20 * MiB, vmmckpt::alloc_api::cu_mem_alloc}}),
+      make_pool(1, base1, 512 * GiB, {{base1 + 256, 4096, vmmckpt::alloc_api::cuda_malloc_async}}),
   };
   std::vector<std::vector<planned_extent>> plan = {
       {{base0, {MiB, MiB, MiB, MiB}}, {base0 + 4 * MiB, {100}}, {base0 + 8 * MiB, {3 * MiB, 9 * MiB, 5 * MiB, 3 * MiB}}},
@@ -151,8 +151,8 @@ sample big_image(const fs::path& dir) {
 sample small_image(const fs::path& dir) {
   std::vector<img::pool> pools = {
       make_pool(0, base0, 512 * GiB,
-                {{base0, 4 * KiB, "cudaMalloc"}, {base0 + 8 * KiB, 1000, "cudaMalloc"}, {base0 + 2 * MiB, 6 * KiB, "cudaMalloc"}}),
-      make_pool(1, base1, 512 * GiB, {{base1 + 512, 300, "cuMemAlloc"}}),
+                {{base0, 4 * KiB, vmmckpt::alloc_api::cuda_malloc}, {base0 + 8 * KiB, 1000, vmmckpt::alloc_api::cuda_malloc}, {base0 + 2 * MiB, 6 * KiB, vmmckpt::alloc_api::cuda_malloc}}),
+      make_pool(1, base1, 512 * GiB, {{base1 + 512, 300, vmmckpt::alloc_api::cu_mem_alloc}}),
   };
   std::vector<std::vector<planned_extent>> plan = {
       {{base0, {4096}}, {base0 + 8 * KiB, {1000}}, {base0 + 2 * MiB, {4096}}, {base0 + 2 * MiB + 4 * KiB, {2048}}},
@@ -289,7 +289,7 @@ TEST_CASE("image: an extent's checksum is the XXH3-64 of its bytes however they 
   p.base = base0;
   p.size = 512 * GiB;
   p.granularity = 2 * MiB;
-  p.allocations.push_back({base0, data.size(), "cudaMalloc"});
+  p.allocations.push_back({base0, data.size(), vmmckpt::alloc_api::cuda_malloc});
   p.extents.push_back(e);
   m.pools.push_back(p);
   m.data_bytes = data.size();
@@ -311,7 +311,7 @@ TEST_CASE("image: JSON round trip and byte-identical re-encoding", "[image]") {
   const img::metadata_files again = img::encode_metadata(img::reader::open(s / "img").info());
   CHECK(again.manifest_json == file);
   CHECK(again.tables == read_file(s / "img" / "tables.bin"));
-  CHECK(again.tables.size() == 64 + 4 * 24 + 4 * 40);  // 4 allocations, 4 extents
+  CHECK(again.tables.size() == 64 + 4 * 24 + 4 * 48);  // 4 allocations, 4 extents
   // Field order and representation are part of the format.
   CHECK(file.rfind("{\n  \"magic\": \"vmmckpt-image\",\n  \"format\": 3,\n  \"image_id\": \"", 0) == 0);
   CHECK_THAT(file, Contains("\"base\": \"0x200000000000\""));
@@ -321,6 +321,61 @@ TEST_CASE("image: JSON round trip and byte-identical re-encoding", "[image]") {
   CHECK(j["pools"][0]["extent_count"] == 3);
   CHECK(j["pools"][0]["size"].is_number_unsigned());
   CHECK_FALSE(j["pools"][0].contains("extents"));
+}
+
+TEST_CASE("image: one extent holds several allocations packed, and each reads back where it belongs", "[image]") {
+  scratch s;
+  // Three allocations with gaps between them, stored as one extent: only their bytes are in the file.
+  img::pool p = make_pool(0, base0, 512 * GiB,
+                          {{base0, 100, vmmckpt::alloc_api::cuda_malloc},
+                           {base0 + 512, 300, vmmckpt::alloc_api::cuda_malloc},
+                           {base0 + 4 * KiB, 2000, vmmckpt::alloc_api::cu_mem_alloc}});
+  const auto stored = pattern(2400, 7);
+  img::manifest m = base_manifest();
+  {
+    img::writer w(s / "img");
+    w.begin_extent(0, base0, 4 * KiB + 2000, 2400);
+    w.write(stored.data(), 1000);
+    w.write(stored.data() + 1000, 1400);
+    p.extents.push_back(w.end_extent());
+    m.pools = {p};
+    m.data_bytes = 2400;
+    w.commit(m);
+  }
+  REQUIRE(fs::file_size(s / "img" / "data.bin") == 64 + 2400);
+  const auto r = img::reader::open(s / "img");
+  r.verify_data();
+  const img::pool& got = r.info().pools[0];
+  REQUIRE(got.extents.size() == 1);
+  CHECK(got.extents[0].stored == 2400);
+  const auto runs = img::stored_runs(got, got.extents[0]);
+  REQUIRE(runs.size() == 3);
+  CHECK((runs[1].addr == base0 + 512 && runs[1].size == 300 && runs[1].offset == 100));
+  CHECK((runs[2].addr == base0 + 4 * KiB && runs[2].size == 2000 && runs[2].offset == 400));
+
+  auto range = [&](std::uint64_t addr, std::uint64_t size) {
+    std::vector<unsigned char> out;
+    r.read_range(addr, size, [&](const unsigned char* b, std::size_t n) { out.insert(out.end(), b, b + n); });
+    return out;
+  };
+  CHECK(range(base0 + 512, 300) == std::vector<unsigned char>(stored.begin() + 100, stored.begin() + 400));
+  CHECK(range(base0 + 4 * KiB + 10, 20) == std::vector<unsigned char>(stored.begin() + 410, stored.begin() + 430));
+  // A range into a gap is named, and nothing is handed out.
+  bool handed = false;
+  try {
+    r.read_range(base0 + 50, 100, [&](const unsigned char*, std::size_t) { handed = true; });
+    FAIL("a range into the gap was read");
+  } catch (const img::image_error& e) {
+    CHECK_THAT(e.what(), Contains("byte 0x200000000064 is not in the image"));
+  }
+  CHECK_FALSE(handed);
+  // The same layout is not a format 2 image: there an extent lies inside one allocation.
+  img::manifest old = r.info();
+  old.format = 2;
+  old.image_id.clear();
+  old.pools[0].extents[0].stored = old.pools[0].extents[0].size;
+  old.data_bytes = old.pools[0].extents[0].size;
+  CHECK_THROWS_WITH(img::validate(old), Contains("is not inside one allocation (format 2 extents are)"));
 }
 
 TEST_CASE("image: reader refuses tables that are not the manifest's", "[image][validation]") {
@@ -355,7 +410,7 @@ TEST_CASE("image: reader refuses tables that are not the manifest's", "[image][v
   CHECK_THAT(refused(50, 1), Contains("tables.bin: reserved header byte 50 is not zero"));
   CHECK_THAT(refused(64 + 16, 42), Contains("tables.bin: pools[0].allocations[0].api 42 is not an allocation API"));
   CHECK_THAT(refused(64 + 20, 1), Contains("tables.bin: pools[0].allocations[0]: reserved bytes are not zero"));
-  CHECK_THAT(refused(64 + 3 * 24 + 36, 1), Contains("tables.bin: pools[0].extents[0]: reserved bytes are not zero"));
+  CHECK_THAT(refused(64 + 3 * 24 + 44, 1), Contains("tables.bin: pools[0].extents[0]: reserved bytes are not zero"));
 }
 
 TEST_CASE("image: nothing at the final path before commit; an abandoned writer leaves nothing", "[image]") {
@@ -449,7 +504,7 @@ TEST_CASE("image: commit refuses a manifest that does not match what was written
   w.write(data.data(), 100);
   const img::extent e = w.end_extent();
   img::manifest m = base_manifest();
-  m.pools = {make_pool(0, base0, 64 * MiB, {{base0, 100, "cudaMalloc"}})};
+  m.pools = {make_pool(0, base0, 64 * MiB, {{base0, 100, vmmckpt::alloc_api::cuda_malloc}})};
   m.data_bytes = 100;
   m.pools[0].extents = {e};
   m.pools[0].extents[0].checksum ^= 1;
@@ -601,19 +656,21 @@ REFUSES("unsorted extents", "manifest.json: pools[0].extents[3] at 0x20000000000
         m.pools[0].extents[3].addr = base0)
 REFUSES("overlapping extents", "manifest.json: pools[0].extents[3] overlaps extents[2]",
         m.pools[0].extents[3].addr = m.pools[0].extents[2].addr + 100)
-REFUSES("an extent outside every allocation", "manifest.json: pools[0].extents[1] (0x200000001000+1000) is not inside any allocation",
+REFUSES("an extent outside every allocation", "manifest.json: pools[0].extents[1] (0x200000001000+1000) does not begin inside an allocation",
         m.pools[0].extents[1].addr = base0 + 4 * KiB)
-REFUSES("an extent before the first allocation", "manifest.json: pools[1].extents[0] (0x208000000200+300) is not inside any allocation",
+REFUSES("an extent before the first allocation", "manifest.json: pools[1].extents[0] (0x208000000200+300) does not begin inside an allocation",
         m.pools[1].allocations[0].addr += 2 * MiB)
-REFUSES("an extent crossing an allocation's end", "manifest.json: pools[0].extents[1] (0x200000002000+1000) is not inside one allocation (allocations[1]",
+REFUSES("an extent crossing an allocation's end", "manifest.json: pools[0].extents[1] (0x200000002000+1000) does not end inside an allocation",
         m.pools[0].allocations[1].size = 999)
+REFUSES("an extent that stores other than its allocations' bytes", "manifest.json: pools[0].extents[1].stored is 999 but the allocations in its range hold 1000 bytes",
+        m.pools[0].extents[1].stored = 999)
 REFUSES("an extent offset out of sequence", "manifest.json: pools[0].extents[2].offset is 5095, expected 5096",
         m.pools[0].extents[2].offset -= 1)
 REFUSES("an extent offset out of sequence across pools", "manifest.json: pools[1].extents[0].offset is 0, expected 11240",
         m.pools[1].extents[0].offset = 0)
-REFUSES("data_bytes other than the extents' sum", "manifest.json: data_bytes is 11541 but the extents hold 11540 bytes",
+REFUSES("data_bytes other than the extents' sum", "manifest.json: data_bytes is 11541 but the extents store 11540 bytes",
         m.data_bytes += 1)
-REFUSES("a huge data_bytes", "manifest.json: data_bytes is 18446744073709551615 but the extents hold", m.data_bytes = ~0ULL)
+REFUSES("a huge data_bytes", "manifest.json: data_bytes is 18446744073709551615 but the extents store", m.data_bytes = ~0ULL)
 
 // What a restore relies on (docs/image-format.md, rule 7).
 REFUSES("a pool in kernel space", "manifest.json: the pools' layout (base 0xffff800000000000",

@@ -92,36 +92,10 @@ int cat_command(const std::string& path, const std::string& addr_text, const std
   const std::uint64_t end = addr + size;
 
   const auto reader = image::reader::open(path);
-  // Every extent of every pool, by address (open() has checked that none overlap).
-  std::vector<const image::extent*> extents;
-  for (const auto& pool : reader.info().pools)
-    for (const auto& e : pool.extents) extents.push_back(&e);
-  std::sort(extents.begin(), extents.end(), [](const auto* a, const auto* b) { return a->addr < b->addr; });
-
-  // The whole range must be held before a byte goes out: a hole is named, not skipped or zero-filled.
-  std::vector<const image::extent*> touched;
-  std::uint64_t at = addr;
-  for (const auto* e : extents) {
-    if (at >= end) break;
-    if (e->addr + e->size <= at) continue;
-    if (e->addr > at) break;
-    touched.push_back(e);
-    at = e->addr + e->size;
-  }
-  if (at < end)
-    throw image::image_error(path + ": byte " + hex(at) + " is not in the image (no extent holds it; asked for " +
-                             hex(addr) + " + " + std::to_string(size) + " bytes)");
-
-  // Each extent is read whole, which is what its checksum covers, and checked by read() before any of
-  // its bytes are written: the memory needed is the largest extent touched.
+  // The library names a byte the image does not hold before anything goes out, and checks every
+  // extent touched before its bytes do: the memory needed is the largest extent touched.
   sink out(output);
-  std::vector<unsigned char> bytes;
-  for (const auto* e : touched) {
-    bytes.resize(e->size);
-    reader.read(*e, bytes.data());
-    const std::uint64_t from = std::max(addr, e->addr), to = std::min(end, e->addr + e->size);
-    out.write(bytes.data() + (from - e->addr), to - from);
-  }
+  reader.read_range(addr, size, [&](const unsigned char* bytes, std::size_t n) { out.write(bytes, n); });
   out.commit();
   return exit_ok;
 }

@@ -29,15 +29,16 @@ int inspect_command(const std::string& path, bool as_json) {
   for (const auto& p : m.pools) {
     std::printf("pool      device %d at 0x%llx, %s reserved, %zu allocations\n", p.device,
                 static_cast<unsigned long long>(p.base), human_bytes(p.size).c_str(), p.allocations.size());
-    std::printf("  %-18s %14s  %-16s %s\n", "address", "bytes", "api", "checksum");
-    for (std::size_t i = 0; i < p.allocations.size(); ++i) {
-      const auto& a = p.allocations[i];
-      std::uint64_t checksum = 0;
-      for (const auto& e : p.extents)
-        if (e.addr == a.addr) checksum = e.checksum;
-      std::printf("  0x%-16llx %14llu  %-16s %016llx\n", static_cast<unsigned long long>(a.addr),
-                  static_cast<unsigned long long>(a.size), a.api.c_str(), static_cast<unsigned long long>(checksum));
-    }
+    std::printf("  %-18s %14s  %s\n", "address", "bytes", "api");
+    for (const auto& a : p.allocations)
+      std::printf("  0x%-16llx %14llu  %s\n", static_cast<unsigned long long>(a.addr),
+                  static_cast<unsigned long long>(a.size), std::string(name_of(a.api)).c_str());
+    std::printf("extents   %zu (address ranges whose allocations' bytes are stored together)\n", p.extents.size());
+    std::printf("  %-18s %14s %14s %5s  %s\n", "address", "range", "stored", "file", "checksum");
+    for (const auto& e : p.extents)
+      std::printf("  0x%-16llx %14llu %14llu %5u  %016llx\n", static_cast<unsigned long long>(e.addr),
+                  static_cast<unsigned long long>(e.size), static_cast<unsigned long long>(e.stored), e.file,
+                  static_cast<unsigned long long>(e.checksum));
   }
   return exit_ok;
 }

@@ -46,4 +46,13 @@ constexpr std::optional<alloc_api> alloc_api_from_name(std::string_view name) {
   return std::nullopt;
 }
 
+// One live block as the program asked for it: where, how many bytes, through which API. The same
+// record travels in the control protocol's allocation table and in an image's tables.
+struct allocation {
+  std::uint64_t addr = 0;
+  std::uint64_t size = 0;  // the size the program asked for
+  alloc_api api = alloc_api::cuda_malloc;
+  friend bool operator==(const allocation&, const allocation&) = default;
+};
+
 }  // namespace vmmckpt

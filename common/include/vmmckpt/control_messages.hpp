@@ -13,6 +13,7 @@
 #include <variant>
 #include <vector>
 
+#include "vmmckpt/alloc_api.hpp"
 #include "vmmckpt/json_fields.hpp"
 
 namespace vmmckpt::control {
@@ -101,11 +102,6 @@ struct hello_reply {
   friend bool operator==(const hello_reply&, const hello_reply&) = default;
 };
 
-struct allocation_entry {
-  std::uint64_t addr = 0, size = 0;
-  std::string api;  // name_of(alloc_api)
-  friend bool operator==(const allocation_entry&, const allocation_entry&) = default;
-};
 struct segment_entry {  // mapped physical memory; one descriptor each, in order across pools
   std::uint64_t addr = 0, size = 0;
   friend bool operator==(const segment_entry&, const segment_entry&) = default;
@@ -118,7 +114,7 @@ struct pool_contents {
   // The reply carries allocation_count (the sender sets it to allocations.size()); the table's
   // records fill allocations (decode_allocation_table).
   std::uint64_t allocation_count = 0;
-  std::vector<allocation_entry> allocations;
+  std::vector<allocation> allocations;
   std::vector<segment_entry> segments;
   friend bool operator==(const pool_contents&, const pool_contents&) = default;
 };

@@ -106,7 +106,10 @@ class device_pool {
   bool address_range(std::uint64_t addr, std::uint64_t& block_base, std::uint64_t& block_size) const;
 
   pool_stats stats() const;
-  std::vector<range_allocator::block> live_blocks() const;
+  // Every block the program holds (not the caches'), in address order: what a dump records. Cheap
+  // enough to take while the program is held: 200 000 blocks in a few milliseconds.
+  std::vector<allocation> live_allocations() const;
+  std::vector<range_allocator::block> live_blocks() const;  // the same, with their rounded sizes
   std::vector<segment_info> segments() const;
 
   // Suspend: gives back every physical handle, live blocks' included, after a

@@ -3,10 +3,13 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "vmmckpt/alloc_api.hpp"
 
 namespace vmmckpt::image {
 
@@ -31,21 +34,27 @@ struct device_info {
   friend bool operator==(const device_info&, const device_info&) = default;
 };
 
-struct allocation {
-  std::uint64_t addr = 0;
-  std::uint64_t size = 0;  // the size the program asked for
-  std::string api;         // e.g. "cudaMalloc"
-  friend bool operator==(const allocation&, const allocation&) = default;
-};
+using vmmckpt::allocation;
 
-// A run of live bytes, stored contiguously in one data file.
+// A range of a pool's addresses whose allocations' bytes are stored together in one data file: the
+// bytes of every allocation inside [addr, addr + size), in address order, packed (the gaps between
+// allocations are not stored). It begins and ends inside allocations. One extent holds many small
+// allocations, so that a dump of 200 000 of them costs about what one of the same bytes does; a big
+// allocation is cut into several. In formats 1 and 2 every extent lies inside one allocation.
 struct extent {
   std::uint64_t addr = 0;
-  std::uint64_t size = 0;
+  std::uint64_t size = 0;      // of the address range
+  std::uint64_t stored = 0;    // bytes in the data file: the allocations' bytes in the range
   std::uint32_t file = 0;      // which data file holds it
   std::uint64_t offset = 0;    // in that file's payload
-  std::uint64_t checksum = 0;  // XXH3-64 of the bytes
+  std::uint64_t checksum = 0;  // XXH3-64 of the stored bytes
   friend bool operator==(const extent&, const extent&) = default;
+};
+
+// `size` of an extent's stored bytes, from `offset` in them, belong at address `addr`: the part of
+// one allocation inside the extent.
+struct stored_run {
+  std::uint64_t addr = 0, size = 0, offset = 0;
 };
 
 struct pool {
@@ -55,6 +64,9 @@ struct pool {
   std::vector<extent> extents;          // sorted by address
   friend bool operator==(const pool&, const pool&) = default;
 };
+
+// Where each stored byte of extent `e` of pool `p` belongs, in address order. For a valid image.
+std::vector<stored_run> stored_runs(const pool& p, const extent& e);
 
 struct manifest {
   std::uint32_t format = format_version;
@@ -85,9 +97,11 @@ class writer {
   writer(const writer&) = delete;
   writer& operator=(const writer&) = delete;
 
-  // Each data file takes extents one after another; each is begun, fed in order, ended. Calls for
-  // different files may come from different threads at once; calls for one file must not.
-  void begin_extent(std::uint32_t file, std::uint64_t addr, std::uint64_t size);
+  // Each data file takes extents one after another; each is begun, fed its `stored` bytes in order,
+  // ended. Calls for different files may come from different threads at once; calls for one file
+  // must not. Without `stored`, the extent lies in one allocation and stores all `size` bytes.
+  void begin_extent(std::uint32_t file, std::uint64_t addr, std::uint64_t size, std::uint64_t stored);
+  void begin_extent(std::uint32_t file, std::uint64_t addr, std::uint64_t size) { begin_extent(file, addr, size, size); }
   void write(std::uint32_t file, const void* data, std::size_t size);  // part of that file's current extent
   extent end_extent(std::uint32_t file);                               // file, offset and checksum filled in
   // The same on file 0.
@@ -125,8 +139,14 @@ class reader {
   reader(reader&&) noexcept;
   ~reader();
   const manifest& info() const;
-  // Reads one extent's bytes into dst (size bytes) and checks its checksum.
+  // Reads one extent's stored bytes into dst (e.stored bytes) and checks its checksum.
   void read(const extent& e, void* dst) const;
+  // The bytes the image holds for [addr, addr + size), handed to `out` in address order, piece by
+  // piece; every extent touched is read whole and its checksum checked before any of its bytes go
+  // out. The whole range must lie in the image's allocations: otherwise image_error names the first
+  // byte that does not, before anything is handed out.
+  void read_range(std::uint64_t addr, std::uint64_t size,
+                  const std::function<void(const unsigned char*, std::size_t)>& out) const;
   // Checks every extent's checksum on up to `threads` threads at once (0: one per core), each
   // taking the next extent of extents_across_files(); throws image_error naming a bad extent.
   void verify_data(unsigned threads = 0) const;
@@ -141,8 +161,8 @@ class reader {
   // Compares a checksum a loader computed over a whole extent (streaming_checksum) with the
   // manifest's; throws image_error naming the extent when they differ.
   void check_extent(const extent& e, std::uint64_t computed) const;
-  // Reads part of an extent without checking its checksum: for loaders that
-  // ran verify_data() first and stream big extents in pieces.
+  // Reads part of an extent's stored bytes without checking its checksum: for loaders that
+  // stream big extents in pieces (and check them with check_extent).
   void read_part(const extent& e, std::uint64_t offset, std::uint64_t size, void* dst) const;
 
  private:

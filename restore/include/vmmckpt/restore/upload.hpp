@@ -1,17 +1,25 @@
 // An image's bytes into device memory at their addresses, from several threads, checked as they pass.
 #pragma once
 
+#include <functional>
+
 #include "vmmckpt/driver_api.hpp"
 #include "vmmckpt/image.hpp"
 #include "vmmckpt/status.hpp"
 
 namespace vmmckpt::restore {
 
-// Fills every extent of the image into device memory at its address (the allocations must be
-// mapped already). The data files are read by several threads at once, each streaming through
-// pinned buffers of its own into copies on its own stream; every extent's checksum is checked
-// as its bytes pass. A failed status on the first failure (a bad checksum included): the device
-// memory then holds an unknown mix and must not be used. The calling thread's context is kept.
-status upload(const driver_api& d, const image::reader& reader) noexcept;
+// Whether device memory [addr, addr + size) of `device` is mapped in this process: the gap between
+// two allocations that is, is written along with them (zeroed), one copy for many allocations.
+using backed_memory = std::function<bool(int device, std::uint64_t addr, std::uint64_t size)>;
+
+// Fills every allocation's bytes from the image into device memory at its address (the allocations
+// must be mapped already). The data files are read by several threads at once, each streaming
+// through pinned buffers of its own into copies on its own stream; every extent's checksum is
+// checked as its bytes pass. Allocations close together go in one copy where `backed` says the
+// gaps between them are mapped (without it, each is copied alone). A failed status on the first
+// failure (a bad checksum included): the device memory then holds an unknown mix and must not be
+// used. The calling thread's context is kept.
+status upload(const driver_api& d, const image::reader& reader, const backed_memory& backed = {}) noexcept;
 
 }  // namespace vmmckpt::restore
