@@ -3,6 +3,8 @@
 
 #include <dirent.h>
 #include <signal.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -42,19 +44,35 @@ void close_all(std::vector<int>& fds) {
   fds.clear();
 }
 
-// The allocation table's bytes: a memfd of the process, read whole (at most 4 GiB: 170 million allocations).
-bool read_table(int fd, std::string& out) {
-  struct stat st{};
-  if (::fstat(fd, &st) != 0 || st.st_size < 0 || static_cast<std::uint64_t>(st.st_size) > (4ULL << 30)) return false;
-  out.resize(static_cast<std::size_t>(st.st_size));
-  for (std::size_t done = 0; done < out.size();) {
-    const ssize_t r = ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(done));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;
-    done += static_cast<std::size_t>(r);
+// The allocation table's bytes: a memfd of the process (sealed: it cannot change or shrink under the
+// mapping), mapped read-only (at most 4 GiB: 170 million allocations). Unmapped by the destructor.
+struct mapped_table {
+  const char* data = nullptr;
+  std::size_t size = 0;
+  bool ok = false;
+  explicit mapped_table(int fd) {
+    // Unsealed, the file could shrink under the mapping, and reading it would fault.
+    const int seals = ::fcntl(fd, F_GET_SEALS);
+    if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) return;
+    struct stat st{};
+    if (::fstat(fd, &st) != 0 || st.st_size < 0 || static_cast<std::uint64_t>(st.st_size) > (4ULL << 30)) return;
+    size = static_cast<std::size_t>(st.st_size);
+    ok = true;
+    if (size == 0) return;
+    void* at = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (at == MAP_FAILED) {
+      ok = false;
+      size = 0;
+      return;
+    }
+    data = static_cast<const char*>(at);
   }
-  return true;
-}
+  ~mapped_table() {
+    if (data != nullptr) ::munmap(const_cast<char*>(data), size);
+  }
+  mapped_table(const mapped_table&) = delete;
+  mapped_table& operator=(const mapped_table&) = delete;
+};
 
 }  // namespace
 
@@ -220,12 +238,11 @@ control::dump_begin_reply control_client::dump_begin(int hold_ms, received_fds& 
   // The last descriptor is the allocation table; the others are the segments'.
   const int table_fd = got.back();
   got.pop_back();
-  std::string table;
-  const bool read = read_table(table_fd, table);
+  const mapped_table table(table_fd);
   ::close(table_fd);
   try {
-    if (!read) throw control::decode_error("cannot read it");
-    control::decode_allocation_table(table, reply);
+    if (!table.ok) throw control::decode_error("cannot read it (not a sealed file)");
+    control::decode_allocation_table(std::string_view(table.data, table.size), reply);
   } catch (const control::decode_error& e) {
     throw control_error("process " + std::to_string(pid_) + " sent a bad allocation table: " + e.what(),
                         protocol::failure_kind::bad_frame);

@@ -24,7 +24,7 @@ dump_result dump(const dump_options& options, const progress_callback& progress)
   result.mark("prepared");
 
   received_fds fds;
-  const auto held = s.client().dump_begin(hold_budget_ms(s, options.hold_deadline_ms), fds);
+  auto held = s.client().dump_begin(hold_budget_ms(s, options.hold_deadline_ms), fds);
   // From here the program is held, until dump_end or this connection closes.
   fault_point("held");
   result.mark("held");
@@ -56,6 +56,7 @@ dump_result dump(const dump_options& options, const progress_callback& progress)
       },
       progress, result, result.gpu_snapshot, result.snapshot_bytes);
   m.hold_us = static_cast<std::uint64_t>(result.hold_ms * 1000.0);
+  m.image_id = pipeline.writer().image_id();
   pipeline.writer().commit(m);
   result.mark("committed");
   result.image = options.output;

@@ -3,7 +3,7 @@
 
 #include <unistd.h>
 
-#include <algorithm>
+#include <optional>
 
 #include "cuda_check.hpp"
 #include "session.hpp"
@@ -57,12 +57,14 @@ class held_memory::pool_mapping {
     VMMCKPT_CUDA_TRY(cuMemSetAccess(addr, size, &access_, 1));
   }
 
-  // True when [addr, addr + size) is wholly mapped; after the last map().
-  bool covers(std::uint64_t addr, std::uint64_t size) const { return ranges_.covers(addr, size); }
+  // True when [addr, addr + size) is wholly mapped; after the last map(). Asked in address order
+  // (every allocation, then every gap between them), each is a check rather than a search.
+  bool covers(std::uint64_t addr, std::uint64_t size) const { return cursor_->covers(addr, size); }
   void mapping_done() {
     std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
     for (const auto& m : mapped_) ranges.emplace_back(m.addr, m.size);
     ranges_ = address_ranges(std::move(ranges));
+    cursor_.emplace(ranges_);
   }
   bool contains(std::uint64_t addr) const { return addr - base_ < size_; }
 
@@ -76,9 +78,10 @@ class held_memory::pool_mapping {
   CUmemAccessDesc access_{};
   std::vector<mapped> mapped_;
   address_ranges ranges_;
+  mutable std::optional<address_ranges::cursor> cursor_;
 };
 
-held_memory::held_memory(session& s, const control::dump_begin_reply& held, received_fds& fds, image::manifest& m) {
+held_memory::held_memory(session& s, control::dump_begin_reply& held, received_fds& fds, image::manifest& m) {
   std::size_t next_fd = 0;
   for (const auto& p : held.pools) {
     const control::device_description d = session::describe(p.device, held.devices);
@@ -99,7 +102,7 @@ held_memory::held_memory(session& s, const control::dump_begin_reply& held, rece
     for (const auto& a : p.allocations)
       if (!pools_.back()->covers(a.addr, a.size))
         throw tool_error("allocation at " + hex(a.addr) + " is not backed by the handles sent");
-    pool.allocations = p.allocations;
+    pool.allocations = std::move(p.allocations);
     m.pools.push_back(std::move(pool));
   }
 }

@@ -19,13 +19,14 @@ class held_memory {
  public:
   // Maps every pool the program handed over (one descriptor per segment, in order) and describes
   // its devices, pools and allocations in `m`. A tool_error when the handles do not cover the
-  // allocations or a pool's range is taken here.
-  held_memory(session& s, const control::dump_begin_reply& held, received_fds& fds, image::manifest& m);
+  // allocations or a pool's range is taken here. The allocations move from `held` into `m`.
+  held_memory(session& s, control::dump_begin_reply& held, received_fds& fds, image::manifest& m);
   ~held_memory();
   held_memory(const held_memory&) = delete;
   held_memory& operator=(const held_memory&) = delete;
 
-  // True when [addr, addr + size) is wholly mapped here (in one pool).
+  // True when [addr, addr + size) is wholly mapped here (in one pool). From one thread; quickest
+  // asked in address order.
   bool mapped(std::uint64_t addr, std::uint64_t size) const;
   // Unmaps everything: done once every byte has left the program's memory.
   void release();

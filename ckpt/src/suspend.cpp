@@ -40,7 +40,7 @@ suspend_result suspend(const suspend_options& options, const progress_callback& 
   result.mark("prepared");
 
   received_fds fds;
-  const auto held = s.client().dump_begin(hold_budget_ms(s, options.hold_deadline_ms), fds);
+  auto held = s.client().dump_begin(hold_budget_ms(s, options.hold_deadline_ms), fds);
   fault_point("held");
   result.mark("held");
 
@@ -63,6 +63,7 @@ suspend_result suspend(const suspend_options& options, const progress_callback& 
   // every rule checked (headers, sizes, the manifest's and tables' checksums). The checksums of the
   // bytes were taken from the very buffers written; reading them back (--verify) would read the
   // page cache, not the medium, so it is optional.
+  m.image_id = pipeline.writer().image_id();
   pipeline.writer().commit(m);
   result.mark("committed");
   try {

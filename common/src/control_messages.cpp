@@ -391,20 +391,27 @@ fds_frame decode_fds_frame(const std::string& payload) {
   return fds_frame{u32_of(root, "", "count")};
 }
 
-std::string encode_allocation_table(const dump_begin_reply& r) {
+std::size_t allocation_table_bytes(const dump_begin_reply& r) {
   std::size_t count = 0;
   for (const auto& p : r.pools) count += p.allocations.size();
-  std::string out(count * allocation_record_size, '\0');
-  auto* at = reinterpret_cast<unsigned char*>(out.data());
+  return count * allocation_record_size;
+}
+
+void encode_allocation_table(const dump_begin_reply& r, unsigned char* at) {
   for (const auto& p : r.pools)
     for (const auto& a : p.allocations) {
       put_allocation_record(at, {a.addr, a.size, static_cast<std::uint32_t>(a.api), 0});
       at += allocation_record_size;
     }
+}
+
+std::string encode_allocation_table(const dump_begin_reply& r) {
+  std::string out(allocation_table_bytes(r), '\0');
+  encode_allocation_table(r, reinterpret_cast<unsigned char*>(out.data()));
   return out;
 }
 
-void decode_allocation_table(const std::string& table, dump_begin_reply& r) {
+void decode_allocation_table(std::string_view table, dump_begin_reply& r) {
   std::uint64_t count = 0;
   const std::uint64_t most = table.size() / allocation_record_size;
   for (const auto& p : r.pools) {

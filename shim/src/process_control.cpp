@@ -88,25 +88,30 @@ std::uint64_t device_used_bytes(int ordinal) {
   return total - free_bytes;
 }
 
-// The bytes in a sealed memfd (they can no longer change), or -1 with errno set.
-int sealed_memfd(const std::string& bytes) {
+// The reply's allocation table in a sealed memfd (it can no longer change), or -1 with errno set.
+// Encoded straight into the file's mapped pages: a million allocations are 24 MB.
+int allocation_table_memfd(const control::dump_begin_reply& r) {
   const int fd = ::memfd_create("vmmckpt-allocation-table", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return -1;
-  std::size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t w = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      const int err = w < 0 ? errno : EIO;
-      ::close(fd);
-      errno = err;
-      return -1;
-    }
-    done += static_cast<std::size_t>(w);
+  const std::size_t bytes = control::allocation_table_bytes(r);
+  auto fail = [fd] {
+    const int err = errno;
+    ::close(fd);
+    errno = err;
+    return -1;
+  };
+  if (bytes > 0) {
+    if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) return fail();
+    void* at = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (at == MAP_FAILED) return fail();
+    control::encode_allocation_table(r, static_cast<unsigned char*>(at));
+    ::munmap(at, bytes);  // before sealing: a writable mapping would refuse F_SEAL_WRITE
   }
-  ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL);
+  if (::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0) return fail();
   return fd;
 }
+
+double us_since(clock::time_point t) { return std::chrono::duration<double, std::micro>(clock::now() - t).count(); }
 
 std::uint64_t held_us() {
   return static_cast<std::uint64_t>(
@@ -152,13 +157,23 @@ std::variant<control::dump_begin_reply, control::failure_reply> hold(clock::time
         "the program did not quiesce within " +
             std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - g_hold_start).count()) +
             " ms"};
+  const double quiesce_us = us_since(g_hold_start);
   const driver_api* d = driver();
   control::dump_begin_reply r;
+  // Where the hold's time goes, in the log: with a million allocations each part shows.
+  double sync_us = 0, list_us = 0, export_us = 0;
+  std::size_t blocks = 0, segments = 0;
   for (const auto& p : active_pools()) {
+    auto t = clock::now();
     p.pool->synchronize();
+    sync_us += us_since(t);
+    t = clock::now();
     control::pool_contents c{p.ordinal, p.pool->base(), p.pool->size(), large_alignment, 0, {}, {}};
     c.allocations = p.pool->live_allocations();
     c.allocation_count = c.allocations.size();
+    blocks += c.allocations.size();
+    list_us += us_since(t);
+    t = clock::now();
     for (const auto& s : p.pool->segments()) {
       int exported = -1;
       const CUresult e = d->cuMemExportToShareableHandle(&exported, s.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
@@ -169,11 +184,14 @@ std::variant<control::dump_begin_reply, control::failure_reply> hold(clock::time
       }
       fds.push_back(exported);
       c.segments.push_back({s.addr, s.size});
+      ++segments;
     }
+    export_us += us_since(t);
     r.pools.push_back(std::move(c));
     r.devices.push_back(describe_device(p.ordinal));
   }
-  const int table = sealed_memfd(control::encode_allocation_table(r));
+  const auto table_start = clock::now();
+  const int table = allocation_table_memfd(r);
   if (table < 0) {
     const int err = errno;
     release("the allocation table could not be made");
@@ -182,6 +200,9 @@ std::variant<control::dump_begin_reply, control::failure_reply> hold(clock::time
   }
   fds.push_back(table);
   r.fd_count = static_cast<std::uint32_t>(fds.size());
+  log::info("control: held; quiesced in {:.0f} us, synchronized in {:.0f} us, {} blocks listed in {:.0f} us, {} segments "
+            "exported in {:.0f} us, the table made in {:.0f} us",
+            quiesce_us, sync_us, blocks, list_us, segments, export_us, us_since(table_start));
   return r;
 }
 

@@ -188,9 +188,12 @@ fds_frame decode_fds_frame(const std::string& payload);
 // The allocation table of a dump_begin reply: every pool's allocations in order, as fixed records
 // (little_endian.hpp's allocation_record). The process sends it as a sealed memfd.
 std::string encode_allocation_table(const dump_begin_reply& r);
+// The same into `out`, allocation_table_bytes(r) long (a mapped memfd: no copy of a large table).
+std::size_t allocation_table_bytes(const dump_begin_reply& r);
+void encode_allocation_table(const dump_begin_reply& r, unsigned char* out);
 // Fills every pool's allocations from the table, which must hold exactly allocation_count records
 // for each; decode_error when it does not, or names an API vmmckpt does not record.
-void decode_allocation_table(const std::string& table, dump_begin_reply& r);
+void decode_allocation_table(std::string_view table, dump_begin_reply& r);
 
 // One fully populated example of each message, per op, for the protocol document's check and the
 // round-trip tests: the request and its reply as encoded.

@@ -118,7 +118,7 @@ class writer {
 
   // The manifest's extents, taken file by file in manifest order, must be those end_extent
   // returned for that file, in order; data_files must be files(). The image is written with the
-  // writer's own image_id (whatever m says).
+  // writer's own image_id (whatever m says; cheapest when m already has it).
   void commit(const manifest& m);
   const std::string& image_id() const;
   const std::filesystem::path& temporary_dir() const;

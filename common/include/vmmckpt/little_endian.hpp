@@ -2,18 +2,30 @@
 // whatever the host, so that images and messages read the same on every machine.
 #pragma once
 
+#include <bit>
 #include <cstddef>
+#include <cstring>
 #include <cstdint>
 
 namespace vmmckpt {
 
+// `bytes` is 1 to 8; on a little-endian host each is one copy (tables of a million records are
+// read and written while a program is held).
 inline void put_le(unsigned char* out, std::uint64_t v, int bytes) noexcept {
-  for (int i = 0; i < bytes; ++i) out[i] = static_cast<unsigned char>(v >> (8 * i));
+  if constexpr (std::endian::native == std::endian::little) {
+    std::memcpy(out, &v, static_cast<std::size_t>(bytes));
+  } else {
+    for (int i = 0; i < bytes; ++i) out[i] = static_cast<unsigned char>(v >> (8 * i));
+  }
 }
 
 inline std::uint64_t get_le(const unsigned char* in, int bytes) noexcept {
   std::uint64_t v = 0;
-  for (int i = 0; i < bytes; ++i) v |= static_cast<std::uint64_t>(in[i]) << (8 * i);
+  if constexpr (std::endian::native == std::endian::little) {
+    std::memcpy(&v, in, static_cast<std::size_t>(bytes));
+  } else {
+    for (int i = 0; i < bytes; ++i) v |= static_cast<std::uint64_t>(in[i]) << (8 * i);
+  }
   return v;
 }
 
