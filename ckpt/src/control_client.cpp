@@ -205,7 +205,9 @@ Reply control_client::call(const control::request& r, std::vector<int>* fds) {
   }
 }
 
-control::hello_reply control_client::hello() { return call<control::hello_reply>(control::hello_request{}); }
+control::hello_reply control_client::hello(bool prepare_hold) {
+  return call<control::hello_reply>(control::hello_request{prepare_hold});
+}
 
 control::dump_begin_reply control_client::dump_begin(int hold_ms, received_fds& fds) {
   std::vector<int> got;

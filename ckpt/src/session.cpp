@@ -30,7 +30,7 @@ std::string hostname() {
 }  // namespace
 
 session::session(pid_t pid, expect state, const char* what, control_client::clock::time_point deadline)
-    : client_(pid, deadline), hello_(client_.hello()) {
+    : client_(pid, deadline), hello_(client_.hello(state == expect::running)) {
   fault_point("connected");
   const std::string who = "process " + std::to_string(pid);
   if (hello_.protocol != protocol::version)

@@ -212,6 +212,7 @@ std::string encode(const request& r) {
         using T = std::decay_t<decltype(req)>;
         if constexpr (std::is_same_v<T, hello_request>) {
           j["op"] = name_of(op::hello);
+          if (req.prepare_hold) j["prepare_hold"] = true;
         } else if constexpr (std::is_same_v<T, dump_begin_request>) {
           j["op"] = name_of(op::dump_begin);
           j["deadline_ms"] = req.deadline_ms;
@@ -337,7 +338,14 @@ std::variant<request, failure_reply> decode_request(const std::string& payload) 
   try {
     const json root = parse_limited(payload, max_depth);
     const std::string name = string_of(object_at(root, "request"), "", "op");
-    if (name == name_of(op::hello)) return request{hello_request{}};
+    if (name == name_of(op::hello)) {
+      hello_request r;
+      if (const auto it = root.find("prepare_hold"); it != root.end()) {
+        if (!it->is_boolean()) throw decode_error("prepare_hold: expected true or false");
+        r.prepare_hold = it->get<bool>();
+      }
+      return request{r};
+    }
     if (name == name_of(op::dump_begin)) {
       dump_begin_request r;
       r.deadline_ms = int_of(root, "", "deadline_ms");
@@ -446,7 +454,7 @@ std::vector<example> example_messages() {
   dump_begin_reply held{2, 30'000, {h200}, {{0, 0x200000000000, 549755813888, 2097152, 1,
                                      {{0x200000000000, 4096, vmmckpt::alloc_api::cuda_malloc}}, {{0x200000000000, 67108864}}}}};
   return {
-      {op::hello, encode(request{hello_request{}}), encode(hello)},
+      {op::hello, encode(request{hello_request{true}}), encode(hello)},
       {op::dump_begin, encode(request{dump_begin_request{30'000, 1795430130000}}), encode(held)},
       {op::dump_end, encode(request{dump_end_request{}}), encode(dump_end_reply{183000})},
       {op::suspend,

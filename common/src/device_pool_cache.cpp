@@ -53,6 +53,7 @@ void device_pool::index_insert(std::uint64_t addr, std::uint64_t requested, std:
   std::lock_guard lock(shard.mutex);
   shard.blocks.emplace(addr, live_block{requested, tag});
   shard.bytes += range_allocator::rounded_size(requested);
+  ++shard.changes;
 }
 
 void device_pool::index_reinsert(live_map::node_type& node) {
@@ -60,13 +61,17 @@ void device_pool::index_reinsert(live_map::node_type& node) {
   std::lock_guard lock(shard.mutex);
   shard.bytes += range_allocator::rounded_size(node.mapped().requested);
   shard.blocks.insert(std::move(node));
+  ++shard.changes;
 }
 
 device_pool::live_map::node_type device_pool::index_extract(std::uint64_t addr) {
   live_shard& shard = shard_for(addr);
   std::lock_guard lock(shard.mutex);
   live_map::node_type node = shard.blocks.extract(addr);
-  if (!node.empty()) shard.bytes -= range_allocator::rounded_size(node.mapped().requested);
+  if (!node.empty()) {
+    shard.bytes -= range_allocator::rounded_size(node.mapped().requested);
+    ++shard.changes;
+  }
   return node;
 }
 
@@ -124,6 +129,7 @@ bool device_pool::take_cached(thread_cache& cache, std::uint64_t rounded, std::u
     std::lock_guard lock(shard.mutex);
     shard.bytes += rounded;
     shard.blocks.insert(std::move(node));
+    ++shard.changes;
   }
   cache.bytes -= rounded;
   cache.blocks.erase(std::next(it).base());

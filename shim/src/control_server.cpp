@@ -164,7 +164,10 @@ bool serve_request(int fd, const control::request& request) {
       [&](const auto& r) -> bool {
         using T = std::decay_t<decltype(r)>;
         if constexpr (std::is_same_v<T, control::hello_request>) {
-          return send(fd, control::encode(describe_process()));
+          if (!send(fd, control::encode(describe_process()))) return false;
+          // After the answer: the tool prepares its side meanwhile.
+          if (r.prepare_hold && !is_suspended()) prepare_hold();
+          return true;
         } else if constexpr (std::is_same_v<T, control::check_request>) {
           return send(fd, control::encode(check_pools()));
         } else if constexpr (std::is_same_v<T, control::dump_begin_request>) {

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <fstream>
+#include <memory>
 #include <mutex>
 
 #include "gate.hpp"
@@ -118,6 +119,99 @@ std::uint64_t held_us() {
       std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - g_hold_start).count());
 }
 
+// A hold's allocation table made ahead of the hold (prepare_hold), while the program runs on:
+// listing 200 000 blocks and writing their table takes tens of milliseconds. The hold takes it
+// only when no pool allocated or freed a block since, which the pools' change counts tell.
+struct prepared_table {
+  std::vector<std::pair<device_pool*, std::uint64_t>> changes;  // each pool and its count when listed
+  std::vector<std::vector<allocation>> allocations;             // each pool's, in the same order
+  int fd = -1;                                                  // the table's sealed memfd
+  ~prepared_table() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+std::mutex g_prepared_mutex;
+std::unique_ptr<prepared_table> g_prepared;
+
+// The prepared table if it is still true of every pool (each listed, in order, none changed).
+std::unique_ptr<prepared_table> take_prepared(const std::vector<active_pool>& pools) {
+  std::unique_ptr<prepared_table> prepared;
+  {
+    std::lock_guard lock(g_prepared_mutex);
+    prepared = std::move(g_prepared);
+  }
+  if (!prepared || prepared->changes.size() != pools.size()) return nullptr;
+  for (std::size_t i = 0; i < pools.size(); ++i)
+    if (prepared->changes[i].first != pools[i].pool || prepared->changes[i].second != pools[i].pool->changes())
+      return nullptr;
+  return prepared;
+}
+
+// The held program's pools: each one's blocks, its segments exported (one descriptor each in `fds`),
+// and the allocation table's descriptor last (on a failure the caller closes those sent so far).
+// Throws only for want of memory.
+std::variant<control::dump_begin_reply, control::failure_reply> held_contents(double quiesce_us, std::vector<int>& fds) {
+  const driver_api* d = driver();
+  const auto pools = active_pools();
+  control::dump_begin_reply r;
+  // Where the hold's time goes, in the log: with a million allocations each part shows.
+  double sync_us = 0, list_us = 0, export_us = 0;
+  std::size_t blocks = 0, segments = 0;
+  for (const auto& p : pools) {
+    const auto t = clock::now();
+    p.pool->synchronize();
+    sync_us += us_since(t);
+  }
+  auto t = clock::now();
+  std::unique_ptr<prepared_table> prepared = take_prepared(pools);
+  for (std::size_t i = 0; i < pools.size(); ++i) {
+    control::pool_contents c{pools[i].ordinal, pools[i].pool->base(), pools[i].pool->size(), large_alignment, 0, {}, {}};
+    c.allocations = prepared ? std::move(prepared->allocations[i]) : pools[i].pool->live_allocations();
+    c.allocation_count = c.allocations.size();
+    blocks += c.allocations.size();
+    r.pools.push_back(std::move(c));
+  }
+  list_us = us_since(t);
+  t = clock::now();
+  for (std::size_t i = 0; i < pools.size(); ++i) {
+    for (const auto& s : pools[i].pool->segments()) {
+      int exported = -1;
+      const CUresult e = d->cuMemExportToShareableHandle(&exported, s.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+      if (e != CUDA_SUCCESS) {
+        release("export failed");
+        return control::failure_reply{control::refusal::failed, "exporting pool memory at " + hex(s.addr) +
+                                                                    " failed: CUDA error " + std::to_string(e)};
+      }
+      fds.push_back(exported);
+      r.pools[i].segments.push_back({s.addr, s.size});
+      ++segments;
+    }
+    r.devices.push_back(describe_device(pools[i].ordinal));
+  }
+  export_us = us_since(t);
+  t = clock::now();
+  int table = -1;
+  if (prepared) {
+    table = prepared->fd;  // handed over: closed with the others once sent
+    prepared->fd = -1;
+  } else {
+    table = allocation_table_memfd(r);
+  }
+  if (table < 0) {
+    const int err = errno;
+    release("the allocation table could not be made");
+    return control::failure_reply{control::refusal::failed,
+                                  "cannot make the allocation table: " + std::string(std::strerror(err))};
+  }
+  fds.push_back(table);
+  r.fd_count = static_cast<std::uint32_t>(fds.size());
+  log::info("control: held; quiesced in {:.0f} us, synchronized in {:.0f} us, {} blocks {} in {:.0f} us, {} segments "
+            "exported in {:.0f} us, the table {} in {:.0f} us",
+            quiesce_us, sync_us, blocks, prepared ? "listed beforehand, unchanged, taken" : "listed", list_us, segments,
+            export_us, prepared ? "taken" : "made", us_since(t));
+  return r;
+}
+
 }  // namespace
 
 bool is_suspended() { return g_suspended.load(); }
@@ -157,53 +251,36 @@ std::variant<control::dump_begin_reply, control::failure_reply> hold(clock::time
         "the program did not quiesce within " +
             std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - g_hold_start).count()) +
             " ms"};
-  const double quiesce_us = us_since(g_hold_start);
-  const driver_api* d = driver();
-  control::dump_begin_reply r;
-  // Where the hold's time goes, in the log: with a million allocations each part shows.
-  double sync_us = 0, list_us = 0, export_us = 0;
-  std::size_t blocks = 0, segments = 0;
-  for (const auto& p : active_pools()) {
-    auto t = clock::now();
-    p.pool->synchronize();
-    sync_us += us_since(t);
-    t = clock::now();
-    control::pool_contents c{p.ordinal, p.pool->base(), p.pool->size(), large_alignment, 0, {}, {}};
-    c.allocations = p.pool->live_allocations();
-    c.allocation_count = c.allocations.size();
-    blocks += c.allocations.size();
-    list_us += us_since(t);
-    t = clock::now();
-    for (const auto& s : p.pool->segments()) {
-      int exported = -1;
-      const CUresult e = d->cuMemExportToShareableHandle(&exported, s.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-      if (e != CUDA_SUCCESS) {
-        release("export failed");
-        return control::failure_reply{control::refusal::failed, "exporting pool memory at " + hex(s.addr) +
-                                                                    " failed: CUDA error " + std::to_string(e)};
-      }
-      fds.push_back(exported);
-      c.segments.push_back({s.addr, s.size});
-      ++segments;
+  try {
+    return held_contents(us_since(g_hold_start), fds);
+  } catch (const std::exception& e) {
+    // Out of memory: nothing is handed over (the caller closes `fds`), and the program goes on.
+    release("the hold could not be described");
+    return control::failure_reply{control::refusal::failed, std::string("cannot describe the held memory: ") + e.what()};
+  }
+}
+
+void prepare_hold() noexcept {
+  try {
+    auto prepared = std::make_unique<prepared_table>();
+    control::dump_begin_reply r;
+    for (const auto& p : active_pools()) {
+      const std::uint64_t before = p.pool->changes();
+      control::pool_contents c{p.ordinal, p.pool->base(), p.pool->size(), large_alignment, 0, {}, {}};
+      c.allocations = p.pool->live_allocations_unlocked();
+      if (p.pool->changes() != before) return;  // allocating meanwhile: the hold lists for itself
+      c.allocation_count = c.allocations.size();
+      prepared->changes.push_back({p.pool, before});
+      r.pools.push_back(std::move(c));
     }
-    export_us += us_since(t);
-    r.pools.push_back(std::move(c));
-    r.devices.push_back(describe_device(p.ordinal));
+    prepared->fd = allocation_table_memfd(r);
+    if (prepared->fd < 0) return;
+    for (auto& c : r.pools) prepared->allocations.push_back(std::move(c.allocations));
+    std::lock_guard lock(g_prepared_mutex);
+    g_prepared = std::move(prepared);
+  } catch (...) {
+    // Out of memory: the hold lists for itself.
   }
-  const auto table_start = clock::now();
-  const int table = allocation_table_memfd(r);
-  if (table < 0) {
-    const int err = errno;
-    release("the allocation table could not be made");
-    return control::failure_reply{control::refusal::failed,
-                                  "cannot make the allocation table: " + std::string(std::strerror(err))};
-  }
-  fds.push_back(table);
-  r.fd_count = static_cast<std::uint32_t>(fds.size());
-  log::info("control: held; quiesced in {:.0f} us, synchronized in {:.0f} us, {} blocks listed in {:.0f} us, {} segments "
-            "exported in {:.0f} us, the table made in {:.0f} us",
-            quiesce_us, sync_us, blocks, list_us, segments, export_us, us_since(table_start));
-  return r;
 }
 
 std::uint64_t release(const char* why) {

@@ -16,6 +16,9 @@ control::hello_reply describe_process();
 // check: every pool's placement and physical memory agree.
 control::check_reply check_pools();
 
+// hello with prepare_hold: lists the pools' allocations and makes their table now, while the program
+// runs, for the hold that follows (used only if no block is allocated or freed in between).
+void prepare_hold() noexcept;
 // dump_begin: holds the program for a dump or a suspend (the gate closed, work in flight drained,
 // every pool's device synchronized) and exports every pool segment's physical memory, one
 // descriptor each in `fds` (the caller closes them). A failure_reply when it cannot; the program

@@ -116,12 +116,18 @@ TEST_CASE("requests that are not ours are answered, not acted on", "[control]") 
                           R"({"op":"dump_begin"})", R"({"op":"dump_begin","deadline_ms":"5"})",
                           R"({"op":"dump_begin","deadline_ms":1e99})", R"({"op":"dump_begin","deadline_ms":5})",
                           R"({"op":"suspend"})", R"({"op":"resume"})",
-                          R"({"op":"suspend","image":7})", "[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]"}) {
+                          R"({"op":"suspend","image":7})", R"({"op":"hello","prepare_hold":1})",
+                          "[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]"}) {
     INFO(bad);
     const auto r = refusal_of(bad);
     CHECK(r.code == control::refusal::bad_request);
     CHECK(r.error.rfind("malformed request: ", 0) == 0);
   }
+  // hello's prepare_hold is optional: false when absent.
+  const auto plain = control::decode_request(R"({"op":"hello"})");
+  REQUIRE(std::holds_alternative<control::request>(plain));
+  CHECK_FALSE(std::get<control::hello_request>(std::get<control::request>(plain)).prepare_hold);
+  CHECK(control::encode(control::request{control::hello_request{}}) == R"({"op":"hello"})");
   // A field a newer tool adds is ignored.
   const auto newer =
       control::decode_request(R"({"op":"dump_begin","deadline_ms":1000,"valid_until_ms":5,"colour":"blue"})");

@@ -567,6 +567,29 @@ TEST_CASE("cached blocks are left out of live_blocks and of the live bytes", "[p
   REQUIRE(pool.check_invariants().empty());
 }
 
+TEST_CASE("the live list: in address order either way it is taken, and every change counted", "[pool][cache]") {
+  fake_backend backend(1ULL << 40);
+  device_pool pool(base, 64ULL << 30, policy(), backend);
+  std::vector<std::uint64_t> blocks;
+  for (int i = 0; i < 5000; ++i) blocks.push_back(must_allocate(pool, 100 + (i % 7) * 300));
+  const auto locked = pool.live_allocations();
+  REQUIRE(locked.size() == blocks.size());
+  for (std::size_t i = 1; i < locked.size(); ++i) REQUIRE(locked[i - 1].addr < locked[i].addr);
+  REQUIRE(pool.live_allocations_unlocked() == locked);
+  // Unchanged, the count stays; every allocation, free, and block taken back from a thread's cache
+  // moves it.
+  const std::uint64_t before = pool.changes();
+  REQUIRE(pool.changes() == before);
+  REQUIRE(pool.free(blocks[10]) == pool_status::ok);  // into this thread's cache
+  const std::uint64_t after_free = pool.changes();
+  REQUIRE(after_free > before);
+  const auto again = must_allocate(pool, 100 + (10 % 7) * 300);  // the cached block, taken back
+  REQUIRE(again == blocks[10]);
+  REQUIRE(pool.changes() > after_free);
+  REQUIRE(pool.live_allocations() == locked);
+  REQUIRE(pool.check_invariants().empty());
+}
+
 TEST_CASE("a cached block is reused only after a synchronize when work was submitted before its free",
           "[pool][cache]") {
   fake_backend backend(1ULL << 40);

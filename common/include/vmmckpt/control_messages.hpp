@@ -55,6 +55,9 @@ struct device_description {
 
 // ---- requests ----
 struct hello_request {
+  // A dump or suspend is coming: the program lists its allocations now, while it runs, so that the
+  // hold can use the list when nothing was allocated or freed since (optional; false when absent).
+  bool prepare_hold = false;
   friend bool operator==(const hello_request&, const hello_request&) = default;
 };
 // Requests that change the process carry the time they are valid until, in milliseconds since the

@@ -106,9 +106,15 @@ class device_pool {
   bool address_range(std::uint64_t addr, std::uint64_t& block_base, std::uint64_t& block_size) const;
 
   pool_stats stats() const;
-  // Every block the program holds (not the caches'), in address order: what a dump records. Cheap
-  // enough to take while the program is held: 200 000 blocks in a few milliseconds.
+  // Every block the program holds (not the caches'), in address order: what a dump records. A
+  // consistent snapshot, taken with every shard locked (the program held, or blocked from
+  // allocating meanwhile): 200 000 blocks in about 20 ms.
   std::vector<allocation> live_allocations() const;
+  // The same, listed a shard at a time, so that the program allocates on meanwhile (for a listing
+  // made ahead of a hold). Consistent only if changes() is the same before and after.
+  std::vector<allocation> live_allocations_unlocked() const;
+  // Blocks put in or taken out of the live index so far: equal counts, nothing changed between.
+  std::uint64_t changes() const;
   std::vector<range_allocator::block> live_blocks() const;  // the same, with their rounded sizes
   std::vector<segment_info> segments() const;
 
@@ -150,7 +156,8 @@ class device_pool {
   struct alignas(128) live_shard {
     mutable adaptive_mutex mutex;
     live_map blocks;
-    std::uint64_t bytes = 0;  // rounded sizes
+    std::uint64_t bytes = 0;    // rounded sizes
+    std::uint64_t changes = 0;  // blocks put in or taken out, ever
   };
   static constexpr int shard_bits = 6;
   // A freed block in a thread's cache: still taken in ranges_ and counted live in its segment, but no

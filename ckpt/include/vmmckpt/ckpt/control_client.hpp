@@ -68,7 +68,8 @@ class control_client {
   // One typed request each, answered by the deadline; control_error when the channel fails or the
   // process refuses. Requests that change the process are stamped valid until the deadline: one
   // that waits in the socket past it (the program stopped meanwhile) is refused, never acted on late.
-  control::hello_reply hello();
+  // With prepare_hold, the program lists its allocations for the dump_begin that follows.
+  control::hello_reply hello(bool prepare_hold = false);
   // Holds the program for at most hold_ms; its pool memory arrives as one descriptor per segment.
   control::dump_begin_reply dump_begin(int hold_ms, received_fds& fds);
   control::dump_end_reply dump_end();
