@@ -24,7 +24,7 @@ Enum enum_at(const json& v, const std::string& path, const Enum (&values)[N]) {
   const std::string text = string_at(v, path);
   for (Enum e : values)
     if (name_of(e) == text) return e;
-  throw decode_error(path + ": unknown value \"" + text + "\"");
+  throw decode_error(path + ": unknown value \"" + printable(text) + "\"");
 }
 
 constexpr process_state all_states[] = {process_state::running, process_state::suspended};
@@ -358,7 +358,7 @@ std::variant<request, failure_reply> decode_request(const std::string& payload) 
                                      i64_of(root, "", "valid_until_ms")}};
     if (name == name_of(op::resume)) return request{resume_request{i64_of(root, "", "valid_until_ms")}};
     if (name == name_of(op::check)) return request{check_request{}};
-    return failure_reply{refusal::unknown_op, "unknown op '" + name + "'"};
+    return failure_reply{refusal::unknown_op, "unknown op '" + printable(name) + "'"};
   } catch (const decode_error& e) {
     return failure_reply{refusal::bad_request, std::string("malformed request: ") + e.what()};
   }

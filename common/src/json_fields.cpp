@@ -53,18 +53,23 @@ json parse_limited(const std::string& text, std::size_t max_depth) {
   } catch (const json::exception& e) {
     // The parser quotes the bytes it stopped at, which may be broken UTF-8: escaped, the message
     // stays printable and can go into JSON output (cuda-ckpt verify --json).
-    std::string why = "not valid JSON: ";
-    for (const char* c = e.what(); *c != '\0'; ++c) {
-      const auto b = static_cast<unsigned char>(*c);
-      if (b >= 0x20 && b < 0x7f) {
-        why += *c;
-      } else {
-        static constexpr char digits[] = "0123456789abcdef";
-        why += {'\\', 'x', digits[b >> 4], digits[b & 0xf]};
-      }
-    }
-    fail(std::move(why));
+    fail("not valid JSON: " + printable(e.what()));
   }
+}
+
+std::string printable(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (const char c : text) {
+    const auto b = static_cast<unsigned char>(c);
+    if (b >= 0x20 && b < 0x7f) {
+      out += c;
+    } else {
+      static constexpr char digits[] = "0123456789abcdef";
+      out += {'\\', 'x', digits[b >> 4], digits[b & 0xf]};
+    }
+  }
+  return out;
 }
 
 std::string join(const std::string& path, const char* key) { return path.empty() ? key : path + "." + key; }

@@ -55,7 +55,7 @@ void decode_allocations(const json& pj, const std::string& p, pool& pl) {
     // Restore allocates each block again through the API that made it: a name it does not know
     // could only be guessed at.
     const auto known = alloc_api_from_name(api);
-    if (!known) fail(join(q, "api") + " \"" + api + "\" is not an allocation API vmmckpt records");
+    if (!known) fail(join(q, "api") + " \"" + printable(api) + "\" is not an allocation API vmmckpt records");
     al.api = *known;
     pl.allocations.push_back(std::move(al));
   }

@@ -9,6 +9,7 @@
 #include "vmmckpt/alloc_api.hpp"
 #include "vmmckpt/pool_layout.hpp"
 #include "vmmckpt/image.hpp"
+#include "vmmckpt/json_fields.hpp"
 
 namespace vmmckpt::image {
 namespace {
@@ -79,7 +80,7 @@ void validate(const manifest& m) {
          std::to_string(format_version) + ")");
   if (m.format < 1) fail("format " + std::to_string(m.format) + " is not a known format");
   if (m.format >= 3 && (m.image_id.size() != 32 || m.image_id.find_first_not_of("0123456789abcdef") != std::string::npos))
-    fail("image_id \"" + m.image_id + "\" is not 32 lowercase hex digits");
+    fail("image_id \"" + json_fields::printable(m.image_id) + "\" is not 32 lowercase hex digits");
   if (m.data_files == 0 || m.data_files > max_data_files)
     fail("data_files is " + std::to_string(m.data_files) + ", expected 1 to " + std::to_string(max_data_files));
   if (m.format == 1 && m.data_files != 1) fail("data_files is " + std::to_string(m.data_files) + " in a format 1 image");

@@ -112,6 +112,8 @@ TEST_CASE("requests that are not ours are answered, not acted on", "[control]") 
   };
   CHECK(refusal_of(R"({"op":"fly"})").code == control::refusal::unknown_op);
   CHECK(refusal_of(R"({"op":"fly"})").error == "unknown op 'fly'");
+  // A reply quotes the request printably: it goes back as JSON and into logs.
+  CHECK(refusal_of("{\"op\":\"fl\xc3\xbf\\u0001\"}").error == "unknown op 'fl\\xc3\\xbf\\x01'");
   for (const char* bad : {R"({"op":5})", R"({"op":null})", R"({})", R"([1,2])", "not json", "",
                           R"({"op":"dump_begin"})", R"({"op":"dump_begin","deadline_ms":"5"})",
                           R"({"op":"dump_begin","deadline_ms":1e99})", R"({"op":"dump_begin","deadline_ms":5})",

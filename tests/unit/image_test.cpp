@@ -616,6 +616,12 @@ REFUSES_JSON("a short tables checksum", "manifest.json: tables.checksum: expecte
 REFUSES_JSON("a missing image id", "manifest.json: missing field 'image_id'", j.erase("image_id"))
 REFUSES_JSON("an image id that is not 32 hex digits", "manifest.json: image_id \"xyz\" is not 32 lowercase hex digits",
              j["image_id"] = "xyz")
+// What a refusal quotes of the manifest is printable ASCII, whatever bytes the manifest held.
+REFUSES_JSON("an image id beyond ASCII, quoting it printably", "manifest.json: image_id \"\\xc3\\xa9xyz\" is not",
+             j["image_id"] = "\xc3\xa9xyz")
+REFUSES_FORMAT2_JSON("an unknown allocation API, quoting it printably",
+                     "manifest.json: pools[0].allocations[0].api \"cuMem\\xc3\\x83lloc\\x01\" is not an allocation API",
+                     j["pools"][0]["allocations"][0]["api"] = "cuMem\xc3\x83lloc\x01")
 REFUSES_JSON("an ordinal beyond int", "manifest.json: devices[0].ordinal: expected a 32-bit integer",
              j["devices"][0]["ordinal"] = 1ULL << 40)
 REFUSES_JSON("a pool that is not an object", "manifest.json: pools[1]: expected an object", j["pools"][1] = 7)

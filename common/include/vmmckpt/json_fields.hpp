@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace vmmckpt::json_fields {
 
@@ -19,6 +20,10 @@ struct decode_error : std::runtime_error {
 // Parses text, refusing nesting deeper than max_depth. Linear in the text's size. The message of
 // a syntax error is escaped to printable ASCII (it may quote broken UTF-8).
 json parse_limited(const std::string& text, std::size_t max_depth);
+
+// text with every byte outside printable ASCII written as \xNN: what a refusal may quote of its
+// input, so that the message stays printable and valid in JSON output whatever the input held.
+std::string printable(std::string_view text);
 
 std::string join(const std::string& path, const char* key);  // "a.key", or "key" at the root
 std::string index(const std::string& path, std::size_t i);   // "a[3]"
