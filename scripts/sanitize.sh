@@ -70,7 +70,7 @@ run_mode() {
   case "$mode" in
     asan) flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" ;;
     # Only what the tsan tests run: a fraction of the build on CI's two cores.
-    tsan) flags="-fsanitize=thread -fno-omit-frame-pointer" targets=(vmmckpt_unit_tests) ;;
+    tsan) flags="-fsanitize=thread -fno-omit-frame-pointer" targets=(vmmckpt_unit_tests vmmckpt_log_tests) ;;
   esac
   echo "==> [$mode] configure and build in $dir ($flags)"
   mkdir -p "$dir"

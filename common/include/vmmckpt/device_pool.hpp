@@ -159,7 +159,7 @@ class device_pool {
     std::uint64_t bytes = 0;    // rounded sizes
     std::uint64_t changes = 0;  // blocks put in or taken out, ever
   };
-  static constexpr int shard_bits = 6;
+  static constexpr int shard_bits = 6;  // live_allocations() holds every shard's lock: at most 64 (ThreadSanitizer's limit)
   // A freed block in a thread's cache: still taken in ranges_ and counted live in its segment, but no
   // longer in the live index. Its index node is kept for the block's next life.
   struct cached_block {
@@ -188,7 +188,8 @@ class device_pool {
   struct thread_caches;  // every cache of one thread
 
   // Lock order: caches_mutex_, then thread caches' mutexes (in caches_ order), then mutex_, then one
-  // shard's. A shard's is taken only under a cache's or mutex_. A thread's fast path takes its own
+  // shard's. A shard's is a leaf: whoever holds one takes no other lock, except live_allocations(),
+  // which takes every shard's in index order and nothing else. A thread's fast path takes its own
   // cache's mutex, then one shard's.
   live_shard& shard_for(std::uint64_t addr) const;
   void index_insert(std::uint64_t addr, std::uint64_t requested, std::uint32_t tag);
