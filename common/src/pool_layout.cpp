@@ -79,6 +79,33 @@ std::string validate(const pool_config& config) {
   return {};
 }
 
+std::string validate(const vmm_config& config, const pool_config& pools) {
+  constexpr std::uint64_t user_space_end = 1ULL << 47;
+  if (config.base == 0 || config.base % large_alignment != 0)
+    return "VMMCKPT_VMM_BASE must be a non-zero multiple of 2 MiB";
+  if (config.window == 0 || config.window % large_alignment != 0)
+    return "VMMCKPT_VMM_WINDOW must be a non-zero multiple of 2 MiB";
+  if (config.window > user_space_end / max_devices || config.base > user_space_end - config.window * max_devices)
+    return "VMMCKPT_VMM_BASE + 16 * VMMCKPT_VMM_WINDOW must stay below 128 TiB (user address space)";
+  // Bounded above (and by validate(pools) for the pools, when they are valid): no overflow.
+  const std::uint64_t windows_end = config.base + config.window * max_devices;
+  const bool pools_fit = pools.size <= user_space_end / max_devices &&
+                         pools.base <= user_space_end - pools.size * max_devices;
+  const std::uint64_t pools_end = pools_fit ? pools.base + pools.size * max_devices : user_space_end;
+  if (config.base < pools_end && pools.base < windows_end)
+    return "the VMM windows [VMMCKPT_VMM_BASE, + 16 * VMMCKPT_VMM_WINDOW) overlap the pools [VMMCKPT_POOL_BASE, "
+           "+ 16 * VMMCKPT_POOL_SIZE)";
+  return {};
+}
+
+vmm_config vmm_config_from_env(const pool_config& pools, std::string& error) {
+  vmm_config config;
+  error.clear();
+  if (!read_env(env_vmm_base, config.base, error) || !read_env(env_vmm_window, config.window, error)) return config;
+  error = validate(config, pools);
+  return config;
+}
+
 pool_config pool_config_from_env(std::string& error) {
   pool_config config;
   error.clear();

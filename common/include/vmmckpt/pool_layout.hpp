@@ -49,6 +49,24 @@ struct pool_config {
   std::uint64_t device_base(int ordinal) const { return base + static_cast<std::uint64_t>(ordinal) * size; }
 };
 
+// Where the shim places the reservations a program makes itself (cuMemAddressReserve, docs/vmm.md):
+// device d's window is [base + d * window, base + (d + 1) * window). By default the 16 windows lie
+// above the 16 pools (which end at 0x280000000000) and end at 0x500000000000. Part of the same contract
+// as the pool's addresses: changing a default moves every program-made reservation.
+inline constexpr std::uint64_t default_vmm_base = 0x300000000000ULL;  // 48 TiB
+inline constexpr std::uint64_t default_vmm_window = 2ULL << 40;       // 2 TiB per device
+inline constexpr const char* env_vmm_base = "VMMCKPT_VMM_BASE";
+inline constexpr const char* env_vmm_window = "VMMCKPT_VMM_WINDOW";
+
+// A sibling of pool_config rather than more fields of it: a bad VMM value must not take the pools
+// down with it (it disables only program-made reservations), so it is read and checked on its own.
+struct vmm_config {
+  std::uint64_t base = default_vmm_base;
+  std::uint64_t window = default_vmm_window;
+
+  std::uint64_t device_base(int ordinal) const { return base + static_cast<std::uint64_t>(ordinal) * window; }
+};
+
 // Parses "0x1f", "4096", "64M", "2G", "1T" (binary units). Returns false on
 // anything else, on overflow, and on an empty string.
 bool parse_size(std::string_view text, std::uint64_t& out);
@@ -60,6 +78,11 @@ pool_config pool_config_from_env(std::string& error);
 
 // Checks a config for values no pool can use; returns an empty string when good.
 std::string validate(const pool_config& config);
+
+// Reads VMMCKPT_VMM_BASE and VMMCKPT_VMM_WINDOW. On a bad value, or windows that overlap the pools of
+// `pools`, `error` names the variable and why, and the returned config must not be used.
+vmm_config vmm_config_from_env(const pool_config& pools, std::string& error);
+std::string validate(const vmm_config& config, const pool_config& pools);
 
 constexpr std::uint64_t align_up(std::uint64_t value, std::uint64_t alignment) {
   return (value + alignment - 1) / alignment * alignment;
