@@ -1,0 +1,202 @@
+// What the shim knows of the VMM memory a program maps itself: its reservations (placed in windows of
+// ours), handle tokens, mappings and access rights. Pure bookkeeping, kept apart from CUDA so that it is
+// tested without a GPU; shim/src/vmm_entry_points.cpp makes the driver calls (docs/vmm.md).
+//
+// Not thread-safe: the shim holds one mutex around every call.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "vmmckpt/pool_layout.hpp"
+
+namespace vmmckpt {
+
+// The driver's granularity for device memory on every GPU so far; placement uses it as a constant so
+// that addresses never depend on the GPU model.
+inline constexpr std::uint64_t vmm_granularity = large_alignment;
+
+// A handle token: "vmm" in bits 63..40, a counter from 1 in bits 39..0, so the n-th owned cuMemCreate of
+// a run gets the same token in every run. The tag is not a canonical user-space pointer, which is what
+// real drivers' handle values look like, nor a small integer, which is what the emulator's are.
+inline constexpr std::uint64_t vmm_token_tag = 0x766d6dULL << 40;
+inline constexpr std::uint64_t vmm_token_counter_mask = (1ULL << 40) - 1;
+constexpr bool looks_like_vmm_token(std::uint64_t value) {
+  return (value & ~vmm_token_counter_mask) == vmm_token_tag && (value & vmm_token_counter_mask) != 0;
+}
+
+enum class vmm_status {
+  ok,
+  invalid_value,  // what the driver answers too (not our exact reservation, a double release, a bad alignment)
+  out_of_memory,  // no room in the window
+  not_found,      // not ours: the caller passes the call through to the driver
+};
+
+// The program's CUmemAllocationProp exactly as it passed it, as bytes so that this header needs no
+// cuda.h (the shim checks at compile time that the struct fits).
+struct vmm_properties {
+  std::array<unsigned char, 64> bytes{};
+};
+
+struct vmm_reservation {
+  std::uint64_t addr = 0;
+  std::uint64_t size = 0;  // as the program asked; placement occupies it rounded up to the granularity
+  int device = 0;          // whose window it lies in
+};
+
+struct vmm_handle {
+  std::uint64_t token = 0;
+  std::uint64_t real = 0;  // the driver's handle; one driver reference held while this record lives
+  std::uint64_t size = 0;
+  int device = 0;
+  std::uint64_t flags = 0;  // cuMemCreate's flags
+  vmm_properties properties;
+  std::uint32_t refs = 0;      // create 1, each retain +1, each release -1
+  std::uint32_t mappings = 0;  // mapping records using it; the record goes when both are 0
+};
+
+struct vmm_mapping {
+  std::uint64_t addr = 0;
+  std::uint64_t size = 0;
+  std::uint64_t token = 0;
+  std::uint64_t offset = 0;  // into the handle's memory
+  bool operator==(const vmm_mapping&) const = default;
+};
+
+struct vmm_access {
+  int location_type = 0;  // CUmemLocationType
+  int location_id = 0;
+  std::uint64_t flags = 0;  // CUmemAccess_flags
+  bool operator==(const vmm_access&) const = default;
+};
+
+// Access rights over [addr, addr + size): neighbouring ranges with the same rights are one record.
+struct vmm_access_range {
+  std::uint64_t addr = 0;
+  std::uint64_t size = 0;
+  std::vector<vmm_access> access;  // one entry per location, ordered by (type, id)
+};
+
+// VMM memory that passes through, by kind: what a suspend would leave on the GPU.
+enum class vmm_not_owned_kind { host, other, imported };
+struct vmm_not_owned_bytes {
+  std::uint64_t host = 0;      // created on a host location (HOST, HOST_NUMA...): from create to last release
+  std::uint64_t other = 0;     // created with any other property we do not own: from create to last release
+  std::uint64_t imported = 0;  // imported handles, whose size the importer cannot know: bytes mapped
+  std::uint64_t total() const { return host + other + imported; }
+};
+
+class vmm_registry {
+ public:
+  // Device d's window is [base + d * window, base + (d + 1) * window), for d below `devices`.
+  vmm_registry(std::uint64_t base, std::uint64_t window, int devices = max_devices);
+
+  // ---- reservations
+  // Places and records a reservation on `device`'s window: the hint when [hint, hint + size) lies free
+  // inside a window (any device's; the reservation then belongs to that one) and honours the
+  // alignment, else the lowest free address with the alignment (at least the granularity).
+  // invalid_value: size 0, an alignment that is not a power of two, a device without a window;
+  // out_of_memory: no room.
+  vmm_status reserve(int device, std::uint64_t size, std::uint64_t alignment, std::uint64_t hint,
+                     std::uint64_t& addr);
+  // Whether (addr, size) may be freed: ok for exactly one of our reservations, invalid_value when it
+  // touches ours otherwise, not_found when it touches none (not ours: pass it through).
+  vmm_status check_free(std::uint64_t addr, std::uint64_t size) const;
+  // Forgets a reservation check_free accepted, with the mappings and access inside it (the driver drops
+  // them with the range); handles left with neither references nor mappings go, their real handles
+  // appended to `release_real` for the caller to release.
+  vmm_status free_reservation(std::uint64_t addr, std::uint64_t size, std::vector<std::uint64_t>& release_real);
+
+  // ---- handles
+  // Records a handle the driver created for us; returns its token (refs 1), or 0 when the counter is
+  // spent. Never throws but for std::bad_alloc.
+  std::uint64_t add_handle(std::uint64_t real, std::uint64_t size, int device, std::uint64_t flags,
+                           const vmm_properties& properties);
+  // A token with at least one reference, or null (unknown values, and tokens released but still
+  // mapped, are not live: the driver too refuses a released handle).
+  const vmm_handle* live_handle(std::uint64_t token) const;
+  // Any record, live or only mapped.
+  const vmm_handle* find_handle(std::uint64_t token) const;
+  // Swaps the driver handle under a token (a later resume re-creates the memory).
+  bool replace_real(std::uint64_t token, std::uint64_t real);
+  // One reference less. ok, with the real handle appended to release_real when the record went;
+  // invalid_value when the token had no reference left; not_found when it is no token of ours.
+  vmm_status release(std::uint64_t token, std::vector<std::uint64_t>& release_real);
+  // One reference more on the token mapped at addr (any address inside a mapping); not_found when no
+  // mapping of ours lies there.
+  vmm_status retain_at(std::uint64_t addr, std::uint64_t& token);
+
+  // ---- mappings
+  // Records that the driver mapped `handle` (a live token, or a not-owned handle we count) at
+  // [addr, addr + size) from `offset`. not_found: neither (nothing recorded). invalid_value: the range
+  // overlaps a recorded mapping.
+  vmm_status map(std::uint64_t addr, std::uint64_t size, std::uint64_t offset, std::uint64_t handle);
+  // Removes every mapping record [addr, addr + size) touches, keeping the parts outside it (a partial
+  // unmap splits a mapping), and the access rights inside it. Handles left with neither references nor
+  // mappings go; owned ones' real handles are appended to release_real.
+  void unmap(std::uint64_t addr, std::uint64_t size, std::vector<std::uint64_t>& release_real);
+  // The owned mapping that contains addr, if any.
+  std::optional<vmm_mapping> mapping_at(std::uint64_t addr) const;
+
+  // ---- access
+  // Sets, for each location in `access`, its flags over [addr, addr + size); other locations keep theirs.
+  void set_access(std::uint64_t addr, std::uint64_t size, std::span<const vmm_access> access);
+
+  // ---- memory that passes through
+  void add_not_owned(std::uint64_t real, vmm_not_owned_kind kind, std::uint64_t size);
+  // A retain or release the driver answered for a not-owned handle; unknown values are ignored.
+  void retain_not_owned(std::uint64_t real);
+  void release_not_owned(std::uint64_t real);
+  vmm_not_owned_bytes not_owned_bytes() const;
+
+  // ---- enumeration, for a dump or a suspend
+  std::vector<vmm_reservation> reservations() const;  // address order
+  std::vector<vmm_handle> handles() const;            // token order
+  std::vector<vmm_mapping> mappings() const;          // owned mappings, address order
+  std::vector<vmm_access_range> access() const;       // address order
+
+  std::uint64_t window_base(int device) const { return base_ + static_cast<std::uint64_t>(device) * window_; }
+  std::uint64_t window_size() const { return window_; }
+
+ private:
+  struct mapping_record {
+    std::uint64_t size;
+    std::uint64_t handle;  // token, or the real value of a not-owned handle
+    std::uint64_t offset;
+    bool owned;
+  };
+  struct not_owned_record {
+    vmm_not_owned_kind kind;
+    std::uint64_t size;
+    std::uint32_t refs;
+    std::uint32_t mappings;
+  };
+  struct access_record {
+    std::uint64_t end;
+    std::vector<vmm_access> access;
+  };
+
+  bool range_free(std::uint64_t addr, std::uint64_t span) const;
+  int window_of(std::uint64_t addr, std::uint64_t span) const;  // -1: not wholly inside one window
+  void adjust_mappings(const mapping_record& m, int delta);
+  void drop_if_unused(std::uint64_t handle, bool owned, std::vector<std::uint64_t>& release_real);
+  void split_access_at(std::uint64_t addr);
+  void erase_access(std::uint64_t addr, std::uint64_t end);
+  void coalesce_access(std::uint64_t from, std::uint64_t to);
+
+  std::uint64_t base_;
+  std::uint64_t window_;
+  int devices_;
+  std::uint64_t next_counter_ = 1;
+  std::map<std::uint64_t, vmm_reservation> reservations_;  // by address
+  std::map<std::uint64_t, vmm_handle> handles_;            // by token
+  std::map<std::uint64_t, mapping_record> mappings_;       // by address; owned and counted not-owned
+  std::map<std::uint64_t, not_owned_record> not_owned_;    // by real handle
+  std::map<std::uint64_t, access_record> access_;          // by address; disjoint
+};
+
+}  // namespace vmmckpt
