@@ -258,14 +258,6 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr* dptr, size_t byte
   return d->cuMemAllocManaged(dptr, bytesize, flags);
 }
 
-VMMCKPT_EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
-                                            const CUmemAllocationProp* prop, unsigned long long flags) {
-  const driver_api* d = driver();
-  if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  VMMCKPT_NOT_SERVED("memory the program maps itself (cuMemCreate)");
-  return d->cuMemCreate(handle, size, prop, flags);
-}
-
 VMMCKPT_EXPORT CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* props) {
   const driver_api* d = driver();
   if (d == nullptr || d->cuMemPoolCreate == nullptr) return CUDA_ERROR_NOT_INITIALIZED;

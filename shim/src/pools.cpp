@@ -134,6 +134,8 @@ CUresult create_pool(registry& r, int ordinal, device_slot& slot, bool& lasting)
 
 bool shim_active() { return !the_registry().forked_child.load(std::memory_order_relaxed); }
 
+void step_aside_in_child() { the_registry().forked_child.store(true); }
+
 CUresult acquire_pool(int ordinal, device_pool*& pool) {
   registry& r = the_registry();
   if (ordinal < 0 || ordinal >= max_devices) {

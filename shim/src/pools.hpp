@@ -14,6 +14,9 @@ namespace vmmckpt::detail {
 // False in the child of a fork() after the parent used CUDA: the child cannot
 // use the parent's GPU state, so every entry point passes straight through.
 bool shim_active();
+// For other state that used CUDA (the VMM registry), from its fork handler in the child: the child steps
+// aside just as it does when the parent had pools.
+void step_aside_in_child();
 
 // The pool of a device ordinal, created on first use. CUDA_SUCCESS with the
 // pool, or the error to give the caller (the reason is logged once).

@@ -19,6 +19,7 @@ CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize
   X(cuMemGetInfo_v2) X(cuMemAlloc_v2) X(cuMemFree_v2) X(cuMemAllocPitch_v2) X(cuMemGetAddressRange_v2) \
   X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease) X(cuMemMap) X(cuMemUnmap) \
   X(cuMemSetAccess) X(cuMemGetAllocationGranularity) X(cuMemExportToShareableHandle) X(cuDeviceGetName)  \
+  X(cuMemGetAccess) X(cuMemGetAllocationPropertiesFromHandle) X(cuMemImportFromShareableHandle)     \
   X(cuDeviceGetAttribute) X(cuMemcpyHtoD_v2) X(cuMemHostAlloc) X(cuMemFreeHost)                      \
   X(cuMemHostRegister_v2) X(cuMemHostUnregister) X(cuCtxSetCurrent) X(cuStreamCreate)                 \
   X(cuStreamDestroy_v2) X(cuStreamSynchronize) X(cuMemcpyHtoDAsync_v2) X(cuEventCreate)               \
@@ -28,7 +29,8 @@ CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize
   X(cuCtxSynchronize_v2) X(cuStreamGetDevice) X(cuMemAllocAsync) X(cuMemAllocAsync_ptsz)            \
   X(cuMemFreeAsync) X(cuMemFreeAsync_ptsz) X(cuMemAllocManaged) X(cuMemPoolCreate)                  \
   X(cuMemAllocFromPoolAsync) X(cuMemAllocFromPoolAsync_ptsz) X(cuArrayCreate_v2) X(cuArray3DCreate_v2) \
-  X(cuMipmappedArrayCreate) X(cuDeviceGetUuid_v2) X(cuPointerGetAttribute) X(cuPointerGetAttributes)
+  X(cuMipmappedArrayCreate) X(cuDeviceGetUuid_v2) X(cuPointerGetAttribute) X(cuPointerGetAttributes) \
+  X(cuMemRetainAllocationHandle)
 
 namespace vmmckpt {
 
