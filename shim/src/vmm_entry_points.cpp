@@ -199,6 +199,7 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* handle
     vmm_state& s = state();
     if (!owned(*prop)) {
       VMMCKPT_NOT_SERVED("VMM memory on a host location or of a type the shim does not own (cuMemCreate)");
+      gate_scope scope(gate_scope::no_work);
       const CUresult e = d->cuMemCreate(handle, size, prop, flags);
       if (e == CUDA_SUCCESS) {
         std::lock_guard lock(s.mutex);
@@ -401,6 +402,7 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAlloc
     // Another process's memory: it is that process's to save. Counted by what is mapped of it here.
     VMMCKPT_NOT_SERVED("VMM memory imported from another process (cuMemImportFromShareableHandle)");
     vmm_state& s = state();
+    gate_scope scope(gate_scope::no_work);
     std::lock_guard lock(s.mutex);
     s.registry.add_not_owned(*handle, vmm_not_owned_kind::imported, 0);
     return e;
