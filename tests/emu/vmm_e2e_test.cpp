@@ -150,3 +150,11 @@ TEST_CASE("vmm: a bad window setting fails reservations and leaves the pools alo
   INFO(describe(pool));
   REQUIRE(pool.exit_code == 0);
 }
+
+TEST_CASE("vmm: a forked child steps aside: the parent's tokens reach the driver as they are", "[emu][vmm]") {
+  const auto r = run_under_shim({programs + "emu_vmm_sleep", "--fork"});
+  INFO(describe(r));
+  REQUIRE(r.exit_code == 0);
+  REQUIRE(r.out.find("child release of the parent's token: CUDA_ERROR_NOT_INITIALIZED") != std::string::npos);
+  REQUIRE(parse(r.out).reservations.front().addr == window_base);
+}

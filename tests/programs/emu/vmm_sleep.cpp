@@ -6,6 +6,8 @@
 #include <cuda.h>
 
 #include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <string>
@@ -49,10 +51,40 @@ int window_taken() {
   return 0;
 }
 
+// A forked child after VMM use: the shim steps aside there (the parent's tokens are not the child's), so
+// its calls reach the driver as they are, which refuses CUDA in a forked child as the real one does. A
+// shim still serving would answer the release of the parent's token itself, with success.
+int forked() {
+  start_cuda();
+  CUdeviceptr va = 0;
+  VMMCKPT_CHECK(cuMemAddressReserve(&va, 2u << 20, 0, 0, 0));
+  print_ptr(va, 2u << 20, "cuMemAddressReserve");
+  const CUmemAllocationProp prop = device_prop(0, CU_MEM_HANDLE_TYPE_NONE);
+  CUmemGenericAllocationHandle handle = 0;
+  VMMCKPT_CHECK(cuMemCreate(&handle, 2u << 20, &prop, 0));
+  print_token(handle, "cuMemCreate");
+  std::fflush(stdout);
+  const pid_t child = fork();
+  VMMCKPT_EXPECT(child >= 0);
+  if (child == 0) {
+    const CUresult e = cuMemRelease(handle);
+    std::printf("child release of the parent's token: %s\n", error_name(e));
+    std::fflush(stdout);
+    _exit(e == CUDA_ERROR_NOT_INITIALIZED ? 0 : 1);
+  }
+  int status = 0;
+  VMMCKPT_EXPECT(waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  VMMCKPT_CHECK(cuMemRelease(handle));  // the parent's own token is still its own
+  VMMCKPT_CHECK(cuMemAddressFree(va, 2u << 20));
+  std::printf("done\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc == 2 && std::string(argv[1]) == "--window-taken") return window_taken();
+  if (argc == 2 && std::string(argv[1]) == "--fork") return forked();
   start_cuda();
   const CUmemAllocationProp prop = device_prop(0, CU_MEM_HANDLE_TYPE_NONE);
   size_t gran = 0;
