@@ -158,3 +158,11 @@ TEST_CASE("vmm: a forked child steps aside: the parent's tokens reach the driver
   REQUIRE(r.out.find("child release of the parent's token: CUDA_ERROR_NOT_INITIALIZED") != std::string::npos);
   REQUIRE(parse(r.out).reservations.front().addr == window_base);
 }
+
+TEST_CASE("vmm: segments grown and emptied by 8 threads at once all succeed and give every handle back",
+          "[emu][vmm]") {
+  const auto r = run_under_shim({programs + "emu_vmm_expandable", "--threads"});
+  INFO(describe(r));
+  REQUIRE(r.exit_code == 0);
+  REQUIRE(r.out.find("threads: 0 failures, free memory back") != std::string::npos);
+}

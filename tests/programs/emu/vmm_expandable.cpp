@@ -5,13 +5,70 @@
 // an interior address, the program's own handle types read back, FABRIC refused, out of memory exact.
 #include <cuda.h>
 
+#include <atomic>
+#include <string>
+#include <thread>
+
 #include "vmm_support.hpp"
 
 using namespace vmmckpt::programs;
 using vmmckpt::contracts::print_ptr;
 
-int main() {
-  start_cuda();
+namespace {
+
+// Segments grown and emptied by 8 threads at once (PyTorch has segments per stream): every call
+// succeeds, every thread finds its own bytes, and every handle goes back to the driver in the end.
+int threads(CUcontext ctx) {
+  size_t free_before = 0, total = 0;
+  VMMCKPT_CHECK(cuMemGetInfo(&free_before, &total));
+  std::atomic<int> failures{0};
+  std::vector<std::thread> workers;
+  for (int t = 0; t < 8; ++t) {
+    workers.emplace_back([&, t] {
+      if (cuCtxSetCurrent(ctx) != CUDA_SUCCESS) ++failures;
+      constexpr size_t seg = 2u << 20;
+      constexpr int slots = 6;
+      const CUmemAllocationProp prop = device_prop(0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+      const CUmemAccessDesc rw = read_write(0);
+      for (int round = 0; round < 20; ++round) {
+        CUdeviceptr base = 0;
+        if (cuMemAddressReserve(&base, 4 * slots * seg, 0, 0, 0) != CUDA_SUCCESS) {
+          ++failures;
+          continue;
+        }
+        CUmemGenericAllocationHandle h[slots];
+        for (int i = 0; i < slots; ++i)
+          if (cuMemCreate(&h[i], seg, &prop, 0) != CUDA_SUCCESS || cuMemMap(base + i * seg, seg, 0, h[i], 0) != CUDA_SUCCESS)
+            ++failures;
+        if (cuMemSetAccess(base, slots * seg, &rw, 1) != CUDA_SUCCESS) ++failures;
+        const unsigned seed = 1000u * static_cast<unsigned>(t) + static_cast<unsigned>(round);
+        write_pattern(base, slots * seg, seed);
+        CUmemGenericAllocationHandle retained = 0;
+        if (cuMemRetainAllocationHandle(&retained, reinterpret_cast<void*>(base + 2 * seg + 1)) != CUDA_SUCCESS ||
+            retained != h[2] || cuMemRelease(retained) != CUDA_SUCCESS)
+          ++failures;
+        if (!has_pattern(base, slots * seg, seed)) ++failures;
+        if (cuMemUnmap(base, slots * seg) != CUDA_SUCCESS) ++failures;
+        for (auto handle : h)
+          if (cuMemRelease(handle) != CUDA_SUCCESS) ++failures;
+        if (cuMemAddressFree(base, 4 * slots * seg) != CUDA_SUCCESS) ++failures;
+      }
+    });
+  }
+  for (auto& w : workers) w.join();
+  size_t free_after = 0;
+  VMMCKPT_CHECK(cuMemGetInfo(&free_after, &total));
+  std::printf("threads: %d failures, free memory %s\n", failures.load(), free_after == free_before ? "back" : "short");
+  VMMCKPT_EXPECT(failures == 0 && free_after == free_before);
+  std::printf("done\n");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const CUcontext ctx = start_cuda();
+  if (argc == 2 && std::string(argv[1]) == "--threads") return threads(ctx);
   size_t total = 0, free_before = 0;
   VMMCKPT_CHECK(cuMemGetInfo(&free_before, &total));
   constexpr size_t seg = 20u << 20;
