@@ -3,6 +3,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <map>
 #include <optional>
 
 #include "cuda_check.hpp"
@@ -81,18 +83,89 @@ class held_memory::pool_mapping {
   mutable std::optional<address_ranges::cursor> cursor_;
 };
 
+// The program's own VMM memory: its reservations reserved here exactly, each handle imported once, each
+// mapping mapped as the program mapped it and readable by the handle's device. Undone by the destructor.
+class held_memory::vmm_mapping {
+ public:
+  vmm_mapping() = default;
+  ~vmm_mapping() {
+    for (const auto& m : mapped_) cuMemUnmap(m.first, m.second);
+    for (const auto& [token, handle] : handles_) cuMemRelease(handle);
+    for (const auto& r : reserved_) cuMemAddressFree(r.first, r.second);
+  }
+  vmm_mapping(const vmm_mapping&) = delete;
+  vmm_mapping& operator=(const vmm_mapping&) = delete;
+
+  void reserve(std::uint64_t addr, std::uint64_t size) {
+    CUdeviceptr got = 0;
+    VMMCKPT_CUDA_TRY(cuMemAddressReserve(&got, size, 0, addr, 0));
+    if (got != addr) {
+      cuMemAddressFree(got, size);
+      throw tool_error("cannot map the program's VMM reservation at " + hex(addr) + " in this process: the range is taken");
+    }
+    reserved_.emplace_back(addr, size);
+  }
+  // `fd` is closed here whatever happens.
+  void import(std::uint64_t token, CUdevice device, int fd) {
+    CUmemGenericAllocationHandle handle = 0;
+    const CUresult imported = cuMemImportFromShareableHandle(
+        &handle, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd)), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    ::close(fd);
+    VMMCKPT_CUDA_TRY(imported);
+    handles_.emplace(token, handle);
+    devices_.emplace(token, device);
+  }
+  void map(const vmmckpt::vmm_mapping& m) {
+    const auto it = handles_.find(m.token);
+    if (it == handles_.end()) throw tool_error("the program mapped VMM handle " + hex(m.token) + " but did not send it");
+    VMMCKPT_CUDA_TRY(cuMemMap(m.addr, m.size, m.offset, it->second, 0));
+    mapped_.emplace_back(m.addr, m.size);
+    CUmemAccessDesc access{};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = devices_.at(m.token);
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    VMMCKPT_CUDA_TRY(cuMemSetAccess(m.addr, m.size, &access, 1));
+  }
+  void mapping_done() {
+    ranges_ = address_ranges(std::vector<std::pair<std::uint64_t, std::uint64_t>>(mapped_));
+    cursor_.emplace(ranges_);
+  }
+  bool contains(std::uint64_t addr) const {
+    for (const auto& r : reserved_)
+      if (addr - r.first < r.second) return true;
+    return false;
+  }
+  bool covers(std::uint64_t addr, std::uint64_t size) const { return cursor_->covers(addr, size); }
+
+ private:
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> reserved_, mapped_;
+  std::map<std::uint64_t, CUmemGenericAllocationHandle> handles_;  // by token
+  std::map<std::uint64_t, CUdevice> devices_;                      // by token
+  address_ranges ranges_;
+  mutable std::optional<address_ranges::cursor> cursor_;
+};
+
 held_memory::held_memory(session& s, control::dump_begin_reply& held, received_fds& fds, image::manifest& m) {
   std::size_t next_fd = 0;
   for (const auto& p : held.pools) {
     const control::device_description d = session::describe(p.device, held.devices);
     const CUdevice device = s.device_for(d);  // a pool created since hello is found here too
-    m.devices.push_back({d.ordinal, d.name, d.uuid, d.cc_major, d.cc_minor});
+
+    if (!std::any_of(m.devices.begin(), m.devices.end(), [&](const image::device_info& x) { return x.ordinal == d.ordinal; }))
+      m.devices.push_back({d.ordinal, d.name, d.uuid, d.cc_major, d.cc_minor});
 
     image::pool pool;
     pool.device = p.device;
     pool.base = p.base;
     pool.size = p.size;
     pool.granularity = p.granularity;
+    if (p.vmm) {
+      // Mapped below, with the handles; its allocations are the program's mappings.
+      pool.kind = image::pool_kind::vmm;
+      pool.allocations = std::move(p.allocations);
+      m.pools.push_back(std::move(pool));
+      continue;
+    }
     pools_.push_back(std::make_unique<pool_mapping>(device, p.base, p.size));
     for (const auto& segment : p.segments) {
       if (next_fd >= fds.size()) throw tool_error("the program sent fewer handles than segments");
@@ -105,6 +178,22 @@ held_memory::held_memory(session& s, control::dump_begin_reply& held, received_f
     pool.allocations = std::move(p.allocations);
     m.pools.push_back(std::move(pool));
   }
+  if (held.vmm) {
+    const vmm_layout& l = *held.vmm;
+    vmm_ = std::make_unique<vmm_mapping>();
+    for (const auto& r : l.reservations) vmm_->reserve(r.addr, vmm_span(r.size));
+    for (const auto& h : l.handles) {
+      if (next_fd >= fds.size()) throw tool_error("the program sent fewer handles than its VMM memory has");
+      vmm_->import(h.token, s.device_for(session::describe(h.device, held.devices)), fds.take(next_fd++));
+    }
+    for (const auto& mapping : l.mappings) vmm_->map(mapping);
+    vmm_->mapping_done();
+    for (const auto& p : m.pools)
+      if (p.kind == image::pool_kind::vmm)
+        for (const auto& a : p.allocations)
+          if (!vmm_->covers(a.addr, a.size)) throw tool_error("VMM mapping at " + hex(a.addr) + " is not backed by the handles sent");
+    m.vmm = l;
+  }
 }
 
 held_memory::~held_memory() = default;
@@ -112,9 +201,13 @@ held_memory::~held_memory() = default;
 bool held_memory::mapped(std::uint64_t addr, std::uint64_t size) const {
   for (const auto& p : pools_)
     if (p->contains(addr)) return p->covers(addr, size);
+  if (vmm_ && vmm_->contains(addr)) return vmm_->covers(addr, size);
   return false;
 }
 
-void held_memory::release() { pools_.clear(); }
+void held_memory::release() {
+  pools_.clear();
+  vmm_.reset();
+}
 
 }  // namespace vmmckpt::ckpt

@@ -1,4 +1,4 @@
-// A held program's pool memory, mapped into this tool at the same addresses through the handles it exported.
+// A held program's memory (its pools and the VMM memory it made itself), mapped into this tool at the same addresses through the handles it exported.
 #pragma once
 
 #include <cuda.h>
@@ -17,9 +17,11 @@ class session;
 
 class held_memory {
  public:
-  // Maps every pool the program handed over (one descriptor per segment, in order) and describes
-  // its devices, pools and allocations in `m`. A tool_error when the handles do not cover the
-  // allocations or a pool's range is taken here. The allocations move from `held` into `m`.
+  // Maps every pool the program handed over (one descriptor per segment, in order) and its VMM
+  // memory (one descriptor per handle, after the segments': each reservation reserved here, each
+  // mapping mapped as the program mapped it), and describes its devices, pools, allocations and VMM
+  // layout in `m`. A tool_error when the handles do not cover the allocations or a range is taken
+  // here. The allocations move from `held` into `m`.
   held_memory(session& s, control::dump_begin_reply& held, received_fds& fds, image::manifest& m);
   ~held_memory();
   held_memory(const held_memory&) = delete;
@@ -33,7 +35,9 @@ class held_memory {
 
  private:
   class pool_mapping;
+  class vmm_mapping;
   std::vector<std::unique_ptr<pool_mapping>> pools_;
+  std::unique_ptr<vmm_mapping> vmm_;
 };
 
 }  // namespace vmmckpt::ckpt

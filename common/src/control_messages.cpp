@@ -14,8 +14,8 @@ namespace {
 using namespace json_fields;
 using ojson = nlohmann::ordered_json;  // a stable field order on the wire
 
-// Control messages nest at most four levels; anything deeper is not ours.
-constexpr std::size_t max_depth = 8;
+// Control messages nest at most seven levels (a VMM layout's access rights); anything deeper is not ours.
+constexpr std::size_t max_depth = 12;
 
 std::string dump(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
 
@@ -34,6 +34,15 @@ constexpr refusal all_refusals[] = {refusal::failed,       refusal::bad_request,
                                     refusal::withdrawn};
 
 // ---- pieces shared by several messages ----
+// A pool's "kind": "pool" (the default when absent) or "vmm"; true for vmm.
+bool decode_kind(const json& pool, const std::string& path) {
+  const json* kind = optional_field(pool, "kind");
+  if (kind == nullptr) return false;
+  const std::string k = string_at(*kind, join(path, "kind"));
+  if (k != "pool" && k != "vmm") throw decode_error(join(path, "kind") + ": unknown value \"" + printable(k) + "\"");
+  return k == "vmm";
+}
+
 ojson encode_device(const device_description& d) {
   ojson j;
   j["ordinal"] = d.ordinal;
@@ -112,6 +121,7 @@ hello_reply decode_hello(const json& root) {
     s.live_bytes = u64_of(pj, p, "live_bytes");
     s.live_count = u64_of(pj, p, "live_count");
     s.backed_bytes = u64_of(pj, p, "backed_bytes");
+    s.vmm = decode_kind(pj, p);
     r.pools.push_back(s);
   }
   return r;
@@ -140,8 +150,10 @@ dump_begin_reply decode_dump_begin(const json& root) {
       const json& s = object_at(segments[k], q);
       c.segments.push_back({address_of(s, q, "addr"), u64_of(s, q, "size")});
     }
+    c.vmm = decode_kind(pj, p);
     r.pools.push_back(std::move(c));
   }
+  if (const json* vmm = optional_field(root, "vmm")) r.vmm = vmm_layout_from_json(*vmm, "vmm");
   return r;
 }
 
@@ -253,6 +265,7 @@ std::string encode(const hello_reply& r) {
     pj["live_bytes"] = p.live_bytes;
     pj["live_count"] = p.live_count;
     pj["backed_bytes"] = p.backed_bytes;
+    if (p.vmm) pj["kind"] = "vmm";
     j["pools"].push_back(std::move(pj));
   }
   return dump(j);
@@ -278,8 +291,10 @@ std::string encode(const dump_begin_reply& r) {
       sj["size"] = s.size;
       pj["segments"].push_back(std::move(sj));
     }
+    if (p.vmm) pj["kind"] = "vmm";
     j["pools"].push_back(std::move(pj));
   }
+  if (r.vmm) j["vmm"] = to_json(*r.vmm);
   return dump(j);
 }
 
@@ -450,9 +465,29 @@ std::vector<example> example_messages() {
   const device_description h200{0, "NVIDIA H200", "GPU-2f6c1d3e-8a41-4b7e-9c55-0d1e2f3a4b5c", 9, 0};
   hello_reply hello{protocol::version, 4242, {"python", "train.py"}, process_state::suspended,
                     "/dev/shm/vmmckpt-1000/suspend-4242-20261123-101500", {h200},
-                    {{0, 0x200000000000, 549755813888, 1073741824, 12, 1140850688}}};
-  dump_begin_reply held{2, 30'000, {h200}, {{0, 0x200000000000, 549755813888, 2097152, 1,
-                                     {{0x200000000000, 4096, vmmckpt::alloc_api::cuda_malloc}}, {{0x200000000000, 67108864}}}}};
+                    {{0, 0x200000000000, 549755813888, 1073741824, 12, 1140850688, false},
+                     {0, 0x300000000000, 2199023255552, 20971520, 1, 20971520, true}}};
+  // A pool of one block, and one VMM mapping of 20 MiB as PyTorch's expandable segments make them.
+  dump_begin_reply held{3, 30'000, {h200},
+                        {{0, 0x200000000000, 549755813888, 2097152, 1,
+                          {{0x200000000000, 4096, vmmckpt::alloc_api::cuda_malloc}}, {{0x200000000000, 67108864}}, false},
+                         {0, 0x300000000000, 2199023255552, 2097152, 1,
+                          {{0x300000000000, 20971520, vmmckpt::alloc_api::cu_mem_map}}, {}, true}},
+                        std::nullopt};
+  vmm_layout layout;
+  layout.next_token = 2;
+  layout.reservations = {{0x300000000000, 21474836480, 0}};
+  vmm_handle handle;
+  handle.token = vmm_token_tag | 1;
+  handle.size = 20971520;
+  handle.refs = 1;
+  handle.properties.bytes[0] = 1;  // CU_MEM_ALLOCATION_TYPE_PINNED
+  handle.properties.bytes[4] = 1;  // requestedHandleTypes: POSIX FD
+  handle.properties.bytes[8] = 1;  // CU_MEM_LOCATION_TYPE_DEVICE, id 0
+  layout.handles = {handle};
+  layout.mappings = {{0x300000000000, 20971520, handle.token, 0}};
+  layout.access = {{0x300000000000, 20971520, {{1, 0, 3}}}};
+  held.vmm = layout;
   return {
       {op::hello, encode(request{hello_request{true}}), encode(hello)},
       {op::dump_begin, encode(request{dump_begin_request{30'000, 1795430130000}}), encode(held)},

@@ -117,6 +117,15 @@ detail::manifest_file decode(const json& root, tables how) {
     const std::string p = index("pools", i);
     const json& pj = object_at(pools[i], p);
     pool pl;
+    if (m.format >= 4) {
+      if (const json* kind = optional_field(pj, "kind")) {
+        const std::string k = string_at(*kind, join(p, "kind"));
+        if (k == "vmm")
+          pl.kind = pool_kind::vmm;
+        else if (k != "pool")
+          fail(join(p, "kind") + " \"" + printable(k) + "\" is not a kind of pool (\"pool\" or \"vmm\")");
+      }
+    }
     pl.device = int_of(pj, p, "device");
     pl.base = address_of(pj, p, "base");
     pl.size = u64_of(pj, p, "size");
@@ -133,6 +142,8 @@ detail::manifest_file decode(const json& root, tables how) {
   m.data_bytes = u64_of(root, "", "data_bytes");
   if (multi_file) m.data_files = u32_of(root, "", "data_files");
   m.hold_us = u64_of(root, "", "hold_us");
+  if (m.format >= 4)
+    if (const json* vmm = optional_field(root, "vmm")) m.vmm = vmm_layout_from_json(*vmm, "vmm");
   if (how == tables::apart) {
     const json& t = object_of(root, "", "tables");
     out.tables_bytes = u64_of(t, "tables", "bytes");
@@ -167,6 +178,7 @@ ojson encode_head(const manifest& m) {
 
 ojson encode_pool_head(const pool& p) {
   ojson pj;
+  if (p.kind == pool_kind::vmm) pj["kind"] = "vmm";
   pj["device"] = p.device;
   pj["base"] = hex(p.base);
   pj["size"] = p.size;
@@ -178,6 +190,7 @@ void encode_tail(const manifest& m, ojson& j) {
   j["data_bytes"] = m.data_bytes;
   if (m.format >= 2) j["data_files"] = m.data_files;
   j["hold_us"] = m.hold_us;
+  if (m.vmm) j["vmm"] = to_json(*m.vmm);
 }
 
 // A command line or host name need not be UTF-8: replace bad bytes rather than fail the dump.

@@ -26,34 +26,49 @@ std::string range_text(std::uint64_t addr, std::uint64_t size) {
 }
 // What a restore relies on beyond the image's own consistency, so that verify refuses what restore
 // cannot use, by the same rules (pool_layout's for the pools, the shim's for the devices).
-void check_restorable(const manifest& m) {
-  if (m.pools.empty()) return;
-  // A restored process places its pools with VMMCKPT_POOL_BASE and VMMCKPT_POOL_SIZE: every pool must
-  // sit at base + device * size of one such layout, and that layout must be one the shim accepts.
-  const pool& first = m.pools.front();
+void check_pool_layout(const manifest& m, const std::vector<const pool*>& pools);
+
+// Program-made VMM memory: the layout obeys its rules, and the pools of kind vmm hold exactly its
+// mappings, each in its device's window.
+void check_vmm(const manifest& m) {
+  std::size_t vmm_allocations = 0;
   for (std::size_t i = 0; i < m.pools.size(); ++i) {
     const pool& p = m.pools[i];
     const std::string name = "pools[" + std::to_string(i) + "]";
-    if (p.device >= max_devices)
-      fail(name + ".device " + std::to_string(p.device) + " is beyond the devices vmmckpt serves (0 to " +
-           std::to_string(max_devices - 1) + ")");
-    if (p.size != first.size)
-      fail(name + ".size " + std::to_string(p.size) + " differs from pools[0]'s " + std::to_string(first.size) +
-           ": the pools follow no one layout (base + device * size)");
+    const bool is_vmm = p.kind == pool_kind::vmm;
+    for (std::size_t k = 0; k < p.allocations.size(); ++k)
+      if ((p.allocations[k].api == alloc_api::cu_mem_map) != is_vmm)
+        fail(name + ".allocations[" + std::to_string(k) + "].api " + std::string(name_of(p.allocations[k].api)) +
+             (is_vmm ? " is not a VMM mapping, in a pool of kind vmm" : " is a VMM mapping, in a pool of kind pool"));
+    if (!is_vmm) continue;
+    if (!m.vmm) fail(name + " is of kind vmm, but the image has no vmm layout");
+    const vmm_layout& l = *m.vmm;
+    if (p.base != l.windows.device_base(p.device) || p.size != l.windows.window)
+      fail(name + " (" + range_text(p.base, p.size) + ") is not device " + std::to_string(p.device) + "'s VMM window");
+    for (std::size_t k = 0; k < p.allocations.size(); ++k) {
+      const allocation& a = p.allocations[k];
+      const auto it = std::lower_bound(l.mappings.begin(), l.mappings.end(), a.addr,
+                                       [](const vmm_mapping& x, std::uint64_t at) { return x.addr < at; });
+      if (it == l.mappings.end() || it->addr != a.addr || it->size != a.size)
+        fail(name + ".allocations[" + std::to_string(k) + "] (" + range_text(a.addr, a.size) +
+             ") is not one of vmm.mappings");
+    }
+    vmm_allocations += p.allocations.size();
   }
-  const std::uint64_t stride = first.size;
-  if (static_cast<std::uint64_t>(first.device) * stride > first.base)
-    fail("pools[0]: its base " + hex(first.base) + " is below its device's place in any layout (base + device * size)");
-  pool_config layout;
-  layout.base = first.base - static_cast<std::uint64_t>(first.device) * stride;
-  layout.size = stride;
-  for (std::size_t i = 0; i < m.pools.size(); ++i)
-    if (m.pools[i].base != layout.base + static_cast<std::uint64_t>(m.pools[i].device) * stride)
-      fail("pools[" + std::to_string(i) + "].base " + hex(m.pools[i].base) +
-           " is not where pools[0]'s layout puts its device (base + device * size)");
-  if (const std::string why = validate(layout); !why.empty())
-    fail("the pools' layout (base " + hex(layout.base) + ", size " + std::to_string(layout.size) +
-         ") is not one a process can use: " + why);
+  if (!m.vmm) return;
+  if (m.format < 4) fail("a vmm layout in a format " + std::to_string(m.format) + " image");
+  if (const std::string why = check(*m.vmm, "vmm"); !why.empty()) fail(why);
+  if (vmm_allocations != m.vmm->mappings.size())
+    fail("vmm.mappings has " + std::to_string(m.vmm->mappings.size()) +
+         " entries but the pools of kind vmm store " + std::to_string(vmm_allocations));
+}
+
+void check_restorable(const manifest& m) {
+  check_vmm(m);
+  std::vector<const pool*> pools;  // of kind pool: the pool layout's
+  for (const pool& p : m.pools)
+    if (p.kind == pool_kind::pool) pools.push_back(&p);
+  if (!pools.empty()) check_pool_layout(m, pools);
   // Every byte of every allocation is in the image: a dump stores each allocation whole, and a
   // restore brings back exactly what the image holds.
   for (std::size_t i = 0; i < m.pools.size(); ++i) {
@@ -70,6 +85,41 @@ void check_restorable(const manifest& m) {
       }
     }
   }
+}
+
+// A restored process places its pools with VMMCKPT_POOL_BASE and VMMCKPT_POOL_SIZE: every pool must
+// sit at base + device * size of one such layout, and that layout must be one the shim accepts, with
+// the VMM windows (VMMCKPT_VMM_BASE, VMMCKPT_VMM_WINDOW) clear of it.
+void check_pool_layout(const manifest& m, const std::vector<const pool*>& pools) {
+  const pool& first = *pools.front();
+  for (std::size_t i = 0; i < pools.size(); ++i) {
+    const pool& p = *pools[i];
+    const std::string name = "pools[" + std::to_string(pools[i] - m.pools.data()) + "]";
+    if (p.device >= max_devices)
+      fail(name + ".device " + std::to_string(p.device) + " is beyond the devices vmmckpt serves (0 to " +
+           std::to_string(max_devices - 1) + ")");
+    if (p.size != first.size)
+      fail(name + ".size " + std::to_string(p.size) + " differs from pools[" + std::to_string(pools.front() - m.pools.data()) + "]'s " + std::to_string(first.size) +
+           ": the pools follow no one layout (base + device * size)");
+  }
+  const std::uint64_t stride = first.size;
+  if (static_cast<std::uint64_t>(first.device) * stride > first.base)
+    fail("pools[" + std::to_string(pools.front() - m.pools.data()) + "]: its base " + hex(first.base) + " is below its device's place in any layout (base + device * size)");
+  pool_config layout;
+  layout.base = first.base - static_cast<std::uint64_t>(first.device) * stride;
+  layout.size = stride;
+  for (std::size_t i = 0; i < pools.size(); ++i)
+    if (pools[i]->base != layout.base + static_cast<std::uint64_t>(pools[i]->device) * stride)
+      fail("pools[" + std::to_string(pools[i] - m.pools.data()) + "].base " + hex(pools[i]->base) +
+           " is not where pools[" + std::to_string(pools.front() - m.pools.data()) +
+           "]'s layout puts its device (base + device * size)");
+  if (const std::string why = validate(layout); !why.empty())
+    fail("the pools' layout (base " + hex(layout.base) + ", size " + std::to_string(layout.size) +
+         ") is not one a process can use: " + why);
+  if (m.vmm)
+    if (const std::string why = validate(m.vmm->windows, layout); !why.empty())
+      fail("the VMM windows (base " + hex(m.vmm->windows.base) + ", window " + std::to_string(m.vmm->windows.window) +
+           ") are not ones a process can use with the pools' layout: " + why);
 }
 
 }  // namespace
@@ -100,7 +150,7 @@ void validate(const manifest& m) {
     if (d.cc_major < 0 || d.cc_minor < 0) fail(p + ": negative compute capability");
   }
 
-  std::vector<int> pool_of_device(max_listed_devices, -1);
+  std::vector<int> pool_of_device(max_listed_devices, -1), vmm_pool_of_device(max_listed_devices, -1);
   // Each data file holds its extents back to back, in manifest order.
   std::vector<std::uint64_t> file_end(m.data_files, 0);
   std::uint64_t total = 0;
@@ -109,9 +159,11 @@ void validate(const manifest& m) {
     const std::string p = "pools[" + std::to_string(i) + "]";
     if (pl.device < 0 || pl.device >= max_listed_devices || device_index[pl.device] < 0)
       fail(p + ".device " + std::to_string(pl.device) + " is not listed in devices");
-    if (pool_of_device[pl.device] >= 0)
-      fail(p + ".device " + std::to_string(pl.device) + " already has pools[" + std::to_string(pool_of_device[pl.device]) + "]");
-    pool_of_device[pl.device] = static_cast<int>(i);
+    std::vector<int>& of_device = pl.kind == pool_kind::vmm ? vmm_pool_of_device : pool_of_device;
+    if (of_device[pl.device] >= 0)
+      fail(p + ".device " + std::to_string(pl.device) + " already has pools[" + std::to_string(of_device[pl.device]) +
+           "] of the same kind");
+    of_device[pl.device] = static_cast<int>(i);
     if (pl.base == 0) fail(p + ".base is zero");
     if (pl.size == 0) fail(p + ".size is zero");
     if (pl.granularity == 0) fail(p + ".granularity is zero");

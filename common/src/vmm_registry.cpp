@@ -359,4 +359,54 @@ std::vector<vmm_access_range> vmm_registry::access() const {
   return out;
 }
 
+// ---- a dump, a suspend, a restore -----------------------------------------------------------------
+
+vmm_layout vmm_registry::layout() const {
+  vmm_layout l;
+  l.windows.base = base_;
+  l.windows.window = window_;
+  l.next_token = next_counter_;
+  l.reservations = reservations();
+  l.handles = handles();
+  for (vmm_handle& h : l.handles) h.real = h.mappings = 0;
+  l.mappings = mappings();
+  l.access = access();
+  return l;
+}
+
+std::vector<std::pair<std::uint64_t, std::uint64_t>> vmm_registry::take_real() {
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> out;
+  out.reserve(handles_.size());
+  for (auto& [token, h] : handles_) {
+    if (h.real != 0) out.emplace_back(token, h.real);
+    h.real = 0;
+  }
+  return out;
+}
+
+bool vmm_registry::load(const vmm_layout& l) {
+  if (!reservations_.empty() || !handles_.empty() || !mappings_.empty() || !access_.empty()) return false;
+  if (l.windows.base != base_ || l.windows.window != window_) return false;
+  for (const auto& r : l.reservations) reservations_.emplace(r.addr, r);
+  for (vmm_handle h : l.handles) {
+    h.real = h.mappings = 0;
+    handles_.emplace(h.token, h);
+  }
+  for (const auto& m : l.mappings) {
+    const mapping_record r{m.size, m.token, m.offset, true};
+    mappings_.emplace(m.addr, r);
+    adjust_mappings(r, +1);
+  }
+  for (const auto& a : l.access) access_.emplace(a.addr, access_record{a.addr + a.size, a.access});
+  next_counter_ = std::max(next_counter_, l.next_token);
+  return true;
+}
+
+std::uint64_t vmm_registry::unmapped_handle_bytes() const {
+  std::uint64_t bytes = 0;
+  for (const auto& [token, h] : handles_)
+    if (h.mappings == 0) bytes += h.size;
+  return bytes;
+}
+
 }  // namespace vmmckpt

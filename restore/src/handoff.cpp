@@ -21,6 +21,8 @@ void export_to_environment(const handoff& h) {
   ::setenv(env_pid, std::to_string(h.pid).c_str(), 1);
   ::setenv(env_pool_base, std::to_string(h.pool_base).c_str(), 1);
   ::setenv(env_pool_size, std::to_string(h.pool_size).c_str(), 1);
+  ::setenv(env_vmm_base, std::to_string(h.vmm_base).c_str(), 1);
+  ::setenv(env_vmm_window, std::to_string(h.vmm_window).c_str(), 1);
 }
 
 std::optional<handoff> handoff_for(pid_t self) noexcept {
@@ -37,7 +39,7 @@ std::optional<handoff> handoff_for(pid_t self) noexcept {
   } catch (...) {
     // Left empty: the restore then fails, as it must, rather than the process starting without it.
   }
-  // The pool layout travels as the pools' own variables; the shim reads them as for any process.
+  // The pool layout and VMM windows travel as their own variables; the shim reads them as for any process.
   return h;
 }
 

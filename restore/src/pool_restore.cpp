@@ -26,6 +26,7 @@ CUresult cuda_result(pool_status s, int backend_error) {
 status place_allocations(const image::manifest& m, mode how, const pool_for_device& pool_for) noexcept {
   try {
     for (const image::pool& p : m.pools) {
+      if (p.kind == image::pool_kind::vmm) continue;  // the shim's VMM registry rebuilds those
       device_pool* pool = nullptr;
       if (const CUresult e = pool_for(p.device, pool); e != CUDA_SUCCESS)
         return failure(e, "restore: no pool on device {} (CUDA error {}); see the error above", p.device,
@@ -56,6 +57,7 @@ status back_suspended_pools(const image::manifest& m, const pool_at_base& pool_a
                             std::vector<device_pool*>& backed) noexcept {
   try {
     for (const image::pool& p : m.pools) {
+      if (p.kind == image::pool_kind::vmm) continue;  // the shim's VMM registry rebuilds those
       device_pool* pool = pool_at(p.base);
       if (pool == nullptr || pool->base() != p.base) {
         release_pools(backed);

@@ -21,16 +21,26 @@ std::vector<std::string> split(const std::string& text) {
 }  // namespace
 
 restore_plan plan_restore(const image::manifest& m, const std::string& image_name, bool moving) {
-  if (m.pools.empty()) throw image::image_error(image_name + ": the image holds no pool");
-  const image::pool& first = m.pools.front();
+  if (m.pools.empty()) throw image::image_error(image_name + ": the image holds no GPU memory");
   restore_plan plan;
-  plan.pool_base = first.base - static_cast<std::uint64_t>(first.device) * first.size;
-  plan.pool_size = first.size;
-  plan.device = first.device;
+  const image::pool* first = nullptr;  // of kind pool
+  for (const image::pool& p : m.pools)
+    if (p.kind == image::pool_kind::pool && first == nullptr) first = &p;
+  if (first != nullptr) {
+    plan.pool_base = first->base - static_cast<std::uint64_t>(first->device) * first->size;
+    plan.pool_size = first->size;
+  }
+  plan.device = (first != nullptr ? *first : m.pools.front()).device;
+  if (m.vmm) {
+    plan.vmm_base = m.vmm->windows.base;
+    plan.vmm_window = m.vmm->windows.window;
+  }
   // That the pools follow one layout a process can use is a rule of every image (image::validate).
-  if (moving && m.pools.size() != 1)
-    throw image::image_error(image_name + ": --device moves single-device images only (this one has " +
-                             std::to_string(m.pools.size()) + " pools)");
+  if (moving)
+    for (const image::pool& p : m.pools)
+      if (p.device != plan.device)
+        throw image::image_error(image_name + ": --device moves single-device images only (this one has memory on "
+                                 "devices " + std::to_string(plan.device) + " and " + std::to_string(p.device) + ")");
   return plan;
 }
 

@@ -17,6 +17,7 @@
 #include "gate.hpp"
 #include "pools.hpp"
 #include "real_symbols.hpp"
+#include "vmm_checkpoint.hpp"
 #include "vmmckpt/fault_point.hpp"
 #include "vmmckpt/hex_text.hpp"
 #include "vmmckpt/log.hpp"
@@ -162,6 +163,11 @@ std::variant<control::dump_begin_reply, control::failure_reply> held_contents(do
     p.pool->synchronize();
     sync_us += us_since(t);
   }
+  {
+    const auto t = clock::now();
+    vmm_synchronize();  // kernels may still write program-made VMM memory on devices without a pool
+    sync_us += us_since(t);
+  }
   auto t = clock::now();
   std::unique_ptr<prepared_table> prepared = take_prepared(pools);
   for (std::size_t i = 0; i < pools.size(); ++i) {
@@ -187,6 +193,22 @@ std::variant<control::dump_begin_reply, control::failure_reply> held_contents(do
       ++segments;
     }
     r.devices.push_back(describe_device(pools[i].ordinal));
+  }
+  // Program-made VMM memory: its pools follow the pool's, its handles' descriptors the segments'.
+  const std::size_t before_vmm = r.pools.size();
+  if (std::string why = vmm_hold_contents(r, fds); !why.empty()) {
+    release("export failed");
+    return control::failure_reply{control::refusal::failed, why};
+  }
+  for (std::size_t i = before_vmm; i < r.pools.size(); ++i) {
+    bool listed = false;
+    for (const auto& dev : r.devices) listed = listed || dev.ordinal == r.pools[i].device;
+    if (!listed) r.devices.push_back(describe_device(r.pools[i].device));
+  }
+  if (r.pools.size() > before_vmm && prepared) {
+    ::close(prepared->fd);  // made without the VMM pools: made again below
+    prepared->fd = -1;
+    prepared.reset();
   }
   export_us = us_since(t);
   t = clock::now();
@@ -227,6 +249,12 @@ control::hello_reply describe_process() {
     r.devices.push_back(describe_device(p.ordinal));
     const pool_stats s = p.pool->stats();
     r.pools.push_back({p.ordinal, p.pool->base(), p.pool->size(), s.live_bytes, s.live_count, s.backed_bytes});
+  }
+  for (control::pool_summary& v : vmm_summaries()) {
+    bool listed = false;
+    for (const auto& dev : r.devices) listed = listed || dev.ordinal == v.device;
+    if (!listed) r.devices.push_back(describe_device(v.device));
+    r.pools.push_back(v);
   }
   return r;
 }
@@ -310,10 +338,9 @@ std::variant<control::suspend_reply, control::failure_reply> suspend_held(const 
   struct stat st{};
   ::stat(request.image.c_str(), &st);
   control::suspend_reply r;
-  for (const auto& p : active_pools()) {
-    r.freed_bytes += p.pool->release_all_physical();
-    r.devices.push_back({p.ordinal, device_used_bytes(p.ordinal)});
-  }
+  for (const auto& p : active_pools()) r.freed_bytes += p.pool->release_all_physical();
+  r.freed_bytes += vmm_release_physical();
+  for (const auto& dev : describe_process().devices) r.devices.push_back({dev.ordinal, device_used_bytes(dev.ordinal)});
   {
     std::lock_guard lock(g_image_mutex);
     g_suspend_image = request.image;
@@ -367,8 +394,13 @@ std::variant<control::resume_reply, control::failure_reply> resume(const control
         reader.info(), [](std::uint64_t base) { return pool_containing(base); }, backed);
     if (!placed.ok()) return refuse(placed.message());
     const auto loading = clock::now();
+    if (const status vmm = vmm_back_suspended(reader.info()); !vmm.ok()) {
+      restore::release_pools(backed);
+      return refuse(vmm.message());
+    }
     if (const status loaded = restore::upload(*d, reader, pool_memory_backed()); !loaded.ok()) {
       restore::release_pools(backed);
+      vmm_release_physical();
       return refuse(loaded.message());
     }
     bytes = reader.info().data_bytes;

@@ -9,6 +9,7 @@
 
 #include "pools.hpp"
 #include "real_symbols.hpp"
+#include "vmm_checkpoint.hpp"
 #include "vmmckpt/log.hpp"
 #include "vmmckpt/restore/handoff.hpp"
 #include "vmmckpt/restore/pool_restore.hpp"
@@ -32,6 +33,7 @@ status restore_image(const restore::handoff& h) noexcept {
     reader.verify_manifest();
     const image::manifest& m = reader.info();
     VMMCKPT_TRY(restore::place_allocations(m, h.how, acquire_pool));
+    VMMCKPT_TRY(vmm_restore_layout(m));
     const auto placed = clock::now();
     VMMCKPT_TRY(restore::upload(*d, reader, pool_memory_backed()));
     const auto now = clock::now();

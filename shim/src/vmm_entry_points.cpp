@@ -15,54 +15,30 @@
 
 #include "entry_points.hpp"
 #include "gate.hpp"
+#include "restore_at_start.hpp"
 #include "vmm_entry_points.hpp"
+#include "vmm_state.hpp"
 #include "vmmckpt/pool_layout.hpp"
 
 namespace vmmckpt::detail {
 namespace {
 
-static_assert(sizeof(CUmemAllocationProp) <= sizeof(vmm_properties::bytes), "the program's properties must fit");
-
-struct vmm_state {
-  std::mutex mutex;  // around the registry and the driver calls that change what it records
-  vmm_config config;
-  std::string config_error;
-  vmm_registry registry;
-
-  explicit vmm_state(const vmm_config& c, std::string error)
-      : config(c), config_error(std::move(error)), registry(c.base, c.window) {}
-};
-
-std::atomic<vmm_state*> g_state{nullptr};
-
 void before_fork() {
-  if (vmm_state* s = g_state.load(std::memory_order_acquire)) s->mutex.lock();
+  if (vmm_state* s = existing_vmm_state()) s->mutex.lock();
 }
 void after_fork_in_parent() {
-  if (vmm_state* s = g_state.load(std::memory_order_acquire)) s->mutex.unlock();
+  if (vmm_state* s = existing_vmm_state()) s->mutex.unlock();
 }
 void after_fork_in_child() {
   after_fork_in_parent();
   // The parent's tokens name driver handles the child cannot use: step aside, as after pools.
-  if (g_state.load(std::memory_order_acquire) != nullptr) step_aside_in_child();
+  if (existing_vmm_state() != nullptr) step_aside_in_child();
 }
 
-// Created by the first call that records something; never destroyed (threads may call at exit).
-vmm_state& state() {
-  static vmm_state* const created = [] {
-    std::string pool_error, error;
-    const pool_config pools = pool_config_from_env(pool_error);
-    const vmm_config config = vmm_config_from_env(pools, error);
-    auto* s = new vmm_state(config, error);
-    pthread_atfork(before_fork, after_fork_in_parent, after_fork_in_child);
-    g_state.store(s, std::memory_order_release);
-    return s;
-  }();
-  return *created;
-}
+std::atomic<vmm_state*> g_state{nullptr};
 
-// The state when some VMM call already made it: calls on values we cannot have handed out need none.
-vmm_state* existing_state() { return g_state.load(std::memory_order_acquire); }
+vmm_state& state() { return vmm_state_for_recording(); }
+vmm_state* existing_state() { return existing_vmm_state(); }
 
 bool owned(const CUmemAllocationProp& prop) {
   return prop.type == CU_MEM_ALLOCATION_TYPE_PINNED && prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE;
@@ -74,12 +50,6 @@ vmm_not_owned_kind kind_of(const CUmemAllocationProp& prop) {
                  t == CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT
              ? vmm_not_owned_kind::host
              : vmm_not_owned_kind::other;
-}
-
-CUmemAllocationProp program_properties(const vmm_handle& h) {
-  CUmemAllocationProp prop;
-  std::memcpy(&prop, h.properties.bytes.data(), sizeof prop);
-  return prop;
 }
 
 // A live token's driver handle; any other value is the driver's own and is passed on unchanged.
@@ -106,6 +76,21 @@ int reservation_device() {
 
 }  // namespace
 
+vmm_state& vmm_state_for_recording() {
+  static vmm_state* const created = [] {
+    std::string pool_error, error;
+    const pool_config pools = pool_config_from_env(pool_error);
+    const vmm_config config = vmm_config_from_env(pools, error);
+    auto* s = new vmm_state(config, error);
+    pthread_atfork(before_fork, after_fork_in_parent, after_fork_in_child);
+    g_state.store(s, std::memory_order_release);
+    return s;
+  }();
+  return *created;
+}
+
+vmm_state* existing_vmm_state() { return g_state.load(std::memory_order_acquire); }
+
 vmm_not_owned_bytes not_owned_vmm_bytes() {
   vmm_state* s = existing_state();
   if (s == nullptr) return {};
@@ -123,6 +108,7 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr* ptr, size_t siz
   return guarded(CUDA_ERROR_OUT_OF_MEMORY, [&] {
     const driver_api* d = driver();
     if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+    if (shim_active()) restore_ready();  // a restored image's VMM memory is in place before the program's
     if (!shim_active() || ptr == nullptr || size == 0) return d->cuMemAddressReserve(ptr, size, alignment, addr, flags);
     vmm_state& s = state();
     if (!s.config_error.empty()) {
@@ -174,6 +160,7 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemAddressFree(CUdeviceptr ptr, size_t size) {
   return guarded(CUDA_ERROR_UNKNOWN, [&] {
     const driver_api* d = driver();
     if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+    if (shim_active()) restore_ready();  // a restored image's VMM memory is in place before the program's
     vmm_state* s = shim_active() ? existing_state() : nullptr;
     if (s == nullptr) return d->cuMemAddressFree(ptr, size);
     gate_scope scope(gate_scope::no_work);
@@ -195,6 +182,7 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* handle
   return guarded(CUDA_ERROR_OUT_OF_MEMORY, [&] {
     const driver_api* d = driver();
     if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+    if (shim_active()) restore_ready();  // a restored image's VMM memory is in place before the program's
     if (!shim_active() || handle == nullptr || prop == nullptr) return d->cuMemCreate(handle, size, prop, flags);
     vmm_state& s = state();
     if (!owned(*prop)) {
@@ -247,6 +235,7 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle
   return guarded(CUDA_ERROR_UNKNOWN, [&] {
     const driver_api* d = driver();
     if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+    if (shim_active()) restore_ready();  // a restored image's VMM memory is in place before the program's
     vmm_state* s = shim_active() ? existing_state() : nullptr;
     if (s == nullptr) return d->cuMemRelease(handle);
     gate_scope scope(gate_scope::no_work);
@@ -270,6 +259,7 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t of
   return guarded(CUDA_ERROR_UNKNOWN, [&] {
     const driver_api* d = driver();
     if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+    if (shim_active()) restore_ready();  // a restored image's VMM memory is in place before the program's
     vmm_state* s = shim_active() ? existing_state() : nullptr;
     if (s == nullptr) return d->cuMemMap(ptr, size, offset, handle, flags);
     gate_scope scope(gate_scope::no_work);
@@ -294,6 +284,7 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
   return guarded(CUDA_ERROR_UNKNOWN, [&] {
     const driver_api* d = driver();
     if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+    if (shim_active()) restore_ready();  // a restored image's VMM memory is in place before the program's
     vmm_state* s = shim_active() ? existing_state() : nullptr;
     if (s == nullptr) return d->cuMemUnmap(ptr, size);
     gate_scope scope(gate_scope::no_work);
@@ -311,6 +302,7 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, con
   return guarded(CUDA_ERROR_UNKNOWN, [&] {
     const driver_api* d = driver();
     if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+    if (shim_active()) restore_ready();  // a restored image's VMM memory is in place before the program's
     vmm_state* s = shim_active() ? existing_state() : nullptr;
     if (s == nullptr) return d->cuMemSetAccess(ptr, size, desc, count);
     gate_scope scope(gate_scope::no_work);
@@ -343,6 +335,7 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemRetainAllocationHandle(CUmemGenericAllocati
   return guarded(CUDA_ERROR_UNKNOWN, [&] {
     const driver_api* d = driver();
     if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+    if (shim_active()) restore_ready();  // a restored image's VMM memory is in place before the program's
     if (d->cuMemRetainAllocationHandle == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
     vmm_state* s = shim_active() && handle != nullptr ? existing_state() : nullptr;
     if (s == nullptr) return d->cuMemRetainAllocationHandle(handle, addr);
@@ -364,6 +357,7 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemGetAllocationPropertiesFromHandle(CUmemAllo
   return guarded(CUDA_ERROR_UNKNOWN, [&] {
     const driver_api* d = driver();
     if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+    if (shim_active()) restore_ready();  // a restored image's VMM memory is in place before the program's
     vmm_state* s = shim_active() && looks_like_vmm_token(handle) ? existing_state() : nullptr;
     if (s == nullptr) return d->cuMemGetAllocationPropertiesFromHandle(prop, handle);
     std::lock_guard lock(s->mutex);
@@ -381,6 +375,7 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemExportToShareableHandle(void* shareable, CU
   return guarded(CUDA_ERROR_UNKNOWN, [&] {
     const driver_api* d = driver();
     if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+    if (shim_active()) restore_ready();  // a restored image's VMM memory is in place before the program's
     vmm_state* s = shim_active() && looks_like_vmm_token(handle) ? existing_state() : nullptr;
     if (s == nullptr) return d->cuMemExportToShareableHandle(shareable, handle, type, flags);
     std::lock_guard lock(s->mutex);

@@ -90,8 +90,9 @@ TEST_CASE("the allocation table travels apart and comes back whole", "[control]"
   REQUIRE(reply.pools[0].allocations.empty());
   control::dump_begin_reply sent = reply;
   sent.pools[0].allocations = {{0x200000000000, 4096, vmmckpt::alloc_api::cuda_malloc}};
+  sent.pools[1].allocations = {{0x300000000000, 20971520, vmmckpt::alloc_api::cu_mem_map}};
   const std::string table = control::encode_allocation_table(sent);
-  REQUIRE(table.size() == 24);
+  REQUIRE(table.size() == 48);
   control::decode_allocation_table(table, reply);
   REQUIRE(reply == sent);
   // A table that does not match the counts, or names an unknown API, is refused.

@@ -313,7 +313,7 @@ TEST_CASE("image: JSON round trip and byte-identical re-encoding", "[image]") {
   CHECK(again.tables == read_file(s / "img" / "tables.bin"));
   CHECK(again.tables.size() == 64 + 4 * 24 + 4 * 48);  // 4 allocations, 4 extents
   // Field order and representation are part of the format.
-  CHECK(file.rfind("{\n  \"magic\": \"vmmckpt-image\",\n  \"format\": 3,\n  \"image_id\": \"", 0) == 0);
+  CHECK(file.rfind("{\n  \"magic\": \"vmmckpt-image\",\n  \"format\": 4,\n  \"image_id\": \"", 0) == 0);
   CHECK_THAT(file, Contains("\"base\": \"0x200000000000\""));
   const auto j = nlohmann::json::parse(file);
   CHECK(j["tables"]["checksum"].get<std::string>().size() == 16);
@@ -586,8 +586,8 @@ TEST_CASE("image: reader refuses a manifest that is not an object", "[image][val
 
 REFUSES_JSON("a missing magic", "manifest.json: missing field 'magic'", j.erase("magic"))
 REFUSES_JSON("a wrong magic", "manifest.json: magic is \"criu\"", j["magic"] = "criu")
-REFUSES_JSON("a newer format", "manifest.json: format 4 is newer than this tool understands (3)",
-             j["format"] = 4; j["pools"] = "whatever a future format holds")
+REFUSES_JSON("a newer format", "manifest.json: format 5 is newer than this tool understands (4)",
+             j["format"] = 5; j["pools"] = "whatever a future format holds")
 REFUSES_JSON("an unknown older format", "manifest.json: format 0 is not a known format", j["format"] = 0)
 REFUSES_JSON("a format that is not a number", "manifest.json: format: expected an integer", j["format"] = "1")
 REFUSES_JSON("a missing top-level field", "manifest.json: missing field 'pools'", j.erase("pools"))
@@ -711,10 +711,10 @@ TEST_CASE("image: reader refuses a damaged data header", "[image][data]") {
   };
   patch(fresh(), 0, "X");
   CHECK_THAT(open_error(s / "img"), Contains("data.bin: bad magic"));
-  patch(fresh(), 12, std::string("\x04\0\0\0", 4));
-  CHECK_THAT(open_error(s / "img"), Contains("data.bin: format 4 is newer than this tool understands (3)"));
+  patch(fresh(), 12, std::string("\x05\0\0\0", 4));
+  CHECK_THAT(open_error(s / "img"), Contains("data.bin: format 5 is newer than this tool understands (4)"));
   patch(fresh(), 12, std::string("\x01\0\0\0", 4));
-  CHECK_THAT(open_error(s / "img"), Contains("data.bin: format 1 does not match the manifest's format 3"));
+  CHECK_THAT(open_error(s / "img"), Contains("data.bin: format 1 does not match the manifest's format 4"));
   patch(fresh(), 16, std::string("\x01\0\0\0", 4));
   CHECK_THAT(open_error(s / "img"), Contains("data.bin: header gives a payload of 1 bytes but the manifest's extents in this file hold 11540"));
   patch(fresh(), 32, "\x01");

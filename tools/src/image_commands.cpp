@@ -26,8 +26,29 @@ int inspect_command(const std::string& path, bool as_json) {
   for (const auto& d : m.devices)
     std::printf("device    %d: %s %s (compute capability %d.%d)\n", d.ordinal, d.name.c_str(), d.uuid.c_str(),
                 d.cc_major, d.cc_minor);
+  if (m.vmm) {
+    const vmm_layout& l = *m.vmm;
+    std::printf("vmm       program-made VMM memory: %zu reservations, %zu handles, %zu mappings (windows at 0x%llx, "
+                "%s each)\n",
+                l.reservations.size(), l.handles.size(), l.mappings.size(),
+                static_cast<unsigned long long>(l.windows.base), human_bytes(l.windows.window).c_str());
+    std::printf("  %-18s %14s  %s\n", "reservation", "bytes", "device");
+    for (const auto& r : l.reservations)
+      std::printf("  0x%-16llx %14llu  %d\n", static_cast<unsigned long long>(r.addr),
+                  static_cast<unsigned long long>(r.size), r.device);
+    std::printf("  %-18s %14s  %6s %4s\n", "handle", "bytes", "device", "refs");
+    for (const auto& h : l.handles)
+      std::printf("  0x%-16llx %14llu  %6d %4u\n", static_cast<unsigned long long>(h.token),
+                  static_cast<unsigned long long>(h.size), h.device, h.refs);
+    std::printf("  %-18s %14s  %-18s %s\n", "mapping", "bytes", "handle", "offset");
+    for (const auto& x : l.mappings)
+      std::printf("  0x%-16llx %14llu  0x%-16llx %llu\n", static_cast<unsigned long long>(x.addr),
+                  static_cast<unsigned long long>(x.size), static_cast<unsigned long long>(x.token),
+                  static_cast<unsigned long long>(x.offset));
+  }
   for (const auto& p : m.pools) {
-    std::printf("pool      device %d at 0x%llx, %s reserved, %zu allocations\n", p.device,
+    std::printf("%s device %d at 0x%llx, %s reserved, %zu allocations\n",
+                p.kind == image::pool_kind::vmm ? "vmm pool " : "pool     ", p.device,
                 static_cast<unsigned long long>(p.base), human_bytes(p.size).c_str(), p.allocations.size());
     std::printf("  %-18s %14s  %s\n", "address", "bytes", "api");
     for (const auto& a : p.allocations)

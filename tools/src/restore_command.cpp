@@ -47,6 +47,8 @@ int restore_command(const std::string& path, bool replay, int device, bool verif
   h.pid = ::getpid();  // exec keeps the pid
   h.pool_base = plan.pool_base;
   h.pool_size = plan.pool_size;
+  h.vmm_base = plan.vmm_base;
+  h.vmm_window = plan.vmm_window;
   restore::export_to_environment(h);
   return run_under_shim(command);
 }

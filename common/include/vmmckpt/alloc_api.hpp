@@ -14,11 +14,13 @@ enum class alloc_api : std::uint32_t {
   cuda_malloc,
   cuda_malloc_pitch,
   cuda_malloc_async,
+  cu_mem_map,  // a mapping of program-made VMM memory: the records of an image's pools of kind vmm
 };
 
 inline constexpr alloc_api all_alloc_apis[] = {alloc_api::cu_mem_alloc,      alloc_api::cu_mem_alloc_pitch,
                                                alloc_api::cu_mem_alloc_async, alloc_api::cuda_malloc,
-                                               alloc_api::cuda_malloc_pitch, alloc_api::cuda_malloc_async};
+                                               alloc_api::cuda_malloc_pitch, alloc_api::cuda_malloc_async,
+                                               alloc_api::cu_mem_map};
 
 constexpr std::string_view name_of(alloc_api api) {
   switch (api) {
@@ -28,6 +30,7 @@ constexpr std::string_view name_of(alloc_api api) {
     case alloc_api::cuda_malloc: return "cudaMalloc";
     case alloc_api::cuda_malloc_pitch: return "cudaMallocPitch";
     case alloc_api::cuda_malloc_async: return "cudaMallocAsync";
+    case alloc_api::cu_mem_map: return "cuMemMap";
   }
   return "unknown";
 }

@@ -15,6 +15,7 @@
 
 #include "vmmckpt/alloc_api.hpp"
 #include "vmmckpt/json_fields.hpp"
+#include "vmmckpt/vmm_layout.hpp"
 
 namespace vmmckpt::control {
 
@@ -92,6 +93,9 @@ struct pool_summary {
   int device = 0;
   std::uint64_t base = 0, size = 0;
   std::uint64_t live_bytes = 0, live_count = 0, backed_bytes = 0;
+  // Program-made VMM memory in the device's VMM window (kind "vmm" on the wire): live bytes are its
+  // mapped bytes, live_count its mappings, backed_bytes its handles' bytes.
+  bool vmm = false;
   friend bool operator==(const pool_summary&, const pool_summary&) = default;
 };
 struct hello_reply {
@@ -119,15 +123,20 @@ struct pool_contents {
   std::uint64_t allocation_count = 0;
   std::vector<allocation> allocations;
   std::vector<segment_entry> segments;
+  // Program-made VMM memory in the device's VMM window (kind "vmm" on the wire): allocations are its
+  // mappings (api cuMemMap), segments are none; the reply's `vmm` has its layout.
+  bool vmm = false;
   friend bool operator==(const pool_contents&, const pool_contents&) = default;
 };
 struct dump_begin_reply {
   // Descriptors in all, this frame's and those of the fds frames after it: one per segment, in
-  // order across pools, then one for the allocation table.
+  // order across pools, then one per handle of `vmm` (its POSIX FD), then one for the allocation table.
   std::uint32_t fd_count = 0;
   std::uint32_t hold_ms = 0;  // how long the program is held at most, from the hold's start
   std::vector<device_description> devices;
   std::vector<pool_contents> pools;
+  // The program-made VMM memory the shim owns, when there is any: its bytes are the pools of kind vmm.
+  std::optional<vmm_layout> vmm;
   friend bool operator==(const dump_begin_reply&, const dump_begin_reply&) = default;
 };
 // Follows a dump_begin reply when it has more descriptors than one frame may carry.

@@ -5,18 +5,21 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "vmmckpt/alloc_api.hpp"
+#include "vmmckpt/vmm_layout.hpp"
 
 namespace vmmckpt::image {
 
-// What the writer writes: format 3, whose allocation and extent tables are apart from the manifest's
-// JSON, in tables.bin. Readers also read format 2 (tables in the JSON) and format 1 (one data file,
+// What the writer writes: format 4, which adds program-made VMM memory (the manifest's `vmm` layout and
+// pools of kind vmm) to format 3, whose allocation and extent tables are apart from the manifest's JSON,
+// in tables.bin. Readers also read format 3, format 2 (tables in the JSON) and format 1 (one data file,
 // no `file` fields).
-inline constexpr std::uint32_t format_version = 3;
+inline constexpr std::uint32_t format_version = 4;
 // Data files an image may have: the writer spreads extents over several so that threads can
 // write them at once (a file system serializes writes to one file).
 inline constexpr std::uint32_t max_data_files = 256;
@@ -57,7 +60,12 @@ struct stored_run {
   std::uint64_t addr = 0, size = 0, offset = 0;
 };
 
+// What a pool's allocations are: blocks of the shim's pool at the process's pool layout, or (format 4)
+// the mappings of program-made VMM memory in the device's VMM window, whose layout is the manifest's `vmm`.
+enum class pool_kind { pool, vmm };
+
 struct pool {
+  pool_kind kind = pool_kind::pool;
   int device = 0;  // ordinal in the dumped process
   std::uint64_t base = 0, size = 0, granularity = 0;
   std::vector<allocation> allocations;  // sorted by address
@@ -83,6 +91,9 @@ struct manifest {
   std::uint64_t data_bytes = 0;     // sum of extent sizes = sum of the data files' payloads
   std::uint32_t data_files = 1;     // data.bin, data.1.bin, ... data.(N-1).bin
   std::uint64_t hold_us = 0;        // how long the program was held for the dump
+  // Format 4: program-made VMM memory's reservations, handles, mappings and access; its bytes are in
+  // the pools of kind vmm. Absent when the program made none.
+  std::optional<vmm_layout> vmm;
   friend bool operator==(const manifest&, const manifest&) = default;
 };
 

@@ -13,72 +13,15 @@
 #include <vector>
 
 #include "vmmckpt/pool_layout.hpp"
+#include "vmmckpt/vmm_layout.hpp"
 
 namespace vmmckpt {
-
-// The driver's granularity for device memory on every GPU so far; placement uses it as a constant so
-// that addresses never depend on the GPU model.
-inline constexpr std::uint64_t vmm_granularity = large_alignment;
-
-// A handle token: "vmm" in bits 63..40, a counter from 1 in bits 39..0, so the n-th owned cuMemCreate of
-// a run gets the same token in every run. The tag is not a canonical user-space pointer, which is what
-// real drivers' handle values look like, nor a small integer, which is what the emulator's are.
-inline constexpr std::uint64_t vmm_token_tag = 0x766d6dULL << 40;
-inline constexpr std::uint64_t vmm_token_counter_mask = (1ULL << 40) - 1;
-constexpr bool looks_like_vmm_token(std::uint64_t value) {
-  return (value & ~vmm_token_counter_mask) == vmm_token_tag && (value & vmm_token_counter_mask) != 0;
-}
 
 enum class vmm_status {
   ok,
   invalid_value,  // what the driver answers too (not our exact reservation, a double release, a bad alignment)
   out_of_memory,  // no room in the window
   not_found,      // not ours: the caller passes the call through to the driver
-};
-
-// The program's CUmemAllocationProp exactly as it passed it, as bytes so that this header needs no
-// cuda.h (the shim checks at compile time that the struct fits).
-struct vmm_properties {
-  std::array<unsigned char, 64> bytes{};
-};
-
-struct vmm_reservation {
-  std::uint64_t addr = 0;
-  std::uint64_t size = 0;  // as the program asked; placement occupies it rounded up to the granularity
-  int device = 0;          // whose window it lies in
-};
-
-struct vmm_handle {
-  std::uint64_t token = 0;
-  std::uint64_t real = 0;  // the driver's handle; one driver reference held while this record lives
-  std::uint64_t size = 0;
-  int device = 0;
-  std::uint64_t flags = 0;  // cuMemCreate's flags
-  vmm_properties properties;
-  std::uint32_t refs = 0;      // create 1, each retain +1, each release -1
-  std::uint32_t mappings = 0;  // mapping records using it; the record goes when both are 0
-};
-
-struct vmm_mapping {
-  std::uint64_t addr = 0;
-  std::uint64_t size = 0;
-  std::uint64_t token = 0;
-  std::uint64_t offset = 0;  // into the handle's memory
-  bool operator==(const vmm_mapping&) const = default;
-};
-
-struct vmm_access {
-  int location_type = 0;  // CUmemLocationType
-  int location_id = 0;
-  std::uint64_t flags = 0;  // CUmemAccess_flags
-  bool operator==(const vmm_access&) const = default;
-};
-
-// Access rights over [addr, addr + size): neighbouring ranges with the same rights are one record.
-struct vmm_access_range {
-  std::uint64_t addr = 0;
-  std::uint64_t size = 0;
-  std::vector<vmm_access> access;  // one entry per location, ordered by (type, id)
 };
 
 // VMM memory that passes through, by kind: what a suspend would leave on the GPU.
@@ -158,6 +101,19 @@ class vmm_registry {
   std::vector<vmm_handle> handles() const;            // token order
   std::vector<vmm_mapping> mappings() const;          // owned mappings, address order
   std::vector<vmm_access_range> access() const;       // address order
+
+  // ---- a dump, a suspend, a restore
+  // Everything owned now, as an image records it (real handles and mapping counts left out).
+  vmm_layout layout() const;
+  // Suspend: every owned handle's real handle, for the caller to unmap and release; the records keep
+  // their tokens, mappings and access with `real` 0 until replace_real() gives them new ones.
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> take_real();  // (token, real)
+  // A new process restoring an image: the registry, still empty, takes the layout as its own (the
+  // caller has made the driver's reservations; real handles come with replace_real()). False when the
+  // registry is not empty or the layout's windows are not this registry's.
+  bool load(const vmm_layout& l);
+  // Bytes of owned handles that no mapping shows: a dump cannot read them (they come back zeroed).
+  std::uint64_t unmapped_handle_bytes() const;
 
   std::uint64_t window_base(int device) const { return base_ + static_cast<std::uint64_t>(device) * window_; }
   std::uint64_t window_size() const { return window_; }

@@ -19,10 +19,12 @@ struct handoff {
   mode how = mode::live;
   pid_t pid = 0;  // the process meant: exec keeps the pid, and children that inherit the environment are not it
   std::uint64_t pool_base = 0, pool_size = 0;  // device 0's pool base and each pool's size, as in the image
+  std::uint64_t vmm_base = 0, vmm_window = 0;  // device 0's VMM window and each window's size, as in the image
 };
 
 // Puts the hand-off into this process's environment, for the command it is about to exec: the
-// variables the shim reads, including the pool layout (VMMCKPT_POOL_BASE and VMMCKPT_POOL_SIZE).
+// variables the shim reads, including the pool layout (VMMCKPT_POOL_BASE and VMMCKPT_POOL_SIZE) and the
+// VMM windows (VMMCKPT_VMM_BASE and VMMCKPT_VMM_WINDOW).
 void export_to_environment(const handoff& h);
 
 // The hand-off meant for the calling process (`self`), read from its environment: nothing when

@@ -6,18 +6,24 @@
 #include <string>
 
 #include "vmmckpt/image.hpp"
+#include "vmmckpt/pool_layout.hpp"
 
 namespace vmmckpt::restore {
 
 struct restore_plan {
-  std::uint64_t pool_base = 0;  // device 0's pool base of the layout the image's pools follow
-  std::uint64_t pool_size = 0;  // each device's pool size
+  std::uint64_t pool_base = default_pool_base;  // device 0's pool base of the layout the image's pools follow
+  std::uint64_t pool_size = default_pool_size;  // each device's pool size
   int device = 0;               // the device of the first pool (the only one, for --device)
+  // The VMM windows the program's own VMM memory lay in (VMMCKPT_VMM_BASE, VMMCKPT_VMM_WINDOW); the
+  // defaults when the image has none.
+  std::uint64_t vmm_base = default_vmm_base;
+  std::uint64_t vmm_window = default_vmm_window;
 };
 
-// The pool layout the new process must use so that every pool lands where the image's was (an
-// image that opened follows one: image::validate). An image_error naming the image when it holds no
-// pool, or when `moving` (--device) and it has more than one pool.
+// The pool layout and VMM windows the new process must use so that every pool and VMM reservation lands
+// where the image's was (an image that opened follows one: image::validate). An image_error naming the
+// image when it holds no memory at all, or when `moving` (--device) and it has memory on more than one
+// device.
 restore_plan plan_restore(const image::manifest& m, const std::string& image_name, bool moving);
 
 // --device: the CUDA_VISIBLE_DEVICES that makes this machine's GPU `target` (an ordinal as the

@@ -1,0 +1,233 @@
+// Program-made VMM memory in checkpoints: described, handed over, given back, rebuilt.
+#include "vmm_checkpoint.hpp"
+
+#include <map>
+
+#include "entry_points.hpp"
+#include "vmm_state.hpp"
+#include "vmmckpt/hex_text.hpp"
+
+namespace vmmckpt::detail {
+namespace {
+
+int window_of(const vmm_config& c, std::uint64_t addr) { return static_cast<int>((addr - c.base) / c.window); }
+
+// Every owned mapping unmapped and every real handle released; the records stay (real 0).
+std::uint64_t release_locked(const driver_api& d, vmm_state& s) {
+  for (const vmm_mapping& m : s.registry.mappings())
+    if (const CUresult e = d.cuMemUnmap(m.addr, m.size); e != CUDA_SUCCESS)
+      log::warn("suspend: cuMemUnmap of VMM memory at {} failed: CUDA error {}", hex(m.addr), static_cast<int>(e));
+  std::uint64_t bytes = 0;
+  for (const auto& [token, real] : s.registry.take_real()) {
+    if (const vmm_handle* h = s.registry.find_handle(token)) bytes += h->size;
+    if (const CUresult e = d.cuMemRelease(real); e != CUDA_SUCCESS)
+      log::warn("suspend: cuMemRelease of VMM handle {} failed: CUDA error {}", hex(token), static_cast<int>(e));
+  }
+  return bytes;
+}
+
+// The driver's memory again under every token the registry holds, mapped and with its access rights. On
+// failure what was made is given back (the records stay without memory).
+status rebuild_locked(const driver_api& d, vmm_state& s) {
+  const vmm_layout l = s.registry.layout();
+  auto undo = [&] { release_locked(d, s); };
+  for (const vmm_handle& h : l.handles) {
+    CUmemAllocationProp prop = program_properties(h);
+    prop.requestedHandleTypes =
+        static_cast<CUmemAllocationHandleType>(prop.requestedHandleTypes | CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    CUmemGenericAllocationHandle real = 0;
+    if (const CUresult e = d.cuMemCreate(&real, h.size, &prop, h.flags); e != CUDA_SUCCESS) {
+      undo();
+      return failure(e, "cannot create VMM memory for handle {} ({} bytes on device {}): CUDA error {}", hex(h.token),
+                     h.size, h.device, static_cast<int>(e));
+    }
+    s.registry.replace_real(h.token, real);
+  }
+  for (const vmm_mapping& m : l.mappings) {
+    const vmm_handle* h = s.registry.find_handle(m.token);
+    if (const CUresult e = d.cuMemMap(m.addr, m.size, m.offset, h->real, 0); e != CUDA_SUCCESS) {
+      undo();
+      return failure(e, "cannot map VMM handle {} at {}: CUDA error {}", hex(m.token), hex(m.addr), static_cast<int>(e));
+    }
+  }
+  for (const vmm_access_range& a : l.access) {
+    std::vector<CUmemAccessDesc> desc;
+    for (const vmm_access& x : a.access) {
+      CUmemAccessDesc one{};
+      one.location.type = static_cast<CUmemLocationType>(x.location_type);
+      one.location.id = x.location_id;
+      one.flags = static_cast<CUmemAccess_flags>(x.flags);
+      desc.push_back(one);
+    }
+    if (const CUresult e = d.cuMemSetAccess(a.addr, a.size, desc.data(), desc.size()); e != CUDA_SUCCESS) {
+      undo();
+      return failure(e, "cannot give access to VMM memory at {}: CUDA error {}", hex(a.addr), static_cast<int>(e));
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+std::vector<control::pool_summary> vmm_summaries() {
+  vmm_state* s = existing_vmm_state();
+  if (s == nullptr) return {};
+  std::lock_guard lock(s->mutex);
+  std::map<int, control::pool_summary> by_window;
+  auto summary = [&](int device) -> control::pool_summary& {
+    auto [it, added] = by_window.try_emplace(device);
+    if (added) {
+      it->second.device = device;
+      it->second.base = s->config.device_base(device);
+      it->second.size = s->config.window;
+      it->second.vmm = true;
+    }
+    return it->second;
+  };
+  for (const vmm_reservation& r : s->registry.reservations()) summary(r.device);
+  for (const vmm_mapping& m : s->registry.mappings()) {
+    control::pool_summary& p = summary(window_of(s->config, m.addr));
+    p.live_bytes += m.size;
+    ++p.live_count;
+  }
+  for (const vmm_handle& h : s->registry.handles())
+    if (auto it = by_window.find(h.device); it != by_window.end()) it->second.backed_bytes += h.size;
+  std::vector<control::pool_summary> out;
+  for (auto& [device, p] : by_window) out.push_back(p);
+  return out;
+}
+
+void vmm_synchronize() noexcept {
+  const driver_api* d = driver();
+  if (d == nullptr) return;
+  std::vector<int> devices;
+  try {
+    for (const control::pool_summary& p : vmm_summaries()) devices.push_back(p.device);
+  } catch (...) {
+    return;
+  }
+  for (const int ordinal : devices) {
+    CUdevice device;
+    CUcontext context;
+    if (d->cuDeviceGet(&device, ordinal) != CUDA_SUCCESS || d->cuDevicePrimaryCtxRetain(&context, device) != CUDA_SUCCESS)
+      continue;
+    if (d->cuCtxPushCurrent_v2(context) == CUDA_SUCCESS) {
+      d->cuCtxSynchronize();
+      CUcontext ignored;
+      d->cuCtxPopCurrent_v2(&ignored);
+    }
+    d->cuDevicePrimaryCtxRelease_v2(device);
+  }
+}
+
+std::string vmm_hold_contents(control::dump_begin_reply& r, std::vector<int>& fds) {
+  vmm_state* s = existing_vmm_state();
+  const driver_api* d = driver();
+  if (s == nullptr || d == nullptr) return {};
+  std::lock_guard lock(s->mutex);
+  vmm_layout l = s->registry.layout();
+  if (l.empty()) return {};
+  std::map<int, control::pool_contents> by_window;
+  for (const vmm_reservation& res : l.reservations) {
+    auto [it, added] = by_window.try_emplace(res.device);
+    if (added) {
+      it->second.device = res.device;
+      it->second.base = s->config.device_base(res.device);
+      it->second.size = s->config.window;
+      it->second.granularity = vmm_granularity;
+      it->second.vmm = true;
+    }
+  }
+  for (const vmm_mapping& m : l.mappings) {
+    control::pool_contents& p = by_window.at(window_of(s->config, m.addr));
+    p.allocations.push_back({m.addr, m.size, alloc_api::cu_mem_map});
+  }
+  for (const vmm_handle& h : l.handles) {
+    const vmm_handle* live = s->registry.find_handle(h.token);
+    int fd = -1;
+    const CUresult e =
+        d->cuMemExportToShareableHandle(&fd, live->real, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    if (e != CUDA_SUCCESS)
+      return "exporting VMM handle " + hex(h.token) + " failed: CUDA error " + std::to_string(static_cast<int>(e));
+    fds.push_back(fd);
+  }
+  for (auto& [device, p] : by_window) {
+    p.allocation_count = p.allocations.size();
+    r.pools.push_back(std::move(p));
+  }
+  r.vmm = std::move(l);
+  return {};
+}
+
+std::uint64_t vmm_release_physical() noexcept {
+  vmm_state* s = existing_vmm_state();
+  const driver_api* d = driver();
+  if (s == nullptr || d == nullptr) return 0;
+  try {
+    std::lock_guard lock(s->mutex);
+    return release_locked(*d, *s);
+  } catch (...) {
+    return 0;  // the layout could not be listed (no memory): the memory stays mapped
+  }
+}
+
+status vmm_back_suspended(const image::manifest& m) noexcept {
+  vmm_state* s = existing_vmm_state();
+  const driver_api* d = driver();
+  if (s == nullptr) {
+    if (m.vmm && !m.vmm->empty()) return failure(CUDA_ERROR_INVALID_VALUE, "the image's VMM memory is not this program's");
+    return {};
+  }
+  if (d == nullptr) return failure(CUDA_ERROR_NOT_INITIALIZED, "no CUDA driver");
+  try {
+    std::lock_guard lock(s->mutex);
+    const vmm_layout mine = s->registry.layout();
+    if (!(m.vmm ? *m.vmm == mine : mine.empty()))
+      return failure(CUDA_ERROR_INVALID_VALUE, "the image's VMM memory is not the suspended program's");
+    return rebuild_locked(*d, *s);
+  } catch (const std::exception& e) {
+    return failure(CUDA_ERROR_OUT_OF_MEMORY, "resume of VMM memory: {}", e.what());
+  }
+}
+
+status vmm_restore_layout(const image::manifest& m) noexcept {
+  if (!m.vmm || m.vmm->empty()) return {};
+  const driver_api* d = driver();
+  if (d == nullptr) return failure(CUDA_ERROR_NOT_INITIALIZED, "no CUDA driver");
+  try {
+    vmm_state& s = vmm_state_for_recording();
+    std::lock_guard lock(s.mutex);
+    const vmm_layout& l = *m.vmm;
+    if (!s.config_error.empty()) return failure(CUDA_ERROR_INVALID_VALUE, "restore: {}", s.config_error);
+    std::vector<vmm_reservation> made;
+    auto undo = [&] {
+      for (const vmm_reservation& r : made) d->cuMemAddressFree(r.addr, r.size);
+    };
+    for (const vmm_reservation& r : l.reservations) {
+      CUdeviceptr got = 0;
+      if (const CUresult e = d->cuMemAddressReserve(&got, r.size, vmm_granularity, r.addr, 0); e != CUDA_SUCCESS) {
+        undo();
+        return failure(e, "restore: cannot reserve VMM addresses {}+{}: CUDA error {}", hex(r.addr), r.size,
+                       static_cast<int>(e));
+      }
+      if (got != r.addr) {
+        d->cuMemAddressFree(got, r.size);
+        undo();
+        return failure(CUDA_ERROR_INVALID_VALUE, "restore: VMM addresses {}+{} are taken in this process", hex(r.addr),
+                       r.size);
+      }
+      made.push_back(r);
+    }
+    if (!s.registry.load(l)) {
+      undo();
+      return failure(CUDA_ERROR_INVALID_VALUE,
+                     "restore: the image's VMM windows (base {}, window {}) are not this process's (base {}, window {})",
+                     hex(l.windows.base), l.windows.window, hex(s.config.base), s.config.window);
+    }
+    return rebuild_locked(*d, s);
+  } catch (const std::exception& e) {
+    return failure(CUDA_ERROR_OUT_OF_MEMORY, "restore of VMM memory: {}", e.what());
+  }
+}
+
+}  // namespace vmmckpt::detail

@@ -1,0 +1,42 @@
+// Program-made VMM memory in checkpoints: described to cuda-ckpt, handed over for a dump, given back for a
+// suspend, and rebuilt for a resume or a restore (docs/vmm.md). The registry says what; this file makes the
+// driver calls.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "vmmckpt/control_messages.hpp"
+#include "vmmckpt/image.hpp"
+#include "vmmckpt/status.hpp"
+
+namespace vmmckpt::detail {
+
+// hello: one summary of kind vmm per device window that holds reservations.
+std::vector<control::pool_summary> vmm_summaries();
+
+// dump_begin, the program held, before anything is handed over: waits for the work on every device whose
+// window holds reservations (its primary context), as the pools do for theirs.
+void vmm_synchronize() noexcept;
+
+// dump_begin, the program held: appends one pool of kind vmm per device window that holds reservations
+// (its allocations the window's mappings), sets r.vmm to the layout, and appends each handle's POSIX FD
+// to `fds` in the layout's handle order. An empty string, or why it failed (the FDs appended so far are
+// the caller's to close). Throws only for want of memory.
+std::string vmm_hold_contents(control::dump_begin_reply& r, std::vector<int>& fds);
+
+// suspend, the program held: every owned mapping unmapped and every owned handle's memory given back to
+// the driver; reservations, tokens and the record of mappings and access stay. Returns the bytes freed.
+std::uint64_t vmm_release_physical() noexcept;
+
+// resume: the image's VMM layout must be the suspended program's; every handle's memory is created again
+// under its token, mapped where it was, with its access rights. On failure, what was made is given back.
+status vmm_back_suspended(const image::manifest& m) noexcept;
+
+// Restoring an image into a new process, before the program makes any VMM call: the reservations at
+// their addresses, the handles under their tokens, mapped with their access rights. The registry must be
+// empty and its windows the image's.
+status vmm_restore_layout(const image::manifest& m) noexcept;
+
+}  // namespace vmmckpt::detail
