@@ -1,0 +1,95 @@
+// End-to-end tests of program-made VMM memory in checkpoints: dumped, restored into a new process,
+// suspended and resumed, with the program checking its own bytes, addresses and handle tokens.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <fstream>
+#include <thread>
+
+#include "e2e_support.hpp"
+
+using namespace vmmckpt::test;
+
+namespace {
+
+const std::string vmm_program = build_dir + "/tests/programs/emu_vmm_checkpointed";
+constexpr std::uint64_t mib = 1 << 20;
+
+// Asks the program in `dir` to do `what` (check, mutate, finish) and waits for its answer.
+void ask(background_process& p, const fs::path& dir, const std::string& what, const std::string& answer) {
+  std::ofstream(dir / what).put('\n');
+  INFO(p.output());
+  REQUIRE(p.wait_for_output(answer));
+}
+
+nlohmann::json run_json(const std::vector<std::string>& argv) {
+  const auto r = run_process(argv);
+  INFO(describe(r));
+  REQUIRE(r.exit_code == 0);
+  return nlohmann::json::parse(r.out);
+}
+
+}  // namespace
+
+TEST_CASE("a dump holds program-made VMM memory; a new process restored from it finds its bytes, addresses and tokens",
+          "[emu][vmm]") {
+  scratch_dir dir;
+  background_process program({cuda_ckpt, "run", "--", vmm_program, dir.path.string()});
+  REQUIRE(program.wait_for_output("ready\n"));
+  const fs::path image = dir.path / "image";
+  const auto dumped = run_process({cuda_ckpt, "dump", std::to_string(program.pid()), "-o", image.string()});
+  INFO(describe(dumped));
+  REQUIRE(dumped.exit_code == 0);
+  ask(program, dir.path, "check", "ok 1\n");  // the dump harmed nothing
+
+  // The image: both reservations (one never mapped), five handles, five mappings, all their bytes.
+  const auto inspected = run_json({cuda_ckpt, "inspect", image.string(), "--json"});
+  REQUIRE(inspected.at("format") == 4);
+  const auto& vmm = inspected.at("vmm");
+  CHECK(vmm.at("reservations").size() == 2);
+  CHECK(vmm.at("handles").size() == 5);
+  CHECK(vmm.at("mappings").size() == 5);
+  CHECK(vmm.at("handles")[0].at("refs") == 2);  // the retain on an interior address
+  CHECK(vmm.at("mappings")[4].at("offset") == 8 * mib);
+  CHECK(inspected.at("data_bytes") == 40 * mib + mib);
+  const auto verified = run_process({cuda_ckpt, "verify", image.string()});
+  INFO(describe(verified));
+  CHECK(verified.exit_code == 0);
+
+  // The program ends; a new one restored from the image checks everything, then uses and frees it all.
+  ask(program, dir.path, "finish", "done\n");
+  REQUIRE(program.wait() == 0);
+  background_process restored({cuda_ckpt, "restore", image.string(), "--", vmm_program, dir.path.string(), "--restored"});
+  INFO(restored.output());
+  REQUIRE(restored.wait_for_output("restored\n"));
+  ask(restored, dir.path, "check", "ok 1\n");
+  ask(restored, dir.path, "mutate", "mutated 1\n");
+  ask(restored, dir.path, "check", "ok 2\n");
+  ask(restored, dir.path, "finish", "done\n");
+  REQUIRE(restored.wait() == 0);
+  // The counter goes on from the image's: the next handle is the seventh token.
+  CHECK_THAT(restored.output(), Catch::Contains("token 0x766d6d0000000007"));
+}
+
+TEST_CASE("suspend frees program-made VMM memory; resume brings it back under the same pointers and tokens",
+          "[emu][vmm][suspend]") {
+  scratch_dir dir;
+  background_process program({cuda_ckpt, "run", "--", vmm_program, dir.path.string()});
+  REQUIRE(program.wait_for_output("ready\n"));
+  const std::string pid = std::to_string(program.pid());
+  for (int cycle = 1; cycle <= 3; ++cycle) {
+    INFO("cycle " << cycle);
+    const fs::path image = dir.path / ("suspend-" + std::to_string(cycle));
+    const auto suspended = run_json({cuda_ckpt, "suspend", pid, "-o", image.string(), "--json"});
+    // The five handles' 48 MiB, and the pool's memory, are given back.
+    CHECK(suspended.at("freed_bytes").get<std::uint64_t>() >= 48 * mib + mib);
+    CHECK(suspended.at("bytes") == 40 * mib + mib);
+    const auto resumed = run_process({cuda_ckpt, "resume", pid});
+    INFO(describe(resumed));
+    REQUIRE(resumed.exit_code == 0);
+    ask(program, dir.path, "check", "ok " + std::to_string(cycle) + "\n");
+    ask(program, dir.path, "mutate", "mutated " + std::to_string(cycle) + "\n");
+  }
+  ask(program, dir.path, "finish", "done\n");
+  REQUIRE(program.wait() == 0);
+}
