@@ -32,7 +32,7 @@ nlohmann::json run_json(const std::vector<std::string>& argv) {
 }  // namespace
 
 TEST_CASE("a dump holds program-made VMM memory; a new process restored from it finds its bytes, addresses and tokens",
-          "[emu][vmm]") {
+          "[emu][vmm][vmm_checkpoint]") {
   scratch_dir dir;
   background_process program({cuda_ckpt, "run", "--", vmm_program, dir.path.string()});
   REQUIRE(program.wait_for_output("ready\n"));
@@ -72,7 +72,7 @@ TEST_CASE("a dump holds program-made VMM memory; a new process restored from it 
 }
 
 TEST_CASE("suspend frees program-made VMM memory; resume brings it back under the same pointers and tokens",
-          "[emu][vmm][suspend]") {
+          "[emu][vmm][suspend][vmm_checkpoint]") {
   scratch_dir dir;
   background_process program({cuda_ckpt, "run", "--", vmm_program, dir.path.string()});
   REQUIRE(program.wait_for_output("ready\n"));

@@ -56,6 +56,11 @@ def main():
     else:
         r = json.loads(s.stdout)
         figures["freed_mib"] = r["freed_bytes"] / 2**20
+        reserved = next((int(l.split()[1]) for l in lines if l.startswith("reserved ")), 0)
+        figures["torch_reserved_mib"] = reserved / 2**20
+        # PyTorch's own memory, whichever way it maps it (cudaMalloc or expandable segments), is freed.
+        if reserved and r["freed_bytes"] < 0.9 * reserved:
+            problems.append(f"suspend freed {r['freed_bytes']} bytes of the {reserved} PyTorch had reserved")
         figures["image_mib"] = r["bytes"] / 2**20
         time.sleep(1.0)
         during = gpu_used_mib()

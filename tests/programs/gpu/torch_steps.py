@@ -32,6 +32,8 @@ def main():
         opt.step()
         print(f"result loss_{step} {loss.item().hex()}", flush=True)
         if step == 0:
+            # What PyTorch holds on the GPU (with expandable segments: VMM memory it maps itself).
+            print(f"reserved {torch.cuda.memory_reserved()}", flush=True)
             print("ready", flush=True)
         time.sleep(args.sleep)
     print("done", flush=True)
