@@ -1,0 +1,176 @@
+// Unit tests of program-made VMM memory in images: the layout's rules, its JSON, and the registry's
+// snapshot and rebuild of it.
+#include <catch2/catch.hpp>
+
+#include <functional>
+
+#include "vmmckpt/image.hpp"
+#include "vmmckpt/vmm_registry.hpp"
+
+using namespace vmmckpt;
+namespace img = vmmckpt::image;
+using Catch::Matchers::Contains;
+
+namespace {
+
+constexpr std::uint64_t MiB = 1ULL << 20;
+constexpr std::uint64_t base = default_vmm_base;
+constexpr std::uint64_t token1 = vmm_token_tag | 1, token2 = vmm_token_tag | 2;
+
+vmm_handle handle(std::uint64_t token, std::uint64_t size, std::uint32_t refs) {
+  vmm_handle h;
+  h.token = token;
+  h.size = size;
+  h.refs = refs;
+  h.properties.bytes[0] = 1;
+  return h;
+}
+
+// Two reservations (the second never mapped, as vLLM's sleep leaves one), two handles, the second
+// mapped from an offset, access over both mappings in one range.
+vmm_layout sample_layout() {
+  vmm_layout l;
+  l.next_token = 3;
+  l.reservations = {{base, 64 * MiB, 0}, {base + 64 * MiB, 32 * MiB, 0}};
+  l.handles = {handle(token1, 8 * MiB, 2), handle(token2, 16 * MiB, 1)};
+  l.mappings = {{base, 8 * MiB, token1, 0}, {base + 8 * MiB, 8 * MiB, token2, 8 * MiB}};
+  l.access = {{base, 16 * MiB, {{1, 0, 3}}}};
+  return l;
+}
+
+// An image manifest holding the sample layout, its bytes as one extent per mapping.
+img::manifest sample_manifest() {
+  img::manifest m;
+  m.image_id = std::string(32, 'a');
+  m.tool_version = "test";
+  m.pid = 42;
+  m.devices = {{0, "GPU", "GPU-0", 9, 0}};
+  img::pool p;
+  p.kind = img::pool_kind::vmm;
+  p.base = base;
+  p.size = default_vmm_window;
+  p.granularity = 2 * MiB;
+  m.vmm = sample_layout();
+  for (const auto& x : m.vmm->mappings) {
+    p.allocations.push_back({x.addr, x.size, alloc_api::cu_mem_map});
+    p.extents.push_back({x.addr, x.size, x.size, 0, m.data_bytes, 0});
+    m.data_bytes += x.size;
+  }
+  m.pools = {p};
+  return m;
+}
+
+std::string refusal(const std::function<void(img::manifest&)>& spoil) {
+  img::manifest m = sample_manifest();
+  spoil(m);
+  try {
+    img::validate(m);
+  } catch (const img::image_error& e) {
+    return e.what();
+  }
+  return "accepted";
+}
+
+}  // namespace
+
+TEST_CASE("vmm image: a manifest with program-made VMM memory is valid and round-trips through JSON", "[image][vmm]") {
+  const img::manifest m = sample_manifest();
+  REQUIRE_NOTHROW(img::validate(m));
+  CHECK(check(*m.vmm, "vmm").empty());
+  const img::manifest again = img::from_json(img::to_json(m));
+  CHECK(again == m);
+  CHECK(again.pools[0].kind == img::pool_kind::vmm);
+  // Format 3 readers never see the layout: it is a format 4 image.
+  CHECK(m.format == 4);
+}
+
+TEST_CASE("vmm image: the layout's rules refuse what a restore could not rebuild", "[image][vmm]") {
+  CHECK_THAT(refusal([](img::manifest& m) { m.vmm->mappings[1].token = vmm_token_tag | 9; }),
+             Contains("is not a token this layout handed out") || Contains("names no handle"));
+  CHECK_THAT(refusal([](img::manifest& m) { m.vmm->mappings[1].offset = 12 * MiB; }),
+             Contains("vmm.mappings[1] reaches past the end of its handle"));
+  CHECK_THAT(refusal([](img::manifest& m) { m.vmm->reservations[0].size = 4 * MiB; }),
+             Contains("vmm.mappings[0] (0x300000000000+8388608) is not inside one reservation"));
+  CHECK_THAT(refusal([](img::manifest& m) { m.vmm->handles[1].refs = 0, m.vmm->mappings.pop_back(),
+                                                m.pools[0].allocations.pop_back(), m.pools[0].extents.pop_back(),
+                                                m.data_bytes -= 8 * MiB, m.vmm->access[0].size = 8 * MiB; }),
+             Contains("vmm.handles[1] has neither a reference nor a mapping"));
+  CHECK_THAT(refusal([](img::manifest& m) { m.vmm->access[0].size = 32 * MiB; }),
+             Contains("vmm.access[0] (0x300000000000+33554432) is not wholly mapped"));
+  CHECK_THAT(refusal([](img::manifest& m) { m.vmm->reservations[1].addr = base + 32 * MiB; }),
+             Contains("vmm.reservations[1] overlaps"));
+  CHECK_THAT(refusal([](img::manifest& m) { m.vmm->reservations[0].device = 1; }),
+             Contains("vmm.reservations[0]"));
+  CHECK_THAT(refusal([](img::manifest& m) { m.vmm->handles[0].token = 7; }), Contains("vmm.handles[0].token 0x7"));
+  CHECK_THAT(refusal([](img::manifest& m) { m.vmm->next_token = 2; }),
+             Contains("vmm.handles[1].token 0x766d6d0000000002 is not a token this layout handed out"));
+  CHECK_THAT(refusal([](img::manifest& m) { m.pools[0].size /= 2; }),
+             Contains("pools[0] (0x300000000000+1099511627776) is not device 0's VMM window"));
+  CHECK_THAT(refusal([](img::manifest& m) { m.pools[0].allocations[0].api = alloc_api::cuda_malloc; }),
+             Contains("pools[0].allocations[0].api cudaMalloc is not a VMM mapping, in a pool of kind vmm"));
+  CHECK_THAT(refusal([](img::manifest& m) { m.vmm.reset(); }),
+             Contains("pools[0] is of kind vmm, but the image has no vmm layout"));
+  CHECK_THAT(refusal([](img::manifest& m) { m.vmm->mappings.push_back({base + 16 * MiB, 2 * MiB, token2, 0}); }),
+             Contains("vmm.mappings has 3 entries but the pools of kind vmm store 2"));
+  CHECK_THAT(refusal([](img::manifest& m) { m.format = 3; }), Contains("a vmm layout in a format 3 image"));
+}
+
+TEST_CASE("vmm image: a layout's JSON is read strictly", "[image][vmm]") {
+  auto j = nlohmann::json::parse(to_json(sample_layout()).dump());
+  CHECK(vmm_layout_from_json(j, "vmm") == sample_layout());
+  j["handles"][0]["properties"] = "zz";
+  CHECK_THROWS_WITH(vmm_layout_from_json(j, "vmm"), Contains("vmm.handles[0].properties: expected 128 hex digits"));
+  j = nlohmann::json::parse(to_json(sample_layout()).dump());
+  j["mappings"][0].erase("offset");
+  CHECK_THROWS_WITH(vmm_layout_from_json(j, "vmm"), Contains("vmm.mappings[0]: missing field 'offset'"));
+}
+
+TEST_CASE("vmm registry: its layout is what a new process's registry takes back, tokens and counter included",
+          "[vmm]") {
+  vmm_registry r(base, default_vmm_window);
+  std::uint64_t a = 0, sleeping = 0;
+  REQUIRE(r.reserve(0, 64 * MiB, 0, 0, a) == vmm_status::ok);
+  REQUIRE(r.reserve(0, 32 * MiB, 0, 0, sleeping) == vmm_status::ok);
+  vmm_properties p;
+  p.bytes[0] = 1;
+  const std::uint64_t t1 = r.add_handle(1001, 8 * MiB, 0, 0, p), t2 = r.add_handle(1002, 16 * MiB, 0, 4, p);
+  const std::uint64_t t3 = r.add_handle(1003, 2 * MiB, 0, 0, p);  // created, never mapped
+  REQUIRE(r.map(a, 8 * MiB, 0, t1) == vmm_status::ok);
+  REQUIRE(r.map(a + 8 * MiB, 8 * MiB, 8 * MiB, t2) == vmm_status::ok);
+  const vmm_access rw{1, 0, 3};
+  r.set_access(a, 16 * MiB, std::span(&rw, 1));
+  std::uint64_t again = 0;
+  REQUIRE(r.retain_at(a + MiB, again) == vmm_status::ok);
+  CHECK(r.unmapped_handle_bytes() == 2 * MiB);
+
+  const vmm_layout l = r.layout();
+  CHECK(check(l, "vmm").empty());
+  CHECK(l.next_token == 4);
+  CHECK(l.handles[0].refs == 2);
+  CHECK(l.handles[0].real == 0);  // the driver's handles are never part of it
+
+  // Suspend: the driver's handles go, the records stay.
+  const auto taken = r.take_real();
+  CHECK(taken == std::vector<std::pair<std::uint64_t, std::uint64_t>>{{t1, 1001}, {t2, 1002}, {t3, 1003}});
+  CHECK(r.live_handle(t1)->real == 0);
+  CHECK(r.layout() == l);
+  REQUIRE(r.replace_real(t1, 2001));
+
+  // A new process takes the layout; its next token follows the image's.
+  vmm_registry fresh(base, default_vmm_window);
+  REQUIRE(fresh.load(l));
+  CHECK(fresh.layout() == l);
+  CHECK_FALSE(fresh.load(l));  // only an empty registry takes a layout
+  CHECK(fresh.add_handle(5000, 2 * MiB, 0, 0, p) == (vmm_token_tag | 4));
+  std::uint64_t token = 0;
+  REQUIRE(fresh.retain_at(a + 9 * MiB, token) == vmm_status::ok);
+  CHECK(token == t2);
+  std::vector<std::uint64_t> released;
+  REQUIRE(fresh.release(t2, released) == vmm_status::ok);  // the retain just taken
+  REQUIRE(fresh.release(t2, released) == vmm_status::ok);  // the image's reference
+  CHECK(released.empty());                                 // still mapped
+  fresh.unmap(a + 8 * MiB, 8 * MiB, released);
+  CHECK(released.size() == 1);                             // now it goes
+  vmm_registry elsewhere(base + default_vmm_window * 8, default_vmm_window);
+  CHECK_FALSE(elsewhere.load(l));  // other windows
+}
