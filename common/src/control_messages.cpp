@@ -67,6 +67,32 @@ ojson encode_devices(const std::vector<device_description>& devices) {
   return out;
 }
 
+ojson encode_not_owned(const std::vector<not_owned_memory>& list) {
+  ojson out = ojson::array();
+  for (const auto& m : list) {
+    ojson mj;
+    mj["kind"] = m.kind;
+    mj["bytes"] = m.bytes;
+    out.push_back(std::move(mj));
+  }
+  return out;
+}
+
+// Optional: a process older than the list sends none, which reads as nothing not owned.
+std::vector<not_owned_memory> decode_not_owned(const json& root) {
+  std::vector<not_owned_memory> out;
+  if (optional_field(root, "not_owned") == nullptr) return out;
+  const json& list = array_of(root, "", "not_owned");
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    const std::string p = index("not_owned", i);
+    const json& m = object_at(list[i], p);
+    not_owned_memory entry{string_of(m, p, "kind"), u64_of(m, p, "bytes")};
+    if (entry.kind.empty()) throw decode_error(join(p, "kind") + ": empty");
+    out.push_back(std::move(entry));
+  }
+  return out;
+}
+
 ojson success() {
   ojson j;
   j["ok"] = true;
@@ -114,6 +140,7 @@ hello_reply decode_hello(const json& root) {
     s.backed_bytes = u64_of(pj, p, "backed_bytes");
     r.pools.push_back(s);
   }
+  r.not_owned = decode_not_owned(root);
   return r;
 }
 
@@ -142,6 +169,7 @@ dump_begin_reply decode_dump_begin(const json& root) {
     }
     r.pools.push_back(std::move(c));
   }
+  r.not_owned = decode_not_owned(root);
   return r;
 }
 
@@ -255,6 +283,7 @@ std::string encode(const hello_reply& r) {
     pj["backed_bytes"] = p.backed_bytes;
     j["pools"].push_back(std::move(pj));
   }
+  j["not_owned"] = encode_not_owned(r.not_owned);
   return dump(j);
 }
 
@@ -280,6 +309,7 @@ std::string encode(const dump_begin_reply& r) {
     }
     j["pools"].push_back(std::move(pj));
   }
+  j["not_owned"] = encode_not_owned(r.not_owned);
   return dump(j);
 }
 
@@ -450,9 +480,11 @@ std::vector<example> example_messages() {
   const device_description h200{0, "NVIDIA H200", "GPU-2f6c1d3e-8a41-4b7e-9c55-0d1e2f3a4b5c", 9, 0};
   hello_reply hello{protocol::version, 4242, {"python", "train.py"}, process_state::suspended,
                     "/dev/shm/vmmckpt-1000/suspend-4242-20261123-101500", {h200},
-                    {{0, 0x200000000000, 549755813888, 1073741824, 12, 1140850688}}};
+                    {{0, 0x200000000000, 549755813888, 1073741824, 12, 1140850688}},
+                    {{std::string(not_owned_kind::managed), 67108864}}};
   dump_begin_reply held{2, 30'000, {h200}, {{0, 0x200000000000, 549755813888, 2097152, 1,
-                                     {{0x200000000000, 4096, vmmckpt::alloc_api::cuda_malloc}}, {{0x200000000000, 67108864}}}}};
+                                     {{0x200000000000, 4096, vmmckpt::alloc_api::cuda_malloc}}, {{0x200000000000, 67108864}}}},
+                        {{std::string(not_owned_kind::managed), 67108864}, {std::string(not_owned_kind::arrays), 1048576}}};
   return {
       {op::hello, encode(request{hello_request{true}}), encode(hello)},
       {op::dump_begin, encode(request{dump_begin_request{30'000, 1795430130000}}), encode(held)},

@@ -133,6 +133,16 @@ detail::manifest_file decode(const json& root, tables how) {
   m.data_bytes = u64_of(root, "", "data_bytes");
   if (multi_file) m.data_files = u32_of(root, "", "data_files");
   m.hold_us = u64_of(root, "", "hold_us");
+  // Optional: absent in a complete image, and in every image of tools older than the field.
+  if (optional_field(root, "lacking") != nullptr) {
+    const json& lacking = array_of(root, "", "lacking");
+    m.lacking.reserve(lacking.size());
+    for (std::size_t i = 0; i < lacking.size(); ++i) {
+      const std::string p = index("lacking", i);
+      const json& l = object_at(lacking[i], p);
+      m.lacking.push_back({string_of(l, p, "kind"), u64_of(l, p, "bytes")});
+    }
+  }
   if (how == tables::apart) {
     const json& t = object_of(root, "", "tables");
     out.tables_bytes = u64_of(t, "tables", "bytes");
@@ -178,6 +188,14 @@ void encode_tail(const manifest& m, ojson& j) {
   j["data_bytes"] = m.data_bytes;
   if (m.format >= 2) j["data_files"] = m.data_files;
   j["hold_us"] = m.hold_us;
+  if (m.lacking.empty()) return;
+  j["lacking"] = ojson::array();
+  for (const auto& l : m.lacking) {
+    ojson lj;
+    lj["kind"] = l.kind;
+    lj["bytes"] = l.bytes;
+    j["lacking"].push_back(std::move(lj));
+  }
 }
 
 // A command line or host name need not be UTF-8: replace bad bytes rather than fail the dump.

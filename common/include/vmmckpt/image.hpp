@@ -68,6 +68,14 @@ struct pool {
 // Where each stored byte of extent `e` of pool `p` belongs, in address order. For a valid image.
 std::vector<stored_run> stored_runs(const pool& p, const extent& e);
 
+// Device memory the dumped program had that the image does not hold (docs/image-format.md,
+// `lacking`): a kind as the shim names it ("managed", "arrays", ...) and its bytes at the dump.
+struct lack {
+  std::string kind;
+  std::uint64_t bytes = 0;
+  friend bool operator==(const lack&, const lack&) = default;
+};
+
 struct manifest {
   std::uint32_t format = format_version;
   // Format 3: 32 hex digits, random, given by the writer at commit: which image this is, so that
@@ -83,6 +91,8 @@ struct manifest {
   std::uint64_t data_bytes = 0;     // sum of extent sizes = sum of the data files' payloads
   std::uint32_t data_files = 1;     // data.bin, data.1.bin, ... data.(N-1).bin
   std::uint64_t hold_us = 0;        // how long the program was held for the dump
+  // Empty for a complete image; otherwise the image is partial (`--allow-partial`) and lacks these.
+  std::vector<lack> lacking;
   friend bool operator==(const manifest&, const manifest&) = default;
 };
 
