@@ -15,6 +15,7 @@
 #include <mutex>
 
 #include "gate.hpp"
+#include "not_owned_memory.hpp"
 #include "pools.hpp"
 #include "real_symbols.hpp"
 #include "vmmckpt/fault_point.hpp"
@@ -205,6 +206,7 @@ std::variant<control::dump_begin_reply, control::failure_reply> held_contents(do
   }
   fds.push_back(table);
   r.fd_count = static_cast<std::uint32_t>(fds.size());
+  r.not_owned = not_owned_memory();
   log::info("control: held; quiesced in {:.0f} us, synchronized in {:.0f} us, {} blocks {} in {:.0f} us, {} segments "
             "exported in {:.0f} us, the table {} in {:.0f} us",
             quiesce_us, sync_us, blocks, prepared ? "listed beforehand, unchanged, taken" : "listed", list_us, segments,
@@ -228,6 +230,7 @@ control::hello_reply describe_process() {
     const pool_stats s = p.pool->stats();
     r.pools.push_back({p.ordinal, p.pool->base(), p.pool->size(), s.live_bytes, s.live_count, s.backed_bytes});
   }
+  r.not_owned = not_owned_memory();
   return r;
 }
 
