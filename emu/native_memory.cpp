@@ -147,6 +147,21 @@ CUresult cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize, CUdeviceptr 
   });
 }
 
+// Managed memory as plain device memory: the host can touch it anyway (one address space), and
+// cuMemFree releases it like any native allocation.
+CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigned int flags) {
+  return guarded([&] {
+    context* ctx = nullptr;
+    if (CUresult rc = require_context(ctx); rc != CUDA_SUCCESS) return rc;
+    if (dptr == nullptr || bytesize == 0 || (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST))
+      return CUDA_ERROR_INVALID_VALUE;
+    std::uintptr_t p = 0;
+    if (CUresult rc = map_region(bytesize, region_kind::native_device, ctx->device, 0, p); rc != CUDA_SUCCESS) return rc;
+    *dptr = p;
+    return CUDA_SUCCESS;
+  });
+}
+
 CUresult cuMemHostAlloc(void** pp, size_t bytesize, unsigned int Flags) {
   return guarded([&] {
     context* ctx = nullptr;
@@ -330,3 +345,96 @@ CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute*
 
 // The v1 name has the same ABI (the flags argument was always there).
 VMMCKPT_EMU_ALIAS(cuMemHostRegister, cuMemHostRegister_v2)
+
+// CUDA arrays: no textures or surfaces, only the device memory they take (width x height x depth x
+// channels x element size, levels summed for mipmaps), so that a program using them runs and is
+// charged for them. The handle is the address of that memory.
+namespace {
+
+std::size_t array_bytes(const CUDA_ARRAY3D_DESCRIPTOR& d) {
+  std::size_t element = 4;
+  switch (d.Format) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8: element = 1; break;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF: element = 2; break;
+    default: break;
+  }
+  return d.Width * (d.Height ? d.Height : 1) * (d.Depth ? d.Depth : 1) * d.NumChannels * element;
+}
+
+CUresult create_array(const CUDA_ARRAY3D_DESCRIPTOR& d, unsigned levels, void*& handle) {
+  context* ctx = nullptr;
+  if (CUresult rc = require_context(ctx); rc != CUDA_SUCCESS) return rc;
+  if (d.Width == 0 || d.Width > (1u << 20) || d.Height > (1u << 16) || d.Depth > (1u << 16) || levels == 0 ||
+      (d.NumChannels != 1 && d.NumChannels != 2 && d.NumChannels != 4))
+    return CUDA_ERROR_INVALID_VALUE;
+  CUDA_ARRAY3D_DESCRIPTOR level = d;
+  std::size_t bytes = 0;
+  for (unsigned i = 0; i < levels; ++i) {
+    bytes += array_bytes(level);
+    level.Width = level.Width > 1 ? level.Width / 2 : level.Width;
+    level.Height = level.Height > 1 ? level.Height / 2 : level.Height;
+    level.Depth = level.Depth > 1 ? level.Depth / 2 : level.Depth;
+  }
+  std::uintptr_t p = 0;
+  if (CUresult rc = map_region(bytes, region_kind::native_device, ctx->device, 0, p); rc != CUDA_SUCCESS) return rc;
+  handle = reinterpret_cast<void*>(p);
+  return CUDA_SUCCESS;
+}
+
+CUresult destroy_array(void* handle) {
+  context* ctx = nullptr;
+  if (CUresult rc = require_context(ctx); rc != CUDA_SUCCESS) return rc;
+  return unmap_region(reinterpret_cast<std::uintptr_t>(handle), region_kind::native_device, CUDA_ERROR_INVALID_HANDLE);
+}
+
+}  // namespace
+
+extern "C" {
+
+CUresult cuArrayCreate_v2(CUarray* array, const CUDA_ARRAY_DESCRIPTOR* desc) {
+  return guarded([&] {
+    if (array == nullptr || desc == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    CUDA_ARRAY3D_DESCRIPTOR d{};
+    d.Width = desc->Width;
+    d.Height = desc->Height;
+    d.Format = desc->Format;
+    d.NumChannels = desc->NumChannels;
+    void* handle = nullptr;
+    const CUresult rc = create_array(d, 1, handle);
+    if (rc == CUDA_SUCCESS) *array = static_cast<CUarray>(handle);
+    return rc;
+  });
+}
+
+CUresult cuArray3DCreate_v2(CUarray* array, const CUDA_ARRAY3D_DESCRIPTOR* desc) {
+  return guarded([&] {
+    if (array == nullptr || desc == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    void* handle = nullptr;
+    const CUresult rc = create_array(*desc, 1, handle);
+    if (rc == CUDA_SUCCESS) *array = static_cast<CUarray>(handle);
+    return rc;
+  });
+}
+
+CUresult cuMipmappedArrayCreate(CUmipmappedArray* array, const CUDA_ARRAY3D_DESCRIPTOR* desc, unsigned int levels) {
+  return guarded([&] {
+    if (array == nullptr || desc == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    void* handle = nullptr;
+    const CUresult rc = create_array(*desc, levels, handle);
+    if (rc == CUDA_SUCCESS) *array = static_cast<CUmipmappedArray>(handle);
+    return rc;
+  });
+}
+
+CUresult cuArrayDestroy(CUarray array) {
+  return guarded([&] { return destroy_array(array); });
+}
+
+CUresult cuMipmappedArrayDestroy(CUmipmappedArray array) {
+  return guarded([&] { return destroy_array(array); });
+}
+
+}  // extern "C"

@@ -26,6 +26,9 @@ CUresult cuDeviceSetMemPool(CUdevice, CUmemoryPool);
 CUresult cuMemPoolGetAttribute(CUmemoryPool, CUmemPool_attribute, void*);
 CUresult cuMemPoolSetAttribute(CUmemoryPool, CUmemPool_attribute, void*);
 CUresult cuMemPoolTrimTo(CUmemoryPool, size_t);
+CUresult cuMemPoolCreate(CUmemoryPool*, const CUmemPoolProps*);
+CUresult cuMemPoolDestroy(CUmemoryPool);
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr*, size_t, CUmemoryPool, CUstream);
 CUresult cuStreamGetCtx_v2(CUstream, CUcontext*, CUgreenCtx*);
 }
 
@@ -128,6 +131,16 @@ const entry implemented[] = {
     E(cuMemPoolGetAttribute, 11020, cuMemPoolGetAttribute),
     E(cuMemPoolSetAttribute, 11020, cuMemPoolSetAttribute),
     E(cuMemPoolTrimTo, 11020, cuMemPoolTrimTo),
+    E(cuMemPoolCreate, 11020, cuMemPoolCreate),
+    E(cuMemPoolDestroy, 11020, cuMemPoolDestroy),
+    E(cuMemAllocFromPoolAsync, 11020, cuMemAllocFromPoolAsync),
+    // Managed memory and arrays: only the device memory they take (docs/emulator.md).
+    E(cuMemAllocManaged, 6000, cuMemAllocManaged),
+    E(cuArrayCreate, 3020, cuArrayCreate_v2),
+    E(cuArray3DCreate, 3020, cuArray3DCreate_v2),
+    E(cuMipmappedArrayCreate, 5000, cuMipmappedArrayCreate),
+    E(cuArrayDestroy, 2000, cuArrayDestroy),
+    E(cuMipmappedArrayDestroy, 5000, cuMipmappedArrayDestroy),
     // Virtual memory management.
     E(cuMemAddressReserve, 10020, cuMemAddressReserve),
     E(cuMemAddressFree, 10020, cuMemAddressFree),

@@ -8,6 +8,7 @@
 
 #include <array>
 #include <cstdio>
+#include <list>
 #include <mutex>
 
 using namespace vmmckpt::emu;
@@ -34,10 +35,21 @@ std::array<mem_pool, max_devices>& pools() {
   return *p;
 }
 
+// Pools the program created (cuMemPoolCreate), until cuMemPoolDestroy. Their allocations are native
+// ones like the default pool's, and outlive the pool as the driver's do.
+std::mutex created_mutex;
+std::list<mem_pool>& created_pools() {
+  static auto* p = new std::list<mem_pool>;
+  return *p;
+}
+
 mem_pool* pool_of(CUmemoryPool handle) {
   for (auto& p : pools()) {
     if (reinterpret_cast<CUmemoryPool>(&p) == handle && p.device < device_count()) return &p;
   }
+  std::lock_guard lock(created_mutex);
+  for (auto& p : created_pools())
+    if (reinterpret_cast<CUmemoryPool>(&p) == handle) return &p;
   return nullptr;
 }
 
@@ -125,6 +137,48 @@ CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t) {
   return pool_of(pool) != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
+CUresult cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* props) {
+  return guarded([&] {
+    if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (pool == nullptr || props == nullptr || props->allocType != CU_MEM_ALLOCATION_TYPE_PINNED ||
+        props->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+      return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult rc = check_device(props->location.id); rc != CUDA_SUCCESS) return rc;
+    std::lock_guard lock(created_mutex);
+    mem_pool& p = created_pools().emplace_back();
+    p.device = props->location.id;
+    *pool = reinterpret_cast<CUmemoryPool>(&p);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult cuMemPoolDestroy(CUmemoryPool pool) {
+  return guarded([&] {
+    if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+    std::lock_guard lock(created_mutex);
+    auto& created = created_pools();
+    for (auto it = created.begin(); it != created.end(); ++it)
+      if (reinterpret_cast<CUmemoryPool>(&*it) == pool) {
+        created.erase(it);
+        return CUDA_SUCCESS;
+      }
+    return CUDA_ERROR_INVALID_VALUE;  // a default pool, or no pool
+  });
+}
+
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream) {
+  return guarded([&] {
+    std::shared_ptr<stream_engine> s;
+    if (CUresult rc = resolve_stream(hStream, s); rc != CUDA_SUCCESS) return rc;
+    mem_pool* p = pool_of(pool);
+    if (dptr == nullptr || bytesize == 0 || p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::uintptr_t addr = 0;
+    if (CUresult rc = allocate_native(p->device, bytesize, addr); rc != CUDA_SUCCESS) return rc;
+    *dptr = addr;
+    return CUDA_SUCCESS;
+  });
+}
+
 CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream hStream) {
   return guarded([&] {
     std::shared_ptr<stream_engine> s;
@@ -152,3 +206,4 @@ CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
 
 VMMCKPT_EMU_ALIAS(cuMemAllocAsync_ptsz, cuMemAllocAsync)
 VMMCKPT_EMU_ALIAS(cuMemFreeAsync_ptsz, cuMemFreeAsync)
+VMMCKPT_EMU_ALIAS(cuMemAllocFromPoolAsync_ptsz, cuMemAllocFromPoolAsync)

@@ -30,6 +30,7 @@ dump_result dump(const dump_options& options, const progress_callback& progress)
   result.mark("held");
 
   image::manifest& m = result.manifest;
+  m.lacking = lacking_or_refuse(s, held, options.allow_partial);
   s.describe_process(m);
   held_memory memory(s, held, fds, m);
   result.mark("mapped");

@@ -95,6 +95,21 @@ CUdevice session::device_for(const control::device_description& d) {
   return devices_[d.ordinal] = device;
 }
 
+std::vector<image::lack> lacking_or_refuse(const session& s, const control::dump_begin_reply& held,
+                                           bool allow_partial) {
+  std::vector<image::lack> lacking;
+  std::string listed;
+  for (const auto& m : held.not_owned) {
+    lacking.push_back({m.kind, m.bytes});
+    listed += (listed.empty() ? "" : ", ") + m.kind + " " + std::to_string(m.bytes) + " bytes";
+  }
+  if (!lacking.empty() && !allow_partial)
+    throw partial_refused("process " + std::to_string(s.pid()) + " has device memory that vmmckpt does not own (" +
+                              listed + "), which no image would hold: nothing was written and the program goes on",
+                          s.pid(), held.not_owned);
+  return lacking;
+}
+
 int hold_budget_ms(session& s, int deadline_ms) {
   constexpr int least_ms = 100;
   const int left = s.client().remaining_ms();

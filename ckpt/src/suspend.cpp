@@ -45,6 +45,7 @@ suspend_result suspend(const suspend_options& options, const progress_callback& 
   result.mark("held");
 
   image::manifest& m = result.manifest;
+  m.lacking = lacking_or_refuse(s, held, options.allow_partial);
   s.describe_process(m);
   held_memory memory(s, held, fds, m);
   result.mark("mapped");

@@ -76,6 +76,32 @@ ojson encode_devices(const std::vector<device_description>& devices) {
   return out;
 }
 
+ojson encode_not_owned(const std::vector<not_owned_memory>& list) {
+  ojson out = ojson::array();
+  for (const auto& m : list) {
+    ojson mj;
+    mj["kind"] = m.kind;
+    mj["bytes"] = m.bytes;
+    out.push_back(std::move(mj));
+  }
+  return out;
+}
+
+// Optional: a process older than the list sends none, which reads as nothing not owned.
+std::vector<not_owned_memory> decode_not_owned(const json& root) {
+  std::vector<not_owned_memory> out;
+  if (optional_field(root, "not_owned") == nullptr) return out;
+  const json& list = array_of(root, "", "not_owned");
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    const std::string p = index("not_owned", i);
+    const json& m = object_at(list[i], p);
+    not_owned_memory entry{string_of(m, p, "kind"), u64_of(m, p, "bytes")};
+    if (entry.kind.empty()) throw decode_error(join(p, "kind") + ": empty");
+    out.push_back(std::move(entry));
+  }
+  return out;
+}
+
 ojson success() {
   ojson j;
   j["ok"] = true;
@@ -124,6 +150,7 @@ hello_reply decode_hello(const json& root) {
     s.vmm = decode_kind(pj, p);
     r.pools.push_back(s);
   }
+  r.not_owned = decode_not_owned(root);
   return r;
 }
 
@@ -154,6 +181,7 @@ dump_begin_reply decode_dump_begin(const json& root) {
     r.pools.push_back(std::move(c));
   }
   if (const json* vmm = optional_field(root, "vmm")) r.vmm = vmm_layout_from_json(*vmm, "vmm");
+  r.not_owned = decode_not_owned(root);
   return r;
 }
 
@@ -268,6 +296,7 @@ std::string encode(const hello_reply& r) {
     if (p.vmm) pj["kind"] = "vmm";
     j["pools"].push_back(std::move(pj));
   }
+  j["not_owned"] = encode_not_owned(r.not_owned);
   return dump(j);
 }
 
@@ -295,6 +324,7 @@ std::string encode(const dump_begin_reply& r) {
     j["pools"].push_back(std::move(pj));
   }
   if (r.vmm) j["vmm"] = to_json(*r.vmm);
+  j["not_owned"] = encode_not_owned(r.not_owned);
   return dump(j);
 }
 
@@ -466,14 +496,16 @@ std::vector<example> example_messages() {
   hello_reply hello{protocol::version, 4242, {"python", "train.py"}, process_state::suspended,
                     "/dev/shm/vmmckpt-1000/suspend-4242-20261123-101500", {h200},
                     {{0, 0x200000000000, 549755813888, 1073741824, 12, 1140850688, false},
-                     {0, 0x300000000000, 2199023255552, 20971520, 1, 20971520, true}}};
+                     {0, 0x300000000000, 2199023255552, 20971520, 1, 20971520, true}},
+                    {{std::string(not_owned_kind::managed), 67108864}}};
   // A pool of one block, and one VMM mapping of 20 MiB as PyTorch's expandable segments make them.
   dump_begin_reply held{3, 30'000, {h200},
                         {{0, 0x200000000000, 549755813888, 2097152, 1,
                           {{0x200000000000, 4096, vmmckpt::alloc_api::cuda_malloc}}, {{0x200000000000, 67108864}}, false},
                          {0, 0x300000000000, 2199023255552, 2097152, 1,
                           {{0x300000000000, 20971520, vmmckpt::alloc_api::cu_mem_map}}, {}, true}},
-                        std::nullopt};
+                        std::nullopt,
+                        {{std::string(not_owned_kind::managed), 67108864}, {std::string(not_owned_kind::arrays), 1048576}}};
   vmm_layout layout;
   layout.next_token = 2;
   layout.reservations = {{0x300000000000, 21474836480, 0}};

@@ -144,6 +144,16 @@ detail::manifest_file decode(const json& root, tables how) {
   m.hold_us = u64_of(root, "", "hold_us");
   if (m.format >= 4)
     if (const json* vmm = optional_field(root, "vmm")) m.vmm = vmm_layout_from_json(*vmm, "vmm");
+  // Optional: absent in a complete image, and in every image of tools older than the field.
+  if (optional_field(root, "lacking") != nullptr) {
+    const json& lacking = array_of(root, "", "lacking");
+    m.lacking.reserve(lacking.size());
+    for (std::size_t i = 0; i < lacking.size(); ++i) {
+      const std::string p = index("lacking", i);
+      const json& l = object_at(lacking[i], p);
+      m.lacking.push_back({string_of(l, p, "kind"), u64_of(l, p, "bytes")});
+    }
+  }
   if (how == tables::apart) {
     const json& t = object_of(root, "", "tables");
     out.tables_bytes = u64_of(t, "tables", "bytes");
@@ -191,6 +201,14 @@ void encode_tail(const manifest& m, ojson& j) {
   if (m.format >= 2) j["data_files"] = m.data_files;
   j["hold_us"] = m.hold_us;
   if (m.vmm) j["vmm"] = to_json(*m.vmm);
+  if (m.lacking.empty()) return;
+  j["lacking"] = ojson::array();
+  for (const auto& l : m.lacking) {
+    ojson lj;
+    lj["kind"] = l.kind;
+    lj["bytes"] = l.bytes;
+    j["lacking"].push_back(std::move(lj));
+  }
 }
 
 // A command line or host name need not be UTF-8: replace bad bytes rather than fail the dump.

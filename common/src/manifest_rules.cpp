@@ -135,6 +135,11 @@ void validate(const manifest& m) {
     fail("data_files is " + std::to_string(m.data_files) + ", expected 1 to " + std::to_string(max_data_files));
   if (m.format == 1 && m.data_files != 1) fail("data_files is " + std::to_string(m.data_files) + " in a format 1 image");
   if (m.pid <= 0 || m.pid > INT_MAX) fail("pid " + std::to_string(m.pid) + " is not a valid process id");
+  for (std::size_t i = 0; i < m.lacking.size(); ++i) {
+    const std::string p = "lacking[" + std::to_string(i) + "]";
+    if (m.lacking[i].kind.empty()) fail(p + ".kind is empty");
+    if (m.lacking[i].bytes == 0) fail(p + ".bytes is zero (only memory the image lacks is listed)");
+  }
 
   // Ordinals are bounded, so the device and pool lists are too, and the pairwise checks stay cheap.
   constexpr int max_listed_devices = 1024;

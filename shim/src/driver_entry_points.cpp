@@ -3,6 +3,7 @@
 
 #include "entry_points.hpp"
 #include "gate.hpp"
+#include "not_owned_memory.hpp"
 #include "restore_at_start.hpp"
 #include "vmmckpt/pool_layout.hpp"
 
@@ -76,6 +77,20 @@ CUresult allocate_async(CUdeviceptr* dptr, size_t bytesize, CUstream stream) {
   return pool_allocate(ordinal, bytesize, alloc_api::cu_mem_alloc_async, *dptr);
 }
 
+// A pointer the pool does not own, freed by the driver: passthrough memory no longer live.
+CUresult forgotten_if_freed(CUdeviceptr dptr, CUresult freed) {
+  if (freed == CUDA_SUCCESS) forget_passthrough(dptr);
+  return freed;
+}
+
+// A passthrough allocation the driver made, counted as not owned.
+CUresult noted_if_made(passthrough_kind kind, std::uint64_t key, std::uint64_t bytes, CUresult made) {
+  if (made == CUDA_SUCCESS) note_passthrough(kind, key, bytes);
+  return made;
+}
+
+std::uint64_t key_of(const void* handle) { return reinterpret_cast<std::uintptr_t>(handle); }
+
 }  // namespace
 }  // namespace vmmckpt::detail
 
@@ -120,7 +135,7 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
     if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
     CUresult result;
     if (shim_active() && pool_free(dptr, result)) return result;
-    return d->cuMemFree_v2(dptr);
+    return forgotten_if_freed(dptr, d->cuMemFree_v2(dptr));
   });
 }
 
@@ -150,7 +165,8 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemFreeAsync(CUdeviceptr dptr, CUstream stream
     CUresult result;
     // Quarantine keeps the block from reuse until work before this point is done.
     if (shim_active() && pool_free(dptr, result)) return result;
-    return d->cuMemFreeAsync ? d->cuMemFreeAsync(dptr, stream) : CUDA_ERROR_NOT_SUPPORTED;
+    if (d->cuMemFreeAsync == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+    return forgotten_if_freed(dptr, d->cuMemFreeAsync(dptr, stream));
   });
 }
 
@@ -160,7 +176,8 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream s
     if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
     CUresult result;
     if (shim_active() && pool_free(dptr, result)) return result;
-    return d->cuMemFreeAsync_ptsz ? d->cuMemFreeAsync_ptsz(dptr, stream) : CUDA_ERROR_NOT_SUPPORTED;
+    if (d->cuMemFreeAsync_ptsz == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+    return forgotten_if_freed(dptr, d->cuMemFreeAsync_ptsz(dptr, stream));
   });
 }
 
@@ -249,15 +266,22 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuPointerGetAttributes(unsigned int count, CUpoi
   });
 }
 
-// Memory the pool does not serve: named once in the log, then passed through.
+// Memory the pool does not serve: named once in the log, passed through, and its live bytes counted
+// (not_owned_memory.hpp) so that a dump can say what its image lacks.
 
 VMMCKPT_EXPORT CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigned int flags) {
-  const driver_api* d = driver();
-  if (d == nullptr || d->cuMemAllocManaged == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  VMMCKPT_NOT_SERVED("managed memory (cuMemAllocManaged/cudaMallocManaged)");
-  return d->cuMemAllocManaged(dptr, bytesize, flags);
+  return guarded(CUDA_ERROR_UNKNOWN, [&] {
+    const driver_api* d = driver();
+    if (d == nullptr || d->cuMemAllocManaged == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+    VMMCKPT_NOT_SERVED("managed memory (cuMemAllocManaged/cudaMallocManaged)");
+    const CUresult e = d->cuMemAllocManaged(dptr, bytesize, flags);
+    return noted_if_made(passthrough_kind::managed, e == CUDA_SUCCESS ? *dptr : 0, bytesize, e);
+  });
 }
 
+// Not counted itself: a pool holds no bytes until allocations come from it. cuMemPoolDestroy is not
+// served: allocations from a destroyed pool stay valid until freed (the driver keeps the pool until
+// then), so they stay counted until their free.
 VMMCKPT_EXPORT CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* props) {
   const driver_api* d = driver();
   if (d == nullptr || d->cuMemPoolCreate == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
@@ -267,38 +291,81 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool* pool, const CUmemP
 
 VMMCKPT_EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool,
                                                         CUstream stream) {
-  const driver_api* d = driver();
-  if (d == nullptr || d->cuMemAllocFromPoolAsync == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  VMMCKPT_NOT_SERVED("allocation from a program's memory pool (cuMemAllocFromPoolAsync)");
-  return d->cuMemAllocFromPoolAsync(dptr, bytesize, pool, stream);
+  return guarded(CUDA_ERROR_UNKNOWN, [&] {
+    const driver_api* d = driver();
+    if (d == nullptr || d->cuMemAllocFromPoolAsync == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+    VMMCKPT_NOT_SERVED("allocation from a program's memory pool (cuMemAllocFromPoolAsync)");
+    const CUresult e = d->cuMemAllocFromPoolAsync(dptr, bytesize, pool, stream);
+    return noted_if_made(passthrough_kind::memory_pools, e == CUDA_SUCCESS ? *dptr : 0, bytesize, e);
+  });
 }
 
 VMMCKPT_EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool,
                                                              CUstream stream) {
-  const driver_api* d = driver();
-  if (d == nullptr || d->cuMemAllocFromPoolAsync_ptsz == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  VMMCKPT_NOT_SERVED("allocation from a program's memory pool (cuMemAllocFromPoolAsync)");
-  return d->cuMemAllocFromPoolAsync_ptsz(dptr, bytesize, pool, stream);
+  return guarded(CUDA_ERROR_UNKNOWN, [&] {
+    const driver_api* d = driver();
+    if (d == nullptr || d->cuMemAllocFromPoolAsync_ptsz == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+    VMMCKPT_NOT_SERVED("allocation from a program's memory pool (cuMemAllocFromPoolAsync)");
+    const CUresult e = d->cuMemAllocFromPoolAsync_ptsz(dptr, bytesize, pool, stream);
+    return noted_if_made(passthrough_kind::memory_pools, e == CUDA_SUCCESS ? *dptr : 0, bytesize, e);
+  });
 }
 
 VMMCKPT_EXPORT CUresult CUDAAPI cuArrayCreate_v2(CUarray* array, const CUDA_ARRAY_DESCRIPTOR* desc) {
-  const driver_api* d = driver();
-  if (d == nullptr || d->cuArrayCreate_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  VMMCKPT_NOT_SERVED("CUDA arrays (cuArrayCreate/cudaMallocArray)");
-  return d->cuArrayCreate_v2(array, desc);
+  return guarded(CUDA_ERROR_UNKNOWN, [&] {
+    const driver_api* d = driver();
+    if (d == nullptr || d->cuArrayCreate_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+    VMMCKPT_NOT_SERVED("CUDA arrays (cuArrayCreate/cudaMallocArray)");
+    const CUresult e = d->cuArrayCreate_v2(array, desc);
+    if (e != CUDA_SUCCESS) return e;
+    CUDA_ARRAY3D_DESCRIPTOR as_3d{};
+    as_3d.Width = desc->Width;
+    as_3d.Height = desc->Height;
+    as_3d.Format = desc->Format;
+    as_3d.NumChannels = desc->NumChannels;
+    return noted_if_made(passthrough_kind::arrays, key_of(*array), array_bytes(as_3d), e);
+  });
 }
 
 VMMCKPT_EXPORT CUresult CUDAAPI cuArray3DCreate_v2(CUarray* array, const CUDA_ARRAY3D_DESCRIPTOR* desc) {
-  const driver_api* d = driver();
-  if (d == nullptr || d->cuArray3DCreate_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  VMMCKPT_NOT_SERVED("CUDA arrays (cuArray3DCreate/cudaMalloc3DArray)");
-  return d->cuArray3DCreate_v2(array, desc);
+  return guarded(CUDA_ERROR_UNKNOWN, [&] {
+    const driver_api* d = driver();
+    if (d == nullptr || d->cuArray3DCreate_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+    VMMCKPT_NOT_SERVED("CUDA arrays (cuArray3DCreate/cudaMalloc3DArray)");
+    const CUresult e = d->cuArray3DCreate_v2(array, desc);
+    return e == CUDA_SUCCESS ? noted_if_made(passthrough_kind::arrays, key_of(*array), array_bytes(*desc), e) : e;
+  });
 }
 
 VMMCKPT_EXPORT CUresult CUDAAPI cuMipmappedArrayCreate(CUmipmappedArray* array, const CUDA_ARRAY3D_DESCRIPTOR* desc,
                                                        unsigned int levels) {
-  const driver_api* d = driver();
-  if (d == nullptr || d->cuMipmappedArrayCreate == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  VMMCKPT_NOT_SERVED("mipmapped arrays (cuMipmappedArrayCreate)");
-  return d->cuMipmappedArrayCreate(array, desc, levels);
+  return guarded(CUDA_ERROR_UNKNOWN, [&] {
+    const driver_api* d = driver();
+    if (d == nullptr || d->cuMipmappedArrayCreate == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+    VMMCKPT_NOT_SERVED("mipmapped arrays (cuMipmappedArrayCreate)");
+    const CUresult e = d->cuMipmappedArrayCreate(array, desc, levels);
+    return e == CUDA_SUCCESS
+               ? noted_if_made(passthrough_kind::arrays, key_of(*array), mipmapped_array_bytes(*desc, levels), e)
+               : e;
+  });
+}
+
+VMMCKPT_EXPORT CUresult CUDAAPI cuArrayDestroy(CUarray array) {
+  return guarded(CUDA_ERROR_UNKNOWN, [&] {
+    const driver_api* d = driver();
+    if (d == nullptr || d->cuArrayDestroy == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+    const CUresult e = d->cuArrayDestroy(array);
+    if (e == CUDA_SUCCESS) forget_passthrough(key_of(array));
+    return e;
+  });
+}
+
+VMMCKPT_EXPORT CUresult CUDAAPI cuMipmappedArrayDestroy(CUmipmappedArray array) {
+  return guarded(CUDA_ERROR_UNKNOWN, [&] {
+    const driver_api* d = driver();
+    if (d == nullptr || d->cuMipmappedArrayDestroy == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+    const CUresult e = d->cuMipmappedArrayDestroy(array);
+    if (e == CUDA_SUCCESS) forget_passthrough(key_of(array));
+    return e;
+  });
 }

@@ -15,6 +15,7 @@
 #include <mutex>
 
 #include "gate.hpp"
+#include "not_owned_memory.hpp"
 #include "pools.hpp"
 #include "real_symbols.hpp"
 #include "vmm_checkpoint.hpp"
@@ -227,6 +228,7 @@ std::variant<control::dump_begin_reply, control::failure_reply> held_contents(do
   }
   fds.push_back(table);
   r.fd_count = static_cast<std::uint32_t>(fds.size());
+  r.not_owned = not_owned_memory();
   log::info("control: held; quiesced in {:.0f} us, synchronized in {:.0f} us, {} blocks {} in {:.0f} us, {} segments "
             "exported in {:.0f} us, the table {} in {:.0f} us",
             quiesce_us, sync_us, blocks, prepared ? "listed beforehand, unchanged, taken" : "listed", list_us, segments,
@@ -256,6 +258,7 @@ control::hello_reply describe_process() {
     if (!listed) r.devices.push_back(describe_device(v.device));
     r.pools.push_back(v);
   }
+  r.not_owned = not_owned_memory();
   return r;
 }
 

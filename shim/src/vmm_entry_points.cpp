@@ -95,7 +95,9 @@ vmm_not_owned_bytes not_owned_vmm_bytes() {
   vmm_state* s = existing_state();
   if (s == nullptr) return {};
   std::lock_guard lock(s->mutex);
-  return s->registry.not_owned_bytes();
+  vmm_not_owned_bytes bytes = s->registry.not_owned_bytes();
+  bytes.unmapped = s->registry.unmapped_handle_bytes();
+  return bytes;
 }
 
 }  // namespace vmmckpt::detail

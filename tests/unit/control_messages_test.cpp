@@ -199,3 +199,36 @@ TEST_CASE("docs/protocol.md describes every op and every field the code sends", 
     CHECK(mentions(doc, std::string(control::name_of(r))));
   }
 }
+
+TEST_CASE("the memory a process does not own travels by kind, and an older process's silence reads as none",
+          "[control]") {
+  const auto held = decode_ok<control::dump_begin_reply>(control::example_messages()[1].reply);
+  REQUIRE(held.not_owned == std::vector<control::not_owned_memory>{{"managed", 67108864}, {"arrays", 1048576}});
+  const auto hello = decode_ok<control::hello_reply>(control::example_messages()[0].reply);
+  REQUIRE(hello.not_owned == std::vector<control::not_owned_memory>{{"managed", 67108864}});
+
+  json older = json::parse(control::example_messages()[1].reply);
+  older.erase("not_owned");
+  REQUIRE(decode_ok<control::dump_begin_reply>(older.dump()).not_owned.empty());
+  older = json::parse(control::example_messages()[0].reply);
+  older.erase("not_owned");
+  REQUIRE(decode_ok<control::hello_reply>(older.dump()).not_owned.empty());
+
+  auto error_of = [](const json& j) -> std::string {
+    try {
+      control::decode_reply<control::dump_begin_reply>(j.dump());
+    } catch (const control::decode_error& e) {
+      return e.what();
+    }
+    return "decoded";
+  };
+  json bad = json::parse(control::example_messages()[1].reply);
+  bad["not_owned"][1]["kind"] = "";
+  CHECK(error_of(bad) == "not_owned[1].kind: empty");
+  bad = json::parse(control::example_messages()[1].reply);
+  bad["not_owned"][0]["bytes"] = -5;
+  CHECK(error_of(bad).rfind("not_owned[0].bytes: ", 0) == 0);
+  bad = json::parse(control::example_messages()[1].reply);
+  bad["not_owned"] = "managed";
+  CHECK(error_of(bad).rfind("not_owned: ", 0) == 0);
+}

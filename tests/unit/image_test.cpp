@@ -323,6 +323,24 @@ TEST_CASE("image: JSON round trip and byte-identical re-encoding", "[image]") {
   CHECK_FALSE(j["pools"][0].contains("extents"));
 }
 
+TEST_CASE("image: a partial image lists what it lacks; a complete one has no such field", "[image]") {
+  scratch s;
+  sample w = small_image(s / "good");
+  CHECK_FALSE(nlohmann::json::parse(read_file(s / "good" / "manifest.json")).contains("lacking"));
+  CHECK(img::reader::open(s / "good").info().lacking.empty());
+  // The same manifest, marked partial: it reads back with its list, in both JSON forms.
+  img::manifest m = w.m;
+  m.lacking = {{"managed", 64ULL << 20}, {"imported VMM", 2ULL << 20}};
+  CHECK(img::from_json(img::to_json(m)) == m);
+  const img::metadata_files files = img::encode_metadata(m);
+  const auto j = nlohmann::json::parse(files.manifest_json);
+  REQUIRE(j.contains("lacking"));
+  CHECK(j["lacking"][0]["kind"] == "managed");
+  CHECK(j["lacking"][1]["bytes"] == 2ULL << 20);
+  const fs::path partial = image_with_manifest_text(s, files.manifest_json, &files.tables);
+  CHECK(img::reader::open(partial).info().lacking == m.lacking);
+}
+
 TEST_CASE("image: one extent holds several allocations packed, and each reads back where it belongs", "[image]") {
   scratch s;
   // Three allocations with gaps between them, stored as one extent: only their bytes are in the file.
@@ -626,6 +644,15 @@ REFUSES_JSON("an ordinal beyond int", "manifest.json: devices[0].ordinal: expect
              j["devices"][0]["ordinal"] = 1ULL << 40)
 REFUSES_JSON("a pool that is not an object", "manifest.json: pools[1]: expected an object", j["pools"][1] = 7)
 REFUSES_JSON("a command that is not an array", "manifest.json: command: expected an array", j["command"] = "./app")
+
+REFUSES("a lack without a kind", "manifest.json: lacking[1].kind is empty",
+        (m.lacking = {{"managed", 4096}, {"", 4096}}))
+REFUSES("a lack of zero bytes", "manifest.json: lacking[0].bytes is zero", (m.lacking = {{"arrays", 0}}))
+REFUSES_JSON("a lacking that is not an array", "manifest.json: lacking: expected an array", j["lacking"] = "managed")
+REFUSES_JSON("a lack of negative bytes", "manifest.json: lacking[0].bytes: expected a non-negative integer",
+             j["lacking"] = nlohmann::json::parse(R"([{"kind": "managed", "bytes": -1}])"))
+REFUSES_JSON("a lack without bytes", "manifest.json: lacking[0]: missing field 'bytes'",
+             j["lacking"] = nlohmann::json::parse(R"([{"kind": "managed"}])"))
 
 REFUSES("a pid of zero", "manifest.json: pid 0 is not a valid process id", m.pid = 0)
 REFUSES("a pid beyond pid_t", "manifest.json: pid 4294967296 is not a valid process id", m.pid = 1LL << 32)

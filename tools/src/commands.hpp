@@ -21,6 +21,7 @@ struct dump_command_options {
   int streams = 2;
   int writers = 0;  // 0: ckpt::default_writers()
   bool no_gpu_snapshot = false;
+  bool allow_partial = false;
 };
 int dump_command(const dump_command_options& options);
 
@@ -31,6 +32,7 @@ struct suspend_command_options {
   int deadline_s = 120;
   int writers = 0;  // 0: ckpt::default_writers()
   bool verify = false;
+  bool allow_partial = false;
 };
 int suspend_command(const suspend_command_options& options);
 int resume_command(pid_t pid, bool json);

@@ -38,6 +38,7 @@ int dump_command(const dump_command_options& o) {
   options.copy.streams = o.streams;
   if (o.writers > 0) options.copy.writers = o.writers;
   options.gpu_snapshot = !o.no_gpu_snapshot;
+  options.allow_partial = o.allow_partial;
   options.hold_deadline_ms = o.deadline_s * 1000;
 
   progress_bar bar("dump");
@@ -59,7 +60,8 @@ int dump_command(const dump_command_options& o) {
                           {"copy_seconds", result.copy_seconds}, {"copy_gb_per_s", copy_gbps},
                           {"hold_ms", result.hold_ms},        {"gpu_snapshot", result.gpu_snapshot},
                           {"gpu_snapshot_bytes", result.snapshot_bytes},
-                          {"data_files", result.manifest.data_files}};
+                          {"data_files", result.manifest.data_files},
+                          {"lacking", kinds_and_sizes_json(result.manifest.lacking)}};
     out.update(timings_json(result));
     std::cout << out.dump(2) << "\n";
   } else {
@@ -71,6 +73,9 @@ int dump_command(const dump_command_options& o) {
                 : result.snapshot_bytes < result.manifest.data_bytes ? "partly to spare GPU memory, partly out of the GPU"
                                                                      : "to spare GPU memory",
                 result.copy_seconds, copy_gbps);
+    if (!result.manifest.lacking.empty())
+      std::printf("  partial: the image lacks %s (memory vmmckpt does not own)\n",
+                  kinds_and_sizes(result.manifest.lacking).c_str());
   }
   return exit_ok;
 }

@@ -8,6 +8,7 @@
 
 #include "commands.hpp"
 #include "exit_codes.hpp"
+#include "output.hpp"
 #include "run_command.hpp"
 #include "vmmckpt/ckpt/control_client.hpp"
 #include "vmmckpt/image.hpp"
@@ -22,6 +23,8 @@ constexpr const char* exit_code_help =
     "  0    success (verify: the image is good)\n"
     "  1    the operation failed, or verify found a defect (the message says which)\n"
     "  2    bad command line\n"
+    "  3    dump, suspend: refused, the process has device memory vmmckpt does not own (the message\n"
+    "       names it); nothing was written and the process goes on (--allow-partial: write it anyway)\n"
     "  126  run: the command cannot be executed\n"
     "  127  run: the command was not found\n"
     "  any other: run passes on the command's own exit status\n";
@@ -68,6 +71,10 @@ int main(int argc, char** argv) {
   dump->add_option("--streams", dump_options.streams, "Copy streams")->capture_default_str()->check(CLI::Range(1, 16));
   dump->add_flag("--no-gpu-snapshot", dump_options.no_gpu_snapshot,
                  "Hold the program until its memory is on the host, even when the GPU has room for a copy");
+  dump->add_flag("--allow-partial", dump_options.allow_partial,
+                 "Write the image even when the process has device memory vmmckpt does not own (managed memory, "
+                 "CUDA arrays, memory pools it created, VMM that passes through): the image is marked partial "
+                 "and lists what it lacks");
   dump->add_option("--writers", dump_options.writers, "Threads writing the image, one data file each (default: one per core, up to 16)")
       ->check(CLI::Range(1, 256));
   dump->footer(
@@ -76,7 +83,9 @@ int main(int argc, char** argv) {
       "with room for part of it, the last part is copied on the GPU and the rest out of it.\n"
       "Exit status 1 with a message when the process does not exist, is not under vmmckpt, belongs to\n"
       "another user, exits during the dump, or the image cannot be written (full disk).\n"
-      "The image appears under its final name only once complete and synced: a failed dump leaves none.");
+      "The image appears under its final name only once complete and synced: a failed dump leaves none.\n"
+      "A process with device memory vmmckpt does not own is refused with exit status 3, naming each kind and\n"
+      "its size, unless --allow-partial is given.");
 
   std::string inspect_path;
   bool inspect_json = false;
@@ -126,12 +135,16 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::Range(1, 3600));
   suspend->add_flag("--verify", suspend_options.verify,
                     "Read the image back and check every checksum before the memory is freed");
+  suspend->add_flag("--allow-partial", suspend_options.allow_partial,
+                    "Suspend even when the process has device memory vmmckpt does not own: the image is marked "
+                    "partial, and that memory stays on the GPU while the process is suspended");
   suspend->add_option("--writers", suspend_options.writers, "Threads writing the image (default: one per core, up to 16)")
       ->check(CLI::Range(1, 256));
   suspend->footer(
       "Nothing is freed unless the image is complete, synced and opens with every rule checked (with --verify:\n"
       "and reads back with every checksum right). Threads of the program that call CUDA\n"
-      "wait until resume; its CUDA context stays on the GPU.");
+      "wait until resume; its CUDA context stays on the GPU. A process with device memory vmmckpt does not\n"
+      "own is refused with exit status 3 unless --allow-partial is given.");
 
   pid_t resume_pid = 0;
   bool resume_json = false;
@@ -201,6 +214,12 @@ int main(int argc, char** argv) {
     if (*suspend) return suspend_command(suspend_options);
     if (*resume) return resume_command(resume_pid, resume_json);
     if (*gc) return gc_command(gc_dirs, gc_dry_run, gc_json);
+  } catch (const vmmckpt::ckpt::partial_refused& e) {
+    std::cerr << "cuda-ckpt " << command << ": process " << e.pid
+              << " has device memory that vmmckpt does not own, which no image would hold: "
+              << kinds_and_sizes(e.not_owned) << ". Nothing was written and the process goes on. Pass "
+              << "--allow-partial to write an image marked partial that lacks it.\n";
+    return exit_partial_refused;
   } catch (const vmmckpt::ckpt::tool_error& e) {
     std::cerr << "cuda-ckpt " << command << ": " << e.what() << "\n";
     return exit_failure;

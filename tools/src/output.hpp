@@ -13,6 +13,22 @@ namespace vmmckpt::tools {
 
 std::string human_bytes(std::uint64_t bytes);  // "1.50 GiB"
 
+// "managed 64.00 MiB, arrays 1.00 MiB": memory by kind ({kind, bytes} entries: what a process does
+// not own, or what a partial image lacks).
+template <typename Entries>
+std::string kinds_and_sizes(const Entries& entries) {
+  std::string out;
+  for (const auto& e : entries) out += (out.empty() ? "" : ", ") + e.kind + " " + human_bytes(e.bytes);
+  return out;
+}
+// The same as a JSON array of {"kind", "bytes"}, the names the protocol and the manifest use.
+template <typename Entries>
+nlohmann::json kinds_and_sizes_json(const Entries& entries) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& e : entries) out.push_back({{"kind", e.kind}, {"bytes", e.bytes}});
+  return out;
+}
+
 // A dump's or suspend's "phases" (when each step ended) and "threads" (where the threads' time
 // went), for --json.
 nlohmann::json timings_json(const ckpt::image_result& r);

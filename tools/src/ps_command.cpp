@@ -23,7 +23,9 @@ int ps_command(bool as_json) {
     std::cout << out.dump(2) << "\n";
     return exit_ok;
   }
-  std::printf("%-8s %-9s %-8s %12s %12s  %s\n", "PID", "STATE", "DEVICES", "LIVE", "RESERVED", "COMMAND");
+  // LIVE: the pools' live bytes, which vmmckpt owns; NOT OWNED: device memory no image would hold.
+  std::printf("%-8s %-9s %-8s %12s %12s %12s  %s\n", "PID", "STATE", "DEVICES", "LIVE", "RESERVED", "NOT OWNED",
+              "COMMAND");
   for (const auto& p : processes) {
     std::uint64_t live = 0, backed = 0;
     std::string devices;
@@ -34,9 +36,13 @@ int ps_command(bool as_json) {
     }
     std::string command;
     for (const auto& arg : p.hello.command) command += (command.empty() ? "" : " ") + arg;
-    std::printf("%-8d %-9s %-8s %12s %12s  %s\n", static_cast<int>(p.pid),
+    std::uint64_t not_owned = 0;
+    for (const auto& m : p.hello.not_owned) not_owned += m.bytes;
+    std::printf("%-8d %-9s %-8s %12s %12s %12s  %s\n", static_cast<int>(p.pid),
                 std::string(control::name_of(p.hello.state)).c_str(), devices.empty() ? "-" : devices.c_str(),
-                human_bytes(live).c_str(), human_bytes(backed).c_str(), command.c_str());
+                human_bytes(live).c_str(), human_bytes(backed).c_str(), human_bytes(not_owned).c_str(), command.c_str());
+    if (!p.hello.not_owned.empty())
+      std::printf("%-8s not owned: %s\n", "", kinds_and_sizes(p.hello.not_owned).c_str());
     if (p.hello.state == control::process_state::suspended) std::printf("%-8s image %s\n", "", p.hello.image.c_str());
   }
   return exit_ok;

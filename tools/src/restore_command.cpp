@@ -10,6 +10,7 @@
 
 #include "commands.hpp"
 #include "exit_codes.hpp"
+#include "output.hpp"
 #include "run_command.hpp"
 #include "vmmckpt/image.hpp"
 #include "vmmckpt/restore/handoff.hpp"
@@ -30,6 +31,9 @@ int restore_command(const std::string& path, bool replay, int device, bool verif
     reader.verify_data();
   else
     reader.verify_manifest();
+  if (const auto& lacking = reader.info().lacking; !lacking.empty())
+    std::cerr << "cuda-ckpt restore: warning: " << path << " is a partial image: it lacks " << kinds_and_sizes(lacking)
+              << " (memory vmmckpt did not own); the program gets back only its pool memory\n";
   // The new process places its pools exactly where the image's were.
   const auto plan = restore::plan_restore(reader.info(), path, device >= 0);
   if (device >= 0) {

@@ -25,6 +25,7 @@ int suspend_command(const suspend_command_options& o) {
   options.hold_deadline_ms = o.deadline_s * 1000;
   if (o.writers > 0) options.copy.writers = o.writers;
   options.verify = o.verify;
+  options.allow_partial = o.allow_partial;
   if (o.output.empty()) {
     char stamp[32];
     const std::time_t t = std::time(nullptr);
@@ -58,7 +59,8 @@ int suspend_command(const suspend_command_options& o) {
                        {"freed_bytes", r.freed_bytes},
                        {"device_used_bytes_after", r.device_used_after},
                        {"hold_ms", r.hold_ms},
-                       {"seconds", seconds}};
+                       {"seconds", seconds},
+                       {"lacking", kinds_and_sizes_json(r.manifest.lacking)}};
     out.update(timings_json(r));
     std::cout << out.dump(2) << "\n";
   } else {
@@ -68,6 +70,9 @@ int suspend_command(const suspend_command_options& o) {
     std::printf("  still in use on its device(s): %s (its CUDA context, memory vmmckpt does not serve, other "
                 "processes)\n",
                 human_bytes(r.device_used_after).c_str());
+    if (!r.manifest.lacking.empty())
+      std::printf("  partial: memory vmmckpt does not own stays on the GPU, and the image lacks it: %s\n",
+                  kinds_and_sizes(r.manifest.lacking).c_str());
     std::printf("  threads that call CUDA wait until `cuda-ckpt resume %d`\n", static_cast<int>(o.pid));
   }
   return exit_ok;

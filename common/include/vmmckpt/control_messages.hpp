@@ -54,6 +54,23 @@ struct device_description {
   friend bool operator==(const device_description&, const device_description&) = default;
 };
 
+// Live device memory of the program that the shim does not own, so that no image holds it: what a
+// dump must say it lacks. Only kinds with live bytes are listed, named by these strings.
+namespace not_owned_kind {
+inline constexpr std::string_view managed = "managed";
+inline constexpr std::string_view arrays = "arrays";
+inline constexpr std::string_view memory_pools = "memory pools";
+inline constexpr std::string_view vmm_host = "VMM on host";
+inline constexpr std::string_view vmm_other = "VMM of other kinds";
+inline constexpr std::string_view vmm_imported = "imported VMM";
+inline constexpr std::string_view vmm_unmapped = "VMM handles mapped nowhere";
+}  // namespace not_owned_kind
+struct not_owned_memory {
+  std::string kind;
+  std::uint64_t bytes = 0;
+  friend bool operator==(const not_owned_memory&, const not_owned_memory&) = default;
+};
+
 // ---- requests ----
 struct hello_request {
   // A dump or suspend is coming: the program lists its allocations now, while it runs, so that the
@@ -106,6 +123,7 @@ struct hello_reply {
   std::string image;  // the suspend image; only when suspended
   std::vector<device_description> devices;
   std::vector<pool_summary> pools;
+  std::vector<not_owned_memory> not_owned;  // as the process counts it now (empty when absent)
   friend bool operator==(const hello_reply&, const hello_reply&) = default;
 };
 
@@ -137,6 +155,8 @@ struct dump_begin_reply {
   std::vector<pool_contents> pools;
   // The program-made VMM memory the shim owns, when there is any: its bytes are the pools of kind vmm.
   std::optional<vmm_layout> vmm;
+  // Taken while held, so exact: what an image of this hold lacks (empty when absent).
+  std::vector<not_owned_memory> not_owned;
   friend bool operator==(const dump_begin_reply&, const dump_begin_reply&) = default;
 };
 // Follows a dump_begin reply when it has more descriptors than one frame may carry.

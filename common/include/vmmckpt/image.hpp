@@ -76,6 +76,14 @@ struct pool {
 // Where each stored byte of extent `e` of pool `p` belongs, in address order. For a valid image.
 std::vector<stored_run> stored_runs(const pool& p, const extent& e);
 
+// Device memory the dumped program had that the image does not hold (docs/image-format.md,
+// `lacking`): a kind as the shim names it ("managed", "arrays", ...) and its bytes at the dump.
+struct lack {
+  std::string kind;
+  std::uint64_t bytes = 0;
+  friend bool operator==(const lack&, const lack&) = default;
+};
+
 struct manifest {
   std::uint32_t format = format_version;
   // Format 3: 32 hex digits, random, given by the writer at commit: which image this is, so that
@@ -94,6 +102,8 @@ struct manifest {
   // Format 4: program-made VMM memory's reservations, handles, mappings and access; its bytes are in
   // the pools of kind vmm. Absent when the program made none.
   std::optional<vmm_layout> vmm;
+  // Empty for a complete image; otherwise the image is partial (`--allow-partial`) and lacks these.
+  std::vector<lack> lacking;
   friend bool operator==(const manifest&, const manifest&) = default;
 };
 

@@ -30,7 +30,10 @@ struct vmm_not_owned_bytes {
   std::uint64_t host = 0;      // created on a host location (HOST, HOST_NUMA...): from create to last release
   std::uint64_t other = 0;     // created with any other property we do not own: from create to last release
   std::uint64_t imported = 0;  // imported handles, whose size the importer cannot know: bytes mapped
-  std::uint64_t total() const { return host + other + imported; }
+  // Owned handles mapped nowhere: no address shows their bytes, so no image holds them (they come back
+  // zeroed). Filled by the shim from unmapped_handle_bytes().
+  std::uint64_t unmapped = 0;
+  std::uint64_t total() const { return host + other + imported + unmapped; }
 };
 
 class vmm_registry {

@@ -30,6 +30,16 @@ struct control_error : tool_error {
   control::refusal refusal = control::refusal::failed;
 };
 
+// dump or suspend refused because the program has device memory vmmckpt does not own, which the
+// image would lack, and a partial image was not allowed. Nothing was written and the program goes
+// on. The command line words the advice (its --allow-partial) and the sizes.
+struct partial_refused : tool_error {
+  partial_refused(const std::string& what, pid_t process, std::vector<control::not_owned_memory> memory)
+      : tool_error(what), pid(process), not_owned(std::move(memory)) {}
+  pid_t pid = 0;
+  std::vector<control::not_owned_memory> not_owned;
+};
+
 // Descriptors received from the process, closed when this goes.
 class received_fds {
  public:

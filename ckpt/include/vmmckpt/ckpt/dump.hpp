@@ -66,6 +66,9 @@ struct dump_options {
   // Hold the program only while its memory is copied to spare GPU memory, when the device has
   // that much to spare (and a quarter of it stays free); otherwise while it is copied to the host.
   bool gpu_snapshot = true;
+  // Write an image marked partial when the program has device memory vmmckpt does not own (managed
+  // memory, arrays, ...); otherwise such a dump is refused (partial_refused) and writes nothing.
+  bool allow_partial = false;
 };
 
 struct dump_result : image_result {

@@ -18,6 +18,8 @@ struct suspend_options {
   int hold_deadline_ms = 120'000;  // released, not suspended, when saving takes longer
   // Read the whole image back and check every checksum before the memory is freed.
   bool verify = false;
+  // As dump_options::allow_partial. The memory vmmckpt does not own stays on the GPU while suspended.
+  bool allow_partial = false;
 };
 
 struct suspend_result : image_result {
