@@ -188,12 +188,14 @@ class upload_thread {
 
 }  // namespace
 
-status upload(const driver_api& d, const image::reader& reader, const backed_memory& backed) noexcept {
+status upload(const driver_api& d, const image::reader& reader, const backed_memory& backed, bool vmm) noexcept {
   try {
     const image::manifest& m = reader.info();
     // Work by extent: a thread takes the next one, the data files in turn, so the threads share the
     // work evenly however the bytes fall into files.
-    const auto order = reader.extents_across_files();
+    auto order = reader.extents_across_files();
+    if (!vmm)
+      std::erase_if(order, [&](const auto& at) { return m.pools[at.first].kind == image::pool_kind::vmm; });
     const unsigned threads = static_cast<unsigned>(std::max<std::size_t>(
         1, std::min<std::size_t>({order.size(), std::thread::hardware_concurrency(), max_threads})));
 

@@ -33,9 +33,12 @@ status restore_image(const restore::handoff& h) noexcept {
     reader.verify_manifest();
     const image::manifest& m = reader.info();
     VMMCKPT_TRY(restore::place_allocations(m, h.how, acquire_pool));
-    VMMCKPT_TRY(vmm_restore_layout(m));
+    if (h.how == restore::mode::replay)
+      VMMCKPT_TRY(vmm_prepare_replay(h.image, m));
+    else
+      VMMCKPT_TRY(vmm_restore_layout(m));
     const auto placed = clock::now();
-    VMMCKPT_TRY(restore::upload(*d, reader, pool_memory_backed()));
+    VMMCKPT_TRY(restore::upload(*d, reader, pool_memory_backed(), h.how != restore::mode::replay));
     const auto now = clock::now();
     std::size_t blocks = 0;
     for (const auto& p : m.pools) blocks += p.allocations.size();

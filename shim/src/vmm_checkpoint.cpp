@@ -2,6 +2,8 @@
 #include "vmm_checkpoint.hpp"
 
 #include <map>
+#include <memory>
+#include <optional>
 
 #include "entry_points.hpp"
 #include "vmm_state.hpp"
@@ -227,6 +229,85 @@ status vmm_restore_layout(const image::manifest& m) noexcept {
     return rebuild_locked(*d, s);
   } catch (const std::exception& e) {
     return failure(CUDA_ERROR_OUT_OF_MEMORY, "restore of VMM memory: {}", e.what());
+  }
+}
+
+namespace {
+
+// What a --replay restore still has to write back: the image's mappings, and the image to read them from.
+struct replay_state {
+  image::reader reader;
+  std::vector<vmm_mapping> pending;  // address order
+  std::uint64_t filled_bytes = 0;
+};
+std::unique_ptr<replay_state> g_replay;  // set before the program's first VMM call; under vmm_state's mutex after
+
+// Writes [m.addr, + m.size) from the image through the real driver, in the primary context of `device`.
+status fill_mapping(const driver_api& d, const image::reader& reader, const vmm_mapping& m, int device) {
+  CUdevice dev;
+  CUcontext context;
+  if (const CUresult e = d.cuDeviceGet(&dev, device); e != CUDA_SUCCESS) return failure(e, "no device {}", device);
+  if (const CUresult e = d.cuDevicePrimaryCtxRetain(&context, dev); e != CUDA_SUCCESS)
+    return failure(e, "no context on device {}", device);
+  CUresult copied = d.cuCtxPushCurrent_v2(context);
+  if (copied == CUDA_SUCCESS) {
+    std::uint64_t at = m.addr;
+    reader.read_range(m.addr, m.size, [&](const unsigned char* bytes, std::size_t n) {
+      if (copied == CUDA_SUCCESS) copied = d.cuMemcpyHtoD_v2(at, bytes, n);
+      at += n;
+    });
+    CUcontext ignored;
+    d.cuCtxPopCurrent_v2(&ignored);
+  }
+  d.cuDevicePrimaryCtxRelease_v2(dev);
+  if (copied != CUDA_SUCCESS)
+    return failure(copied, "cannot write the image's bytes at {}: CUDA error {}", hex(m.addr), static_cast<int>(copied));
+  return {};
+}
+
+}  // namespace
+
+status vmm_prepare_replay(const std::string& image, const image::manifest& m) noexcept {
+  if (!m.vmm || m.vmm->mappings.empty()) return {};
+  try {
+    g_replay = std::make_unique<replay_state>(replay_state{image::reader::open(image), m.vmm->mappings, 0});
+    g_replay->reader.verify_manifest();
+    log::info("restore: replay; the bytes of {} VMM mappings come back as the program maps them again",
+              g_replay->pending.size());
+    return {};
+  } catch (const std::exception& e) {
+    g_replay.reset();
+    return failure(CUDA_ERROR_INVALID_VALUE, "restore: {}", e.what());
+  }
+}
+
+void vmm_replay_fill(vmm_state& s, std::uint64_t addr, std::uint64_t size) noexcept {
+  replay_state* r = g_replay.get();
+  const driver_api* d = driver();
+  if (r == nullptr || d == nullptr) return;
+  try {
+    auto it = std::lower_bound(r->pending.begin(), r->pending.end(), addr,
+                               [](const vmm_mapping& m, std::uint64_t at) { return m.addr < at; });
+    while (it != r->pending.end() && it->addr + it->size <= addr + size) {
+      const std::optional<vmm_mapping> now = s.registry.mapping_at(it->addr);
+      const vmm_handle* h = now ? s.registry.find_handle(now->token) : nullptr;
+      if (!now || !(*now == *it) || h == nullptr) {
+        ++it;  // not made again as it was: its bytes cannot be known to belong here
+        continue;
+      }
+      if (const status filled = fill_mapping(*d, r->reader, *it, h->device); !filled.ok()) {
+        log::error("restore: replay of the VMM mapping at {} failed; it holds what the driver gave", hex(it->addr));
+      } else {
+        r->filled_bytes += it->size;
+      }
+      it = r->pending.erase(it);
+    }
+    if (r->pending.empty()) {
+      log::info("restore: replay; every VMM mapping's bytes are back ({} bytes)", r->filled_bytes);
+      g_replay.reset();
+    }
+  } catch (const std::exception& e) {
+    log::error("restore: replay of VMM memory at {}: {}", hex(addr), e.what());
   }
 }
 

@@ -39,4 +39,15 @@ status vmm_back_suspended(const image::manifest& m) noexcept;
 // empty and its windows the image's.
 status vmm_restore_layout(const image::manifest& m) noexcept;
 
+// Restoring an image into a new process with --replay: the program makes its VMM memory again itself (the
+// registry starts empty, and the same calls give the same addresses and tokens). Each image mapping's bytes
+// are written back when the program has mapped the same handle token at the same address, size and offset
+// and given access to it (vmm_replay_fill, from cuMemSetAccess). Keeps the reader for that.
+status vmm_prepare_replay(const std::string& image, const image::manifest& m) noexcept;
+struct vmm_state;
+// After cuMemSetAccess over [addr, addr + size) under the registry's lock: fills the image mappings wholly
+// inside it that the program has made again exactly. A failure is logged and leaves that memory as the
+// driver gave it.
+void vmm_replay_fill(vmm_state& s, std::uint64_t addr, std::uint64_t size) noexcept;
+
 }  // namespace vmmckpt::detail

@@ -16,6 +16,7 @@
 #include "entry_points.hpp"
 #include "gate.hpp"
 #include "restore_at_start.hpp"
+#include "vmm_checkpoint.hpp"
 #include "vmm_entry_points.hpp"
 #include "vmm_state.hpp"
 #include "vmmckpt/pool_layout.hpp"
@@ -321,6 +322,7 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, con
     } catch (...) {
       log::warn("cuMemSetAccess at {:#x}: no memory to record the access rights", static_cast<std::uint64_t>(ptr));
     }
+    vmm_replay_fill(*s, ptr, size);  // a --replay restore's bytes, once the program made the mapping again
     return e;
   });
 }

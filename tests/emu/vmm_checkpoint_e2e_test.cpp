@@ -93,3 +93,24 @@ TEST_CASE("suspend frees program-made VMM memory; resume brings it back under th
   ask(program, dir.path, "finish", "done\n");
   REQUIRE(program.wait() == 0);
 }
+
+TEST_CASE("a --replay restore gives program-made VMM memory its bytes back as the program makes it again",
+          "[emu][vmm][vmm_checkpoint]") {
+  scratch_dir dir;
+  const fs::path image = dir.path / "image";
+  {
+    background_process program({cuda_ckpt, "run", "--", vmm_program, dir.path.string()});
+    REQUIRE(program.wait_for_output("ready\n"));
+    ask(program, dir.path, "mutate", "mutated 1\n");  // bytes the replayed run never writes
+    const auto dumped = run_process({cuda_ckpt, "dump", std::to_string(program.pid()), "-o", image.string()});
+    INFO(describe(dumped));
+    REQUIRE(dumped.exit_code == 0);
+  }
+  background_process replayed(
+      {cuda_ckpt, "restore", image.string(), "--replay", "--", vmm_program, dir.path.string(), "--replayed"});
+  INFO(replayed.output());
+  REQUIRE(replayed.wait_for_output("replayed\n"));
+  ask(replayed, dir.path, "check", "ok 1\n");
+  ask(replayed, dir.path, "finish", "done\n");
+  REQUIRE(replayed.wait() == 0);
+}

@@ -3,6 +3,9 @@
 //   emu_vmm_checkpointed DIR             builds its memory, writes DIR/state, prints "ready", then serves
 //   emu_vmm_checkpointed DIR --restored  started by `cuda-ckpt restore`: its memory is in place; checks it
 //                                        against DIR/state, prints "restored", then serves
+//   emu_vmm_checkpointed DIR --replayed  started by `cuda-ckpt restore --replay`: makes its memory again
+//                                        with the same calls but writes nothing; checks that the addresses,
+//                                        tokens and bytes are DIR/state's, prints "replayed", then serves
 //
 // The memory: one reservation filled as PyTorch's expandable segments fill it (8 MiB handles mapped one
 // by one, access given over all of them in one call, a hole unmapped and refilled, a handle mapped from an
@@ -78,7 +81,7 @@ unsigned long long create(size_t bytes, unsigned handle_types) {
   return h;
 }
 
-state build() {
+state build(bool write) {
   state s;
   s.active_size = 64 * mib;
   CUdeviceptr va = 0;
@@ -108,7 +111,8 @@ state build() {
   VMMCKPT_CHECK(cuMemMap(s.active + 32 * mib, 8 * mib, 8 * mib, big, 0));
   VMMCKPT_CHECK(cuMemSetAccess(s.active + 32 * mib, 8 * mib, &rw, 1));
   s.mappings.push_back({s.active + 32 * mib, 8 * mib, big, 104});
-  for (const auto& m : s.mappings) write_pattern(m.va, m.size, m.seed);
+  if (write)
+    for (const auto& m : s.mappings) write_pattern(m.va, m.size, m.seed);
   // A retain on an interior address: a second reference to the first mapping's handle.
   CUmemGenericAllocationHandle again = 0;
   VMMCKPT_CHECK(cuMemRetainAllocationHandle(&again, reinterpret_cast<void*>(s.mappings[0].va + mib)));
@@ -124,7 +128,7 @@ state build() {
   VMMCKPT_CHECK(cuMemAlloc(&va, s.block_size));
   s.block = va;
   s.block_seed = 7;
-  write_pattern(s.block, s.block_size, s.block_seed);
+  if (write) write_pattern(s.block, s.block_size, s.block_seed);
   VMMCKPT_CHECK(cuCtxSynchronize());
   return s;
 }
@@ -211,8 +215,21 @@ int main(int argc, char** argv) {
       return 1;
     }
     std::printf("restored\n");
+  } else if (argc == 3 && std::string(argv[2]) == "--replayed") {
+    const state saved = load(dir / "state");
+    s = build(false);
+    for (std::size_t i = 0; i < s.mappings.size(); ++i) s.mappings[i].seed = saved.mappings[i].seed;
+    const bool same_layout = s.active == saved.active && s.asleep == saved.asleep && s.block == saved.block &&
+                             s.handles == saved.handles && s.retained == saved.retained &&
+                             s.mappings.size() == saved.mappings.size();
+    const std::string why = same_layout ? problem(s) : "layout differs from the dumped run's";
+    if (!why.empty()) {
+      std::printf("bad %s\n", why.c_str());
+      return 1;
+    }
+    std::printf("replayed\n");
   } else {
-    s = build();
+    s = build(true);
     save(dir / "state", s);
     std::printf("ready\n");
   }

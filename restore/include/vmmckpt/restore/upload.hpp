@@ -19,7 +19,9 @@ using backed_memory = std::function<bool(int device, std::uint64_t addr, std::ui
 // checked as its bytes pass. Allocations close together go in one copy where `backed` says the
 // gaps between them are mapped (without it, each is copied alone). A failed status on the first
 // failure (a bad checksum included): the device memory then holds an unknown mix and must not be
-// used. The calling thread's context is kept.
-status upload(const driver_api& d, const image::reader& reader, const backed_memory& backed = {}) noexcept;
+// used. The calling thread's context is kept. Without `vmm`, the pools of kind vmm are left out (a
+// --replay restore writes them as the program maps them again).
+status upload(const driver_api& d, const image::reader& reader, const backed_memory& backed = {},
+              bool vmm = true) noexcept;
 
 }  // namespace vmmckpt::restore
