@@ -114,3 +114,51 @@ TEST_CASE("a --replay restore gives program-made VMM memory its bytes back as th
   ask(replayed, dir.path, "finish", "done\n");
   REQUIRE(replayed.wait() == 0);
 }
+
+TEST_CASE("restore --device moves program-made VMM memory to another GPU at the same addresses and tokens",
+          "[emu][vmm][vmm_checkpoint]") {
+  const std::map<std::string, std::string> two_gpus = {{"VMMCKPT_EMU_DEVICES", "2"}};
+  scratch_dir dir;
+  const fs::path image = dir.path / "image";
+  {
+    background_process program({cuda_ckpt, "run", "--", vmm_program, dir.path.string()}, two_gpus);
+    REQUIRE(program.wait_for_output("ready\n"));
+    const auto dumped =
+        run_process({cuda_ckpt, "dump", std::to_string(program.pid()), "-o", image.string()}, two_gpus);
+    INFO(describe(dumped));
+    REQUIRE(dumped.exit_code == 0);
+  }
+  background_process moved(
+      {cuda_ckpt, "restore", image.string(), "--device", "1", "--", vmm_program, dir.path.string(), "--restored"},
+      two_gpus);
+  INFO(moved.output());
+  REQUIRE(moved.wait_for_output("restored\n"));
+  ask(moved, dir.path, "check", "ok 1\n");
+  ask(moved, dir.path, "finish", "done\n");
+  REQUIRE(moved.wait() == 0);
+}
+
+TEST_CASE("a VMM handle mapped nowhere makes dump refuse, naming it, unless --allow-partial", "[emu][vmm]") {
+  scratch_dir dir;
+  background_process program({cuda_ckpt, "run", "--", vmm_program, dir.path.string()});
+  REQUIRE(program.wait_for_output("ready\n"));
+  ask(program, dir.path, "orphan", "orphaned\n");
+  const fs::path image = dir.path / "image";
+  const auto refused = run_process({cuda_ckpt, "dump", std::to_string(program.pid()), "-o", image.string()});
+  INFO(describe(refused));
+  CHECK(refused.exit_code == 3);
+  CHECK_THAT(refused.err, Catch::Contains("VMM handles mapped nowhere 2.00 MiB"));
+  CHECK_FALSE(fs::exists(image));
+  ask(program, dir.path, "check", "ok 1\n");  // the refusal harmed nothing
+  const auto partial =
+      run_process({cuda_ckpt, "dump", std::to_string(program.pid()), "-o", image.string(), "--allow-partial"});
+  INFO(describe(partial));
+  REQUIRE(partial.exit_code == 0);
+  const auto inspected = run_json({cuda_ckpt, "inspect", image.string(), "--json"});
+  REQUIRE(inspected.at("lacking").size() == 1);
+  CHECK(inspected.at("lacking")[0].at("kind") == "VMM handles mapped nowhere");
+  CHECK(inspected.at("lacking")[0].at("bytes") == 2 * mib);
+  CHECK(inspected.at("vmm").at("handles").size() == 6);
+  ask(program, dir.path, "finish", "done\n");
+  REQUIRE(program.wait() == 0);
+}

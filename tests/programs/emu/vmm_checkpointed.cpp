@@ -12,7 +12,8 @@
 // offset), a second reservation left unmapped as vLLM's sleep mode leaves one, a handle retained on an
 // interior address as NCCL does, and a block of the pool. Serving: DIR/check checks every byte, that a
 // retain anywhere in a mapping gives its token back, and the program's own properties, printing "ok N" or
-// "bad ..."; DIR/mutate writes new patterns ("mutated N"); DIR/finish wakes the sleeping reservation,
+// "bad ..."; DIR/mutate writes new patterns ("mutated N"); DIR/orphan creates a handle it maps nowhere
+// ("orphaned"), whose bytes no dump can read; DIR/finish wakes the sleeping reservation,
 // then unmaps, releases and frees everything, every reference included, and prints "done".
 #include <cuda.h>
 
@@ -186,6 +187,10 @@ int serve(const std::filesystem::path& dir, state& s) {
       VMMCKPT_CHECK(cuCtxSynchronize());
       save(dir / "state", s);
       std::printf("mutated %d\n", ++mutations);
+    }
+    if (std::filesystem::remove(dir / "orphan")) {
+      s.handles.push_back(create(2 * mib, CU_MEM_HANDLE_TYPE_NONE));
+      std::printf("orphaned\n");
     }
     if (std::filesystem::remove(dir / "finish")) {
       finish(s);
