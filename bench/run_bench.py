@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 
-GPU_PARTS = ["limits", "dump", "many", "driver", "alloc", "launch", "torch", "frag"]
+GPU_PARTS = ["limits", "dump", "many", "driver", "alloc", "launch", "torch", "vmm", "frag"]
 CPU_PARTS = ["allocator", "limits", "dump", "many"]
 GIB = 1 << 30
 MIB = 1 << 20
@@ -606,9 +606,9 @@ class Bench:
             return cmd
         return ["taskset", "-c", f"{cpus - 2},{cpus - 1}"] + cmd
 
-    def both_modes(self, bench, cmd, timeout, rounds, pin=False):
+    def both_modes(self, bench, cmd, timeout, rounds, pin=False, env=None):
         """Runs cmd natively and under the shim (cuda-ckpt run sets LD_PRELOAD), alternating, `rounds`
-        times each, so that a drift of the machine does not favour one mode."""
+        times each, so that a drift of the machine does not favour one mode. `env` adds variables."""
         for rnd in range(1, rounds + 1):
             for mode in ("native", "shim"):
                 tags = {"mode": mode, "round": rnd}
@@ -617,7 +617,8 @@ class Bench:
                     if pin:
                         full = self.pinned(full)
                         tags["pinned"] = full[0] == "taskset"
-                    proc, wall = self.run(full, timeout, f"{bench}-{mode}-{rnd}")
+                    proc, wall = self.run(full, timeout, f"{bench}-{mode}-{rnd}",
+                                          env=dict(self.env, **env) if env else None)
                     found = json_lines(proc.stdout_text)
                     if not found:
                         raise BenchError("no result line in its output")
@@ -649,6 +650,17 @@ class Bench:
         script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_step.py")
         args = ["--warmup", "5", "--steps", "20"] if self.args.quick else ["--steps", "200"]
         self.both_modes("torch", [self.args.python, script] + args, 600, 1 if self.args.quick else 3, pin=True)
+
+    def part_vmm(self):
+        """Program-made VMM memory: cuMemCreate + cuMemMap + cuMemSetAccess per handle, and the PyTorch
+        step of the torch part with expandable segments (which map VMM memory themselves)."""
+        quick = self.args.quick
+        self.both_modes("vmm_calls", [os.path.join(self.bin, "vmmckpt_bench_vmm_calls")]
+                        + (["--rounds", "5"] if quick else []), 600, 1 if quick else 3, pin=True)
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_step.py")
+        args = (["--warmup", "5", "--steps", "20"] if quick else ["--steps", "200"]) + ["--bench-name", "torch_expandable"]
+        self.both_modes("torch_expandable", [self.args.python, script] + args, 600, 1 if quick else 3, pin=True,
+                        env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
 
     def main(self):
         try:

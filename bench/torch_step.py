@@ -41,6 +41,8 @@ def main():
     p.add_argument("--d-model", type=int, default=1024)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--seq", type=int, default=256)
+    p.add_argument("--bench-name", default="torch", help="the result line's `bench` (torch_expandable: the same "
+                   "step with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)")
     args = p.parse_args()
     if not torch.cuda.is_available():
         sys.exit("torch_step.py: torch.cuda is not available")
@@ -70,7 +72,7 @@ def main():
         step()
         times_ms.append((time.perf_counter() - t0) * 1e3)
     print(json.dumps({
-        "bench": "torch",
+        "bench": args.bench_name,
         "median_ms": round(statistics.median(times_ms), 4),
         "mean_ms": round(statistics.fmean(times_ms), 4),
         "min_ms": round(min(times_ms), 4),

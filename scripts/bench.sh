@@ -7,7 +7,7 @@
 #
 # usage: scripts/bench.sh [--quick] [--sizes 1,4,16,32] [--skip PARTS] [--out DIR] [--cpu-only]
 #                         [--append] [--report-only] [--md PATH] [--img-dir DIR] [--build DIR]
-#   --quick        sizes 1,4 and fewer iterations     --skip PARTS  limits,dump,driver,alloc,launch,torch,frag
+#   --quick        sizes 1,4 and fewer iterations     --skip PARTS  limits,dump,driver,alloc,launch,torch,vmm,frag
 #   --append       add to OUT's results (a run in several parts, e.g. under a time limit per command)
 #   --report-only  only make the page from OUT's results
 #   --out DIR      results (default BUILD/results, or BUILD/results-cpu)    --build DIR  default build-bench
