@@ -143,10 +143,23 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr* ptr, size_t siz
       return e;
     }
     if (got != ours) {
-      // The driver moves a reservation whose range is taken and says nothing: an address elsewhere
-      // could never be restored, so it is refused.
-      d->cuMemAddressFree(got, size);
+      // The driver keeps some room after a large reservation (an H100 rounds 89 GB up to 32 MiB) and
+      // moves a reservation that would start in it. Where it moved it inside our window, to a range we
+      // have free, that address is ours too: the same calls meet the same driver in every run, and a
+      // restore asks for each range exactly.
+      std::uint64_t moved = 0;
       s.registry.free_reservation(ours, size, none);
+      if (s.registry.reserve(device, size, alignment, got, moved) == vmm_status::ok) {
+        if (moved == got) {
+          *ptr = got;
+          log::at(log::level::trace, "cuMemAddressReserve {} bytes -> {:#x} (the driver's, after {:#x})", size,
+                  static_cast<std::uint64_t>(got), ours);
+          return CUDA_SUCCESS;
+        }
+        s.registry.free_reservation(moved, size, none);
+      }
+      // Elsewhere an address could never be restored, so the reservation is refused.
+      d->cuMemAddressFree(got, size);
       log::error("cuMemAddressReserve: [{:#x}, {:#x}) in device {}'s VMM window is taken in this process (the "
                  "driver offered {:#x}); set VMMCKPT_VMM_BASE to a free range",
                  ours, ours + size, device, static_cast<std::uint64_t>(got));

@@ -8,8 +8,8 @@
 //                                        tokens and bytes are DIR/state's, prints "replayed", then serves
 //
 // The memory: one reservation filled as PyTorch's expandable segments fill it (8 MiB handles mapped one
-// by one, access given over all of them in one call, a hole unmapped and refilled, a handle mapped from an
-// offset), a second reservation left unmapped as vLLM's sleep mode leaves one, a handle retained on an
+// by one, access given over all of them in one call, a hole unmapped and refilled, then a 16 MiB handle),
+// a second reservation left unmapped as vLLM's sleep mode leaves one, a handle retained on an
 // interior address as NCCL does, and a block of the pool. Serving: DIR/check checks every byte, that a
 // retain anywhere in a mapping gives its token back, and the program's own properties, printing "ok N" or
 // "bad ..."; DIR/mutate writes new patterns ("mutated N"); DIR/orphan creates a handle it maps nowhere
@@ -106,12 +106,12 @@ state build(bool write) {
   VMMCKPT_CHECK(cuMemMap(s.mappings[1].va, 8 * mib, 0, refill, 0));
   VMMCKPT_CHECK(cuMemSetAccess(s.mappings[1].va, 8 * mib, &rw, 1));
   s.mappings[1].handle = refill;
-  // The second half of a 16 MiB handle, mapped from an offset.
+  // A bigger handle after them (cuMemMap takes offset 0 only: "currently must be zero").
   const unsigned long long big = create(16 * mib, CU_MEM_HANDLE_TYPE_NONE);
   s.handles.push_back(big);
-  VMMCKPT_CHECK(cuMemMap(s.active + 32 * mib, 8 * mib, 8 * mib, big, 0));
-  VMMCKPT_CHECK(cuMemSetAccess(s.active + 32 * mib, 8 * mib, &rw, 1));
-  s.mappings.push_back({s.active + 32 * mib, 8 * mib, big, 104});
+  VMMCKPT_CHECK(cuMemMap(s.active + 32 * mib, 16 * mib, 0, big, 0));
+  VMMCKPT_CHECK(cuMemSetAccess(s.active + 32 * mib, 16 * mib, &rw, 1));
+  s.mappings.push_back({s.active + 32 * mib, 16 * mib, big, 104});
   if (write)
     for (const auto& m : s.mappings) write_pattern(m.va, m.size, m.seed);
   // A retain on an interior address: a second reference to the first mapping's handle.
