@@ -289,9 +289,14 @@ void vmm_replay_fill(vmm_state& s, std::uint64_t addr, std::uint64_t size) noexc
     auto it = std::lower_bound(r->pending.begin(), r->pending.end(), addr,
                                [](const vmm_mapping& m, std::uint64_t at) { return m.addr < at; });
     while (it != r->pending.end() && it->addr + it->size <= addr + size) {
+      // The same handle token at the same address, size and offset: the replayed run has made this very
+      // mapping again (a range refilled later with another handle keeps its bytes for that one).
       const std::optional<vmm_mapping> now = s.registry.mapping_at(it->addr);
       const vmm_handle* h = now ? s.registry.find_handle(now->token) : nullptr;
       if (!now || !(*now == *it) || h == nullptr) {
+        log::info("restore: replay; VMM memory at {} is not mapped as in the image yet (image: token {} size {}; "
+                  "now: token {} size {})",
+                  hex(it->addr), hex(it->token), it->size, now ? hex(now->token) : "none", now ? now->size : 0);
         ++it;  // not made again as it was: its bytes cannot be known to belong here
         continue;
       }
@@ -299,6 +304,7 @@ void vmm_replay_fill(vmm_state& s, std::uint64_t addr, std::uint64_t size) noexc
         log::error("restore: replay of the VMM mapping at {} failed; it holds what the driver gave", hex(it->addr));
       } else {
         r->filled_bytes += it->size;
+        log::info("restore: replay; {} bytes of VMM memory back at {}", it->size, hex(it->addr));
       }
       it = r->pending.erase(it);
     }

@@ -60,6 +60,13 @@ CUmemGenericAllocationHandle real_handle(vmm_state& s, CUmemGenericAllocationHan
   return h != nullptr ? h->real : handle;
 }
 
+// A value of our token form with no live record (released, or never handed out). No driver ever made
+// such a value (it is no canonical pointer), and a real driver may fault on one it does not know, so the
+// shim answers for it: CUDA_ERROR_INVALID_VALUE, as the driver answers for a handle it does not have.
+bool dead_token(const vmm_state& s, CUmemGenericAllocationHandle handle) {
+  return looks_like_vmm_token(handle) && s.registry.live_handle(handle) == nullptr;
+}
+
 // Gives the driver back the handles whose records went (the registry held one reference on each).
 void release_real(const driver_api& d, const std::vector<std::uint64_t>& handles) {
   for (const std::uint64_t real : handles)
@@ -263,6 +270,7 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle
         release_real(*d, released);
         return st == vmm_status::ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
       }
+      return CUDA_ERROR_INVALID_VALUE;  // dead_token(): never the driver's
     }
     const CUresult e = d->cuMemRelease(handle);
     if (e == CUDA_SUCCESS) s->registry.release_not_owned(handle);
@@ -280,6 +288,7 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t of
     if (s == nullptr) return d->cuMemMap(ptr, size, offset, handle, flags);
     gate_scope scope(gate_scope::no_work);
     std::lock_guard lock(s->mutex);
+    if (dead_token(*s, handle)) return CUDA_ERROR_INVALID_VALUE;
     const CUresult e = d->cuMemMap(ptr, size, offset, real_handle(*s, handle), flags);
     if (e != CUDA_SUCCESS) return e;
     vmm_status st = vmm_status::invalid_value;
@@ -379,7 +388,7 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemGetAllocationPropertiesFromHandle(CUmemAllo
     if (s == nullptr) return d->cuMemGetAllocationPropertiesFromHandle(prop, handle);
     std::lock_guard lock(s->mutex);
     const vmm_handle* h = s->registry.live_handle(handle);
-    if (h == nullptr) return d->cuMemGetAllocationPropertiesFromHandle(prop, handle);
+    if (h == nullptr) return CUDA_ERROR_INVALID_VALUE;  // dead_token(): never the driver's
     const CUresult e = d->cuMemGetAllocationPropertiesFromHandle(prop, h->real);
     // The driver knows the POSIX FD the shim added; the program sees what it asked for.
     if (e == CUDA_SUCCESS && prop != nullptr) prop->requestedHandleTypes = program_properties(*h).requestedHandleTypes;
@@ -397,7 +406,7 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemExportToShareableHandle(void* shareable, CU
     if (s == nullptr) return d->cuMemExportToShareableHandle(shareable, handle, type, flags);
     std::lock_guard lock(s->mutex);
     const vmm_handle* h = s->registry.live_handle(handle);
-    if (h == nullptr) return d->cuMemExportToShareableHandle(shareable, handle, type, flags);
+    if (h == nullptr) return CUDA_ERROR_INVALID_VALUE;  // dead_token(): never the driver's
     // A type the program did not ask for is refused, as the driver refuses it (the FD is ours).
     if ((program_properties(*h).requestedHandleTypes & type) == 0) return CUDA_ERROR_INVALID_VALUE;
     return d->cuMemExportToShareableHandle(shareable, h->real, type, flags);

@@ -116,7 +116,7 @@ TEST_CASE("a --replay restore gives program-made VMM memory its bytes back as th
 }
 
 TEST_CASE("restore --device moves program-made VMM memory to another GPU at the same addresses and tokens",
-          "[emu][vmm][vmm_checkpoint]") {
+          "[emu][vmm][vmm_checkpoint][two_gpus]") {
   const std::map<std::string, std::string> two_gpus = {{"VMMCKPT_EMU_DEVICES", "2"}};
   scratch_dir dir;
   const fs::path image = dir.path / "image";

@@ -88,11 +88,12 @@ def main():
         with open(recorded, "w") as f:
             f.writelines(l for l in lines if l.startswith("array "))
         rr = subprocess.run([args.cuda_ckpt, "restore", image, "--replay", "--"] + cmd + ["--replayed", recorded],
-                            capture_output=True, text=True, env=env, timeout=300)
+                            capture_output=True, text=True, env=dict(env, VMMCKPT_LOG_LEVEL="info"), timeout=300)
         out = rr.stdout.split()
         if rr.returncode != 0 or "replay-match" not in out or "ok" not in out:
-            problems.append(f"the --replay restore: exit {rr.returncode}, said {rr.stdout.strip()!r} "
-                            f"{rr.stderr.strip()[-800:]}")
+            shim_lines = [l for l in rr.stderr.splitlines() if "restore" in l or "error" in l][-12:]
+            problems.append(f"the --replay restore: exit {rr.returncode}, said {rr.stdout.strip()!r}; "
+                            + " | ".join(shim_lines) + " | " + rr.stderr.strip()[-400:])
     except gpu_checks.CheckError as e:
         problems.append(str(e))
     finally:
