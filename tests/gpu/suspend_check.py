@@ -28,7 +28,10 @@ def losses(lines):
 
 
 def main():
-    args = gpu_checks.argument_parser(__doc__).parse_args()
+    ap = gpu_checks.argument_parser(__doc__)
+    ap.add_argument("--expect-vmm", action="store_true",
+                    help="the program maps VMM memory itself (PyTorch's expandable segments): the image must hold some")
+    args = ap.parse_args()
     cmd = gpu_checks.command(args)
     if (reason := gpu_checks.skip_reason(args, torch=True)):
         return gpu_checks.skipped(reason)
@@ -58,6 +61,13 @@ def main():
         figures["freed_mib"] = r["freed_bytes"] / 2**20
         reserved = next((int(l.split()[1]) for l in lines if l.startswith("reserved ")), 0)
         figures["torch_reserved_mib"] = reserved / 2**20
+        inspected = subprocess.run([args.cuda_ckpt, "inspect", "--json", r["image"]], capture_output=True, text=True)
+        if inspected.returncode == 0:
+            mappings = (json.loads(inspected.stdout).get("vmm") or {}).get("mappings", [])
+            figures["vmm_mappings"] = len(mappings)
+            figures["vmm_mib"] = sum(m["size"] for m in mappings) / 2**20
+            if args.expect_vmm and not mappings:
+                problems.append("the image holds no program-made VMM memory (were expandable segments used?)")
         # PyTorch's own memory, whichever way it maps it (cudaMalloc or expandable segments), is freed.
         if reserved and r["freed_bytes"] < 0.9 * reserved:
             problems.append(f"suspend freed {r['freed_bytes']} bytes of the {reserved} PyTorch had reserved")
