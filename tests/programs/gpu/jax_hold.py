@@ -3,8 +3,8 @@
   jax_hold.py                  makes its arrays, prints `array <name> 0x<ptr> <nbytes> <sha256> <sum>` per
                                array and `ready`; then answers stdin: `check` (recomputes every array's
                                hash: `ok` or `bad <name>`), `quit`
-  jax_hold.py --replayed FILE  started by `cuda-ckpt restore --replay` with FILE holding those lines: takes
-                               the run's first step again (JAX's preallocation lands where it was), reads
+  jax_hold.py --replayed FILE  started by `cuda-ckpt restore --replay` with FILE holding those lines: puts one
+                               byte on the device (JAX's preallocation lands where it was), reads
                                each array's bytes at its old address through the driver, prints
                                `replay-match <n>` or `replay-mismatch <name>`; then makes the arrays again
                                and prints `ok` when their sums are the recorded ones
@@ -53,9 +53,10 @@ def driver_bytes(ptr, nbytes):
 
 def replayed(path):
     recorded = [line.split() for line in open(path) if line.startswith("array ")]
-    # The run's first step again: the client starts, maps its preallocated memory (whose bytes the restore
-    # then puts back) and writes the key where the dumped run wrote it. Nothing else is written yet.
-    jax.random.PRNGKey(0).block_until_ready()
+    # One byte to the device: the client starts and maps its preallocated memory (whose bytes the restore
+    # then puts back), and that byte lands in the first slot, where the dumped run's key is. No computation
+    # runs (a computation's temporaries would land on the arrays' old places).
+    jax.device_put(np.zeros(1, np.uint8)).block_until_ready()
     for _, name, ptr, nbytes, sha, _sum in recorded:
         if hashlib.sha256(driver_bytes(int(ptr, 16), int(nbytes))).hexdigest() != sha:
             print(f"replay-mismatch {name}", flush=True)
