@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cuda.h>
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <chrono>
@@ -53,6 +54,18 @@ inline std::vector<std::uint64_t> parse_u64_list(const std::string& s) {
   for (std::string item; std::getline(in, item, ',');)
     if (!item.empty()) out.push_back(std::strtoull(item.c_str(), nullptr, 0));
   return out;
+}
+
+// The driver's own `name`, looked up in libcuda itself with glibc's own dlsym (by version): past any
+// interposer, whose dlsym could hand back its own wrapper. Null when libcuda is not loaded.
+inline void* driver_own(const char* name) {
+  using dlsym_fn = void* (*)(void*, const char*);
+  void* libc = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
+  void* cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (libc == nullptr || cuda == nullptr) return nullptr;
+  for (const char* version : {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17"})
+    if (void* p = dlvsym(libc, "dlsym", version)) return reinterpret_cast<dlsym_fn>(p)(cuda, name);
+  return nullptr;
 }
 
 }  // namespace bench

@@ -14,7 +14,6 @@
 //    "driver_ns":median,"handed_best_ns":..,"driver_best_ns":..,"added_ns":median of pair differences}
 #include <cuda.h>
 #include <cuda_runtime.h>
-#include <dlfcn.h>
 
 #include <string>
 #include <vector>
@@ -27,23 +26,8 @@ __global__ void empty_kernel() {}
 
 using launch_fn = CUresult(CUDAAPI*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                                      CUstream, void**, void**);
-using dlsym_fn = void* (*)(void*, const char*);
 
-// glibc's own dlsym, by version: an interposer's dlsym could hand back its own wrapper.
-dlsym_fn glibc_dlsym() {
-  void* libc = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
-  if (libc == nullptr) return nullptr;
-  for (const char* version : {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17"})
-    if (void* p = dlvsym(libc, "dlsym", version)) return reinterpret_cast<dlsym_fn>(p);
-  return nullptr;
-}
-
-launch_fn driver_own_launch() {
-  const dlsym_fn real_dlsym = glibc_dlsym();
-  void* cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-  if (real_dlsym == nullptr || cuda == nullptr) return nullptr;
-  return reinterpret_cast<launch_fn>(real_dlsym(cuda, "cuLaunchKernel"));
-}
+launch_fn driver_own_launch() { return reinterpret_cast<launch_fn>(bench::driver_own("cuLaunchKernel")); }
 
 launch_fn handed_launch() {
   void* p = nullptr;

@@ -655,8 +655,9 @@ class Bench:
         """Program-made VMM memory: cuMemCreate + cuMemMap + cuMemSetAccess per handle, and the PyTorch
         step of the torch part with expandable segments (which map VMM memory themselves)."""
         quick = self.args.quick
+        # In-process A/B (the shim's entry points against the driver's own); the native run is the control.
         self.both_modes("vmm_calls", [os.path.join(self.bin, "vmmckpt_bench_vmm_calls")]
-                        + (["--rounds", "5"] if quick else []), 600, 1 if quick else 3, pin=True)
+                        + (["--rounds", "10"] if quick else []), 600, 1 if quick else 3, pin=True)
         script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_step.py")
         args = (["--warmup", "5", "--steps", "20"] if quick else ["--steps", "200"]) + ["--bench-name", "torch_expandable"]
         self.both_modes("torch_expandable", [self.args.python, script] + args, 600, 1 if quick else 3, pin=True,
