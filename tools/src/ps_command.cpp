@@ -23,16 +23,17 @@ int ps_command(bool as_json) {
     std::cout << out.dump(2) << "\n";
     return exit_ok;
   }
-  // LIVE: the pools' live bytes, which vmmckpt owns; NOT OWNED: device memory no image would hold.
+  // LIVE: the pools' live bytes and the program's own VMM mappings, which vmmckpt owns; NOT OWNED: device
+  // memory no image would hold.
   std::printf("%-8s %-9s %-8s %12s %12s %12s  %s\n", "PID", "STATE", "DEVICES", "LIVE", "RESERVED", "NOT OWNED",
               "COMMAND");
   for (const auto& p : processes) {
     std::uint64_t live = 0, backed = 0;
     std::string devices;
+    for (const auto& d : p.hello.devices) devices += (devices.empty() ? "" : ",") + std::to_string(d.ordinal);
     for (const auto& pool : p.hello.pools) {
       live += pool.live_bytes;
       backed += pool.backed_bytes;
-      devices += (devices.empty() ? "" : ",") + std::to_string(pool.device);
     }
     std::string command;
     for (const auto& arg : p.hello.command) command += (command.empty() ? "" : " ") + arg;
