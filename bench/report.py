@@ -754,6 +754,30 @@ def markdown(res, plots, img_rel):
                 rounds_table(res, "torch", ["fastest ms", "median ms", "mean ms", "steps"],
                              lambda r: (num(r.get("min_ms"), 3), num(r["median_ms"], 3), num(r["mean_ms"], 3),
                                         r["steps"])))
+    if res.get("vmm_calls"):
+        section("Program-made VMM memory: the calls", "`bench/vmm_calls.cpp`: in one process, rounds through the "
+                "VMM entry points the program links (under the shim, its own) alternate with rounds through the "
+                "driver's own, looked up in libcuda past any interposer; each round creates 64 handles of 20 MiB "
+                "and maps each and gives it access (cuMemCreate + cuMemMap + cuMemSetAccess, per handle, as "
+                "PyTorch's expandable segments grow), then unmaps and releases them. Natively both are the same "
+                "functions: that run is the control. Target: the shim's entry points within 5 % of the driver's.",
+                table(["mode", "round", "program's entry points, median us", "driver's own, median us", "ratio",
+                       "unmap + release: program's, us", "driver's, us", "same function"],
+                      [(r["mode"], r.get("round", ""), num(r["handed_us"]), num(r["driver_us"]), num(r["ratio"], 4),
+                        num(r["handed_unmap_release_us"]), num(r["driver_unmap_release_us"]),
+                        "yes" if r.get("same_function") else "no")
+                       for r in sorted(res.get("vmm_calls"), key=lambda r: (r.get("round", 0), r["mode"] != "native"))]))
+    if res.get("torch_expandable"):
+        section("PyTorch training step with expandable segments", "The step of the section above with "
+                "`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`: PyTorch maps its memory itself with the VMM "
+                "API, which the shim owns. Shim against native: "
+                f"{num(slowdown(res, 'torch_expandable', 'min_ms'), 1)} % by the fastest step, "
+                f"{num(slowdown(res, 'torch_expandable', 'median_ms'), 1)} % by the best median; native's two best "
+                f"medians differ by {num(spread(res, 'torch_expandable', 'median_ms'), 1)} %."
+                + pinned_note(res, "torch_expandable"),
+                rounds_table(res, "torch_expandable", ["fastest ms", "median ms", "mean ms", "steps"],
+                             lambda r: (num(r.get("min_ms"), 3), num(r["median_ms"], 3), num(r["mean_ms"], 3),
+                                        r["steps"])))
     if res.get("frag"):
         section("Pool memory overhead", "`bench/frag.cu`: a fixed pseudo-random sequence of `cudaMalloc`/`cudaFree`, "
                 "sizes log-uniform from 4 KiB to 64 MiB, rising to 8 GiB live, then 20000 steps of churn. Physical = "
@@ -857,6 +881,14 @@ def synthetic_results(directory):
                      "handed_best_ns": 2000 + added, "driver_best_ns": 2000.0, "added_ns": added})
         rows.append({"bench": "torch", "mode": "native", "round": rnd, "median_ms": 40.0, "mean_ms": 40.2, "steps": 100})
         rows.append({"bench": "torch", "mode": "shim", "round": rnd, "median_ms": 40.1, "mean_ms": 40.3, "steps": 100})
+        rows.append({"bench": "torch_expandable", "mode": "native", "round": rnd, "median_ms": 40.0, "mean_ms": 40.2,
+                     "min_ms": 39.0, "steps": 100})
+        rows.append({"bench": "torch_expandable", "mode": "shim", "round": rnd, "median_ms": 40.2, "mean_ms": 40.3,
+                     "min_ms": 39.1, "steps": 100})
+    for mode, ratio in (("native", 1.001), ("shim", 1.03)):
+        rows.append({"bench": "vmm_calls", "mode": mode, "round": 1, "size_mib": 20, "count": 64, "rounds": 40,
+                     "same_function": mode == "native", "handed_us": 40 * ratio, "driver_us": 40.0, "ratio": ratio,
+                     "handed_unmap_release_us": 45.0, "driver_unmap_release_us": 44.0})
     for mode, phys in (("native", 8.3), ("shim", 8.6)):
         rows.append({"bench": "frag", "mode": mode, "live_bytes": 8 * GIB, "physical_bytes": int(phys * GIB),
                      "ratio": phys / 8, "peak_live_bytes": 8 * GIB, "peak_physical_bytes": int(phys * GIB),
