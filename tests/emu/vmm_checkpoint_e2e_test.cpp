@@ -162,3 +162,36 @@ TEST_CASE("a VMM handle mapped nowhere makes dump refuse, naming it, unless --al
   ask(program, dir.path, "finish", "done\n");
   REQUIRE(program.wait() == 0);
 }
+
+TEST_CASE("a resume whose VMM bytes are damaged fails, the program stays suspended, and a retry works",
+          "[emu][vmm][suspend]") {
+  scratch_dir dir;
+  background_process program({cuda_ckpt, "run", "--", vmm_program, dir.path.string()});
+  REQUIRE(program.wait_for_output("ready\n"));
+  const std::string pid = std::to_string(program.pid());
+  const fs::path image = dir.path / "image";
+  REQUIRE(run_process({cuda_ckpt, "suspend", pid, "-o", image.string()}).exit_code == 0);
+  // One byte of the first VMM mapping's stored bytes, wherever the dump put them.
+  const auto inspected = run_json({cuda_ckpt, "inspect", image.string(), "--json"});
+  nlohmann::json first;
+  for (const auto& p : inspected.at("pools"))
+    if (p.value("kind", "pool") == "vmm") first = p.at("extents").at(0);
+  REQUIRE(first.is_object());
+  const std::uint32_t file = first.at("file");
+  const fs::path data = image / (file == 0 ? std::string("data.bin") : "data." + std::to_string(file) + ".bin");
+  const std::uint64_t at = 64 + first.at("offset").get<std::uint64_t>() + 4096;
+  flip_byte(data, at);
+  const auto bad = run_process({cuda_ckpt, "resume", pid});
+  INFO(describe(bad));
+  REQUIRE(bad.exit_code == 1);
+  CHECK_THAT(bad.err, Catch::Contains("checksum mismatch"));
+  CHECK_THAT(bad.err, Catch::Contains("stays suspended"));
+  REQUIRE(program.running());
+  flip_byte(data, at);  // repaired
+  const auto good = run_process({cuda_ckpt, "resume", pid});
+  INFO(describe(good));
+  REQUIRE(good.exit_code == 0);
+  ask(program, dir.path, "check", "ok 1\n");
+  ask(program, dir.path, "finish", "done\n");
+  REQUIRE(program.wait() == 0);
+}
