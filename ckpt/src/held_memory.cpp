@@ -180,6 +180,9 @@ held_memory::held_memory(session& s, control::dump_begin_reply& held, received_f
   }
   if (held.vmm) {
     const vmm_layout& l = *held.vmm;
+    // Checked before anything is copied: an image the writer would refuse at the end is refused now.
+    if (const std::string why = check(l, "vmm"); !why.empty())
+      throw tool_error("the program's VMM memory cannot be imaged as it describes it: " + why);
     vmm_ = std::make_unique<vmm_mapping>();
     for (const auto& r : l.reservations) vmm_->reserve(r.addr, vmm_span(r.size));
     for (const auto& h : l.handles) {

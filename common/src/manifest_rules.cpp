@@ -68,7 +68,14 @@ void check_restorable(const manifest& m) {
   std::vector<const pool*> pools;  // of kind pool: the pool layout's
   for (const pool& p : m.pools)
     if (p.kind == pool_kind::pool) pools.push_back(&p);
-  if (!pools.empty()) check_pool_layout(m, pools);
+  if (!pools.empty()) {
+    check_pool_layout(m, pools);
+  } else if (m.vmm) {
+    // No pool: the restored process uses the default pool layout, which the windows must stay clear of.
+    if (const std::string why = validate(m.vmm->windows, pool_config{}); !why.empty())
+      fail("the VMM windows (base " + hex(m.vmm->windows.base) + ", window " + std::to_string(m.vmm->windows.window) +
+           ") are not ones a process can use: " + why);
+  }
   // Every byte of every allocation is in the image: a dump stores each allocation whole, and a
   // restore brings back exactly what the image holds.
   for (std::size_t i = 0; i < m.pools.size(); ++i) {

@@ -74,7 +74,7 @@ std::string check(const vmm_layout& l, const std::string& path) {
     const std::string p = at(path, "reservations", i);
     if (r.device < 0 || r.device >= max_devices) return p + ".device " + std::to_string(r.device) + " is out of range";
     const std::uint64_t w = l.windows.device_base(r.device);
-    if (r.size == 0 || r.addr % vmm_granularity != 0 || !inside(r.addr, vmm_span(r.size), w, w + window))
+    if (r.size == 0 || r.size > window || r.addr % vmm_granularity != 0 || !inside(r.addr, vmm_span(r.size), w, w + window))
       return p + " (" + hex(r.addr) + "+" + std::to_string(r.size) + ") is not a granule-aligned range inside device " +
              std::to_string(r.device) + "'s window";
     if (i > 0) {
@@ -122,6 +122,12 @@ std::string check(const vmm_layout& l, const std::string& path) {
     const vmm_access_range& a = l.access[i];
     const std::string p = at(path, "access", i);
     if (a.size == 0 || a.access.empty()) return p + " is empty";
+    if (a.size > UINT64_MAX - a.addr) return p + " passes the end of the address space";
+    for (std::size_t k = 1; k < a.access.size(); ++k) {
+      const vmm_access &x = a.access[k - 1], &y = a.access[k];
+      if (x.location_type > y.location_type || (x.location_type == y.location_type && x.location_id >= y.location_id))
+        return index(join(p, "rights"), k) + " is out of order or repeats a location";
+    }
     if (i > 0 && a.addr < l.access[i - 1].addr + l.access[i - 1].size)
       return p + " overlaps or precedes the range before it";
     // Wholly mapped: the mappings from the one holding its start cover it without a hole.

@@ -370,7 +370,20 @@ vmm_layout vmm_registry::layout() const {
   l.handles = handles();
   for (vmm_handle& h : l.handles) h.real = h.mappings = 0;
   l.mappings = mappings();
-  l.access = access();
+  // Access rights over owned memory only: those of memory that passes through (host locations, imports)
+  // mapped in our windows are not the image's to give again.
+  for (const auto& [addr, a] : access_) {
+    auto m = mappings_.upper_bound(addr);
+    if (m != mappings_.begin()) --m;
+    for (; m != mappings_.end() && m->first < a.end; ++m) {
+      if (!m->second.owned || m->first + m->second.size <= addr) continue;
+      const std::uint64_t from = std::max(addr, m->first), to = std::min(a.end, m->first + m->second.size);
+      if (!l.access.empty() && l.access.back().addr + l.access.back().size == from && l.access.back().access == a.access)
+        l.access.back().size += to - from;
+      else
+        l.access.push_back(vmm_access_range{from, to - from, a.access});
+    }
+  }
   return l;
 }
 
@@ -403,9 +416,26 @@ bool vmm_registry::load(const vmm_layout& l) {
 }
 
 std::uint64_t vmm_registry::unmapped_handle_bytes() const {
+  // Each owned handle's size less the union of the parts of it that mappings show.
+  std::map<std::uint64_t, std::vector<std::pair<std::uint64_t, std::uint64_t>>> shown;  // token -> [from, to)
+  for (const auto& [addr, m] : mappings_)
+    if (m.owned) shown[m.handle].emplace_back(m.offset, m.offset + m.size);
   std::uint64_t bytes = 0;
-  for (const auto& [token, h] : handles_)
-    if (h.mappings == 0) bytes += h.size;
+  for (const auto& [token, h] : handles_) {
+    std::uint64_t covered = 0;
+    if (auto it = shown.find(token); it != shown.end()) {
+      auto& parts = it->second;
+      std::sort(parts.begin(), parts.end());
+      std::uint64_t end = 0;
+      for (auto [from, to] : parts) {
+        from = std::max(from, end);
+        to = std::min(to, h.size);
+        if (to > from) covered += to - from;
+        end = std::max(end, to);
+      }
+    }
+    bytes += h.size - std::min(covered, h.size);
+  }
   return bytes;
 }
 

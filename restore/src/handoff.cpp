@@ -19,10 +19,14 @@ void export_to_environment(const handoff& h) {
   ::setenv(env_image, h.image.c_str(), 1);
   ::setenv(env_mode, h.how == mode::replay ? "replay" : "live", 1);
   ::setenv(env_pid, std::to_string(h.pid).c_str(), 1);
-  ::setenv(env_pool_base, std::to_string(h.pool_base).c_str(), 1);
-  ::setenv(env_pool_size, std::to_string(h.pool_size).c_str(), 1);
-  ::setenv(env_vmm_base, std::to_string(h.vmm_base).c_str(), 1);
-  ::setenv(env_vmm_window, std::to_string(h.vmm_window).c_str(), 1);
+  if (h.pool_size != 0) {
+    ::setenv(env_pool_base, std::to_string(h.pool_base).c_str(), 1);
+    ::setenv(env_pool_size, std::to_string(h.pool_size).c_str(), 1);
+  }
+  if (h.vmm_window != 0) {
+    ::setenv(env_vmm_base, std::to_string(h.vmm_base).c_str(), 1);
+    ::setenv(env_vmm_window, std::to_string(h.vmm_window).c_str(), 1);
+  }
 }
 
 std::optional<handoff> handoff_for(pid_t self) noexcept {

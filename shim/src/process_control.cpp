@@ -343,7 +343,11 @@ std::variant<control::suspend_reply, control::failure_reply> suspend_held(const 
   control::suspend_reply r;
   for (const auto& p : active_pools()) r.freed_bytes += p.pool->release_all_physical();
   r.freed_bytes += vmm_release_physical();
-  for (const auto& dev : describe_process().devices) r.devices.push_back({dev.ordinal, device_used_bytes(dev.ordinal)});
+  try {
+    for (const auto& dev : describe_process().devices) r.devices.push_back({dev.ordinal, device_used_bytes(dev.ordinal)});
+  } catch (...) {
+    // Out of memory: the reply goes without the devices' figures; the suspend itself is done.
+  }
   {
     std::lock_guard lock(g_image_mutex);
     g_suspend_image = request.image;

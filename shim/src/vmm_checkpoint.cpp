@@ -30,43 +30,54 @@ std::uint64_t release_locked(const driver_api& d, vmm_state& s) {
 
 // The driver's memory again under every token the registry holds, mapped and with its access rights. On
 // failure what was made is given back (the records stay without memory).
-status rebuild_locked(const driver_api& d, vmm_state& s) {
-  const vmm_layout l = s.registry.layout();
-  auto undo = [&] { release_locked(d, s); };
-  for (const vmm_handle& h : l.handles) {
-    CUmemAllocationProp prop = program_properties(h);
-    prop.requestedHandleTypes =
-        static_cast<CUmemAllocationHandleType>(prop.requestedHandleTypes | CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-    CUmemGenericAllocationHandle real = 0;
-    if (const CUresult e = d.cuMemCreate(&real, h.size, &prop, h.flags); e != CUDA_SUCCESS) {
-      undo();
-      return failure(e, "cannot create VMM memory for handle {} ({} bytes on device {}): CUDA error {}", hex(h.token),
-                     h.size, h.device, static_cast<int>(e));
+status rebuild_locked(const driver_api& d, vmm_state& s) noexcept {
+  auto undo = [&] {
+    try {
+      release_locked(d, s);
+    } catch (...) {
+      log::error("giving back VMM memory after a failed rebuild: out of memory");
     }
-    s.registry.replace_real(h.token, real);
+  };
+  try {
+    const vmm_layout l = s.registry.layout();
+    for (const vmm_handle& h : l.handles) {
+      CUmemAllocationProp prop = program_properties(h);
+      prop.requestedHandleTypes =
+          static_cast<CUmemAllocationHandleType>(prop.requestedHandleTypes | CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+      CUmemGenericAllocationHandle real = 0;
+      if (const CUresult e = d.cuMemCreate(&real, h.size, &prop, h.flags); e != CUDA_SUCCESS) {
+        undo();
+        return failure(e, "cannot create VMM memory for handle {} ({} bytes on device {}): CUDA error {}", hex(h.token),
+                       h.size, h.device, static_cast<int>(e));
+      }
+      s.registry.replace_real(h.token, real);
+    }
+    for (const vmm_mapping& m : l.mappings) {
+      const vmm_handle* h = s.registry.find_handle(m.token);
+      if (const CUresult e = d.cuMemMap(m.addr, m.size, m.offset, h->real, 0); e != CUDA_SUCCESS) {
+        undo();
+        return failure(e, "cannot map VMM handle {} at {}: CUDA error {}", hex(m.token), hex(m.addr), static_cast<int>(e));
+      }
+    }
+    for (const vmm_access_range& a : l.access) {
+      std::vector<CUmemAccessDesc> desc;
+      for (const vmm_access& x : a.access) {
+        CUmemAccessDesc one{};
+        one.location.type = static_cast<CUmemLocationType>(x.location_type);
+        one.location.id = x.location_id;
+        one.flags = static_cast<CUmemAccess_flags>(x.flags);
+        desc.push_back(one);
+      }
+      if (const CUresult e = d.cuMemSetAccess(a.addr, a.size, desc.data(), desc.size()); e != CUDA_SUCCESS) {
+        undo();
+        return failure(e, "cannot give access to VMM memory at {}: CUDA error {}", hex(a.addr), static_cast<int>(e));
+      }
+    }
+    return {};
+  } catch (const std::exception& e) {
+    undo();
+    return failure(CUDA_ERROR_OUT_OF_MEMORY, "rebuilding VMM memory: {}", e.what());
   }
-  for (const vmm_mapping& m : l.mappings) {
-    const vmm_handle* h = s.registry.find_handle(m.token);
-    if (const CUresult e = d.cuMemMap(m.addr, m.size, m.offset, h->real, 0); e != CUDA_SUCCESS) {
-      undo();
-      return failure(e, "cannot map VMM handle {} at {}: CUDA error {}", hex(m.token), hex(m.addr), static_cast<int>(e));
-    }
-  }
-  for (const vmm_access_range& a : l.access) {
-    std::vector<CUmemAccessDesc> desc;
-    for (const vmm_access& x : a.access) {
-      CUmemAccessDesc one{};
-      one.location.type = static_cast<CUmemLocationType>(x.location_type);
-      one.location.id = x.location_id;
-      one.flags = static_cast<CUmemAccess_flags>(x.flags);
-      desc.push_back(one);
-    }
-    if (const CUresult e = d.cuMemSetAccess(a.addr, a.size, desc.data(), desc.size()); e != CUDA_SUCCESS) {
-      undo();
-      return failure(e, "cannot give access to VMM memory at {}: CUDA error {}", hex(a.addr), static_cast<int>(e));
-    }
-  }
-  return {};
 }
 
 }  // namespace
@@ -144,6 +155,7 @@ std::string vmm_hold_contents(control::dump_begin_reply& r, std::vector<int>& fd
     control::pool_contents& p = by_window.at(window_of(s->config, m.addr));
     p.allocations.push_back({m.addr, m.size, alloc_api::cu_mem_map});
   }
+  fds.reserve(fds.size() + l.handles.size());  // no push_back below may throw with an exported fd in hand
   for (const vmm_handle& h : l.handles) {
     const vmm_handle* live = s->registry.find_handle(h.token);
     int fd = -1;
@@ -196,15 +208,16 @@ status vmm_restore_layout(const image::manifest& m) noexcept {
   if (!m.vmm || m.vmm->empty()) return {};
   const driver_api* d = driver();
   if (d == nullptr) return failure(CUDA_ERROR_NOT_INITIALIZED, "no CUDA driver");
+  std::vector<vmm_reservation> made;
+  auto undo = [&] {
+    for (const vmm_reservation& r : made) d->cuMemAddressFree(r.addr, r.size);
+  };
   try {
     vmm_state& s = vmm_state_for_recording();
     std::lock_guard lock(s.mutex);
     const vmm_layout& l = *m.vmm;
     if (!s.config_error.empty()) return failure(CUDA_ERROR_INVALID_VALUE, "restore: {}", s.config_error);
-    std::vector<vmm_reservation> made;
-    auto undo = [&] {
-      for (const vmm_reservation& r : made) d->cuMemAddressFree(r.addr, r.size);
-    };
+    made.reserve(l.reservations.size());
     for (const vmm_reservation& r : l.reservations) {
       CUdeviceptr got = 0;
       if (const CUresult e = d->cuMemAddressReserve(&got, r.size, vmm_granularity, r.addr, 0); e != CUDA_SUCCESS) {
@@ -228,6 +241,7 @@ status vmm_restore_layout(const image::manifest& m) noexcept {
     }
     return rebuild_locked(*d, s);
   } catch (const std::exception& e) {
+    undo();
     return failure(CUDA_ERROR_OUT_OF_MEMORY, "restore of VMM memory: {}", e.what());
   }
 }
@@ -240,7 +254,9 @@ struct replay_state {
   std::vector<vmm_mapping> pending;  // address order
   std::uint64_t filled_bytes = 0;
 };
-std::unique_ptr<replay_state> g_replay;  // set before the program's first VMM call; under vmm_state's mutex after
+// Set before the program's first VMM call, read under vmm_state's mutex after; never destroyed at exit
+// (threads may call at exit), deleted once every mapping is back.
+replay_state* g_replay = nullptr;
 
 // Writes [m.addr, + m.size) from the image through the real driver, in the primary context of `device`.
 status fill_mapping(const driver_api& d, const image::reader& reader, const vmm_mapping& m, int device) {
@@ -250,19 +266,39 @@ status fill_mapping(const driver_api& d, const image::reader& reader, const vmm_
   if (const CUresult e = d.cuDevicePrimaryCtxRetain(&context, dev); e != CUDA_SUCCESS)
     return failure(e, "no context on device {}", device);
   CUresult copied = d.cuCtxPushCurrent_v2(context);
+  std::string unreadable;
   if (copied == CUDA_SUCCESS) {
     std::uint64_t at = m.addr;
-    reader.read_range(m.addr, m.size, [&](const unsigned char* bytes, std::size_t n) {
-      if (copied == CUDA_SUCCESS) copied = d.cuMemcpyHtoD_v2(at, bytes, n);
-      at += n;
-    });
+    try {
+      reader.read_range(m.addr, m.size, [&](const unsigned char* bytes, std::size_t n) {
+        if (copied == CUDA_SUCCESS) copied = d.cuMemcpyHtoD_v2(at, bytes, n);
+        at += n;
+      });
+    } catch (const std::exception& e) {
+      unreadable = e.what();
+    }
     CUcontext ignored;
     d.cuCtxPopCurrent_v2(&ignored);
   }
   d.cuDevicePrimaryCtxRelease_v2(dev);
+  if (!unreadable.empty())
+    return failure(CUDA_ERROR_INVALID_VALUE, "cannot read the image's bytes for {}: {}", hex(m.addr), unreadable);
   if (copied != CUDA_SUCCESS)
     return failure(copied, "cannot write the image's bytes at {}: CUDA error {}", hex(m.addr), static_cast<int>(copied));
   return {};
+}
+
+// Every extent of the image's pools of kind vmm read and its checksum checked: a --replay restore refuses
+// a damaged image before the program starts, as the pools' upload does, rather than fill part of it.
+void verify_vmm_extents(const image::reader& reader) {
+  std::vector<unsigned char> buffer;
+  for (const image::pool& p : reader.info().pools) {
+    if (p.kind != image::pool_kind::vmm) continue;
+    for (const image::extent& e : p.extents) {
+      buffer.resize(e.stored);
+      reader.read(e, buffer.data());
+    }
+  }
 }
 
 }  // namespace
@@ -270,19 +306,20 @@ status fill_mapping(const driver_api& d, const image::reader& reader, const vmm_
 status vmm_prepare_replay(const std::string& image, const image::manifest& m) noexcept {
   if (!m.vmm || m.vmm->mappings.empty()) return {};
   try {
-    g_replay = std::make_unique<replay_state>(replay_state{image::reader::open(image), m.vmm->mappings, 0});
-    g_replay->reader.verify_manifest();
+    auto replay = std::make_unique<replay_state>(replay_state{image::reader::open(image), m.vmm->mappings, 0});
+    replay->reader.verify_manifest();
+    verify_vmm_extents(replay->reader);
     log::info("restore: replay; the bytes of {} VMM mappings come back as the program maps them again",
-              g_replay->pending.size());
+              replay->pending.size());
+    g_replay = replay.release();
     return {};
   } catch (const std::exception& e) {
-    g_replay.reset();
     return failure(CUDA_ERROR_INVALID_VALUE, "restore: {}", e.what());
   }
 }
 
 void vmm_replay_fill(vmm_state& s, std::uint64_t addr, std::uint64_t size) noexcept {
-  replay_state* r = g_replay.get();
+  replay_state* r = g_replay;
   const driver_api* d = driver();
   if (r == nullptr || d == nullptr) return;
   try {
@@ -310,7 +347,8 @@ void vmm_replay_fill(vmm_state& s, std::uint64_t addr, std::uint64_t size) noexc
     }
     if (r->pending.empty()) {
       log::info("restore: replay; every VMM mapping's bytes are back ({} bytes)", r->filled_bytes);
-      g_replay.reset();
+      g_replay = nullptr;
+      delete r;
     }
   } catch (const std::exception& e) {
     log::error("restore: replay of VMM memory at {}: {}", hex(addr), e.what());

@@ -195,3 +195,27 @@ TEST_CASE("a resume whose VMM bytes are damaged fails, the program stays suspend
   ask(program, dir.path, "finish", "done\n");
   REQUIRE(program.wait() == 0);
 }
+
+TEST_CASE("a --replay restore of damaged VMM bytes fails before the program uses any memory", "[emu][vmm]") {
+  scratch_dir dir;
+  const fs::path image = dir.path / "image";
+  {
+    background_process program({cuda_ckpt, "run", "--", vmm_program, dir.path.string()});
+    REQUIRE(program.wait_for_output("ready\n"));
+    REQUIRE(run_process({cuda_ckpt, "dump", std::to_string(program.pid()), "-o", image.string()}).exit_code == 0);
+  }
+  const auto inspected = run_json({cuda_ckpt, "inspect", image.string(), "--json"});
+  nlohmann::json last;
+  for (const auto& p : inspected.at("pools"))
+    if (p.value("kind", "pool") == "vmm") last = p.at("extents").back();
+  REQUIRE(last.is_object());
+  const std::uint32_t file = last.at("file");
+  flip_byte(image / (file == 0 ? std::string("data.bin") : "data." + std::to_string(file) + ".bin"),
+            64 + last.at("offset").get<std::uint64_t>() + 100);
+  const auto replayed =
+      run_process({cuda_ckpt, "restore", image.string(), "--replay", "--", vmm_program, dir.path.string(), "--replayed"});
+  INFO(describe(replayed));
+  CHECK(replayed.exit_code != 0);
+  CHECK_THAT(replayed.err, Catch::Contains("checksum mismatch"));
+  CHECK_THAT(replayed.out, !Catch::Contains("replayed"));
+}

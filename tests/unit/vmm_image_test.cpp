@@ -141,7 +141,7 @@ TEST_CASE("vmm registry: its layout is what a new process's registry takes back,
   r.set_access(a, 16 * MiB, std::span(&rw, 1));
   std::uint64_t again = 0;
   REQUIRE(r.retain_at(a + MiB, again) == vmm_status::ok);
-  CHECK(r.unmapped_handle_bytes() == 2 * MiB);
+  CHECK(r.unmapped_handle_bytes() == 2 * MiB + 8 * MiB);  // t3 whole, and the first half of t2
 
   const vmm_layout l = r.layout();
   CHECK(check(l, "vmm").empty());
@@ -173,4 +173,29 @@ TEST_CASE("vmm registry: its layout is what a new process's registry takes back,
   CHECK(released.size() == 1);                             // now it goes
   vmm_registry elsewhere(base + default_vmm_window * 8, default_vmm_window);
   CHECK_FALSE(elsewhere.load(l));  // other windows
+}
+
+TEST_CASE("vmm registry: the layout gives access rights over owned mappings only", "[vmm]") {
+  vmm_registry r(base, default_vmm_window);
+  std::uint64_t a = 0;
+  REQUIRE(r.reserve(0, 8 * MiB, 0, 0, a) == vmm_status::ok);
+  vmm_properties p;
+  const std::uint64_t owned = r.add_handle(1001, 4 * MiB, 0, 0, p);
+  r.add_not_owned(0x7f0000001000, vmm_not_owned_kind::host, 4 * MiB);  // a host-located handle, passed through
+  REQUIRE(r.map(a, 4 * MiB, 0, owned) == vmm_status::ok);
+  REQUIRE(r.map(a + 4 * MiB, 4 * MiB, 0, 0x7f0000001000) == vmm_status::ok);
+  const vmm_access rw{1, 0, 3};
+  r.set_access(a, 8 * MiB, std::span(&rw, 1));  // over both, in one call
+  const vmm_layout l = r.layout();
+  REQUIRE(l.access.size() == 1);
+  CHECK(l.access[0].addr == a);
+  CHECK(l.access[0].size == 4 * MiB);
+  CHECK(check(l, "vmm").empty());
+}
+
+TEST_CASE("vmm image: access rights must list each location once, in order", "[image][vmm]") {
+  CHECK_THAT(refusal([](img::manifest& m) { m.vmm->access[0].access = {{1, 1, 3}, {1, 0, 3}}; }),
+             Contains("vmm.access[0].rights[1] is out of order or repeats a location"));
+  CHECK_THAT(refusal([](img::manifest& m) { m.vmm->access[0].access = {{1, 0, 3}, {1, 0, 1}}; }),
+             Contains("vmm.access[0].rights[1] is out of order or repeats a location"));
 }

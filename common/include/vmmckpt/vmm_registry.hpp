@@ -106,7 +106,8 @@ class vmm_registry {
   std::vector<vmm_access_range> access() const;       // address order
 
   // ---- a dump, a suspend, a restore
-  // Everything owned now, as an image records it (real handles and mapping counts left out).
+  // Everything owned now, as an image records it (real handles and mapping counts left out; access rights
+  // over owned mappings only).
   vmm_layout layout() const;
   // Suspend: every owned handle's real handle, for the caller to unmap and release; the records keep
   // their tokens, mappings and access with `real` 0 until replace_real() gives them new ones.
@@ -115,7 +116,8 @@ class vmm_registry {
   // caller has made the driver's reservations; real handles come with replace_real()). False when the
   // registry is not empty or the layout's windows are not this registry's.
   bool load(const vmm_layout& l);
-  // Bytes of owned handles that no mapping shows: a dump cannot read them (they come back zeroed).
+  // Bytes of owned handles that no mapping shows (handles mapped nowhere, or only in part): a dump cannot
+  // read them (they come back zeroed).
   std::uint64_t unmapped_handle_bytes() const;
 
   std::uint64_t window_base(int device) const { return base_ + static_cast<std::uint64_t>(device) * window_; }

@@ -18,8 +18,10 @@ struct handoff {
   std::string image;  // absolute path of the image directory
   mode how = mode::live;
   pid_t pid = 0;  // the process meant: exec keeps the pid, and children that inherit the environment are not it
-  std::uint64_t pool_base = 0, pool_size = 0;  // device 0's pool base and each pool's size, as in the image
-  std::uint64_t vmm_base = 0, vmm_window = 0;  // device 0's VMM window and each window's size, as in the image
+  // Device 0's pool base and each pool's size, as in the image; 0 when it has no pool (not exported).
+  std::uint64_t pool_base = 0, pool_size = 0;
+  // Device 0's VMM window and each window's size, as in the image; 0 when it has no VMM memory (not exported).
+  std::uint64_t vmm_base = 0, vmm_window = 0;
 };
 
 // Puts the hand-off into this process's environment, for the command it is about to exec: the

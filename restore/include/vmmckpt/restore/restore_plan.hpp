@@ -6,18 +6,19 @@
 #include <string>
 
 #include "vmmckpt/image.hpp"
-#include "vmmckpt/pool_layout.hpp"
 
 namespace vmmckpt::restore {
 
 struct restore_plan {
-  std::uint64_t pool_base = default_pool_base;  // device 0's pool base of the layout the image's pools follow
-  std::uint64_t pool_size = default_pool_size;  // each device's pool size
-  int device = 0;               // the device of the first pool (the only one, for --device)
-  // The VMM windows the program's own VMM memory lay in (VMMCKPT_VMM_BASE, VMMCKPT_VMM_WINDOW); the
-  // defaults when the image has none.
-  std::uint64_t vmm_base = default_vmm_base;
-  std::uint64_t vmm_window = default_vmm_window;
+  // Device 0's pool base and each device's pool size of the layout the image's pools follow; 0 when the
+  // image has no pool (the process then keeps its own VMMCKPT_POOL_BASE and VMMCKPT_POOL_SIZE).
+  std::uint64_t pool_base = 0;
+  std::uint64_t pool_size = 0;
+  int device = 0;  // the device of the first pool (the only one, for --device)
+  // The VMM windows the program's own VMM memory lay in (VMMCKPT_VMM_BASE, VMMCKPT_VMM_WINDOW); 0 when the
+  // image has none (the process then keeps its own).
+  std::uint64_t vmm_base = 0;
+  std::uint64_t vmm_window = 0;
 };
 
 // The pool layout and VMM windows the new process must use so that every pool and VMM reservation lands
