@@ -41,7 +41,8 @@ int main(int argc, char** argv) {
   auto* run = app.add_subcommand("run", "Run a command with its device allocations served from the vmmckpt pool");
   run->footer(
       "Usage: cuda-ckpt run [--] COMMAND [ARGS...]\n"
-      "Sets LD_PRELOAD to libvmmckpt.so (found next to cuda-ckpt, or $VMMCKPT_SHIM) and executes the command.\n"
+      "Sets LD_PRELOAD to libvmmckpt.so ($VMMCKPT_SHIM, else found in ../lib, the install's library directory\n"
+      "or ../lib/<multiarch> next to cuda-ckpt's real directory) and executes the command.\n"
       "Example: cuda-ckpt run -- python train.py --epochs 3");
   run->prefix_command();  // everything after the first word belongs to the command
 

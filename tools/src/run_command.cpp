@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -25,12 +26,25 @@ void ignore_file_size_signal() {
   file_size_signal_changed = ::sigaction(SIGXFSZ, &ignore, &inherited_file_size_action) == 0;
 }
 
-std::string locate_shim() {
-  if (const char* explicit_path = std::getenv("VMMCKPT_SHIM"); explicit_path && *explicit_path) return explicit_path;
+std::vector<std::string> shim_candidates() {
+  if (const char* explicit_path = std::getenv("VMMCKPT_SHIM"); explicit_path && *explicit_path) return {explicit_path};
+  // /proc/self/exe is the real path, so a symlink to cuda-ckpt (say in ~/bin) still finds its prefix.
   std::error_code ec;
   const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
   if (ec) return {};
-  return (self.parent_path().parent_path() / "lib" / "libvmmckpt.so").string();
+  const auto bin_dir = self.parent_path();
+  std::vector<std::string> candidates;
+  for (const char* lib_dir : {"../lib", VMMCKPT_BIN_TO_LIBDIR, "../lib/" VMMCKPT_LIBRARY_ARCH}) {
+    auto path = (bin_dir / lib_dir / "libvmmckpt.so").lexically_normal().string();
+    if (std::find(candidates.begin(), candidates.end(), path) == candidates.end()) candidates.push_back(path);
+  }
+  return candidates;
+}
+
+std::string locate_shim() {
+  for (const auto& path : shim_candidates())
+    if (::access(path.c_str(), R_OK) == 0) return path;
+  return {};
 }
 
 int run_under_shim(const std::vector<std::string>& command) {
@@ -39,8 +53,10 @@ int run_under_shim(const std::vector<std::string>& command) {
     return exit_usage;
   }
   const std::string shim = locate_shim();
-  if (shim.empty() || ::access(shim.c_str(), R_OK) != 0) {
-    std::cerr << "cuda-ckpt run: cannot find the shim at '" << shim << "' (set VMMCKPT_SHIM to libvmmckpt.so)\n";
+  if (shim.empty()) {
+    std::cerr << "cuda-ckpt run: cannot find the shim libvmmckpt.so; looked at:";
+    for (const auto& path : shim_candidates()) std::cerr << " '" << path << "'";
+    std::cerr << " (set VMMCKPT_SHIM to its path)\n";
     return exit_failure;
   }
   // The shim goes first so its symbols win over any other preloaded library.

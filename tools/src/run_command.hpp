@@ -6,8 +6,12 @@
 
 namespace vmmckpt::tools {
 
-// Where libvmmckpt.so is: $VMMCKPT_SHIM, else ../lib/libvmmckpt.so next to
-// this executable (the build tree and an installed prefix share that layout).
+// The places libvmmckpt.so may be, in order: $VMMCKPT_SHIM alone when set; else, relative to this
+// executable's real directory, ../lib (the build tree, and an install with lib/), the install's own
+// library directory (lib64, ...), then ../lib/<multiarch> (Debian's layout).
+std::vector<std::string> shim_candidates();
+
+// The first readable one of shim_candidates(), or "" when none is.
 std::string locate_shim();
 
 // Ignores SIGXFSZ in this tool: under a file-size limit (ulimit -f) a write then fails with EFBIG,
