@@ -1,0 +1,67 @@
+# Bash completion for cuda-ckpt: subcommands, their options, pids of running processes and image directories.
+# Kept by hand; tests/install/install_check.sh fails when a subcommand of `cuda-ckpt --help` is missing here.
+
+_cuda_ckpt() {
+  local cur prev words cword
+  _init_completion 2>/dev/null || {
+    cur="${COMP_WORDS[COMP_CWORD]}"
+    prev="${COMP_WORDS[COMP_CWORD-1]}"
+    words=("${COMP_WORDS[@]}")
+    cword=$COMP_CWORD
+  }
+  local subcommands="run ps check dump inspect verify cat gc suspend resume restore"
+
+  # The subcommand is the first word after cuda-ckpt that is not an option.
+  local i sub=""
+  for ((i = 1; i < cword; i++)); do
+    case "${words[i]}" in
+      -*) ;;
+      *) sub="${words[i]}"; break ;;
+    esac
+  done
+
+  if [[ -z "$sub" ]]; then
+    COMPREPLY=($(compgen -W "$subcommands --help --version" -- "$cur"))
+    return
+  fi
+
+  # run and restore hand everything after "--" to the command they start.
+  for ((i = 2; i < cword; i++)); do
+    if [[ "${words[i]}" == "--" && ( "$sub" == run || "$sub" == restore ) ]]; then
+      COMPREPLY=($(compgen -c -- "$cur"))
+      return
+    fi
+  done
+
+  local options=""
+  case "$sub" in
+    run) options="--help --" ;;
+    ps) options="--help --json" ;;
+    check) options="--help --json" ;;
+    dump) options="--help -o --output --json --deadline --chunk --staging --streams --no-gpu-snapshot
+                   --allow-partial --writers" ;;
+    inspect | verify) options="--help --json" ;;
+    cat) options="--help -o --output" ;;
+    gc) options="--help --dry-run --json" ;;
+    suspend) options="--help -o --output --json --deadline --verify --allow-partial --writers" ;;
+    resume) options="--help --json" ;;
+    restore) options="--help --replay --no-verify --device --" ;;
+  esac
+
+  case "$prev" in
+    -o | --output) COMPREPLY=($(compgen -d -- "$cur")); return ;;
+    --deadline | --chunk | --staging | --streams | --writers | --device) return ;;
+  esac
+
+  if [[ "$cur" == -* ]]; then
+    COMPREPLY=($(compgen -W "$options" -- "$cur"))
+    return
+  fi
+  case "$sub" in
+    # Any pid; cuda-ckpt ps would say which run under vmmckpt, but it may be slow to ask.
+    check | dump | suspend | resume) COMPREPLY=($(compgen -W "$(ls /proc | grep -E '^[0-9]+$')" -- "$cur")) ;;
+    inspect | verify | cat | restore | gc) COMPREPLY=($(compgen -d -- "$cur")) ;;
+    run) COMPREPLY=($(compgen -c -- "$cur")) ;;
+  esac
+}
+complete -F _cuda_ckpt cuda-ckpt
