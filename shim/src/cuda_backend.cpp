@@ -1,31 +1,12 @@
 // Creates, maps and releases the physical handles under a pool.
 #include "cuda_backend.hpp"
 
+#include "context_scope.hpp"
 #include "gate.hpp"
 #include "vmmckpt/log.hpp"
 #include "real_symbols.hpp"
 
 namespace vmmckpt::detail {
-namespace {
-
-// The VMM calls need the device's context current; the caller's own current
-// context is put back afterwards.
-class context_scope {
- public:
-  context_scope(const driver_api& d, CUcontext ctx) : d_(d) { pushed_ = d_.cuCtxPushCurrent_v2(ctx) == CUDA_SUCCESS; }
-  ~context_scope() {
-    CUcontext popped;
-    if (pushed_) d_.cuCtxPopCurrent_v2(&popped);
-  }
-  context_scope(const context_scope&) = delete;
-  context_scope& operator=(const context_scope&) = delete;
-
- private:
-  const driver_api& d_;
-  bool pushed_;
-};
-
-}  // namespace
 
 CUmemAllocationProp cuda_backend::allocation_properties(CUdevice device) {
   CUmemAllocationProp prop{};

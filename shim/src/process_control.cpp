@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 
+#include "context_scope.hpp"
 #include "gate.hpp"
 #include "not_owned_memory.hpp"
 #include "pools.hpp"
@@ -76,19 +77,19 @@ control::device_description describe_device(int ordinal) {
 // processes' too: the driver counts the whole device).
 std::uint64_t device_used_bytes(int ordinal) {
   const driver_api* d = driver();
-  CUdevice device;
-  CUcontext context;
-  if (d == nullptr || d->cuDeviceGet(&device, ordinal) != CUDA_SUCCESS ||
-      d->cuDevicePrimaryCtxRetain(&context, device) != CUDA_SUCCESS)
-    return 0;
+  if (d == nullptr) return 0;
+  primary_context_scope scope(*d, ordinal);  // the pool holds its own reference
   std::size_t free_bytes = 0, total = 0;
-  if (d->cuCtxPushCurrent_v2(context) == CUDA_SUCCESS) {
-    d->cuMemGetInfo_v2(&free_bytes, &total);
-    CUcontext ignored;
-    d->cuCtxPopCurrent_v2(&ignored);
-  }
-  d->cuDevicePrimaryCtxRelease_v2(device);  // the pool holds its own reference
+  if (scope.active()) d->cuMemGetInfo_v2(&free_bytes, &total);
   return total - free_bytes;
+}
+
+// Adds device `ordinal`'s description to `devices` unless it is there already (a device with a pool and
+// program-made VMM memory is described once).
+void describe_once(std::vector<control::device_description>& devices, int ordinal) {
+  for (const auto& dev : devices)
+    if (dev.ordinal == ordinal) return;
+  devices.push_back(describe_device(ordinal));
 }
 
 // The reply's allocation table in a sealed memfd (it can no longer change), or -1 with errno set.
@@ -201,11 +202,7 @@ std::variant<control::dump_begin_reply, control::failure_reply> held_contents(do
     release("export failed");
     return control::failure_reply{control::refusal::failed, why};
   }
-  for (std::size_t i = before_vmm; i < r.pools.size(); ++i) {
-    bool listed = false;
-    for (const auto& dev : r.devices) listed = listed || dev.ordinal == r.pools[i].device;
-    if (!listed) r.devices.push_back(describe_device(r.pools[i].device));
-  }
+  for (std::size_t i = before_vmm; i < r.pools.size(); ++i) describe_once(r.devices, r.pools[i].device);
   if (r.pools.size() > before_vmm && prepared) {
     ::close(prepared->fd);  // made without the VMM pools: made again below
     prepared->fd = -1;
@@ -253,9 +250,7 @@ control::hello_reply describe_process() {
     r.pools.push_back({p.ordinal, p.pool->base(), p.pool->size(), s.live_bytes, s.live_count, s.backed_bytes});
   }
   for (control::pool_summary& v : vmm_summaries()) {
-    bool listed = false;
-    for (const auto& dev : r.devices) listed = listed || dev.ordinal == v.device;
-    if (!listed) r.devices.push_back(describe_device(v.device));
+    describe_once(r.devices, v.device);
     r.pools.push_back(v);
   }
   r.not_owned = not_owned_memory();

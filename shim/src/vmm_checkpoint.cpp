@@ -5,6 +5,7 @@
 #include <memory>
 #include <optional>
 
+#include "context_scope.hpp"
 #include "entry_points.hpp"
 #include "vmm_state.hpp"
 #include "vmmckpt/hex_text.hpp"
@@ -111,25 +112,20 @@ std::vector<control::pool_summary> vmm_summaries() {
 }
 
 void vmm_synchronize() noexcept {
+  vmm_state* s = existing_vmm_state();
   const driver_api* d = driver();
-  if (d == nullptr) return;
-  std::vector<int> devices;
+  if (s == nullptr || d == nullptr) return;
+  bool has_window[max_devices] = {};
   try {
-    for (const control::pool_summary& p : vmm_summaries()) devices.push_back(p.device);
+    std::lock_guard lock(s->mutex);
+    for (const vmm_reservation& r : s->registry.reservations()) has_window[r.device] = true;
   } catch (...) {
-    return;
+    return;  // out of memory: these devices are not waited for (the pools still are)
   }
-  for (const int ordinal : devices) {
-    CUdevice device;
-    CUcontext context;
-    if (d->cuDeviceGet(&device, ordinal) != CUDA_SUCCESS || d->cuDevicePrimaryCtxRetain(&context, device) != CUDA_SUCCESS)
-      continue;
-    if (d->cuCtxPushCurrent_v2(context) == CUDA_SUCCESS) {
-      d->cuCtxSynchronize();
-      CUcontext ignored;
-      d->cuCtxPopCurrent_v2(&ignored);
-    }
-    d->cuDevicePrimaryCtxRelease_v2(device);
+  for (int ordinal = 0; ordinal < max_devices; ++ordinal) {
+    if (!has_window[ordinal]) continue;
+    primary_context_scope scope(*d, ordinal);
+    if (scope.active()) d->cuCtxSynchronize();
   }
 }
 
@@ -260,29 +256,18 @@ replay_state* g_replay = nullptr;
 
 // Writes [m.addr, + m.size) from the image through the real driver, in the primary context of `device`.
 status fill_mapping(const driver_api& d, const image::reader& reader, const vmm_mapping& m, int device) {
-  CUdevice dev;
-  CUcontext context;
-  if (const CUresult e = d.cuDeviceGet(&dev, device); e != CUDA_SUCCESS) return failure(e, "no device {}", device);
-  if (const CUresult e = d.cuDevicePrimaryCtxRetain(&context, dev); e != CUDA_SUCCESS)
-    return failure(e, "no context on device {}", device);
-  CUresult copied = d.cuCtxPushCurrent_v2(context);
-  std::string unreadable;
-  if (copied == CUDA_SUCCESS) {
-    std::uint64_t at = m.addr;
-    try {
-      reader.read_range(m.addr, m.size, [&](const unsigned char* bytes, std::size_t n) {
-        if (copied == CUDA_SUCCESS) copied = d.cuMemcpyHtoD_v2(at, bytes, n);
-        at += n;
-      });
-    } catch (const std::exception& e) {
-      unreadable = e.what();
-    }
-    CUcontext ignored;
-    d.cuCtxPopCurrent_v2(&ignored);
+  primary_context_scope scope(d, device);
+  if (!scope.active()) return failure(CUDA_ERROR_INVALID_CONTEXT, "no context on device {}", device);
+  CUresult copied = CUDA_SUCCESS;
+  std::uint64_t at = m.addr;
+  try {
+    reader.read_range(m.addr, m.size, [&](const unsigned char* bytes, std::size_t n) {
+      if (copied == CUDA_SUCCESS) copied = d.cuMemcpyHtoD_v2(at, bytes, n);
+      at += n;
+    });
+  } catch (const std::exception& e) {
+    return failure(CUDA_ERROR_INVALID_VALUE, "cannot read the image's bytes for {}: {}", hex(m.addr), e.what());
   }
-  d.cuDevicePrimaryCtxRelease_v2(dev);
-  if (!unreadable.empty())
-    return failure(CUDA_ERROR_INVALID_VALUE, "cannot read the image's bytes for {}: {}", hex(m.addr), unreadable);
   if (copied != CUDA_SUCCESS)
     return failure(copied, "cannot write the image's bytes at {}: CUDA error {}", hex(m.addr), static_cast<int>(copied));
   return {};

@@ -29,6 +29,24 @@ nlohmann::json run_json(const std::vector<std::string>& argv) {
   return nlohmann::json::parse(r.out);
 }
 
+// Where a byte of an image's program-made VMM memory lies: the data file and offset of byte `at` of the
+// stored bytes of the first (or last) extent of its pools of kind vmm.
+struct file_byte {
+  fs::path file;
+  std::uint64_t offset = 0;
+};
+file_byte vmm_byte(const fs::path& image, bool last, std::uint64_t at) {
+  const auto inspected = run_json({cuda_ckpt, "inspect", image.string(), "--json"});
+  nlohmann::json extent;
+  for (const auto& p : inspected.at("pools"))
+    if (p.value("kind", "pool") == "vmm" && (last || extent.is_null()))
+      extent = last ? p.at("extents").back() : p.at("extents").at(0);
+  REQUIRE(extent.is_object());
+  const std::uint32_t file = extent.at("file");
+  return {image / (file == 0 ? std::string("data.bin") : "data." + std::to_string(file) + ".bin"),
+          64 + extent.at("offset").get<std::uint64_t>() + at};  // past the data file's 64-byte header
+}
+
 }  // namespace
 
 TEST_CASE("a dump holds program-made VMM memory; a new process restored from it finds its bytes, addresses and tokens",
@@ -172,22 +190,15 @@ TEST_CASE("a resume whose VMM bytes are damaged fails, the program stays suspend
   const fs::path image = dir.path / "image";
   REQUIRE(run_process({cuda_ckpt, "suspend", pid, "-o", image.string()}).exit_code == 0);
   // One byte of the first VMM mapping's stored bytes, wherever the dump put them.
-  const auto inspected = run_json({cuda_ckpt, "inspect", image.string(), "--json"});
-  nlohmann::json first;
-  for (const auto& p : inspected.at("pools"))
-    if (p.value("kind", "pool") == "vmm") first = p.at("extents").at(0);
-  REQUIRE(first.is_object());
-  const std::uint32_t file = first.at("file");
-  const fs::path data = image / (file == 0 ? std::string("data.bin") : "data." + std::to_string(file) + ".bin");
-  const std::uint64_t at = 64 + first.at("offset").get<std::uint64_t>() + 4096;
-  flip_byte(data, at);
+  const file_byte damaged = vmm_byte(image, false, 4096);
+  flip_byte(damaged.file, damaged.offset);
   const auto bad = run_process({cuda_ckpt, "resume", pid});
   INFO(describe(bad));
   REQUIRE(bad.exit_code == 1);
   CHECK_THAT(bad.err, Catch::Contains("checksum mismatch"));
   CHECK_THAT(bad.err, Catch::Contains("stays suspended"));
   REQUIRE(program.running());
-  flip_byte(data, at);  // repaired
+  flip_byte(damaged.file, damaged.offset);  // repaired
   const auto good = run_process({cuda_ckpt, "resume", pid});
   INFO(describe(good));
   REQUIRE(good.exit_code == 0);
@@ -204,14 +215,8 @@ TEST_CASE("a --replay restore of damaged VMM bytes fails before the program uses
     REQUIRE(program.wait_for_output("ready\n"));
     REQUIRE(run_process({cuda_ckpt, "dump", std::to_string(program.pid()), "-o", image.string()}).exit_code == 0);
   }
-  const auto inspected = run_json({cuda_ckpt, "inspect", image.string(), "--json"});
-  nlohmann::json last;
-  for (const auto& p : inspected.at("pools"))
-    if (p.value("kind", "pool") == "vmm") last = p.at("extents").back();
-  REQUIRE(last.is_object());
-  const std::uint32_t file = last.at("file");
-  flip_byte(image / (file == 0 ? std::string("data.bin") : "data." + std::to_string(file) + ".bin"),
-            64 + last.at("offset").get<std::uint64_t>() + 100);
+  const file_byte damaged = vmm_byte(image, true, 100);
+  flip_byte(damaged.file, damaged.offset);
   const auto replayed =
       run_process({cuda_ckpt, "restore", image.string(), "--replay", "--", vmm_program, dir.path.string(), "--replayed"});
   INFO(describe(replayed));
