@@ -17,21 +17,11 @@
 #include <filesystem>
 #include <fstream>
 
+#include "vmmckpt/ckpt/processes.hpp"
 #include "vmmckpt/fault_point.hpp"
 
 namespace vmmckpt::ckpt {
 namespace {
-
-// Root checkpointing another user's process: the socket is in that user's
-// runtime directory, found from the process's own environment.
-std::string socket_of_other_user(pid_t pid, uid_t uid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/environ", std::ios::binary);
-  std::string entry, runtime;
-  while (std::getline(in, entry, '\0'))
-    if (entry.rfind("XDG_RUNTIME_DIR=", 0) == 0) runtime = entry.substr(16);
-  const std::string dir = runtime.empty() ? "/tmp/vmmckpt-" + std::to_string(uid) : runtime + "/vmmckpt";
-  return dir + "/" + std::to_string(pid) + ".sock";
-}
 
 std::string read_small_file(const std::string& path) {
   std::ifstream in(path);
@@ -118,23 +108,63 @@ int received_fds::take(std::size_t i) {
 
 control_client::control_client(pid_t pid, clock::time_point deadline) : pid_(pid), deadline_(deadline) {
   const std::string proc = "/proc/" + std::to_string(pid);
+  const std::string who = "process " + std::to_string(pid);
   struct stat st{};
   if (pid <= 0 || ::stat(proc.c_str(), &st) != 0)
     throw tool_error("no process " + std::to_string(pid));
   if (st.st_uid != ::geteuid() && ::geteuid() != 0)
-    throw tool_error("process " + std::to_string(pid) + " belongs to another user (uid " + std::to_string(st.st_uid) +
+    throw tool_error(who + " belongs to another user (uid " + std::to_string(st.st_uid) +
                      "); only its owner or root may checkpoint it");
-  protocol::failure error;
-  const std::string path = st.st_uid == ::geteuid() ? protocol::socket_path(pid) : socket_of_other_user(pid, st.st_uid);
-  fd_ = protocol::connect_to(path, remaining_ms(), error);
-  if (fd_ < 0) {
-    if (error.kind == protocol::failure_kind::no_socket)
-      throw tool_error("process " + std::to_string(pid) +
-                       " is not running under vmmckpt (no control socket at " + path +
-                       "; start it with `cuda-ckpt run`, and note the socket appears at its first CUDA allocation)");
-    if (error.kind == protocol::failure_kind::timed_out) channel_failed(error);
-    throw tool_error("cannot reach process " + std::to_string(pid) + " at " + path + ": " + error.text);
+  if (read_small_file(proc + "/status").find("\nState:\tZ") != std::string::npos)
+    throw tool_error(who + " has exited (a zombie: its parent has not reaped it yet)");
+  // Each address in turn, until one answers as the process itself: an abstract name can be held by
+  // anyone, and a socket file can be a leftover of an earlier process with this pid.
+  std::string tried, stale_file;
+  bool nothing_listens = true;  // at every address: a server never started, rather than one out of reach
+  for (const std::string& address : control_addresses(pid)) {
+    protocol::failure error;
+    const int fd = protocol::connect_to(address, remaining_ms(), error);
+    const std::string shown = protocol::printable_address(address);
+    if (fd < 0) {
+      if (error.kind == protocol::failure_kind::timed_out) channel_failed(error);
+      if (error.kind == protocol::failure_kind::connection_refused) stale_file = address;
+      if (error.kind != protocol::failure_kind::no_socket) nothing_listens = false;
+      tried += (tried.empty() ? "" : "; ") + error.text;
+      continue;
+    }
+    uid_t server_uid = 0;
+    pid_t server_pid = 0;
+    if (protocol::peer_credentials(fd, server_uid, server_pid) && server_pid == pid && server_uid == st.st_uid) {
+      fd_ = fd;
+      return;
+    }
+    ::close(fd);
+    nothing_listens = false;
+    tried += (tried.empty() ? "" : "; ") + shown + " is served by process " + std::to_string(server_pid) +
+             " (uid " + std::to_string(server_uid) + "), not by " + who;
   }
+  std::string comm = read_small_file(proc + "/comm");
+  while (!comm.empty() && comm.back() == '\n') comm.pop_back();
+  const std::string named = who + (comm.empty() ? "" : " (" + comm + ")");
+  switch (shim_in(pid)) {
+    case shim_presence::absent:
+      throw tool_error(named + " is not running under vmmckpt: " + std::string(shim_file_name) +
+                       " is not loaded in it (start it with `cuda-ckpt run`)" +
+                       (stale_file.empty() ? ""
+                                           : "; " + stale_file + " was left by an earlier process with pid " +
+                                                 std::to_string(pid) + " (`cuda-ckpt gc` removes it)"));
+    case shim_presence::loaded:
+      if (nothing_listens)
+        throw no_control_server(named + " runs under vmmckpt (" + std::string(shim_file_name) +
+                                " is loaded) but has no control server: it starts at the program's first CUDA "
+                                "call, and a child made by fork() has none (tried " + tried + ")");
+      throw tool_error(named + " runs under vmmckpt (" + std::string(shim_file_name) +
+                       " is loaded) but its control server cannot be reached: " + tried);
+    case shim_presence::unknown:
+      break;
+  }
+  throw tool_error("cannot reach " + named + " (" + tried + "), and its /proc/" + std::to_string(pid) +
+                   "/maps cannot be read to tell whether it runs under vmmckpt");
 }
 
 control_client::~control_client() {
@@ -209,7 +239,7 @@ control::hello_reply control_client::hello(bool prepare_hold) {
   return call<control::hello_reply>(control::hello_request{prepare_hold});
 }
 
-control::dump_begin_reply control_client::dump_begin(int hold_ms, received_fds& fds) {
+control::dump_begin_reply control_client::dump_begin(int hold_ms, received_fds& fds, bool for_suspend) {
   std::vector<int> got;
   struct close_on_failure {
     std::vector<int>& fds;
@@ -222,7 +252,7 @@ control::dump_begin_reply control_client::dump_begin(int hold_ms, received_fds& 
   // waits a little longer than that for it.
   deadline_ = std::max(deadline_, clock::now() + std::chrono::milliseconds(hold_ms) + std::chrono::seconds(5));
   auto reply = call<control::dump_begin_reply>(
-      control::dump_begin_request{hold_ms, control::unix_ms_now() + hold_ms}, &got);
+      control::dump_begin_request{hold_ms, control::unix_ms_now() + hold_ms, for_suspend}, &got);
   // More descriptors than one frame carries follow in fds frames.
   while (got.size() < reply.fd_count) {
     const std::string payload = receive(&got, remaining_ms());
@@ -268,29 +298,5 @@ control::resume_reply control_client::resume() {
 }
 
 control::check_reply control_client::check() { return call<control::check_reply>(control::check_request{}); }
-
-std::vector<process_entry> list_processes() {
-  std::vector<process_entry> out;
-  std::error_code ec;
-  const std::filesystem::path dir = protocol::runtime_dir();
-  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.size() < 6 || name.substr(name.size() - 5) != ".sock" || !entry.is_socket(ec)) continue;
-    const pid_t pid = static_cast<pid_t>(std::strtol(name.c_str(), nullptr, 10));
-    if (pid <= 0) continue;
-    if (::kill(pid, 0) != 0 && errno == ESRCH) {
-      std::filesystem::remove(entry.path(), ec);  // a socket left behind by a process that is gone
-      continue;
-    }
-    try {
-      control_client client(pid, control_client::clock::now() + std::chrono::seconds(2));
-      out.push_back({pid, client.hello()});
-    } catch (const tool_error&) {
-      // Not answering (busy, exiting): leave it out of the list.
-    }
-  }
-  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.pid < b.pid; });
-  return out;
-}
 
 }  // namespace vmmckpt::ckpt

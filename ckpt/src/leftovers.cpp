@@ -9,7 +9,9 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <algorithm>
 #include <iterator>
+#include <sys/socket.h>
 
 #include "vmmckpt/ckpt/control_client.hpp"
 #include "vmmckpt/protocol.hpp"
@@ -71,53 +73,201 @@ void remove(const fs::path& path, const std::string& why, bool dry_run, leftover
     report.removed.push_back({path, why});
 }
 
+// What an entry of a suspend directory is, judged from its files and which processes live, without
+// touching it or asking any process: gc acts on it, ps lists the orphans.
+struct judgement {
+  enum kind {
+    not_an_image,     // a file, a symlink, or an image that is no suspend image
+    partial_live,     // an unfinished image whose writer is still at it
+    partial_orphan,   // an unfinished image whose writer is gone
+    withdrawn,        // a suspend image its tool withdrew
+    pending_live,     // a suspend under way (its tool lives)
+    pending_orphan,   // a suspend image whose tool died before its program took it
+    accepted_orphan,  // a suspend image whose program is gone
+    accepted_live,    // a suspend image whose program lives: it may need it (ask it)
+    unreadable,       // its claim file cannot be read
+  } what = not_an_image;
+  suspend_claim::parties parties;
+  pid_t pid = 0;  // whose it was: the writer of a partial image, else the program of a suspend image
+};
+
+judgement judge(const fs::directory_entry& entry) {
+  judgement j;
+  std::error_code ec;
+  const fs::path& path = entry.path();
+  if (!entry.is_directory(ec) || entry.is_symlink(ec)) return j;
+  const std::string name = path.filename().string();
+  if (const auto at = name.find(".partial-"); at != std::string::npos) {
+    j.pid = static_cast<pid_t>(std::strtol(name.c_str() + at + 9, nullptr, 10));
+    j.what = writer_alive(path) ? judgement::partial_live : judgement::partial_orphan;
+    return j;
+  }
+  // Suspend images carry a claim file (suspend_claim.hpp); other images are nobody's business here.
+  if (fs::exists(path / suspend_claim::cancelled)) {
+    j.what = judgement::withdrawn;
+    return j;
+  }
+  for (const char* claim : {suspend_claim::pending, suspend_claim::accepted}) {
+    if (!fs::exists(path / claim)) continue;
+    if (!suspend_claim::decode(read_file(path / claim), j.parties)) {
+      j.what = judgement::unreadable;
+      return j;
+    }
+    j.pid = j.parties.target_pid;
+    const bool pending = claim == suspend_claim::pending;
+    if (pending)
+      j.what = suspend_claim::alive(j.parties.tool_pid, j.parties.tool_start) ? judgement::pending_live
+                                                                              : judgement::pending_orphan;
+    else
+      j.what = suspend_claim::alive(j.parties.target_pid, j.parties.target_start) ? judgement::accepted_live
+                                                                                  : judgement::accepted_orphan;
+    return j;
+  }
+  return j;
+}
+
+// An image the process it belonged to can no longer use, and why; empty for anything else.
+std::string orphan_reason(const judgement& j) {
+  switch (j.what) {
+    case judgement::partial_orphan: return "an unfinished image whose writer is gone";
+    case judgement::withdrawn: return "a suspend image withdrawn by its tool";
+    case judgement::pending_orphan: return "a suspend image whose tool died before its program took it";
+    case judgement::accepted_orphan:
+      return "a suspend image whose program (" + std::to_string(j.parties.target_pid) + ") is gone";
+    default: return {};
+  }
+}
+
 void collect_in(const fs::path& dir, bool dry_run, leftovers_report& report) {
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const fs::path path = entry.path();
-    if (!entry.is_directory(ec) || entry.is_symlink(ec)) continue;
-    const std::string name = path.filename().string();
-    if (name.find(".partial-") != std::string::npos) {
-      if (!writer_alive(path)) remove(path, "an unfinished image whose writer is gone", dry_run, report);
-      continue;
-    }
-    // Suspend images carry a claim file (suspend_claim.hpp); other images are nobody's business here.
-    if (fs::exists(path / suspend_claim::cancelled)) {
-      remove(path, "a suspend image withdrawn by its tool", dry_run, report);
-      continue;
-    }
-    suspend_claim::parties parties;
-    if (fs::exists(path / suspend_claim::pending)) {
-      if (!suspend_claim::decode(read_file(path / suspend_claim::pending), parties)) {
+    judgement j = judge(entry);
+    switch (j.what) {
+      case judgement::not_an_image:
+      case judgement::partial_live:
+        break;
+      case judgement::unreadable:
         report.kept.push_back({path, "its claim file cannot be read"});
-        continue;
+        break;
+      case judgement::pending_live:
+        report.kept.push_back({path, "its suspend is under way (tool " + std::to_string(j.parties.tool_pid) + ")"});
+        break;
+      case judgement::pending_orphan:
+        // The tool died: withdraw the request, so that its program can never take it after this.
+        if (dry_run || suspend_claim::take(path.string(), suspend_claim::cancelled)) {
+          remove(path, orphan_reason(j), dry_run, report);
+          break;
+        }
+        // The program took it meanwhile: an accepted image.
+        j = judge(entry);
+        if (j.what != judgement::accepted_live && j.what != judgement::accepted_orphan) {
+          report.kept.push_back({path, "its claim changed while it was looked at"});
+          break;
+        }
+        [[fallthrough]];
+      case judgement::accepted_live:
+      case judgement::accepted_orphan: {
+        std::string why;
+        if (still_needed(path, j.parties, why))
+          report.kept.push_back({path, why});
+        else
+          remove(path, "a suspend image nobody needs: " + why, dry_run, report);
+        break;
       }
-      if (suspend_claim::alive(parties.tool_pid, parties.tool_start)) {
-        report.kept.push_back({path, "its suspend is under way (tool " + std::to_string(parties.tool_pid) + ")"});
-        continue;
-      }
-      // The tool died: withdraw the request, so that its program can never take it after this.
-      if (dry_run || suspend_claim::take(path.string(), suspend_claim::cancelled)) {
-        remove(path, "a suspend image whose tool died before its program took it", dry_run, report);
-        continue;
-      }
-      // The program took it meanwhile: an accepted image, below.
-    }
-    if (fs::exists(path / suspend_claim::accepted)) {
-      if (!suspend_claim::decode(read_file(path / suspend_claim::accepted), parties)) {
-        report.kept.push_back({path, "its claim file cannot be read"});
-        continue;
-      }
-      std::string why;
-      if (still_needed(path, parties, why))
-        report.kept.push_back({path, why});
-      else
-        remove(path, "a suspend image nobody needs: " + why, dry_run, report);
+      case judgement::partial_orphan:
+      case judgement::withdrawn:
+        remove(path, orphan_reason(j), dry_run, report);
+        break;
     }
   }
 }
 
+// Bytes the directory takes (allocated, as du counts them: what /dev/shm gives back when it goes).
+std::uint64_t bytes_in(const fs::path& dir) {
+  std::uint64_t bytes = 0;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, fs::directory_options::skip_permission_denied, ec);
+       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    struct stat st{};
+    if (::lstat(it->path().c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) bytes += static_cast<std::uint64_t>(st.st_blocks) * 512;
+  }
+  return bytes;
+}
+
+// Whether the socket file at `path` is one nobody listens at any more: its connection is refused.
+// Never anything but a socket, and never one a process answers (or may answer: busy, stopped).
+bool stale_socket(const fs::path& path, ino_t& inode) {
+  struct stat st{};
+  if (::lstat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) return false;
+  inode = st.st_ino;
+  protocol::failure error;
+  const int fd = protocol::connect_to(path.string(), 200, error);
+  if (fd >= 0) {
+    ::close(fd);
+    return false;
+  }
+  return error.kind == protocol::failure_kind::connection_refused;
+}
+
 }  // namespace
+
+std::vector<fs::path> suspend_dirs_of_all_users() {
+  std::vector<fs::path> out;
+  if (::geteuid() != 0) {
+    const fs::path mine = "/dev/shm/vmmckpt-" + std::to_string(::geteuid());
+    std::error_code ec;
+    if (fs::is_directory(fs::symlink_status(mine, ec))) out.push_back(mine);
+    return out;
+  }
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator("/dev/shm", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("vmmckpt-", 0) != 0 || name.find_first_not_of("0123456789", 8) != std::string::npos || name.size() == 8)
+      continue;
+    struct stat st{};
+    // Only a user's own directory: the uid in its name owns it.
+    if (::lstat(entry.path().c_str(), &st) == 0 && S_ISDIR(st.st_mode) &&
+        std::to_string(st.st_uid) == name.substr(8))
+      out.push_back(entry.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<orphaned_image> find_orphaned_images(const std::vector<fs::path>& dirs) {
+  std::vector<orphaned_image> out;
+  for (const auto& dir : dirs) {
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(dir, ec)) {
+      const judgement j = judge(entry);
+      std::string why = orphan_reason(j);
+      if (why.empty()) continue;
+      out.push_back({entry.path(), j.pid, bytes_in(entry.path()), std::move(why)});
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.path < b.path; });
+  return out;
+}
+
+std::string gc_command_for(const fs::path& dir) {
+  const fs::path mine = "/dev/shm/vmmckpt-" + std::to_string(::geteuid());
+  return dir == mine ? "cuda-ckpt gc" : "cuda-ckpt gc " + dir.string();
+}
+
+void remove_stale_sockets(bool dry_run, leftovers_report& report) {
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(protocol::runtime_dir(), ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.size() < 6 || name.compare(name.size() - 5, 5, ".sock") != 0) continue;
+    ino_t inode = 0;
+    if (!stale_socket(entry.path(), inode)) continue;
+    // A new process of that pid replaces the file with its own socket: leave that one be.
+    struct stat now{};
+    if (::lstat(entry.path().c_str(), &now) == 0 && S_ISSOCK(now.st_mode) && now.st_ino == inode)
+      remove(entry.path(), "the socket of a process that is gone", dry_run, report);
+  }
+}
 
 fs::path default_suspend_dir() {
   const fs::path dir = "/dev/shm/vmmckpt-" + std::to_string(::geteuid());
@@ -135,14 +285,7 @@ leftovers_report collect_leftovers(const std::vector<fs::path>& dirs, bool dry_r
     collect_in(default_suspend_dir(), dry_run, report);
   else
     for (const auto& d : dirs) collect_in(d, dry_run, report);
-  // Sockets of processes that are gone; never anything but a socket.
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(protocol::runtime_dir(), ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.size() < 6 || name.substr(name.size() - 5) != ".sock" || !entry.is_socket(ec)) continue;
-    const pid_t pid = static_cast<pid_t>(std::strtol(name.c_str(), nullptr, 10));
-    if (pid > 0 && !process_exists(pid)) remove(entry.path(), "the socket of a process that is gone", dry_run, report);
-  }
+  remove_stale_sockets(dry_run, report);
   return report;
 }
 

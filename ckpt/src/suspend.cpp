@@ -40,7 +40,7 @@ suspend_result suspend(const suspend_options& options, const progress_callback& 
   result.mark("prepared");
 
   received_fds fds;
-  auto held = s.client().dump_begin(hold_budget_ms(s, options.hold_deadline_ms), fds);
+  auto held = s.client().dump_begin(hold_budget_ms(s, options.hold_deadline_ms), fds, /*for_suspend=*/true);
   fault_point("held");
   result.mark("held");
 

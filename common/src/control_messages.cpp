@@ -28,6 +28,7 @@ Enum enum_at(const json& v, const std::string& path, const Enum (&values)[N]) {
 }
 
 constexpr process_state all_states[] = {process_state::running, process_state::suspended};
+constexpr activity all_activities[] = {activity::idle, activity::dumping, activity::suspending, activity::resuming};
 constexpr refusal all_refusals[] = {refusal::failed,       refusal::bad_request,   refusal::unknown_op,
                                     refusal::suspended,    refusal::not_suspended, refusal::not_held,
                                     refusal::not_quiesced, refusal::busy,          refusal::expired,
@@ -151,6 +152,8 @@ hello_reply decode_hello(const json& root) {
     r.pools.push_back(s);
   }
   r.not_owned = decode_not_owned(root);
+  // Optional: a process older than the field is idle as far as this tool can tell.
+  if (const json* a = optional_field(root, "activity")) r.activity = enum_at(*a, "activity", all_activities);
   return r;
 }
 
@@ -244,6 +247,16 @@ std::int64_t unix_ms_now() noexcept {
 
 std::string_view name_of(process_state s) { return s == process_state::suspended ? "suspended" : "running"; }
 
+std::string_view name_of(activity a) {
+  switch (a) {
+    case activity::idle: return "idle";
+    case activity::dumping: return "dumping";
+    case activity::suspending: return "suspending";
+    case activity::resuming: return "resuming";
+  }
+  return "idle";
+}
+
 // ---- encoding ----
 std::string encode(const request& r) {
   ojson j;
@@ -257,6 +270,7 @@ std::string encode(const request& r) {
           j["op"] = name_of(op::dump_begin);
           j["deadline_ms"] = req.deadline_ms;
           j["valid_until_ms"] = req.valid_until_ms;
+          j["purpose"] = req.for_suspend ? "suspend" : "dump";
         } else if constexpr (std::is_same_v<T, dump_end_request>) {
           j["op"] = name_of(op::dump_end);
         } else if constexpr (std::is_same_v<T, suspend_request>) {
@@ -297,6 +311,7 @@ std::string encode(const hello_reply& r) {
     j["pools"].push_back(std::move(pj));
   }
   j["not_owned"] = encode_not_owned(r.not_owned);
+  j["activity"] = name_of(r.activity);
   return dump(j);
 }
 
@@ -395,6 +410,12 @@ std::variant<request, failure_reply> decode_request(const std::string& payload) 
       dump_begin_request r;
       r.deadline_ms = int_of(root, "", "deadline_ms");
       r.valid_until_ms = i64_of(root, "", "valid_until_ms");
+      if (optional_field(root, "purpose") != nullptr) {
+        const std::string purpose = string_of(root, "", "purpose");
+        if (purpose != "dump" && purpose != "suspend")
+          throw decode_error("purpose: unknown value \"" + printable(purpose) + "\"");
+        r.for_suspend = purpose == "suspend";
+      }
       return request{r};
     }
     if (name == name_of(op::dump_end)) return request{dump_end_request{}};

@@ -133,7 +133,9 @@ bool make_address(const std::string& path, sockaddr_un& addr, socklen_t& length,
     return false;
   }
   std::memcpy(addr.sun_path, path.data(), path.size());
-  length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + path.size() + 1);
+  // An abstract name is exactly its bytes (a trailing NUL would be part of it); a path ends with one.
+  const bool abstract = path[0] == '\0';
+  length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + path.size() + (abstract ? 0 : 1));
   return true;
 }
 
@@ -258,6 +260,24 @@ std::string socket_path(pid_t pid) noexcept {
   }
 }
 
+std::string abstract_address(pid_t pid) noexcept {
+  try {
+    return std::string(1, '\0') + "vmmckpt/" + std::to_string(pid);
+  } catch (...) {
+    return {};
+  }
+}
+
+bool is_abstract(const std::string& address) noexcept { return !address.empty() && address[0] == '\0'; }
+
+std::string printable_address(const std::string& address) noexcept {
+  try {
+    return is_abstract(address) ? "@" + address.substr(1) : address;
+  } catch (...) {
+    return {};
+  }
+}
+
 bool ensure_runtime_dir(failure& error) noexcept {
   const std::string dir = runtime_dir();
   if (dir.empty()) {
@@ -317,10 +337,34 @@ bool ensure_runtime_dir(failure& error) noexcept {
   return true;
 }
 
+namespace {
+
+// An abstract name has no file: no mode to set, nothing to replace, and it goes with its socket.
+int listen_abstract(const sockaddr_un& addr, socklen_t addr_length, const std::string& name, failure& error) noexcept {
+  const std::string shown = printable_address(name);
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    int err = errno;
+    set_error(error, failure_kind::system, {"cannot create a socket: ", errno_text(err)});
+    return -1;
+  }
+  if (::bind(fd, reinterpret_cast<const sockaddr*>(&addr), addr_length) != 0 || ::listen(fd, 8) != 0) {
+    int err = errno;
+    close_fd(fd);
+    set_error(error, failure_kind::system, {"cannot listen at ", shown, ": ", errno_text(err),
+                      err == EADDRINUSE ? " (another process holds the name)" : ""});
+    return -1;
+  }
+  return fd;
+}
+
+}  // namespace
+
 int listen_at(const std::string& path, failure& error) noexcept {
   sockaddr_un addr;
   socklen_t addr_length = 0;
   if (!make_address(path, addr, addr_length, error)) return -1;
+  if (is_abstract(path)) return listen_abstract(addr, addr_length, path, error);
 
   // A socket left by an earlier process with our pid is replaced; anything else at the path
   // is not ours to delete.
@@ -403,7 +447,7 @@ int connect_to(const std::string& path, int timeout_ms, failure& error) noexcept
       if (until.passed()) {
         close_fd(fd);
         set_error(error, failure_kind::timed_out,
-                  {"timed out: ", path, " takes no connection (its process is not accepting: stopped or busy)"});
+                  {"timed out: ", printable_address(path), " takes no connection (its process is not accepting: stopped or busy)"});
         return -1;
       }
       const int wait_ms = until.forever() ? 10 : std::min(10, until.poll_ms());
@@ -411,6 +455,11 @@ int connect_to(const std::string& path, int timeout_ms, failure& error) noexcept
       continue;
     }
     close_fd(fd);
+    if (is_abstract(path) && err == ECONNREFUSED) {
+      // An abstract name nobody listens under: like a path with nothing there.
+      set_error(error, failure_kind::no_socket, {"nobody listens at ", printable_address(path)});
+      return -1;
+    }
     switch (err) {
       case ENOENT:
         set_error(error, failure_kind::no_socket, {"no such socket: ", path, " (is the process running under the shim?)"});
@@ -423,14 +472,14 @@ int connect_to(const std::string& path, int timeout_ms, failure& error) noexcept
         set_error(error, failure_kind::permission_denied, {"permission denied: ", path, " (it belongs to another user)"});
         break;
       default:
-        set_error(error, failure_kind::system, {"cannot connect to ", path, ": ", errno_text(err)});
+        set_error(error, failure_kind::system, {"cannot connect to ", printable_address(path), ": ", errno_text(err)});
         break;
     }
     return -1;
   }
 }
 
-bool peer_allowed(int fd, uid_t& peer_uid, pid_t& peer_pid) noexcept {
+bool peer_credentials(int fd, uid_t& peer_uid, pid_t& peer_pid) noexcept {
   struct ucred cred {};
   socklen_t length = sizeof cred;
   if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &length) != 0 || length != sizeof cred) {
@@ -440,7 +489,12 @@ bool peer_allowed(int fd, uid_t& peer_uid, pid_t& peer_pid) noexcept {
   }
   peer_uid = cred.uid;
   peer_pid = cred.pid;
-  return cred.uid == ::geteuid() || cred.uid == 0;
+  return true;
+}
+
+bool peer_allowed(int fd, uid_t& peer_uid, pid_t& peer_pid) noexcept {
+  if (!peer_credentials(fd, peer_uid, peer_pid)) return false;
+  return peer_uid == ::geteuid() || peer_uid == 0;
 }
 
 bool send_frame(int fd, const std::string& payload, const std::vector<int>& fds, failure& error) noexcept {

@@ -59,7 +59,8 @@ std::uint64_t start_time(pid_t pid) noexcept {
   // The command name may hold spaces and parentheses: fields count from the last ')'.
   const char* p = std::strrchr(buf, ')');
   if (p == nullptr) return 0;
-  // Field 3 (state) follows ") "; the start time is field 22.
+  // Field 3 (state) follows ") "; the start time is field 22. A zombie is gone: it never runs again.
+  if (p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X')) return 0;
   int field = 2;
   for (++p; *p != '\0' && field < 22; ++p)
     if (*p == ' ') ++field;

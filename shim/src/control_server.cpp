@@ -6,6 +6,7 @@
 // check never wait for it.
 #include "control_server.hpp"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -39,6 +40,17 @@ constexpr int max_connections = 32;                // served at once; more are a
 std::atomic<int> g_connections{0};
 // Held by the connection that holds, suspends or resumes the process.
 std::timed_mutex g_operation;
+// What the connection that holds g_operation is doing, for hello to report without waiting for it.
+std::atomic<control::activity> g_activity{control::activity::idle};
+
+// Sets g_activity for a scope: the operation's, under g_operation.
+struct activity_scope {
+  explicit activity_scope(control::activity a) { g_activity.store(a); }
+  void change(control::activity a) { g_activity.store(a); }
+  ~activity_scope() { g_activity.store(control::activity::idle); }
+  activity_scope(const activity_scope&) = delete;
+  activity_scope& operator=(const activity_scope&) = delete;
+};
 
 void close_all(std::vector<int>& fds) {
   for (int f : fds) ::close(f);
@@ -90,6 +102,7 @@ void serve_hold(int fd, const control::dump_begin_request& request) {
   }
   std::unique_lock operation(g_operation, std::defer_lock);
   if (!take_operation(fd, operation, request.valid_until_ms)) return;
+  activity_scope busy(request.for_suspend ? control::activity::suspending : control::activity::dumping);
   // The hold lasts deadline_ms from now, whatever time the request spent waiting.
   const auto deadline = clock::now() + std::chrono::milliseconds(request.deadline_ms);
   std::vector<int> fds;
@@ -136,6 +149,7 @@ void serve_hold(int fd, const control::dump_begin_request& request) {
     if (const auto* s = std::get_if<control::suspend_request>(next)) {
       // Accepted, the gate stays closed: threads that call CUDA wait until resume. (suspend_held
       // releases the program itself when it does not suspend it.)
+      busy.change(control::activity::suspending);
       const auto outcome = suspend_held(*s);
       guard.settled = true;
       std::visit([&](const auto& reply) { send(fd, control::encode(reply)); }, outcome);
@@ -155,6 +169,7 @@ void serve_hold(int fd, const control::dump_begin_request& request) {
 void serve_resume(int fd, const control::resume_request& request) {
   std::unique_lock operation(g_operation, std::defer_lock);
   if (!take_operation(fd, operation, request.valid_until_ms)) return;
+  activity_scope busy(control::activity::resuming);
   std::visit([&](const auto& reply) { send(fd, control::encode(reply)); }, resume(request));
 }
 
@@ -164,7 +179,9 @@ bool serve_request(int fd, const control::request& request) {
       [&](const auto& r) -> bool {
         using T = std::decay_t<decltype(r)>;
         if constexpr (std::is_same_v<T, control::hello_request>) {
-          if (!send(fd, control::encode(describe_process()))) return false;
+          control::hello_reply reply = describe_process();
+          reply.activity = g_activity.load();
+          if (!send(fd, control::encode(reply))) return false;
           // After the answer: the tool prepares its side meanwhile.
           if (r.prepare_hold && !is_suspended()) prepare_hold();
           return true;
@@ -218,9 +235,41 @@ void* serve_connection(void* arg) {
   return nullptr;
 }
 
-void serve(int listener) {
+// Where the server listens: its abstract name and its socket file (docs/protocol.md), either of
+// which may be missing (-1) when it could not be made.
+struct listeners {
+  int fd[2] = {-1, -1};
+};
+
+// The next connection on any listener; -1 with errno when accepting failed.
+int accept_next(const listeners& on) {
+  pollfd p[2];
+  nfds_t n = 0;
+  for (int f : on.fd)
+    if (f >= 0) p[n++] = {f, POLLIN, 0};
   for (;;) {
-    const int fd = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+    if (::poll(p, n, -1) < 0) {
+      if (errno == EINTR) continue;
+      return -1;
+    }
+    for (nfds_t i = 0; i < n; ++i) {
+      if (p[i].revents == 0) continue;
+      // Non-blocking: a client that gave up between poll and accept leaves nothing to wait for.
+      const int fd = accept4(p[i].fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd >= 0) {
+        // The transport waits with poll itself; the served connection is a blocking socket as before.
+        const int flags = ::fcntl(fd, F_GETFL);
+        if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+        return fd;
+      }
+      if (errno != EAGAIN && errno != EWOULDBLOCK) return -1;
+    }
+  }
+}
+
+void serve(const listeners& on) {
+  for (;;) {
+    const int fd = accept_next(on);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       if (errno == EMFILE || errno == ENFILE || errno == ENOMEM || errno == ENOBUFS) {
@@ -269,20 +318,34 @@ void start_control_server() noexcept {
   static std::once_flag once;
   try {
     std::call_once(once, [] {
+      // Two doors to one server: the abstract name finds the process whatever its environment; the
+      // file serves tools in another network namespace, and stays the door when someone else holds
+      // the name. Either one is enough.
+      static listeners on;
       protocol::failure error;
+      const std::string abstract = protocol::abstract_address(getpid());
+      on.fd[0] = protocol::listen_at(abstract, error);
+      if (on.fd[0] < 0) log::warn("control: {}; cuda-ckpt finds this process by its socket file only", error.text);
+      std::string path;
       if (!protocol::ensure_runtime_dir(error)) {
-        log::warn("control: no control socket ({}); cuda-ckpt cannot reach this process", error.text);
+        log::warn("control: no control socket file ({})", error.text);
+      } else {
+        path = protocol::socket_path(getpid());
+        on.fd[1] = protocol::listen_at(path, error);
+        if (on.fd[1] < 0) {
+          log::warn("control: cannot listen at {} ({})", path, error.text);
+          path.clear();
+        }
+      }
+      if (on.fd[0] < 0 && on.fd[1] < 0) {
+        log::warn("control: no control socket at all; cuda-ckpt cannot reach this process");
         return;
       }
-      const std::string path = protocol::socket_path(getpid());
-      const int listener = protocol::listen_at(path, error);
-      if (listener < 0) {
-        log::warn("control: cannot listen at {} ({}); cuda-ckpt cannot reach this process", path, error.text);
-        return;
+      if (!path.empty()) {
+        g_socket_path = path;
+        g_socket_owner = getpid();
+        std::atexit(remove_socket);
       }
-      g_socket_path = path;
-      g_socket_owner = getpid();
-      std::atexit(remove_socket);
       // The server's threads take no signals: they stay the program's. (Threads inherit the mask.)
       sigset_t all, previous;
       sigfillset(&all);
@@ -290,20 +353,22 @@ void start_control_server() noexcept {
       pthread_t thread;
       const int started = pthread_create(
           &thread, nullptr,
-          [](void* arg) -> void* {
-            serve(static_cast<int>(reinterpret_cast<std::intptr_t>(arg)));
+          [](void*) -> void* {
+            serve(on);
             return nullptr;
           },
-          reinterpret_cast<void*>(static_cast<std::intptr_t>(listener)));
+          nullptr);
       pthread_sigmask(SIG_SETMASK, &previous, nullptr);
       if (started != 0) {
         log::warn("control: cannot start the server thread ({})", started);
-        close(listener);
-        unlink(path.c_str());
+        for (int& f : on.fd)
+          if (f >= 0) close(f);
+        if (!path.empty()) unlink(path.c_str());
         return;
       }
       pthread_detach(thread);
-      log::info("control: listening at {}", path);
+      log::info("control: listening at {}{}{}", on.fd[0] >= 0 ? protocol::printable_address(abstract) : "",
+                on.fd[0] >= 0 && !path.empty() ? " and " : "", path);
     });
   } catch (...) {
     log::warn("control: cannot start the control server (out of memory); cuda-ckpt cannot reach this process");

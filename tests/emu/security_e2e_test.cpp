@@ -40,14 +40,19 @@ TEST_CASE("a client of another uid is refused by the program, and the refusal is
   const pid_t child = ::fork();
   if (child == 0) {
     if (::setgid(65534) != 0 || ::setuid(65534) != 0) _exit(3);
-    vmmckpt::protocol::failure error;
-    const int fd = vmmckpt::protocol::connect_to(path, error);
-    if (fd < 0) _exit(4);
-    vmmckpt::protocol::send_frame(fd, R"({"op":"hello"})", {}, error);
-    std::string payload;
-    std::vector<int> fds;
-    // Refused: the connection closes without an answer.
-    _exit(vmmckpt::protocol::recv_frame(fd, payload, fds, 5000, error) ? 5 : 0);
+    // Through the socket file and through the abstract name, which anyone may connect to: the
+    // connection is made, then refused, closing without an answer.
+    for (const std::string& address : {path, vmmckpt::protocol::abstract_address(program.pid())}) {
+      vmmckpt::protocol::failure error;
+      const int fd = vmmckpt::protocol::connect_to(address, error);
+      if (fd < 0) _exit(4);
+      vmmckpt::protocol::send_frame(fd, R"({"op":"hello"})", {}, error);
+      std::string payload;
+      std::vector<int> fds;
+      if (vmmckpt::protocol::recv_frame(fd, payload, fds, 5000, error)) _exit(5);
+      ::close(fd);
+    }
+    _exit(0);
   }
   int status = 0;
   ::waitpid(child, &status, 0);
@@ -60,6 +65,7 @@ TEST_CASE("a client of another uid is refused by the program, and the refusal is
   text << in.rdbuf();
   INFO(text.str());
   REQUIRE(text.str().find("refused a connection from uid 65534") != std::string::npos);
+  REQUIRE(text.str().find("refused a connection from uid 65534") != text.str().rfind("refused a connection from uid 65534"));
   // The owner still gets in.
   REQUIRE(run_process({cuda_ckpt, "check", std::to_string(program.pid())}).exit_code == 0);
 }

@@ -169,6 +169,26 @@ TEST_CASE("replies are decoded strictly, naming the field at fault", "[control]"
   REQUIRE(std::get<control::failure_reply>(refused) == control::failure_reply{control::refusal::failed, "no"});
 }
 
+TEST_CASE("hello's activity and dump_begin's purpose: optional, and refused when unknown", "[control]") {
+  json hello = json::parse(control::example_messages()[0].reply);
+  REQUIRE(hello.at("activity") == "idle");
+  hello["activity"] = "dumping";
+  REQUIRE(decode_ok<control::hello_reply>(hello.dump()).activity == control::activity::dumping);
+  hello.erase("activity");  // an older process: idle
+  REQUIRE(decode_ok<control::hello_reply>(hello.dump()).activity == control::activity::idle);
+  hello["activity"] = "napping";
+  REQUIRE_THROWS_WITH(control::decode_reply<control::hello_reply>(hello.dump()),
+                      Catch::Contains("activity: unknown value"));
+
+  auto begin = [](const std::string& payload) {
+    return std::get<control::dump_begin_request>(std::get<control::request>(control::decode_request(payload)));
+  };
+  REQUIRE(begin(control::encode(control::request{control::dump_begin_request{1000, 5, true}})).for_suspend);
+  REQUIRE_FALSE(begin(R"({"op":"dump_begin","deadline_ms":1000,"valid_until_ms":5})").for_suspend);
+  const auto bad = control::decode_request(R"({"op":"dump_begin","deadline_ms":1000,"valid_until_ms":5,"purpose":"x"})");
+  REQUIRE(std::get<control::failure_reply>(bad).code == control::refusal::bad_request);
+}
+
 TEST_CASE("docs/protocol.md describes every op and every field the code sends", "[control]") {
   const std::string doc = read_doc();
   for (const auto& ex : control::example_messages()) {

@@ -502,6 +502,35 @@ TEST_CASE("listen_at makes a 0600 socket and connect_to names each failure", "[p
   REQUIRE(error.text.find("too long") != std::string::npos);
 }
 
+TEST_CASE("an abstract address: listened at and connected to like a path, gone with its socket", "[protocol]") {
+  // Our own pid's name plus a suffix, so that a test running beside a real shim never takes its name.
+  const std::string name = proto::abstract_address(::getpid()) + "-test";
+  REQUIRE(proto::is_abstract(name));
+  REQUIRE_FALSE(proto::is_abstract("/tmp/x.sock"));
+  REQUIRE(proto::printable_address(name) == "@vmmckpt/" + std::to_string(::getpid()) + "-test");
+  REQUIRE(proto::printable_address("/tmp/x.sock") == "/tmp/x.sock");
+  proto::failure error;
+  const int listener = proto::listen_at(name, error);
+  INFO(error.text);
+  REQUIRE(listener >= 0);
+  // The name is taken while its socket lives.
+  REQUIRE(proto::listen_at(name, error) < 0);
+  REQUIRE(error.text.find("another process holds the name") != std::string::npos);
+  const int client = proto::connect_to(name, 2000, error);
+  REQUIRE(client >= 0);
+  uid_t uid = 0;
+  pid_t pid = 0;
+  REQUIRE(proto::peer_credentials(client, uid, pid));
+  REQUIRE(uid == ::geteuid());
+  REQUIRE(pid == ::getpid());
+  ::close(client);
+  ::close(listener);
+  // Nothing is left behind: nobody listens under the name any more.
+  REQUIRE(proto::connect_to(name, 2000, error) < 0);
+  REQUIRE(error.kind == proto::failure_kind::no_socket);
+  REQUIRE(error.text == "nobody listens at @vmmckpt/" + std::to_string(::getpid()) + "-test");
+}
+
 TEST_CASE("peer_allowed on a socketpair reports our own uid and pid", "[protocol]") {
   socket_pair sp;
   uid_t uid = 12345;

@@ -59,7 +59,7 @@ _cuda_ckpt() {
   fi
   case "$sub" in
     # Any pid; cuda-ckpt ps would say which run under vmmckpt, but it may be slow to ask.
-    check | dump | suspend | resume) COMPREPLY=($(compgen -W "$(ls /proc | grep -E '^[0-9]+$')" -- "$cur")) ;;
+    check | dump | suspend | resume | ps) COMPREPLY=($(compgen -W "$(ls /proc | grep -E '^[0-9]+$')" -- "$cur")) ;;
     inspect | verify | cat | restore | gc) COMPREPLY=($(compgen -d -- "$cur")) ;;
     run) COMPREPLY=($(compgen -c -- "$cur")) ;;
   esac

@@ -8,7 +8,7 @@
 
 namespace vmmckpt::tools {
 
-int ps_command(bool json);
+int ps_command(pid_t only, bool json);  // only: 0 for every process
 int check_command(pid_t pid, bool json);
 
 struct dump_command_options {

@@ -1,4 +1,8 @@
-// `cuda-ckpt ps`: the processes running under the shim, with their state and pool figures.
+// `cuda-ckpt ps`: the processes running under the shim with their state and pool figures, and the images of processes that died.
+#include <pwd.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -7,45 +11,137 @@
 #include "exit_codes.hpp"
 #include "output.hpp"
 #include "vmmckpt/ckpt/control_client.hpp"
+#include "vmmckpt/ckpt/leftovers.hpp"
+#include "vmmckpt/ckpt/processes.hpp"
 
 namespace vmmckpt::tools {
+namespace {
 
-int ps_command(bool as_json) {
-  const auto processes = ckpt::list_processes();
+std::string user_name(uid_t uid) {
+  if (const passwd* pw = ::getpwuid(uid)) return pw->pw_name;
+  return std::to_string(uid);
+}
+
+std::string joined(const std::vector<std::string>& words) {
+  std::string out;
+  for (const auto& w : words) out += (out.empty() ? "" : " ") + w;
+  return out;
+}
+
+// The same keys for every entry, so that a script reading one kind reads them all.
+nlohmann::json blank_entry(pid_t pid, const std::string& status) {
+  return {{"pid", pid},         {"command", nlohmann::json::array()}, {"state", status},
+          {"status", status},   {"devices", nlohmann::json::array()}, {"pools", nlohmann::json::array()},
+          {"not_owned", nlohmann::json::array()}};
+}
+
+nlohmann::json entry_json(const ckpt::process_entry& p) {
+  nlohmann::json entry;
+  if (p.hello) {
+    // The process's hello, as it sent it, less the reply's "ok".
+    entry = nlohmann::json::parse(control::encode(*p.hello));
+    entry.erase("ok");
+    entry["status"] = p.status;
+  } else {
+    entry = blank_entry(p.pid, p.status);
+    entry["command"] = p.command;
+    entry["problem"] = p.problem;
+  }
+  entry["uid"] = p.uid;
+  return entry;
+}
+
+nlohmann::json orphan_json(const ckpt::orphaned_image& o) {
+  nlohmann::json entry = blank_entry(o.pid, "orphaned");
+  entry["image"] = o.path.string();
+  entry["image_bytes"] = o.bytes;
+  entry["why"] = o.why;
+  entry["remove_with"] = ckpt::gc_command_for(o.path.parent_path());
+  return entry;
+}
+
+constexpr const char* row_format = "%-8s %-8s %-15s %-8s %12s %12s %12s  %s\n";
+
+void print_process(const ckpt::process_entry& p) {
+  const std::string pid = std::to_string(p.pid);
+  if (!p.hello) {
+    std::printf(row_format, pid.c_str(), user_name(p.uid).c_str(), p.status.c_str(), "-", "-", "-", "-",
+                joined(p.command).c_str());
+    std::printf("%-8s %s\n", "", p.problem.c_str());
+    return;
+  }
+  const control::hello_reply& h = *p.hello;
+  std::uint64_t live = 0, backed = 0, not_owned = 0;
+  std::string devices;
+  for (const auto& d : h.devices) devices += (devices.empty() ? "" : ",") + std::to_string(d.ordinal);
+  for (const auto& pool : h.pools) {
+    live += pool.live_bytes;
+    backed += pool.backed_bytes;
+  }
+  for (const auto& m : h.not_owned) not_owned += m.bytes;
+  std::printf(row_format, pid.c_str(), user_name(p.uid).c_str(), p.status.c_str(),
+              devices.empty() ? "-" : devices.c_str(), human_bytes(live).c_str(), human_bytes(backed).c_str(),
+              human_bytes(not_owned).c_str(), joined(h.command).c_str());
+  if (!h.not_owned.empty()) std::printf("%-8s not owned: %s\n", "", kinds_and_sizes(h.not_owned).c_str());
+  if (h.state == control::process_state::suspended) std::printf("%-8s image %s\n", "", h.image.c_str());
+}
+
+void print_orphan(const ckpt::orphaned_image& o) {
+  struct stat st{};
+  const uid_t owner = ::stat(o.path.c_str(), &st) == 0 ? st.st_uid : ::geteuid();
+  std::printf(row_format, o.pid > 0 ? std::to_string(o.pid).c_str() : "-", user_name(owner).c_str(), "orphaned", "-",
+              "-", "-", "-", "-");
+  std::printf("%-8s image %s (%s): %s; `%s` removes it\n", "", o.path.c_str(), human_bytes(o.bytes).c_str(),
+              o.why.c_str(), ckpt::gc_command_for(o.path.parent_path()).c_str());
+}
+
+}  // namespace
+
+int ps_command(pid_t only, bool as_json) {
+  // Sockets nobody listens at any more go first (only sockets: gc's rule).
+  ckpt::leftovers_report swept;
+  ckpt::remove_stale_sockets(false, swept);
+  std::vector<ckpt::orphaned_image> orphans;
+  for (auto& o : ckpt::find_orphaned_images(ckpt::suspend_dirs_of_all_users()))
+    if (only == 0 || o.pid == only) orphans.push_back(std::move(o));
+  std::vector<ckpt::process_entry> processes;
+  try {
+    processes = ckpt::list_processes(only);
+  } catch (const ckpt::tool_error&) {
+    // `ps PID` of a process that died: its orphaned images are the answer.
+    if (orphans.empty()) throw;
+  }
   if (as_json) {
     nlohmann::json out = nlohmann::json::array();
-    for (const auto& p : processes) {
-      // Each process's hello, as it sent it, less the reply's "ok".
-      nlohmann::json entry = nlohmann::json::parse(control::encode(p.hello));
-      entry.erase("ok");
-      out.push_back(entry);
-    }
+    for (const auto& p : processes) out.push_back(entry_json(p));
+    for (const auto& o : orphans) out.push_back(orphan_json(o));
     std::cout << out.dump(2) << "\n";
+    return exit_ok;
+  }
+  if (processes.empty() && orphans.empty()) {
+    std::printf("no process under vmmckpt (looked at %s) and no orphaned image in %s\n",
+                ckpt::where_processes_are_looked_for().c_str(),
+                ::geteuid() == 0 ? "/dev/shm/vmmckpt-*" : ("/dev/shm/vmmckpt-" + std::to_string(::geteuid())).c_str());
     return exit_ok;
   }
   // LIVE: the pools' live bytes and the program's own VMM mappings, which vmmckpt owns; NOT OWNED: device
   // memory no image would hold.
-  std::printf("%-8s %-9s %-8s %12s %12s %12s  %s\n", "PID", "STATE", "DEVICES", "LIVE", "RESERVED", "NOT OWNED",
-              "COMMAND");
+  std::printf(row_format, "PID", "USER", "STATE", "DEVICES", "LIVE", "RESERVED", "NOT OWNED", "COMMAND");
+  std::size_t without_server = 0;
+  std::string without_server_pids;
   for (const auto& p : processes) {
-    std::uint64_t live = 0, backed = 0;
-    std::string devices;
-    for (const auto& d : p.hello.devices) devices += (devices.empty() ? "" : ",") + std::to_string(d.ordinal);
-    for (const auto& pool : p.hello.pools) {
-      live += pool.live_bytes;
-      backed += pool.backed_bytes;
+    // The shim's children that never made a CUDA call (a shell, a fork): listed only when asked for.
+    if (only == 0 && p.status == "no control server") {
+      ++without_server;
+      without_server_pids += (without_server_pids.empty() ? "" : " ") + std::to_string(p.pid);
+      continue;
     }
-    std::string command;
-    for (const auto& arg : p.hello.command) command += (command.empty() ? "" : " ") + arg;
-    std::uint64_t not_owned = 0;
-    for (const auto& m : p.hello.not_owned) not_owned += m.bytes;
-    std::printf("%-8d %-9s %-8s %12s %12s %12s  %s\n", static_cast<int>(p.pid),
-                std::string(control::name_of(p.hello.state)).c_str(), devices.empty() ? "-" : devices.c_str(),
-                human_bytes(live).c_str(), human_bytes(backed).c_str(), human_bytes(not_owned).c_str(), command.c_str());
-    if (!p.hello.not_owned.empty())
-      std::printf("%-8s not owned: %s\n", "", kinds_and_sizes(p.hello.not_owned).c_str());
-    if (p.hello.state == control::process_state::suspended) std::printf("%-8s image %s\n", "", p.hello.image.c_str());
+    print_process(p);
   }
+  for (const auto& o : orphans) print_orphan(o);
+  if (without_server > 0)
+    std::printf("%zu more with %s loaded but no control server (no CUDA call yet, or a fork() child): %s\n",
+                without_server, std::string(ckpt::shim_file_name).c_str(), without_server_pids.c_str());
   return exit_ok;
 }
 

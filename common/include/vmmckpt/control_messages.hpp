@@ -46,6 +46,11 @@ std::int64_t unix_ms_now() noexcept;
 enum class process_state { running, suspended };
 std::string_view name_of(process_state s);
 
+// What the control server is doing for a tool right now, so that `cuda-ckpt ps` can show it: held
+// for a dump, suspending (held for a suspend, or freeing memory), or resuming.
+enum class activity { idle, dumping, suspending, resuming };
+std::string_view name_of(activity a);
+
 struct device_description {
   int ordinal = 0;
   std::string name;  // empty when the driver did not say
@@ -84,6 +89,7 @@ struct hello_request {
 struct dump_begin_request {
   int deadline_ms = 60'000;  // the longest the program may be held (1 to 3 600 000)
   std::int64_t valid_until_ms = 0;
+  bool for_suspend = false;  // "purpose" on the wire: what the program reports while held (optional; dump)
   friend bool operator==(const dump_begin_request&, const dump_begin_request&) = default;
 };
 struct dump_end_request {
@@ -124,6 +130,7 @@ struct hello_reply {
   std::vector<device_description> devices;
   std::vector<pool_summary> pools;
   std::vector<not_owned_memory> not_owned;  // as the process counts it now (empty when absent)
+  control::activity activity = activity::idle;  // idle when absent (an older process)
   friend bool operator==(const hello_reply&, const hello_reply&) = default;
 };
 

@@ -45,6 +45,17 @@ struct failure {
 std::string runtime_dir() noexcept;
 std::string socket_path(pid_t pid) noexcept;  // runtime_dir() + "/<pid>.sock"
 
+// The abstract socket name of pid's control server: "\0vmmckpt/<pid>" (shown as @vmmckpt/<pid>). It
+// names the process whatever its environment (XDG_RUNTIME_DIR under sudo, ssh, systemd or Slurm) and
+// vanishes with it, so it is never stale. Anyone may connect to an abstract name: the server's peer
+// check is what refuses others, and a client checks with peer_credentials that the server is the
+// process it asked for (someone else could have bound the name first). listen_at and connect_to
+// take it like a path. Empty only when memory ran out.
+std::string abstract_address(pid_t pid) noexcept;
+bool is_abstract(const std::string& address) noexcept;
+// A socket address as people read it: "@name" for an abstract one, else the path.
+std::string printable_address(const std::string& address) noexcept;
+
 // Creates runtime_dir() with mode 0700 if needed and checks it is a directory
 // owned by us with no access for others (refuses it otherwise: a directory
 // others can write could hold a planted socket). A directory of ours that is
@@ -52,10 +63,12 @@ std::string socket_path(pid_t pid) noexcept;  // runtime_dir() + "/<pid>.sock"
 bool ensure_runtime_dir(failure& error) noexcept;
 
 // A listening socket at path, mode 0600 (an old socket file there is replaced;
-// anything else there is refused). Close-on-exec. -1 with error on failure.
+// anything else there is refused), or at an abstract address (taken: system, "address in use").
+// Close-on-exec. -1 with error on failure.
 int listen_at(const std::string& path, failure& error) noexcept;
-// Connects to path; -1 with error on failure: no_socket (nothing there),
-// connection_refused (a stale socket: its process is gone), permission_denied, or system.
+// Connects to path; -1 with error on failure: no_socket (nothing there; for an abstract address:
+// nobody listens under that name), connection_refused (a stale socket: its process is gone),
+// permission_denied, or system.
 int connect_to(const std::string& path, failure& error) noexcept;
 // The same within timeout_ms (< 0: forever); timed_out when the process takes no connection by then.
 // The socket returned is non-blocking (send_frame and recv_frame wait with poll).
@@ -64,6 +77,9 @@ int connect_to(const std::string& path, int timeout_ms, failure& error) noexcept
 // The peer's credentials; allowed when it is the same user or root.
 // False (uid -1, pid -1) when they cannot be read.
 bool peer_allowed(int fd, uid_t& peer_uid, pid_t& peer_pid) noexcept;
+// The peer's credentials as the kernel recorded them (a server's: when it called listen), in our pid
+// namespace. False when they cannot be read.
+bool peer_credentials(int fd, uid_t& peer_uid, pid_t& peer_pid) noexcept;
 
 // One frame: header (magic, version, payload length, fd count), JSON payload,
 // and up to max_fds_per_message descriptors riding along (SCM_RIGHTS).

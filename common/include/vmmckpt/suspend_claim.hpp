@@ -36,7 +36,7 @@ bool decode(const std::string& text, parties& out) noexcept;
 // else had already renamed it (or it is not there).
 bool take(const std::string& image, const char* to) noexcept;
 
-// A process's start time in clock ticks since boot (/proc/PID/stat), or 0 when it is gone.
+// A process's start time in clock ticks since boot (/proc/PID/stat), or 0 when it is gone (a zombie too).
 std::uint64_t start_time(pid_t pid) noexcept;
 // The process runs and is the one that started at `start`.
 bool alive(pid_t pid, std::uint64_t start) noexcept;

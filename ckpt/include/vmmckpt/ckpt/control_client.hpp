@@ -30,6 +30,12 @@ struct control_error : tool_error {
   control::refusal refusal = control::refusal::failed;
 };
 
+// The shim is loaded in the process but no control server listens for it: it has made no CUDA call
+// yet, or it is a child made by fork() (the server is its parent's).
+struct no_control_server : tool_error {
+  using tool_error::tool_error;
+};
+
 // dump or suspend refused because the program has device memory vmmckpt does not own, which the
 // image would lack, and a partial image was not allowed. Nothing was written and the program goes
 // on. The command line words the advice (its --allow-partial) and the sizes.
@@ -63,8 +69,10 @@ class control_client {
  public:
   using clock = std::chrono::steady_clock;
 
-  // Connects to pid's control socket by `deadline`, checking first that the process exists, is
-  // ours, and runs under the shim. Throws tool_error naming the reason.
+  // Connects to pid's control server by `deadline` (processes.hpp: control_addresses), checking first
+  // that the process exists and is ours (or we are root), and then that the server is that process.
+  // Throws tool_error naming the reason: not under vmmckpt (the shim is not loaded in it), or under
+  // it but unreachable (each address tried and why); control_error when it does not answer in time.
   explicit control_client(pid_t pid, clock::time_point deadline = clock::now() + std::chrono::seconds(30));
   ~control_client();
   control_client(const control_client&) = delete;
@@ -81,7 +89,8 @@ class control_client {
   // With prepare_hold, the program lists its allocations for the dump_begin that follows.
   control::hello_reply hello(bool prepare_hold = false);
   // Holds the program for at most hold_ms; its pool memory arrives as one descriptor per segment.
-  control::dump_begin_reply dump_begin(int hold_ms, received_fds& fds);
+  // for_suspend: the program says "suspending" rather than "dumping" to ps meanwhile.
+  control::dump_begin_reply dump_begin(int hold_ms, received_fds& fds, bool for_suspend = false);
   control::dump_end_reply dump_end();
   control::suspend_reply suspend(const std::string& image, const std::string& image_id);
   control::resume_reply resume();
@@ -99,14 +108,5 @@ class control_client {
   clock::time_point start_ = clock::now();
   int fd_ = -1;
 };
-
-struct process_entry {
-  pid_t pid = 0;
-  control::hello_reply hello;
-};
-
-// Every process of ours that runs under the shim. Sockets left by processes
-// that are gone are removed.
-std::vector<process_entry> list_processes();
 
 }  // namespace vmmckpt::ckpt

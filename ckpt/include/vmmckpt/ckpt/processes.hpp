@@ -1,0 +1,58 @@
+// Finding the processes under the shim, whatever their environment, and what `cuda-ckpt ps` says of each.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "vmmckpt/control_messages.hpp"
+
+namespace vmmckpt::ckpt {
+
+// The shim's file name as /proc/PID/maps shows it: `cuda-ckpt run` preloads it under this name.
+inline constexpr std::string_view shim_file_name = "libvmmckpt.so";
+
+// Whether the shim is mapped in a process: unknown when its maps cannot be read (another user's
+// process and we are not root, or it is gone).
+enum class shim_presence { loaded, absent, unknown };
+shim_presence shim_in(pid_t pid);
+
+// Where pid's control server may listen, in the order to try: its abstract name, then its socket file
+// in the runtime directory its own environment names (XDG_RUNTIME_DIR, else /tmp/vmmckpt-UID), then
+// in ours. Duplicates left out.
+std::vector<std::string> control_addresses(pid_t pid);
+
+// The process's command line from /proc (empty when it cannot be read).
+std::vector<std::string> command_line_of(pid_t pid);
+
+// One process of `cuda-ckpt ps`.
+struct process_entry {
+  pid_t pid = 0;
+  uid_t uid = 0;
+  // running, dumping, suspending, suspended, resuming (what it said), or, when it did not answer:
+  // "not responding" (it took no connection or sent no answer in time), "no control server" (the shim
+  // is loaded but has no server: no CUDA call yet, or a fork() child) or "unreachable".
+  std::string status;
+  std::optional<control::hello_reply> hello;  // when it answered
+  std::string problem;                         // why it did not answer
+  std::vector<std::string> command;            // its hello's, else from /proc
+};
+
+// The ps state of a process that answered: what it is busy with, else suspended or running.
+std::string status_of(const control::hello_reply& hello);
+
+// Every process under the shim this user may see (root: everyone's), found by the shim in
+// /proc/*/maps, by the abstract names in /proc/net/unix and by the sockets in our runtime directory, asked all at once and each given `wait`
+// to answer; ascending by pid. With `only`, that process alone: a tool_error says why when it is
+// not under vmmckpt.
+std::vector<process_entry> list_processes(pid_t only = 0,
+                                          std::chrono::milliseconds wait = std::chrono::milliseconds(1000));
+
+// Where list_processes looks, in words, for a message when it found nothing.
+std::string where_processes_are_looked_for();
+
+}  // namespace vmmckpt::ckpt

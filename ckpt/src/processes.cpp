@@ -1,0 +1,206 @@
+// Finding the processes under the shim (their maps, their control addresses) and asking them all at once for `cuda-ckpt ps`.
+#include "vmmckpt/ckpt/processes.hpp"
+
+#include <dirent.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <set>
+
+#include "vmmckpt/ckpt/control_client.hpp"
+#include "vmmckpt/protocol.hpp"
+
+namespace vmmckpt::ckpt {
+namespace {
+
+std::string proc_dir(pid_t pid) { return "/proc/" + std::to_string(pid); }
+
+bool process_exists(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
+
+// The value of `name` in the environment the process started with; nullopt when unset or unreadable.
+std::optional<std::string> environment_value(pid_t pid, std::string_view name) {
+  std::ifstream in(proc_dir(pid) + "/environ", std::ios::binary);
+  std::string entry;
+  std::optional<std::string> value;
+  while (std::getline(in, entry, '\0'))
+    if (entry.size() > name.size() && entry.compare(0, name.size(), name) == 0 && entry[name.size()] == '=')
+      value = entry.substr(name.size() + 1);
+  return value;
+}
+
+// Numeric entries of /proc: every process we can see.
+std::vector<pid_t> all_pids() {
+  std::vector<pid_t> out;
+  DIR* d = ::opendir("/proc");
+  if (d == nullptr) return out;
+  while (const dirent* e = ::readdir(d)) {
+    char* end = nullptr;
+    const long pid = std::strtol(e->d_name, &end, 10);
+    if (pid > 0 && end != nullptr && *end == '\0') out.push_back(static_cast<pid_t>(pid));
+  }
+  ::closedir(d);
+  return out;
+}
+
+// Pids of the control socket files in our runtime directory: processes whose maps we may not read
+// (made non-dumpable) are still found through them.
+std::vector<pid_t> pids_of_our_sockets() {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(protocol::runtime_dir(), ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.size() < 6 || name.compare(name.size() - 5, 5, ".sock") != 0) continue;
+    char* end = nullptr;
+    const long pid = std::strtol(name.c_str(), &end, 10);
+    if (pid > 0 && end == name.c_str() + name.size() - 5) out.push_back(static_cast<pid_t>(pid));
+  }
+  return out;
+}
+
+// Pids whose abstract name is bound in our network namespace (/proc/net/unix lists them as
+// "@vmmckpt/PID"): processes whose maps we may not read are still found this way. Whoever holds a
+// name is checked when connecting.
+std::vector<pid_t> pids_of_abstract_names() {
+  std::vector<pid_t> out;
+  std::ifstream in("/proc/net/unix");
+  std::string line;
+  const std::string prefix = protocol::printable_address(protocol::abstract_address(0));  // "@vmmckpt/0"
+  const std::string stem = prefix.substr(0, prefix.size() - 1);
+  while (std::getline(in, line)) {
+    const auto at = line.rfind(' ');
+    if (at == std::string::npos || line.compare(at + 1, stem.size(), stem) != 0) continue;
+    char* end = nullptr;
+    const long pid = std::strtol(line.c_str() + at + 1 + stem.size(), &end, 10);
+    if (pid > 0 && end != nullptr && *end == '\0') out.push_back(static_cast<pid_t>(pid));
+  }
+  return out;
+}
+
+uid_t owner_of(pid_t pid) {
+  struct stat st{};
+  return ::stat(proc_dir(pid).c_str(), &st) == 0 ? st.st_uid : static_cast<uid_t>(-1);
+}
+
+process_entry ask(pid_t pid, control_client::clock::time_point deadline) {
+  process_entry e;
+  e.pid = pid;
+  e.uid = owner_of(pid);
+  try {
+    control_client client(pid, deadline);
+    control::hello_reply hello = client.hello();
+    e.status = status_of(hello);
+    e.command = hello.command;
+    e.hello = std::move(hello);
+  } catch (const control_error& err) {
+    // Took no connection or sent no answer in time (stopped, frozen, or swamped), or turned the
+    // connection away as busy: it is there, just not answering.
+    const bool silent = err.channel == protocol::failure_kind::timed_out ||
+                        (err.refused && err.refusal == control::refusal::busy);
+    e.status = silent ? "not responding" : "unreachable";
+    e.problem = err.what();
+  } catch (const no_control_server& err) {
+    e.status = "no control server";
+    e.problem = err.what();
+  } catch (const tool_error& err) {
+    e.status = "unreachable";
+    e.problem = err.what();
+  }
+  if (!e.hello) e.command = command_line_of(pid);
+  return e;
+}
+
+}  // namespace
+
+shim_presence shim_in(pid_t pid) {
+  std::ifstream in(proc_dir(pid) + "/maps");
+  if (!in) return shim_presence::unknown;
+  std::string line;
+  bool read_any = false;
+  while (std::getline(in, line)) {
+    read_any = true;
+    // The file's path is the last field; a replaced file reads "NAME (deleted)".
+    const auto slash = line.rfind('/');
+    if (slash != std::string::npos && line.compare(slash + 1, shim_file_name.size(), shim_file_name) == 0)
+      return shim_presence::loaded;
+  }
+  // Permission is checked when reading: another user's maps open but read nothing.
+  return read_any ? shim_presence::absent : shim_presence::unknown;
+}
+
+std::vector<std::string> control_addresses(pid_t pid) {
+  std::vector<std::string> out{protocol::abstract_address(pid)};
+  const std::string file = std::to_string(pid) + ".sock";
+  const auto xdg = environment_value(pid, "XDG_RUNTIME_DIR");
+  if (xdg && !xdg->empty()) {
+    std::string dir = *xdg;
+    while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+    out.push_back((dir == "/" ? dir : dir + "/") + "vmmckpt/" + file);
+  } else if (const uid_t uid = owner_of(pid); uid != static_cast<uid_t>(-1)) {
+    out.push_back("/tmp/vmmckpt-" + std::to_string(uid) + "/" + file);
+  }
+  if (owner_of(pid) == ::geteuid()) out.push_back(protocol::socket_path(pid));
+  std::vector<std::string> unique;
+  for (auto& a : out)
+    if (std::find(unique.begin(), unique.end(), a) == unique.end()) unique.push_back(std::move(a));
+  return unique;
+}
+
+std::vector<std::string> command_line_of(pid_t pid) {
+  std::ifstream in(proc_dir(pid) + "/cmdline", std::ios::binary);
+  std::vector<std::string> out;
+  std::string arg;
+  while (std::getline(in, arg, '\0')) out.push_back(arg);
+  return out;
+}
+
+std::string status_of(const control::hello_reply& hello) {
+  if (hello.activity != control::activity::idle) return std::string(control::name_of(hello.activity));
+  return std::string(control::name_of(hello.state));
+}
+
+std::vector<process_entry> list_processes(pid_t only, std::chrono::milliseconds wait) {
+  std::set<pid_t> candidates;
+  if (only != 0) {
+    candidates.insert(only);
+  } else {
+    for (pid_t pid : all_pids())
+      if (shim_in(pid) == shim_presence::loaded) candidates.insert(pid);
+    for (pid_t pid : pids_of_abstract_names())
+      if (process_exists(pid)) candidates.insert(pid);
+    for (pid_t pid : pids_of_our_sockets())
+      if (process_exists(pid)) candidates.insert(pid);
+  }
+  // All at once, so that the list takes `wait` however many do not answer.
+  const auto deadline = control_client::clock::now() + wait;
+  std::vector<std::future<process_entry>> asked;
+  for (pid_t pid : candidates) asked.push_back(std::async(std::launch::async, ask, pid, deadline));
+  std::vector<process_entry> out;
+  for (auto& f : asked) {
+    process_entry e = f.get();
+    if (!e.hello) {
+      const shim_presence presence = shim_in(e.pid);
+      if (only != 0 && presence != shim_presence::loaded) throw tool_error(e.problem);
+      // Gone meanwhile, or a socket file left by an earlier process of that pid, or a name someone
+      // else holds: not one of ours.
+      if (!process_exists(e.pid) || presence == shim_presence::absent) continue;
+    }
+    out.push_back(std::move(e));
+  }
+  return out;  // std::set kept them ascending
+}
+
+std::string where_processes_are_looked_for() {
+  return std::string("/proc/*/maps for ") + std::string(shim_file_name) + " (" +
+         (::geteuid() == 0 ? "every user's processes" : "this user's processes") +
+         "), at the control sockets @vmmckpt/PID in /proc/net/unix and at the socket files in " +
+         protocol::runtime_dir();
+}
+
+}  // namespace vmmckpt::ckpt

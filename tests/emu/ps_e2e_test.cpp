@@ -1,0 +1,263 @@
+// cuda-ckpt ps: processes found whatever their environment or owner, busy ones shown with their state,
+// orphaned images shown with the command that removes them, and nothing but stale sockets removed.
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <thread>
+
+#include "e2e_support.hpp"
+#include "vmmckpt/protocol.hpp"
+
+using namespace vmmckpt::test;
+
+namespace {
+
+using steady = std::chrono::steady_clock;
+
+// ps's entry for pid (nullopt when not listed), and how long ps took.
+std::optional<nlohmann::json> ps_entry(pid_t pid, double* seconds = nullptr) {
+  const auto start = steady::now();
+  const auto ps = run_process({cuda_ckpt, "ps", "--json"});
+  if (seconds != nullptr) *seconds = std::chrono::duration<double>(steady::now() - start).count();
+  INFO(describe(ps));
+  REQUIRE(ps.exit_code == 0);
+  for (const auto& p : nlohmann::json::parse(ps.out))
+    if (p.at("pid").get<pid_t>() == pid && p.at("status") != "orphaned") return p;
+  return std::nullopt;
+}
+
+// A socket file at path that nobody listens at: what a killed process leaves.
+void make_stale_socket(const std::string& path) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  REQUIRE(path.size() < sizeof addr.sun_path);
+  std::memcpy(addr.sun_path, path.c_str(), path.size());
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  ::close(fd);
+}
+
+// The pid of a process that has just ended.
+pid_t dead_pid() {
+  const pid_t child = ::fork();
+  if (child == 0) _exit(0);
+  ::waitpid(child, nullptr, 0);
+  return child;
+}
+
+}  // namespace
+
+TEST_CASE("ps: a process with another XDG_RUNTIME_DIR is found, listed alone by ps PID, and dumped", "[emu][ps]") {
+  scratch_dir dir;
+  const fs::path xdg = dir.path / "xdg";  // as sudo, ssh, systemd or a Slurm job would set it
+  fs::create_directory(xdg);
+  fs::permissions(xdg, fs::perms::owner_all, fs::perm_options::replace);
+  background_process program({cuda_ckpt, "run", "--", writer_program, "--seconds", "120"},
+                             {{"XDG_RUNTIME_DIR", xdg.string()}});
+  REQUIRE(program.wait_for_output("ready\n"));
+  const std::string pid = std::to_string(program.pid());
+  // Its socket file is where its own environment says, not in ours.
+  REQUIRE(fs::exists(fs::symlink_status(xdg / "vmmckpt" / (pid + ".sock"))));
+  REQUIRE_FALSE(fs::exists(fs::symlink_status(vmmckpt::protocol::socket_path(program.pid()))));
+
+  const auto entry = ps_entry(program.pid());
+  REQUIRE(entry.has_value());
+  REQUIRE(entry->at("status") == "running");
+  REQUIRE(entry->at("state") == "running");
+  REQUIRE(entry->at("uid").get<uid_t>() == ::geteuid());
+
+  const auto alone = run_process({cuda_ckpt, "ps", pid, "--json"});
+  INFO(describe(alone));
+  REQUIRE(alone.exit_code == 0);
+  const auto list = nlohmann::json::parse(alone.out);
+  REQUIRE(list.size() == 1);
+  REQUIRE(list.at(0).at("pid").get<pid_t>() == program.pid());
+  const auto human = run_process({cuda_ckpt, "ps", pid});
+  REQUIRE(human.exit_code == 0);
+  REQUIRE(human.out.find("running") != std::string::npos);
+
+  // Without its socket file the abstract name still finds it.
+  fs::remove(xdg / "vmmckpt" / (pid + ".sock"));
+  const fs::path out = dir.path / "image";
+  const auto dumped = run_process({cuda_ckpt, "dump", pid, "-o", out.string()});
+  INFO(describe(dumped));
+  REQUIRE(dumped.exit_code == 0);
+  require_untorn(out);
+  REQUIRE(program.running());
+}
+
+TEST_CASE("ps PID and dump of a process not under vmmckpt say so, and name a socket left by an earlier pid",
+          "[emu][ps]") {
+  background_process plain({"sleep", "60"});
+  const std::string pid = std::to_string(plain.pid());
+  vmmckpt::protocol::failure error;
+  REQUIRE(vmmckpt::protocol::ensure_runtime_dir(error));
+  // As if an earlier process of this pid ran under vmmckpt and was killed.
+  const std::string stale = vmmckpt::protocol::socket_path(plain.pid());
+  make_stale_socket(stale);
+  const auto r = run_process({cuda_ckpt, "dump", pid, "-o", "/nonexistent/image"});
+  INFO(describe(r));
+  REQUIRE(r.exit_code == 1);
+  REQUIRE(r.err.find("is not running under vmmckpt: libvmmckpt.so is not loaded in it") != std::string::npos);
+  REQUIRE(r.err.find("(sleep)") != std::string::npos);
+  // Another test's ps may have removed the stale socket meanwhile; while it is there, it is named.
+  if (fs::exists(fs::symlink_status(stale))) REQUIRE(r.err.find("left by an earlier process") != std::string::npos);
+
+  const auto ps = run_process({cuda_ckpt, "ps", pid});
+  REQUIRE(ps.exit_code == 1);
+  REQUIRE(ps.err.find("not running under vmmckpt") != std::string::npos);
+  fs::remove(stale);
+}
+
+TEST_CASE("ps removes stale sockets only: never a regular file named N.sock, never a live process's", "[emu][ps]") {
+  auto program = start_writer();
+  vmmckpt::protocol::failure error;
+  REQUIRE(vmmckpt::protocol::ensure_runtime_dir(error));
+  const std::string dir = vmmckpt::protocol::runtime_dir();
+  const pid_t gone = dead_pid();
+  const std::string regular = dir + "/" + std::to_string(gone) + ".sock";
+  { std::ofstream(regular) << "not a socket"; }
+  const pid_t gone_too = dead_pid();
+  const std::string stale = dir + "/" + std::to_string(gone_too) + ".sock";
+  make_stale_socket(stale);
+
+  REQUIRE(ps_entry(program->pid()).has_value());
+  REQUIRE(fs::is_regular_file(regular));
+  REQUIRE_FALSE(fs::exists(fs::symlink_status(stale)));
+  REQUIRE(fs::exists(fs::symlink_status(vmmckpt::protocol::socket_path(program->pid()))));
+  fs::remove(regular);
+}
+
+TEST_CASE("ps shows busy processes with their state: dumping, suspending, not responding", "[emu][ps]") {
+  scratch_dir dir;
+  auto program = start_writer();
+  const std::string pid = std::to_string(program->pid());
+  double slowest = 0;
+  // Polls ps until pid shows `status` (or the tool in the background is done); the entry seen.
+  auto wait_for_status = [&](const std::string& status, background_process& tool) -> std::optional<nlohmann::json> {
+    for (int i = 0; i < 200 && tool.running(); ++i) {
+      double seconds = 0;
+      auto entry = ps_entry(program->pid(), &seconds);
+      slowest = std::max(slowest, seconds);
+      REQUIRE(entry.has_value());  // listed all along, busy or not
+      if (entry->at("status") == status) return entry;
+      usleep(50'000);
+    }
+    return std::nullopt;
+  };
+
+  SECTION("dumping") {
+    // The tool pauses while it holds the program, as a long copy would.
+    background_process dump({cuda_ckpt, "dump", pid, "-o", (dir.path / "image").string()},
+                            {{"VMMCKPT_TEST_FAULT", "held=pause:8000"}});
+    const auto seen = wait_for_status("dumping", dump);
+    REQUIRE(seen.has_value());
+    REQUIRE(seen->at("state") == "running");
+    REQUIRE(seen->at("activity") == "dumping");
+    const auto human = run_process({cuda_ckpt, "ps", pid});
+    REQUIRE(human.out.find("dumping") != std::string::npos);
+    REQUIRE(dump.wait() == 0);
+  }
+  SECTION("suspending, then suspended") {
+    background_process suspend({cuda_ckpt, "suspend", pid, "-o", (dir.path / "suspended").string()},
+                               {{"VMMCKPT_TEST_FAULT", "held=pause:8000"}});
+    REQUIRE(wait_for_status("suspending", suspend).has_value());
+    REQUIRE(suspend.wait() == 0);
+    const auto after = ps_entry(program->pid());
+    REQUIRE(after.has_value());
+    REQUIRE(after->at("status") == "suspended");
+    REQUIRE(run_process({cuda_ckpt, "resume", pid}).exit_code == 0);
+  }
+  SECTION("not responding: stopped") {
+    REQUIRE(::kill(program->pid(), SIGSTOP) == 0);
+    double seconds = 0;
+    const auto entry = ps_entry(program->pid(), &seconds);
+    slowest = std::max(slowest, seconds);
+    ::kill(program->pid(), SIGCONT);
+    REQUIRE(entry.has_value());
+    REQUIRE(entry->at("status") == "not responding");
+    REQUIRE(entry->at("problem").get<std::string>().find("it is stopped") != std::string::npos);
+  }
+  // ps asks every process at once and gives each one second (docs: ps --help); the bound here is
+  // loose on purpose, for a loaded machine: what it catches is a ps that waits per process or forever.
+  INFO("slowest ps: " << slowest << " s");
+  REQUIRE(slowest < 15);
+  REQUIRE(program->running());
+}
+
+TEST_CASE("ps shows the suspend image of a killed process as orphaned, with its size and gc, which removes it",
+          "[emu][ps]") {
+  auto program = start_writer();
+  const auto s = run_process({cuda_ckpt, "suspend", std::to_string(program->pid()), "--json"});
+  INFO(describe(s));
+  REQUIRE(s.exit_code == 0);
+  const fs::path image = nlohmann::json::parse(s.out).at("image").get<std::string>();
+  REQUIRE(fs::is_directory(image));
+  const pid_t pid = program->pid();
+  ::kill(pid, SIGKILL);
+  program->wait();
+
+  const auto ps = run_process({cuda_ckpt, "ps", "--json"});
+  INFO(describe(ps));
+  std::optional<nlohmann::json> orphan;
+  for (const auto& p : nlohmann::json::parse(ps.out))
+    if (p.at("status") == "orphaned" && p.at("image") == image.string()) orphan = p;
+  REQUIRE(orphan.has_value());
+  REQUIRE(orphan->at("pid").get<pid_t>() == pid);
+  REQUIRE(orphan->at("image_bytes").get<std::uint64_t>() >= writer_buffers * writer_buffer_size);
+  REQUIRE(orphan->at("remove_with") == "cuda-ckpt gc");
+  const auto human = run_process({cuda_ckpt, "ps", std::to_string(pid)});
+  INFO(describe(human));
+  REQUIRE(human.exit_code == 0);
+  REQUIRE(human.out.find("orphaned") != std::string::npos);
+  REQUIRE(human.out.find(image.string() + " (") != std::string::npos);
+  REQUIRE(human.out.find("MiB)") != std::string::npos);
+  REQUIRE(human.out.find("`cuda-ckpt gc` removes it") != std::string::npos);
+
+  const auto gc = run_process({cuda_ckpt, "gc", "--json"});
+  INFO(describe(gc));
+  REQUIRE(gc.exit_code == 0);
+  bool removed = false;
+  const auto report = nlohmann::json::parse(gc.out);
+  for (const auto& r : report.at("removed")) removed |= r.at("path") == image.string();
+  REQUIRE(removed);
+  REQUIRE_FALSE(fs::exists(image));
+}
+
+TEST_CASE("an empty ps says where it looked", "[emu][ps]") {
+  // Another uid has no process under vmmckpt here (and cannot read ours): ps finds nothing.
+  if (::geteuid() != 0) VMMCKPT_SKIP("needs root to run ps as a user with no process (others' may run here)");
+  const auto r = run_process({"setpriv", "--reuid=65532", "--regid=65532", "--clear-groups", cuda_ckpt, "ps"},
+                             {{"XDG_RUNTIME_DIR", ""}});
+  INFO(describe(r));
+  REQUIRE(r.exit_code == 0);
+  REQUIRE(r.out.find("no process under vmmckpt (looked at /proc/*/maps for libvmmckpt.so") != std::string::npos);
+  REQUIRE(r.out.find("/tmp/vmmckpt-65532") != std::string::npos);
+  REQUIRE(r.out.find("no orphaned image in /dev/shm/vmmckpt-65532") != std::string::npos);
+}
+
+TEST_CASE("root's ps lists another user's process, and root may act on it", "[emu][ps][security]") {
+  if (::geteuid() != 0) VMMCKPT_SKIP("needs root to start a program as another uid");
+  background_process program({"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", cuda_ckpt, "run", "--",
+                              writer_program, "--seconds", "120"},
+                             {{"XDG_RUNTIME_DIR", ""}});
+  REQUIRE(program.wait_for_output("ready\n"));
+  const auto entry = ps_entry(program.pid());
+  REQUIRE(entry.has_value());
+  REQUIRE(entry->at("uid").get<uid_t>() == 65534);
+  REQUIRE(entry->at("status") == "running");
+  const auto check = run_process({cuda_ckpt, "check", std::to_string(program.pid())});
+  INFO(describe(check));
+  REQUIRE(check.exit_code == 0);
+}
