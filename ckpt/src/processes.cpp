@@ -172,8 +172,9 @@ std::vector<process_entry> list_processes(pid_t only, std::chrono::milliseconds 
   } else {
     for (pid_t pid : all_pids())
       if (shim_in(pid) == shim_presence::loaded) candidates.insert(pid);
+    // Another user's names are visible too; only root may ask those processes.
     for (pid_t pid : pids_of_abstract_names())
-      if (process_exists(pid)) candidates.insert(pid);
+      if (process_exists(pid) && (::geteuid() == 0 || owner_of(pid) == ::geteuid())) candidates.insert(pid);
     for (pid_t pid : pids_of_our_sockets())
       if (process_exists(pid)) candidates.insert(pid);
   }

@@ -462,7 +462,7 @@ int connect_to(const std::string& path, int timeout_ms, failure& error) noexcept
     }
     switch (err) {
       case ENOENT:
-        set_error(error, failure_kind::no_socket, {"no such socket: ", path, " (is the process running under the shim?)"});
+        set_error(error, failure_kind::no_socket, {"no such socket: ", path});
         break;
       case ECONNREFUSED:
         set_error(error, failure_kind::connection_refused, {"connection refused: ", path, " (a stale socket: its process is gone)"});

@@ -341,6 +341,15 @@ void start_control_server() noexcept {
         log::warn("control: no control socket at all; cuda-ckpt cannot reach this process");
         return;
       }
+      // A fork() child has no server thread: it lets go of the parent's doors, so that a name it kept
+      // alive (past the parent's end) never takes connections nobody accepts. close() is safe there.
+      pthread_atfork(nullptr, nullptr, [] {
+        for (int& f : on.fd)
+          if (f >= 0) {
+            close(f);
+            f = -1;
+          }
+      });
       if (!path.empty()) {
         g_socket_path = path;
         g_socket_owner = getpid();
