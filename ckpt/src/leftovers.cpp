@@ -105,24 +105,24 @@ judgement judge(const fs::directory_entry& entry) {
   // Suspend images carry a claim file (suspend_claim.hpp); other images are nobody's business here.
   if (fs::exists(path / suspend_claim::cancelled)) {
     j.what = judgement::withdrawn;
+    // The withdrawn claim still names the program (for ps); no matter when it does not.
+    if (suspend_claim::decode(read_file(path / suspend_claim::cancelled), j.parties)) j.pid = j.parties.target_pid;
     return j;
   }
-  for (const char* claim : {suspend_claim::pending, suspend_claim::accepted}) {
-    if (!fs::exists(path / claim)) continue;
-    if (!suspend_claim::decode(read_file(path / claim), j.parties)) {
-      j.what = judgement::unreadable;
-      return j;
-    }
-    j.pid = j.parties.target_pid;
-    const bool pending = claim == suspend_claim::pending;
-    if (pending)
-      j.what = suspend_claim::alive(j.parties.tool_pid, j.parties.tool_start) ? judgement::pending_live
-                                                                              : judgement::pending_orphan;
-    else
-      j.what = suspend_claim::alive(j.parties.target_pid, j.parties.target_start) ? judgement::accepted_live
-                                                                                  : judgement::accepted_orphan;
+  const bool pending = fs::exists(path / suspend_claim::pending);
+  if (!pending && !fs::exists(path / suspend_claim::accepted)) return j;
+  if (!suspend_claim::decode(read_file(path / (pending ? suspend_claim::pending : suspend_claim::accepted)),
+                             j.parties)) {
+    j.what = judgement::unreadable;
     return j;
   }
+  j.pid = j.parties.target_pid;
+  if (pending)
+    j.what = suspend_claim::alive(j.parties.tool_pid, j.parties.tool_start) ? judgement::pending_live
+                                                                            : judgement::pending_orphan;
+  else
+    j.what = suspend_claim::alive(j.parties.target_pid, j.parties.target_start) ? judgement::accepted_live
+                                                                                : judgement::accepted_orphan;
   return j;
 }
 

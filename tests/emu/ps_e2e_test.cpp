@@ -261,3 +261,30 @@ TEST_CASE("root's ps lists another user's process, and root may act on it", "[em
   INFO(describe(check));
   REQUIRE(check.exit_code == 0);
 }
+
+TEST_CASE("a process with the shim loaded but no control server is never called 'not under vmmckpt'", "[emu][ps]") {
+  // sleep makes no CUDA call: the shim is loaded, its server never starts.
+  background_process idle({cuda_ckpt, "run", "--", "sleep", "60"});
+  const std::string pid = std::to_string(idle.pid());
+  std::string maps;
+  for (int i = 0; i < 100 && maps.find("libvmmckpt.so") == std::string::npos; ++i) {
+    usleep(50'000);  // until the exec has happened
+    std::ifstream in("/proc/" + pid + "/maps");
+    maps.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  REQUIRE(maps.find("libvmmckpt.so") != std::string::npos);
+
+  const auto dumped = run_process({cuda_ckpt, "dump", pid, "-o", "/nonexistent/image"});
+  INFO(describe(dumped));
+  REQUIRE(dumped.exit_code == 1);
+  REQUIRE(dumped.err.find("not running under vmmckpt") == std::string::npos);
+  REQUIRE(dumped.err.find("runs under vmmckpt (libvmmckpt.so is loaded) but has no control server") !=
+          std::string::npos);
+  const auto alone = run_process({cuda_ckpt, "ps", pid, "--json"});
+  INFO(describe(alone));
+  REQUIRE(alone.exit_code == 0);
+  REQUIRE(nlohmann::json::parse(alone.out).at(0).at("status") == "no control server");
+  // The full list counts it on its last line instead of a row of dashes.
+  const auto all = run_process({cuda_ckpt, "ps"});
+  REQUIRE(all.out.find("loaded but no control server") != std::string::npos);
+}

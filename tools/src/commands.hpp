@@ -9,6 +9,7 @@
 namespace vmmckpt::tools {
 
 int ps_command(pid_t only, bool json);  // only: 0 for every process
+extern const char* const ps_help_footer;  // its states and where it looks, for `ps --help`
 int check_command(pid_t pid, bool json);
 
 struct dump_command_options {

@@ -51,24 +51,7 @@ int main(int argc, char** argv) {
   auto* ps = app.add_subcommand("ps", "List the processes running under vmmckpt, and images of processes that died");
   ps->add_option("pid", ps_pid, "Only this process (an error says why when it is not under vmmckpt)");
   ps->add_flag("--json", ps_json, "Print JSON");
-  ps->footer(
-      "Finds every process with libvmmckpt.so in /proc/PID/maps or its control socket @vmmckpt/PID in\n"
-      "/proc/net/unix (root: every user's), whatever its XDG_RUNTIME_DIR, and asks them all at once; one\n"
-      "that does not answer within a second is listed as such.\n"
-      "STATE (like cuda-checkpoint --get-state, with more detail):\n"
-      "  running          the program runs\n"
-      "  dumping          held for a dump: its GPU work waits until its memory is copied (cuda-checkpoint: locked)\n"
-      "  suspending       held for a suspend, or its memory being freed (locked)\n"
-      "  suspended        its GPU memory is in an image and freed; resume gives it back (checkpointed)\n"
-      "  resuming         its memory is coming back from the image (locked)\n"
-      "  not responding   it took no connection or sent no answer within a second (stopped, frozen, swamped)\n"
-      "  unreachable      libvmmckpt.so is loaded but its control server cannot be reached (the reason follows)\n"
-      "  orphaned         an image whose process died: its size and the `cuda-ckpt gc` that removes it follow\n"
-      "Processes with libvmmckpt.so loaded but no control server yet (no CUDA call, fork() children) are counted\n"
-      "on the last line. Socket files nobody listens at any more are removed (sockets only).\n"
-      "--json: one object per entry with the same keys for all: pid, uid, status (the STATE above), state\n"
-      "(running or suspended as the process says; else the status), command, devices, pools, not_owned;\n"
-      "problem when it did not answer; image, image_bytes, why and remove_with when orphaned.");
+  ps->footer(ps_help_footer);
 
   pid_t check_pid = 0;
   bool check_json = false;
