@@ -32,9 +32,10 @@ const char* const ps_help_footer =
     "                     counted on the last line; listed by `ps PID` and --json\n"
     "  orphaned           an image whose process died: its size and the `cuda-ckpt gc` that removes it follow\n"
     "Socket files nobody listens at any more are removed (sockets only).\n"
-    "--json: one object per entry with the same keys for all: pid, uid, status (the STATE above), state\n"
-    "(running or suspended as the process says; else the status), command, devices, pools, not_owned;\n"
-    "problem when it did not answer; image, image_bytes, why and remove_with when orphaned.";
+    "--json: one object per entry with the same keys for all: pid, uid (the owner), status (the STATE\n"
+    "above), state (running or suspended as the process says; else the status), command, devices, pools,\n"
+    "not_owned; activity when it answered; problem when it did not; image, image_bytes, why and\n"
+    "remove_with when orphaned.";
 
 namespace {
 
@@ -72,8 +73,15 @@ nlohmann::json entry_json(const ckpt::process_entry& p) {
   return entry;
 }
 
+// Whose an image is: its directory's owner.
+uid_t owner_of(const std::filesystem::path& image) {
+  struct stat st{};
+  return ::stat(image.c_str(), &st) == 0 ? st.st_uid : ::geteuid();
+}
+
 nlohmann::json orphan_json(const ckpt::orphaned_image& o) {
   nlohmann::json entry = blank_entry(o.pid, "orphaned");
+  entry["uid"] = owner_of(o.path);
   entry["image"] = o.path.string();
   entry["image_bytes"] = o.bytes;
   entry["why"] = o.why;
@@ -108,9 +116,7 @@ void print_process(const ckpt::process_entry& p) {
 }
 
 void print_orphan(const ckpt::orphaned_image& o) {
-  struct stat st{};
-  const uid_t owner = ::stat(o.path.c_str(), &st) == 0 ? st.st_uid : ::geteuid();
-  std::printf(row_format, o.pid > 0 ? std::to_string(o.pid).c_str() : "-", user_name(owner).c_str(), "orphaned", "-",
+  std::printf(row_format, o.pid > 0 ? std::to_string(o.pid).c_str() : "-", user_name(owner_of(o.path)).c_str(), "orphaned", "-",
               "-", "-", "-", "-");
   std::printf("%-8s image %s (%s): %s; `%s` removes it\n", "", o.path.c_str(), human_bytes(o.bytes).c_str(),
               o.why.c_str(), ckpt::gc_command_for(o.path.parent_path()).c_str());
