@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 
 #include "vmmckpt/ckpt/control_client.hpp"
+#include "vmmckpt/ckpt/processes.hpp"
 #include "vmmckpt/protocol.hpp"
 #include "vmmckpt/suspend_claim.hpp"
 
@@ -25,8 +26,6 @@ std::string read_file(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
-
-bool process_exists(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
 
 // The writer of NAME.partial-PID-RANDOM, by the pid in its name; a process of that pid that started
 // after the directory was made is another one (the pid was reused).
@@ -260,6 +259,10 @@ void remove_stale_sockets(bool dry_run, leftovers_report& report) {
   for (const auto& entry : fs::directory_iterator(protocol::runtime_dir(), ec)) {
     const std::string name = entry.path().filename().string();
     if (name.size() < 6 || name.compare(name.size() - 5, 5, ".sock") != 0) continue;
+    // A live process under the shim made its socket (it replaces an older one at its first CUDA call):
+    // it is not even asked, so that a stopped one costs nothing here.
+    const pid_t pid = static_cast<pid_t>(std::strtol(name.c_str(), nullptr, 10));
+    if (process_exists(pid) && shim_in(pid) == shim_presence::loaded) continue;
     ino_t inode = 0;
     if (!stale_socket(entry.path(), inode)) continue;
     // A new process of that pid replaces the file with its own socket: leave that one be.

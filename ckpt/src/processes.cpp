@@ -22,8 +22,6 @@ namespace {
 
 std::string proc_dir(pid_t pid) { return "/proc/" + std::to_string(pid); }
 
-bool process_exists(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
-
 // The value of `name` in the environment the process started with; nullopt when unset or unreadable.
 std::optional<std::string> environment_value(pid_t pid, std::string_view name) {
   std::ifstream in(proc_dir(pid) + "/environ", std::ios::binary);
@@ -117,6 +115,8 @@ process_entry ask(pid_t pid, control_client::clock::time_point deadline) {
 }
 
 }  // namespace
+
+bool process_exists(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
 
 shim_presence shim_in(pid_t pid) {
   std::ifstream in(proc_dir(pid) + "/maps");

@@ -16,6 +16,9 @@ namespace vmmckpt::ckpt {
 // The shim's file name as /proc/PID/maps shows it: `cuda-ckpt run` preloads it under this name.
 inline constexpr std::string_view shim_file_name = "libvmmckpt.so";
 
+// A process of that pid exists (ours or not; a zombie too).
+bool process_exists(pid_t pid);
+
 // Whether the shim is mapped in a process: unknown when its maps cannot be read (another user's
 // process and we are not root, or it is gone).
 enum class shim_presence { loaded, absent, unknown };
