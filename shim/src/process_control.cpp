@@ -379,6 +379,7 @@ std::variant<control::resume_reply, control::failure_reply> resume(const control
                                   "cannot resume from " + image + ": " + why + "; the program stays suspended"};
   };
   if (d == nullptr) return refuse("no CUDA driver");
+  fault_point("program:resuming");  // the ps test pauses here: a long resume
   // Only the image suspend took: the same directory (not a symlink put in its place, not another
   // directory moved there) holding the same image.
   struct stat st{};

@@ -139,16 +139,17 @@ TEST_CASE("ps removes stale sockets only: never a regular file named N.sock, nev
   fs::remove(regular);
 }
 
-TEST_CASE("ps shows busy processes with their state: dumping, suspending, not responding", "[emu][ps]") {
+TEST_CASE("ps shows busy processes with their state: dumping, suspending, resuming, not responding", "[emu][ps]") {
   scratch_dir dir;
   auto program = start_writer();
   const std::string pid = std::to_string(program->pid());
   double slowest = 0;
   // Polls ps until pid shows `status` (or the tool in the background is done); the entry seen.
-  auto wait_for_status = [&](const std::string& status, background_process& tool) -> std::optional<nlohmann::json> {
+  auto wait_for_status = [&](const std::string& status, background_process& tool,
+                             pid_t of = 0) -> std::optional<nlohmann::json> {
     for (int i = 0; i < 200 && tool.running(); ++i) {
       double seconds = 0;
-      auto entry = ps_entry(program->pid(), &seconds);
+      auto entry = ps_entry(of != 0 ? of : program->pid(), &seconds);
       slowest = std::max(slowest, seconds);
       REQUIRE(entry.has_value());  // listed all along, busy or not
       if (entry->at("status") == status) return entry;
@@ -178,6 +179,20 @@ TEST_CASE("ps shows busy processes with their state: dumping, suspending, not re
     REQUIRE(after.has_value());
     REQUIRE(after->at("status") == "suspended");
     REQUIRE(run_process({cuda_ckpt, "resume", pid}).exit_code == 0);
+  }
+  SECTION("resuming") {
+    // The program pauses in its resume, as a resume of many gigabytes takes its time.
+    background_process slow({cuda_ckpt, "run", "--", writer_program, "--seconds", "120"},
+                            {{"VMMCKPT_TEST_FAULT", "program:resuming=pause:8000"}});
+    REQUIRE(slow.wait_for_output("ready\n"));
+    const std::string slow_pid = std::to_string(slow.pid());
+    REQUIRE(run_process({cuda_ckpt, "suspend", slow_pid, "-o", (dir.path / "slow").string()}).exit_code == 0);
+    background_process resume({cuda_ckpt, "resume", slow_pid});
+    const auto seen = wait_for_status("resuming", resume, slow.pid());
+    REQUIRE(seen.has_value());
+    REQUIRE(seen->at("state") == "suspended");  // until the memory is back
+    REQUIRE(resume.wait() == 0);
+    REQUIRE(ps_entry(slow.pid())->at("status") == "running");
   }
   SECTION("not responding: stopped") {
     REQUIRE(::kill(program->pid(), SIGSTOP) == 0);
