@@ -27,7 +27,7 @@ Enum enum_at(const json& v, const std::string& path, const Enum (&values)[N]) {
   throw decode_error(path + ": unknown value \"" + printable(text) + "\"");
 }
 
-constexpr process_state all_states[] = {process_state::running, process_state::suspended};
+constexpr process_state all_states[] = {process_state::running, process_state::suspended, process_state::paused};
 constexpr refusal all_refusals[] = {refusal::failed,       refusal::bad_request,   refusal::unknown_op,
                                     refusal::suspended,    refusal::not_suspended, refusal::not_held,
                                     refusal::not_quiesced, refusal::busy,          refusal::expired,
@@ -242,7 +242,13 @@ std::int64_t unix_ms_now() noexcept {
   return static_cast<std::int64_t>(t.tv_sec) * 1000 + t.tv_nsec / 1'000'000;
 }
 
-std::string_view name_of(process_state s) { return s == process_state::suspended ? "suspended" : "running"; }
+std::string_view name_of(process_state s) {
+  switch (s) {
+    case process_state::suspended: return "suspended";
+    case process_state::paused: return "paused";
+    default: return "running";
+  }
+}
 
 // ---- encoding ----
 std::string encode(const request& r) {

@@ -38,7 +38,6 @@ constexpr int max_connections = 32;                // served at once; more are a
 
 std::atomic<int> g_connections{0};
 // Held by the connection that holds, suspends or resumes the process.
-std::timed_mutex g_operation;
 
 void close_all(std::vector<int>& fds) {
   for (int f : fds) ::close(f);
@@ -88,7 +87,7 @@ void serve_hold(int fd, const control::dump_begin_request& request) {
                std::to_string(max_hold_deadline_ms) + ")");
     return;
   }
-  std::unique_lock operation(g_operation, std::defer_lock);
+  std::unique_lock operation(operation_lock(), std::defer_lock);
   if (!take_operation(fd, operation, request.valid_until_ms)) return;
   // The hold lasts deadline_ms from now, whatever time the request spent waiting.
   const auto deadline = clock::now() + std::chrono::milliseconds(request.deadline_ms);
@@ -153,7 +152,7 @@ void serve_hold(int fd, const control::dump_begin_request& request) {
 }
 
 void serve_resume(int fd, const control::resume_request& request) {
-  std::unique_lock operation(g_operation, std::defer_lock);
+  std::unique_lock operation(operation_lock(), std::defer_lock);
   if (!take_operation(fd, operation, request.valid_until_ms)) return;
   std::visit([&](const auto& reply) { send(fd, control::encode(reply)); }, resume(request));
 }
@@ -264,6 +263,11 @@ void remove_socket() {
 }
 
 }  // namespace
+
+std::timed_mutex& operation_lock() {
+  static std::timed_mutex* lock = new std::timed_mutex;  // never destroyed: threads may call at exit
+  return *lock;
+}
 
 void start_control_server() noexcept {
   static std::once_flag once;

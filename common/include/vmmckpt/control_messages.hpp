@@ -43,7 +43,8 @@ std::string_view name_of(refusal r);
 // Milliseconds since the Unix epoch now: what valid_until_ms is measured in.
 std::int64_t unix_ms_now() noexcept;
 
-enum class process_state { running, suspended };
+// paused: the program gave its GPU memory back itself (vmmckpt_pause, shim/include/vmmckpt/vmmckpt.h).
+enum class process_state { running, suspended, paused };
 std::string_view name_of(process_state s);
 
 struct device_description {
