@@ -6,7 +6,7 @@ real cuda-ckpt. One check per invocation:
   api_check.py tool                 ps, dump, inspect, verify, suspend, resume, restore and their exceptions
   api_check.py no_shim              pause() outside the shim raises NotUnderShimError
 
-Environment: VMMCKPT_CUDA_CKPT (the tool), VMMCKPT_TEST_PROGRAMS (the test programs' directory), PYTHONPATH
+Environment: VMMCKPT_CUDA_CKPT (the tool; default: the installed package's), VMMCKPT_TEST_PROGRAMS (the test programs' directory), PYTHONPATH
 with python/, LD_LIBRARY_PATH with the emulated libcuda.so.1.
 """
 
@@ -22,7 +22,7 @@ from pathlib import Path
 import vmmckpt
 
 HERE = Path(__file__).resolve().parent
-TOOL = os.environ["VMMCKPT_CUDA_CKPT"]
+TOOL = vmmckpt.tool_path()  # $VMMCKPT_CUDA_CKPT, else the installed package's own
 
 
 def fail(why):
