@@ -57,7 +57,7 @@ thread_local std::string t_last_error;
 int fail(int code, std::string why) noexcept {
   try {
     t_last_error = std::move(why);
-    log::warn("{}", t_last_error);
+    log::info("{}", t_last_error);  // the caller has it too (vmmckpt_last_error)
   } catch (...) {
     t_last_error.clear();  // out of memory for the message: the code says enough
   }
