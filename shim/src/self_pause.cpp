@@ -188,6 +188,9 @@ int resume_self(vmmckpt_stats* stats) noexcept {
   std::lock_guard self_lock(s.mutex);
   if (!s.paused) return fail(VMMCKPT_E_STATE, "vmmckpt_resume: not paused");
   if (d == nullptr) return fail(VMMCKPT_E_DRIVER, "vmmckpt_resume: no CUDA driver");
+  // A cuda-ckpt operation that started while paused is refused and lets go at once; none may see the
+  // gate open before the state says running.
+  std::lock_guard operation(operation_lock());
   std::uint64_t made = 0, copied = 0;
   std::vector<device_pool*> backed;
   for (const auto& p : active_pools()) {
