@@ -3,7 +3,7 @@
 Run under the shim (cuda-ckpt run -- python torch_pause_check.py). A model runs; vmmckpt.pause() gives its
 memory back and nvidia-smi shows the process's memory drop by at least the model's size; vmmckpt.resume()
 brings it back and the outputs are bitwise equal. Then the same with keep=False (the bytes dropped): the
-weights read as zeros after resume, and reloading them from a CPU copy gives the same outputs again (the
+weights and the input read as zeros after resume, and reloading them from CPU copies gives the same outputs again (the
 torch_memory_saver use). Exit 77 with the reason where PyTorch or a GPU is missing.
 """
 
@@ -51,6 +51,7 @@ with torch.no_grad():
 torch.cuda.synchronize()
 model_mib = sum(p.numel() * p.element_size() for p in model.parameters()) >> 20
 weights_cpu = {k: v.cpu() for k, v in model.state_dict().items()}
+x_cpu = x.cpu()
 
 for keep in (True, False):
     used_before = used_mib()
@@ -72,7 +73,10 @@ for keep in (True, False):
         if not keep:
             if any(p.abs().sum().item() != 0 for p in model.parameters()):
                 fail("keep=False: the weights are not zeros after resume")
+            if x.abs().sum().item() != 0:
+                fail("keep=False: the input is not zeros after resume")
             model.load_state_dict(weights_cpu)
+            x.copy_(x_cpu)
         after = model(x).cpu()
     if not torch.equal(before, after):
         fail(f"keep={keep}: outputs differ after resume (max diff {(before - after).abs().max().item()})")
