@@ -33,6 +33,12 @@ using clock = std::chrono::steady_clock;
 // How long a pause waits for CUDA calls already inside (a synchronize on another thread, say) to return.
 constexpr auto quiesce_limit = std::chrono::seconds(60);
 
+#ifdef MADV_POPULATE_WRITE
+constexpr int populate_write = MADV_POPULATE_WRITE;
+#else
+constexpr int populate_write = 23;  // Linux 5.14
+#endif
+
 // A range of device memory and, for a pause that keeps the bytes, their copy in host memory.
 struct kept_range {
   int device = 0;
@@ -94,6 +100,10 @@ std::string copy_out(const driver_api& d, std::vector<kept_range>& ranges, std::
     void* host = ::mmap(nullptr, r.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (host == MAP_FAILED) return "no host memory for " + std::to_string(r.size) + " bytes: " + std::strerror(errno);
     r.host = host;
+    // Huge pages, faulted in before the copy: the driver's pageable copy then runs without a page fault
+    // per 4 KiB (both are hints; older kernels ignore them).
+    ::madvise(host, r.size, MADV_HUGEPAGE);
+    ::madvise(host, r.size, populate_write);
     primary_context_scope scope(d, r.device);
     const CUresult e = scope.active() ? d.cuMemcpyDtoH_v2(host, r.addr, r.size) : CUDA_ERROR_INVALID_CONTEXT;
     if (e != CUDA_SUCCESS)
