@@ -348,6 +348,7 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
   std::vector<CUdeviceptr> snapshot_at(chunks.size(), 0);  // where a chunk's bytes are in the snapshot
   bool released = false;
   const auto copy_start = clock::now();
+  report(copy_progress::stage::copying, 0);  // the program is held from here: the copy's rate counts from now
   // Every byte is out of the program's memory (in the snapshot or on the host): let it go on.
   auto release_now = [&] {
     fault_point("releasing");
