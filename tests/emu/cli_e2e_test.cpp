@@ -159,6 +159,7 @@ TEST_CASE("cli: an unknown command, help COMMAND and usage errors exit 2 with th
   const auto help = run_process({cuda_ckpt, "help", "dump"});
   INFO(describe(help));
   CHECK(help.exit_code == 0);
+  CHECK(contains(help.out, "Usage: cuda-ckpt dump"));
   CHECK(contains(help.out, "--deadline"));
   CHECK_FALSE(contains(help.out + help.err, "required"));
   const auto help_unknown = run_process({cuda_ckpt, "help", "dupm"});

@@ -263,7 +263,7 @@ int main(int argc, char** argv) {
       }
       if (command == nullptr)
         return report_failure("", false, std::string("unknown command '") + argv[2] + "'; see cuda-ckpt --help", exit_usage);
-      std::cout << command->help();
+      std::cout << command->help(app.get_name());
       return exit_ok;
     }
     bool known = false;
