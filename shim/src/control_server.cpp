@@ -154,7 +154,21 @@ void serve_hold(int fd, const control::dump_begin_request& request) {
 void serve_resume(int fd, const control::resume_request& request) {
   std::unique_lock operation(operation_lock(), std::defer_lock);
   if (!take_operation(fd, operation, request.valid_until_ms)) return;
-  std::visit([&](const auto& reply) { send(fd, control::encode(reply)); }, resume(request));
+  // Progress frames are best effort: at most ten a second, each given a short while to leave, and
+  // none after one could not (a tool that stopped reading must not slow the load).
+  using clock = std::chrono::steady_clock;
+  clock::time_point last_sent{};
+  bool sending = true;
+  restore::upload_progress progress;
+  if (request.progress)
+    progress = [&](std::uint64_t done, std::uint64_t total) {
+      const auto now = clock::now();
+      if (!sending || (done < total && now - last_sent < std::chrono::milliseconds(100))) return;
+      last_sent = now;
+      protocol::failure error;
+      sending = protocol::send_frame(fd, control::encode(control::progress_frame{done, total}), {}, 200, error);
+    };
+  std::visit([&](const auto& reply) { send(fd, control::encode(reply)); }, resume(request, progress));
 }
 
 // Answers one request; false when the connection is to be closed.

@@ -363,7 +363,8 @@ std::variant<control::suspend_reply, control::failure_reply> suspend_held(const 
   return r;
 }
 
-std::variant<control::resume_reply, control::failure_reply> resume(const control::resume_request& request) {
+std::variant<control::resume_reply, control::failure_reply> resume(const control::resume_request& request,
+                                                                   const restore::upload_progress& progress) {
   if (control::unix_ms_now() > request.valid_until_ms)
     return control::failure_reply{control::refusal::expired,
                                   "the resume request arrived after it expired; nothing was done"};
@@ -410,7 +411,7 @@ std::variant<control::resume_reply, control::failure_reply> resume(const control
       restore::release_pools(backed);
       return refuse(vmm.message());
     }
-    if (const status loaded = restore::upload(*d, reader, pool_memory_backed()); !loaded.ok()) {
+    if (const status loaded = restore::upload(*d, reader, pool_memory_backed(), true, progress); !loaded.ok()) {
       restore::release_pools(backed);
       vmm_release_physical();
       return refuse(loaded.message());
