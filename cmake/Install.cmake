@@ -4,7 +4,9 @@ include(CMakePackageConfigHelpers)
 
 install(TARGETS cuda-ckpt EXPORT vmmckptTargets RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(TARGETS vmmckpt EXPORT vmmckptTargets LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
-# No header: the shim has no API of its own, it serves CUDA's entry points to unmodified programs.
+# The in-process API (vmmckpt_pause / vmmckpt_resume): a program that includes it and links vmmckpt::vmmckpt,
+# or looks the functions up at run time under the preloaded shim.
+install(FILES ${PROJECT_SOURCE_DIR}/shim/include/vmmckpt/vmmckpt.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/vmmckpt)
 # No emulated driver either: it is test infrastructure, and would shadow the real libcuda.so.1.
 
 install(FILES README.md DESTINATION ${CMAKE_INSTALL_DOCDIR})

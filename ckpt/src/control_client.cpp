@@ -208,7 +208,7 @@ std::string control_client::receive(std::vector<int>* fds, int timeout_ms) {
 }
 
 template <typename Reply>
-Reply control_client::call(const control::request& r, std::vector<int>* fds) {
+Reply control_client::call(const control::request& r, std::vector<int>* fds, const progress_handler& progress) {
   send(r);
   // Tests stop or kill the tool here: the request is out, its answer not read yet.
   std::visit([](const auto& req) {
@@ -218,8 +218,15 @@ Reply control_client::call(const control::request& r, std::vector<int>* fds) {
     if constexpr (std::is_same_v<T, control::dump_begin_request>) fault_point("requested:dump_begin");
   }, r);
   std::vector<int> mine;
-  const std::string payload = receive(&mine, remaining_ms());
+  std::string payload = receive(&mine, remaining_ms());
   try {
+    // Progress frames, when asked for, come before the reply.
+    if (progress)
+      while (const auto frame = control::decode_progress_frame(payload)) {
+        progress(*frame);
+        close_all(mine);
+        payload = receive(&mine, remaining_ms());
+      }
     auto decoded = control::decode_reply<Reply>(payload);
     if (auto* refused = std::get_if<control::failure_reply>(&decoded)) {
       close_all(mine);
@@ -293,8 +300,10 @@ control::suspend_reply control_client::suspend(const std::string& image, const s
       control::suspend_request{image, image_id, control::unix_ms_now() + remaining_ms()});
 }
 
-control::resume_reply control_client::resume() {
-  return call<control::resume_reply>(control::resume_request{control::unix_ms_now() + remaining_ms()});
+control::resume_reply control_client::resume(const progress_handler& progress) {
+  return call<control::resume_reply>(
+      control::resume_request{control::unix_ms_now() + remaining_ms(), static_cast<bool>(progress)}, nullptr,
+      progress);
 }
 
 control::check_reply control_client::check() { return call<control::check_reply>(control::check_request{}); }

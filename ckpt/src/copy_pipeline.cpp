@@ -1,7 +1,10 @@
 // The copy pipeline of dump and suspend: the program's live bytes through pinned staging (or a GPU snapshot) into the image's data files.
 #include "copy_pipeline.hpp"
 
+#include <signal.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -112,6 +115,13 @@ const unsigned char* pack(unsigned char* buffer, const chunk& c, const span& sp)
 }
 
 }  // namespace
+
+void copy_pipeline::check_interrupted() const {
+  if (settings_.interrupt == nullptr) return;
+  if (const int sig = settings_.interrupt->load(std::memory_order_relaxed); sig != 0)
+    throw interrupted(std::string("interrupted by ") + (sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal"),
+                      sig);
+}
 
 int default_writers() { return static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 16u)); }
 
@@ -250,6 +260,15 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
   bool stop = false;  // the copy is over (done or failed): writers leave
   std::exception_ptr writer_error;
   std::uint64_t written = 0;
+  // Progress from this thread and the writers, one at a time. While the program is held the line
+  // shows the copy out of its memory; once it goes on, the writing.
+  std::mutex progress_mutex;
+  std::atomic<bool> writing_shown{false};
+  auto report = [&](copy_progress::stage at, std::uint64_t done) {
+    if (!progress) return;
+    std::lock_guard lock(progress_mutex);
+    progress({at, done, total, 0});
+  };
 
   auto write_file = [&](std::uint32_t file) {
     double waiting = 0;
@@ -276,6 +295,7 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
           c = taken++;
           b = chunk_buffer[c];
         }
+        check_interrupted();
         VMMCKPT_CUDA_TRY(cuEventSynchronize(st.events[b]));
         waiting += std::chrono::duration<double>(clock::now() - wait_start).count();
         std::uint64_t chunk_total = 0;
@@ -292,7 +312,7 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
           done = written += chunk_total;
         }
         changed.notify_all();
-        if (progress && file == 0) progress({done, total});
+        if (writing_shown.load()) report(copy_progress::stage::writing, done);
       }
     } catch (...) {
       std::lock_guard lock(mutex);
@@ -328,14 +348,24 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
   std::vector<CUdeviceptr> snapshot_at(chunks.size(), 0);  // where a chunk's bytes are in the snapshot
   bool released = false;
   const auto copy_start = clock::now();
+  report(copy_progress::stage::copying, 0);  // the program is held from here: the copy's rate counts from now
   // Every byte is out of the program's memory (in the snapshot or on the host): let it go on.
   auto release_now = [&] {
     fault_point("releasing");
+    check_interrupted();  // the last moment a signal stops the copy: the program is still held
     release();
     released = true;
+    std::uint64_t done;
+    {
+      std::lock_guard lock(mutex);
+      done = written;
+    }
+    writing_shown = true;
+    report(copy_progress::stage::writing, done);
   };
   auto release_when_copied = [&] {
     for (CUstream s : st.streams) VMMCKPT_CUDA_TRY(cuStreamSynchronize(s));
+    report(copy_progress::stage::copying, total);
     result.copy_seconds = std::chrono::duration<double>(clock::now() - copy_start).count();
     used_snapshot = true;
     release_now();
@@ -351,8 +381,10 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
     }
     if (first_in_snapshot == 0) release_when_copied();
   }
+  std::uint64_t issued_bytes = 0;  // of the chunks copied straight out of the program's memory
   for (std::size_t c = 0; c < chunks.size(); ++c) {
     if (c == first_in_snapshot && c > 0) release_when_copied();
+    check_interrupted();
     std::size_t b;
     {
       const auto wait_start = clock::now();
@@ -377,6 +409,10 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
       issued = c + 1;
     }
     changed.notify_all();
+    if (!released) {
+      for (const span& sp : chunks[c].spans) issued_bytes += sp.stored;
+      report(copy_progress::stage::copying, issued_bytes);
+    }
     fault_point("copying");
   }
   // Every byte is out of the GPU once the copies are done: release the program now, while the
@@ -388,7 +424,10 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
     if (writer_error) std::rethrow_exception(writer_error);
   }
   result.mark("copied");
-  if (!released) release_now();
+  if (!released) {
+    report(copy_progress::stage::copying, total);
+    release_now();
+  }
 
   for (auto& t : writer_threads) t.join();
   if (writer_error) std::rethrow_exception(writer_error);
@@ -397,7 +436,7 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
     result.threads.hashing += writer.times(f).hashing;
     result.threads.writing += writer.times(f).writing;
   }
-  if (progress) progress({total, total});
+  report(copy_progress::stage::writing, total);
   m.data_bytes = total;
   result.mark("written");
 }

@@ -41,6 +41,9 @@ class copy_pipeline {
             bool& used_snapshot, std::uint64_t& snapshot_bytes);
 
   image::writer& writer() { return *writer_; }
+  // Throws interrupted when the settings' interrupt flag is set: called between chunks, and by the
+  // operations between their steps.
+  void check_interrupted() const;
 
  private:
   struct staging;

@@ -23,11 +23,15 @@ dump_result dump(const dump_options& options, const progress_callback& progress)
   pipeline.prepare(options.output, context, options.gpu_snapshot && s.hello().pools.size() == 1);
   result.mark("prepared");
 
+  pipeline.check_interrupted();
+  if (progress) progress({copy_progress::stage::holding});
   received_fds fds;
   auto held = s.client().dump_begin(hold_budget_ms(s, options.hold_deadline_ms), fds);
-  // From here the program is held, until dump_end or this connection closes.
+  // From here the program is held, until dump_end or this connection closes (an exception on the
+  // way, an interrupt included, closes it).
   fault_point("held");
   result.mark("held");
+  pipeline.check_interrupted();
 
   image::manifest& m = result.manifest;
   m.lacking = lacking_or_refuse(s, held, options.allow_partial);
@@ -51,6 +55,7 @@ dump_result dump(const dump_options& options, const progress_callback& progress)
                              "and the copy may be inconsistent, so no image is written");
           throw;
         }
+        if (progress) progress({copy_progress::stage::released, 0, 0, result.hold_ms / 1000.0});
         fault_point("writing");
         memory.release();
         result.mark("released");

@@ -36,6 +36,9 @@ session::session(pid_t pid, expect state, const char* what, control_client::cloc
   if (hello_.protocol != protocol::version)
     throw tool_error(who + " speaks protocol " + std::to_string(hello_.protocol) + "; this cuda-ckpt speaks " +
                      std::to_string(protocol::version));
+  if (hello_.state == control::process_state::paused)
+    throw tool_error(who + " has paused its own GPU memory (vmmckpt_pause) and resumes it itself: nothing to " + what +
+                     " until it does");
   const bool suspended = hello_.state == control::process_state::suspended;
   if (state == expect::running && suspended)
     throw tool_error(who + " is " + (std::string(what) == "suspend" ? "already suspended" : "suspended") + " (image " +

@@ -39,10 +39,13 @@ suspend_result suspend(const suspend_options& options, const progress_callback& 
                              suspend_claim::start_time(options.pid), pipeline.writer().image_id()}));
   result.mark("prepared");
 
+  pipeline.check_interrupted();
+  if (progress) progress({copy_progress::stage::holding});
   received_fds fds;
   auto held = s.client().dump_begin(hold_budget_ms(s, options.hold_deadline_ms), fds, /*for_suspend=*/true);
   fault_point("held");
   result.mark("held");
+  pipeline.check_interrupted();
 
   image::manifest& m = result.manifest;
   m.lacking = lacking_or_refuse(s, held, options.allow_partial);
@@ -77,6 +80,13 @@ suspend_result suspend(const suspend_options& options, const progress_callback& 
   }
   result.mark("verified");
   fault_point("verified");
+  // The last moment an interrupt undoes the suspend: no request is out, so nobody depends on the image.
+  try {
+    pipeline.check_interrupted();
+  } catch (const interrupted&) {
+    remove_image(options.output);
+    throw;
+  }
   control::suspend_reply suspended;
   try {
     suspended = s.client().suspend(image, pipeline.writer().image_id());

@@ -27,7 +27,7 @@ Enum enum_at(const json& v, const std::string& path, const Enum (&values)[N]) {
   throw decode_error(path + ": unknown value \"" + printable(text) + "\"");
 }
 
-constexpr process_state all_states[] = {process_state::running, process_state::suspended};
+constexpr process_state all_states[] = {process_state::running, process_state::suspended, process_state::paused};
 constexpr activity all_activities[] = {activity::idle, activity::dumping, activity::suspending, activity::resuming};
 constexpr refusal all_refusals[] = {refusal::failed,       refusal::bad_request,   refusal::unknown_op,
                                     refusal::suspended,    refusal::not_suspended, refusal::not_held,
@@ -245,7 +245,13 @@ std::int64_t unix_ms_now() noexcept {
   return static_cast<std::int64_t>(t.tv_sec) * 1000 + t.tv_nsec / 1'000'000;
 }
 
-std::string_view name_of(process_state s) { return s == process_state::suspended ? "suspended" : "running"; }
+std::string_view name_of(process_state s) {
+  switch (s) {
+    case process_state::suspended: return "suspended";
+    case process_state::paused: return "paused";
+    default: return "running";
+  }
+}
 
 std::string_view name_of(activity a) {
   switch (a) {
@@ -281,6 +287,7 @@ std::string encode(const request& r) {
         } else if constexpr (std::is_same_v<T, resume_request>) {
           j["op"] = name_of(op::resume);
           j["valid_until_ms"] = req.valid_until_ms;
+          if (req.progress) j["progress"] = true;
         } else {
           static_assert(std::is_same_v<T, check_request>);
           j["op"] = name_of(op::check);
@@ -347,6 +354,14 @@ std::string encode(const fds_frame& r) {
   ojson j;
   j["op"] = "fds";
   j["count"] = r.count;
+  return dump(j);
+}
+
+std::string encode(const progress_frame& r) {
+  ojson j;
+  j["op"] = "progress";
+  j["bytes_done"] = r.bytes_done;
+  j["bytes_total"] = r.bytes_total;
   return dump(j);
 }
 
@@ -422,7 +437,14 @@ std::variant<request, failure_reply> decode_request(const std::string& payload) 
     if (name == name_of(op::suspend))
       return request{suspend_request{string_of(root, "", "image"), string_of(root, "", "image_id"),
                                      i64_of(root, "", "valid_until_ms")}};
-    if (name == name_of(op::resume)) return request{resume_request{i64_of(root, "", "valid_until_ms")}};
+    if (name == name_of(op::resume)) {
+      resume_request r{i64_of(root, "", "valid_until_ms")};
+      if (const auto it = root.find("progress"); it != root.end()) {
+        if (!it->is_boolean()) throw decode_error("progress: expected true or false");
+        r.progress = it->get<bool>();
+      }
+      return request{r};
+    }
     if (name == name_of(op::check)) return request{check_request{}};
     return failure_reply{refusal::unknown_op, "unknown op '" + printable(name) + "'"};
   } catch (const decode_error& e) {
@@ -463,6 +485,14 @@ fds_frame decode_fds_frame(const std::string& payload) {
   const json root = parse_limited(payload, max_depth);
   if (string_of(object_at(root, "frame"), "", "op") != "fds") throw decode_error("op: expected \"fds\"");
   return fds_frame{u32_of(root, "", "count")};
+}
+
+std::optional<progress_frame> decode_progress_frame(const std::string& payload) {
+  const json root = parse_limited(payload, max_depth);
+  if (!root.is_object()) return std::nullopt;
+  const auto op_field = root.find("op");
+  if (op_field == root.end() || !op_field->is_string() || op_field->get<std::string>() != "progress") return std::nullopt;
+  return progress_frame{u64_of(root, "", "bytes_done"), u64_of(root, "", "bytes_total")};
 }
 
 std::size_t allocation_table_bytes(const dump_begin_reply& r) {
@@ -549,12 +579,13 @@ std::vector<example> example_messages() {
        encode(request{suspend_request{"/dev/shm/vmmckpt-1000/suspend-4242-20261123-101500",
                                       "0123456789abcdef0123456789abcdef", 1795430250000}}),
        encode(suspend_reply{8657043456, 6200000, {{0, 1107689472}}})},
-      {op::resume, encode(request{resume_request{1795431000000}}), encode(resume_reply{8593080320, 3.83, "/dev/shm/vmmckpt-1000/suspend-4242-20261123-101500"})},
+      {op::resume, encode(request{resume_request{1795431000000, true}}), encode(resume_reply{8593080320, 3.83, "/dev/shm/vmmckpt-1000/suspend-4242-20261123-101500"})},
       {op::check, encode(request{check_request{}}), encode(check_reply{false, {"device 0: block at 0x200000000000 has no physical memory"}})},
   };
 }
 
 std::string example_failure() { return encode(failure_reply{refusal::not_suspended, "the program is not suspended"}); }
 std::string example_fds_frame() { return encode(fds_frame{250}); }
+std::string example_progress_frame() { return encode(progress_frame{1073741824, 8593080320}); }
 
 }  // namespace vmmckpt::control

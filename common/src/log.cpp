@@ -10,6 +10,8 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <string>
 
 namespace vmmckpt::log {
 namespace {
@@ -21,15 +23,16 @@ std::mutex& log_mutex() {
   return m;
 }
 
-level parse_level(const char* text) {
-  if (text == nullptr) return level::warn;
+// The level named by `text`; nothing for a name that is none (the caller warns once).
+std::optional<level> parse_level(const char* text) {
+  if (text == nullptr || *text == '\0') return level::warn;
   if (!std::strcmp(text, "trace")) return level::trace;
   if (!std::strcmp(text, "debug")) return level::debug;
   if (!std::strcmp(text, "info")) return level::info;
   if (!std::strcmp(text, "warn") || !std::strcmp(text, "warning")) return level::warn;
   if (!std::strcmp(text, "error")) return level::error;
   if (!std::strcmp(text, "off")) return level::off;
-  return level::warn;
+  return std::nullopt;
 }
 
 spdlog::level::level_enum to_spdlog(level l) {
@@ -69,7 +72,18 @@ spdlog::logger& logger() {
 }  // namespace
 
 level threshold() noexcept {
-  static const level value = parse_level(std::getenv("VMMCKPT_LOG_LEVEL"));
+  static const level value = [] {
+    const char* text = std::getenv("VMMCKPT_LOG_LEVEL");
+    if (const auto known = parse_level(text)) return *known;
+    // A misspelt level must not pass unnoticed, nor stop anything: said once (this runs once), and
+    // without throwing (inside the shim too).
+    try {
+      write(level::warn, std::string("VMMCKPT_LOG_LEVEL='") + text +
+                             "' is not a level (trace, debug, info, warn, error, off); using warn");
+    } catch (...) {
+    }
+    return level::warn;
+  }();
   return value;
 }
 

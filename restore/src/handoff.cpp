@@ -12,6 +12,7 @@ namespace {
 constexpr const char* env_image = "VMMCKPT_RESTORE_IMAGE";
 constexpr const char* env_mode = "VMMCKPT_RESTORE_MODE";
 constexpr const char* env_pid = "VMMCKPT_RESTORE_PID";
+constexpr const char* env_progress_fd = "VMMCKPT_RESTORE_PROGRESS_FD";
 
 }  // namespace
 
@@ -19,6 +20,10 @@ void export_to_environment(const handoff& h) {
   ::setenv(env_image, h.image.c_str(), 1);
   ::setenv(env_mode, h.how == mode::replay ? "replay" : "live", 1);
   ::setenv(env_pid, std::to_string(h.pid).c_str(), 1);
+  if (h.progress_fd >= 0)
+    ::setenv(env_progress_fd, std::to_string(h.progress_fd).c_str(), 1);
+  else
+    ::unsetenv(env_progress_fd);
   if (h.pool_size != 0) {
     ::setenv(env_pool_base, std::to_string(h.pool_base).c_str(), 1);
     ::setenv(env_pool_size, std::to_string(h.pool_size).c_str(), 1);
@@ -38,6 +43,8 @@ std::optional<handoff> handoff_for(pid_t self) noexcept {
   h.pid = self;
   const char* how = std::getenv(env_mode);
   h.how = how != nullptr && std::string_view(how) == "replay" ? mode::replay : mode::live;
+  if (const char* fd = std::getenv(env_progress_fd); fd != nullptr && *fd >= '0' && *fd <= '9')
+    h.progress_fd = static_cast<int>(std::atol(fd));
   try {
     h.image = image;
   } catch (...) {

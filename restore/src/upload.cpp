@@ -188,7 +188,8 @@ class upload_thread {
 
 }  // namespace
 
-status upload(const driver_api& d, const image::reader& reader, const backed_memory& backed, bool vmm) noexcept {
+status upload(const driver_api& d, const image::reader& reader, const backed_memory& backed, bool vmm,
+              const upload_progress& progress) noexcept {
   try {
     const image::manifest& m = reader.info();
     // Work by extent: a thread takes the next one, the data files in turn, so the threads share the
@@ -203,6 +204,18 @@ status upload(const driver_api& d, const image::reader& reader, const backed_mem
     std::atomic<bool> failed{false};
     std::mutex mu;
     status first_failure;
+    std::uint64_t total = 0, done = 0;  // stored bytes, under mu
+    for (const auto& [p, e] : order) total += m.pools[p].extents[e].stored;
+    auto loaded = [&](std::uint64_t bytes) noexcept {
+      if (!progress) return;
+      std::lock_guard lock(mu);
+      done += bytes;
+      try {
+        progress(done, total);
+      } catch (...) {
+        // Progress is for a person to watch: it never fails the load.
+      }
+    };
     auto fail_with = [&](status s) {
       std::lock_guard lock(mu);
       if (!failed.exchange(true)) first_failure = std::move(s);
@@ -215,10 +228,12 @@ status upload(const driver_api& d, const image::reader& reader, const backed_mem
         upload_thread t(d);
         for (std::size_t k; !failed && (k = next++) < order.size();) {
           const image::pool& p = m.pools[order[k].first];
-          if (status s = t.upload(reader, p, p.extents[order[k].second], backed); !s.ok()) {
+          const image::extent& e = p.extents[order[k].second];
+          if (status s = t.upload(reader, p, e, backed); !s.ok()) {
             fail_with(std::move(s));
             break;
           }
+          loaded(e.stored);
         }
         if (status s = t.finish(); !s.ok()) fail_with(std::move(s));
       } catch (const std::exception& e) {

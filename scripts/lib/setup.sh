@@ -2,10 +2,11 @@
 # Sourced, not run.
 
 # What the build needs, as "how to tell it is there|Debian package". A command is looked up on
-# PATH; a header under /usr/include or $VMMCKPT_DEPS_PREFIX/usr/include (scripts/fetch-deps.sh
-# unpacks them there for machines without a package registry).
+# PATH; a Python module is imported (python3-venv: the pip install test's virtual environment); a
+# header under /usr/include or $VMMCKPT_DEPS_PREFIX/usr/include (scripts/fetch-deps.sh unpacks them
+# there for machines without a package registry).
 VMMCKPT_NEEDS=(
-  "cmd:cmake|cmake" "cmd:g++|g++" "cmd:make|make" "cmd:nm|binutils" "cmd:readelf|binutils" "cmd:python3|python3"
+  "cmd:cmake|cmake" "cmd:g++|g++" "cmd:make|make" "cmd:nm|binutils" "cmd:readelf|binutils" "cmd:python3|python3" "py:ensurepip|python3-venv"
   "hdr:spdlog/spdlog.h|libspdlog-dev" "hdr:fmt/format.h|libfmt-dev" "hdr:catch2/catch.hpp|catch2"
   "hdr:CLI/CLI.hpp|libcli11-dev" "hdr:nlohmann/json.hpp|nlohmann-json3-dev" "hdr:xxhash.h|libxxhash-dev"
 )
@@ -17,6 +18,7 @@ vmmckpt_install_packages() {
     pkg="${need##*|}"
     case "$what" in
       cmd:*) command -v "${what#cmd:}" >/dev/null 2>&1 && continue ;;
+      py:*) python3 -c "import ${what#py:}" >/dev/null 2>&1 && continue ;;
       hdr:*) [ -f "/usr/include/${what#hdr:}" ] && continue
              [ -n "${VMMCKPT_DEPS_PREFIX:-}" ] && [ -f "$VMMCKPT_DEPS_PREFIX/usr/include/${what#hdr:}" ] && continue ;;
     esac

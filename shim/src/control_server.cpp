@@ -38,12 +38,10 @@ constexpr int max_hold_deadline_ms = 3'600'000;    // the longest hold a tool ma
 constexpr int max_connections = 32;                // served at once; more are answered `busy`
 
 std::atomic<int> g_connections{0};
-// Held by the connection that holds, suspends or resumes the process.
-std::timed_mutex g_operation;
-// What the connection that holds g_operation is doing, for hello to report without waiting for it.
+// What the connection that holds operation_lock() is doing, for hello to report without waiting for it.
 std::atomic<control::activity> g_activity{control::activity::idle};
 
-// Sets g_activity for a scope: the operation's, under g_operation.
+// Sets g_activity for a scope: the operation's, under operation_lock().
 struct activity_scope {
   explicit activity_scope(control::activity a) { g_activity.store(a); }
   void change(control::activity a) { g_activity.store(a); }
@@ -100,7 +98,7 @@ void serve_hold(int fd, const control::dump_begin_request& request) {
                std::to_string(max_hold_deadline_ms) + ")");
     return;
   }
-  std::unique_lock operation(g_operation, std::defer_lock);
+  std::unique_lock operation(operation_lock(), std::defer_lock);
   if (!take_operation(fd, operation, request.valid_until_ms)) return;
   activity_scope busy(request.for_suspend ? control::activity::suspending : control::activity::dumping);
   // The hold lasts deadline_ms from now, whatever time the request spent waiting.
@@ -167,10 +165,24 @@ void serve_hold(int fd, const control::dump_begin_request& request) {
 }
 
 void serve_resume(int fd, const control::resume_request& request) {
-  std::unique_lock operation(g_operation, std::defer_lock);
+  std::unique_lock operation(operation_lock(), std::defer_lock);
   if (!take_operation(fd, operation, request.valid_until_ms)) return;
   activity_scope busy(control::activity::resuming);
-  std::visit([&](const auto& reply) { send(fd, control::encode(reply)); }, resume(request));
+  // Progress frames are best effort: at most ten a second, each given a short while to leave, and
+  // none after one could not (a tool that stopped reading must not slow the load).
+  using clock = std::chrono::steady_clock;
+  clock::time_point last_sent{};
+  bool sending = true;
+  restore::upload_progress progress;
+  if (request.progress)
+    progress = [&](std::uint64_t done, std::uint64_t total) {
+      const auto now = clock::now();
+      if (!sending || (done < total && now - last_sent < std::chrono::milliseconds(100))) return;
+      last_sent = now;
+      protocol::failure error;
+      sending = protocol::send_frame(fd, control::encode(control::progress_frame{done, total}), {}, 200, error);
+    };
+  std::visit([&](const auto& reply) { send(fd, control::encode(reply)); }, resume(request, progress));
 }
 
 // Answers one request; false when the connection is to be closed.
@@ -313,6 +325,11 @@ void remove_socket() {
 }
 
 }  // namespace
+
+std::timed_mutex& operation_lock() {
+  static std::timed_mutex* lock = new std::timed_mutex;  // never destroyed: threads may call at exit
+  return *lock;
+}
 
 void start_control_server() noexcept {
   static std::once_flag once;

@@ -19,6 +19,7 @@
 #include "not_owned_memory.hpp"
 #include "pools.hpp"
 #include "real_symbols.hpp"
+#include "self_pause.hpp"
 #include "vmm_checkpoint.hpp"
 #include "vmmckpt/fault_point.hpp"
 #include "vmmckpt/hex_text.hpp"
@@ -242,7 +243,9 @@ control::hello_reply describe_process() {
   r.protocol = protocol::version;
   r.pid = getpid();
   r.command = command_line();
-  r.state = g_suspended ? control::process_state::suspended : control::process_state::running;
+  r.state = g_suspended        ? control::process_state::suspended
+            : is_self_paused() ? control::process_state::paused
+                               : control::process_state::running;
   if (g_suspended) r.image = suspend_image();
   for (const auto& p : active_pools()) {
     r.devices.push_back(describe_device(p.ordinal));
@@ -270,6 +273,9 @@ std::variant<control::dump_begin_reply, control::failure_reply> hold(clock::time
   if (g_suspended)
     return control::failure_reply{control::refusal::suspended,
                                   "the program is suspended (image " + suspend_image() + "); resume it first"};
+  if (is_self_paused())
+    return control::failure_reply{control::refusal::suspended,
+                                  "the program has paused its own GPU memory (vmmckpt_pause); it resumes it itself"};
   g_hold_start = clock::now();
   if (!the_gate().close(deadline))
     return control::failure_reply{
@@ -357,11 +363,16 @@ std::variant<control::suspend_reply, control::failure_reply> suspend_held(const 
   return r;
 }
 
-std::variant<control::resume_reply, control::failure_reply> resume(const control::resume_request& request) {
+std::variant<control::resume_reply, control::failure_reply> resume(const control::resume_request& request,
+                                                                   const restore::upload_progress& progress) {
   if (control::unix_ms_now() > request.valid_until_ms)
     return control::failure_reply{control::refusal::expired,
                                   "the resume request arrived after it expired; nothing was done"};
-  if (!g_suspended) return control::failure_reply{control::refusal::not_suspended, "the program is not suspended"};
+  if (!g_suspended)
+    return control::failure_reply{control::refusal::not_suspended,
+                                  is_self_paused() ? "the program is not suspended: it paused its own GPU memory "
+                                                     "(vmmckpt_pause) and resumes it itself"
+                                                   : "the program is not suspended"};
   const auto start = clock::now();
   const driver_api* d = driver();
   std::string image, image_id;
@@ -401,7 +412,7 @@ std::variant<control::resume_reply, control::failure_reply> resume(const control
       restore::release_pools(backed);
       return refuse(vmm.message());
     }
-    if (const status loaded = restore::upload(*d, reader, pool_memory_backed()); !loaded.ok()) {
+    if (const status loaded = restore::upload(*d, reader, pool_memory_backed(), true, progress); !loaded.ok()) {
       restore::release_pools(backed);
       vmm_release_physical();
       return refuse(loaded.message());

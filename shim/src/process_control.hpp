@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "vmmckpt/control_messages.hpp"
+#include "vmmckpt/restore/upload.hpp"
 
 namespace vmmckpt::detail {
 
@@ -33,8 +34,9 @@ std::uint64_t release(const char* why);
 std::variant<control::suspend_reply, control::failure_reply> suspend_held(const control::suspend_request& request);
 // resume: the pools' memory back from the suspend image (the very image suspend took: the same
 // directory and image_id), and the program goes on. A failure_reply when it cannot; the program then
-// stays suspended with its image.
-std::variant<control::resume_reply, control::failure_reply> resume(const control::resume_request& request);
+// stays suspended with its image. `progress` hears of the bytes loaded as they load.
+std::variant<control::resume_reply, control::failure_reply> resume(const control::resume_request& request,
+                                                                   const restore::upload_progress& progress = {});
 bool is_suspended();
 
 }  // namespace vmmckpt::detail

@@ -1,6 +1,8 @@
 // Restoring an image into a new process: at its first memory call, the image's allocations come back at their addresses.
 #include "restore_at_start.hpp"
 
+#include <fcntl.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -10,6 +12,7 @@
 #include "pools.hpp"
 #include "real_symbols.hpp"
 #include "vmm_checkpoint.hpp"
+#include "vmmckpt/control_messages.hpp"
 #include "vmmckpt/log.hpp"
 #include "vmmckpt/restore/handoff.hpp"
 #include "vmmckpt/restore/pool_restore.hpp"
@@ -20,6 +23,32 @@ namespace {
 
 enum state : int { unchecked, nothing_to_restore, restored, failed };
 std::atomic<int> g_state{unchecked};
+
+// Whether fd is still the socket cuda-ckpt restore made before it exec'd this program (the program
+// may have closed it and reused the number): a SOCK_SEQPACKET socket made by this pid.
+bool is_progress_socket(int fd) noexcept {
+  if (fd < 0) return false;
+  int type = 0;
+  socklen_t length = sizeof type;
+  if (::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &length) != 0 || type != SOCK_SEQPACKET) return false;
+  ucred peer{};
+  length = sizeof peer;
+  return ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &length) == 0 && peer.pid == ::getpid();
+}
+
+// Progress frames on cuda-ckpt restore's socket, when it gave one: at most ten a second, sent
+// without waiting or raising SIGPIPE.
+restore::upload_progress progress_to(int fd) {
+  if (!is_progress_socket(fd)) return {};
+  ::fcntl(fd, F_SETFD, FD_CLOEXEC);  // the program's own children are not the tool's business
+  return [fd, last = std::chrono::steady_clock::time_point{}](std::uint64_t done, std::uint64_t total) mutable {
+    const auto now = std::chrono::steady_clock::now();
+    if (done < total && now - last < std::chrono::milliseconds(100)) return;
+    last = now;
+    const std::string frame = control::encode(control::progress_frame{done, total});
+    ::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  };
+}
 
 status restore_image(const restore::handoff& h) noexcept {
   using clock = std::chrono::steady_clock;
@@ -38,7 +67,8 @@ status restore_image(const restore::handoff& h) noexcept {
     else
       VMMCKPT_TRY(vmm_restore_layout(m));
     const auto placed = clock::now();
-    VMMCKPT_TRY(restore::upload(*d, reader, pool_memory_backed(), h.how != restore::mode::replay));
+    VMMCKPT_TRY(restore::upload(*d, reader, pool_memory_backed(), h.how != restore::mode::replay,
+                                progress_to(h.progress_fd)));
     const auto now = clock::now();
     std::size_t blocks = 0;
     for (const auto& p : m.pools) blocks += p.allocations.size();
@@ -65,6 +95,8 @@ bool restore_slow_path() noexcept {
     return true;
   }
   const bool ok = restore_image(*handoff).ok();
+  // Closed, loaded or not: the tool's progress line ends.
+  if (is_progress_socket(handoff->progress_fd)) ::close(handoff->progress_fd);
   if (!ok) log::error("restore: the image was not restored; every memory call of this process will fail");
   g_state.store(ok ? restored : failed, std::memory_order_release);
   return ok;

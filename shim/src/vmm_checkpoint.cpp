@@ -200,6 +200,25 @@ status vmm_back_suspended(const image::manifest& m) noexcept {
   }
 }
 
+std::vector<vmm_mapped_range> vmm_mapped_ranges() {
+  std::vector<vmm_mapped_range> ranges;
+  vmm_state* s = existing_vmm_state();
+  if (s == nullptr) return ranges;
+  std::lock_guard lock(s->mutex);
+  for (const vmm_mapping& m : s->registry.mappings())
+    if (const vmm_handle* h = s->registry.find_handle(m.token)) ranges.push_back({h->device, m.addr, m.size});
+  return ranges;
+}
+
+status vmm_back_released() noexcept {
+  vmm_state* s = existing_vmm_state();
+  if (s == nullptr) return {};
+  const driver_api* d = driver();
+  if (d == nullptr) return failure(CUDA_ERROR_NOT_INITIALIZED, "no CUDA driver");
+  std::lock_guard lock(s->mutex);
+  return rebuild_locked(*d, *s);
+}
+
 status vmm_restore_layout(const image::manifest& m) noexcept {
   if (!m.vmm || m.vmm->empty()) return {};
   const driver_api* d = driver();

@@ -30,6 +30,18 @@ std::string vmm_hold_contents(control::dump_begin_reply& r, std::vector<int>& fd
 // the driver; reservations, tokens and the record of mappings and access stay. Returns the bytes freed.
 std::uint64_t vmm_release_physical() noexcept;
 
+// vmmckpt_pause (self_pause.cpp): the program's owned mappings, for their bytes to be kept before
+// vmm_release_physical(). Throws only for want of memory.
+struct vmm_mapped_range {
+  int device;
+  std::uint64_t addr, size;
+};
+std::vector<vmm_mapped_range> vmm_mapped_ranges();
+
+// vmmckpt_resume: memory again under every token the registry holds, mapped where it was, with its access
+// rights. On failure, what was made is given back.
+status vmm_back_released() noexcept;
+
 // resume: the image's VMM layout must be the suspended program's; every handle's memory is created again
 // under its token, mapped where it was, with its access rights. On failure, what was made is given back.
 status vmm_back_suspended(const image::manifest& m) noexcept;

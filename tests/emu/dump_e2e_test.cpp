@@ -122,20 +122,20 @@ TEST_CASE("dump refuses bad targets with a clear error and writes nothing", "[em
   SECTION("a pid that does not exist") {
     const auto r = dump(999999999, out);
     REQUIRE(r.exit_code == 1);
-    REQUIRE(r.err.find("no process 999999999") != std::string::npos);
+    REQUIRE(r.out.find("no process 999999999") != std::string::npos);
   }
   SECTION("a process without the shim") {
     background_process plain({"sleep", "30"});
     const auto r = dump(plain.pid(), out);
     REQUIRE(r.exit_code == 1);
-    REQUIRE(r.err.find("not running under vmmckpt") != std::string::npos);
+    REQUIRE(r.out.find("not running under vmmckpt") != std::string::npos);
   }
   SECTION("an image that already exists") {
     auto program = start_writer();
     fs::create_directory(out);
     const auto r = dump(program->pid(), out);
     REQUIRE(r.exit_code == 1);
-    REQUIRE(r.err.find("already exists") != std::string::npos);
+    REQUIRE(r.out.find("already exists") != std::string::npos);
     fs::remove(out);
     REQUIRE(program->running());
   }

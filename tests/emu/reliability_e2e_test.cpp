@@ -190,7 +190,7 @@ TEST_CASE("a program stopped at any phase of a suspend ends with one outcome bot
         // It never took it: the tool withdrew the request and removed the image; when the program
         // continues it refuses the request and goes on.
         REQUIRE(r.exit_code == 1);
-        REQUIRE(r.err.find("not suspended") != std::string::npos);
+        REQUIRE(nlohmann::json::parse(r.out).at("error").get<std::string>().find("not suspended") != std::string::npos);
         REQUIRE_FALSE(fs::exists(image));
         usleep(500'000);
         wait_until_state(program.pid(), "running");

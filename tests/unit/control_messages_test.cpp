@@ -81,6 +81,12 @@ TEST_CASE("every message survives encode and decode unchanged", "[control]") {
   REQUIRE(std::holds_alternative<control::failure_reply>(refused));
   REQUIRE(std::get<control::failure_reply>(refused).code == control::refusal::not_suspended);
   REQUIRE(control::decode_fds_frame(control::example_fds_frame()).count == 250);
+  const auto progress = control::decode_progress_frame(control::example_progress_frame());
+  REQUIRE(progress.has_value());
+  REQUIRE(control::encode(*progress) == control::example_progress_frame());
+  // The resume's reply is not a progress frame; a progress frame missing a field is refused.
+  REQUIRE_FALSE(control::decode_progress_frame(control::example_messages().back().reply).has_value());
+  REQUIRE_THROWS_AS(control::decode_progress_frame(R"({"op":"progress","bytes_done":1})"), control::decode_error);
 }
 
 TEST_CASE("the allocation table travels apart and comes back whole", "[control]") {
@@ -207,6 +213,7 @@ TEST_CASE("docs/protocol.md describes every op and every field the code sends", 
   std::set<std::string> keys;
   collect_keys(json::parse(control::example_failure()), keys);
   collect_keys(json::parse(control::example_fds_frame()), keys);
+  collect_keys(json::parse(control::example_progress_frame()), keys);
   for (const auto& key : keys) {
     INFO("field " << key);
     CHECK(mentions(doc, key));

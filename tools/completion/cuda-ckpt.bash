@@ -9,7 +9,7 @@ _cuda_ckpt() {
     words=("${COMP_WORDS[@]}")
     cword=$COMP_CWORD
   }
-  local subcommands="run ps check dump inspect verify cat gc suspend resume restore"
+  local subcommands="run ps check dump inspect verify cat gc suspend resume restore help"
 
   # The subcommand is the first word after cuda-ckpt that is not an option.
   local i sub=""
@@ -24,6 +24,11 @@ _cuda_ckpt() {
     COMPREPLY=($(compgen -W "$subcommands --help --version" -- "$cur"))
     return
   fi
+  # `cuda-ckpt help COMMAND`: the command whose help to print.
+  if [[ "$sub" == help ]]; then
+    COMPREPLY=($(compgen -W "${subcommands% help}" -- "$cur"))
+    return
+  fi
 
   # run and restore hand everything after "--" to the command they start.
   for ((i = 2; i < cword; i++)); do
@@ -36,20 +41,21 @@ _cuda_ckpt() {
   local options=""
   case "$sub" in
     run) options="--help --" ;;
-    ps) options="--help --json" ;;
-    check) options="--help --json" ;;
-    dump) options="--help -o --output --json --deadline --chunk --staging --streams --no-gpu-snapshot
-                   --allow-partial --writers" ;;
-    inspect | verify) options="--help --json" ;;
-    cat) options="--help -o --output" ;;
+    ps) options="--help --json -t --pid" ;;
+    check) options="--help --json -t --pid" ;;
+    dump) options="--help -o --output -D --json --deadline --chunk --staging --streams --no-gpu-snapshot
+                   --allow-partial --writers -t --pid" ;;
+    inspect | verify) options="--help --json -D" ;;
+    cat) options="--help -o --output -D" ;;
     gc) options="--help --dry-run --json" ;;
-    suspend) options="--help -o --output --json --deadline --verify --allow-partial --writers" ;;
-    resume) options="--help --json" ;;
-    restore) options="--help --replay --no-verify --device --" ;;
+    suspend) options="--help -o --output -D --json --deadline --verify --allow-partial --writers -t --pid" ;;
+    resume) options="--help --json -t --pid" ;;
+    restore) options="--help --replay --no-verify --device -D --" ;;
   esac
 
   case "$prev" in
-    -o | --output) COMPREPLY=($(compgen -d -- "$cur")); return ;;
+    -o | --output | -D) COMPREPLY=($(compgen -d -- "$cur")); return ;;
+    -t | --pid) COMPREPLY=($(compgen -W "$(ls /proc | grep -E '^[0-9]+$')" -- "$cur")); return ;;
     --deadline | --chunk | --staging | --streams | --writers | --device) return ;;
   esac
 

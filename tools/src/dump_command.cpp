@@ -6,6 +6,7 @@
 
 #include "commands.hpp"
 #include "exit_codes.hpp"
+#include "interrupts.hpp"
 #include "output.hpp"
 #include "vmmckpt/ckpt/dump.hpp"
 #include "vmmckpt/pool_layout.hpp"
@@ -24,16 +25,13 @@ int dump_command(const dump_command_options& o) {
     options.output = o.output;
   }
   std::uint64_t chunk = 0;
-  if (!parse_size(o.chunk, chunk) || chunk < (1u << 20) || chunk > (1ULL << 30)) {
-    std::cerr << "cuda-ckpt dump: --chunk must be a size from 1M to 1G\n";
-    return exit_usage;
-  }
+  if (!parse_size(o.chunk, chunk) || chunk < (1u << 20) || chunk > (1ULL << 30))
+    return report_failure("dump", o.json, "--chunk must be a size from 1M to 1G, not '" + o.chunk + "'", exit_usage);
   options.copy.chunk_bytes = chunk;
   std::uint64_t staging = 0;
-  if (!parse_size(o.staging, staging) || staging < 2 * chunk) {
-    std::cerr << "cuda-ckpt dump: --staging must be a size of at least two chunks\n";
-    return exit_usage;
-  }
+  if (!parse_size(o.staging, staging) || staging < 2 * chunk)
+    return report_failure("dump", o.json, "--staging must be a size of at least two chunks, not '" + o.staging + "'",
+                          exit_usage);
   options.copy.staging_bytes = staging;
   options.copy.streams = o.streams;
   if (o.writers > 0) options.copy.writers = o.writers;
@@ -41,12 +39,11 @@ int dump_command(const dump_command_options& o) {
   options.allow_partial = o.allow_partial;
   options.hold_deadline_ms = o.deadline_s * 1000;
 
-  progress_bar bar("dump");
-  auto on_progress = [&](const ckpt::copy_progress& p) {
-    if (!o.json) bar.update(p.bytes_done, p.bytes_total);
-  };
-  const auto result = ckpt::dump(options, on_progress);
-  bar.finish();
+  options.copy.interrupt = &catch_interrupts();
+
+  progress_line line("dump", !o.json);
+  const auto result = ckpt::dump(options, line.callback());
+  line.finish();
 
   std::size_t allocations = 0;
   for (const auto& pool : result.manifest.pools) allocations += pool.allocations.size();

@@ -12,6 +12,7 @@
 #include "run_command.hpp"
 #include "vmmckpt/ckpt/control_client.hpp"
 #include "vmmckpt/image.hpp"
+#include "vmmckpt/log.hpp"
 #include "vmmckpt/version.hpp"
 
 using namespace vmmckpt::tools;
@@ -27,13 +28,59 @@ constexpr const char* exit_code_help =
     "       names it); nothing was written and the process goes on (--allow-partial: write it anyway)\n"
     "  126  run: the command cannot be executed\n"
     "  127  run: the command was not found\n"
+    "  130  dump, suspend: interrupted by SIGINT (143: SIGTERM); the unfinished image is removed and the\n"
+    "       program goes on (suspend: not suspended)\n"
     "  any other: run passes on the command's own exit status\n";
+
+// A process id: a positive integer (a negative one is a usage error, not a missing process).
+const CLI::Validator process_id(
+    [](std::string& text) -> std::string {
+      const bool digits = !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
+      if (!digits || text.size() > 9 || std::stol(text) <= 0) return "a process id is a positive integer, not '" + text + "'";
+      return {};
+    },
+    "");
+
+// Whole seconds from 1 to 3600: "1.5" is refused as not a whole number, not as out of range.
+const CLI::Validator whole_seconds(
+    [](std::string& text) -> std::string {
+      const bool digits = !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
+      if (!digits) return "takes whole seconds (an integer from 1 to 3600), not '" + text + "'";
+      if (text.size() > 4 || std::stoi(text) < 1 || std::stoi(text) > 3600)
+        return "takes whole seconds from 1 to 3600, not " + text;
+      return {};
+    },
+    "INT in [1 - 3600]");
+
+// The process of dump, suspend, resume and check: a positional, or -t/--pid as CRIU and NVIDIA's
+// cuda-checkpoint spell it.
+CLI::Option* add_pid(CLI::App* command, pid_t& pid, const std::string& what) {
+  return command->add_option("pid,-t,--pid", pid, what)
+      ->required()
+      ->check(process_id)
+      ->type_name("PID");
+}
+
+// An image directory read by inspect, verify, cat and restore: a positional, or -D DIR as CRIU spells it.
+CLI::Option* add_image(CLI::App* command, std::string& path) {
+  return command->add_option("image,-D", path, "Image directory")->required()->type_name("DIR");
+}
+
+// Whether the command line asks for JSON (before any "--"): failures are then reported as JSON too.
+bool json_requested(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "--") return false;
+    if (arg == "--json") return true;
+  }
+  return false;
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
   ignore_file_size_signal();
-  CLI::App app{"cuda-ckpt: deterministic-address checkpoint/restart for CUDA programs"};
+  CLI::App app{"cuda-ckpt: deterministic-address checkpoint/restart for CUDA programs", "cuda-ckpt"};
   app.footer(exit_code_help);
   app.set_version_flag("--version", std::string("cuda-ckpt ") + VMMCKPT_VERSION);
   app.require_subcommand(1);
@@ -49,29 +96,35 @@ int main(int argc, char** argv) {
   bool ps_json = false;
   pid_t ps_pid = 0;
   auto* ps = app.add_subcommand("ps", "List the processes running under vmmckpt, and images of processes that died");
-  ps->add_option("pid", ps_pid, "Only this process (an error says why when it is not under vmmckpt)");
+  ps->add_option("pid,-t,--pid", ps_pid, "Only this process (an error says why when it is not under vmmckpt)")
+      ->check(process_id)
+      ->type_name("PID");
   ps->add_flag("--json", ps_json, "Print JSON");
   ps->footer(ps_help_footer);
 
   pid_t check_pid = 0;
   bool check_json = false;
   auto* check = app.add_subcommand("check", "Check a process's pool: placement and physical memory agree");
-  check->add_option("pid", check_pid, "The process (running under vmmckpt)")->required();
+  add_pid(check, check_pid, "The process (running under vmmckpt)");
   check->add_flag("--json", check_json, "Print JSON");
 
   dump_command_options dump_options;
   auto* dump = app.add_subcommand("dump", "Write a consistent image of a running process's GPU memory");
-  dump->add_option("pid", dump_options.pid, "The process (running under vmmckpt)")->required();
-  dump->add_option("-o,--output", dump_options.output, "Image directory to create (default ./vmmckpt-PID-TIME)");
+  add_pid(dump, dump_options.pid, "The process (running under vmmckpt)");
+  dump->add_option("-o,--output,-D", dump_options.output,
+                   "Image directory to create (default ./vmmckpt-PID-TIME; also -D DIR)")
+      ->type_name("DIR");
   dump->add_flag("--json", dump_options.json, "Print the result as JSON");
   dump->add_option("--deadline", dump_options.deadline_s,
-                   "Give up after this many seconds, connecting and preparing included; the program is released by then, "
-                   "dump or not")
-      ->capture_default_str()->check(CLI::Range(1, 3600));
-  dump->add_option("--chunk", dump_options.chunk, "Staging buffer size")->capture_default_str();
+                   "Give up after this many whole seconds (1 to 3600), connecting and preparing included; the "
+                   "program is released by then, dump or not")
+      ->capture_default_str()->check(whole_seconds)->type_name("INT");
+  dump->add_option("--chunk", dump_options.chunk, "Staging buffer size, 1M to 1G (K/M/G suffixes)")
+      ->capture_default_str()->type_name("SIZE");
   dump->add_option("--staging", dump_options.staging,
-                   "Most pinned host memory for staging; a dump that fits is held only for its copy out of the GPU")
-      ->capture_default_str();
+                   "Most pinned host memory for staging (K/M/G/T suffixes); a dump that fits is held only for its "
+                   "copy out of the GPU")
+      ->capture_default_str()->type_name("SIZE");
   dump->add_option("--streams", dump_options.streams, "Copy streams")->capture_default_str()->check(CLI::Range(1, 16));
   dump->add_flag("--no-gpu-snapshot", dump_options.no_gpu_snapshot,
                  "Hold the program until its memory is on the host, even when the GPU has room for a copy");
@@ -82,35 +135,39 @@ int main(int argc, char** argv) {
   dump->add_option("--writers", dump_options.writers, "Threads writing the image, one data file each (default: one per core, up to 16)")
       ->check(CLI::Range(1, 256));
   dump->footer(
+      "Usage: cuda-ckpt dump PID [-o DIR]   (also: cuda-ckpt dump -t PID -D DIR)\n"
       "The program is held (its GPU work stopped and drained) only until its memory is copied: to spare\n"
       "GPU memory when the device has room for it (a quarter staying free), otherwise out of the GPU;\n"
-      "with room for part of it, the last part is copied on the GPU and the rest out of it.\n"
+      "with room for part of it, the last part is copied on the GPU and the rest out of it. On a terminal\n"
+      "a progress line shows the copy and the writing, and a line says when the program was released.\n"
       "Exit status 1 with a message when the process does not exist, is not under vmmckpt, belongs to\n"
       "another user, exits during the dump, or the image cannot be written (full disk).\n"
-      "The image appears under its final name only once complete and synced: a failed dump leaves none.\n"
+      "The image appears under its final name only once complete and synced: a failed or interrupted\n"
+      "(Ctrl-C, SIGTERM) dump leaves none, and the program goes on.\n"
       "A process with device memory vmmckpt does not own is refused with exit status 3, naming each kind and\n"
       "its size, unless --allow-partial is given.");
 
   std::string inspect_path;
   bool inspect_json = false;
   auto* inspect = app.add_subcommand("inspect", "Summarize an image and list its allocations");
-  inspect->add_option("image", inspect_path, "Image directory")->required();
+  add_image(inspect, inspect_path);
   inspect->add_flag("--json", inspect_json, "Print the manifest as JSON");
 
   std::string verify_path;
   bool verify_json = false;
   auto* verify = app.add_subcommand("verify", "Check an image's structure and every checksum");
-  verify->add_option("image", verify_path, "Image directory")->required();
+  add_image(verify, verify_path);
   verify->add_flag("--json", verify_json, "Print the result as JSON");
 
   std::string cat_path, cat_addr, cat_size, cat_output;
   auto* cat = app.add_subcommand("cat", "Write an image's bytes for an address range, every checksum checked");
-  cat->add_option("image", cat_path, "Image directory")->required();
-  cat->add_option("addr", cat_addr, "First address (0x hex or decimal)")->required();
-  cat->add_option("size", cat_size, "Number of bytes (0x hex or decimal, K/M/G/T)")->required();
-  cat->add_option("-o,--output", cat_output, "Write to this file (created 0600, only when complete) instead of stdout");
+  add_image(cat, cat_path);
+  cat->add_option("addr", cat_addr, "First address (0x hex or decimal)")->required()->type_name("ADDR");
+  cat->add_option("size", cat_size, "Number of bytes (0x hex or decimal, K/M/G/T)")->required()->type_name("SIZE");
+  cat->add_option("-o,--output", cat_output, "Write to this file (created 0600, only when complete) instead of stdout")
+      ->type_name("FILE");
   cat->footer(
-      "Usage: cuda-ckpt cat IMAGE ADDR SIZE [-o FILE]\n"
+      "Usage: cuda-ckpt cat IMAGE ADDR SIZE [-o FILE]   (also: cuda-ckpt cat -D IMAGE ADDR SIZE)\n"
       "Each extent the range touches is read whole and its checksum checked before any of its bytes are written.\n"
       "Exit status 1, naming it, when a byte of the range is in no extent (nothing is written) or an extent is\n"
       "damaged (the bytes before it, all checked, may have been written; with -o no file is left).");
@@ -119,7 +176,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> gc_dirs;
   bool gc_dry_run = false, gc_json = false;
   auto* gc = app.add_subcommand("gc", "Remove what killed tools left behind, when no process depends on it");
-  gc->add_option("dirs", gc_dirs, "Directories to scan (default: the default suspend directory, /dev/shm/vmmckpt-UID)");
+  gc->add_option("dirs", gc_dirs, "Directories to scan (default: the default suspend directory, /dev/shm/vmmckpt-UID)")
+      ->type_name("DIR");
   gc->add_flag("--dry-run", gc_dry_run, "Say what would be removed, remove nothing");
   gc->add_flag("--json", gc_json, "Print the result as JSON");
   gc->footer(
@@ -130,14 +188,15 @@ int main(int argc, char** argv) {
       "the images of processes that died as orphaned, with their size and the gc command that removes them.");
 
   auto* suspend = app.add_subcommand("suspend", "Save a process's GPU memory and free it; the process waits");
-  suspend->add_option("pid", suspend_options.pid, "The process (running under vmmckpt)")->required();
-  suspend->add_option("-o,--output", suspend_options.output,
-                      "Image directory (default /dev/shm/vmmckpt-UID/suspend-PID-TIME, removed by resume)");
+  add_pid(suspend, suspend_options.pid, "The process (running under vmmckpt)");
+  suspend->add_option("-o,--output,-D", suspend_options.output,
+                      "Image directory (default /dev/shm/vmmckpt-UID/suspend-PID-TIME, removed by resume; also -D DIR)")
+      ->type_name("DIR");
   suspend->add_flag("--json", suspend_options.json, "Print the result as JSON");
   suspend->add_option("--deadline", suspend_options.deadline_s,
-                      "Give up after this many seconds, connecting and saving included: the program is then released, "
-                      "not suspended")
-      ->capture_default_str()->check(CLI::Range(1, 3600));
+                      "Give up after this many whole seconds (1 to 3600), connecting and saving included: the "
+                      "program is then released, not suspended")
+      ->capture_default_str()->check(whole_seconds)->type_name("INT");
   suspend->add_flag("--verify", suspend_options.verify,
                     "Read the image back and check every checksum before the memory is freed");
   suspend->add_flag("--allow-partial", suspend_options.allow_partial,
@@ -146,23 +205,27 @@ int main(int argc, char** argv) {
   suspend->add_option("--writers", suspend_options.writers, "Threads writing the image (default: one per core, up to 16)")
       ->check(CLI::Range(1, 256));
   suspend->footer(
+      "Usage: cuda-ckpt suspend PID [-o DIR]   (also: cuda-ckpt suspend -t PID -D DIR)\n"
       "Nothing is freed unless the image is complete, synced and opens with every rule checked (with --verify:\n"
       "and reads back with every checksum right). Threads of the program that call CUDA\n"
-      "wait until resume; its CUDA context stays on the GPU. A process with device memory vmmckpt does not\n"
-      "own is refused with exit status 3 unless --allow-partial is given.");
+      "wait until resume; its CUDA context stays on the GPU. Interrupted (Ctrl-C, SIGTERM) before the\n"
+      "program took the image, the suspend is undone: the image is removed and the program goes on.\n"
+      "A process with device memory vmmckpt does not own is refused with exit status 3 unless\n"
+      "--allow-partial is given.");
 
   pid_t resume_pid = 0;
   bool resume_json = false;
   auto* resume = app.add_subcommand("resume", "Give a suspended process its GPU memory back and let it go on");
-  resume->add_option("pid", resume_pid, "The suspended process")->required();
+  add_pid(resume, resume_pid, "The suspended process");
   resume->add_flag("--json", resume_json, "Print the result as JSON");
   resume->footer("A resume that cannot complete (not enough GPU memory, a damaged image) leaves the process\n"
-                 "suspended with its image intact; it can be tried again.");
+                 "suspended with its image intact; it can be tried again. On a terminal a progress line shows\n"
+                 "the program loading its image.");
 
   std::string restore_path;
   bool restore_replay = false;
   auto* restore = app.add_subcommand("restore", "Start a command with an image's GPU memory back at its addresses");
-  restore->add_option("image", restore_path, "Image directory")->required();
+  add_image(restore, restore_path);
   restore->add_flag("--replay", restore_replay,
                     "The allocator starts empty with the image's bytes in place: a program that repeats its "
                     "allocations from the start gets the same addresses and finds its data");
@@ -176,17 +239,52 @@ int main(int argc, char** argv) {
                       "Run on this machine's GPU N (migration); the program sees it as the device it had, and "
                       "every address is unchanged")
       ->check(CLI::Range(0, 63));
+  restore->allow_extras();  // a command given without "--" is named in the error, in its order
   restore->footer(
       "Usage: cuda-ckpt restore IMAGE [--replay] [--device N] -- COMMAND [ARGS...]\n"
       "The image is checked (structure and every checksum) before the command starts; a bad image is refused\n"
       "(--no-verify: the structure only, and the restoring process checks each extent as it loads).\n"
-      "By default the image's allocations are live in the new process: pointers the program saved stay valid.");
+      "By default the image's allocations are live in the new process: pointers the program saved stay valid.\n"
+      "On a terminal a progress line shows the program loading its image.");
+
+  // Every command's help ends with the exit codes, as the program's does.
+  for (auto* command : app.get_subcommands([](CLI::App*) { return true; })) {
+    const std::string own = command->get_footer();
+    command->footer(own.empty() ? exit_code_help : own + "\n\n" + exit_code_help);
+  }
+
+  const bool json = json_requested(argc, argv);
+  // What CLI11 does not say the usual way: an unknown command, and `help [COMMAND]`.
+  if (argc >= 2 && argv[1][0] != '-') {
+    const std::string word = argv[1];
+    if (word == "help") {
+      if (argc == 2) {
+        std::cout << app.help();
+        return exit_ok;
+      }
+      CLI::App* command = nullptr;
+      try {
+        command = app.get_subcommand(argv[2]);
+      } catch (const CLI::OptionNotFound&) {
+      }
+      if (command == nullptr)
+        return report_failure("", false, std::string("unknown command '") + argv[2] + "'; see cuda-ckpt --help", exit_usage);
+      std::cout << command->help(app.get_name());
+      return exit_ok;
+    }
+    bool known = false;
+    for (const auto* command : app.get_subcommands([](CLI::App*) { return true; })) known |= command->get_name() == word;
+    if (!known) return report_failure("", json, "unknown command '" + word + "'; see cuda-ckpt --help", exit_usage);
+  }
+  const std::string command = argc >= 2 && argv[1][0] != '-' ? argv[1] : "";
+  // A misspelt VMMCKPT_LOG_LEVEL is said once, here; under run and restore the shim in the program says it.
+  if (command != "run" && command != "restore") vmmckpt::log::threshold();
 
   // The command of run and restore is everything after the first "--" (or,
   // for run, after its first word): CLI11 parses only what comes before.
   std::vector<char*> args(argv, argv + argc);
   std::vector<std::string> trailing_command;
-  if (args.size() >= 2 && std::string_view(args[1]) == "restore") {
+  if (command == "restore") {
     for (std::size_t i = 2; i < args.size(); ++i) {
       if (std::string_view(args[i]) == "--") {
         trailing_command.assign(args.begin() + static_cast<long>(i) + 1, args.end());
@@ -195,17 +293,34 @@ int main(int argc, char** argv) {
       }
     }
   }
-  if (args.size() >= 3 && std::string_view(args[1]) == "run" && std::string_view(args[2]) == "--")
-    args.erase(args.begin() + 2);
+  if (args.size() >= 3 && command == "run" && std::string_view(args[2]) == "--") args.erase(args.begin() + 2);
 
   try {
     app.parse(static_cast<int>(args.size()), args.data());
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    const int code = app.exit(e);
-    return code == 0 ? exit_ok : exit_usage;
+    if (!json) {
+      app.exit(e);  // the message, and where to look for help
+      return exit_usage;
+    }
+    return report_failure(command, true, e.what(), exit_usage);
+  }
+  if (*restore && !restore->remaining().empty()) {
+    // Words after the image without "--": the command, most likely, or an option misspelt.
+    const auto extra = restore->remaining();
+    if (extra.front().rfind("-", 0) == 0)
+      return report_failure("restore", false, "unknown option '" + extra.front() + "'; see cuda-ckpt help restore",
+                            exit_usage);
+    std::string words;
+    for (const auto& w : extra) words += " " + w;
+    return report_failure("restore", false,
+                          "the command to start goes after '--': cuda-ckpt restore " + restore_path + " --" + words,
+                          exit_usage);
   }
 
-  const char* command = app.get_subcommands().front()->get_name().c_str();
   try {
     if (*run) return run_under_shim(run->remaining());
     if (*ps) return ps_command(ps_pid, ps_json);
@@ -219,21 +334,26 @@ int main(int argc, char** argv) {
     if (*suspend) return suspend_command(suspend_options);
     if (*resume) return resume_command(resume_pid, resume_json);
     if (*gc) return gc_command(gc_dirs, gc_dry_run, gc_json);
+  } catch (const vmmckpt::ckpt::interrupted& e) {
+    // By now the unfinished image is gone and the connection closed: the program goes on.
+    return report_failure(command, json,
+                          std::string(e.what()) + ": no image was written, and the program was released and goes on" +
+                              (command == "suspend" ? ", not suspended" : ""),
+                          128 + e.signal);
   } catch (const vmmckpt::ckpt::partial_refused& e) {
-    std::cerr << "cuda-ckpt " << command << ": process " << e.pid
-              << " has device memory that vmmckpt does not own, which no image would hold: "
-              << kinds_and_sizes(e.not_owned) << ". Nothing was written and the process goes on. Pass "
-              << "--allow-partial to write an image marked partial that lacks it.\n";
-    return exit_partial_refused;
+    return report_failure(command, json,
+                          "process " + std::to_string(e.pid) +
+                              " has device memory that vmmckpt does not own, which no image would hold: " +
+                              kinds_and_sizes(e.not_owned) +
+                              ". Nothing was written and the process goes on. Pass --allow-partial to write an image "
+                              "marked partial that lacks it.",
+                          exit_partial_refused);
   } catch (const vmmckpt::ckpt::tool_error& e) {
-    std::cerr << "cuda-ckpt " << command << ": " << e.what() << "\n";
-    return exit_failure;
+    return report_failure(command, json, e.what(), exit_failure);
   } catch (const vmmckpt::image::image_error& e) {
-    std::cerr << "cuda-ckpt " << command << ": " << e.what() << "\n";
-    return exit_failure;
+    return report_failure(command, json, e.what(), exit_failure);
   } catch (const std::exception& e) {
-    std::cerr << "cuda-ckpt " << command << ": unexpected error: " << e.what() << "\n";
-    return exit_failure;
+    return report_failure(command, json, std::string("unexpected error: ") + e.what(), exit_failure);
   }
   return exit_usage;
 }

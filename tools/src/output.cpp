@@ -3,7 +3,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <iostream>
 
 namespace vmmckpt::tools {
 
@@ -20,30 +22,77 @@ std::string human_bytes(std::uint64_t bytes) {
   return buf;
 }
 
-progress_bar::progress_bar(std::string label)
-    : label_(std::move(label)), enabled_(::isatty(STDERR_FILENO) == 1), start_(std::chrono::steady_clock::now()) {}
+progress_line::progress_line(std::string label, bool enabled)
+    : label_(std::move(label)), enabled_(enabled && ::isatty(STDERR_FILENO) == 1) {}
 
-void progress_bar::update(std::uint64_t done, std::uint64_t total) {
-  if (!enabled_) return;
-  const auto now = std::chrono::steady_clock::now();
-  if (drawn_ && done < total && now - last_draw_ < std::chrono::milliseconds(100)) return;
-  last_draw_ = now;
-  drawn_ = true;
-  const double seconds = std::chrono::duration<double>(now - start_).count();
-  const double rate = seconds > 0 ? static_cast<double>(done) / seconds : 0;
-  const double fraction = total ? static_cast<double>(done) / static_cast<double>(total) : 1.0;
-  constexpr int width = 30;
-  std::string bar(static_cast<std::size_t>(fraction * width), '#');
-  bar.resize(width, ' ');
-  const double left = rate > 0 ? static_cast<double>(total - done) / rate : 0;
-  std::fprintf(stderr, "\r%s [%s] %s / %s  %.2f GB/s  %d:%02d left ", label_.c_str(), bar.c_str(),
-               human_bytes(done).c_str(), human_bytes(total).c_str(), rate / 1e9, static_cast<int>(left) / 60,
-               static_cast<int>(left) % 60);
+void progress_line::draw(const std::string& text) {
+  std::fprintf(stderr, "\r\033[K%s", text.c_str());
   std::fflush(stderr);
+  drawn_ = true;
 }
 
-void progress_bar::finish() {
-  if (enabled_ && drawn_) std::fprintf(stderr, "\n");
+void progress_line::show(const ckpt::copy_progress& p) {
+  using stage = ckpt::copy_progress::stage;
+  if (!enabled_) return;
+  std::lock_guard lock(mutex_);
+  const auto now = std::chrono::steady_clock::now();
+  const bool new_stage = !drawn_ || p.at != stage_;
+  if (new_stage) {
+    // The rate counts this stage's bytes only: the writing goes on from what was written while held.
+    stage_start_ = now;
+    stage_start_bytes_ = p.bytes_done;
+  }
+  stage_ = p.at;
+  if (p.at == stage::holding) {
+    draw(label_ + ": waiting for the program's GPU work to drain, to hold it");
+    return;
+  }
+  if (p.at == stage::released) {
+    char line[96];
+    std::snprintf(line, sizeof line, ": program released after %.2f s held\n", p.held_s);
+    draw(label_ + line);
+    drawn_ = false;  // that line stays
+    return;
+  }
+  if (!new_stage && p.bytes_done < p.bytes_total && now - last_draw_ < std::chrono::milliseconds(100)) return;
+  last_draw_ = now;
+  const double seconds = std::chrono::duration<double>(now - stage_start_).count();
+  const std::uint64_t moved = p.bytes_done - std::min(p.bytes_done, stage_start_bytes_);
+  const double rate = seconds > 0.001 && moved > 0 ? static_cast<double>(moved) / seconds : 0;
+  const double fraction = p.bytes_total ? static_cast<double>(p.bytes_done) / static_cast<double>(p.bytes_total) : 1.0;
+  constexpr int width = 24;
+  std::string bar(static_cast<std::size_t>(std::min(fraction, 1.0) * width), '#');
+  bar.resize(width, ' ');
+  const char* what = p.at == stage::copying ? "copying, program held" : p.at == stage::loading ? "loading" : "writing";
+  // Until a rate is known (the stage's first event), it and the time left show as dashes.
+  char rate_text[48] = " --.-- GB/s  -:-- left";
+  if (rate > 0) {
+    const int left = static_cast<int>(static_cast<double>(p.bytes_total - std::min(p.bytes_done, p.bytes_total)) / rate);
+    std::snprintf(rate_text, sizeof rate_text, " %.2f GB/s  %d:%02d left", rate / 1e9, left / 60, left % 60);
+  }
+  char line[256];
+  std::snprintf(line, sizeof line, ": %s [%s] %s / %s %s", what, bar.c_str(), human_bytes(p.bytes_done).c_str(),
+                human_bytes(p.bytes_total).c_str(), rate_text);
+  draw(label_ + line);
+}
+
+void progress_line::finish() {
+  if (!enabled_) return;
+  std::lock_guard lock(mutex_);
+  if (drawn_) {
+    std::fprintf(stderr, "\r\033[K");
+    std::fflush(stderr);
+  }
+  drawn_ = false;
+}
+
+int report_failure(const std::string& command, bool json, const std::string& message, int exit_code) {
+  if (json)
+    std::cout << nlohmann::json{{"ok", false}, {"command", command}, {"error", message}, {"exit_code", exit_code}}.dump(2)
+              << "\n";
+  else
+    std::cerr << "cuda-ckpt" << (command.empty() ? "" : " " + command) << ": " << message << "\n";
+  return exit_code;
 }
 
 nlohmann::json timings_json(const ckpt::image_result& r) {

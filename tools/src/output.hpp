@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <mutex>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -33,19 +34,39 @@ nlohmann::json kinds_and_sizes_json(const Entries& entries) {
 // went), for --json.
 nlohmann::json timings_json(const ckpt::image_result& r);
 
-// Draws "[####    ] 1.2/4.0 GiB  3.1 GB/s  0:02 left" on stderr, only when stderr
-// is a terminal; redraws at most ten times a second.
-class progress_bar {
+// A long operation's progress on stderr, only when stderr is a terminal (and `enabled`: not with
+// --json): one line redrawn in place at most ten times a second, "dump: copying, program held
+// [####    ] 1.20 GiB / 4.00 GiB  3.10 GB/s  0:02 left", each draw clearing what the last left
+// ("\r\033[K"). The program's release is a line of its own that stays. Safe from any thread.
+class progress_line {
  public:
-  explicit progress_bar(std::string label);
-  void update(std::uint64_t done, std::uint64_t total);
+  explicit progress_line(std::string label, bool enabled = true);
+  ~progress_line() { finish(); }
+  progress_line(const progress_line&) = delete;
+  progress_line& operator=(const progress_line&) = delete;
+  void show(const ckpt::copy_progress& p);
+  // Clears the line, so that what is printed next starts on a clean one.
   void finish();
+  // A callback for the engine that shows each event here.
+  // None when nothing would be drawn: a resume then asks the program for no progress frames.
+  ckpt::progress_callback callback() {
+    if (!enabled_) return {};
+    return [this](const ckpt::copy_progress& p) { show(p); };
+  }
 
  private:
+  void draw(const std::string& text);
+  std::mutex mutex_;
   std::string label_;
   bool enabled_;
-  std::chrono::steady_clock::time_point start_, last_draw_;
-  bool drawn_ = false;
+  ckpt::copy_progress::stage stage_ = ckpt::copy_progress::stage::holding;
+  std::chrono::steady_clock::time_point stage_start_, last_draw_;
+  std::uint64_t stage_start_bytes_ = 0;
+  bool drawn_ = false;  // something is on the line
 };
+
+// A failed command's report: "cuda-ckpt COMMAND: MESSAGE" on stderr, or with --json the object
+// {"ok": false, "command", "error", "exit_code"} on stdout. Returns exit_code.
+int report_failure(const std::string& command, bool json, const std::string& message, int exit_code);
 
 }  // namespace vmmckpt::tools

@@ -26,6 +26,7 @@ const char* const ps_help_footer =
     "  suspending         held for a suspend, or its memory being freed (locked)\n"
     "  suspended          its GPU memory is in an image and freed; resume gives it back (checkpointed)\n"
     "  resuming           its memory is coming back from the image (locked)\n"
+    "  paused             it gave its GPU memory back itself (vmmckpt_pause) and resumes itself\n"
     "  not responding     it took no connection or sent no answer within a second (stopped, frozen, swamped)\n"
     "  unreachable        libvmmckpt.so is loaded but its control server cannot be reached (the reason follows)\n"
     "  no control server  libvmmckpt.so is loaded but no server listens (no CUDA call yet, or a fork() child):\n"
@@ -33,8 +34,8 @@ const char* const ps_help_footer =
     "  orphaned           an image whose process died: its size and the `cuda-ckpt gc` that removes it follow\n"
     "Socket files nobody listens at any more are removed (sockets only).\n"
     "--json: one object per entry with the same keys for all: pid, uid (the owner), status (the STATE\n"
-    "above), state (running or suspended as the process says; else the status), command, devices, pools,\n"
-    "not_owned; activity when it answered; problem when it did not; image, image_bytes, why and\n"
+    "above), state (running, suspended or paused as the process says; else the status), command, devices,\n"
+    "pools, not_owned; activity when it answered; problem when it did not; image, image_bytes, why and\n"
     "remove_with when orphaned.";
 
 namespace {

@@ -1,6 +1,12 @@
 // `cuda-ckpt restore`: check an image, then start the command under the shim with the image to restore.
 #include <cuda.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
 
 #include <cstdlib>
 #include <filesystem>
@@ -12,16 +18,73 @@
 #include "exit_codes.hpp"
 #include "output.hpp"
 #include "run_command.hpp"
+#include "vmmckpt/control_messages.hpp"
 #include "vmmckpt/image.hpp"
 #include "vmmckpt/restore/handoff.hpp"
 #include "vmmckpt/restore/restore_plan.hpp"
 
 namespace vmmckpt::tools {
+namespace {
+
+// The restored program loads its image itself, after this tool has become it (exec): a process
+// of its own draws the progress line from what the shim sends on a socket, and ends when the
+// shim closes it (loaded or failed) or the program exits. Returns the program's end of the socket,
+// or -1 when stderr is no terminal (nothing to draw on) or the reporter cannot start.
+int start_progress_reporter() {
+  if (::isatty(STDERR_FILENO) != 1) return -1;
+  int ends[2];
+  if (::socketpair(AF_UNIX, SOCK_SEQPACKET, 0, ends) != 0) return -1;
+  std::fflush(nullptr);
+  const pid_t child = ::fork();
+  if (child < 0) {
+    ::close(ends[0]);
+    ::close(ends[1]);
+    return -1;
+  }
+  if (child == 0) {
+    // Forked once more so that the reporter is not the program's child: the program's waits and
+    // SIGCHLD stay its own business.
+    if (::fork() != 0) ::_exit(0);
+    ::close(ends[0]);
+    progress_line line("restore");
+    ckpt::copy_progress last{ckpt::copy_progress::stage::loading};
+    const auto start = std::chrono::steady_clock::now();
+    char frame[512];
+    for (;;) {
+      const ssize_t n = ::recv(ends[1], frame, sizeof frame, 0);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      try {
+        if (const auto f = control::decode_progress_frame(std::string(frame, static_cast<std::size_t>(n)))) {
+          last.bytes_done = f->bytes_done;
+          last.bytes_total = f->bytes_total;
+          line.show(last);
+        }
+      } catch (const std::exception&) {
+        // Not a frame of ours: nothing to draw.
+      }
+    }
+    line.finish();
+    if (last.bytes_total != 0 && last.bytes_done == last.bytes_total) {
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      std::fprintf(stderr, "restore: %s loaded, %.2f s after the command started\n", human_bytes(last.bytes_done).c_str(),
+                   seconds);
+    }
+    ::_exit(0);
+  }
+  ::close(ends[1]);
+  int status = 0;
+  while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+  return ends[0];
+}
+
+}  // namespace
 
 int restore_command(const std::string& path, bool replay, int device, bool verify_first,
                     const std::vector<std::string>& command) {
   if (command.empty()) {
-    std::cerr << "cuda-ckpt restore: no command given (usage: cuda-ckpt restore IMAGE [--replay] -- COMMAND...)\n";
+    std::cerr << "cuda-ckpt restore: no command given (usage: cuda-ckpt restore IMAGE [OPTIONS] -- COMMAND [ARGS...])\n";
     return exit_usage;
   }
   // Refuse a bad image before anything starts: the program never sees it. (The restoring
@@ -53,8 +116,11 @@ int restore_command(const std::string& path, bool replay, int device, bool verif
   h.pool_size = plan.pool_size;
   h.vmm_base = plan.vmm_base;
   h.vmm_window = plan.vmm_window;
+  h.progress_fd = start_progress_reporter();
   restore::export_to_environment(h);
-  return run_under_shim(command);
+  const int failed = run_under_shim(command, "restore");
+  if (h.progress_fd >= 0) ::close(h.progress_fd);
+  return failed;
 }
 
 }  // namespace vmmckpt::tools

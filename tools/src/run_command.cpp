@@ -47,14 +47,14 @@ std::string locate_shim() {
   return {};
 }
 
-int run_under_shim(const std::vector<std::string>& command) {
+int run_under_shim(const std::vector<std::string>& command, const char* subcommand) {
   if (command.empty()) {
-    std::cerr << "cuda-ckpt run: no command given (usage: cuda-ckpt run [--] COMMAND [ARGS...])\n";
+    std::cerr << "cuda-ckpt " << subcommand << ": no command given (usage: cuda-ckpt run [--] COMMAND [ARGS...])\n";
     return exit_usage;
   }
   const std::string shim = locate_shim();
   if (shim.empty()) {
-    std::cerr << "cuda-ckpt run: cannot find the shim libvmmckpt.so; looked at:";
+    std::cerr << "cuda-ckpt " << subcommand << ": cannot find the shim libvmmckpt.so; looked at:";
     for (const auto& path : shim_candidates()) std::cerr << " '" << path << "'";
     std::cerr << " (set VMMCKPT_SHIM to its path)\n";
     return exit_failure;
@@ -71,7 +71,7 @@ int run_under_shim(const std::vector<std::string>& command) {
   argv.push_back(nullptr);
   ::execvp(argv[0], argv.data());
   const int error = errno;
-  std::cerr << "cuda-ckpt run: cannot execute '" << command[0] << "': " << std::strerror(error) << "\n";
+  std::cerr << "cuda-ckpt " << subcommand << ": cannot execute '" << command[0] << "': " << std::strerror(error) << "\n";
   return error == ENOENT ? exit_not_found : exit_cannot_execute;
 }
 

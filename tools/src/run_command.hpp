@@ -20,7 +20,7 @@ std::string locate_shim();
 void ignore_file_size_signal();
 
 // Replaces this process with the command under the shim; returns only on
-// failure, with the exit code to use (the reason is printed).
-int run_under_shim(const std::vector<std::string>& command);
+// failure, with the exit code to use (the reason is printed, as `cuda-ckpt <subcommand>: ...`).
+int run_under_shim(const std::vector<std::string>& command, const char* subcommand = "run");
 
 }  // namespace vmmckpt::tools

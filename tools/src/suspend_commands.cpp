@@ -12,6 +12,7 @@
 
 #include "commands.hpp"
 #include "exit_codes.hpp"
+#include "interrupts.hpp"
 #include "output.hpp"
 #include "vmmckpt/ckpt/control_client.hpp"
 #include "vmmckpt/ckpt/leftovers.hpp"
@@ -34,11 +35,10 @@ int suspend_command(const suspend_command_options& o) {
   } else {
     options.output = o.output;
   }
-  progress_bar bar("suspend");
-  const auto r = ckpt::suspend(options, [&](const ckpt::copy_progress& p) {
-    if (!o.json) bar.update(p.bytes_done, p.bytes_total);
-  });
-  bar.finish();
+  options.copy.interrupt = &catch_interrupts();
+  progress_line line("suspend", !o.json);
+  const auto r = ckpt::suspend(options, line.callback());
+  line.finish();
   const double seconds = r.seconds;
   if (r.late) {
     // Suspended, but its answer never came: the figures are unknown, the state is not.
@@ -79,7 +79,9 @@ int suspend_command(const suspend_command_options& o) {
 }
 
 int resume_command(pid_t pid, bool as_json) {
-  const auto r = ckpt::resume(pid);
+  progress_line line("resume", !as_json);
+  const auto r = ckpt::resume(pid, line.callback());
+  line.finish();
   if (as_json) {
     std::cout << nlohmann::json{{"pid", pid}, {"bytes", r.bytes}, {"seconds", r.seconds}, {"image", r.image}}.dump(2)
               << "\n";

@@ -43,7 +43,8 @@ std::string_view name_of(refusal r);
 // Milliseconds since the Unix epoch now: what valid_until_ms is measured in.
 std::int64_t unix_ms_now() noexcept;
 
-enum class process_state { running, suspended };
+// paused: the program gave its GPU memory back itself (vmmckpt_pause, shim/include/vmmckpt/vmmckpt.h).
+enum class process_state { running, suspended, paused };
 std::string_view name_of(process_state s);
 
 // What the control server is doing for a tool right now, so that `cuda-ckpt ps` can show it: held
@@ -103,6 +104,9 @@ struct suspend_request {
 };
 struct resume_request {
   std::int64_t valid_until_ms = 0;
+  // The tool shows progress: the process sends progress frames while it loads (optional; false when
+  // absent, and a process older than the field sends none).
+  bool progress = false;
   friend bool operator==(const resume_request&, const resume_request&) = default;
 };
 struct check_request {
@@ -171,6 +175,12 @@ struct fds_frame {
   std::uint32_t count = 0;
   friend bool operator==(const fds_frame&, const fds_frame&) = default;
 };
+// Sent before the reply of a resume that asked for progress, at most ten a second while the image loads.
+struct progress_frame {
+  std::uint64_t bytes_done = 0;
+  std::uint64_t bytes_total = 0;
+  friend bool operator==(const progress_frame&, const progress_frame&) = default;
+};
 struct dump_end_reply {
   std::uint64_t held_us = 0;
   friend bool operator==(const dump_end_reply&, const dump_end_reply&) = default;
@@ -209,6 +219,7 @@ std::string encode(const request& r);
 std::string encode(const hello_reply& r);
 std::string encode(const dump_begin_reply& r);
 std::string encode(const fds_frame& r);
+std::string encode(const progress_frame& r);
 std::string encode(const dump_end_reply& r);
 std::string encode(const suspend_reply& r);
 std::string encode(const resume_reply& r);
@@ -223,6 +234,9 @@ std::variant<request, failure_reply> decode_request(const std::string& payload);
 template <typename Reply>
 std::variant<Reply, failure_reply> decode_reply(const std::string& payload);
 fds_frame decode_fds_frame(const std::string& payload);
+// A progress frame; nothing when the payload is another message (the reply that ends the op). Throws
+// decode_error for a malformed progress frame.
+std::optional<progress_frame> decode_progress_frame(const std::string& payload);
 
 // The allocation table of a dump_begin reply: every pool's allocations in order, as fixed records
 // (little_endian.hpp's allocation_record). The process sends it as a sealed memfd.
@@ -244,5 +258,6 @@ struct example {
 std::vector<example> example_messages();
 std::string example_failure();
 std::string example_fds_frame();
+std::string example_progress_frame();
 
 }  // namespace vmmckpt::control

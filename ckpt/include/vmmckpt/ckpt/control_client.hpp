@@ -4,6 +4,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -93,14 +94,16 @@ class control_client {
   control::dump_begin_reply dump_begin(int hold_ms, received_fds& fds, bool for_suspend = false);
   control::dump_end_reply dump_end();
   control::suspend_reply suspend(const std::string& image, const std::string& image_id);
-  control::resume_reply resume();
+  // With `progress`, the process is asked for progress frames as it loads (an older one sends none).
+  using progress_handler = std::function<void(const control::progress_frame&)>;
+  control::resume_reply resume(const progress_handler& progress = {});
   control::check_reply check();
 
  private:
   void send(const control::request& r);
   std::string receive(std::vector<int>* fds, int timeout_ms);
   template <typename Reply>
-  Reply call(const control::request& r, std::vector<int>* fds = nullptr);
+  Reply call(const control::request& r, std::vector<int>* fds = nullptr, const progress_handler& progress = {});
   [[noreturn]] void channel_failed(const protocol::failure& f) const;
 
   pid_t pid_;

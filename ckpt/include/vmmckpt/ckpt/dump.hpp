@@ -3,10 +3,12 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,13 +26,33 @@ struct copy_settings {
   std::uint64_t staging_bytes = 1ULL << 30;  // most pinned staging to use (at least two buffers)
   int streams = 2;                           // copy streams
   int writers = default_writers();           // threads writing the image, one data file each
+  // Set (to the signal's number) by the caller's SIGINT/SIGTERM handler: the operation stops at its
+  // next chunk with `interrupted`, leaving nothing and the program released. Null: never.
+  const std::atomic<int>* interrupt = nullptr;
 };
 
+// Where a long operation is, for a progress line. Callbacks come from several threads, one at a time.
 struct copy_progress {
+  enum class stage {
+    holding,   // waiting for the program's GPU work to drain before it is held
+    copying,   // the program is held while its bytes leave its memory: bytes_done of bytes_total
+    released,  // the program goes on, after held_s seconds held (dump only: suspend keeps it held)
+    writing,   // the image is written: bytes_done of bytes_total
+    loading,   // resume: the program loads its image: bytes_done of bytes_total
+  };
+  stage at = stage::writing;
   std::uint64_t bytes_done = 0;
   std::uint64_t bytes_total = 0;
+  double held_s = 0;
 };
 using progress_callback = std::function<void(const copy_progress&)>;
+
+// The operation stopped at the signal `signal` (SIGINT, SIGTERM) that copy_settings::interrupt reported:
+// nothing was written, and the program was released unharmed by the time this reaches the caller.
+struct interrupted : std::runtime_error {
+  interrupted(const std::string& what, int sig) : std::runtime_error(what), signal(sig) {}
+  int signal = 0;
+};
 
 // What a dump or a suspend wrote and where its time went.
 struct image_result {

@@ -42,6 +42,6 @@ struct resume_result {
 };
 
 // Gives a suspended program its GPU memory back from its image and lets it go on.
-resume_result resume(pid_t pid);
+resume_result resume(pid_t pid, const progress_callback& progress = {});
 
 }  // namespace vmmckpt::ckpt

@@ -22,6 +22,9 @@ struct handoff {
   std::uint64_t pool_base = 0, pool_size = 0;
   // Device 0's VMM window and each window's size, as in the image; 0 when it has no VMM memory (not exported).
   std::uint64_t vmm_base = 0, vmm_window = 0;
+  // A socket (SOCK_SEQPACKET) on which the shim sends a control::progress_frame as the image loads,
+  // and which it closes once loaded or failed: cuda-ckpt's progress line. -1: none.
+  int progress_fd = -1;
 };
 
 // Puts the hand-off into this process's environment, for the command it is about to exec: the

@@ -1,0 +1,39 @@
+"""vmmckpt from Python: checkpoint, suspend and restore CUDA processes, and pause a process's own GPU memory.
+
+Other processes (cuda-ckpt underneath): ps, dump, suspend, resume(pid), restore, inspect, verify.
+This process, when it runs under libvmmckpt.so: pause(), resume(), paused(), state(), under_shim().
+docs/python.md has the details and examples.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Union, overload
+
+from . import _self, _tool
+from ._self import pause, paused, state, under_shim
+from ._tool import dump, inspect, ps, restore, suspend, tool_path, verify
+from .errors import (CommandFailedError, ImageDefectError, NotUnderShimError, PartialRefusedError, PauseBusyError,
+                     PauseDriverError, PauseError, PauseMemoryError, PauseStateError, ToolNotFoundError, UsageError,
+                     VmmckptError)
+from .results import (DumpResult, ImageInfo, PauseStats, Process, ResumeResult, SuspendResult, VerifyResult)
+
+
+@overload
+def resume() -> PauseStats: ...
+@overload
+def resume(pid: int) -> ResumeResult: ...
+
+
+def resume(pid: Optional[int] = None) -> Union[PauseStats, ResumeResult]:
+    """resume(): this process's memory back after pause(). resume(pid): a process suspended by suspend(pid)."""
+    return _self.resume_self() if pid is None else _tool.resume_process(pid)
+
+
+__all__ = [
+    "pause", "resume", "paused", "state", "under_shim",
+    "ps", "dump", "suspend", "restore", "inspect", "verify", "tool_path",
+    "PauseStats", "Process", "DumpResult", "SuspendResult", "ResumeResult", "VerifyResult", "ImageInfo",
+    "VmmckptError", "ToolNotFoundError", "UsageError", "CommandFailedError", "PartialRefusedError",
+    "ImageDefectError", "NotUnderShimError", "PauseError", "PauseStateError", "PauseBusyError",
+    "PauseMemoryError", "PauseDriverError",
+]

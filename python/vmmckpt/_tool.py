@@ -1,0 +1,133 @@
+"""ps, dump, suspend, resume, restore, inspect and verify: cuda-ckpt run with --json, its answer typed."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+from .errors import (CommandFailedError, ImageDefectError, PartialRefusedError, ToolNotFoundError, UsageError,
+                     VmmckptError)
+from .results import DumpResult, ImageInfo, Process, ResumeResult, SuspendResult, VerifyResult
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def tool_path() -> str:
+    """The cuda-ckpt this package runs: $VMMCKPT_CUDA_CKPT, else the one installed with the package, else PATH."""
+    explicit = os.environ.get("VMMCKPT_CUDA_CKPT")
+    if explicit:
+        return explicit
+    bundled = Path(__file__).resolve().parent / "bin" / "cuda-ckpt"
+    if bundled.is_file() and os.access(bundled, os.X_OK):
+        return str(bundled)
+    found = shutil.which("cuda-ckpt")
+    if found:
+        return found
+    raise ToolNotFoundError("cuda-ckpt not found: install vmmckpt with pip or cmake --install, put cuda-ckpt on "
+                            "PATH, or set VMMCKPT_CUDA_CKPT")
+
+
+def _run(command: str, args: Sequence[str]) -> Any:
+    """Runs `cuda-ckpt COMMAND ARGS --json` and returns its JSON answer; raises on failure."""
+    argv = [tool_path(), command, *args, "--json"]
+    try:
+        done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, check=False)
+    except OSError as e:
+        raise ToolNotFoundError(f"cannot run {argv[0]}: {e}") from e
+    answer: Any = None
+    if done.stdout.strip():
+        try:
+            answer = json.loads(done.stdout)
+        except json.JSONDecodeError:
+            answer = None
+    if done.returncode == 0 and answer is not None:
+        return answer
+    message = ""
+    if isinstance(answer, dict):
+        message = str(answer.get("error") or answer.get("defect") or "")
+    message = message or done.stderr.strip() or f"cuda-ckpt {command} exited with status {done.returncode}"
+    if done.returncode == 2:
+        raise UsageError(message, 2)
+    if done.returncode == 3:
+        raise PartialRefusedError(message, 3)
+    if done.returncode == 0:
+        raise VmmckptError(f"cuda-ckpt {command} printed no JSON: {done.stdout[:200]!r}", 0)
+    raise CommandFailedError(message, done.returncode)
+
+
+def _options(**options: Any) -> List[str]:
+    args: List[str] = []
+    for name, value in options.items():
+        flag = "--" + name.replace("_", "-")
+        if value is None or value is False:
+            continue
+        args += [flag] if value is True else [flag, str(value)]
+    return args
+
+
+def ps(pid: Optional[int] = None) -> List[Process]:
+    """The processes running under vmmckpt (this user's; every user's for root); with pid, that one only."""
+    processes = [Process.from_json(p) for p in _run("ps", [])]
+    return [p for p in processes if pid is None or p.pid == pid]
+
+
+def dump(pid: int, output: Optional[PathLike] = None, *, allow_partial: bool = False, deadline: Optional[int] = None,
+         writers: Optional[int] = None) -> DumpResult:
+    """A consistent image of a running process's GPU memory, written to `output` (a new directory)."""
+    args = [str(int(pid))] + (["-o", os.fspath(output)] if output is not None else [])
+    j = _run("dump", args + _options(allow_partial=allow_partial, deadline=deadline, writers=writers))
+    return DumpResult(image=j["image"], pid=int(j["pid"]), bytes=int(j["bytes"]), seconds=float(j["seconds"]),
+                      hold_ms=float(j.get("hold_ms", 0)), partial=bool(j.get("lacking")), raw=j)
+
+
+def suspend(pid: int, output: Optional[PathLike] = None, *, verify: bool = False, allow_partial: bool = False,
+            deadline: Optional[int] = None) -> SuspendResult:
+    """Saves a process's GPU memory and frees it; the process waits until resume(pid)."""
+    args = [str(int(pid))] + (["-o", os.fspath(output)] if output is not None else [])
+    j = _run("suspend", args + _options(verify=verify, allow_partial=allow_partial, deadline=deadline))
+    return SuspendResult(image=j["image"], pid=int(j["pid"]), bytes=int(j.get("bytes", 0)),
+                         freed_bytes=int(j.get("freed_bytes", 0)), seconds=float(j["seconds"]), raw=j)
+
+
+def resume_process(pid: int) -> ResumeResult:
+    """Gives a suspended process its GPU memory back."""
+    j = _run("resume", [str(int(pid))])
+    return ResumeResult(pid=int(j["pid"]), bytes=int(j["bytes"]), seconds=float(j["seconds"]), image=str(j["image"]),
+                        raw=j)
+
+
+def inspect(image: PathLike) -> ImageInfo:
+    """An image's manifest (its structure checked, its data not read)."""
+    j: Dict[str, Any] = _run("inspect", [os.fspath(image)])
+    allocations = sum(len(p.get("allocations", [])) for p in j.get("pools", []))
+    return ImageInfo(path=os.fspath(image), image_id=str(j.get("image_id", "")), format=int(j.get("format", 0)),
+                     data_bytes=int(j.get("data_bytes", 0)), allocation_count=allocations,
+                     partial=bool(j.get("lacking")), raw=j)
+
+
+def verify(image: PathLike) -> VerifyResult:
+    """Checks an image's structure and every checksum; raises ImageDefectError naming the defect."""
+    try:
+        j = _run("verify", [os.fspath(image)])
+    except CommandFailedError as e:
+        raise ImageDefectError(f"{os.fspath(image)}: {e.message}", e.message, e.exit_code) from None
+    return VerifyResult(image=str(j["image"]), partial=bool(j.get("partial")), lacking=list(j.get("lacking", [])), raw=j)
+
+
+def restore(image: PathLike, command: Sequence[str], *, replay: bool = False, device: Optional[int] = None,
+            verify: bool = True, **popen: Any) -> "subprocess.Popen[Any]":
+    """Starts `command` with the image's GPU memory back at its addresses; returns the running process.
+
+    The image is checked first (every checksum unless verify=False): a bad image fails the process with
+    exit status 1 before the command starts. Extra keyword arguments go to subprocess.Popen.
+    """
+    if not command:
+        raise UsageError("restore needs a command to start (the program that rebuilds its CPU state)", 2)
+    argv = [tool_path(), "restore", os.fspath(image)] + _options(replay=replay, device=device)
+    if not verify:
+        argv.append("--no-verify")
+    return subprocess.Popen(argv + ["--", *command], **popen)

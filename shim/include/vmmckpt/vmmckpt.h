@@ -1,0 +1,59 @@
+/* vmmckpt's in-process API: a program running under libvmmckpt.so pauses and resumes its own GPU memory.
+ *
+ * vmmckpt_pause() gives every byte of device memory the shim owns back to the driver (nvidia-smi shows it
+ * free) while every address stays reserved; vmmckpt_resume() brings the memory back at the same addresses,
+ * with its bytes when the pause kept them in host memory. Between the two, CUDA calls of the program's
+ * threads wait for vmmckpt_resume() (as under `cuda-ckpt suspend`), so the thread that paused must call
+ * nothing on the GPU before it resumes. The CUDA context itself stays.
+ *
+ * The functions are exported by libvmmckpt.so. A program that may also run without the shim looks them up
+ * with dlsym(RTLD_DEFAULT, "vmmckpt_pause"), as the Python package does. Every function is thread-safe,
+ * never throws and never ends the process. docs/python.md describes the Python API built on it.
+ */
+#ifndef VMMCKPT_VMMCKPT_H
+#define VMMCKPT_VMMCKPT_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define VMMCKPT_API_VERSION 1
+
+/* vmmckpt_pause flags */
+#define VMMCKPT_PAUSE_KEEP 0u    /* copy the bytes to host memory first; resume writes them back */
+#define VMMCKPT_PAUSE_DISCARD 1u /* drop the bytes: after resume the memory reads as zeros */
+
+/* Results */
+#define VMMCKPT_OK 0
+#define VMMCKPT_E_STATE 1     /* already paused, not paused, or suspended by cuda-ckpt */
+#define VMMCKPT_E_BUSY 2      /* cuda-ckpt is dumping or suspending this process, or CUDA calls did not return in time */
+#define VMMCKPT_E_NO_MEMORY 3 /* not enough host memory for the copy, or GPU memory for resume */
+#define VMMCKPT_E_DRIVER 4    /* the CUDA driver failed or is missing (the message says which call) */
+#define VMMCKPT_E_INVALID 5   /* an unknown flag */
+
+/* What a pause or a resume did. */
+typedef struct vmmckpt_stats {
+  uint64_t bytes_released; /* pause: device memory given back to the driver; resume: memory made again */
+  uint64_t bytes_copied;   /* bytes copied to host memory (pause) or back to the GPU (resume) */
+  double seconds;          /* the call's duration */
+} vmmckpt_stats;
+
+/* Pauses this process's GPU memory. stats may be NULL. On failure nothing changed and the program goes on. */
+int vmmckpt_pause(unsigned flags, vmmckpt_stats* stats);
+/* Brings the memory back and lets every thread go on. On failure the process stays paused and the call
+ * can be tried again (after freeing GPU memory elsewhere, for example). */
+int vmmckpt_resume(vmmckpt_stats* stats);
+/* 0 running, 1 paused by vmmckpt_pause, 2 suspended by cuda-ckpt. */
+int vmmckpt_state(void);
+/* The calling thread's last failure, in words ("" when none). Valid until its next vmmckpt_ call. */
+const char* vmmckpt_last_error(void);
+/* VMMCKPT_API_VERSION of the loaded shim. */
+int vmmckpt_api_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* VMMCKPT_VMMCKPT_H */
