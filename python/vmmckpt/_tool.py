@@ -70,9 +70,9 @@ def _options(**options: Any) -> List[str]:
 
 
 def ps(pid: Optional[int] = None) -> List[Process]:
-    """The processes running under vmmckpt (this user's; every user's for root); with pid, that one only."""
-    processes = [Process.from_json(p) for p in _run("ps", [])]
-    return [p for p in processes if pid is None or p.pid == pid]
+    """The processes running under vmmckpt and the orphaned images of dead ones (this user's; every user's
+    for root). With pid, that process only: CommandFailedError says why when it is not under vmmckpt."""
+    return [Process.from_json(p) for p in _run("ps", [] if pid is None else [str(int(pid))])]
 
 
 def dump(pid: int, output: Optional[PathLike] = None, *, allow_partial: bool = False, deadline: Optional[int] = None,

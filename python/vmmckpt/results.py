@@ -17,16 +17,20 @@ class PauseStats:
 
 @dataclass(frozen=True)
 class Process:
-    """A process running under vmmckpt, as ``cuda-ckpt ps`` lists it."""
+    """A process running under vmmckpt, or an orphaned image of one that died, as ``cuda-ckpt ps`` lists it."""
 
     pid: int
-    state: str  # running, suspended, paused, ... (cuda-ckpt ps --help)
+    state: str  # running, dumping, suspending, suspended, resuming, paused, not responding, orphaned, ... (ps --help)
+    uid: int  # the owner
     command: List[str]
     devices: List[int]
     live_bytes: int  # device memory vmmckpt holds for it
     reserved_bytes: int  # physical memory behind that
     not_owned_bytes: int  # device memory no image would hold
-    image: Optional[str]  # a suspended process's image
+    image: Optional[str]  # a suspended process's image, or an orphaned one
+    image_bytes: Optional[int]  # an orphaned image's size
+    remove_with: Optional[str]  # the command that removes an orphaned image
+    problem: Optional[str]  # why a process did not answer
     raw: Dict[str, Any] = field(repr=False, compare=False)
 
     @staticmethod
@@ -34,13 +38,17 @@ class Process:
         pools = j.get("pools", [])
         return Process(
             pid=int(j["pid"]),
-            state=str(j.get("state", "unknown")),
+            state=str(j.get("status") or j.get("state") or "unknown"),
+            uid=int(j.get("uid", -1)),
             command=list(j.get("command", [])),
             devices=sorted({int(d["ordinal"]) for d in j.get("devices", [])}),
             live_bytes=sum(int(p.get("live_bytes", 0)) for p in pools),
             reserved_bytes=sum(int(p.get("backed_bytes", 0)) for p in pools),
             not_owned_bytes=sum(int(m.get("bytes", 0)) for m in j.get("not_owned", [])),
             image=j.get("image") or None,
+            image_bytes=j.get("image_bytes"),
+            remove_with=j.get("remove_with"),
+            problem=j.get("problem"),
             raw=j,
         )
 

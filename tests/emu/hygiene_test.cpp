@@ -39,6 +39,11 @@ std::set<std::string> intended_exports() {
     for (auto it = std::sregex_iterator(text.begin(), text.end(), entry); it != std::sregex_iterator(); ++it)
       names.insert((*it)[2].str());
   }
+  // The in-process API: each function the public header declares.
+  const std::string header = read_file(VMMCKPT_API_HEADER);
+  const std::regex declared(R"(\n[a-z][^\n(]*[ *](vmmckpt_\w+)\()");
+  for (auto it = std::sregex_iterator(header.begin(), header.end(), declared); it != std::sregex_iterator(); ++it)
+    names.insert((*it)[1].str());
   return names;
 }
 
