@@ -13,18 +13,14 @@ install(FILES README.md DESTINATION ${CMAKE_INSTALL_DOCDIR})
 file(GLOB _vmmckpt_docs ${PROJECT_SOURCE_DIR}/docs/*.md)
 install(FILES ${_vmmckpt_docs} DESTINATION ${CMAKE_INSTALL_DOCDIR}/docs)
 
-# The man page comes from the built tool's help, which needs a libcuda.so.1 to start: the emulated one.
+# The man page comes from the built tool's help, which needs no CUDA driver.
 set(_vmmckpt_man_page ${CMAKE_BINARY_DIR}/share/man/man1/cuda-ckpt.1)
 set(_vmmckpt_man_script ${PROJECT_SOURCE_DIR}/tools/man/generate_man_page.cmake)
-set(_vmmckpt_man_driver)
-if(TARGET vmmckpt_emu)
-  set(_vmmckpt_man_driver -DDRIVER_DIR=$<TARGET_FILE_DIR:vmmckpt_emu>)
-endif()
 add_custom_command(
   OUTPUT ${_vmmckpt_man_page}
   COMMAND ${CMAKE_COMMAND} -DCUDA_CKPT=$<TARGET_FILE:cuda-ckpt> -DOUTPUT=${_vmmckpt_man_page}
-          -DVERSION=${PROJECT_VERSION} ${_vmmckpt_man_driver} -P ${_vmmckpt_man_script}
-  DEPENDS cuda-ckpt ${_vmmckpt_man_script} $<TARGET_NAME_IF_EXISTS:vmmckpt_emu>
+          -DVERSION=${PROJECT_VERSION} -P ${_vmmckpt_man_script}
+  DEPENDS cuda-ckpt ${_vmmckpt_man_script}
   COMMENT "Generating the man page cuda-ckpt.1 from cuda-ckpt --help"
   VERBATIM)
 add_custom_target(cuda-ckpt-man ALL DEPENDS ${_vmmckpt_man_page})

@@ -141,31 +141,34 @@ struct copy_pipeline::staging {
 
   // With a current context: pins the reserved pages, or allocates pinned buffers instead.
   void allocate(int count, std::size_t bytes) {
+    const driver_api& d = driver();
     if (pages.size() != static_cast<std::size_t>(count) * bytes) reserve(count, bytes);
-    if (pages.data() != nullptr && cuMemHostRegister(pages.data(), pages.size(), 0) == CUDA_SUCCESS) {
+    if (pages.data() != nullptr && d.cuMemHostRegister_v2(pages.data(), pages.size(), 0) == CUDA_SUCCESS) {
       registered = true;
       for (int i = 0; i < count; ++i) buffers.push_back(static_cast<unsigned char*>(pages.data()) + i * bytes);
     } else {
       pages = host_pages();
       for (int i = 0; i < count; ++i) {
         void* b = nullptr;
-        VMMCKPT_CUDA_TRY(cuMemHostAlloc(&b, bytes, 0));
+        VMMCKPT_CUDA_TRY(d.cuMemHostAlloc(&b, bytes, 0));
         allocated.push_back(b);
         buffers.push_back(static_cast<unsigned char*>(b));
       }
     }
     for (int i = 0; i < count; ++i) {
       CUevent e;
-      VMMCKPT_CUDA_TRY(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC));
+      VMMCKPT_CUDA_TRY(d.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC));
       events.push_back(e);
     }
   }
   ~staging() {
-    for (CUstream s : streams) cuStreamSynchronize(s);
-    if (registered) cuMemHostUnregister(pages.data());
-    for (void* b : allocated) cuMemFreeHost(b);
-    for (CUevent e : events) cuEventDestroy(e);
-    for (CUstream s : streams) cuStreamDestroy(s);
+    if (!registered && allocated.empty() && events.empty() && streams.empty()) return;  // no driver needed
+    const driver_api& d = driver();  // loaded: it made them
+    for (CUstream s : streams) d.cuStreamSynchronize(s);
+    if (registered) d.cuMemHostUnregister(pages.data());
+    for (void* b : allocated) d.cuMemFreeHost(b);
+    for (CUevent e : events) d.cuEventDestroy_v2(e);
+    for (CUstream s : streams) d.cuStreamDestroy_v2(s);
   }
 };
 
@@ -177,11 +180,12 @@ struct copy_pipeline::gpu_snapshot {
   // Up to `want` bytes, leaving a quarter of the device free: the program must not run out of
   // memory because a dump borrowed it. Less than `least` is not worth it.
   void try_allocate(std::uint64_t want, std::uint64_t least) {
+    const driver_api& d = driver();
     std::size_t free = 0, total = 0;
-    if (cuMemGetInfo(&free, &total) != CUDA_SUCCESS || free <= total / 4) return;
+    if (d.cuMemGetInfo_v2(&free, &total) != CUDA_SUCCESS || free <= total / 4) return;
     const std::uint64_t n = std::min<std::uint64_t>(want, (free - total / 4) & ~((2ULL << 20) - 1));
     if (n < least) return;
-    if (cuMemAlloc(&ptr, n) != CUDA_SUCCESS) {
+    if (d.cuMemAlloc_v2(&ptr, n) != CUDA_SUCCESS) {
       ptr = 0;
       return;
     }
@@ -189,8 +193,9 @@ struct copy_pipeline::gpu_snapshot {
   }
   void release() {
     if (ptr != 0) {
-      cuCtxSynchronize();  // no copy may still read it
-      cuMemFree(ptr);
+      const driver_api& d = driver();  // loaded: it allocated ptr
+      d.cuCtxSynchronize();            // no copy may still read it
+      d.cuMemFree_v2(ptr);
     }
     ptr = 0;
     bytes = 0;
@@ -223,10 +228,11 @@ void copy_pipeline::prepare(const std::filesystem::path& output, CUcontext conte
   writer_.emplace(output, static_cast<std::uint32_t>(std::clamp<std::uint64_t>(chunks_estimate, 1, writers)));
 
   reserving_.join();
+  const driver_api& d = driver();
   staging_->allocate(buffers_, settings_.chunk_bytes);
   for (int i = 0; i < std::max(1, settings_.streams); ++i) {
     CUstream s;
-    VMMCKPT_CUDA_TRY(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    VMMCKPT_CUDA_TRY(d.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
     staging_->streams.push_back(s);
   }
   // With room on the GPU for a second copy of the live bytes, the program is held only while
@@ -239,6 +245,7 @@ void copy_pipeline::prepare(const std::filesystem::path& output, CUcontext conte
 void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint64_t, std::uint64_t)>& readable,
                          const std::function<void()>& release, const progress_callback& progress,
                          image_result& result, bool& used_snapshot, std::uint64_t& snapshot_bytes) {
+  const driver_api& d = driver();
   staging& st = *staging_;
   image::writer& writer = *writer_;
   // This thread copies the chunks in order into whichever staging buffer is free, and each writer
@@ -282,7 +289,7 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
       }
     } add_waiting{waiting, mutex, result};
     try {
-      VMMCKPT_CUDA_TRY(cuCtxSetCurrent(context_));
+      VMMCKPT_CUDA_TRY(d.cuCtxSetCurrent(context_));
       // Each writer takes the next copied chunk, whichever it is, and appends it to its own file: a
       // writer that falls behind holds up no other, nor the copies.
       for (;;) {
@@ -296,7 +303,7 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
           b = chunk_buffer[c];
         }
         check_interrupted();
-        VMMCKPT_CUDA_TRY(cuEventSynchronize(st.events[b]));
+        VMMCKPT_CUDA_TRY(d.cuEventSynchronize(st.events[b]));
         waiting += std::chrono::duration<double>(clock::now() - wait_start).count();
         std::uint64_t chunk_total = 0;
         for (const span& sp : chunks[c].spans) {
@@ -364,7 +371,7 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
     report(copy_progress::stage::writing, done);
   };
   auto release_when_copied = [&] {
-    for (CUstream s : st.streams) VMMCKPT_CUDA_TRY(cuStreamSynchronize(s));
+    for (CUstream s : st.streams) VMMCKPT_CUDA_TRY(d.cuStreamSynchronize(s));
     report(copy_progress::stage::copying, total);
     result.copy_seconds = std::chrono::duration<double>(clock::now() - copy_start).count();
     used_snapshot = true;
@@ -375,7 +382,7 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
     for (std::size_t c = first_in_snapshot; c < chunks.size(); ++c) {
       snapshot_at[c] = at;
       for (const span& sp : chunks[c].spans)
-        VMMCKPT_CUDA_TRY(cuMemcpyDtoDAsync(at + sp.offset, sp.addr, sp.size, st.streams[0]));
+        VMMCKPT_CUDA_TRY(d.cuMemcpyDtoDAsync_v2(at + sp.offset, sp.addr, sp.size, st.streams[0]));
       at += chunks[c].bytes;
       for (const span& sp : chunks[c].spans) snapshot_bytes += sp.stored;
     }
@@ -398,12 +405,12 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
     }
     CUstream s = st.streams[c % st.streams.size()];
     if (snapshot_at[c] != 0) {
-      VMMCKPT_CUDA_TRY(cuMemcpyDtoHAsync(st.buffers[b], snapshot_at[c], chunks[c].bytes, s));
+      VMMCKPT_CUDA_TRY(d.cuMemcpyDtoHAsync_v2(st.buffers[b], snapshot_at[c], chunks[c].bytes, s));
     } else {
       for (const span& sp : chunks[c].spans)
-        VMMCKPT_CUDA_TRY(cuMemcpyDtoHAsync(st.buffers[b] + sp.offset, sp.addr, sp.size, s));
+        VMMCKPT_CUDA_TRY(d.cuMemcpyDtoHAsync_v2(st.buffers[b] + sp.offset, sp.addr, sp.size, s));
     }
-    VMMCKPT_CUDA_TRY(cuEventRecord(st.events[b], s));
+    VMMCKPT_CUDA_TRY(d.cuEventRecord(st.events[b], s));
     {
       std::lock_guard lock(mutex);
       issued = c + 1;
@@ -417,7 +424,7 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
   }
   // Every byte is out of the GPU once the copies are done: release the program now, while the
   // last buffers are still being written.
-  for (CUstream s : st.streams) VMMCKPT_CUDA_TRY(cuStreamSynchronize(s));
+  for (CUstream s : st.streams) VMMCKPT_CUDA_TRY(d.cuStreamSynchronize(s));
   if (!used_snapshot) result.copy_seconds = std::chrono::duration<double>(clock::now() - copy_start).count();
   {
     std::lock_guard lock(mutex);

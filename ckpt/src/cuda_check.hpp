@@ -5,15 +5,16 @@
 
 #include <string>
 
-#include "vmmckpt/ckpt/control_client.hpp"
+#include "vmmckpt/ckpt/driver.hpp"
 
 namespace vmmckpt::ckpt::detail {
 
 [[noreturn]] inline void throw_cuda_error(CUresult e, const char* call, const char* file, int line) {
   const char* name = nullptr;
   const char* text = nullptr;
-  cuGetErrorName(e, &name);
-  cuGetErrorString(e, &text);
+  // A call failed, so the driver is loaded: driver() does not throw here.
+  driver().cuGetErrorName(e, &name);
+  driver().cuGetErrorString(e, &text);
   throw tool_error(std::string(call) + " failed at " + file + ":" + std::to_string(line) + ": " +
                    (name ? name : "CUDA error " + std::to_string(e)) + (text ? std::string(" (") + text + ")" : ""));
 }

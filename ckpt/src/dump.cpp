@@ -4,12 +4,14 @@
 #include "copy_pipeline.hpp"
 #include "held_memory.hpp"
 #include "session.hpp"
+#include "vmmckpt/ckpt/driver.hpp"
 #include "vmmckpt/fault_point.hpp"
 
 namespace vmmckpt::ckpt {
 
 dump_result dump(const dump_options& options, const progress_callback& progress) {
   dump_result result;
+  driver();  // no driver here: say so before the program is touched
   // The deadline covers everything up to the release: connecting, preparing and the hold.
   session s(options.pid, session::expect::running, "dump",
             result.start + std::chrono::milliseconds(options.hold_deadline_ms));

@@ -18,12 +18,12 @@ namespace vmmckpt::ckpt {
 // its address, readable by `device`. Everything is undone by the destructor.
 class held_memory::pool_mapping {
  public:
-  pool_mapping(CUdevice device, std::uint64_t base, std::uint64_t size) : base_(base), size_(size) {
+  pool_mapping(CUdevice device, std::uint64_t base, std::uint64_t size) : d_(driver()), base_(base), size_(size) {
     CUdeviceptr got = 0;
-    VMMCKPT_CUDA_TRY(cuMemAddressReserve(&got, size, 0, base, 0));
+    VMMCKPT_CUDA_TRY(d_.cuMemAddressReserve(&got, size, 0, base, 0));
     reserved_ = true;
     if (got != base) {
-      cuMemAddressFree(got, size);
+      d_.cuMemAddressFree(got, size);
       reserved_ = false;
       throw tool_error("cannot map the pool at " + hex(base) + " in this process: the range is taken");
     }
@@ -33,10 +33,10 @@ class held_memory::pool_mapping {
   }
   ~pool_mapping() {
     for (const auto& m : mapped_) {
-      cuMemUnmap(m.addr, m.size);
-      cuMemRelease(m.handle);
+      d_.cuMemUnmap(m.addr, m.size);
+      d_.cuMemRelease(m.handle);
     }
-    if (reserved_) cuMemAddressFree(base_, size_);
+    if (reserved_) d_.cuMemAddressFree(base_, size_);
   }
   pool_mapping(const pool_mapping&) = delete;
   pool_mapping& operator=(const pool_mapping&) = delete;
@@ -48,15 +48,15 @@ class held_memory::pool_mapping {
       throw tool_error("segment " + hex(addr) + " lies outside the pool");
     }
     CUmemGenericAllocationHandle handle = 0;
-    const CUresult imported = cuMemImportFromShareableHandle(
+    const CUresult imported = d_.cuMemImportFromShareableHandle(
         &handle, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd)), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
     ::close(fd);
     VMMCKPT_CUDA_TRY(imported);
-    const CUresult mapped = cuMemMap(addr, size, 0, handle, 0);
-    if (mapped != CUDA_SUCCESS) cuMemRelease(handle);
+    const CUresult mapped = d_.cuMemMap(addr, size, 0, handle, 0);
+    if (mapped != CUDA_SUCCESS) d_.cuMemRelease(handle);
     VMMCKPT_CUDA_TRY(mapped);
     mapped_.push_back({addr, size, handle});
-    VMMCKPT_CUDA_TRY(cuMemSetAccess(addr, size, &access_, 1));
+    VMMCKPT_CUDA_TRY(d_.cuMemSetAccess(addr, size, &access_, 1));
   }
 
   // True when [addr, addr + size) is wholly mapped; after the last map(). Asked in address order
@@ -75,6 +75,7 @@ class held_memory::pool_mapping {
     std::uint64_t addr, size;
     CUmemGenericAllocationHandle handle;
   };
+  const driver_api& d_;
   std::uint64_t base_ = 0, size_ = 0;
   bool reserved_ = false;
   CUmemAccessDesc access_{};
@@ -87,20 +88,20 @@ class held_memory::pool_mapping {
 // mapping mapped as the program mapped it and readable by the handle's device. Undone by the destructor.
 class held_memory::vmm_mapping {
  public:
-  vmm_mapping() = default;
+  vmm_mapping() : d_(driver()) {}
   ~vmm_mapping() {
-    for (const auto& m : mapped_) cuMemUnmap(m.first, m.second);
-    for (const auto& [token, handle] : handles_) cuMemRelease(handle);
-    for (const auto& r : reserved_) cuMemAddressFree(r.first, r.second);
+    for (const auto& m : mapped_) d_.cuMemUnmap(m.first, m.second);
+    for (const auto& [token, handle] : handles_) d_.cuMemRelease(handle);
+    for (const auto& r : reserved_) d_.cuMemAddressFree(r.first, r.second);
   }
   vmm_mapping(const vmm_mapping&) = delete;
   vmm_mapping& operator=(const vmm_mapping&) = delete;
 
   void reserve(std::uint64_t addr, std::uint64_t size) {
     CUdeviceptr got = 0;
-    VMMCKPT_CUDA_TRY(cuMemAddressReserve(&got, size, 0, addr, 0));
+    VMMCKPT_CUDA_TRY(d_.cuMemAddressReserve(&got, size, 0, addr, 0));
     if (got != addr) {
-      cuMemAddressFree(got, size);
+      d_.cuMemAddressFree(got, size);
       throw tool_error("cannot map the program's VMM reservation at " + hex(addr) + " in this process: the range is taken");
     }
     reserved_.emplace_back(addr, size);
@@ -108,7 +109,7 @@ class held_memory::vmm_mapping {
   // `fd` is closed here whatever happens.
   void import(std::uint64_t token, CUdevice device, int fd) {
     CUmemGenericAllocationHandle handle = 0;
-    const CUresult imported = cuMemImportFromShareableHandle(
+    const CUresult imported = d_.cuMemImportFromShareableHandle(
         &handle, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd)), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
     ::close(fd);
     VMMCKPT_CUDA_TRY(imported);
@@ -118,13 +119,13 @@ class held_memory::vmm_mapping {
   void map(const vmmckpt::vmm_mapping& m) {
     const auto it = handles_.find(m.token);
     if (it == handles_.end()) throw tool_error("the program mapped VMM handle " + hex(m.token) + " but did not send it");
-    VMMCKPT_CUDA_TRY(cuMemMap(m.addr, m.size, m.offset, it->second, 0));
+    VMMCKPT_CUDA_TRY(d_.cuMemMap(m.addr, m.size, m.offset, it->second, 0));
     mapped_.emplace_back(m.addr, m.size);
     CUmemAccessDesc access{};
     access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     access.location.id = devices_.at(m.token);
     access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    VMMCKPT_CUDA_TRY(cuMemSetAccess(m.addr, m.size, &access, 1));
+    VMMCKPT_CUDA_TRY(d_.cuMemSetAccess(m.addr, m.size, &access, 1));
   }
   void mapping_done() {
     ranges_ = address_ranges(std::vector<std::pair<std::uint64_t, std::uint64_t>>(mapped_));
@@ -138,6 +139,7 @@ class held_memory::vmm_mapping {
   bool covers(std::uint64_t addr, std::uint64_t size) const { return cursor_->covers(addr, size); }
 
  private:
+  const driver_api& d_;
   std::vector<std::pair<std::uint64_t, std::uint64_t>> reserved_, mapped_;
   std::map<std::uint64_t, CUmemGenericAllocationHandle> handles_;  // by token
   std::map<std::uint64_t, CUdevice> devices_;                      // by token

@@ -70,31 +70,34 @@ control::device_description session::describe(int ordinal, const std::vector<con
 }
 
 CUcontext session::open_context() {
-  VMMCKPT_CUDA_TRY(cuInit(0));
+  const driver_api& d = driver();
+  VMMCKPT_CUDA_TRY(d.cuInit(0));
   if (hello_.pools.empty())
     throw tool_error("process " + std::to_string(pid()) + " has no GPU memory in the pool yet");
   CUcontext context = nullptr;
-  VMMCKPT_CUDA_TRY(cuDevicePrimaryCtxRetain(&context, device_for(describe(hello_.pools.front().device, hello_.devices))));
-  VMMCKPT_CUDA_TRY(cuCtxSetCurrent(context));
+  VMMCKPT_CUDA_TRY(d.cuDevicePrimaryCtxRetain(&context, device_for(describe(hello_.pools.front().device, hello_.devices))));
+  VMMCKPT_CUDA_TRY(d.cuCtxSetCurrent(context));
   for (const auto& p : hello_.pools) device_for(describe(p.device, hello_.devices));
   return context;
 }
 
 CUdevice session::device_for(const control::device_description& d) {
   if (auto it = devices_.find(d.ordinal); it != devices_.end()) return it->second;
+  const driver_api& api = driver();
   int count = 0;
-  VMMCKPT_CUDA_TRY(cuDeviceGetCount(&count));
+  VMMCKPT_CUDA_TRY(api.cuDeviceGetCount(&count));
   for (int i = 0; i < count && !d.uuid.empty(); ++i) {
     CUdevice device;
-    VMMCKPT_CUDA_TRY(cuDeviceGet(&device, i));
+    VMMCKPT_CUDA_TRY(api.cuDeviceGet(&device, i));
     CUuuid u{};
-    if (cuDeviceGetUuid(&u, device) != CUDA_SUCCESS) continue;
+    // Optional in the table: without it, matched by ordinal below.
+    if (api.cuDeviceGetUuid_v2 == nullptr || api.cuDeviceGetUuid_v2(&u, device) != CUDA_SUCCESS) continue;
     if (d.uuid == uuid_text(u.bytes)) return devices_[d.ordinal] = device;
   }
   if (d.ordinal >= count)
     throw tool_error("the program's device " + std::to_string(d.ordinal) + " is not visible here");
   CUdevice device;
-  VMMCKPT_CUDA_TRY(cuDeviceGet(&device, d.ordinal));
+  VMMCKPT_CUDA_TRY(api.cuDeviceGet(&device, d.ordinal));
   return devices_[d.ordinal] = device;
 }
 

@@ -6,6 +6,7 @@
 #include "copy_pipeline.hpp"
 #include "held_memory.hpp"
 #include "session.hpp"
+#include "vmmckpt/ckpt/driver.hpp"
 #include "vmmckpt/fault_point.hpp"
 #include "vmmckpt/suspend_claim.hpp"
 
@@ -22,6 +23,7 @@ void remove_image(const std::filesystem::path& image) {
 
 suspend_result suspend(const suspend_options& options, const progress_callback& progress) {
   suspend_result result;
+  driver();  // no driver here: say so before the program is touched
   // The deadline covers everything up to the program's memory being freed.
   session s(options.pid, session::expect::running, "suspend",
             result.start + std::chrono::milliseconds(options.hold_deadline_ms));

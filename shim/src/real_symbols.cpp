@@ -36,18 +36,12 @@ const loaded_driver& load_driver() noexcept {
       return d;
     }
     d.complete = true;
-#define VMMCKPT_LOAD(name)                                                                 \
-  d.api.name = reinterpret_cast<decltype(d.api.name)>(real_dlsym(d.handle, #name));       \
-  if (d.api.name == nullptr) {                                                            \
-    log::error("libcuda.so.1 has no {}: driver too old for vmmckpt", #name);              \
-    d.complete = false;                                                                   \
-  }
-    VMMCKPT_DRIVER_FUNCTIONS(VMMCKPT_LOAD)
-#undef VMMCKPT_LOAD
-#define VMMCKPT_LOAD_OPTIONAL(name) d.api.name = reinterpret_cast<decltype(d.api.name)>(real_dlsym(d.handle, #name));
-    VMMCKPT_OPTIONAL_DRIVER_FUNCTIONS(VMMCKPT_LOAD_OPTIONAL)
-#undef VMMCKPT_LOAD_OPTIONAL
-    d.api.cuGetProcAddress_v1 = reinterpret_cast<get_proc_address_v1_fn>(real_dlsym(d.handle, "cuGetProcAddress"));
+    fill_driver_api(
+        d.api, driver_user::program, [&](const char* name) noexcept { return real_dlsym(d.handle, name); },
+        [&](const char* name) noexcept {
+          log::error("libcuda.so.1 has no {}: driver too old for vmmckpt", name);
+          d.complete = false;
+        });
     return d;
   }();
   return loaded;

@@ -1,4 +1,4 @@
-// libvmmckpt.so exports only the intercepted names and depends on nothing but glibc and libstdc++.
+// libvmmckpt.so exports only the intercepted names and depends on nothing but glibc and libstdc++; cuda-ckpt links no libcuda.
 #include <catch2/catch.hpp>
 
 #include <fstream>
@@ -47,6 +47,13 @@ std::set<std::string> intended_exports() {
   return names;
 }
 
+// The libraries an ELF file names as NEEDED in its dynamic section.
+std::set<std::string> needed_libraries(const std::string& file) {
+  const auto r = run_process({"sh", "-c", "readelf -d '" + file + "' | sed -n 's/.*NEEDED.*\\[\\(.*\\)\\]/\\1/p'"});
+  REQUIRE(r.exit_code == 0);
+  return lines_of(r.out);
+}
+
 }  // namespace
 
 TEST_CASE("the shim exports exactly the intercepted symbols", "[emu][hygiene]") {
@@ -64,12 +71,10 @@ TEST_CASE("the shim exports exactly the intercepted symbols", "[emu][hygiene]") 
 }
 
 TEST_CASE("the shim links neither libcuda, libcudart, spdlog nor fmt", "[emu][hygiene]") {
-  const auto r = run_process({"sh", "-c", "readelf -d '" + shim + "' | sed -n 's/.*NEEDED.*\\[\\(.*\\)\\]/\\1/p'"});
-  REQUIRE(r.exit_code == 0);
   const std::set<std::string> allowed = {"libc.so.6", "libstdc++.so.6", "libgcc_s.so.1", "libm.so.6",
                                          "ld-linux-x86-64.so.2", "ld-linux-aarch64.so.1", "libdl.so.2",
                                          "libpthread.so.0"};
-  const auto needed = lines_of(r.out);
+  const auto needed = needed_libraries(shim);
   REQUIRE_FALSE(needed.empty());
   for (const auto& lib : needed) {
     INFO(lib);
@@ -78,6 +83,21 @@ TEST_CASE("the shim links neither libcuda, libcudart, spdlog nor fmt", "[emu][hy
   }
   // And no undefined CUDA symbol waits for a library to provide it.
   const auto undefined = run_process({"sh", "-c", "nm -D --undefined-only '" + shim + "' | grep -c ' cu' || true"});
+  REQUIRE(undefined.out == "0\n");
+}
+
+// So that inspect, verify, ps and gc run where there is no driver (tests/emu/no_driver_e2e_test.cpp runs them).
+TEST_CASE("cuda-ckpt links no libcuda", "[emu][hygiene]") {
+  const auto needed = needed_libraries(std::string(VMMCKPT_BUILD_DIR) + "/bin/cuda-ckpt");
+  REQUIRE(needed.count("libc.so.6") == 1);  // the dynamic section was read
+  for (const auto& lib : needed) {
+    INFO(lib);
+    REQUIRE(lib.find("libcuda") == std::string::npos);
+    REQUIRE(lib.find("libnvidia") == std::string::npos);
+  }
+  // And no CUDA symbol waits for a library to provide it.
+  const auto undefined = run_process({"sh", "-c", "nm -D --undefined-only '" + std::string(VMMCKPT_BUILD_DIR) +
+                                                      "/bin/cuda-ckpt' | grep -c ' cu[A-Z]' || true"});
   REQUIRE(undefined.out == "0\n");
 }
 

@@ -1,10 +1,6 @@
 # Writes the man page cuda-ckpt.1 from `cuda-ckpt --help` and each subcommand's --help, so the page
 # never drifts from the tool. Run with cmake -P: -DCUDA_CKPT=path -DOUTPUT=path -DVERSION=x.y.z
-# [-DDRIVER_DIR=dir: a libcuda.so.1 to start the tool with, the emulated one where there is no GPU].
-
-if(DRIVER_DIR)
-  set(ENV{LD_LIBRARY_PATH} "${DRIVER_DIR}:$ENV{LD_LIBRARY_PATH}")
-endif()
+# (the tool needs no CUDA driver for its help).
 
 function(help_of out)
   execute_process(COMMAND ${CUDA_CKPT} ${ARGN} --help OUTPUT_VARIABLE text ERROR_VARIABLE error RESULT_VARIABLE rc)

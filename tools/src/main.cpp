@@ -11,6 +11,7 @@
 #include "output.hpp"
 #include "run_command.hpp"
 #include "vmmckpt/ckpt/control_client.hpp"
+#include "vmmckpt/ckpt/driver.hpp"
 #include "vmmckpt/image.hpp"
 #include "vmmckpt/log.hpp"
 #include "vmmckpt/version.hpp"
@@ -18,6 +19,11 @@
 using namespace vmmckpt::tools;
 
 namespace {
+
+// Only the main help: where cuda-ckpt runs with no GPU driver (storage and login nodes, CI).
+constexpr const char* driver_help =
+    "dump, suspend and restore --device load the CUDA driver ($VMMCKPT_LIBCUDA, default libcuda.so.1);\n"
+    "the other commands run without one.\n";
 
 constexpr const char* exit_code_help =
     "Exit codes:\n"
@@ -81,7 +87,7 @@ bool json_requested(int argc, char** argv) {
 int main(int argc, char** argv) {
   ignore_file_size_signal();
   CLI::App app{"cuda-ckpt: deterministic-address checkpoint/restart for CUDA programs", "cuda-ckpt"};
-  app.footer(exit_code_help);
+  app.footer(std::string(driver_help) + "\n" + exit_code_help);
   app.set_version_flag("--version", std::string("cuda-ckpt ") + VMMCKPT_VERSION);
   app.require_subcommand(1);
 
@@ -348,6 +354,12 @@ int main(int argc, char** argv) {
                               ". Nothing was written and the process goes on. Pass --allow-partial to write an image "
                               "marked partial that lacks it.",
                           exit_partial_refused);
+  } catch (const vmmckpt::ckpt::driver_unavailable& e) {
+    return report_failure(command, json,
+                          std::string(e.what()) + ". " + command +
+                              " needs it; inspect, verify, cat, ps and gc do not (VMMCKPT_LIBCUDA names the library "
+                              "to load, default libcuda.so.1)",
+                          exit_failure);
   } catch (const vmmckpt::ckpt::tool_error& e) {
     return report_failure(command, json, e.what(), exit_failure);
   } catch (const vmmckpt::image::image_error& e) {

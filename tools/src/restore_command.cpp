@@ -1,5 +1,4 @@
 // `cuda-ckpt restore`: check an image, then start the command under the shim with the image to restore.
-#include <cuda.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -19,6 +18,7 @@
 #include "output.hpp"
 #include "run_command.hpp"
 #include "vmmckpt/control_messages.hpp"
+#include "vmmckpt/ckpt/driver.hpp"
 #include "vmmckpt/image.hpp"
 #include "vmmckpt/restore/handoff.hpp"
 #include "vmmckpt/restore/restore_plan.hpp"
@@ -101,9 +101,10 @@ int restore_command(const std::string& path, bool replay, int device, bool verif
   const auto plan = restore::plan_restore(reader.info(), path, device >= 0);
   if (device >= 0) {
     // Migration: the program's device becomes this machine's GPU `device`.
-    if (cuInit(0) != CUDA_SUCCESS) throw image::image_error("--device: no CUDA driver here");
+    const driver_api& d = ckpt::driver();
+    if (d.cuInit(0) != CUDA_SUCCESS) throw image::image_error("--device: the CUDA driver finds no GPU here");
     int count = 0;
-    cuDeviceGetCount(&count);
+    d.cuDeviceGetCount(&count);
     const std::string visible =
         restore::visible_devices_for(plan.device, device, count, std::getenv("CUDA_VISIBLE_DEVICES"));
     ::setenv("CUDA_VISIBLE_DEVICES", visible.c_str(), 1);

@@ -1,7 +1,9 @@
-// The table of real CUDA driver entry points that code running inside the program calls (NCCL-style, filled once at run time).
+// The table of real CUDA driver entry points (NCCL-style, filled once at run time), for the shim and for cuda-ckpt.
 //
-// The shim links no libcuda: shim/src/real_symbols.cpp fills this table from the libcuda.so.1 it
-// loads, bypassing its own interposed names, and hands it to the restore engine too.
+// Neither links libcuda. The shim (shim/src/real_symbols.cpp) fills this table from the libcuda.so.1
+// it loads, bypassing its own interposed names, and hands it to the restore engine too; cuda-ckpt
+// (ckpt/src/driver.cpp) fills it only for the commands that touch a GPU, so that the others run on
+// machines without a driver. Both fill it through fill_driver_api below.
 #pragma once
 
 #include <cuda.h>
@@ -31,6 +33,9 @@ CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize
   X(cuMemAllocFromPoolAsync) X(cuMemAllocFromPoolAsync_ptsz) X(cuArrayCreate_v2) X(cuArray3DCreate_v2) \
   X(cuMipmappedArrayCreate) X(cuDeviceGetUuid_v2) X(cuPointerGetAttribute) X(cuPointerGetAttributes) \
   X(cuMemRetainAllocationHandle) X(cuArrayDestroy) X(cuMipmappedArrayDestroy)
+// Called by cuda-ckpt only (besides the first list): required by the tool, optional in the shim.
+#define VMMCKPT_TOOL_DRIVER_FUNCTIONS(X)                                                            \
+  X(cuDeviceGetCount) X(cuGetErrorName) X(cuGetErrorString) X(cuMemcpyDtoHAsync_v2) X(cuMemcpyDtoDAsync_v2)
 
 namespace vmmckpt {
 
@@ -40,8 +45,33 @@ struct driver_api {
 #define VMMCKPT_DECLARE(name) decltype(&::name) name = nullptr;
   VMMCKPT_DRIVER_FUNCTIONS(VMMCKPT_DECLARE)
   VMMCKPT_OPTIONAL_DRIVER_FUNCTIONS(VMMCKPT_DECLARE)
+  VMMCKPT_TOOL_DRIVER_FUNCTIONS(VMMCKPT_DECLARE)
 #undef VMMCKPT_DECLARE
   get_proc_address_v1_fn cuGetProcAddress_v1 = nullptr;  // cuda.h macro-renames the plain name
 };
+
+// Who fills the table: which lists it cannot do without.
+enum class driver_user { program, tool };
+
+// Fills `api` with lookup(name) for every name of the lists (lookup: dlsym on the loaded libcuda,
+// or the shim's own dlsym), and calls missing(name) for each one `user` requires that is absent.
+template <class Lookup, class Missing>
+void fill_driver_api(driver_api& api, driver_user user, Lookup&& lookup, Missing&& missing) {
+  const bool tool = user == driver_user::tool;
+#define VMMCKPT_FILL(name, required)                                  \
+  api.name = reinterpret_cast<decltype(api.name)>(lookup(#name));     \
+  if (api.name == nullptr && (required)) missing(#name);
+#define VMMCKPT_FILL_REQUIRED(name) VMMCKPT_FILL(name, true)
+#define VMMCKPT_FILL_OPTIONAL(name) VMMCKPT_FILL(name, false)
+#define VMMCKPT_FILL_TOOL(name) VMMCKPT_FILL(name, tool)
+  VMMCKPT_DRIVER_FUNCTIONS(VMMCKPT_FILL_REQUIRED)
+  VMMCKPT_OPTIONAL_DRIVER_FUNCTIONS(VMMCKPT_FILL_OPTIONAL)
+  VMMCKPT_TOOL_DRIVER_FUNCTIONS(VMMCKPT_FILL_TOOL)
+#undef VMMCKPT_FILL_TOOL
+#undef VMMCKPT_FILL_OPTIONAL
+#undef VMMCKPT_FILL_REQUIRED
+#undef VMMCKPT_FILL
+  api.cuGetProcAddress_v1 = reinterpret_cast<get_proc_address_v1_fn>(lookup("cuGetProcAddress"));
+}
 
 }  // namespace vmmckpt
