@@ -52,7 +52,8 @@ files)
   for f in bin/cuda-ckpt "$libdir/libvmmckpt.so" share/man/man1/cuda-ckpt.1 \
            share/bash-completion/completions/cuda-ckpt share/doc/vmmckpt/README.md \
            share/doc/vmmckpt/docs/image-format.md "$libdir/cmake/vmmckpt/vmmckptConfig.cmake" \
-           "$libdir/cmake/vmmckpt/vmmckptConfigVersion.cmake" "$libdir/cmake/vmmckpt/vmmckptTargets.cmake"; do
+           "$libdir/cmake/vmmckpt/vmmckptConfigVersion.cmake" "$libdir/cmake/vmmckpt/vmmckptTargets.cmake" \
+           include/vmmckpt/vmmckpt.h; do
     [ -s "$prefix/$f" ] || fail "$prefix/$f is missing or empty"
   done
   for f in "$prefix/bin/cuda-ckpt" "$prefix/$libdir/libvmmckpt.so"; do
@@ -126,7 +127,7 @@ find_package)
   mkdir "$scratch/src"
   cat >"$scratch/src/CMakeLists.txt" <<'CMAKE'
 cmake_minimum_required(VERSION 3.20)
-project(uses_vmmckpt LANGUAGES NONE)
+project(uses_vmmckpt LANGUAGES C)
 find_package(vmmckpt 0.1 REQUIRED)
 if(NOT TARGET vmmckpt::vmmckpt OR NOT TARGET vmmckpt::cuda-ckpt)
   message(FATAL_ERROR "find_package(vmmckpt) gave no vmmckpt::vmmckpt or vmmckpt::cuda-ckpt")
@@ -136,8 +137,24 @@ if(NOT shim STREQUAL vmmckpt_SHIM_LIBRARY OR NOT EXISTS "${vmmckpt_CUDA_CKPT_EXE
   message(FATAL_ERROR "paths disagree: ${shim} ${vmmckpt_SHIM_LIBRARY} ${vmmckpt_CUDA_CKPT_EXECUTABLE}")
 endif()
 message(STATUS "vmmckpt ${vmmckpt_VERSION}: ${vmmckpt_SHIM_LIBRARY} ${vmmckpt_CUDA_CKPT_EXECUTABLE}")
+# The in-process API: its header through the target, its functions from the shim.
+add_executable(uses_api uses_api.c)
+target_link_libraries(uses_api PRIVATE vmmckpt::vmmckpt)
 CMAKE
+  cat >"$scratch/src/uses_api.c" <<'C'
+#include <stdio.h>
+#include <vmmckpt/vmmckpt.h>
+int main(void) {
+  vmmckpt_stats stats;
+  if (vmmckpt_api_version() != VMMCKPT_API_VERSION || vmmckpt_state() != 0) return 1;
+  if (vmmckpt_resume(&stats) != VMMCKPT_E_STATE || vmmckpt_last_error()[0] == 0) return 2;
+  printf("api %d: %s\n", vmmckpt_api_version(), vmmckpt_last_error());
+  return 0;
+}
+C
   "${CMAKE:-cmake}" -S "$scratch/src" -B "$scratch/build" -DCMAKE_PREFIX_PATH="$(realpath "$prefix")"
+  "${CMAKE:-cmake}" --build "$scratch/build"
+  "$scratch/build/uses_api" || fail "a program built against the installed vmmckpt.h and shim failed ($?)"
   ;;
 
 deb)
@@ -150,7 +167,7 @@ deb)
   deb="$(ls "$scratch"/vmmckpt_*.deb)"
   contents="$(dpkg-deb -c "$deb")"
   for f in ./usr/bin/cuda-ckpt /libvmmckpt.so ./usr/share/man/man1/cuda-ckpt.1 ./usr/share/bash-completion/completions/cuda-ckpt \
-           /cmake/vmmckpt/vmmckptConfig.cmake ./usr/share/doc/vmmckpt/README.md; do
+           /cmake/vmmckpt/vmmckptConfig.cmake ./usr/share/doc/vmmckpt/README.md ./usr/include/vmmckpt/vmmckpt.h; do
     grep -qF "$f" <<<"$contents" || fail "$deb lacks $f"
   done
   [ "$(dpkg-deb -f "$deb" Package)" = vmmckpt ] || fail "the package is not named vmmckpt"
