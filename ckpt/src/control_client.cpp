@@ -19,6 +19,7 @@
 
 #include "vmmckpt/ckpt/processes.hpp"
 #include "vmmckpt/fault_point.hpp"
+#include "vmmckpt/suspend_claim.hpp"
 
 namespace vmmckpt::ckpt {
 namespace {
@@ -115,7 +116,7 @@ control_client::control_client(pid_t pid, clock::time_point deadline) : pid_(pid
   if (st.st_uid != ::geteuid() && ::geteuid() != 0)
     throw tool_error(who + " belongs to another user (uid " + std::to_string(st.st_uid) +
                      "); only its owner or root may checkpoint it");
-  if (read_small_file(proc + "/status").find("\nState:\tZ") != std::string::npos)
+  if (suspend_claim::start_time(pid) == 0)  // 0: a zombie (or gone since the stat above)
     throw tool_error(who + " has exited (a zombie: its parent has not reaped it yet)");
   // Each address in turn, until one answers as the process itself: an abstract name can be held by
   // anyone, and a socket file can be a leftover of an earlier process with this pid.

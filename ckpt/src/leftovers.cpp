@@ -214,7 +214,7 @@ bool stale_socket(const fs::path& path, ino_t& inode) {
 std::vector<fs::path> suspend_dirs_of_all_users() {
   std::vector<fs::path> out;
   if (::geteuid() != 0) {
-    const fs::path mine = "/dev/shm/vmmckpt-" + std::to_string(::geteuid());
+    const fs::path mine = suspend_dir_of(::geteuid());
     std::error_code ec;
     if (fs::is_directory(fs::symlink_status(mine, ec))) out.push_back(mine);
     return out;
@@ -250,7 +250,7 @@ std::vector<orphaned_image> find_orphaned_images(const std::vector<fs::path>& di
 }
 
 std::string gc_command_for(const fs::path& dir) {
-  const fs::path mine = "/dev/shm/vmmckpt-" + std::to_string(::geteuid());
+  const fs::path mine = suspend_dir_of(::geteuid());
   return dir == mine ? "cuda-ckpt gc" : "cuda-ckpt gc " + dir.string();
 }
 
@@ -272,8 +272,10 @@ void remove_stale_sockets(bool dry_run, leftovers_report& report) {
   }
 }
 
+fs::path suspend_dir_of(uid_t uid) { return "/dev/shm/vmmckpt-" + std::to_string(uid); }
+
 fs::path default_suspend_dir() {
-  const fs::path dir = "/dev/shm/vmmckpt-" + std::to_string(::geteuid());
+  const fs::path dir = suspend_dir_of(::geteuid());
   if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
     throw tool_error("cannot create " + dir.string() + ": " + std::strerror(errno));
   struct stat st{};

@@ -135,7 +135,9 @@ shim_presence shim_in(pid_t pid) {
 }
 
 std::vector<std::string> control_addresses(pid_t pid) {
-  std::vector<std::string> out{protocol::abstract_address(pid)};
+  // The socket files first: their directories are the owner's alone. The abstract name comes last, since
+  // anyone may bind it first and then never answer (the program's own server is then at its file).
+  std::vector<std::string> out;
   const std::string file = std::to_string(pid) + ".sock";
   const auto xdg = environment_value(pid, "XDG_RUNTIME_DIR");
   if (xdg && !xdg->empty()) {
@@ -146,6 +148,7 @@ std::vector<std::string> control_addresses(pid_t pid) {
     out.push_back("/tmp/vmmckpt-" + std::to_string(uid) + "/" + file);
   }
   if (owner_of(pid) == ::geteuid()) out.push_back(protocol::socket_path(pid));
+  out.push_back(protocol::abstract_address(pid));
   std::vector<std::string> unique;
   for (auto& a : out)
     if (std::find(unique.begin(), unique.end(), a) == unique.end()) unique.push_back(std::move(a));

@@ -31,11 +31,24 @@ def tool_path() -> str:
                             "PATH, or set VMMCKPT_CUDA_CKPT")
 
 
+def _tool_environment() -> Dict[str, str]:
+    """This process's environment less the shim: a program under vmmckpt that calls these functions must
+    not run cuda-ckpt under the shim too (the tool's own GPU memory would take the pool's addresses)."""
+    env = dict(os.environ)
+    kept = [p for p in env.get("LD_PRELOAD", "").replace(":", " ").split() if "libvmmckpt" not in Path(p).name]
+    if kept:
+        env["LD_PRELOAD"] = " ".join(kept)
+    else:
+        env.pop("LD_PRELOAD", None)
+    return env
+
+
 def _run(command: str, args: Sequence[str]) -> Any:
     """Runs `cuda-ckpt COMMAND ARGS --json` and returns its JSON answer; raises on failure."""
     argv = [tool_path(), command, *args, "--json"]
     try:
-        done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, check=False)
+        done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, check=False,
+                              env=_tool_environment())
     except OSError as e:
         raise ToolNotFoundError(f"cannot run {argv[0]}: {e}") from e
     answer: Any = None
@@ -130,4 +143,5 @@ def restore(image: PathLike, command: Sequence[str], *, replay: bool = False, de
     argv = [tool_path(), "restore", os.fspath(image)] + _options(replay=replay, device=device)
     if not verify:
         argv.append("--no-verify")
+    popen.setdefault("env", _tool_environment())
     return subprocess.Popen(argv + ["--", *command], **popen)

@@ -22,6 +22,7 @@
 
 #include "gate.hpp"
 #include "process_control.hpp"
+#include "self_pause.hpp"
 #include "vmmckpt/fault_point.hpp"
 #include "vmmckpt/control_messages.hpp"
 #include "vmmckpt/log.hpp"
@@ -195,7 +196,7 @@ bool serve_request(int fd, const control::request& request) {
           reply.activity = g_activity.load();
           if (!send(fd, control::encode(reply))) return false;
           // After the answer: the tool prepares its side meanwhile.
-          if (r.prepare_hold && !is_suspended()) prepare_hold();
+          if (r.prepare_hold && !is_suspended() && !is_self_paused()) prepare_hold();
           return true;
         } else if constexpr (std::is_same_v<T, control::check_request>) {
           return send(fd, control::encode(check_pools()));

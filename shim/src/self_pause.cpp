@@ -58,15 +58,18 @@ pause_state& state() {
   return *s;
 }
 
-thread_local std::string t_last_error;
+// A plain array: nothing to destroy at thread exit, so a call from an atexit handler or a static
+// destructor still finds it.
+thread_local char t_last_error[512];
 
-int fail(int code, std::string why) noexcept {
-  try {
-    t_last_error = std::move(why);
-    log::info("{}", t_last_error);  // the caller has it too (vmmckpt_last_error)
-  } catch (...) {
-    t_last_error.clear();  // out of memory for the message: the code says enough
-  }
+void set_last_error(const char* why) noexcept {
+  std::strncpy(t_last_error, why, sizeof t_last_error - 1);
+  t_last_error[sizeof t_last_error - 1] = '\0';
+}
+
+int fail(int code, const std::string& why) noexcept {
+  set_last_error(why.c_str());
+  log::info("{}", why);  // the caller has it too (vmmckpt_last_error)
   return code;
 }
 
@@ -97,13 +100,16 @@ std::vector<kept_range> owned_ranges() {
 // stay for the caller to free).
 std::string copy_out(const driver_api& d, std::vector<kept_range>& ranges, std::uint64_t& copied) {
   for (kept_range& r : ranges) {
-    void* host = ::mmap(nullptr, r.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    // Accounted (no MAP_NORESERVE): memory the system cannot give is refused here, not by the OOM killer
+    // during the copy.
+    void* host = ::mmap(nullptr, r.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (host == MAP_FAILED) return "no host memory for " + std::to_string(r.size) + " bytes: " + std::strerror(errno);
     r.host = host;
     // Huge pages, faulted in before the copy: the driver's pageable copy then runs without a page fault
-    // per 4 KiB (both are hints; older kernels ignore them).
+    // per 4 KiB. Kernels before 5.14 lack the populate (EINVAL): the copy faults the pages in itself.
     ::madvise(host, r.size, MADV_HUGEPAGE);
-    ::madvise(host, r.size, populate_write);
+    if (::madvise(host, r.size, populate_write) != 0 && errno == ENOMEM)
+      return "no host memory for " + std::to_string(r.size) + " bytes";
     primary_context_scope scope(d, r.device);
     const CUresult e = scope.active() ? d.cuMemcpyDtoH_v2(host, r.addr, r.size) : CUDA_ERROR_INVALID_CONTEXT;
     if (e != CUDA_SUCCESS)
@@ -129,19 +135,23 @@ std::string copy_in(const driver_api& d, const std::vector<kept_range>& ranges, 
   return {};
 }
 
-void give_back_all() noexcept {
-  for (const auto& p : active_pools()) {
+// Every pool's and the program's VMM physical memory given back; the bytes freed. What cannot be given
+// back for want of host memory stays mapped, and is logged.
+std::uint64_t give_back_all(const std::vector<active_pool>& pools) noexcept {
+  std::uint64_t released = 0;
+  for (const auto& p : pools) {
     try {
-      p.pool->release_all_physical();
+      released += p.pool->release_all_physical();
     } catch (...) {
       log::error("pause: giving back pool memory at {} failed: out of memory", hex(p.pool->base()));
     }
   }
-  vmm_release_physical();
+  return released + vmm_release_physical();
 }
 
-int pause_self(unsigned flags, vmmckpt_stats* stats) noexcept {
-  t_last_error.clear();
+// Throws only for want of memory before the gate closes or after it opened again (the exported function
+// catches it); from the gate's closing to the pause's end nothing that throws escapes.
+int pause_self(unsigned flags, vmmckpt_stats* stats) {
   const auto start = clock::now();
   if (flags & ~VMMCKPT_PAUSE_DISCARD) return fail(VMMCKPT_E_INVALID, "vmmckpt_pause: unknown flags " + std::to_string(flags));
   if (!shim_active()) return fail(VMMCKPT_E_STATE, "vmmckpt_pause: the shim stepped aside in this forked child");
@@ -159,26 +169,26 @@ int pause_self(unsigned flags, vmmckpt_stats* stats) noexcept {
     return fail(VMMCKPT_E_BUSY, "vmmckpt_pause: CUDA calls of other threads did not return within 60 s (or this "
                                 "thread is inside one)");
   std::vector<kept_range> ranges;
-  std::uint64_t copied = 0, released = 0;
+  std::vector<active_pool> pools;
+  std::uint64_t copied = 0;
+  std::string why;
   try {
-    for (const auto& p : active_pools()) p.pool->synchronize();
+    pools = active_pools();
+    for (const auto& p : pools) p.pool->synchronize();
     vmm_synchronize();
     ranges = owned_ranges();
-    if (!(flags & VMMCKPT_PAUSE_DISCARD)) {
-      if (std::string why = copy_out(*d, ranges, copied); !why.empty()) {
-        free_host(ranges);
-        the_gate().open();
-        return fail(why.rfind("no host memory", 0) == 0 ? VMMCKPT_E_NO_MEMORY : VMMCKPT_E_DRIVER,
-                    "vmmckpt_pause: " + why + "; nothing was paused");
-      }
-    }
-    for (const auto& p : active_pools()) released += p.pool->release_all_physical();
-    released += vmm_release_physical();
+    if (!(flags & VMMCKPT_PAUSE_DISCARD)) why = copy_out(*d, ranges, copied);
   } catch (const std::exception& e) {
+    why = e.what();  // out of memory: std::string's small buffer holds what bad_alloc says
+  }
+  if (!why.empty()) {
     free_host(ranges);
     the_gate().open();
-    return fail(VMMCKPT_E_NO_MEMORY, std::string("vmmckpt_pause: ") + e.what() + "; nothing was paused");
+    return fail(why.rfind("copying", 0) == 0 ? VMMCKPT_E_DRIVER : VMMCKPT_E_NO_MEMORY,
+                "vmmckpt_pause: " + why + "; nothing was paused");
   }
+  // The bytes are safe: from here the pause completes.
+  const std::uint64_t released = give_back_all(pools);
   s.ranges = std::move(ranges);
   s.discard = flags & VMMCKPT_PAUSE_DISCARD;
   s.paused = true;
@@ -190,9 +200,11 @@ int pause_self(unsigned flags, vmmckpt_stats* stats) noexcept {
   return VMMCKPT_OK;
 }
 
-int resume_self(vmmckpt_stats* stats) noexcept {
-  t_last_error.clear();
+// Throws only for want of memory, the process then still paused with nothing made (the exported function
+// catches it).
+int resume_self(vmmckpt_stats* stats) {
   const auto start = clock::now();
+  if (!shim_active()) return fail(VMMCKPT_E_STATE, "vmmckpt_resume: the shim stepped aside in this forked child");
   const driver_api* d = driver();
   pause_state& s = state();
   std::lock_guard self_lock(s.mutex);
@@ -202,8 +214,10 @@ int resume_self(vmmckpt_stats* stats) noexcept {
   // gate open before the state says running.
   std::lock_guard operation(operation_lock());
   std::uint64_t made = 0, copied = 0;
+  const std::vector<active_pool> pools = active_pools();
   std::vector<device_pool*> backed;
-  for (const auto& p : active_pools()) {
+  backed.reserve(pools.size());  // push_back below cannot throw once memory is made
+  for (const auto& p : pools) {
     int backend_error = 0;
     if (p.pool->rebuild_physical(&backend_error) != pool_status::ok) {
       restore::release_pools(backed);
@@ -220,8 +234,14 @@ int resume_self(vmmckpt_stats* stats) noexcept {
   }
   for (const kept_range& r : s.ranges)
     if (pool_containing(r.addr) == nullptr) made += r.size;  // VMM mappings
-  if (std::string why = copy_in(*d, s.ranges, s.discard, copied); !why.empty()) {
-    give_back_all();
+  std::string why;
+  try {
+    why = copy_in(*d, s.ranges, s.discard, copied);
+  } catch (...) {
+    why = "no memory";  // for the message: fits std::string's own buffer
+  }
+  if (!why.empty()) {
+    give_back_all(pools);
     return fail(VMMCKPT_E_DRIVER, "vmmckpt_resume: " + why + "; still paused, try again");
   }
   free_host(s.ranges);
@@ -243,11 +263,23 @@ bool is_self_paused() noexcept { return state().paused.load(); }
 extern "C" {
 
 __attribute__((visibility("default"))) int vmmckpt_pause(unsigned flags, vmmckpt_stats* stats) {
-  return vmmckpt::detail::pause_self(flags, stats);
+  vmmckpt::detail::set_last_error("");
+  try {
+    return vmmckpt::detail::pause_self(flags, stats);
+  } catch (...) {
+    vmmckpt::detail::set_last_error("vmmckpt_pause: out of host memory; nothing was paused");
+    return VMMCKPT_E_NO_MEMORY;
+  }
 }
 
 __attribute__((visibility("default"))) int vmmckpt_resume(vmmckpt_stats* stats) {
-  return vmmckpt::detail::resume_self(stats);
+  vmmckpt::detail::set_last_error("");
+  try {
+    return vmmckpt::detail::resume_self(stats);
+  } catch (...) {
+    vmmckpt::detail::set_last_error("vmmckpt_resume: out of host memory; still paused, try again");
+    return VMMCKPT_E_NO_MEMORY;
+  }
 }
 
 __attribute__((visibility("default"))) int vmmckpt_state(void) {
@@ -256,7 +288,7 @@ __attribute__((visibility("default"))) int vmmckpt_state(void) {
 }
 
 __attribute__((visibility("default"))) const char* vmmckpt_last_error(void) {
-  return vmmckpt::detail::t_last_error.c_str();
+  return vmmckpt::detail::t_last_error;
 }
 
 __attribute__((visibility("default"))) int vmmckpt_api_version(void) { return VMMCKPT_API_VERSION; }

@@ -65,6 +65,7 @@ nlohmann::json entry_json(const ckpt::process_entry& p) {
     entry = nlohmann::json::parse(control::encode(*p.hello));
     entry.erase("ok");
     entry["status"] = p.status;
+    entry["pid"] = p.pid;  // as this tool sees it: the program's own getpid() differs in another pid namespace
   } else {
     entry = blank_entry(p.pid, p.status);
     entry["command"] = p.command;
@@ -149,7 +150,7 @@ int ps_command(pid_t only, bool as_json) {
   if (processes.empty() && orphans.empty()) {
     std::printf("no process under vmmckpt (looked at %s) and no orphaned image in %s\n",
                 ckpt::where_processes_are_looked_for().c_str(),
-                ::geteuid() == 0 ? "/dev/shm/vmmckpt-*" : ("/dev/shm/vmmckpt-" + std::to_string(::geteuid())).c_str());
+                ::geteuid() == 0 ? "/dev/shm/vmmckpt-*" : ckpt::suspend_dir_of(::geteuid()).c_str());
     return exit_ok;
   }
   // LIVE: the pools' live bytes and the program's own VMM mappings, which vmmckpt owns; NOT OWNED: device

@@ -90,7 +90,7 @@ int resume_command(pid_t pid, bool as_json) {
                 r.seconds, r.image.c_str());
   }
   // An image in the default place has served its purpose; one the user named stays.
-  const std::string prefix = "/dev/shm/vmmckpt-" + std::to_string(::geteuid()) + "/suspend-";
+  const std::string prefix = (ckpt::suspend_dir_of(::geteuid()) / "suspend-").string();
   if (r.image.rfind(prefix, 0) == 0) {
     std::error_code ec;
     std::filesystem::remove_all(r.image, ec);

@@ -10,6 +10,9 @@
 
 namespace vmmckpt::ckpt {
 
+// A user's default suspend directory, /dev/shm/vmmckpt-UID (not created here).
+std::filesystem::path suspend_dir_of(uid_t uid);
+
 // Where suspend puts images by default: a private directory of this user's on /dev/shm (created,
 // and checked to be ours and closed to others; a tool_error otherwise).
 std::filesystem::path default_suspend_dir();

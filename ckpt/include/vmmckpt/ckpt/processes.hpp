@@ -24,9 +24,9 @@ bool process_exists(pid_t pid);
 enum class shim_presence { loaded, absent, unknown };
 shim_presence shim_in(pid_t pid);
 
-// Where pid's control server may listen, in the order to try: its abstract name, then its socket file
-// in the runtime directory its own environment names (XDG_RUNTIME_DIR, else /tmp/vmmckpt-UID), then
-// in ours. Duplicates left out.
+// Where pid's control server may listen, in the order to try: its socket file in the runtime directory
+// its own environment names (XDG_RUNTIME_DIR, else /tmp/vmmckpt-UID), then in ours, then its abstract
+// name (last: anyone may bind that first and never answer). Duplicates left out.
 std::vector<std::string> control_addresses(pid_t pid);
 
 // The process's command line from /proc (empty when it cannot be read).
@@ -36,7 +36,7 @@ std::vector<std::string> command_line_of(pid_t pid);
 struct process_entry {
   pid_t pid = 0;
   uid_t uid = 0;
-  // running, dumping, suspending, suspended, resuming (what it said), or, when it did not answer:
+  // running, dumping, suspending, suspended, resuming, paused (what it said), or, when it did not answer:
   // "not responding" (it took no connection or sent no answer in time), "no control server" (the shim
   // is loaded but has no server: no CUDA call yet, or a fork() child) or "unreachable".
   std::string status;
