@@ -13,6 +13,7 @@ constexpr const char* env_image = "VMMCKPT_RESTORE_IMAGE";
 constexpr const char* env_mode = "VMMCKPT_RESTORE_MODE";
 constexpr const char* env_pid = "VMMCKPT_RESTORE_PID";
 constexpr const char* env_progress_fd = "VMMCKPT_RESTORE_PROGRESS_FD";
+constexpr const char* env_progress_inode = "VMMCKPT_RESTORE_PROGRESS_INODE";
 
 }  // namespace
 
@@ -20,10 +21,13 @@ void export_to_environment(const handoff& h) {
   ::setenv(env_image, h.image.c_str(), 1);
   ::setenv(env_mode, h.how == mode::replay ? "replay" : "live", 1);
   ::setenv(env_pid, std::to_string(h.pid).c_str(), 1);
-  if (h.progress_fd >= 0)
+  if (h.progress_fd >= 0) {
     ::setenv(env_progress_fd, std::to_string(h.progress_fd).c_str(), 1);
-  else
+    ::setenv(env_progress_inode, std::to_string(h.progress_inode).c_str(), 1);
+  } else {
     ::unsetenv(env_progress_fd);
+    ::unsetenv(env_progress_inode);
+  }
   if (h.pool_size != 0) {
     ::setenv(env_pool_base, std::to_string(h.pool_base).c_str(), 1);
     ::setenv(env_pool_size, std::to_string(h.pool_size).c_str(), 1);
@@ -45,6 +49,8 @@ std::optional<handoff> handoff_for(pid_t self) noexcept {
   h.how = how != nullptr && std::string_view(how) == "replay" ? mode::replay : mode::live;
   if (const char* fd = std::getenv(env_progress_fd); fd != nullptr && *fd >= '0' && *fd <= '9')
     h.progress_fd = static_cast<int>(std::atol(fd));
+  if (const char* inode = std::getenv(env_progress_inode); inode != nullptr)
+    h.progress_inode = std::strtoull(inode, nullptr, 10);
   try {
     h.image = image;
   } catch (...) {

@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -25,9 +26,10 @@ enum state : int { unchecked, nothing_to_restore, restored, failed };
 std::atomic<int> g_state{unchecked};
 
 // Whether fd is still the socket cuda-ckpt restore made before it exec'd this program (the program
-// may have closed it and reused the number): a SOCK_SEQPACKET socket made by this pid.
-bool is_progress_socket(int fd) noexcept {
-  if (fd < 0) return false;
+// may have closed it and reused the number): that very socket (its inode), SOCK_SEQPACKET, made by this pid.
+bool is_progress_socket(int fd, std::uint64_t inode) noexcept {
+  struct stat st{};
+  if (fd < 0 || ::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode) || st.st_ino != inode) return false;
   int type = 0;
   socklen_t length = sizeof type;
   if (::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &length) != 0 || type != SOCK_SEQPACKET) return false;
@@ -38,8 +40,8 @@ bool is_progress_socket(int fd) noexcept {
 
 // Progress frames on cuda-ckpt restore's socket, when it gave one: at most ten a second, sent
 // without waiting or raising SIGPIPE.
-restore::upload_progress progress_to(int fd) {
-  if (!is_progress_socket(fd)) return {};
+restore::upload_progress progress_to(int fd, std::uint64_t inode) {
+  if (!is_progress_socket(fd, inode)) return {};
   ::fcntl(fd, F_SETFD, FD_CLOEXEC);  // the program's own children are not the tool's business
   return [fd, last = std::chrono::steady_clock::time_point{}](std::uint64_t done, std::uint64_t total) mutable {
     const auto now = std::chrono::steady_clock::now();
@@ -68,7 +70,7 @@ status restore_image(const restore::handoff& h) noexcept {
       VMMCKPT_TRY(vmm_restore_layout(m));
     const auto placed = clock::now();
     VMMCKPT_TRY(restore::upload(*d, reader, pool_memory_backed(), h.how != restore::mode::replay,
-                                progress_to(h.progress_fd)));
+                                progress_to(h.progress_fd, h.progress_inode)));
     const auto now = clock::now();
     std::size_t blocks = 0;
     for (const auto& p : m.pools) blocks += p.allocations.size();
@@ -96,7 +98,7 @@ bool restore_slow_path() noexcept {
   }
   const bool ok = restore_image(*handoff).ok();
   // Closed, loaded or not: the tool's progress line ends.
-  if (is_progress_socket(handoff->progress_fd)) ::close(handoff->progress_fd);
+  if (is_progress_socket(handoff->progress_fd, handoff->progress_inode)) ::close(handoff->progress_fd);
   if (!ok) log::error("restore: the image was not restored; every memory call of this process will fail");
   g_state.store(ok ? restored : failed, std::memory_order_release);
   return ok;

@@ -1,5 +1,6 @@
 // `cuda-ckpt restore`: check an image, then start the command under the shim with the image to restore.
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -118,6 +119,7 @@ int restore_command(const std::string& path, bool replay, int device, bool verif
   h.vmm_base = plan.vmm_base;
   h.vmm_window = plan.vmm_window;
   h.progress_fd = start_progress_reporter();
+  if (struct stat st{}; h.progress_fd >= 0 && ::fstat(h.progress_fd, &st) == 0) h.progress_inode = st.st_ino;
   restore::export_to_environment(h);
   const int failed = run_under_shim(command, "restore");
   if (h.progress_fd >= 0) ::close(h.progress_fd);

@@ -25,6 +25,7 @@ struct handoff {
   // A socket (SOCK_SEQPACKET) on which the shim sends a control::progress_frame as the image loads,
   // and which it closes once loaded or failed: cuda-ckpt's progress line. -1: none.
   int progress_fd = -1;
+  std::uint64_t progress_inode = 0;  // that socket's inode: a descriptor the program reused is not it
 };
 
 // Puts the hand-off into this process's environment, for the command it is about to exec: the
