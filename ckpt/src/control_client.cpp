@@ -2,6 +2,7 @@
 #include "vmmckpt/ckpt/control_client.hpp"
 
 #include <dirent.h>
+#include <poll.h>
 #include <signal.h>
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -197,6 +198,21 @@ void control_client::send(const control::request& r) {
 }
 
 std::string control_client::receive(std::vector<int>* fds, int timeout_ms) {
+  if (while_waiting_) {
+    // In slices, the check between them; then the frame itself, or the error, as without a check.
+    const auto until = clock::now() + std::chrono::milliseconds(timeout_ms);
+    for (;;) {
+      while_waiting_();
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - clock::now()).count();
+      if (left <= 0) break;
+      pollfd ready{fd_, POLLIN, 0};
+      const int r = ::poll(&ready, 1, static_cast<int>(std::min<long long>(left, 100)));
+      if (r < 0 && errno == EINTR) continue;  // the signal the check is for, most likely
+      if (r != 0) break;
+    }
+    timeout_ms = static_cast<int>(std::clamp<long long>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(until - clock::now()).count(), 1, INT_MAX));
+  }
   std::string payload;
   std::vector<int> received;
   protocol::failure error;

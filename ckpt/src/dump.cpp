@@ -28,6 +28,9 @@ dump_result dump(const dump_options& options, const progress_callback& progress)
   pipeline.check_interrupted();
   if (progress) progress({copy_progress::stage::holding});
   received_fds fds;
+  // Ctrl-C while the program drains, or while dump_end is answered: the connection closes, and the
+  // program is released.
+  s.client().while_waiting([&] { pipeline.check_interrupted(); });
   auto held = s.client().dump_begin(hold_budget_ms(s, options.hold_deadline_ms), fds);
   // From here the program is held, until dump_end or this connection closes (an exception on the
   // way, an interrupt included, closes it).

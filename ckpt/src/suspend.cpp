@@ -44,7 +44,9 @@ suspend_result suspend(const suspend_options& options, const progress_callback& 
   pipeline.check_interrupted();
   if (progress) progress({copy_progress::stage::holding});
   received_fds fds;
+  s.client().while_waiting([&] { pipeline.check_interrupted(); });  // Ctrl-C while the program drains
   auto held = s.client().dump_begin(hold_budget_ms(s, options.hold_deadline_ms), fds, /*for_suspend=*/true);
+  s.client().while_waiting({});  // from the suspend request on, an interrupt must not abandon the answer
   fault_point("held");
   result.mark("held");
   pipeline.check_interrupted();

@@ -277,6 +277,7 @@ std::variant<control::dump_begin_reply, control::failure_reply> hold(clock::time
     return control::failure_reply{control::refusal::suspended,
                                   "the program has paused its own GPU memory (vmmckpt_pause); it resumes it itself"};
   g_hold_start = clock::now();
+  fault_point("program:holding");  // the tests make the program slow to drain here
   if (!the_gate().close(deadline))
     return control::failure_reply{
         control::refusal::not_quiesced,

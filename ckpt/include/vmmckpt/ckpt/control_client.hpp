@@ -99,6 +99,10 @@ class control_client {
   control::resume_reply resume(const progress_handler& progress = {});
   control::check_reply check();
 
+  // Called about ten times a second while an answer is awaited, until it is given another (empty: none):
+  // it throws to give up waiting (Ctrl-C while the program drains for a hold).
+  void while_waiting(std::function<void()> check) { while_waiting_ = std::move(check); }
+
  private:
   void send(const control::request& r);
   std::string receive(std::vector<int>* fds, int timeout_ms);
@@ -110,6 +114,7 @@ class control_client {
   clock::time_point deadline_;
   clock::time_point start_ = clock::now();
   int fd_ = -1;
+  std::function<void()> while_waiting_;
 };
 
 }  // namespace vmmckpt::ckpt
