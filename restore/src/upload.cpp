@@ -2,6 +2,7 @@
 #include "vmmckpt/restore/upload.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <atomic>
 #include <cstring>
 #include <map>
@@ -205,11 +206,15 @@ status upload(const driver_api& d, const image::reader& reader, const backed_mem
     std::mutex mu;
     status first_failure;
     std::uint64_t total = 0, done = 0;  // stored bytes, under mu
+    std::chrono::steady_clock::time_point reported{};  // under mu
     for (const auto& [p, e] : order) total += m.pools[p].extents[e].stored;
     auto loaded = [&](std::uint64_t bytes) noexcept {
       if (!progress) return;
       std::lock_guard lock(mu);
       done += bytes;
+      const auto now = std::chrono::steady_clock::now();
+      if (done < total && now - reported < std::chrono::milliseconds(100)) return;
+      reported = now;
       try {
         progress(done, total);
       } catch (...) {

@@ -169,17 +169,14 @@ void serve_resume(int fd, const control::resume_request& request) {
   std::unique_lock operation(operation_lock(), std::defer_lock);
   if (!take_operation(fd, operation, request.valid_until_ms)) return;
   activity_scope busy(control::activity::resuming);
-  // Progress frames are best effort: at most ten a second, each given a short while to leave, and
-  // none after one could not (a tool that stopped reading must not slow the load).
-  using clock = std::chrono::steady_clock;
-  clock::time_point last_sent{};
+  // Progress frames are best effort (upload() reports at most ten a second): each is given a short
+  // while to leave, and none follows one that could not (a tool that stopped reading must not slow
+  // the load).
   bool sending = true;
   restore::upload_progress progress;
   if (request.progress)
     progress = [&](std::uint64_t done, std::uint64_t total) {
-      const auto now = clock::now();
-      if (!sending || (done < total && now - last_sent < std::chrono::milliseconds(100))) return;
-      last_sent = now;
+      if (!sending) return;
       protocol::failure error;
       sending = protocol::send_frame(fd, control::encode(control::progress_frame{done, total}), {}, 200, error);
     };

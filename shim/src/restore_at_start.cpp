@@ -38,15 +38,12 @@ bool is_progress_socket(int fd, std::uint64_t inode) noexcept {
   return ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &length) == 0 && peer.pid == ::getpid();
 }
 
-// Progress frames on cuda-ckpt restore's socket, when it gave one: at most ten a second, sent
-// without waiting or raising SIGPIPE.
+// Progress frames on cuda-ckpt restore's socket, when it gave one (as upload() reports them, at most
+// ten a second), sent without waiting or raising SIGPIPE.
 restore::upload_progress progress_to(int fd, std::uint64_t inode) {
   if (!is_progress_socket(fd, inode)) return {};
   ::fcntl(fd, F_SETFD, FD_CLOEXEC);  // the program's own children are not the tool's business
-  return [fd, last = std::chrono::steady_clock::time_point{}](std::uint64_t done, std::uint64_t total) mutable {
-    const auto now = std::chrono::steady_clock::now();
-    if (done < total && now - last < std::chrono::milliseconds(100)) return;
-    last = now;
+  return [fd](std::uint64_t done, std::uint64_t total) {
     const std::string frame = control::encode(control::progress_frame{done, total});
     ::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
   };

@@ -134,6 +134,27 @@ std::vector<std::string> entries_of(const fs::path& dir) {
   return names;
 }
 
+// `cuda-ckpt ARGS -o DIR/images/NAME`, slowed while the program is held and after the first chunk, is
+// sent `sig` once its unfinished image appears: its exit status, its output, and the images folder.
+struct interrupted_tool {
+  int status;
+  std::string text;
+  fs::path images;
+};
+interrupted_tool interrupt_while_writing(const scratch_dir& dir, std::vector<std::string> args, const std::string& name,
+                                         int sig) {
+  const fs::path images = dir.path / "images";
+  fs::create_directories(images);
+  args.insert(args.begin(), cuda_ckpt);
+  args.insert(args.end(), {"-o", (images / name).string()});
+  tool_in_background tool(args, {{"VMMCKPT_TEST_FAULT", "held=pause:1500,copying=pause:1500"}},
+                          dir.path / (name + ".log"));
+  REQUIRE(wait_for_entry(images, name + ".partial-", tool.pid));
+  ::kill(tool.pid, sig);
+  const int status = tool.wait();
+  return {status, tool.text(), images};
+}
+
 void require_running_and_intact(background_process& program, const fs::path& scratch) {
   REQUIRE(program.running());
   REQUIRE(listed_state(program.pid()).at("state") == "running");
@@ -344,18 +365,12 @@ TEST_CASE("cli: Ctrl-C during a dump leaves no partial image and the program goe
           "[emu][cli][interrupt]") {
   scratch_dir dir;
   auto program = start_writer();
-  const std::string pid = std::to_string(program->pid());
-  const fs::path images = dir.path / "images";
-  fs::create_directories(images);
   // Held until the copy is on the host, and slowed after the first chunk: the signal comes while held.
-  tool_in_background dump({cuda_ckpt, "dump", pid, "-o", (images / "image").string(), "--no-gpu-snapshot"},
-                          {{"VMMCKPT_TEST_FAULT", "held=pause:1500,copying=pause:1500"}}, dir.path / "dump.log");
-  REQUIRE(wait_for_entry(images, "image.partial-", dump.pid));
-  ::kill(dump.pid, SIGINT);
-  const int status = dump.wait();
-  INFO(dump.text());
+  const auto [status, text, images] =
+      interrupt_while_writing(dir, {"dump", std::to_string(program->pid()), "--no-gpu-snapshot"}, "image", SIGINT);
+  INFO(text);
   CHECK(status == 130);
-  CHECK(contains(dump.text(), "cuda-ckpt dump: interrupted by SIGINT"));
+  CHECK(contains(text, "cuda-ckpt dump: interrupted by SIGINT"));
   CHECK(entries_of(images).empty());
   require_running_and_intact(*program, dir.path);
 }
@@ -389,17 +404,11 @@ TEST_CASE("cli: SIGTERM during a suspend undoes it: no image, the program runs w
           "[emu][cli][interrupt]") {
   scratch_dir dir;
   auto program = start_writer();
-  const std::string pid = std::to_string(program->pid());
-  const fs::path images = dir.path / "images";
-  fs::create_directories(images);
-  tool_in_background suspend({cuda_ckpt, "suspend", pid, "-o", (images / "suspended").string(), "--json"},
-                             {{"VMMCKPT_TEST_FAULT", "held=pause:1500,copying=pause:1500"}}, dir.path / "suspend.log");
-  REQUIRE(wait_for_entry(images, "suspended.partial-", suspend.pid));
-  ::kill(suspend.pid, SIGTERM);
-  const int status = suspend.wait();
-  INFO(suspend.text());
+  const auto [status, text, images] =
+      interrupt_while_writing(dir, {"suspend", std::to_string(program->pid()), "--json"}, "suspended", SIGTERM);
+  INFO(text);
   CHECK(status == 143);
-  const auto error = nlohmann::json::parse(suspend.text());
+  const auto error = nlohmann::json::parse(text);
   CHECK(error.at("ok") == false);
   CHECK(error.at("exit_code") == 143);
   CHECK(contains(error.at("error").get<std::string>(), "not suspended"));

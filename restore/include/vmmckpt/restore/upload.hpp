@@ -13,8 +13,9 @@ namespace vmmckpt::restore {
 // two allocations that is, is written along with them (zeroed), one copy for many allocations.
 using backed_memory = std::function<bool(int device, std::uint64_t addr, std::uint64_t size)>;
 
-// Bytes loaded so far of the total, after each extent: called by one uploading thread at a time
-// (never concurrently), so it must be quick; what it throws is ignored.
+// Bytes loaded so far of the total: at most ten times a second as extents complete, and once at the
+// end; called by one uploading thread at a time (never concurrently), so it must be quick; what it
+// throws is ignored.
 using upload_progress = std::function<void(std::uint64_t done, std::uint64_t total)>;
 
 // Fills every allocation's bytes from the image into device memory at its address (the allocations
