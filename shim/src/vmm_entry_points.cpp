@@ -113,14 +113,20 @@ vmm_not_owned_bytes not_owned_vmm_bytes() {
 using namespace vmmckpt;
 using namespace vmmckpt::detail;
 
+namespace {
+
+// A restored image's VMM memory is in place before the program's first VMM call; after a failed restore
+// every memory call fails, as the pool's do.
+bool restore_failed() noexcept { return shim_active() && !restore_ready(); }
+
+}  // namespace
+
 VMMCKPT_EXPORT CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment, CUdeviceptr addr,
                                                     unsigned long long flags) {
   return guarded(CUDA_ERROR_OUT_OF_MEMORY, [&] {
     const driver_api* d = driver();
     if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-    // A restored image's VMM memory is in place before the program's; after a failed restore every memory
-    // call fails, as the pool's do.
-    if (shim_active() && !restore_ready()) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (restore_failed()) return CUDA_ERROR_OUT_OF_MEMORY;
     if (!shim_active() || ptr == nullptr || size == 0) return d->cuMemAddressReserve(ptr, size, alignment, addr, flags);
     vmm_state& s = state();
     if (!s.config_error.empty()) {
@@ -185,9 +191,7 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemAddressFree(CUdeviceptr ptr, size_t size) {
   return guarded(CUDA_ERROR_UNKNOWN, [&] {
     const driver_api* d = driver();
     if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-    // A restored image's VMM memory is in place before the program's; after a failed restore every memory
-    // call fails, as the pool's do.
-    if (shim_active() && !restore_ready()) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (restore_failed()) return CUDA_ERROR_OUT_OF_MEMORY;
     vmm_state* s = shim_active() ? existing_state() : nullptr;
     if (s == nullptr) return d->cuMemAddressFree(ptr, size);
     gate_scope scope(gate_scope::no_work);
@@ -209,9 +213,7 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* handle
   return guarded(CUDA_ERROR_OUT_OF_MEMORY, [&] {
     const driver_api* d = driver();
     if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-    // A restored image's VMM memory is in place before the program's; after a failed restore every memory
-    // call fails, as the pool's do.
-    if (shim_active() && !restore_ready()) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (restore_failed()) return CUDA_ERROR_OUT_OF_MEMORY;
     if (!shim_active() || handle == nullptr || prop == nullptr) return d->cuMemCreate(handle, size, prop, flags);
     vmm_state& s = state();
     if (!owned(*prop)) {
@@ -264,9 +266,7 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle
   return guarded(CUDA_ERROR_UNKNOWN, [&] {
     const driver_api* d = driver();
     if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-    // A restored image's VMM memory is in place before the program's; after a failed restore every memory
-    // call fails, as the pool's do.
-    if (shim_active() && !restore_ready()) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (restore_failed()) return CUDA_ERROR_OUT_OF_MEMORY;
     vmm_state* s = shim_active() ? existing_state() : nullptr;
     if (s == nullptr) return d->cuMemRelease(handle);
     gate_scope scope(gate_scope::no_work);
@@ -291,9 +291,7 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t of
   return guarded(CUDA_ERROR_UNKNOWN, [&] {
     const driver_api* d = driver();
     if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-    // A restored image's VMM memory is in place before the program's; after a failed restore every memory
-    // call fails, as the pool's do.
-    if (shim_active() && !restore_ready()) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (restore_failed()) return CUDA_ERROR_OUT_OF_MEMORY;
     vmm_state* s = shim_active() ? existing_state() : nullptr;
     if (s == nullptr) return d->cuMemMap(ptr, size, offset, handle, flags);
     gate_scope scope(gate_scope::no_work);
@@ -319,9 +317,7 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
   return guarded(CUDA_ERROR_UNKNOWN, [&] {
     const driver_api* d = driver();
     if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-    // A restored image's VMM memory is in place before the program's; after a failed restore every memory
-    // call fails, as the pool's do.
-    if (shim_active() && !restore_ready()) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (restore_failed()) return CUDA_ERROR_OUT_OF_MEMORY;
     vmm_state* s = shim_active() ? existing_state() : nullptr;
     if (s == nullptr) return d->cuMemUnmap(ptr, size);
     gate_scope scope(gate_scope::no_work);
@@ -339,9 +335,7 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, con
   return guarded(CUDA_ERROR_UNKNOWN, [&] {
     const driver_api* d = driver();
     if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-    // A restored image's VMM memory is in place before the program's; after a failed restore every memory
-    // call fails, as the pool's do.
-    if (shim_active() && !restore_ready()) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (restore_failed()) return CUDA_ERROR_OUT_OF_MEMORY;
     vmm_state* s = shim_active() ? existing_state() : nullptr;
     if (s == nullptr) return d->cuMemSetAccess(ptr, size, desc, count);
     gate_scope scope(gate_scope::no_work);
@@ -375,9 +369,7 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemRetainAllocationHandle(CUmemGenericAllocati
   return guarded(CUDA_ERROR_UNKNOWN, [&] {
     const driver_api* d = driver();
     if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-    // A restored image's VMM memory is in place before the program's; after a failed restore every memory
-    // call fails, as the pool's do.
-    if (shim_active() && !restore_ready()) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (restore_failed()) return CUDA_ERROR_OUT_OF_MEMORY;
     if (d->cuMemRetainAllocationHandle == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
     vmm_state* s = shim_active() && handle != nullptr ? existing_state() : nullptr;
     if (s == nullptr) return d->cuMemRetainAllocationHandle(handle, addr);
@@ -399,9 +391,7 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemGetAllocationPropertiesFromHandle(CUmemAllo
   return guarded(CUDA_ERROR_UNKNOWN, [&] {
     const driver_api* d = driver();
     if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-    // A restored image's VMM memory is in place before the program's; after a failed restore every memory
-    // call fails, as the pool's do.
-    if (shim_active() && !restore_ready()) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (restore_failed()) return CUDA_ERROR_OUT_OF_MEMORY;
     vmm_state* s = shim_active() && looks_like_vmm_token(handle) ? existing_state() : nullptr;
     if (s == nullptr) return d->cuMemGetAllocationPropertiesFromHandle(prop, handle);
     gate_scope scope(gate_scope::no_work);  // a suspended program's handles have no driver handle under them
@@ -420,9 +410,7 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemExportToShareableHandle(void* shareable, CU
   return guarded(CUDA_ERROR_UNKNOWN, [&] {
     const driver_api* d = driver();
     if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-    // A restored image's VMM memory is in place before the program's; after a failed restore every memory
-    // call fails, as the pool's do.
-    if (shim_active() && !restore_ready()) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (restore_failed()) return CUDA_ERROR_OUT_OF_MEMORY;
     vmm_state* s = shim_active() && looks_like_vmm_token(handle) ? existing_state() : nullptr;
     if (s == nullptr) return d->cuMemExportToShareableHandle(shareable, handle, type, flags);
     gate_scope scope(gate_scope::no_work);  // a suspended program's handles have no driver handle under them
