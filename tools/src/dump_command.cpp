@@ -14,6 +14,10 @@
 namespace vmmckpt::tools {
 
 int dump_command(const dump_command_options& o) {
+  if (o.process) return dump_process_command(o);
+  if (o.leave_running || !o.criu_args.empty())
+    return report_failure("dump", o.json, "--leave-running and --criu-arg apply to whole-process dumps (--process)",
+                          exit_usage);
   ckpt::dump_options options;
   options.pid = o.pid;
   if (o.output.empty()) {
