@@ -29,6 +29,8 @@ struct dump_command_options {
 };
 int dump_command(const dump_command_options& options);
 int dump_process_command(const dump_command_options& options);
+int inspect_process_command(const std::string& image, bool json);
+int verify_process_command(const std::string& image, bool json);
 int restore_process_command(const std::string& image, bool json, bool verify_data,
                             const std::vector<std::string>& criu_args);
 

@@ -65,6 +65,63 @@ int dump_process_command(const dump_command_options& o) {
   return exit_ok;
 }
 
+int inspect_process_command(const std::string& image, bool json) {
+  const auto d = ckpt::read_process_image(image);
+  if (json) {
+    nlohmann::json out{{"image", image},          {"whole_process", true},          {"root_pid", d.root_pid},
+                       {"created", d.created},    {"host", d.host},                 {"tool_version", d.tool_version},
+                       {"criu_version", d.criu_version}, {"gpu_bytes", d.gpu_bytes}, {"left_running", d.left_running},
+                       {"stopped_seconds", d.stopped_seconds}};
+    out["processes"] = nlohmann::json::array();
+    for (const auto& m : d.processes)
+      out["processes"].push_back({{"pid", m.pid}, {"parent", m.parent}, {"command", m.command},
+                                  {"gpu_image", d.gpu_image(image, m.pid).string()},
+                                  {"driver_checkpointed", m.driver_checkpointed}});
+    std::uint64_t cpu_bytes = 0;
+    for (const auto& f : d.criu_files) cpu_bytes += f.bytes;
+    out["cpu_bytes"] = cpu_bytes;
+    std::cout << out.dump(2) << "\n";
+    return exit_ok;
+  }
+  std::uint64_t cpu_bytes = 0;
+  for (const auto& f : d.criu_files) cpu_bytes += f.bytes;
+  std::printf("image     %s: a whole-process image (written by vmmckpt %s, CRIU %s)\n", image.c_str(),
+              d.tool_version.c_str(), d.criu_version.c_str());
+  std::printf("created   %s on %s; the process was stopped %.3f s%s\n", d.created.c_str(), d.host.c_str(),
+              d.stopped_seconds, d.left_running ? " and went on" : " and ended");
+  std::printf("cpu part  %s in %zu CRIU files (%s/)\n", human_bytes(cpu_bytes).c_str(), d.criu_files.size(),
+              ckpt::criu_dir_name);
+  std::printf("gpu part  %s in %zu process(es); restore with: cuda-ckpt restore %s\n", human_bytes(d.gpu_bytes).c_str(),
+              d.processes.size(), image.c_str());
+  for (const auto& m : d.processes) {
+    std::string command;
+    for (const auto& arg : m.command) command += (command.empty() ? "" : " ") + arg;
+    std::printf("  process %d (parent %d): %s; GPU part %s%s\n", static_cast<int>(m.pid), static_cast<int>(m.parent),
+                command.c_str(), d.gpu_image(image, m.pid).c_str(),
+                m.driver_checkpointed ? ", context checkpointed by the driver" : "");
+  }
+  return exit_ok;
+}
+
+int verify_process_command(const std::string& image, bool json) {
+  try {
+    const auto d = ckpt::read_process_image(image);
+    ckpt::verify_process_image(image, d, true);
+    if (json)
+      std::cout << nlohmann::json{{"image", image}, {"ok", true}, {"whole_process", true}}.dump(2) << "\n";
+    else
+      std::printf("%s: good (a whole-process image: %zu CRIU files and %zu GPU part(s), %s, every checksum matches)\n",
+                  image.c_str(), d.criu_files.size(), d.processes.size(), human_bytes(d.gpu_bytes).c_str());
+    return exit_ok;
+  } catch (const image::image_error& e) {
+    if (json)
+      std::cout << nlohmann::json{{"image", image}, {"ok", false}, {"defect", e.what()}}.dump(2) << "\n";
+    else
+      std::fprintf(stderr, "%s: BAD: %s\n", image.c_str(), e.what());
+    return exit_failure;
+  }
+}
+
 int restore_process_command(const std::string& image, bool json, bool verify_data,
                             const std::vector<std::string>& criu_args) {
   ckpt::process_restore_options options;
