@@ -613,6 +613,7 @@ class Bench:
         criu = os.environ.get("VMMCKPT_CRIU") or shutil.which("criu")
         directory = self.places[0][1]
         try:
+            os.makedirs(directory, exist_ok=True)
             if os.geteuid() != 0 or not criu:
                 raise BenchError("skipped: needs root and CRIU 4 (VMMCKPT_CRIU; scripts/provision-criu.sh)")
             if not self.fits_gpu(size) or size * 2.3 > mem_available() or free_bytes(directory) < size * 1.1:
