@@ -55,6 +55,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: emu_ticker LOG [--buffers N] [--size BYTES] [--children K] [--bare-child]\n");
     return 2;
   }
+  // Like a daemon, close what was inherited (a test runner's open log, say): CRIU restores every open
+  // file and refuses one whose size changed meanwhile.
+  ::close_range(3, ~0U, 0);
   const std::string log_path = argv[1];
   int buffers = 4, children = 0;
   std::size_t size = 1 << 20;
