@@ -226,6 +226,11 @@ TEST_CASE("dump --process killed at each step: cuda-ckpt resume brings the proce
   // Until the last step the tool left the process suspended (and from the driver's checkpoint on,
   // checkpointed by the driver): resume undoes whatever it finds. At the last, it was running again.
   if (std::string(point) != "process:written") {
+    // gc keeps the unfinished image while the process is suspended on its GPU part.
+    const auto kept = tool({"gc", t.dir.path.string(), "--json"});
+    INFO(describe(kept));
+    CHECK(kept.out.find("an unfinished whole-process image") != std::string::npos);
+    CHECK(kept.out.find("image.partial-") != std::string::npos);
     const auto resumed = tool({"resume", std::to_string(t.pid)});
     INFO(describe(resumed));
     CHECK(resumed.exit_code == 0);
@@ -234,6 +239,10 @@ TEST_CASE("dump --process killed at each step: cuda-ckpt resume brings the proce
   }
   REQUIRE(t.goes_on({t.log}));
   CHECK(tick_problem(t.log).empty());
+  // Nothing depends on what the killed tool left: gc removes it.
+  CHECK(tool({"gc", t.dir.path.string()}).exit_code == 0);
+  for (const auto& entry : fs::directory_iterator(t.dir.path))
+    CHECK(entry.path().filename().string().find("image.partial-") == std::string::npos);
 }
 
 TEST_CASE("dump --process refused or failing leaves the process running and no image", "[process][fault]") {
