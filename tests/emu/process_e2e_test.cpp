@@ -330,3 +330,46 @@ TEST_CASE("restore DIR refuses a damaged CPU part and the wrong forms, and chang
 }
 
 }  // namespace vmmckpt::test
+
+namespace vmmckpt::test {
+
+TEST_CASE("the Slurm recipe: the warning signal dumps the job whole, the next allocation restores it",
+          "[process][slurm]") {
+  require_criu();
+  scratch_dir dir;
+  const fs::path log = dir.path / "log", images = dir.path / "ckpt";
+  const std::string script = std::string(VMMCKPT_SOURCE_DIR) + "/scripts/slurm-preempt.sh";
+  const std::map<std::string, std::string> env{{"CUDA_CKPT", cuda_ckpt}, {"SLURM_JOB_ID", ""}};
+  const std::string job = "exec " + script + " --image-dir " + images.string() + " -- " + ticker + " " + log.string() +
+                          " 2>&1";
+
+  // First allocation: the job starts; Slurm's warning (here sent by hand) checkpoints it.
+  pid_t program = 0;
+  {
+    background_process first({"/bin/sh", "-c", job}, env);
+    REQUIRE(first.wait_for_output("started process "));
+    REQUIRE(wait_until([&] { return last_tick(log) >= 3; }));
+    const auto& out = first.output();
+    program = std::stoi(out.substr(out.find("started process ") + 16));
+    ::kill(first.pid(), SIGUSR1);
+    CHECK(first.wait_for_output("not in a Slurm job: run this script again to restore it"));
+    CHECK(first.wait() == 0);
+  }
+  REQUIRE(wait_gone(program));
+  CHECK(fs::exists(images / "image" / "process.json"));
+  const std::uint64_t at_checkpoint = last_tick(log);
+
+  // Next allocation: the same job script restores it; it goes on and ends by itself.
+  background_process second({"/bin/sh", "-c", job}, env);
+  REQUIRE(second.wait_for_output("restored process " + std::to_string(program)));
+  REQUIRE(wait_until([&] { return last_tick(log) >= at_checkpoint + 5; }));
+  std::ofstream(log.string() + ".stop").put('\n');
+  // The restored program ends as this test's child (its subreaper): reaped while the script waits.
+  REQUIRE(wait_gone(program));
+  CHECK(second.wait_for_output("the job is done"));
+  CHECK(second.wait() == 0);
+  CHECK(tick_problem(log).empty());
+  CHECK_FALSE(fs::exists(images / "image"));  // the job is done: its image goes
+}
+
+}  // namespace vmmckpt::test
