@@ -170,6 +170,10 @@ process_dump_result dump_process(const process_dump_options& o, const progress_c
         d.created = s.manifest.created;
         d.host = s.manifest.host;
       }
+      // The suspend's own steps, on this dump's clock: where the time of the GPU part went.
+      const double offset = std::chrono::duration<double>(called - start).count();
+      for (const auto& [step, at] : s.phases)
+        r.phases.emplace_back("suspend " + std::to_string(m.pid) + " " + step, offset + at);
       d.gpu_bytes += s.manifest.data_bytes;
       d.processes.push_back({m.pid, m.parent, m.command, s.manifest.image_id, false});
     }
