@@ -59,26 +59,22 @@ unsigned long state_address(int pid) {
   return base == 0 ? 0 : base + offset;
 }
 
-CUresult read_state(int pid, int& state) {
+// Reads (or with `write`, writes) process pid's state: this process's own variable, or another's through
+// process_vm_readv/writev.
+CUresult access_state(int pid, int& state, bool write) {
   if (pid == ::getpid()) {
-    state = g_process_state;
+    if (write)
+      g_process_state = state;
+    else
+      state = g_process_state;
     return CUDA_SUCCESS;
   }
   const unsigned long at = state_address(pid);
   if (at == 0) return CUDA_ERROR_INVALID_VALUE;
   iovec local{&state, sizeof state}, remote{reinterpret_cast<void*>(at), sizeof state};
-  return ::process_vm_readv(pid, &local, 1, &remote, 1, 0) == sizeof state ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
-}
-
-CUresult write_state(int pid, int state) {
-  if (pid == ::getpid()) {
-    g_process_state = state;
-    return CUDA_SUCCESS;
-  }
-  const unsigned long at = state_address(pid);
-  if (at == 0) return CUDA_ERROR_INVALID_VALUE;
-  iovec local{&state, sizeof state}, remote{reinterpret_cast<void*>(at), sizeof state};
-  return ::process_vm_writev(pid, &local, 1, &remote, 1, 0) == sizeof state ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  const ssize_t n = write ? ::process_vm_writev(pid, &local, 1, &remote, 1, 0)
+                          : ::process_vm_readv(pid, &local, 1, &remote, 1, 0);
+  return n == sizeof state ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 // One move of the state machine: from `from` to `to`, or ILLEGAL_STATE.
@@ -88,9 +84,10 @@ CUresult move(const char* what, int pid, CUprocessState from, CUprocessState to)
     return CUDA_ERROR_NOT_SUPPORTED;
   }
   int state = 0;
-  if (const CUresult r = read_state(pid, state); r != CUDA_SUCCESS) return r;
+  if (const CUresult r = access_state(pid, state, false); r != CUDA_SUCCESS) return r;
   if (state != from) return CUDA_ERROR_ILLEGAL_STATE;
-  return write_state(pid, to);
+  state = to;
+  return access_state(pid, state, true);
 }
 
 }  // namespace
@@ -101,7 +98,7 @@ CUresult cuCheckpointProcessGetState(int pid, CUprocessState* state) {
   if (api_disabled()) return CUDA_ERROR_NOT_SUPPORTED;
   if (state == nullptr) return CUDA_ERROR_INVALID_VALUE;
   int s = 0;
-  if (const CUresult r = read_state(pid, s); r != CUDA_SUCCESS) return r;
+  if (const CUresult r = access_state(pid, s, false); r != CUDA_SUCCESS) return r;
   *state = static_cast<CUprocessState>(s);
   return CUDA_SUCCESS;
 }
@@ -121,7 +118,7 @@ CUresult cuCheckpointProcessGetRestoreThreadId(int pid, int* tid) {
   if (api_disabled()) return CUDA_ERROR_NOT_SUPPORTED;
   if (tid == nullptr) return CUDA_ERROR_INVALID_VALUE;
   int s = 0;
-  if (const CUresult r = read_state(pid, s); r != CUDA_SUCCESS) return r;
+  if (const CUresult r = access_state(pid, s, false); r != CUDA_SUCCESS) return r;
   *tid = pid;  // the emulator has no restore thread of its own: the process's main thread stands for it
   return CUDA_SUCCESS;
 }

@@ -1,6 +1,8 @@
 // The driver's process checkpoint API for one process: each call, its failure said with the process and the error.
 #include "driver_checkpoint.hpp"
 
+#include <unistd.h>
+
 #include "vmmckpt/ckpt/driver.hpp"
 #include "vmmckpt/ckpt/process_checkpoint.hpp"
 
@@ -19,11 +21,16 @@ void check(CUresult r, const char* call, pid_t pid) {
 
 std::string driver_checkpoint_missing() {
   const driver_api& d = driver();
-  if (d.cuCheckpointProcessGetState && d.cuCheckpointProcessLock && d.cuCheckpointProcessCheckpoint &&
-      d.cuCheckpointProcessRestore && d.cuCheckpointProcessUnlock)
-    return {};
-  return "the CUDA driver (" + driver_library_name() +
-         ") lacks the process checkpoint API (cuCheckpointProcess*, driver 550 or later; 570 or later recommended)";
+  if (!d.cuCheckpointProcessGetState || !d.cuCheckpointProcessLock || !d.cuCheckpointProcessCheckpoint ||
+      !d.cuCheckpointProcessRestore || !d.cuCheckpointProcessUnlock)
+    return "the CUDA driver (" + driver_library_name() +
+           ") lacks the process checkpoint API (cuCheckpointProcess*, driver 550 or later; 570 or later recommended)";
+  // Present but switched off for this system or GPU: it says so for any CUDA process, this one included
+  // (initialized first: the question is then about a CUDA process).
+  CUprocessState state{};
+  if (d.cuInit(0) == CUDA_SUCCESS && d.cuCheckpointProcessGetState(::getpid(), &state) == CUDA_ERROR_NOT_SUPPORTED)
+    return "the CUDA driver (" + driver_library_name() + ") does not support process checkpoints here";
+  return {};
 }
 
 std::string process_state_name(CUprocessState state) {

@@ -185,6 +185,7 @@ process_dump_result dump_process(const process_dump_options& o, const progress_c
     for (auto& m : d.processes) {
       driver_lock(m.pid, driver_lock_timeout_ms);
       done.locked.push_back(m.pid);
+      fault_point("process:locked");
       driver_checkpoint(m.pid);
       done.checkpointed.push_back(m.pid);
       m.driver_checkpointed = true;

@@ -215,7 +215,8 @@ TEST_CASE("dump --process --leave-running: the process goes on, and the image re
 TEST_CASE("dump --process killed at each step: cuda-ckpt resume brings the process back, and no image is left",
           "[process][fault]") {
   require_criu();
-  const char* point = GENERATE("process:suspended", "process:checkpointed", "process:criu-dumped", "process:written");
+  const char* point =
+      GENERATE("process:suspended", "process:locked", "process:checkpointed", "process:criu-dumped", "process:written");
   INFO(point);
   ticker_tree t;
   const fs::path image = t.dir.path / "image";
@@ -234,7 +235,9 @@ TEST_CASE("dump --process killed at each step: cuda-ckpt resume brings the proce
     const auto resumed = tool({"resume", std::to_string(t.pid)});
     INFO(describe(resumed));
     CHECK(resumed.exit_code == 0);
-    if (std::string(point) != "process:suspended")
+    if (std::string(point) == "process:locked")
+      CHECK(resumed.out.find("the driver had it locked") != std::string::npos);
+    else if (std::string(point) != "process:suspended")
       CHECK(resumed.out.find("restored and unlocked") != std::string::npos);
   }
   REQUIRE(t.goes_on({t.log}));
@@ -267,6 +270,15 @@ TEST_CASE("dump --process refused or failing leaves the process running and no i
                         {{"VMMCKPT_CRIU", "/nonexistent/criu"}});
     CHECK(r.exit_code == 1);
     CHECK(r.err.find("provision-criu.sh") != std::string::npos);
+  }
+  SECTION("CRIU too old") {
+    const fs::path old_criu = t.dir.path / "old-criu";
+    std::ofstream(old_criu) << "#!/bin/sh\necho 'Version: 3.17.1'\n";
+    fs::permissions(old_criu, fs::perms::owner_all);
+    const auto r = tool({"dump", std::to_string(t.pid), "--process", "-o", image.string()},
+                        {{"VMMCKPT_CRIU", old_criu.string()}});
+    CHECK(r.exit_code == 1);
+    CHECK(r.err.find("is CRIU 3.17.1, too old") != std::string::npos);
   }
   SECTION("a driver without the checkpoint API") {
     const auto r = tool({"dump", std::to_string(t.pid), "--process", "-o", image.string()},
@@ -312,6 +324,11 @@ TEST_CASE("restore DIR refuses a damaged CPU part and the wrong forms, and chang
   const auto no_criu = tool({"restore", image.string()}, {{"VMMCKPT_CRIU", "/nonexistent/criu"}});
   CHECK(no_criu.exit_code == 1);
   CHECK(no_criu.err.find("provision-criu.sh") != std::string::npos);
+  // A driver without the checkpoint API cannot restore the contexts it checkpointed.
+  const auto no_api = tool({"restore", image.string()}, {{"VMMCKPT_EMU_NO_CHECKPOINT_API", "1"}});
+  CHECK(no_api.exit_code == 1);
+  CHECK(no_api.err.find("does not support process checkpoints") != std::string::npos);
+  CHECK(::kill(t.pid, 0) != 0);
 
   // One byte of the CPU part's biggest file changed.
   fs::path biggest;
