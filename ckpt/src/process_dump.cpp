@@ -148,7 +148,7 @@ process_dump_result dump_process(const process_dump_options& o, const progress_c
                                                          random_hex() + ".log");
   try {
     // 1. The shim copies each process's GPU memory out and frees it; each stays held.
-    std::optional<clock::time_point> stopped_at;
+    double stopped_from = -1;  // when the first process was held, in seconds from the start
     for (const auto& m : members) {
       suspend_options so;
       so.pid = m.pid;
@@ -160,11 +160,6 @@ process_dump_result dump_process(const process_dump_options& o, const progress_c
       const auto s = suspend(so, progress);
       done.suspended.push_back(m.pid);
       if (s.late) throw tool_error(who(m.pid) + " took the suspend but did not answer in time (stopped?)");
-      if (!stopped_at) {
-        stopped_at = called;
-        for (const auto& [step, at] : s.phases)
-          if (step == "held") stopped_at = called + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(at));
-      }
       if (d.created.empty()) {
         d.tool_version = s.manifest.tool_version;
         d.created = s.manifest.created;
@@ -172,8 +167,10 @@ process_dump_result dump_process(const process_dump_options& o, const progress_c
       }
       // The suspend's own steps, on this dump's clock: where the time of the GPU part went.
       const double offset = std::chrono::duration<double>(called - start).count();
-      for (const auto& [step, at] : s.phases)
+      for (const auto& [step, at] : s.phases) {
         r.phases.emplace_back("suspend " + std::to_string(m.pid) + " " + step, offset + at);
+        if (step == "held" && stopped_from < 0) stopped_from = offset + at;
+      }
       d.gpu_bytes += s.manifest.data_bytes;
       d.processes.push_back({m.pid, m.parent, m.command, s.manifest.image_id, false});
     }
@@ -211,7 +208,7 @@ process_dump_result dump_process(const process_dump_options& o, const progress_c
       done.checkpointed.clear();
       done.keep_staging = true;
     }
-    d.stopped_seconds = seconds_since(*stopped_at);
+    d.stopped_seconds = seconds_since(start) - stopped_from;
     mark("criu dumped");
     fault_point("process:criu-dumped");
 
@@ -225,7 +222,7 @@ process_dump_result dump_process(const process_dump_options& o, const progress_c
         resume(it->pid, progress);
         done.suspended.pop_back();
       }
-      d.stopped_seconds = seconds_since(*stopped_at);
+      d.stopped_seconds = seconds_since(start) - stopped_from;
       mark("resumed");
     }
 
