@@ -25,15 +25,23 @@ std::string criu_for_tests() {
   return ::access(provisioned.c_str(), X_OK) == 0 ? provisioned : "";
 }
 
-void require_criu() {
-  if (::geteuid() != 0) VMMCKPT_SKIP("CRIU dumps and restores processes as root only");
+// Why the whole-process tests cannot run here, or "" (then VMMCKPT_CRIU names the CRIU they use).
+std::string criu_skip_reason() {
+  if (::geteuid() != 0) return "CRIU dumps and restores processes as root only";
   const std::string criu = criu_for_tests();
-  if (criu.empty()) VMMCKPT_SKIP("no CRIU 4: run scripts/provision-criu.sh, or set VMMCKPT_CRIU");
+  if (criu.empty()) return "no CRIU 4: run scripts/provision-criu.sh, or set VMMCKPT_CRIU";
   ::setenv("VMMCKPT_CRIU", criu.c_str(), 1);
   // Processes CRIU restores detached, and the tickers started detached, are reparented to this
   // process when their parent goes (not to an init that may never reap them): reaped by wait_gone.
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  return {};
 }
+
+// In a test case's own body: skips it (VMMCKPT_SKIP returns from the test case) when CRIU cannot run.
+#define REQUIRE_CRIU()                                                             \
+  do {                                                                             \
+    if (const std::string why = criu_skip_reason(); !why.empty()) VMMCKPT_SKIP(why); \
+  } while (0)
 
 std::vector<std::string> lines_of(const fs::path& file) {
   std::ifstream in(file);
@@ -145,7 +153,7 @@ bool nothing_named(const fs::path& image) {
 
 TEST_CASE("a whole process tree killed after dump --process comes back with restore DIR and goes on",
           "[process]") {
-  require_criu();
+  REQUIRE_CRIU();
   ticker_tree t({"--children", "1"});
   const fs::path child_log = t.log.string() + ".1";
   REQUIRE(wait_until([&] { return last_tick(child_log) >= 3; }));
@@ -181,7 +189,7 @@ TEST_CASE("a whole process tree killed after dump --process comes back with rest
 }
 
 TEST_CASE("dump --process --leave-running: the process goes on, and the image restores it later", "[process]") {
-  require_criu();
+  REQUIRE_CRIU();
   ticker_tree t;
   const fs::path image = t.dir.path / "image";
   const auto dumped = tool({"dump", std::to_string(t.pid), "--process", "--leave-running", "-o", image.string()});
@@ -214,7 +222,7 @@ TEST_CASE("dump --process --leave-running: the process goes on, and the image re
 
 TEST_CASE("dump --process killed at each step: cuda-ckpt resume brings the process back, and no image is left",
           "[process][fault]") {
-  require_criu();
+  REQUIRE_CRIU();
   const char* point =
       GENERATE("process:suspended", "process:locked", "process:checkpointed", "process:criu-dumped", "process:written");
   INFO(point);
@@ -249,7 +257,7 @@ TEST_CASE("dump --process killed at each step: cuda-ckpt resume brings the proce
 }
 
 TEST_CASE("dump --process refused or failing leaves the process running and no image", "[process][fault]") {
-  require_criu();
+  REQUIRE_CRIU();
   ticker_tree t;
   const fs::path image = t.dir.path / "image";
   SECTION("CRIU fails") {
@@ -294,7 +302,7 @@ TEST_CASE("dump --process refused or failing leaves the process running and no i
 }
 
 TEST_CASE("dump --process refuses a tree with a process that uses CUDA without the shim", "[process]") {
-  require_criu();
+  REQUIRE_CRIU();
   ticker_tree t({"--bare-child"});
   REQUIRE(wait_until([&] { return last_tick(t.log.string() + ".bare") >= 1; }));
   const fs::path image = t.dir.path / "image";
@@ -306,7 +314,7 @@ TEST_CASE("dump --process refuses a tree with a process that uses CUDA without t
 }
 
 TEST_CASE("restore DIR refuses a damaged CPU part and the wrong forms, and changes nothing", "[process]") {
-  require_criu();
+  REQUIRE_CRIU();
   ticker_tree t;
   const fs::path image = t.dir.path / "image";
   REQUIRE(tool({"dump", std::to_string(t.pid), "--process", "-o", image.string()}).exit_code == 0);
@@ -352,7 +360,7 @@ namespace vmmckpt::test {
 
 TEST_CASE("the Slurm recipe: the warning signal dumps the job whole, the next allocation restores it",
           "[process][slurm]") {
-  require_criu();
+  REQUIRE_CRIU();
   scratch_dir dir;
   const fs::path log = dir.path / "log", images = dir.path / "ckpt";
   const std::string script = std::string(VMMCKPT_SOURCE_DIR) + "/scripts/slurm-preempt.sh";
