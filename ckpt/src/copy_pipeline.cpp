@@ -114,6 +114,25 @@ const unsigned char* pack(unsigned char* buffer, const chunk& c, const span& sp)
   return buffer + sp.offset;
 }
 
+// An extent of an incremental image, block by block: a block whose checksum equals the parent's
+// block at the same place is left to the parent, the others are written. Returns the bytes left out.
+std::uint64_t write_changed_blocks(image::writer& writer, std::uint32_t file, const unsigned char* bytes,
+                                   std::uint64_t stored, const image::extent& old) {
+  const std::vector<std::uint64_t> sums = block_checksums(bytes, stored);
+  std::uint64_t unchanged = 0;
+  for (std::size_t k = 0; k < sums.size(); ++k) {
+    const std::uint64_t at = k * image::write_block_size;
+    const std::size_t n = static_cast<std::size_t>(std::min(image::write_block_size, stored - at));
+    if (sums[k] == old.blocks[k].checksum) {
+      writer.inherit_block(file, n, sums[k]);
+      unchanged += n;
+    } else {
+      writer.write_block(file, bytes + at, n, sums[k]);
+    }
+  }
+  return unchanged;
+}
+
 }  // namespace
 
 void copy_pipeline::check_interrupted() const {
@@ -221,6 +240,7 @@ copy_pipeline::~copy_pipeline() {
 
 void copy_pipeline::prepare(const std::filesystem::path& output, CUcontext context, bool snapshot_allowed) {
   context_ = context;
+  if (!settings_.parent.empty()) parent_.emplace(settings_.parent);
   // One data file per writer thread, fewer for a small image.
   const std::uint64_t chunks_estimate =
       std::max<std::uint64_t>(1, (live_estimate_ + settings_.chunk_bytes - 1) / settings_.chunk_bytes);
@@ -252,6 +272,7 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
   // thread (one data file each) takes the next copied chunk and appends it, so PCIe and storage
   // overlap and the file system takes several files at once (it serializes writes to one file).
   const auto chunks = plan_chunks(m, settings_.chunk_bytes, writer.files(), readable);
+  if (parent_) m.parent = parent_->ref();
   result.mark("planned");
   std::uint64_t total = 0;  // the image's bytes (without the gaps copied along)
   for (const auto& c : chunks)
@@ -279,15 +300,18 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
 
   auto write_file = [&](std::uint32_t file) {
     double waiting = 0;
-    struct add_on_exit {  // this thread's waits, summed into the result however it leaves
+    std::uint64_t unchanged = 0;
+    struct add_on_exit {  // this thread's waits and unchanged bytes, summed into the result however it leaves
       double& waiting;
+      std::uint64_t& unchanged;
       std::mutex& mu;
       image_result& result;
       ~add_on_exit() {
         std::lock_guard lock(mu);
         result.threads.waiting += waiting;
+        result.unchanged_bytes += unchanged;
       }
-    } add_waiting{waiting, mutex, result};
+    } add_waiting{waiting, unchanged, mutex, result};
     try {
       VMMCKPT_CUDA_TRY(d.cuCtxSetCurrent(context_));
       // Each writer takes the next copied chunk, whichever it is, and appends it to its own file: a
@@ -308,7 +332,11 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
         std::uint64_t chunk_total = 0;
         for (const span& sp : chunks[c].spans) {
           writer.begin_extent(file, sp.addr, sp.size, sp.stored);
-          writer.write(file, pack(st.buffers[b], chunks[c], sp), sp.stored);
+          const unsigned char* bytes = pack(st.buffers[b], chunks[c], sp);
+          if (const image::extent* old = parent_ ? parent_->same_extent(sp.addr, sp.size, sp.stored) : nullptr)
+            unchanged += write_changed_blocks(writer, file, bytes, sp.stored, *old);
+          else
+            writer.write(file, bytes, sp.stored);
           m.pools[sp.pool].extents[sp.extent] = writer.end_extent(file);
           chunk_total += sp.stored;
         }
@@ -444,7 +472,7 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
     result.threads.writing += writer.times(f).writing;
   }
   report(copy_progress::stage::writing, total);
-  m.data_bytes = total;
+  m.data_bytes = total - result.unchanged_bytes;  // what the data files hold
   result.mark("written");
 }
 

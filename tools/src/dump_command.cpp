@@ -37,6 +37,7 @@ int dump_command(const dump_command_options& o) {
   if (o.writers > 0) options.copy.writers = o.writers;
   options.gpu_snapshot = !o.no_gpu_snapshot;
   options.allow_partial = o.allow_partial;
+  options.copy.parent = o.parent;
   options.hold_deadline_ms = o.deadline_s * 1000;
 
   options.copy.interrupt = &catch_interrupts();
@@ -58,6 +59,8 @@ int dump_command(const dump_command_options& o) {
                           {"hold_ms", result.hold_ms},        {"gpu_snapshot", result.gpu_snapshot},
                           {"gpu_snapshot_bytes", result.snapshot_bytes},
                           {"data_files", result.manifest.data_files},
+                          {"parent", o.parent.empty() ? nlohmann::json(nullptr) : nlohmann::json(o.parent)},
+                          {"unchanged_bytes", result.unchanged_bytes},
                           {"lacking", kinds_and_sizes_json(result.manifest.lacking)}};
     out.update(timings_json(result));
     std::cout << out.dump(2) << "\n";
@@ -70,6 +73,9 @@ int dump_command(const dump_command_options& o) {
                 : result.snapshot_bytes < result.manifest.data_bytes ? "partly to spare GPU memory, partly out of the GPU"
                                                                      : "to spare GPU memory",
                 result.copy_seconds, copy_gbps);
+    if (!o.parent.empty())
+      std::printf("  incremental: %s unchanged since %s, left to it\n", human_bytes(result.unchanged_bytes).c_str(),
+                  o.parent.c_str());
     if (!result.manifest.lacking.empty())
       std::printf("  partial: the image lacks %s (memory vmmckpt does not own)\n",
                   kinds_and_sizes(result.manifest.lacking).c_str());

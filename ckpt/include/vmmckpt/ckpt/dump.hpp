@@ -29,6 +29,9 @@ struct copy_settings {
   // Set (to the signal's number) by the caller's SIGINT/SIGTERM handler: the operation stops at its
   // next chunk with `interrupted`, leaving nothing and the program released. Null: never.
   const std::atomic<int>* interrupt = nullptr;
+  // An incremental image: the image to compare with (docs/image-format.md, "Chains"). Blocks whose
+  // checksum equals the parent's block at the same place are not written; empty: a full image.
+  std::filesystem::path parent;
 };
 
 // Where a long operation is, for a progress line. Callbacks come from several threads, one at a time.
@@ -74,6 +77,8 @@ struct image_result {
     double writing = 0;
     double copy_waiting = 0;
   } threads;
+  // An incremental image: the stored bytes left out because its parent holds them unchanged.
+  std::uint64_t unchanged_bytes = 0;
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
   void mark(const std::string& step) {
     phases.emplace_back(step, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
