@@ -2,6 +2,9 @@
 #include "parent_blocks.hpp"
 
 #include <algorithm>
+#include <system_error>
+
+#include "vmmckpt/suspend_claim.hpp"
 
 namespace vmmckpt::ckpt {
 
@@ -14,6 +17,13 @@ parent_blocks::parent_blocks(const std::filesystem::path& parent)
   if (m.block_size != image::write_block_size)
     throw image::image_error(parent.string() + ": its blocks are " + std::to_string(m.block_size) +
                              " bytes, this tool writes blocks of " + std::to_string(image::write_block_size));
+  // resume and gc delete a suspend image once its program no longer needs it: a child would lose its parent.
+  for (const char* claim : {suspend_claim::pending, suspend_claim::accepted, suspend_claim::cancelled}) {
+    std::error_code ec;
+    if (std::filesystem::exists(parent / claim, ec))
+      throw image::image_error(parent.string() + ": a suspend image cannot be a parent (resume and gc delete it); " +
+                               "use an image written by dump");
+  }
   for (const auto& p : m.pools)
     for (const auto& e : p.extents) by_addr_.push_back(&e);
   std::sort(by_addr_.begin(), by_addr_.end(), [](const image::extent* a, const image::extent* b) { return a->addr < b->addr; });
