@@ -17,6 +17,11 @@ parent_blocks::parent_blocks(const std::filesystem::path& parent)
   if (m.block_size != image::write_block_size)
     throw image::image_error(parent.string() + ": its blocks are " + std::to_string(m.block_size) +
                              " bytes, this tool writes blocks of " + std::to_string(image::write_block_size));
+  std::size_t chain = 0;
+  for (const image::reader* r = &reader_; r != nullptr; r = r->parent()) ++chain;
+  if (chain >= image::max_chain_length)
+    throw image::image_error(parent.string() + ": a chain of " + std::to_string(chain) + " images already, the most a " +
+                             "reader follows: merge it first (cuda-ckpt merge " + parent.string() + " -o FULL)");
   // resume and gc delete a suspend image once its program no longer needs it: a child would lose its parent.
   for (const char* claim : {suspend_claim::pending, suspend_claim::accepted, suspend_claim::cancelled}) {
     std::error_code ec;

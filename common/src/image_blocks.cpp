@@ -14,14 +14,9 @@ std::uint64_t block_checksum(const void* data, std::size_t size) {
 }
 
 std::uint64_t combined_checksum(const std::vector<block>& blocks) {
-  XXH3_state_t state;
-  XXH3_64bits_reset(&state);
-  unsigned char le[8];
-  for (const block& b : blocks) {
-    put_le(le, b.checksum, 8);
-    XXH3_64bits_update(&state, le, sizeof le);
-  }
-  return XXH3_64bits_digest(&state);
+  std::vector<unsigned char> le(blocks.size() * 8);
+  for (std::size_t k = 0; k < blocks.size(); ++k) put_le(le.data() + 8 * k, blocks[k].checksum, 8);
+  return XXH3_64bits(le.data(), le.size());
 }
 
 std::uint64_t block_count(std::uint64_t stored, std::uint64_t block_bytes) {
@@ -33,6 +28,13 @@ std::uint64_t bytes_here(const extent& e, std::uint64_t block_bytes) {
   for (std::size_t i = 0; i < e.blocks.size(); ++i)
     if (e.blocks[i].in_parent) here -= std::min(block_bytes, e.stored - i * block_bytes);
   return here;
+}
+
+std::uint64_t restored_bytes(const manifest& m) {
+  std::uint64_t total = 0;
+  for (const pool& p : m.pools)
+    for (const extent& e : p.extents) total += e.stored;
+  return total;
 }
 
 struct streaming_checksum::state {

@@ -171,6 +171,13 @@ TEST_CASE("incremental: suspend --parent, and resume follows the chain", "[emu][
   const auto r = run_process({cuda_ckpt, "resume", std::to_string(c.p->pid())});
   INFO(describe(r));
   REQUIRE(r.exit_code == 0);
+  // A suspend image is deleted by resume and gc: it cannot be a parent.
+  const auto refused = run_process({cuda_ckpt, "dump", std::to_string(c.p->pid()), "-o", (c.dir.path / "x").string(),
+                                    "--parent", image.string()});
+  INFO(describe(refused));
+  CHECK(refused.exit_code == 1);
+  CHECK_THAT(refused.err, Catch::Matchers::Contains("a suspend image cannot be a parent"));
+  CHECK_FALSE(fs::exists(c.dir.path / "x"));
   // The program's memory is what it was: one more change and save, then compare with a restore of a
   // fresh full dump.
   ::kill(c.p->pid(), SIGUSR1);

@@ -148,6 +148,10 @@ struct manifest {
   friend bool operator==(const manifest&, const manifest&) = default;
 };
 
+// The bytes an image brings back: every extent's stored bytes, wherever in its chain they are
+// (data_bytes counts only those in its own data files).
+std::uint64_t restored_bytes(const manifest& m);
+
 // Writes an image under a temporary name next to `final_dir`; nothing at
 // `final_dir` exists until commit() has written, fsync'd and renamed it. The
 // destructor removes the temporary directory of an uncommitted image.
