@@ -89,7 +89,7 @@ std::vector<chunk> plan_chunks(image::manifest& m, std::uint64_t chunk_bytes, st
         const std::uint64_t n = std::min(a.size - done, chunk_bytes - c->bytes);
         c->spans.push_back({p, pool.extents.size(), addr, n, c->bytes, n, c->pieces.size(), 1});
         c->pieces.push_back({addr, n, c->bytes});
-        pool.extents.push_back({addr, n, n, 0, 0, 0});
+        pool.extents.push_back({addr, n, n, 0, 0, 0, {}});
         pool_has_span = true;
         c->bytes += n;
         done += n;
@@ -116,14 +116,18 @@ const unsigned char* pack(unsigned char* buffer, const chunk& c, const span& sp)
 
 // An extent of an incremental image, block by block: a block whose checksum equals the parent's
 // block at the same place is left to the parent, the others are written. Returns the bytes left out.
+// `given`: the blocks' checksums computed on the GPU, or null (the CPU computes them here).
 std::uint64_t write_changed_blocks(image::writer& writer, std::uint32_t file, const unsigned char* bytes,
-                                   std::uint64_t stored, const image::extent& old) {
-  const std::vector<std::uint64_t> sums = block_checksums(bytes, stored);
+                                   std::uint64_t stored, const image::extent* old, const std::uint64_t* given) {
+  std::vector<std::uint64_t> computed;
+  if (given == nullptr) computed = block_checksums(bytes, stored);
+  const std::uint64_t* sums = given != nullptr ? given : computed.data();
+  const std::size_t count = image::block_count(stored, image::write_block_size);
   std::uint64_t unchanged = 0;
-  for (std::size_t k = 0; k < sums.size(); ++k) {
+  for (std::size_t k = 0; k < count; ++k) {
     const std::uint64_t at = k * image::write_block_size;
     const std::size_t n = static_cast<std::size_t>(std::min(image::write_block_size, stored - at));
-    if (sums[k] == old.blocks[k].checksum) {
+    if (old != nullptr && sums[k] == old->blocks[k].checksum) {
       writer.inherit_block(file, n, sums[k]);
       unchanged += n;
     } else {
@@ -260,6 +264,9 @@ void copy_pipeline::prepare(const std::filesystem::path& output, CUcontext conte
   // room for part of them, the last chunks go there and the first straight out of the GPU.
   snapshot_ = std::make_unique<gpu_snapshot>();
   if (snapshot_allowed) snapshot_->try_allocate(live_estimate_ + live_estimate_ / 8 + (64ULL << 20), settings_.chunk_bytes);
+  // The checksums are computed on the snapshot, after the program is released: loading the kernel here
+  // keeps its cost (a JIT compile of the PTX) out of the hold.
+  if (snapshot_->ptr != 0 && settings_.gpu_checksums) gpu_sums_ = std::make_unique<gpu_checksums>();
 }
 
 void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint64_t, std::uint64_t)>& readable,
@@ -277,6 +284,11 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
   std::uint64_t total = 0;  // the image's bytes (without the gaps copied along)
   for (const auto& c : chunks)
     for (const span& sp : c.spans) total += sp.stored;
+
+  // Block checksums computed on the GPU, by chunk and span (null: the writer hashes that span), set
+  // before the first chunk is handed to a writer.
+  std::vector<std::uint64_t> device_sum_values;
+  std::vector<std::vector<const std::uint64_t*>> device_sums;
 
   std::mutex mutex;
   std::condition_variable changed;
@@ -330,11 +342,14 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
         VMMCKPT_CUDA_TRY(d.cuEventSynchronize(st.events[b]));
         waiting += std::chrono::duration<double>(clock::now() - wait_start).count();
         std::uint64_t chunk_total = 0;
-        for (const span& sp : chunks[c].spans) {
+        for (std::size_t s = 0; s < chunks[c].spans.size(); ++s) {
+          const span& sp = chunks[c].spans[s];
           writer.begin_extent(file, sp.addr, sp.size, sp.stored);
           const unsigned char* bytes = pack(st.buffers[b], chunks[c], sp);
-          if (const image::extent* old = parent_ ? parent_->same_extent(sp.addr, sp.size, sp.stored) : nullptr)
-            unchanged += write_changed_blocks(writer, file, bytes, sp.stored, *old);
+          const image::extent* old = parent_ ? parent_->same_extent(sp.addr, sp.size, sp.stored) : nullptr;
+          const std::uint64_t* given = device_sums.empty() ? nullptr : device_sums[c][s];
+          if (old != nullptr || given != nullptr)
+            unchanged += write_changed_blocks(writer, file, bytes, sp.stored, old, given);
           else
             writer.write(file, bytes, sp.stored);
           m.pools[sp.pool].extents[sp.extent] = writer.end_extent(file);
@@ -415,6 +430,31 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
       for (const span& sp : chunks[c].spans) snapshot_bytes += sp.stored;
     }
     if (first_in_snapshot == 0) release_when_copied();
+  }
+  // On the GPU: the snapshot's spans of one piece (one allocation's bytes, contiguous there), hashed
+  // once the program is released, so the hold does not grow. The rest is hashed by the writers.
+  if (!gpu_sums_ || !gpu_sums_->available()) {
+    result.checksums_why = gpu_sums_                  ? gpu_sums_->why()
+                           : !settings_.gpu_checksums ? "not asked for (--gpu-checksums)"
+                                                      : "no GPU snapshot (--no-gpu-snapshot, several devices, or no room)";
+  } else if (first_in_snapshot != 0) {
+    result.checksums_why = "the GPU snapshot held only part of the bytes";
+  } else {
+    const auto start = clock::now();
+    std::vector<device_span> spans;
+    for (std::size_t c = 0; c < chunks.size(); ++c)
+      for (const span& sp : chunks[c].spans)
+        if (sp.piece_count == 1) spans.push_back({snapshot_at[c] + sp.offset, sp.stored});
+    device_sum_values = gpu_sums_->compute(spans, st.streams[0]);
+    device_sums.resize(chunks.size());
+    std::size_t at = 0;
+    for (std::size_t c = 0; c < chunks.size(); ++c)
+      for (const span& sp : chunks[c].spans) {
+        device_sums[c].push_back(sp.piece_count == 1 ? device_sum_values.data() + at : nullptr);
+        if (sp.piece_count == 1) at += image::block_count(sp.stored, image::write_block_size);
+      }
+    result.checksums = "gpu";
+    result.checksum_seconds = std::chrono::duration<double>(clock::now() - start).count();
   }
   std::uint64_t issued_bytes = 0;  // of the chunks copied straight out of the program's memory
   for (std::size_t c = 0; c < chunks.size(); ++c) {

@@ -13,6 +13,7 @@
 #include "vmmckpt/ckpt/dump.hpp"
 #include "vmmckpt/host_pages.hpp"
 #include "vmmckpt/image.hpp"
+#include "gpu_checksums.hpp"
 #include "parent_blocks.hpp"
 
 namespace vmmckpt::ckpt {
@@ -59,6 +60,7 @@ class copy_pipeline {
   std::optional<image::writer> writer_;
   std::unique_ptr<gpu_snapshot> snapshot_;
   std::optional<parent_blocks> parent_;
+  std::unique_ptr<gpu_checksums> gpu_sums_;  // loaded where there is a snapshot to hash
 };
 
 }  // namespace vmmckpt::ckpt

@@ -20,8 +20,9 @@ const std::string program = build_dir + "/tests/programs/emu_incremental";
 constexpr std::uint64_t MiB = 1ULL << 20;
 constexpr std::uint64_t live_bytes = 100 * MiB;  // emu_incremental's 4 x 25 MiB
 
-nlohmann::json dump_json(pid_t pid, const fs::path& out, const fs::path& parent = {}) {
+nlohmann::json dump_json(pid_t pid, const fs::path& out, const fs::path& parent = {}, bool gpu_checksums = false) {
   std::vector<std::string> argv{cuda_ckpt, "dump", std::to_string(pid), "-o", out.string(), "--json"};
+  if (gpu_checksums) argv.push_back("--gpu-checksums");
   if (!parent.empty()) argv.insert(argv.end(), {"--parent", parent.string()});
   const auto r = run_process(argv);
   INFO(describe(r));
@@ -50,7 +51,7 @@ struct chain {
     full = dir.path / "full";
     inc1 = dir.path / "inc1";
     inc2 = dir.path / "inc2";
-    full_json = dump_json(p->pid(), full);
+    full_json = dump_json(p->pid(), full, {}, true);
     ::kill(p->pid(), SIGUSR1);  // 1 % of the memory changes
     REQUIRE(p->wait_for_output("changed 1\n"));
     inc1_json = dump_json(p->pid(), inc1, full);
@@ -65,6 +66,10 @@ TEST_CASE("incremental: full, 1 % changed, nothing changed; restore from the cha
   chain c;
   CHECK(c.full_json["bytes"] == live_bytes);
   CHECK(c.full_json["unchanged_bytes"] == 0);
+  // The emulated driver runs no kernels: the CPU computed the checksums, and --json says why.
+  CHECK(c.full_json["checksums"]["where"] == "cpu");
+  CHECK_THAT(c.full_json["checksums"]["why_not_gpu"].get<std::string>(), Catch::Matchers::Contains("no cuModuleLoadData"));
+  CHECK(c.inc1_json["checksums"]["why_not_gpu"] == "not asked for (--gpu-checksums)");
   // One byte in every 100th MiB changed: one block of 1 MiB in each 100, at most one more where an
   // extent's blocks are cut short.
   INFO(c.inc1_json.dump(2));

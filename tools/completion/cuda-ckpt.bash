@@ -44,7 +44,7 @@ _cuda_ckpt() {
     ps) options="--help --json -t --pid" ;;
     check) options="--help --json -t --pid" ;;
     dump) options="--help -o --output -D --json --deadline --chunk --staging --streams --no-gpu-snapshot
-                   --allow-partial --parent --writers -t --pid" ;;
+                   --allow-partial --parent --gpu-checksums --writers -t --pid" ;;
     inspect | verify) options="--help --json -D" ;;
     cat) options="--help -o --output -D" ;;
     merge) options="--help -o --output -D --json" ;;

@@ -26,6 +26,7 @@ struct dump_command_options {
   bool no_gpu_snapshot = false;
   bool allow_partial = false;
   std::string parent;  // an incremental image: the image to compare with
+  bool gpu_checksums = false;
 };
 int dump_command(const dump_command_options& options);
 

@@ -38,6 +38,7 @@ int dump_command(const dump_command_options& o) {
   options.gpu_snapshot = !o.no_gpu_snapshot;
   options.allow_partial = o.allow_partial;
   options.copy.parent = o.parent;
+  options.copy.gpu_checksums = o.gpu_checksums;
   options.hold_deadline_ms = o.deadline_s * 1000;
 
   options.copy.interrupt = &catch_interrupts();

@@ -142,6 +142,9 @@ int main(int argc, char** argv) {
                    "Write an incremental image: blocks unchanged since the image PARENT are left to it (it must "
                    "stay, or be merged: cuda-ckpt merge)")
       ->type_name("IMAGE");
+  dump->add_flag("--gpu-checksums", dump_options.gpu_checksums,
+                 "Compute the block checksums on the GPU snapshot (a kernel built into cuda-ckpt); where it cannot, "
+                 "the CPU does, and --json says why (checksums.why_not_gpu)");
   dump->add_option("--writers", dump_options.writers, "Threads writing the image, one data file each (default: one per core, up to 16)")
       ->check(CLI::Range(1, 256));
   dump->footer(

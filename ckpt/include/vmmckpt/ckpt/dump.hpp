@@ -32,6 +32,10 @@ struct copy_settings {
   // An incremental image: the image to compare with (docs/image-format.md, "Chains"). Blocks whose
   // checksum equals the parent's block at the same place are not written; empty: a full image.
   std::filesystem::path parent;
+  // Compute the block checksums on the GPU snapshot with the kernel built into the tool (the writers
+  // then only write). Off by default until it is measured on a GPU; without a snapshot or a usable
+  // kernel the CPU computes them, and the result says why.
+  bool gpu_checksums = false;
 };
 
 // Where a long operation is, for a progress line. Callbacks come from several threads, one at a time.
@@ -79,6 +83,11 @@ struct image_result {
   } threads;
   // An incremental image: the stored bytes left out because its parent holds them unchanged.
   std::uint64_t unchanged_bytes = 0;
+  // Where the block checksums were computed: "gpu" (on the GPU snapshot, by the kernel built into the
+  // tool; the writers only write) or "cpu" (the writers hash), and why not on the GPU.
+  std::string checksums = "cpu";
+  std::string checksums_why;
+  double checksum_seconds = 0;  // the kernel's time, its results copied back included
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
   void mark(const std::string& step) {
     phases.emplace_back(step, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
