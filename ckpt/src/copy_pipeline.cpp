@@ -472,7 +472,33 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
       chunk_buffer[c] = b;
     }
     CUstream s = st.streams[c % st.streams.size()];
-    if (snapshot_at[c] != 0) {
+    if (snapshot_at[c] != 0 && !device_sums.empty() && parent_) {
+      // Checksums known before the copy: a block the parent holds unchanged stays on the GPU.
+      for (std::size_t k = 0; k < chunks[c].spans.size(); ++k) {
+        const span& sp = chunks[c].spans[k];
+        const std::uint64_t* sums = device_sums[c][k];
+        const image::extent* old = sums ? parent_->same_extent(sp.addr, sp.size, sp.stored) : nullptr;
+        const std::uint64_t blocks = old ? image::block_count(sp.stored, image::write_block_size) : 0;
+        if (old == nullptr) {
+          VMMCKPT_CUDA_TRY(d.cuMemcpyDtoHAsync_v2(st.buffers[b] + sp.offset, snapshot_at[c] + sp.offset, sp.size, s));
+          continue;
+        }
+        for (std::uint64_t i = 0; i < blocks;) {  // runs of changed blocks, one copy each
+          if (sums[i] == old->blocks[i].checksum) {
+            result.uncopied_bytes += std::min(image::write_block_size, sp.stored - i * image::write_block_size);
+            ++i;
+            continue;
+          }
+          std::uint64_t j = i + 1;
+          while (j < blocks && sums[j] != old->blocks[j].checksum) ++j;
+          const std::uint64_t from = i * image::write_block_size;
+          const std::uint64_t to = std::min(j * image::write_block_size, sp.stored);
+          VMMCKPT_CUDA_TRY(d.cuMemcpyDtoHAsync_v2(st.buffers[b] + sp.offset + from, snapshot_at[c] + sp.offset + from,
+                                                  to - from, s));
+          i = j;
+        }
+      }
+    } else if (snapshot_at[c] != 0) {
       VMMCKPT_CUDA_TRY(d.cuMemcpyDtoHAsync_v2(st.buffers[b], snapshot_at[c], chunks[c].bytes, s));
     } else {
       for (const span& sp : chunks[c].spans)

@@ -88,6 +88,7 @@ struct image_result {
   std::string checksums = "cpu";
   std::string checksums_why;
   double checksum_seconds = 0;  // the kernel's time, its results copied back included
+  std::uint64_t uncopied_bytes = 0;  // unchanged blocks left on the GPU (checksums on the GPU and a parent)
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
   void mark(const std::string& step) {
     phases.emplace_back(step, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
