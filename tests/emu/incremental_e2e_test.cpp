@@ -162,12 +162,17 @@ TEST_CASE("incremental: rm refuses to delete a parent, --force breaks the child 
   CHECK(refused.exit_code == 1);
   CHECK_THAT(refused.err, Catch::Matchers::Contains("is the parent of " + c.inc2.string()));
   CHECK(fs::exists(c.inc1 / "manifest.json"));
-  const auto leaf = run_process({cuda_ckpt, "rm", c.inc2.string()});
-  CHECK(leaf.exit_code == 0);
-  CHECK_FALSE(fs::exists(c.inc2));
+  // --force deletes it and names the child it breaks.
+  const auto forced = run_process({cuda_ckpt, "rm", "--force", c.full.string()});
+  INFO(describe(forced));
+  CHECK(forced.exit_code == 0);
+  CHECK_THAT(forced.out, Catch::Matchers::Contains(c.inc1.string() + ": now lacks its parent"));
+  CHECK_FALSE(fs::exists(c.full));
+  // A child whose parent is gone is still deleted like any image, once nothing needs it.
+  CHECK(run_process({cuda_ckpt, "rm", c.inc1.string()}).exit_code == 1);  // inc2 still needs it
+  CHECK(run_process({cuda_ckpt, "rm", c.inc2.string()}).exit_code == 0);
   CHECK(run_process({cuda_ckpt, "rm", c.inc1.string()}).exit_code == 0);
-  const auto forced = run_process({cuda_ckpt, "rm", c.full.string()});
-  CHECK(forced.exit_code == 0);  // no child left
+  CHECK_FALSE(fs::exists(c.inc1));
   CHECK(run_process({cuda_ckpt, "rm", (c.dir.path / "live-0").string()}).exit_code == 1);  // not an image
   CHECK(fs::exists(c.dir.path / "live-0"));
 }

@@ -1,5 +1,6 @@
 // `cuda-ckpt merge` and `cuda-ckpt rm`: make a chain of incremental images into a full one, and delete an image no other needs.
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <system_error>
@@ -48,14 +49,19 @@ int rm_command(const std::string& path, bool force, bool json) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(dir / "manifest.json", ec) || std::filesystem::is_symlink(dir, ec))
     return report_failure("rm", json, path + ": not an image directory (no manifest.json); nothing removed", exit_failure);
+  // Its own manifest names it; its parents need not be there (a child whose parent is gone can go too).
   std::string image_id;
-  try {
-    image_id = image::reader::open(dir).info().image_id;
-  } catch (const image::image_error& e) {
-    if (!force)
-      return report_failure("rm", json, std::string(e.what()) + "; nothing removed (--force removes it anyway)",
-                            exit_failure);
+  {
+    std::ifstream in(dir / "manifest.json", std::ios::binary);
+    const auto j = nlohmann::json::parse(in, nullptr, false);
+    if (j.is_object() && j.value("magic", "") == "vmmckpt-image" && j.contains("image_id") && j["image_id"].is_string())
+      image_id = j["image_id"].get<std::string>();
   }
+  if (image_id.empty() && !force)
+    return report_failure("rm", json,
+                          path + ": its manifest.json names no image (not an image of format 3 or later, or damaged); "
+                                 "nothing removed (--force removes it anyway)",
+                          exit_failure);
   const auto holder = std::filesystem::absolute(dir).lexically_normal().parent_path();
   const auto children = image_id.empty() ? std::vector<std::filesystem::path>{} : image::children_in(holder, image_id);
   if (!children.empty() && !force) {
