@@ -2,7 +2,11 @@
 // figure vmmckpt is compared with. Lock the process (its CUDA calls then block), checkpoint (its GPU
 // memory moves to host memory and the GPU is freed), restore (back onto the GPU), unlock.
 //
-//   vmmckpt_bench_driver_ckpt PID
+//   vmmckpt_bench_driver_ckpt PID [checkpoint | restore]
+//
+// With `checkpoint`, only lock and checkpoint (the process stays checkpointed, for CRIU to dump); with
+// `restore`, only restore and unlock (a process CRIU brought back): the driver's half of a whole-process
+// checkpoint (bench/run_bench.py's process part). The figures of the steps not taken are 0.
 //
 // Prints one JSON line: {"bench":"driver_ckpt","pid":..,"lock_s":..,"checkpoint_s":..,"restore_s":..,
 // "unlock_s":..}. On a failed call it names the call and the error and exits 1, after unlocking the
@@ -48,7 +52,10 @@ const char* state_name(CUprocessState s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2) bench::usage_error(argv[0], "usage: vmmckpt_bench_driver_ckpt PID");
+  if (argc != 2 && argc != 3) bench::usage_error(argv[0], "usage: vmmckpt_bench_driver_ckpt PID [checkpoint|restore]");
+  const std::string only = argc == 3 ? argv[2] : "";
+  if (!only.empty() && only != "checkpoint" && only != "restore")
+    bench::usage_error(argv[0], "the step is checkpoint or restore, not " + only);
   const int pid = std::atoi(argv[1]);
   if (pid <= 0) bench::usage_error(argv[0], std::string("not a process id: ") + argv[1]);
   // Restore needs cuInit in this process (or persistence mode).
@@ -57,34 +64,39 @@ int main(int argc, char** argv) {
   CUprocessState state = CU_PROCESS_STATE_RUNNING;
   if (const CUresult r = cuCheckpointProcessGetState(pid, &state); r != CUDA_SUCCESS)
     fail(pid, "cuCheckpointProcessGetState", r);
-  if (state != CU_PROCESS_STATE_RUNNING) {
-    std::fprintf(stderr, "vmmckpt_bench_driver_ckpt: process %d is %s, not running\n", pid, state_name(state));
+  const CUprocessState expected = only == "restore" ? CU_PROCESS_STATE_CHECKPOINTED : CU_PROCESS_STATE_RUNNING;
+  if (state != expected) {
+    std::fprintf(stderr, "vmmckpt_bench_driver_ckpt: process %d is %s, not %s\n", pid, state_name(state),
+                 state_name(expected));
     return 1;
   }
+  double lock_s = 0, checkpoint_s = 0, restore_s = 0, unlock_s = 0;
+  if (only != "restore") {
+    CUcheckpointLockArgs lock{};
+    lock.timeoutMs = 0;  // wait as long as it takes: the caller's own timeout bounds the run
+    auto t = bench::clock_type::now();
+    if (const CUresult r = cuCheckpointProcessLock(pid, &lock); r != CUDA_SUCCESS) fail(pid, "cuCheckpointProcessLock", r);
+    lock_s = bench::seconds_since(t);
 
-  CUcheckpointLockArgs lock{};
-  lock.timeoutMs = 0;  // wait as long as it takes: the caller's own timeout bounds the run
-  auto t = bench::clock_type::now();
-  if (const CUresult r = cuCheckpointProcessLock(pid, &lock); r != CUDA_SUCCESS) fail(pid, "cuCheckpointProcessLock", r);
-  const double lock_s = bench::seconds_since(t);
+    CUcheckpointCheckpointArgs checkpoint{};
+    t = bench::clock_type::now();
+    if (const CUresult r = cuCheckpointProcessCheckpoint(pid, &checkpoint); r != CUDA_SUCCESS)
+      fail(pid, "cuCheckpointProcessCheckpoint", r);
+    checkpoint_s = bench::seconds_since(t);
+  }
+  if (only != "checkpoint") {
+    CUcheckpointRestoreArgs restore{};
+    auto t = bench::clock_type::now();
+    if (const CUresult r = cuCheckpointProcessRestore(pid, &restore); r != CUDA_SUCCESS)
+      fail(pid, "cuCheckpointProcessRestore", r);
+    restore_s = bench::seconds_since(t);
 
-  CUcheckpointCheckpointArgs checkpoint{};
-  t = bench::clock_type::now();
-  if (const CUresult r = cuCheckpointProcessCheckpoint(pid, &checkpoint); r != CUDA_SUCCESS)
-    fail(pid, "cuCheckpointProcessCheckpoint", r);
-  const double checkpoint_s = bench::seconds_since(t);
-
-  CUcheckpointRestoreArgs restore{};
-  t = bench::clock_type::now();
-  if (const CUresult r = cuCheckpointProcessRestore(pid, &restore); r != CUDA_SUCCESS)
-    fail(pid, "cuCheckpointProcessRestore", r);
-  const double restore_s = bench::seconds_since(t);
-
-  CUcheckpointUnlockArgs unlock{};
-  t = bench::clock_type::now();
-  if (const CUresult r = cuCheckpointProcessUnlock(pid, &unlock); r != CUDA_SUCCESS)
-    fail(pid, "cuCheckpointProcessUnlock", r);
-  const double unlock_s = bench::seconds_since(t);
+    CUcheckpointUnlockArgs unlock{};
+    t = bench::clock_type::now();
+    if (const CUresult r = cuCheckpointProcessUnlock(pid, &unlock); r != CUDA_SUCCESS)
+      fail(pid, "cuCheckpointProcessUnlock", r);
+    unlock_s = bench::seconds_since(t);
+  }
 
   std::printf("{\"bench\":\"driver_ckpt\",\"pid\":%d,\"lock_s\":%.6f,\"checkpoint_s\":%.6f,\"restore_s\":%.6f,"
               "\"unlock_s\":%.6f}\n",

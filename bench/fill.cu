@@ -85,5 +85,5 @@ int main(int argc, char** argv) {
         VMMCKPT_CHECK(cudaGetLastError());
         VMMCKPT_CHECK(cudaStreamSynchronize(tick_stream));
       },
-      [&] { return count_mismatches(pieces, counter); });
+      [&] { return count_mismatches(pieces, counter); }, o.until);
 }

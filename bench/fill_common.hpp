@@ -2,6 +2,8 @@
 // driver): the fill pattern, the pointer file, the command line and the stdin protocol.
 #pragma once
 
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -43,6 +45,9 @@ struct fill_options {
   std::uint64_t piece_bytes = 1ULL << 30;
   std::string pointers;  // written after filling, or (verify_only) read
   bool verify_only = false;
+  // Instead of reading stdin: run until this file exists, then check every piece and exit (a program
+  // with no pipe to its starter, which CRIU dumps and restores whole: bench/run_bench.py's process case).
+  std::string until;
 };
 
 // --gib N | --mib N, --piece-mib M | --piece-bytes B (many small allocations), --pointers FILE | --verify-pointers FILE
@@ -59,6 +64,7 @@ inline fill_options parse_fill_options(int argc, char** argv) {
     else if (a == "--piece-mib") o.piece_bytes = std::strtoull(value().c_str(), nullptr, 0) << 20;
     else if (a == "--piece-bytes") o.piece_bytes = std::strtoull(value().c_str(), nullptr, 0);
     else if (a == "--pointers") o.pointers = value();
+    else if (a == "--until") o.until = value();
     else if (a == "--verify-pointers") {
       o.pointers = value();
       o.verify_only = true;
@@ -119,7 +125,8 @@ inline bool report_check(std::uint64_t mismatches) {
 
 // Prints "ready", then keeps the program a live GPU program (tick() every 10 ms on a thread of its
 // own) until stdin closes; each line "check" runs count_mismatches() and prints the verdict.
-inline int serve(const std::function<void()>& tick, const std::function<std::uint64_t()>& count_mismatches) {
+inline int serve(const std::function<void()>& tick, const std::function<std::uint64_t()>& count_mismatches,
+                 const std::string& until = {}) {
   std::printf("ready\n");
   std::fflush(stdout);
   std::atomic<bool> stop{false};
@@ -129,6 +136,13 @@ inline int serve(const std::function<void()>& tick, const std::function<std::uin
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   });
+  if (!until.empty()) {
+    while (::access(until.c_str(), F_OK) != 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    const bool good = report_check(count_mismatches());
+    stop = true;
+    ticker.join();
+    return good ? 0 : 1;
+  }
   for (std::string line; std::getline(std::cin, line);)
     if (line == "check") report_check(count_mismatches());
   stop = true;

@@ -143,6 +143,58 @@ TMPFS_PLACES = (("tmpfs", "tmpfs"), ("tmpfs-huge", "tmpfs with huge pages"))
 PLACES = ("tmpfs", "tmpfs-huge", "disk")
 
 
+def process_rounds(res):
+    """The whole-process rounds: ours (mode shim, in run order) and the driver's path (mode native)."""
+    return res.get("process", mode="shim"), res.get("process", mode="native")
+
+
+def process_target_rows(res):
+    ours, _ = process_rounds(res)
+    if not ours:
+        return []
+    best = lambda field: min(ours, key=lambda r: r[field])
+    c, r_ = best("checkpoint_s"), best("restore_s")
+    return [
+        (f"whole-process checkpoint of {size_label(c['size_gib'])} (CRIU)", "≤ 2.5 s",
+         f"{num(c['checkpoint_s'])} s (best of {len(ours)})", verdict(c["checkpoint_s"] <= 2.5)),
+        (f"whole-process restore of {size_label(r_['size_gib'])} (CRIU)", "≤ 2.5 s",
+         f"{num(r_['restore_s'])} s (best of {len(ours)})", verdict(r_["restore_s"] <= 2.5)),
+    ]
+
+
+def process_table(res):
+    ours, driver = process_rounds(res)
+    d = driver[0] if driver else None
+    rows = []
+    for i, r in enumerate(ours + driver):
+        who = f"vmmckpt, round {i + 1}" if r["mode"] == "shim" else "the driver's checkpoint + the same CRIU"
+        ratio = lambda field: num(d[field] / r[field], 1) + " ×" if d and r["mode"] == "shim" else ""
+        rows.append((who, size_label(r["size_gib"]), num(r["checkpoint_s"]), num(r.get("stopped_s")),
+                     num(r["restore_s"]), bytes_label(r.get("image_bytes")), ratio("checkpoint_s"), ratio("restore_s")))
+    return table(["who", "live", "checkpoint s", "process stopped s", "restore s", "image",
+                  "checkpoint: faster by", "restore: faster by"], rows)
+
+
+def process_steps(res):
+    """Where ours spent its time, from `--json`'s phases, round by round."""
+    lines = []
+    for i, r in enumerate(res.get("process", mode="shim")):
+        dump = sorted(r.get("dump_phases", {}).items(), key=lambda kv: kv[1])
+        restore = sorted(r.get("restore_phases", {}).items(), key=lambda kv: kv[1])
+        text = lambda phases: "; ".join(f"{k} {num(v, 3)}" for k, v in phases)
+        lines.append(f"- round {i + 1}, dump --process (seconds from its start at which each step ended): {text(dump)}")
+        lines.append(f"- round {i + 1}, restore: {text(restore)}")
+    return "\n".join(lines)
+
+
+def shown_target_rows(res):
+    """The targets a page shows: all of them, or for a run of some parts only (--skip), those it measured."""
+    rows = target_rows(res)
+    if res.env.get("args", {}).get("skip"):
+        rows = [r for r in rows if r[2] != "not measured"]
+    return rows
+
+
 def target_rows(res):
     rows = []
 
@@ -168,6 +220,8 @@ def target_rows(res):
         rows.append(("program held during a dump", "≤ GPU-to-host copy (+10 %)", text, verdict(worst[0] <= 1.10)))
     else:
         rows.append(("program held during a dump", "≤ GPU-to-host copy (+10 %)", "not measured", "–"))
+
+    rows += process_target_rows(res)
 
     for where, label in TMPFS_PLACES:
         what = "suspend of 32 GiB until the memory is free" + ("" if where == "tmpfs" else f", into {label}")
@@ -637,6 +691,25 @@ def make_plots(res, img_dir):
         ("driver checkpoint", points("driver_ckpt", "checkpoint_s"), "x:"),
         ("driver restore", points("driver_ckpt", "restore_s"), "+:"),
     ], logy=True)
+    ours, driver = process_rounds(res)
+    if ours and driver:
+        fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+        best = {f: min(r[f] for r in ours) for f in ("checkpoint_s", "restore_s")}
+        labels = ["checkpoint", "restore"]
+        xs = range(len(labels))
+        ax.bar([x - 0.2 for x in xs], [best["checkpoint_s"], best["restore_s"]], 0.4, label="vmmckpt (best round)")
+        ax.bar([x + 0.2 for x in xs], [driver[0]["checkpoint_s"], driver[0]["restore_s"]], 0.4,
+               label="driver's checkpoint + CRIU")
+        ax.set_xticks(list(xs))
+        ax.set_xticklabels(labels)
+        ax.set_ylabel("seconds")
+        ax.set_title(f"Whole-process checkpoint and restore, {size_label(ours[0]['size_gib'])} live, CRIU")
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(os.path.join(img_dir, "process.png"))
+        plt.close(fig)
+        made.append("process.png")
     alloc = []
     for mode, style in (("native", ":"), ("shim", "-")):
         for threads, marker in ((1, "oC0"), (8, "sC1")):
@@ -670,7 +743,7 @@ def markdown(res, plots, img_rel):
         md += ["## Targets", "",
                f"Sizes of {BIG} GiB and more where measured; launch and training figures compare the best "
                "native run with the best run under the shim.", "",
-               table(["what", "target", "measured", "met?"], target_rows(res)), ""]
+               table(["what", "target", "measured", "met?"], shown_target_rows(res)), ""]
 
     def section(title, text, body, plot=None):
         md.extend([f"## {title}", ""])
@@ -707,6 +780,14 @@ def markdown(res, plots, img_rel):
         section("Suspend and resume",
                 "`cuda-ckpt suspend` (until the GPU memory is free) and `cuda-ckpt resume` of a live program, which "
                 "then checks its pattern.", suspend_table(res), "suspend_resume.png")
+    if res.get("process"):
+        section("Whole-process checkpoint and restart (CRIU)",
+                "`cuda-ckpt dump PID --process` of a live program (`bench/fill.cu --until`, pieces of 1 GiB holding "
+                "a checked pattern), which ends; then `cuda-ckpt restore DIR`, after which the program checks every "
+                "byte. Against the driver's path with the same CRIU and the same program run natively: "
+                "`cuCheckpointProcessLock` + `Checkpoint`, `criu dump`; `criu restore`, `cuCheckpointProcessRestore` "
+                "+ `Unlock`. Images in the tmpfs. The process is stopped from its hold to `criu dump`'s end.",
+                process_table(res) + "\n\n" + process_steps(res), "process.png")
     analysis = "" if cpu_only else limit_analysis(res)
     if analysis:
         section("Where the limits lie", "Each target that is not met, taken apart with this run's own figures "
@@ -796,7 +877,7 @@ def text_summary(res):
     lines = [f"benchmark summary: {res.env.get('device', '?')}, commit {res.env.get('commit', '?')}"]
     if not str(res.env.get("mode", "")).startswith("cpu"):
         lines += [f"  target: {what} {target}: {measured} [met: {met.strip('*')}]"
-                  for what, target, measured, met in target_rows(res)]
+                  for what, target, measured, met in shown_target_rows(res)]
     for r in res.get("allocator"):
         lines.append(f"  allocator pair    {bytes_label(r['size']):>10}: {num(r['pair_ns'], 1)} ns")
     for r in res.get("limits"):

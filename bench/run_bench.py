@@ -8,7 +8,7 @@ usage: run_bench.py --build DIR --out DIR [--sizes 1,4,16,32] [--skip PARTS] [--
                     [--dump-args ARGS]
        run_bench.py --cpu-only --build DIR --out DIR [--cpu-sizes-mib 256,512]
 
-Parts (GPU): limits, dump, driver, alloc, launch, torch, frag. Images go to a tmpfs, to disk, and (as
+Parts (GPU): limits, dump, driver, process (whole-process with CRIU, as root), alloc, launch, torch, frag. Images go to a tmpfs, to disk, and (as
 root, or where one is mounted already) to a tmpfs with huge pages that the run mounts for itself. With --cpu-only, on the emulated
 driver (DIR/lib/emu): allocator, limits (no GPU), dump (tmpfs only).
 A part that fails records {"bench": ..., "error": ...} and the run goes on with the next one; the
@@ -16,6 +16,7 @@ exit status is 1 when anything failed or was skipped. Every command has a timeou
 started here outlives the run.
 """
 import argparse
+import ctypes
 import datetime
 import glob
 import json
@@ -31,7 +32,7 @@ import sys
 import threading
 import time
 
-GPU_PARTS = ["limits", "dump", "many", "driver", "alloc", "launch", "torch", "vmm", "frag"]
+GPU_PARTS = ["limits", "dump", "many", "driver", "process", "alloc", "launch", "torch", "vmm", "frag"]
 CPU_PARTS = ["allocator", "limits", "dump", "many"]
 GIB = 1 << 30
 MIB = 1 << 20
@@ -62,6 +63,11 @@ def json_lines(text):
 def free_bytes(path):
     st = os.statvfs(path)
     return st.f_bavail * st.f_frsize
+
+
+def dir_bytes(path):
+    """Bytes of the files under path."""
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
 
 
 def mem_available():
@@ -597,6 +603,117 @@ class Bench:
                     prog.check(60 + 5 * s)
             except BenchError as e:
                 self.error("driver_ckpt", e, **tags)
+
+    def part_process(self):
+        """Whole-process checkpoint and restore with CRIU, of the largest size, images in the tmpfs: ours
+        (dump --process, restore DIR) against the driver's path with the same CRIU (lock + checkpoint +
+        criu dump; criu restore + restore + unlock), one after the other in this run."""
+        s = max(self.sizes_gib)
+        size = int(s * GIB)
+        criu = os.environ.get("VMMCKPT_CRIU") or shutil.which("criu")
+        directory = self.places[0][1]
+        try:
+            os.makedirs(directory, exist_ok=True)
+            if os.geteuid() != 0 or not criu:
+                raise BenchError("skipped: needs root and CRIU 4 (VMMCKPT_CRIU; scripts/provision-criu.sh)")
+            if not self.fits_gpu(size) or size * 2.3 > mem_available() or free_bytes(directory) < size * 1.1:
+                raise BenchError("skipped: the size does not fit in GPU memory, host memory or the tmpfs")
+            # Processes CRIU restores detached are reparented here when their parent goes: reaped by gone().
+            ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+            # Ours twice: the first also pays for the tmpfs's first pages and the first pinned staging.
+            for mode in ("shim", "native", "shim"):
+                tags = {"mode": mode, "where": self.places[0][0], "size_gib": s}
+                try:
+                    self.process_round(s, mode, criu, directory, tags)
+                except (BenchError, OSError) as e:
+                    self.error("process", e, **tags)
+                finally:
+                    shutil.rmtree(os.path.join(directory, "process-image"), ignore_errors=True)
+        except BenchError as e:
+            self.error("process", e, size_gib=s)
+
+    def process_round(self, s, mode, criu, directory, tags):
+        size = int(s * GIB)
+        work = os.path.join(self.out, f"process-{mode}")
+        os.makedirs(work, exist_ok=True)
+        stop, out, pointers = (os.path.join(work, n) for n in ("stop", "out.txt", "pointers.txt"))
+        for f in (stop, out):
+            if os.path.exists(f):
+                os.remove(f)
+        image = os.path.join(directory, "process-image")
+        cmd = [self.fill, "--mib", str(int(s * 1024)), "--piece-mib", "1024", "--pointers", pointers, "--until", stop]
+        if mode == "shim":
+            cmd = [self.cuda_ckpt, "run", "--"] + cmd
+        log(f"process: {s} GiB, {mode}")
+        with open(out, "w") as f:
+            prog = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
+                                    start_new_session=True, env=self.env)
+        pid = prog.pid
+
+        def text():
+            with open(out) as f:
+                return f.read()
+
+        def gone():
+            while True:
+                try:
+                    if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                        break
+                except ChildProcessError:
+                    break
+            try:
+                os.kill(pid, 0)
+                return False
+            except ProcessLookupError:
+                return True
+
+        def wait(predicate, timeout, what):
+            deadline = time.monotonic() + timeout
+            while not predicate():
+                if time.monotonic() > deadline:
+                    raise BenchError(f"{what} within {timeout:.0f} s; its output: {text()[-800:]}")
+                time.sleep(0.05)
+
+        try:
+            wait(lambda: "ready" in text(), self.ready_timeout(s), "no 'ready' from the fill program")
+            step = 120 + 20 * s
+            driver = os.path.join(self.bin, "vmmckpt_bench_driver_ckpt")
+            if mode == "shim":
+                proc, ckpt_wall = self.run([self.cuda_ckpt, "dump", str(pid), "--process", "-o", image, "--json"],
+                                           step, "process-dump")
+                dumped = json.loads(proc.stdout_text)
+                wait(gone, 30, "the process did not end after dump --process")
+                proc, restore_wall = self.run([self.cuda_ckpt, "restore", image, "--json"], step, "process-restore")
+                restored = json.loads(proc.stdout_text)
+                extra = {"stopped_s": dumped["stopped_seconds"], "dump_phases": dumped["phases"],
+                         "restore_phases": restored["phases"]}
+            else:
+                os.makedirs(image)
+                t0 = time.monotonic()
+                proc, _ = self.run([driver, str(pid), "checkpoint"], step, "process-driver-checkpoint")
+                checkpoint = json_lines(proc.stdout_text)[0]
+                self.run([criu, "dump", "-t", str(pid), "-D", image, "--shell-job"], step, "process-criu-dump")
+                ckpt_wall = time.monotonic() - t0
+                wait(gone, 30, "the process did not end after criu dump")
+                t0 = time.monotonic()
+                self.run([criu, "restore", "-D", image, "-d", "--shell-job"], step, "process-criu-restore")
+                proc, _ = self.run([driver, str(pid), "restore"], step, "process-driver-restore")
+                restore = json_lines(proc.stdout_text)[0]
+                restore_wall = time.monotonic() - t0
+                extra = {"stopped_s": ckpt_wall, "driver_lock_checkpoint_s": checkpoint["lock_s"] + checkpoint["checkpoint_s"],
+                         "driver_restore_unlock_s": restore["restore_s"] + restore["unlock_s"]}
+            open(stop, "w").close()
+            wait(lambda: "check " in text(), 120 + 5 * s, "no check from the restored program")
+            if "check ok" not in text():
+                raise BenchError(f"the restored program's memory is wrong: {text()[-300:]}")
+            self.record(dict(bench="process", bytes=size, checkpoint_s=ckpt_wall, restore_s=restore_wall,
+                             image_bytes=dir_bytes(image), **extra, **tags))
+        finally:
+            if not gone():
+                try:
+                    os.kill(pid, 9)
+                except ProcessLookupError:
+                    pass
 
     def pinned(self, cmd):
         """cmd on two fixed cores, where taskset exists: launch-bound timings then vary far less with

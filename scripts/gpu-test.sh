@@ -30,6 +30,10 @@ done
 
 # NVLink SHARP multicast must stay off on the shared machines, for anything we start.
 export NCCL_NVLS_ENABLE=0
+# CRIU for the whole-process checks, when scripts/provision-criu.sh put it in the carried .deps/.
+if [[ -z "${VMMCKPT_CRIU:-}" && -x "${repo_root}/.deps/criu/bin/criu" ]]; then
+  export VMMCKPT_CRIU="${repo_root}/.deps/criu/bin/criu"
+fi
 
 section() { printf '\n===== %s =====\n' "$*"; }
 

@@ -317,9 +317,9 @@ control::suspend_reply control_client::suspend(const std::string& image, const s
       control::suspend_request{image, image_id, control::unix_ms_now() + remaining_ms()});
 }
 
-control::resume_reply control_client::resume(const progress_handler& progress) {
+control::resume_reply control_client::resume(const progress_handler& progress, const std::string& image) {
   return call<control::resume_reply>(
-      control::resume_request{control::unix_ms_now() + remaining_ms(), static_cast<bool>(progress)}, nullptr,
+      control::resume_request{control::unix_ms_now() + remaining_ms(), static_cast<bool>(progress), image}, nullptr,
       progress);
 }
 

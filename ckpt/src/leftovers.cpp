@@ -63,6 +63,22 @@ bool still_needed(const fs::path& image, const suspend_claim::parties& p, std::s
   }
 }
 
+// An unfinished whole-process image (dump --process, its tool killed midway) holds each process's GPU
+// part in gpu/PID: a process suspended on one still needs it, until `cuda-ckpt resume PID`. Why it stays,
+// or "" when no process needs any part.
+std::string gpu_part_needed(const fs::path& partial) {
+  std::error_code ec;
+  for (const auto& part : fs::directory_iterator(partial / "gpu", ec)) {
+    suspend_claim::parties p;
+    if (!suspend_claim::decode(read_file(part.path() / suspend_claim::accepted), p)) continue;
+    std::string why;
+    if (still_needed(part.path(), p, why))
+      return "an unfinished whole-process image: " + why + " (`cuda-ckpt resume " + std::to_string(p.target_pid) +
+             "` brings it back; gc removes the rest afterwards)";
+  }
+  return {};
+}
+
 void remove(const fs::path& path, const std::string& why, bool dry_run, leftovers_report& report) {
   std::error_code ec;
   if (!dry_run) fs::remove_all(path, ec);
@@ -175,6 +191,12 @@ void collect_in(const fs::path& dir, bool dry_run, leftovers_report& report) {
         break;
       }
       case judgement::partial_orphan:
+        if (const std::string why = gpu_part_needed(path); !why.empty()) {
+          report.kept.push_back({path, why});
+          break;
+        }
+        remove(path, orphan_reason(j), dry_run, report);
+        break;
       case judgement::withdrawn:
         remove(path, orphan_reason(j), dry_run, report);
         break;

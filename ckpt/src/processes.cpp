@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -117,6 +118,45 @@ process_entry ask(pid_t pid, control_client::clock::time_point deadline) {
 }  // namespace
 
 bool process_exists(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
+
+bool maps_file(pid_t pid, std::string_view prefix) {
+  std::ifstream in(proc_dir(pid) + "/maps");
+  for (std::string line; std::getline(in, line);) {
+    const auto slash = line.rfind('/');
+    if (slash != std::string::npos && line.compare(slash + 1, prefix.size(), prefix) == 0) return true;
+  }
+  return false;
+}
+
+pid_t parent_of(pid_t pid) {
+  std::ifstream in(proc_dir(pid) + "/stat");
+  std::string text;
+  std::getline(in, text);
+  // "PID (COMM) STATE PPID ...": COMM may hold spaces and parentheses, so read after the last ')'.
+  const auto close = text.rfind(')');
+  if (close == std::string::npos) return 0;
+  char state = 0;
+  long parent = 0;
+  if (std::sscanf(text.c_str() + close + 1, " %c %ld", &state, &parent) != 2) return 0;
+  return static_cast<pid_t>(parent);
+}
+
+std::vector<pid_t> process_tree(pid_t root) {
+  std::vector<std::pair<pid_t, pid_t>> parents;  // (pid, parent) of every process
+  for (const pid_t pid : all_pids()) parents.emplace_back(pid, parent_of(pid));
+  std::vector<pid_t> tree{root};
+  for (std::size_t i = 0; i < tree.size(); ++i)
+    for (const auto& [pid, parent] : parents)
+      if (parent == tree[i]) tree.push_back(pid);
+  return tree;
+}
+
+std::string short_name_of(pid_t pid) {
+  std::ifstream in(proc_dir(pid) + "/comm");
+  std::string name;
+  std::getline(in, name);
+  return name;
+}
 
 shim_presence shim_in(pid_t pid) {
   std::ifstream in(proc_dir(pid) + "/maps");

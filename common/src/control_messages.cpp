@@ -288,6 +288,7 @@ std::string encode(const request& r) {
           j["op"] = name_of(op::resume);
           j["valid_until_ms"] = req.valid_until_ms;
           if (req.progress) j["progress"] = true;
+          if (!req.image.empty()) j["image"] = req.image;
         } else {
           static_assert(std::is_same_v<T, check_request>);
           j["op"] = name_of(op::check);
@@ -443,6 +444,7 @@ std::variant<request, failure_reply> decode_request(const std::string& payload) 
         if (!it->is_boolean()) throw decode_error("progress: expected true or false");
         r.progress = it->get<bool>();
       }
+      if (root.contains("image")) r.image = string_of(root, "", "image");
       return request{r};
     }
     if (name == name_of(op::check)) return request{check_request{}};
@@ -579,7 +581,7 @@ std::vector<example> example_messages() {
        encode(request{suspend_request{"/dev/shm/vmmckpt-1000/suspend-4242-20261123-101500",
                                       "0123456789abcdef0123456789abcdef", 1795430250000}}),
        encode(suspend_reply{8657043456, 6200000, {{0, 1107689472}}})},
-      {op::resume, encode(request{resume_request{1795431000000, true}}), encode(resume_reply{8593080320, 3.83, "/dev/shm/vmmckpt-1000/suspend-4242-20261123-101500"})},
+      {op::resume, encode(request{resume_request{1795431000000, true, "/images/job1/gpu/4242"}}), encode(resume_reply{8593080320, 3.83, "/dev/shm/vmmckpt-1000/suspend-4242-20261123-101500"})},
       {op::check, encode(request{check_request{}}), encode(check_reply{false, {"device 0: block at 0x200000000000 has no physical memory"}})},
   };
 }

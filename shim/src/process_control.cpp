@@ -392,12 +392,18 @@ std::variant<control::resume_reply, control::failure_reply> resume(const control
   };
   if (d == nullptr) return refuse("no CUDA driver");
   fault_point("program:resuming");  // the ps test pauses here: a long resume
-  // Only the image suspend took: the same directory (not a symlink put in its place, not another
-  // directory moved there) holding the same image.
-  struct stat st{};
-  if (::lstat(image.c_str(), &st) != 0) return refuse(std::string("it is gone: ") + std::strerror(errno));
-  if (S_ISLNK(st.st_mode)) return refuse("it has been replaced by a symbolic link");
-  if (st.st_dev != dev || st.st_ino != ino) return refuse("it has been replaced by another directory");
+  if (!request.image.empty()) {
+    // A whole process brought back by CRIU: its image is where the tool says (moved with the
+    // whole-process image, or on another machine); the image_id below still must be suspend's.
+    image = request.image;
+  } else {
+    // Only the image suspend took: the same directory (not a symlink put in its place, not another
+    // directory moved there) holding the same image.
+    struct stat st{};
+    if (::lstat(image.c_str(), &st) != 0) return refuse(std::string("it is gone: ") + std::strerror(errno));
+    if (S_ISLNK(st.st_mode)) return refuse("it has been replaced by a symbolic link");
+    if (st.st_dev != dev || st.st_ino != ino) return refuse("it has been replaced by another directory");
+  }
   std::uint64_t bytes = 0;
   try {
     const auto reader = image::reader::open(image);

@@ -80,16 +80,29 @@ TEST_CASE("error names and strings", "[resolver]") {
   REQUIRE(s == nullptr);
 }
 
-TEST_CASE("the driver checkpoint API answers not supported", "[resolver][checkpoint]") {
+TEST_CASE("the driver checkpoint API is its state machine, kept in the process", "[resolver][checkpoint]") {
   current_context();
   CUprocessState state{};
-  REQUIRE(cuCheckpointProcessGetState(getpid(), &state) == CUDA_ERROR_NOT_SUPPORTED);
-  REQUIRE(cuCheckpointProcessLock(getpid(), nullptr) == CUDA_ERROR_NOT_SUPPORTED);
-  REQUIRE(cuCheckpointProcessCheckpoint(getpid(), nullptr) == CUDA_ERROR_NOT_SUPPORTED);
-  REQUIRE(cuCheckpointProcessRestore(getpid(), nullptr) == CUDA_ERROR_NOT_SUPPORTED);
-  REQUIRE(cuCheckpointProcessUnlock(getpid(), nullptr) == CUDA_ERROR_NOT_SUPPORTED);
+  REQUIRE_CU(cuCheckpointProcessGetState(getpid(), &state));
+  REQUIRE(state == CU_PROCESS_STATE_RUNNING);
+  REQUIRE(cuCheckpointProcessCheckpoint(getpid(), nullptr) == CUDA_ERROR_ILLEGAL_STATE);  // not locked
+  REQUIRE(cuCheckpointProcessUnlock(getpid(), nullptr) == CUDA_ERROR_ILLEGAL_STATE);
+  REQUIRE_CU(cuCheckpointProcessLock(getpid(), nullptr));
+  REQUIRE_CU(cuCheckpointProcessGetState(getpid(), &state));
+  REQUIRE(state == CU_PROCESS_STATE_LOCKED);
+  REQUIRE(cuCheckpointProcessLock(getpid(), nullptr) == CUDA_ERROR_ILLEGAL_STATE);
+  REQUIRE_CU(cuCheckpointProcessCheckpoint(getpid(), nullptr));
+  REQUIRE_CU(cuCheckpointProcessGetState(getpid(), &state));
+  REQUIRE(state == CU_PROCESS_STATE_CHECKPOINTED);
+  REQUIRE(cuCheckpointProcessUnlock(getpid(), nullptr) == CUDA_ERROR_ILLEGAL_STATE);  // restore first
+  REQUIRE_CU(cuCheckpointProcessRestore(getpid(), nullptr));
+  REQUIRE_CU(cuCheckpointProcessUnlock(getpid(), nullptr));
+  REQUIRE_CU(cuCheckpointProcessGetState(getpid(), &state));
+  REQUIRE(state == CU_PROCESS_STATE_RUNNING);
   int tid = 0;
-  REQUIRE(cuCheckpointProcessGetRestoreThreadId(getpid(), &tid) == CUDA_ERROR_NOT_SUPPORTED);
+  REQUIRE_CU(cuCheckpointProcessGetRestoreThreadId(getpid(), &tid));
+  // A process without the emulator (this one's parent, a shell or ctest) has no state to read.
+  REQUIRE(cuCheckpointProcessGetState(1, &state) == CUDA_ERROR_INVALID_VALUE);
   void* fn = nullptr;
   REQUIRE_CU(cuGetProcAddress_v2("cuCheckpointProcessLock", &fn, 13000, 0, nullptr));
   REQUIRE(fn == dlsym(RTLD_DEFAULT, "cuCheckpointProcessLock"));

@@ -44,7 +44,7 @@ _cuda_ckpt() {
     ps) options="--help --json -t --pid" ;;
     check) options="--help --json -t --pid" ;;
     dump) options="--help -o --output -D --json --deadline --chunk --staging --streams --no-gpu-snapshot
-                   --allow-partial --parent --gpu-checksums --writers -t --pid" ;;
+                   --allow-partial --parent --gpu-checksums --writers -t --pid --process --leave-running --criu-arg" ;;
     inspect | verify) options="--help --json -D" ;;
     cat) options="--help -o --output -D" ;;
     merge) options="--help -o --output -D --json" ;;
@@ -52,13 +52,13 @@ _cuda_ckpt() {
     gc) options="--help --dry-run --json" ;;
     suspend) options="--help -o --output -D --json --deadline --verify --allow-partial --parent --writers -t --pid" ;;
     resume) options="--help --json -t --pid" ;;
-    restore) options="--help --replay --no-verify --device -D --" ;;
+    restore) options="--help --replay --no-verify --device -D --json --criu-arg --" ;;
   esac
 
   case "$prev" in
     -o | --output | -D | --parent) COMPREPLY=($(compgen -d -- "$cur")); return ;;
     -t | --pid) COMPREPLY=($(compgen -W "$(ls /proc | grep -E '^[0-9]+$')" -- "$cur")); return ;;
-    --deadline | --chunk | --staging | --streams | --writers | --device) return ;;
+    --deadline | --chunk | --staging | --streams | --writers | --device | --criu-arg) return ;;
   esac
 
   if [[ "$cur" == -* ]]; then

@@ -27,8 +27,16 @@ struct dump_command_options {
   bool allow_partial = false;
   std::string parent;  // an incremental image: the image to compare with
   bool gpu_checksums = false;
+  bool process = false;        // the whole process, CPU side through CRIU (process_commands.cpp)
+  bool leave_running = false;  // with process: it goes on afterwards
+  std::vector<std::string> criu_args;
 };
 int dump_command(const dump_command_options& options);
+int dump_process_command(const dump_command_options& options);
+int inspect_process_command(const std::string& image, bool json);
+int verify_process_command(const std::string& image, bool json);
+int restore_process_command(const std::string& image, bool json, bool verify_data,
+                            const std::vector<std::string>& criu_args);
 
 struct suspend_command_options {
   pid_t pid = 0;
@@ -45,8 +53,16 @@ int resume_command(pid_t pid, bool json);
 
 int inspect_command(const std::string& image, bool json);
 int gc_command(const std::vector<std::string>& dirs, bool dry_run, bool json);
-int restore_command(const std::string& image, bool replay, int device, bool verify_first,
-                    const std::vector<std::string>& command);
+struct restore_command_options {
+  std::string image;
+  bool replay = false;
+  int device = -1;
+  bool verify_first = true;
+  bool json = false;                   // whole-process form only
+  std::vector<std::string> criu_args;  // whole-process form only
+};
+// With a command: starts it with the image's GPU memory. Without: restores a whole-process image.
+int restore_command(const restore_command_options& options, const std::vector<std::string>& command);
 int verify_command(const std::string& image, bool json);
 // Writes the image's bytes for [addr, addr + size) to `output` (empty: stdout); addr and size as typed.
 // merge: the chain ending in `image` as one full image at `output`; rm: an image no sibling names as parent.

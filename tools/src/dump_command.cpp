@@ -14,6 +14,15 @@
 namespace vmmckpt::tools {
 
 int dump_command(const dump_command_options& o) {
+  // A whole-process image's GPU parts are suspend images, which cannot be parents; incremental GPU parts
+  // are not written yet (issue 19, part 3).
+  if (o.process && (!o.parent.empty() || o.gpu_checksums))
+    return report_failure("dump", o.json, "--parent and --gpu-checksums do not apply to whole-process dumps (--process) yet",
+                          exit_usage);
+  if (o.process) return dump_process_command(o);
+  if (o.leave_running || !o.criu_args.empty())
+    return report_failure("dump", o.json, "--leave-running and --criu-arg apply to whole-process dumps (--process)",
+                          exit_usage);
   ckpt::dump_options options;
   options.pid = o.pid;
   if (o.output.empty()) {

@@ -6,11 +6,13 @@
 #include "commands.hpp"
 #include "exit_codes.hpp"
 #include "output.hpp"
+#include "vmmckpt/ckpt/process_image.hpp"
 #include "vmmckpt/image.hpp"
 
 namespace vmmckpt::tools {
 
 int inspect_command(const std::string& path, bool as_json) {
+  if (ckpt::is_process_image(path)) return inspect_process_command(path, as_json);
   const auto reader = image::reader::open(path);
   const auto& m = reader.info();
   if (as_json) {
@@ -73,6 +75,7 @@ int inspect_command(const std::string& path, bool as_json) {
 }
 
 int verify_command(const std::string& path, bool as_json) {
+  if (ckpt::is_process_image(path)) return verify_process_command(path, as_json);
   try {
     const auto reader = image::reader::open(path);
     reader.verify_data();

@@ -147,6 +147,14 @@ int main(int argc, char** argv) {
                  "the CPU does, and --json says why (checksums.why_not_gpu)");
   dump->add_option("--writers", dump_options.writers, "Threads writing the image, one data file each (default: one per core, up to 16)")
       ->check(CLI::Range(1, 256));
+  dump->add_flag("--process", dump_options.process,
+                 "The whole process and its descendants, CPU side too (CRIU 4.0 or later, the driver's checkpoint "
+                 "API): `cuda-ckpt restore DIR` brings it back. The process ends when the dump completes");
+  dump->add_flag("--leave-running", dump_options.leave_running,
+                 "With --process: the process goes on afterwards (periodic checkpoints)");
+  dump->add_option("--criu-arg", dump_options.criu_args,
+                   "With --process: one more argument for `criu dump` (repeatable; e.g. --criu-arg=--tcp-established)")
+      ->type_name("ARG")->allow_extra_args(false);
   dump->footer(
       "Usage: cuda-ckpt dump PID [-o DIR]   (also: cuda-ckpt dump -t PID -D DIR)\n"
       "The program is held (its GPU work stopped and drained) only until its memory is copied: to spare\n"
@@ -158,7 +166,15 @@ int main(int argc, char** argv) {
       "The image appears under its final name only once complete and synced: a failed or interrupted\n"
       "(Ctrl-C, SIGTERM) dump leaves none, and the program goes on.\n"
       "A process with device memory vmmckpt does not own is refused with exit status 3, naming each kind and\n"
-      "its size, unless --allow-partial is given.");
+      "its size, unless --allow-partial is given.\n"
+      "\n"
+      "Whole process: cuda-ckpt dump PID --process -o DIR [--leave-running]\n"
+      "Each process of PID's tree under vmmckpt is suspended into DIR/gpu/PID (its GPU memory copied out and\n"
+      "freed), the driver checkpoints what is left of its CUDA context, and `criu dump` writes the CPU side\n"
+      "into DIR/criu; process.json lists and checksums both parts. DIR appears only once complete. A failure at\n"
+      "any step brings the processes back running and leaves no image; if cuda-ckpt itself is killed midway,\n"
+      "`cuda-ckpt resume PID` brings the process back from whatever state it was left in. The time the process\n"
+      "was stopped is reported. CRIU: $VMMCKPT_CRIU, else criu on PATH (scripts/provision-criu.sh).");
 
   std::string merge_path, merge_output;
   bool merge_json = false;
@@ -258,11 +274,11 @@ int main(int argc, char** argv) {
                  "suspended with its image intact; it can be tried again. On a terminal a progress line shows\n"
                  "the program loading its image.");
 
-  std::string restore_path;
-  bool restore_replay = false;
-  auto* restore = app.add_subcommand("restore", "Start a command with an image's GPU memory back at its addresses");
-  add_image(restore, restore_path);
-  restore->add_flag("--replay", restore_replay,
+  restore_command_options restore_options;
+  auto* restore = app.add_subcommand(
+      "restore", "Bring a whole process back from its image, or start a command with an image's GPU memory");
+  add_image(restore, restore_options.image);
+  restore->add_flag("--replay", restore_options.replay,
                     "The allocator starts empty with the image's bytes in place: a program that repeats its "
                     "allocations from the start gets the same addresses and finds its data");
   bool restore_no_verify = false;
@@ -270,14 +286,24 @@ int main(int argc, char** argv) {
                     "Start the command after checking the image's structure only, without reading it through "
                     "first; the restoring process still checks every extent as it loads it, and its memory calls "
                     "fail if one is damaged");
-  int restore_device = -1;
-  restore->add_option("--device", restore_device,
+  restore->add_option("--device", restore_options.device,
                       "Run on this machine's GPU N (migration); the program sees it as the device it had, and "
                       "every address is unchanged")
       ->check(CLI::Range(0, 63));
+  restore->add_flag("--json", restore_options.json, "Whole process: print the result as JSON");
+  restore->add_option("--criu-arg", restore_options.criu_args,
+                      "Whole process: one more argument for `criu restore` (repeatable)")
+      ->type_name("ARG")->allow_extra_args(false);
   restore->allow_extras();  // a command given without "--" is named in the error, in its order
   restore->footer(
-      "Usage: cuda-ckpt restore IMAGE [--replay] [--device N] -- COMMAND [ARGS...]\n"
+      "Usage: cuda-ckpt restore DIR [--json]   (a whole-process image, from dump --process)\n"
+      "       cuda-ckpt restore IMAGE [--replay] [--device N] -- COMMAND [ARGS...]\n"
+      "Whole process: both parts are checked (every CRIU file's checksum, each GPU part's structure; the GPU\n"
+      "bytes as they load), `criu restore` brings the processes back with their pids, the driver their CUDA\n"
+      "contexts, and each loads its GPU memory at its addresses. The process runs detached; its pid is printed.\n"
+      "A failed restore leaves the image unchanged and says why (the pid in use, CRIU missing or too old, the\n"
+      "driver lacking the checkpoint API, another GPU model, not enough memory).\n"
+      "With a command:\n"
       "The image is checked (structure and every checksum) before the command starts; a bad image is refused\n"
       "(--no-verify: the structure only, and the restoring process checks each extent as it loads).\n"
       "By default the image's allocations are live in the new process: pointers the program saved stay valid.\n"
@@ -353,7 +379,7 @@ int main(int argc, char** argv) {
     std::string words;
     for (const auto& w : extra) words += " " + w;
     return report_failure("restore", false,
-                          "the command to start goes after '--': cuda-ckpt restore " + restore_path + " --" + words,
+                          "the command to start goes after '--': cuda-ckpt restore " + restore_options.image + " --" + words,
                           exit_usage);
   }
 
@@ -367,8 +393,10 @@ int main(int argc, char** argv) {
     if (*rm) return rm_command(rm_path, rm_force, rm_json);
     if (*verify) return verify_command(verify_path, verify_json);
     if (*cat) return cat_command(cat_path, cat_addr, cat_size, cat_output);
-    if (*restore) return restore_command(restore_path, restore_replay, restore_device, !restore_no_verify,
-                                           trailing_command);
+    if (*restore) {
+      restore_options.verify_first = !restore_no_verify;
+      return restore_command(restore_options, trailing_command);
+    }
     if (*suspend) return suspend_command(suspend_options);
     if (*resume) return resume_command(resume_pid, resume_json);
     if (*gc) return gc_command(gc_dirs, gc_dry_run, gc_json);

@@ -20,6 +20,7 @@
 #include "run_command.hpp"
 #include "vmmckpt/control_messages.hpp"
 #include "vmmckpt/ckpt/driver.hpp"
+#include "vmmckpt/ckpt/process_image.hpp"
 #include "vmmckpt/image.hpp"
 #include "vmmckpt/restore/handoff.hpp"
 #include "vmmckpt/restore/restore_plan.hpp"
@@ -82,12 +83,29 @@ int start_progress_reporter() {
 
 }  // namespace
 
-int restore_command(const std::string& path, bool replay, int device, bool verify_first,
-                    const std::vector<std::string>& command) {
+int restore_command(const restore_command_options& o, const std::vector<std::string>& command) {
+  const std::string& path = o.image;
+  const bool whole_process = ckpt::is_process_image(path);
   if (command.empty()) {
-    std::cerr << "cuda-ckpt restore: no command given (usage: cuda-ckpt restore IMAGE [OPTIONS] -- COMMAND [ARGS...])\n";
-    return exit_usage;
+    if (whole_process) {
+      if (o.replay || o.device >= 0)
+        return report_failure("restore", o.json, "--replay and --device apply to restoring with a command, not to a "
+                              "whole process (its CUDA context comes back on the GPU it had)", exit_usage);
+      return restore_process_command(path, o.json, false, o.criu_args);
+    }
+    return report_failure("restore", o.json,
+                          path + " holds GPU memory only (no CPU part: it was not made with dump --process), so there is "
+                          "no process to bring back: start a command with it, cuda-ckpt restore " + path +
+                          " -- COMMAND [ARGS...]", exit_usage);
   }
+  if (whole_process)
+    return report_failure("restore", false,
+                          path + " is a whole-process image: restore it without a command (cuda-ckpt restore " + path +
+                          "); the process comes back as it was", exit_usage);
+  if (o.json || !o.criu_args.empty())
+    return report_failure("restore", false, "--json and --criu-arg apply to whole-process images only", exit_usage);
+  const bool replay = o.replay, verify_first = o.verify_first;
+  const int device = o.device;
   // Refuse a bad image before anything starts: the program never sees it. (The restoring
   // process checks every extent again as it loads: the image may change in between.)
   const auto reader = image::reader::open(path);

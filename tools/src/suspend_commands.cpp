@@ -16,6 +16,7 @@
 #include "output.hpp"
 #include "vmmckpt/ckpt/control_client.hpp"
 #include "vmmckpt/ckpt/leftovers.hpp"
+#include "vmmckpt/ckpt/process_checkpoint.hpp"
 #include "vmmckpt/ckpt/suspend.hpp"
 
 namespace vmmckpt::tools {
@@ -80,6 +81,9 @@ int suspend_command(const suspend_command_options& o) {
 }
 
 int resume_command(pid_t pid, bool as_json) {
+  // A whole-process dump stopped midway may have left the driver's lock or checkpoint: undone first.
+  const std::string recovered = ckpt::recover_driver_state(pid);
+  if (!recovered.empty() && !as_json) std::printf("process %d: %s\n", static_cast<int>(pid), recovered.c_str());
   progress_line line("resume", !as_json);
   const auto r = ckpt::resume(pid, line.callback());
   line.finish();

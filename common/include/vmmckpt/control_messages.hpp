@@ -107,6 +107,10 @@ struct resume_request {
   // The tool shows progress: the process sends progress frames while it loads (optional; false when
   // absent, and a process older than the field sends none).
   bool progress = false;
+  // Load from this directory instead of the one suspend recorded (optional; empty when absent): a whole
+  // process restored by CRIU finds its image where `cuda-ckpt restore DIR` says, on another machine too.
+  // The image_id must still be the one suspend took.
+  std::string image;
   friend bool operator==(const resume_request&, const resume_request&) = default;
 };
 struct check_request {

@@ -38,6 +38,12 @@ CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize
 #define VMMCKPT_TOOL_DRIVER_FUNCTIONS(X)                                                            \
   X(cuDeviceGetCount) X(cuGetErrorName) X(cuGetErrorString) X(cuMemcpyDtoHAsync_v2) X(cuMemcpyDtoDAsync_v2)
 
+// The driver's process checkpoint API (driver 550 and later), used by cuda-ckpt's whole-process mode
+// only: optional, a driver without it refuses that mode alone.
+#define VMMCKPT_PROCESS_CHECKPOINT_FUNCTIONS(X)                                                        \
+  X(cuCheckpointProcessGetState) X(cuCheckpointProcessLock) X(cuCheckpointProcessCheckpoint)          \
+  X(cuCheckpointProcessRestore) X(cuCheckpointProcessUnlock)
+
 namespace vmmckpt {
 
 using get_proc_address_v1_fn = CUresult(CUDAAPI*)(const char*, void**, int, cuuint64_t);
@@ -47,6 +53,7 @@ struct driver_api {
   VMMCKPT_DRIVER_FUNCTIONS(VMMCKPT_DECLARE)
   VMMCKPT_OPTIONAL_DRIVER_FUNCTIONS(VMMCKPT_DECLARE)
   VMMCKPT_TOOL_DRIVER_FUNCTIONS(VMMCKPT_DECLARE)
+  VMMCKPT_PROCESS_CHECKPOINT_FUNCTIONS(VMMCKPT_DECLARE)
 #undef VMMCKPT_DECLARE
   get_proc_address_v1_fn cuGetProcAddress_v1 = nullptr;  // cuda.h macro-renames the plain name
 };
@@ -68,6 +75,9 @@ void fill_driver_api(driver_api& api, driver_user user, Lookup&& lookup, Missing
   VMMCKPT_DRIVER_FUNCTIONS(VMMCKPT_FILL_REQUIRED)
   VMMCKPT_OPTIONAL_DRIVER_FUNCTIONS(VMMCKPT_FILL_OPTIONAL)
   VMMCKPT_TOOL_DRIVER_FUNCTIONS(VMMCKPT_FILL_TOOL)
+  if (tool) {
+    VMMCKPT_PROCESS_CHECKPOINT_FUNCTIONS(VMMCKPT_FILL_OPTIONAL)
+  }
 #undef VMMCKPT_FILL_TOOL
 #undef VMMCKPT_FILL_OPTIONAL
 #undef VMMCKPT_FILL_REQUIRED

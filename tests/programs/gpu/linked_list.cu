@@ -5,6 +5,8 @@
 //   gpu_linked_list walk FILE                (restored, default mode) a one-thread kernel follows `next`
 //                                            through device memory; its checksum must equal FILE's; then the
 //                                            nodes are used and freed as live allocations
+//   gpu_linked_list serve FILE               build, then walk it every tick and log "tick T" to FILE.log until
+//                                            FILE.stop appears (whole-process checkpoints: tests/gpu/process_check.py)
 //   gpu_linked_list replay FILE              (restored with --replay) repeat build's allocations, compare the
 //                                            addresses with FILE, then as walk
 //
@@ -129,7 +131,8 @@ void use_and_free(const ll::list_file& f) {
   }
 }
 
-int build(const std::string& path, u64 n) {
+// Builds the list and writes FILE; the list's description (checksum included).
+ll::list_file build_list(const std::string& path, u64 n) {
   const auto nodes = allocate_nodes(n);
   const auto next = ll::next_pointers(nodes);
   for (u64 i = 0; i < n; ++i) {
@@ -153,12 +156,36 @@ int build(const std::string& path, u64 n) {
   f.checksum = walk_on_device(f, false).sum;
   if (!ll::write_list_file(path, f)) {
     std::fprintf(stderr, "cannot write %s\n", path.c_str());
-    return 1;
+    std::exit(1);
   }
+  return f;
+}
+
+int build(const std::string& path, u64 n) {
+  const ll::list_file f = build_list(path, n);
   std::printf("checksum 0x%" PRIx64 "\nready\n", f.checksum);
   std::fflush(stdout);
   for (int s = 0; s < 300; ++s) sleep(1);  // until the test kills us
   return 0;
+}
+
+// For whole-process checkpoints: the list, walked by the kernel every tick, and a CPU tick counter that
+// must go on with it. Appends "tick T" to FILE.log; ends at FILE.stop ("stopped at T"); a bad walk exits 1.
+int serve(const std::string& path) {
+  const ll::list_file f = build_list(path, ll::default_nodes);
+  FILE* log = std::fopen((path + ".log").c_str(), "a");
+  if (log == nullptr) return 1;
+  for (u64 tick = 1;; ++tick) {
+    walk_on_device(f);  // exits naming the first bad node
+    std::fprintf(log, "tick %" PRIu64 "\n", tick);
+    std::fflush(log);
+    if (::access((path + ".stop").c_str(), F_OK) == 0) {
+      std::fprintf(log, "stopped at %" PRIu64 "\n", tick);
+      std::fclose(log);
+      return 0;
+    }
+    usleep(50'000);
+  }
 }
 
 int walk(const std::string& path) {
@@ -185,6 +212,8 @@ int replay(const std::string& path) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return ll::run_mode(argc, argv, {build, walk, replay},
-                      "usage: gpu_linked_list build FILE [--nodes N]\n       gpu_linked_list walk|replay FILE\n");
+  return ll::run_mode(argc, argv, {build, walk, replay, [](const std::string& mode, const std::string& path) {
+                        return mode == "serve" ? serve(path) : -1;
+                      }},
+                      "usage: gpu_linked_list build FILE [--nodes N]\n       gpu_linked_list walk|replay|serve FILE\n");
 }

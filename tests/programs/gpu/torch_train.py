@@ -5,6 +5,7 @@ its tensors and each step's loss bit-exactly, for check_pool_run.py's native-vs-
 Exits 77 (the ctest skip code) when PyTorch or a CUDA device is not available."""
 import os
 import sys
+import time
 
 # cuBLAS reads this when its handle is created: it must be set before the first matmul.
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -32,21 +33,24 @@ def print_ptr(tensor, what):
 
 
 def parse_args(argv):
-    steps, device = 50, 0
+    steps, device, pause_at, gate = 50, 0, None, None
     it = iter(argv)
     for arg in it:
         if arg == "--steps":
             steps = int(next(it))
         elif arg == "--device":
             device = int(next(it))
+        elif arg == "--pause-at":  # after that step: print "paused", wait until the file GATE exists
+            pause_at, gate = int(next(it)), next(it)
         else:
-            print(f"usage: torch_train.py [--steps N] [--device N] (got {arg!r})", file=sys.stderr)
+            print(f"usage: torch_train.py [--steps N] [--device N] [--pause-at STEP GATE] (got {arg!r})",
+                  file=sys.stderr)
             sys.exit(2)
-    return steps, device
+    return steps, device, pause_at, gate
 
 
 def main():
-    steps, device_index = parse_args(sys.argv[1:])
+    steps, device_index, pause_at, gate = parse_args(sys.argv[1:])
     torch.manual_seed(1234)
     torch.cuda.manual_seed_all(1234)
     torch.use_deterministic_algorithms(True)
@@ -103,6 +107,12 @@ def main():
         loss.backward()
         optimizer.step()
         print(f"result loss_{step} {loss.item().hex()}")
+        if step == pause_at:
+            # A whole-process checkpoint is taken here (tests/gpu/process_check.py): the rest of the run
+            # must be bitwise the same after the restore.
+            print("paused", flush=True)
+            while not os.path.exists(gate):
+                time.sleep(0.05)
         if step == 0:
             print_state("step0")
 

@@ -96,7 +96,8 @@ class control_client {
   control::suspend_reply suspend(const std::string& image, const std::string& image_id);
   // With `progress`, the process is asked for progress frames as it loads (an older one sends none).
   using progress_handler = std::function<void(const control::progress_frame&)>;
-  control::resume_reply resume(const progress_handler& progress = {});
+  // image: load from there instead of where suspend wrote it (control::resume_request::image).
+  control::resume_reply resume(const progress_handler& progress = {}, const std::string& image = {});
   control::check_reply check();
 
   // Called about ten times a second while an answer is awaited, until it is given another (empty: none):

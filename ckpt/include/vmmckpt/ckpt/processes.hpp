@@ -24,6 +24,18 @@ bool process_exists(pid_t pid);
 enum class shim_presence { loaded, absent, unknown };
 shim_presence shim_in(pid_t pid);
 
+// Whether a file whose name starts with `prefix` (e.g. "libcuda.so") is mapped in pid (false when its
+// maps cannot be read).
+bool maps_file(pid_t pid, std::string_view prefix);
+
+// pid's parent (0 when it cannot be read), and the tree under root: root first, then every descendant
+// after its parent.
+pid_t parent_of(pid_t pid);
+std::vector<pid_t> process_tree(pid_t root);
+
+// Its name in /proc/PID/comm ("" when gone).
+std::string short_name_of(pid_t pid);
+
 // Where pid's control server may listen, in the order to try: its socket file in the runtime directory
 // its own environment names (XDG_RUNTIME_DIR, else /tmp/vmmckpt-UID), then in ours, then its abstract
 // name (last: anyone may bind that first and never answer). Duplicates left out.

@@ -1,0 +1,70 @@
+// Whole-process checkpoint and restart: the shim's suspend for the GPU memory, the driver's checkpoint
+// API for what is left of each CUDA context, and CRIU for the CPU side (docs/whole-process.md).
+#pragma once
+
+#include <sys/types.h>
+
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "vmmckpt/ckpt/dump.hpp"
+#include "vmmckpt/ckpt/process_image.hpp"
+
+namespace vmmckpt::ckpt {
+
+struct process_dump_options {
+  pid_t pid = 0;
+  std::filesystem::path output;  // the whole-process image directory to create
+  bool leave_running = false;    // the process goes on afterwards (otherwise it ends, as with criu dump)
+  copy_settings copy;
+  int hold_deadline_ms = 120'000;      // for each process's suspend
+  std::vector<std::string> criu_args;  // more arguments for `criu dump` (--tcp-established, ...)
+};
+
+// Where the time went: seconds from the start at which each step ended, in order.
+using process_phases = std::vector<std::pair<std::string, double>>;
+
+struct process_dump_result {
+  std::filesystem::path image;
+  process_image description;
+  double seconds = 0;
+  process_phases phases;
+};
+
+// Suspends every process under the shim in pid's tree into DIR/gpu/PID, checkpoints what is left of
+// their CUDA contexts with the driver, runs `criu dump` into DIR/criu and writes process.json; DIR
+// appears only once complete and synced. Refused before anything is touched when CRIU (4.0 or later)
+// or the driver's checkpoint API is missing, when a process of the tree uses CUDA without the shim, or
+// when it is a multi-rank NCCL job. On any failure the processes are brought back running and nothing
+// that looks like an image is left. Throws tool_error, criu_unavailable, driver_unavailable,
+// image::image_error or interrupted.
+process_dump_result dump_process(const process_dump_options& options, const progress_callback& progress = {});
+
+struct process_restore_options {
+  std::filesystem::path image;
+  bool verify_data = false;            // check every GPU byte's checksum before CRIU starts
+  std::vector<std::string> criu_args;  // more arguments for `criu restore`
+};
+
+struct process_restore_result {
+  pid_t pid = 0;  // the restored root process, running detached
+  process_image description;
+  double seconds = 0;
+  process_phases phases;
+};
+
+// Checks both parts of the image, runs `criu restore` (detached), restores and unlocks each CUDA
+// context with the driver, then has each process load its GPU part from DIR/gpu/PID. The image is
+// never changed. On failure the half-restored processes are killed and the reason is thrown: the
+// pid in use, CRIU missing or too old, the driver lacking the API, another GPU model, not enough memory.
+process_restore_result restore_process(const process_restore_options& options,
+                                       const progress_callback& progress = {});
+
+// For `cuda-ckpt resume PID` after a whole-process dump was stopped midway: a process the driver left
+// CHECKPOINTED is restored and unlocked, one left LOCKED unlocked. Returns what was done in words, or
+// "" when the process was RUNNING for the driver (or the driver or its API is not there).
+std::string recover_driver_state(pid_t pid);
+
+}  // namespace vmmckpt::ckpt

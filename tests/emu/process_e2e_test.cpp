@@ -1,0 +1,375 @@
+// Whole-process checkpoints end to end (cuda-ckpt dump --process, restore DIR) on the emulated driver, with
+// real CRIU: emu_ticker's GPU buffers and CPU tick counter must go on together after a restore, and every
+// failure leaves the program running and no image.
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "e2e_support.hpp"
+
+namespace vmmckpt::test {
+namespace {
+
+const std::string ticker = build_dir + "/tests/programs/emu_ticker";
+
+// CRIU 4 for these tests: $VMMCKPT_CRIU, else the one scripts/provision-criu.sh put in .deps/.
+std::string criu_for_tests() {
+  if (const char* c = std::getenv("VMMCKPT_CRIU"); c != nullptr && *c != '\0') return c;
+  const std::string provisioned = std::string(VMMCKPT_SOURCE_DIR) + "/.deps/criu/bin/criu";
+  return ::access(provisioned.c_str(), X_OK) == 0 ? provisioned : "";
+}
+
+void require_criu() {
+  if (::geteuid() != 0) VMMCKPT_SKIP("CRIU dumps and restores processes as root only");
+  const std::string criu = criu_for_tests();
+  if (criu.empty()) VMMCKPT_SKIP("no CRIU 4: run scripts/provision-criu.sh, or set VMMCKPT_CRIU");
+  ::setenv("VMMCKPT_CRIU", criu.c_str(), 1);
+  // Processes CRIU restores detached, and the tickers started detached, are reparented to this
+  // process when their parent goes (not to an init that may never reap them): reaped by wait_gone.
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+}
+
+std::vector<std::string> lines_of(const fs::path& file) {
+  std::ifstream in(file);
+  std::vector<std::string> out;
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+std::uint64_t last_tick(const fs::path& log) {
+  std::uint64_t last = 0;
+  for (const auto& line : lines_of(log))
+    if (line.rfind("tick ", 0) == 0) last = std::stoull(line.substr(5));
+  return last;
+}
+
+bool wait_until(const std::function<bool()>& done, int seconds = 30) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
+// The process is gone; every process reparented to this subreaper that ended meanwhile is reaped (a
+// zombie keeps its pid taken, and CRIU needs the pids back).
+bool wait_gone(pid_t pid, int seconds = 15) {
+  return wait_until(
+      [&] {
+        while (::waitpid(-1, nullptr, WNOHANG) > 0) {
+        }
+        return ::kill(pid, 0) != 0;
+      },
+      seconds);
+}
+
+// The log's ticks: what is wrong with them, or "". Ticks go up by one; after a restore they start again
+// from the tick after the dump (at or below the last one before), never past a gap; no BAD line.
+std::string tick_problem(const fs::path& log) {
+  std::uint64_t previous = 0;
+  for (const auto& line : lines_of(log)) {
+    if (line.rfind("BAD", 0) == 0) return log.string() + ": " + line;
+    if (line.rfind("tick ", 0) != 0) continue;
+    const std::uint64_t t = std::stoull(line.substr(5));
+    if (t > previous + 1) return log.string() + ": tick " + std::to_string(t) + " after " + std::to_string(previous);
+    previous = t;
+  }
+  return {};
+}
+
+// emu_ticker under the shim, detached from this test's pipes (CRIU takes its stdout, a file, along).
+struct ticker_tree {
+  scratch_dir dir;
+  fs::path log = dir.path / "log";
+  pid_t pid = 0;
+
+  explicit ticker_tree(const std::vector<std::string>& extra = {}) {
+    std::string words;
+    for (const auto& w : extra) words += " " + w;
+    const auto r = run_process({"/bin/sh", "-c",
+                                "setsid " + cuda_ckpt + " run -- " + ticker + " " + log.string() + words + " >" +
+                                    (dir.path / "out").string() + " 2>&1 </dev/null & echo $!"});
+    REQUIRE(r.exit_code == 0);
+    pid = std::stoi(r.out);
+    REQUIRE(wait_until([&] { return last_tick(log) >= 3; }));
+  }
+  ~ticker_tree() {
+    // The root and its children (each names its log, under this scratch directory, on its command line).
+    ::kill(pid, SIGKILL);
+    (void)!::system(("pkill -9 -f " + log.string() + " >/dev/null 2>&1").c_str());
+    wait_gone(pid, 5);
+  }
+  // Has every ticker of the tree log `ticks` more ticks than it has now.
+  bool goes_on(const std::vector<fs::path>& logs, std::uint64_t ticks = 5) {
+    std::vector<std::uint64_t> at;
+    for (const auto& l : logs) at.push_back(last_tick(l));
+    return wait_until([&] {
+      for (std::size_t i = 0; i < logs.size(); ++i)
+        if (last_tick(logs[i]) < at[i] + ticks) return false;
+      return true;
+    });
+  }
+  void stop(const std::vector<fs::path>& logs) {
+    for (const auto& l : logs) std::ofstream(l.string() + ".stop").put('\n');
+    for (const auto& l : logs)
+      REQUIRE(wait_until([&] {
+        for (const auto& line : lines_of(l))
+          if (line.rfind("stopped at", 0) == 0) return true;
+        return false;
+      }));
+  }
+};
+
+process_result tool(const std::vector<std::string>& args, const std::map<std::string, std::string>& env = {}) {
+  std::vector<std::string> argv{cuda_ckpt};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run_process(argv, env, 120);
+}
+
+bool nothing_named(const fs::path& image) {
+  for (const auto& entry : fs::directory_iterator(image.parent_path()))
+    if (entry.path().filename().string().rfind(image.filename().string(), 0) == 0 &&
+        entry.path().filename().string().find(".partial-") == std::string::npos)
+      return false;
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("a whole process tree killed after dump --process comes back with restore DIR and goes on",
+          "[process]") {
+  require_criu();
+  ticker_tree t({"--children", "1"});
+  const fs::path child_log = t.log.string() + ".1";
+  REQUIRE(wait_until([&] { return last_tick(child_log) >= 3; }));
+  const fs::path image = t.dir.path / "image";
+  const auto dumped = tool({"dump", std::to_string(t.pid), "--process", "-o", image.string(), "--json"});
+  REQUIRE(dumped.exit_code == 0);
+  INFO(describe(dumped));
+  const auto out = nlohmann::json::parse(dumped.out);
+  CHECK(out["processes"].size() == 2);
+  CHECK(out["left_running"] == false);
+  CHECK(out["stopped_seconds"].get<double>() > 0);
+  REQUIRE(wait_gone(t.pid));  // it ends, as with criu dump
+  const std::uint64_t at_dump = last_tick(t.log);
+
+  const auto verified = tool({"verify", image.string()});
+  CHECK(verified.exit_code == 0);
+  INFO(describe(verified));
+  const auto inspected = tool({"inspect", image.string()});
+  CHECK(inspected.exit_code == 0);
+  CHECK(inspected.out.find("whole-process image") != std::string::npos);
+
+  const auto restored = tool({"restore", image.string(), "--json"});
+  INFO(describe(restored));
+  REQUIRE(restored.exit_code == 0);
+  CHECK(nlohmann::json::parse(restored.out)["pid"] == t.pid);
+  REQUIRE(t.goes_on({t.log, child_log}));
+  CHECK(last_tick(t.log) > at_dump);
+  CHECK(tick_problem(t.log).empty());
+  CHECK(tick_problem(child_log).empty());
+  t.stop({t.log, child_log});
+  CHECK(tick_problem(t.log).empty());
+  CHECK(tick_problem(child_log).empty());
+}
+
+TEST_CASE("dump --process --leave-running: the process goes on, and the image restores it later", "[process]") {
+  require_criu();
+  ticker_tree t;
+  const fs::path image = t.dir.path / "image";
+  const auto dumped = tool({"dump", std::to_string(t.pid), "--process", "--leave-running", "-o", image.string()});
+  INFO(describe(dumped));
+  REQUIRE(dumped.exit_code == 0);
+  CHECK(dumped.out.find("it goes on") != std::string::npos);
+  REQUIRE(t.goes_on({t.log}));
+
+  // Its pid is still taken: CRIU cannot give it back, and the image stays as it was.
+  const auto taken = tool({"restore", image.string()});
+  CHECK(taken.exit_code == 1);
+  CHECK(taken.err.find("pid " + std::to_string(t.pid) + " is in use") != std::string::npos);
+  CHECK(tool({"verify", image.string()}).exit_code == 0);
+
+  t.stop({t.log});
+  REQUIRE(wait_gone(t.pid));
+  fs::remove(t.log.string() + ".stop");
+  const std::uint64_t stopped_at = last_tick(t.log);
+  const auto restored = tool({"restore", image.string()});
+  INFO(describe(restored));
+  REQUIRE(restored.exit_code == 0);
+  CHECK(std::stoi(restored.out) == t.pid);
+  // The ticks start again from the dump's, below where the first run stopped.
+  REQUIRE(wait_until([&] { return lines_of(t.log).back().rfind("tick ", 0) == 0; }));
+  CHECK(last_tick(t.log) <= stopped_at + 2);
+  REQUIRE(t.goes_on({t.log}));
+  CHECK(tick_problem(t.log).empty());
+  t.stop({t.log});
+}
+
+TEST_CASE("dump --process killed at each step: cuda-ckpt resume brings the process back, and no image is left",
+          "[process][fault]") {
+  require_criu();
+  const char* point = GENERATE("process:suspended", "process:checkpointed", "process:criu-dumped", "process:written");
+  INFO(point);
+  ticker_tree t;
+  const fs::path image = t.dir.path / "image";
+  const auto killed = tool({"dump", std::to_string(t.pid), "--process", "--leave-running", "-o", image.string()},
+                           {{"VMMCKPT_TEST_FAULT", point}});
+  CHECK(killed.signal == SIGKILL);
+  CHECK(nothing_named(image));
+  // Until the last step the tool left the process suspended (and from the driver's checkpoint on,
+  // checkpointed by the driver): resume undoes whatever it finds. At the last, it was running again.
+  if (std::string(point) != "process:written") {
+    // gc keeps the unfinished image while the process is suspended on its GPU part.
+    const auto kept = tool({"gc", t.dir.path.string(), "--json"});
+    INFO(describe(kept));
+    CHECK(kept.out.find("an unfinished whole-process image") != std::string::npos);
+    CHECK(kept.out.find("image.partial-") != std::string::npos);
+    const auto resumed = tool({"resume", std::to_string(t.pid)});
+    INFO(describe(resumed));
+    CHECK(resumed.exit_code == 0);
+    if (std::string(point) != "process:suspended")
+      CHECK(resumed.out.find("restored and unlocked") != std::string::npos);
+  }
+  REQUIRE(t.goes_on({t.log}));
+  CHECK(tick_problem(t.log).empty());
+  // Nothing depends on what the killed tool left: gc removes it.
+  CHECK(tool({"gc", t.dir.path.string()}).exit_code == 0);
+  for (const auto& entry : fs::directory_iterator(t.dir.path))
+    CHECK(entry.path().filename().string().find("image.partial-") == std::string::npos);
+}
+
+TEST_CASE("dump --process refused or failing leaves the process running and no image", "[process][fault]") {
+  require_criu();
+  ticker_tree t;
+  const fs::path image = t.dir.path / "image";
+  SECTION("CRIU fails") {
+    const fs::path failing = t.dir.path / "failing-criu";
+    std::ofstream(failing) << "#!/bin/sh\n"
+                              "case \"$1\" in --version) exec \"$REAL_CRIU\" --version;; esac\n"
+                              "echo 'Error (test): criu was told to fail' >&2; exit 1\n";
+    fs::permissions(failing, fs::perms::owner_all);
+    const auto r = tool({"dump", std::to_string(t.pid), "--process", "-o", image.string()},
+                        {{"VMMCKPT_CRIU", failing.string()}, {"REAL_CRIU", criu_for_tests()}});
+    CHECK(r.exit_code == 1);
+    CHECK(r.err.find("criu dump failed") != std::string::npos);
+    CHECK(r.err.find("criu was told to fail") != std::string::npos);
+    CHECK(r.err.find("the process goes on") != std::string::npos);
+  }
+  SECTION("no CRIU") {
+    const auto r = tool({"dump", std::to_string(t.pid), "--process", "-o", image.string()},
+                        {{"VMMCKPT_CRIU", "/nonexistent/criu"}});
+    CHECK(r.exit_code == 1);
+    CHECK(r.err.find("provision-criu.sh") != std::string::npos);
+  }
+  SECTION("a driver without the checkpoint API") {
+    const auto r = tool({"dump", std::to_string(t.pid), "--process", "-o", image.string()},
+                        {{"VMMCKPT_EMU_NO_CHECKPOINT_API", "1"}});
+    CHECK(r.exit_code == 1);
+    CHECK(r.err.find("does not support process checkpoints") != std::string::npos);
+  }
+  CHECK(nothing_named(image));
+  for (const auto& entry : fs::directory_iterator(t.dir.path))
+    CHECK(entry.path().filename().string().find("image.partial-") == std::string::npos);
+  REQUIRE(t.goes_on({t.log}));
+  CHECK(tick_problem(t.log).empty());
+}
+
+TEST_CASE("dump --process refuses a tree with a process that uses CUDA without the shim", "[process]") {
+  require_criu();
+  ticker_tree t({"--bare-child"});
+  REQUIRE(wait_until([&] { return last_tick(t.log.string() + ".bare") >= 1; }));
+  const fs::path image = t.dir.path / "image";
+  const auto r = tool({"dump", std::to_string(t.pid), "--process", "-o", image.string()});
+  CHECK(r.exit_code == 1);
+  CHECK(r.err.find("uses CUDA without vmmckpt") != std::string::npos);
+  CHECK(nothing_named(image));
+  REQUIRE(t.goes_on({t.log}));
+}
+
+TEST_CASE("restore DIR refuses a damaged CPU part and the wrong forms, and changes nothing", "[process]") {
+  require_criu();
+  ticker_tree t;
+  const fs::path image = t.dir.path / "image";
+  REQUIRE(tool({"dump", std::to_string(t.pid), "--process", "-o", image.string()}).exit_code == 0);
+  REQUIRE(wait_gone(t.pid));
+
+  // With a command: the whole-process form is named.
+  const auto with_command = tool({"restore", image.string(), "--", "/bin/true"});
+  CHECK(with_command.exit_code == 2);
+  CHECK(with_command.err.find("whole-process image") != std::string::npos);
+  // A GPU-only image and no command: the command form is named.
+  const auto gpu_only = tool({"restore", (image / "gpu" / std::to_string(t.pid)).string()});
+  CHECK(gpu_only.exit_code == 2);
+  CHECK(gpu_only.err.find("-- COMMAND") != std::string::npos);
+  // No CRIU: what to install.
+  const auto no_criu = tool({"restore", image.string()}, {{"VMMCKPT_CRIU", "/nonexistent/criu"}});
+  CHECK(no_criu.exit_code == 1);
+  CHECK(no_criu.err.find("provision-criu.sh") != std::string::npos);
+
+  // One byte of the CPU part's biggest file changed.
+  fs::path biggest;
+  for (const auto& entry : fs::directory_iterator(image / "criu"))
+    if (biggest.empty() || entry.file_size() > fs::file_size(biggest)) biggest = entry.path();
+  flip_byte(biggest, fs::file_size(biggest) / 2);
+  const auto verified = tool({"verify", image.string()});
+  CHECK(verified.exit_code == 1);
+  CHECK((verified.out + verified.err).find(biggest.filename().string()) != std::string::npos);
+  const auto refused = tool({"restore", image.string()});
+  CHECK(refused.exit_code == 1);
+  CHECK(refused.err.find("the CPU part is damaged") != std::string::npos);
+  CHECK(::kill(t.pid, 0) != 0);  // nothing was started
+  flip_byte(biggest, fs::file_size(biggest) / 2);  // repaired: the image was not changed otherwise
+  CHECK(tool({"verify", image.string()}).exit_code == 0);
+}
+
+}  // namespace vmmckpt::test
+
+namespace vmmckpt::test {
+
+TEST_CASE("the Slurm recipe: the warning signal dumps the job whole, the next allocation restores it",
+          "[process][slurm]") {
+  require_criu();
+  scratch_dir dir;
+  const fs::path log = dir.path / "log", images = dir.path / "ckpt";
+  const std::string script = std::string(VMMCKPT_SOURCE_DIR) + "/scripts/slurm-preempt.sh";
+  const std::map<std::string, std::string> env{{"CUDA_CKPT", cuda_ckpt}, {"SLURM_JOB_ID", ""}};
+  const std::string job = "exec " + script + " --image-dir " + images.string() + " -- " + ticker + " " + log.string() +
+                          " 2>&1";
+
+  // First allocation: the job starts; Slurm's warning (here sent by hand) checkpoints it.
+  pid_t program = 0;
+  {
+    background_process first({"/bin/sh", "-c", job}, env);
+    REQUIRE(first.wait_for_output("started process "));
+    REQUIRE(wait_until([&] { return last_tick(log) >= 3; }));
+    const auto& out = first.output();
+    program = std::stoi(out.substr(out.find("started process ") + 16));
+    ::kill(first.pid(), SIGUSR1);
+    CHECK(first.wait_for_output("not in a Slurm job: run this script again to restore it"));
+    CHECK(first.wait() == 0);
+  }
+  REQUIRE(wait_gone(program));
+  CHECK(fs::exists(images / "image" / "process.json"));
+  const std::uint64_t at_checkpoint = last_tick(log);
+
+  // Next allocation: the same job script restores it; it goes on and ends by itself.
+  background_process second({"/bin/sh", "-c", job}, env);
+  REQUIRE(second.wait_for_output("restored process " + std::to_string(program)));
+  REQUIRE(wait_until([&] { return last_tick(log) >= at_checkpoint + 5; }));
+  std::ofstream(log.string() + ".stop").put('\n');
+  // The restored program ends as this test's child (its subreaper): reaped while the script waits.
+  REQUIRE(wait_gone(program));
+  CHECK(second.wait_for_output("the job is done"));
+  CHECK(second.wait() == 0);
+  CHECK(tick_problem(log).empty());
+  CHECK_FALSE(fs::exists(images / "image"));  // the job is done: its image goes
+}
+
+}  // namespace vmmckpt::test

@@ -1,0 +1,150 @@
+// `cuda-ckpt dump --process` and `cuda-ckpt restore DIR`: the whole process, CPU side through CRIU.
+#include <cstdio>
+#include <ctime>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "commands.hpp"
+#include "exit_codes.hpp"
+#include "interrupts.hpp"
+#include "output.hpp"
+#include "vmmckpt/ckpt/process_checkpoint.hpp"
+
+namespace vmmckpt::tools {
+namespace {
+
+nlohmann::json phases_json(const ckpt::process_phases& phases) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [step, at] : phases) out[step] = at;
+  return out;
+}
+
+nlohmann::json pids_json(const ckpt::process_image& d) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& m : d.processes) out.push_back(m.pid);
+  return out;
+}
+
+}  // namespace
+
+int dump_process_command(const dump_command_options& o) {
+  ckpt::process_dump_options options;
+  options.pid = o.pid;
+  options.output = o.output;
+  if (o.output.empty()) {
+    char stamp[32];
+    const std::time_t t = std::time(nullptr);
+    std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&t));
+    options.output = "vmmckpt-process-" + std::to_string(o.pid) + "-" + stamp;
+  }
+  options.leave_running = o.leave_running;
+  options.criu_args = o.criu_args;
+  options.hold_deadline_ms = o.deadline_s * 1000;
+  if (o.writers > 0) options.copy.writers = o.writers;
+  options.copy.interrupt = &catch_interrupts();
+  progress_line line("dump", !o.json);
+  const auto r = ckpt::dump_process(options, line.callback());
+  line.finish();
+  const auto& d = r.description;
+  if (o.json) {
+    std::cout << nlohmann::json{{"image", r.image.string()},          {"pid", o.pid},
+                                {"processes", pids_json(d)},          {"gpu_bytes", d.gpu_bytes},
+                                {"left_running", d.left_running},     {"stopped_seconds", d.stopped_seconds},
+                                {"seconds", r.seconds},               {"criu_version", d.criu_version},
+                                {"phases", phases_json(r.phases)}}
+                     .dump(2)
+              << "\n";
+  } else {
+    std::printf("dumped process %d whole (%zu under vmmckpt, %s of GPU memory; CRIU %s) to %s in %.3f s\n",
+                static_cast<int>(o.pid), d.processes.size(), human_bytes(d.gpu_bytes).c_str(), d.criu_version.c_str(),
+                r.image.c_str(), r.seconds);
+    std::printf("  the process was stopped for %.3f s; %s\n", d.stopped_seconds,
+                d.left_running ? "it goes on" : "it has ended, as with criu dump");
+    std::printf("  restore it with: cuda-ckpt restore %s\n", r.image.c_str());
+  }
+  return exit_ok;
+}
+
+int inspect_process_command(const std::string& image, bool json) {
+  const auto d = ckpt::read_process_image(image);
+  if (json) {
+    nlohmann::json out{{"image", image},          {"whole_process", true},          {"root_pid", d.root_pid},
+                       {"created", d.created},    {"host", d.host},                 {"tool_version", d.tool_version},
+                       {"criu_version", d.criu_version}, {"gpu_bytes", d.gpu_bytes}, {"left_running", d.left_running},
+                       {"stopped_seconds", d.stopped_seconds}};
+    out["processes"] = nlohmann::json::array();
+    for (const auto& m : d.processes)
+      out["processes"].push_back({{"pid", m.pid}, {"parent", m.parent}, {"command", m.command},
+                                  {"gpu_image", d.gpu_image(image, m.pid).string()},
+                                  {"driver_checkpointed", m.driver_checkpointed}});
+    std::uint64_t cpu_bytes = 0;
+    for (const auto& f : d.criu_files) cpu_bytes += f.bytes;
+    out["cpu_bytes"] = cpu_bytes;
+    std::cout << out.dump(2) << "\n";
+    return exit_ok;
+  }
+  std::uint64_t cpu_bytes = 0;
+  for (const auto& f : d.criu_files) cpu_bytes += f.bytes;
+  std::printf("image     %s: a whole-process image (written by vmmckpt %s, CRIU %s)\n", image.c_str(),
+              d.tool_version.c_str(), d.criu_version.c_str());
+  std::printf("created   %s on %s; the process was stopped %.3f s%s\n", d.created.c_str(), d.host.c_str(),
+              d.stopped_seconds, d.left_running ? " and went on" : " and ended");
+  std::printf("cpu part  %s in %zu CRIU files (%s/)\n", human_bytes(cpu_bytes).c_str(), d.criu_files.size(),
+              ckpt::criu_dir_name);
+  std::printf("gpu part  %s in %zu process(es); restore with: cuda-ckpt restore %s\n", human_bytes(d.gpu_bytes).c_str(),
+              d.processes.size(), image.c_str());
+  for (const auto& m : d.processes) {
+    std::string command;
+    for (const auto& arg : m.command) command += (command.empty() ? "" : " ") + arg;
+    std::printf("  process %d (parent %d): %s; GPU part %s%s\n", static_cast<int>(m.pid), static_cast<int>(m.parent),
+                command.c_str(), d.gpu_image(image, m.pid).c_str(),
+                m.driver_checkpointed ? ", context checkpointed by the driver" : "");
+  }
+  return exit_ok;
+}
+
+int verify_process_command(const std::string& image, bool json) {
+  try {
+    const auto d = ckpt::read_process_image(image);
+    ckpt::verify_process_image(image, d, true);
+    if (json)
+      std::cout << nlohmann::json{{"image", image}, {"ok", true}, {"whole_process", true}}.dump(2) << "\n";
+    else
+      std::printf("%s: good (a whole-process image: %zu CRIU files and %zu GPU part(s), %s, every checksum matches)\n",
+                  image.c_str(), d.criu_files.size(), d.processes.size(), human_bytes(d.gpu_bytes).c_str());
+    return exit_ok;
+  } catch (const image::image_error& e) {
+    if (json)
+      std::cout << nlohmann::json{{"image", image}, {"ok", false}, {"defect", e.what()}}.dump(2) << "\n";
+    else
+      std::fprintf(stderr, "%s: BAD: %s\n", image.c_str(), e.what());
+    return exit_failure;
+  }
+}
+
+int restore_process_command(const std::string& image, bool json, bool verify_data,
+                            const std::vector<std::string>& criu_args) {
+  ckpt::process_restore_options options;
+  options.image = image;
+  options.verify_data = verify_data;
+  options.criu_args = criu_args;
+  progress_line line("restore", !json);
+  const auto r = ckpt::restore_process(options, line.callback());
+  line.finish();
+  if (json) {
+    std::cout << nlohmann::json{{"pid", r.pid},
+                                {"processes", pids_json(r.description)},
+                                {"gpu_bytes", r.description.gpu_bytes},
+                                {"seconds", r.seconds},
+                                {"phases", phases_json(r.phases)}}
+                     .dump(2)
+              << "\n";
+  } else {
+    std::printf("%d\n", static_cast<int>(r.pid));
+    std::fprintf(stderr, "restored process %d from %s in %.3f s (%s of GPU memory); it runs detached\n",
+                 static_cast<int>(r.pid), image.c_str(), r.seconds, human_bytes(r.description.gpu_bytes).c_str());
+  }
+  return exit_ok;
+}
+
+}  // namespace vmmckpt::tools
