@@ -89,7 +89,7 @@ std::vector<chunk> plan_chunks(image::manifest& m, std::uint64_t chunk_bytes, st
         const std::uint64_t n = std::min(a.size - done, chunk_bytes - c->bytes);
         c->spans.push_back({p, pool.extents.size(), addr, n, c->bytes, n, c->pieces.size(), 1});
         c->pieces.push_back({addr, n, c->bytes});
-        pool.extents.push_back({addr, n, n, 0, 0, 0});
+        pool.extents.push_back({addr, n, n, 0, 0, 0, {}});
         pool_has_span = true;
         c->bytes += n;
         done += n;
@@ -112,6 +112,29 @@ const unsigned char* pack(unsigned char* buffer, const chunk& c, const span& sp)
     at += pc.size;
   }
   return buffer + sp.offset;
+}
+
+// An extent of an incremental image, block by block: a block whose checksum equals the parent's
+// block at the same place is left to the parent, the others are written. Returns the bytes left out.
+// `given`: the blocks' checksums computed on the GPU, or null (the CPU computes them here).
+std::uint64_t write_changed_blocks(image::writer& writer, std::uint32_t file, const unsigned char* bytes,
+                                   std::uint64_t stored, const image::extent* old, const std::uint64_t* given) {
+  std::vector<std::uint64_t> computed;
+  if (given == nullptr) computed = block_checksums(bytes, stored);
+  const std::uint64_t* sums = given != nullptr ? given : computed.data();
+  const std::size_t count = image::block_count(stored, image::write_block_size);
+  std::uint64_t unchanged = 0;
+  for (std::size_t k = 0; k < count; ++k) {
+    const std::uint64_t at = k * image::write_block_size;
+    const std::size_t n = static_cast<std::size_t>(std::min(image::write_block_size, stored - at));
+    if (old != nullptr && sums[k] == old->blocks[k].checksum) {
+      writer.inherit_block(file, n, sums[k]);
+      unchanged += n;
+    } else {
+      writer.write_block(file, bytes + at, n, sums[k]);
+    }
+  }
+  return unchanged;
 }
 
 }  // namespace
@@ -221,6 +244,7 @@ copy_pipeline::~copy_pipeline() {
 
 void copy_pipeline::prepare(const std::filesystem::path& output, CUcontext context, bool snapshot_allowed) {
   context_ = context;
+  if (!settings_.parent.empty()) parent_.emplace(settings_.parent);
   // One data file per writer thread, fewer for a small image.
   const std::uint64_t chunks_estimate =
       std::max<std::uint64_t>(1, (live_estimate_ + settings_.chunk_bytes - 1) / settings_.chunk_bytes);
@@ -240,6 +264,9 @@ void copy_pipeline::prepare(const std::filesystem::path& output, CUcontext conte
   // room for part of them, the last chunks go there and the first straight out of the GPU.
   snapshot_ = std::make_unique<gpu_snapshot>();
   if (snapshot_allowed) snapshot_->try_allocate(live_estimate_ + live_estimate_ / 8 + (64ULL << 20), settings_.chunk_bytes);
+  // The checksums are computed on the snapshot, after the program is released: loading the kernel here
+  // keeps its cost (a JIT compile of the PTX) out of the hold.
+  if (snapshot_->ptr != 0 && settings_.gpu_checksums) gpu_sums_ = std::make_unique<gpu_checksums>();
 }
 
 void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint64_t, std::uint64_t)>& readable,
@@ -252,10 +279,16 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
   // thread (one data file each) takes the next copied chunk and appends it, so PCIe and storage
   // overlap and the file system takes several files at once (it serializes writes to one file).
   const auto chunks = plan_chunks(m, settings_.chunk_bytes, writer.files(), readable);
+  if (parent_) m.parent = parent_->ref();
   result.mark("planned");
   std::uint64_t total = 0;  // the image's bytes (without the gaps copied along)
   for (const auto& c : chunks)
     for (const span& sp : c.spans) total += sp.stored;
+
+  // Block checksums computed on the GPU, by chunk and span (null: the writer hashes that span), set
+  // before the first chunk is handed to a writer.
+  std::vector<std::uint64_t> device_sum_values;
+  std::vector<std::vector<const std::uint64_t*>> device_sums;
 
   std::mutex mutex;
   std::condition_variable changed;
@@ -279,15 +312,18 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
 
   auto write_file = [&](std::uint32_t file) {
     double waiting = 0;
-    struct add_on_exit {  // this thread's waits, summed into the result however it leaves
+    std::uint64_t unchanged = 0;
+    struct add_on_exit {  // this thread's waits and unchanged bytes, summed into the result however it leaves
       double& waiting;
+      std::uint64_t& unchanged;
       std::mutex& mu;
       image_result& result;
       ~add_on_exit() {
         std::lock_guard lock(mu);
         result.threads.waiting += waiting;
+        result.unchanged_bytes += unchanged;
       }
-    } add_waiting{waiting, mutex, result};
+    } add_waiting{waiting, unchanged, mutex, result};
     try {
       VMMCKPT_CUDA_TRY(d.cuCtxSetCurrent(context_));
       // Each writer takes the next copied chunk, whichever it is, and appends it to its own file: a
@@ -306,9 +342,16 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
         VMMCKPT_CUDA_TRY(d.cuEventSynchronize(st.events[b]));
         waiting += std::chrono::duration<double>(clock::now() - wait_start).count();
         std::uint64_t chunk_total = 0;
-        for (const span& sp : chunks[c].spans) {
+        for (std::size_t s = 0; s < chunks[c].spans.size(); ++s) {
+          const span& sp = chunks[c].spans[s];
           writer.begin_extent(file, sp.addr, sp.size, sp.stored);
-          writer.write(file, pack(st.buffers[b], chunks[c], sp), sp.stored);
+          const unsigned char* bytes = pack(st.buffers[b], chunks[c], sp);
+          const image::extent* old = parent_ ? parent_->same_extent(sp.addr, sp.size, sp.stored) : nullptr;
+          const std::uint64_t* given = device_sums.empty() ? nullptr : device_sums[c][s];
+          if (old != nullptr || given != nullptr)
+            unchanged += write_changed_blocks(writer, file, bytes, sp.stored, old, given);
+          else
+            writer.write(file, bytes, sp.stored);
           m.pools[sp.pool].extents[sp.extent] = writer.end_extent(file);
           chunk_total += sp.stored;
         }
@@ -388,6 +431,31 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
     }
     if (first_in_snapshot == 0) release_when_copied();
   }
+  // On the GPU: the snapshot's spans of one piece (one allocation's bytes, contiguous there), hashed
+  // once the program is released, so the hold does not grow. The rest is hashed by the writers.
+  if (!gpu_sums_ || !gpu_sums_->available()) {
+    result.checksums_why = gpu_sums_                  ? gpu_sums_->why()
+                           : !settings_.gpu_checksums ? "not asked for (--gpu-checksums)"
+                                                      : "no GPU snapshot (--no-gpu-snapshot, several devices, or no room)";
+  } else if (first_in_snapshot != 0) {
+    result.checksums_why = "the GPU snapshot held only part of the bytes";
+  } else {
+    const auto start = clock::now();
+    std::vector<device_span> spans;
+    for (std::size_t c = 0; c < chunks.size(); ++c)
+      for (const span& sp : chunks[c].spans)
+        if (sp.piece_count == 1) spans.push_back({snapshot_at[c] + sp.offset, sp.stored});
+    device_sum_values = gpu_sums_->compute(spans, st.streams[0]);
+    device_sums.resize(chunks.size());
+    std::size_t at = 0;
+    for (std::size_t c = 0; c < chunks.size(); ++c)
+      for (const span& sp : chunks[c].spans) {
+        device_sums[c].push_back(sp.piece_count == 1 ? device_sum_values.data() + at : nullptr);
+        if (sp.piece_count == 1) at += image::block_count(sp.stored, image::write_block_size);
+      }
+    result.checksums = "gpu";
+    result.checksum_seconds = std::chrono::duration<double>(clock::now() - start).count();
+  }
   std::uint64_t issued_bytes = 0;  // of the chunks copied straight out of the program's memory
   for (std::size_t c = 0; c < chunks.size(); ++c) {
     if (c == first_in_snapshot && c > 0) release_when_copied();
@@ -404,7 +472,33 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
       chunk_buffer[c] = b;
     }
     CUstream s = st.streams[c % st.streams.size()];
-    if (snapshot_at[c] != 0) {
+    if (snapshot_at[c] != 0 && !device_sums.empty() && parent_) {
+      // Checksums known before the copy: a block the parent holds unchanged stays on the GPU.
+      for (std::size_t k = 0; k < chunks[c].spans.size(); ++k) {
+        const span& sp = chunks[c].spans[k];
+        const std::uint64_t* sums = device_sums[c][k];
+        const image::extent* old = sums ? parent_->same_extent(sp.addr, sp.size, sp.stored) : nullptr;
+        const std::uint64_t blocks = old ? image::block_count(sp.stored, image::write_block_size) : 0;
+        if (old == nullptr) {
+          VMMCKPT_CUDA_TRY(d.cuMemcpyDtoHAsync_v2(st.buffers[b] + sp.offset, snapshot_at[c] + sp.offset, sp.size, s));
+          continue;
+        }
+        for (std::uint64_t i = 0; i < blocks;) {  // runs of changed blocks, one copy each
+          if (sums[i] == old->blocks[i].checksum) {
+            result.uncopied_bytes += std::min(image::write_block_size, sp.stored - i * image::write_block_size);
+            ++i;
+            continue;
+          }
+          std::uint64_t j = i + 1;
+          while (j < blocks && sums[j] != old->blocks[j].checksum) ++j;
+          const std::uint64_t from = i * image::write_block_size;
+          const std::uint64_t to = std::min(j * image::write_block_size, sp.stored);
+          VMMCKPT_CUDA_TRY(d.cuMemcpyDtoHAsync_v2(st.buffers[b] + sp.offset + from, snapshot_at[c] + sp.offset + from,
+                                                  to - from, s));
+          i = j;
+        }
+      }
+    } else if (snapshot_at[c] != 0) {
       VMMCKPT_CUDA_TRY(d.cuMemcpyDtoHAsync_v2(st.buffers[b], snapshot_at[c], chunks[c].bytes, s));
     } else {
       for (const span& sp : chunks[c].spans)
@@ -444,7 +538,7 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
     result.threads.writing += writer.times(f).writing;
   }
   report(copy_progress::stage::writing, total);
-  m.data_bytes = total;
+  m.data_bytes = total - result.unchanged_bytes;  // what the data files hold
   result.mark("written");
 }
 

@@ -13,6 +13,8 @@
 #include "vmmckpt/ckpt/dump.hpp"
 #include "vmmckpt/host_pages.hpp"
 #include "vmmckpt/image.hpp"
+#include "gpu_checksums.hpp"
+#include "parent_blocks.hpp"
 
 namespace vmmckpt::ckpt {
 
@@ -26,7 +28,8 @@ class copy_pipeline {
   copy_pipeline& operator=(const copy_pipeline&) = delete;
 
   // Everything that can be made before the program is held, in `context` (current on this thread):
-  // the image's data files under a temporary name (an unusable destination fails here), the pinned
+  // the image's data files under a temporary name (an unusable destination fails here), the parent
+  // image of an incremental one (opened and checked: a missing or broken parent fails here), the pinned
   // staging, the copy streams, and with `snapshot_allowed` spare GPU memory for a copy of the live bytes.
   void prepare(const std::filesystem::path& output, CUcontext context, bool snapshot_allowed);
 
@@ -56,6 +59,8 @@ class copy_pipeline {
   CUcontext context_ = nullptr;
   std::optional<image::writer> writer_;
   std::unique_ptr<gpu_snapshot> snapshot_;
+  std::optional<parent_blocks> parent_;
+  std::unique_ptr<gpu_checksums> gpu_sums_;  // loaded where there is a snapshot to hash
 };
 
 }  // namespace vmmckpt::ckpt

@@ -44,6 +44,13 @@ inline constexpr std::size_t tables_header_size = 64;
 inline constexpr std::array<char, 12> tables_magic = {'V', 'M', 'M', 'C', 'K', 'P', 'T', 'T', 'A', 'B', 'L', 'E'};
 // u64 addr, u64 size, u64 stored, u64 offset, u64 checksum, u32 file, u32 zero
 inline constexpr std::size_t extent_record_size = 48;
+// Format 5: after each pool's extent records, the blocks of its extents in order: u64 checksum, u32
+// where (0: this image's data file, 1: the parent), u32 zero. The header's bytes 40..47 count them.
+inline constexpr std::size_t block_record_size = 16;
+// The block sizes a format 5 manifest may give: a block is at least a page, and at most what a
+// reader buffers at once.
+inline constexpr std::uint64_t min_block_size = 4096;
+inline constexpr std::uint64_t max_block_size = 1ULL << 30;
 
 // The tables of m's pools, as tables.bin holds them.
 std::string encode_tables(const manifest& m);

@@ -17,6 +17,7 @@
 
 #include "image_detail.hpp"
 #include "vmmckpt/image.hpp"
+#include "vmmckpt/image_chain.hpp"
 
 namespace vmmckpt::image {
 namespace {
@@ -84,10 +85,17 @@ struct reader::impl {
   struct located {
     std::uint32_t file;
     std::uint64_t offset;
+    std::uint64_t addr;  // format 5: extents wholly in the parent share their file offset with the next
     std::size_t pool, index;
-    bool operator<(const located& o) const { return file != o.file ? file < o.file : offset < o.offset; }
+    bool operator<(const located& o) const {
+      return file != o.file ? file < o.file : offset != o.offset ? offset < o.offset : addr < o.addr;
+    }
   };
-  std::vector<located> by_place;  // every extent, sorted by (file, offset)
+  std::vector<located> by_place;  // every extent, sorted by (file, offset, addr)
+  // Format 5, an image with a parent: the parent, opened with its own parents, and for each extent
+  // with blocks in the parent the parent's extent of the same address, size and stored bytes.
+  std::unique_ptr<reader> parent;
+  std::vector<std::vector<const extent*>> parent_extent;  // [pool][extent], null where none is needed
 
   ~impl() {
     for (int fd : data_fds)
@@ -95,9 +103,9 @@ struct reader::impl {
   }
 
   const located& locate(const extent& e) const {
-    const located key{e.file, e.offset, 0, 0};
+    const located key{e.file, e.offset, e.addr, 0, 0};
     auto it = std::lower_bound(by_place.begin(), by_place.end(), key);
-    if (it != by_place.end() && it->file == e.file && it->offset == e.offset) {
+    if (it != by_place.end() && it->file == e.file && it->offset == e.offset && it->addr == e.addr) {
       const extent& mine = info.pools[it->pool].extents[it->index];
       if (mine.addr == e.addr && mine.size == e.size && mine.stored == e.stored && mine.checksum == e.checksum) return *it;
     }
@@ -112,10 +120,157 @@ struct reader::impl {
            ": checksum mismatch (manifest " + hex16(e.checksum) + ", data " + hex16(got) + ")");
   }
 
+  // `size` stored bytes of an extent from `offset`, unchecked: from this image's data file, and for
+  // format 5 blocks in the parent, from the parent (which may take them from its own).
+  void read_stored(const located& l, std::uint64_t offset, std::uint64_t size, unsigned char* dst) const {
+    const extent& e = info.pools[l.pool].extents[l.index];
+    const extent* from_parent = parent_extent.empty() ? nullptr : parent_extent[l.pool][l.index];
+    if (from_parent == nullptr) {  // every block is here, back to back
+      pread_all(data_fds[e.file], dst, size, detail::data_header_size + e.offset + offset, data_paths[e.file]);
+      return;
+    }
+    const std::uint64_t bs = info.block_size;
+    std::uint64_t b = offset / bs;
+    std::uint64_t here_before = 0;  // bytes of blocks before b in this image's file (all whole blocks)
+    for (std::uint64_t k = 0; k < b; ++k)
+      if (!e.blocks[k].in_parent) here_before += bs;
+    while (size > 0) {
+      // A run of blocks from the same place: one read.
+      const bool in_parent = e.blocks[b].in_parent;
+      std::uint64_t run_end = b + 1;
+      while (run_end < e.blocks.size() && e.blocks[run_end].in_parent == in_parent) ++run_end;
+      const std::uint64_t n = std::min(size, std::min(run_end * bs, e.stored) - offset);
+      if (in_parent)
+        parent->read_part(*from_parent, offset, n, dst);
+      else
+        pread_all(data_fds[e.file], dst, n, detail::data_header_size + e.offset + here_before + (offset - b * bs),
+                  data_paths[e.file]);
+      if (!in_parent) here_before += std::min(run_end * bs, e.stored) - b * bs;
+      dst += n;
+      offset += n;
+      size -= n;
+      b = run_end;
+    }
+  }
+
+  // Format 5: reads an extent piece by piece, wherever its blocks are, and checks every block's
+  // checksum (their combination is the extent's: validate() checked it). With `advance` the pieces
+  // fill dst one after another; without, they alternate between the two piece-sized halves of dst.
+  void read_blocks_checked(const located& l, unsigned char* dst, bool advance) const {
+    const extent& e = info.pools[l.pool].extents[l.index];
+    const std::uint64_t bs = info.block_size;
+    XXH3_state_t state;
+    XXH3_64bits_reset(&state);
+    std::uint64_t in_block = 0;
+    std::size_t b = 0;
+    std::uint64_t at = 0;
+    for (std::size_t k = 0; at < e.stored; ++k) {
+      const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(read_piece, e.stored - at));
+      unsigned char* p = advance ? dst + at : dst + (k % 2) * read_piece;
+      read_stored(l, at, n, p);
+      for (std::size_t done = 0; done < n;) {
+        const std::uint64_t this_block = std::min(bs, e.stored - b * bs);
+        const std::size_t m = static_cast<std::size_t>(std::min<std::uint64_t>(n - done, this_block - in_block));
+        detail::checksum_update(&state, p + done, m);
+        done += m;
+        in_block += m;
+        if (in_block == this_block) {
+          const std::uint64_t got = XXH3_64bits_digest(&state);
+          if (got != e.blocks[b].checksum)
+            fail((e.blocks[b].in_parent ? parent->impl_->dir.string() + " (the parent of " + dir.string() + ")"
+                                        : data_paths[e.file]) +
+                 ": " + detail::extent_name(l.pool, l.index) + " at " + hex(e.addr) + ": checksum mismatch in blocks[" +
+                 std::to_string(b) + "] (stored bytes from " + std::to_string(b * bs) + "; manifest " +
+                 hex16(e.blocks[b].checksum) + ", data " + hex16(got) + ")");
+          XXH3_64bits_reset(&state);
+          in_block = 0;
+          ++b;
+        }
+      }
+      at += n;
+    }
+  }
+
+  // Opens the parent this image names, where it can be found, with its own parents, and checks that
+  // it is the very image this one was written against and holds every block taken from it.
+  void open_parent(std::vector<std::string>& children) {
+    const parent_ref& ref = *info.parent;
+    const std::string me = dir.string();
+    const std::string wanted = "its parent " + ref.path + " (image " + ref.image_id + ")";
+    children.push_back(me + " (image " + info.image_id + ")");
+    if (children.size() >= max_chain_length)
+      fail(me + ": the chain of parents is longer than " + std::to_string(max_chain_length) + " images: " +
+           "merge it (cuda-ckpt merge) into a full image");
+    for (std::size_t k = 0; k + 1 < children.size(); ++k)
+      if (children[k].find("(image " + ref.image_id + ")") != std::string::npos)
+        fail(me + ": " + wanted + " is also its own descendant " + children[k] + ": a cycle of parents");
+    std::string looked;
+    for (const auto& candidate : parent_candidates(dir, ref)) {
+      std::error_code ec;
+      if (!std::filesystem::exists(candidate / std::string(detail::manifest_name), ec)) {
+        looked += (looked.empty() ? "" : ", ") + candidate.string();
+        continue;
+      }
+      std::unique_ptr<reader> found;
+      try {
+        found = std::make_unique<reader>(open_link(candidate, children));
+      } catch (const image_error& e) {
+        fail(me + ": " + wanted + " is broken, found at " + candidate.string() + ": " + e.what());
+      }
+      const manifest& pm = found->info();
+      if (pm.image_id != ref.image_id)
+        fail(me + ": " + wanted + " has changed: " + candidate.string() + " is image " + pm.image_id +
+             " (another image under that name)");
+      if (found->manifest_checksum() != ref.manifest_checksum)
+        fail(me + ": " + wanted + " has changed: " + candidate.string() + "/manifest.json hashes to " +
+             hex16(found->manifest_checksum()) + ", the child recorded " + hex16(ref.manifest_checksum));
+      if (pm.format < 5 || pm.block_size != info.block_size)
+        fail(me + ": " + wanted + " at " + candidate.string() + " has " +
+             (pm.format < 5 ? "no block checksums (format " + std::to_string(pm.format) + ")"
+                            : "blocks of " + std::to_string(pm.block_size) + " bytes, the child " +
+                                  std::to_string(info.block_size)));
+      parent = std::move(found);
+      link_parent_extents(candidate.string());
+      children.pop_back();
+      return;
+    }
+    fail(me + ": " + wanted + " is missing: no image at " + looked +
+         " (put it back there, or next to this image; `cuda-ckpt merge` makes a chain into a full image)");
+  }
+
+  // Every extent with blocks in the parent has the parent's extent of the same address, size and
+  // stored bytes, whose blocks there are the same.
+  void link_parent_extents(const std::string& where) {
+    const manifest& pm = parent->info();
+    parent_extent.resize(info.pools.size());
+    for (std::size_t p = 0; p < info.pools.size(); ++p) {
+      parent_extent[p].assign(info.pools[p].extents.size(), nullptr);
+      for (std::size_t k = 0; k < info.pools[p].extents.size(); ++k) {
+        const extent& e = info.pools[p].extents[k];
+        if (std::none_of(e.blocks.begin(), e.blocks.end(), [](const block& b) { return b.in_parent; })) continue;
+        const extent* match = nullptr;
+        for (const pool& pp : pm.pools) {
+          auto it = std::lower_bound(pp.extents.begin(), pp.extents.end(), e.addr,
+                                     [](const extent& x, std::uint64_t at) { return x.addr < at; });
+          if (it != pp.extents.end() && it->addr == e.addr) match = &*it;
+        }
+        if (match == nullptr || match->size != e.size || match->stored != e.stored)
+          fail(dir.string() + ": " + detail::extent_name(p, k) + " at " + hex(e.addr) +
+               " takes blocks from its parent " + where + ", which has no extent of the same range and size");
+        for (std::size_t b = 0; b < e.blocks.size(); ++b)
+          if (e.blocks[b].in_parent && match->blocks[b].checksum != e.blocks[b].checksum)
+            fail(dir.string() + ": " + detail::extent_name(p, k) + ".blocks[" + std::to_string(b) + "] at " +
+                 hex(e.addr) + " is in its parent " + where + ", whose block there has another checksum");
+        parent_extent[p][k] = match;
+      }
+    }
+  }
+
   // Reads an extent piece by piece and checks its checksum. With `advance` the pieces fill
   // dst one after another; without, they alternate between the two piece-sized halves of dst.
   void read_checked(const located& l, unsigned char* dst, bool advance, detail::background_hasher* hasher) const {
     const extent& e = info.pools[l.pool].extents[l.index];
+    if (info.format >= 5) return read_blocks_checked(l, dst, advance);
     XXH3_state_t state;
     XXH3_64bits_reset(&state);
     std::unique_ptr<detail::background_hasher> own;
@@ -147,6 +302,11 @@ struct reader::impl {
 };
 
 reader reader::open(const std::filesystem::path& dir) {
+  std::vector<std::string> children;
+  return open_link(dir, children);
+}
+
+reader reader::open_link(const std::filesystem::path& dir, std::vector<std::string>& children) {
   auto r = std::make_unique<impl>();
   r->dir = dir;
   const std::string manifest_path = (dir / detail::manifest_name).string();
@@ -206,7 +366,7 @@ reader reader::open(const std::filesystem::path& dir) {
   // Each data file: header first, then its exact size.
   std::vector<std::uint64_t> payloads(r->info.data_files, 0);
   for (const pool& p : r->info.pools)
-    for (const extent& e : p.extents) payloads[e.file] += e.stored;  // validate() keeps these from overflowing
+    for (const extent& e : p.extents) payloads[e.file] += r->info.format >= 5 ? bytes_here(e, r->info.block_size) : e.stored;  // validate() keeps these from overflowing
   for (std::uint32_t k = 0; k < r->info.data_files; ++k) {
     const std::string file_name = detail::data_file_name(k);
     r->data_paths.push_back((dir / file_name).string());
@@ -235,9 +395,10 @@ reader reader::open(const std::filesystem::path& dir) {
   for (std::size_t p = 0; p < r->info.pools.size(); ++p)
     for (std::size_t k = 0; k < r->info.pools[p].extents.size(); ++k) {
       const extent& e = r->info.pools[p].extents[k];
-      r->by_place.push_back({e.file, e.offset, p, k});
+      r->by_place.push_back({e.file, e.offset, e.addr, p, k});
     }
   std::sort(r->by_place.begin(), r->by_place.end());
+  if (r->info.parent) r->open_parent(children);
   return reader(std::move(r));
 }
 
@@ -256,9 +417,12 @@ void reader::read_part(const extent& e, std::uint64_t offset, std::uint64_t size
   const extent& known = impl_->info.pools[l.pool].extents[l.index];
   if (offset > known.stored || size > known.stored - offset)
     fail(impl_->data_paths[known.file] + ": read past the end of the extent at " + hex(known.addr));
-  pread_all(impl_->data_fds[known.file], dst, size, detail::data_header_size + known.offset + offset,
-            impl_->data_paths[known.file]);
+  impl_->read_stored(l, offset, size, static_cast<unsigned char*>(dst));
 }
+
+std::uint64_t reader::manifest_checksum() const { return impl_->manifest_checksum; }
+const reader* reader::parent() const { return impl_->parent.get(); }
+const std::filesystem::path& reader::dir() const { return impl_->dir; }
 
 void reader::read_range(std::uint64_t addr, std::uint64_t size,
                         const std::function<void(const unsigned char*, std::size_t)>& out) const {
@@ -300,6 +464,7 @@ void reader::read_range(std::uint64_t addr, std::uint64_t size,
 void reader::check_extent(const extent& e, std::uint64_t computed) const { impl_->check(impl_->locate(e), computed); }
 
 void reader::verify_manifest() const {
+  if (impl_->parent) impl_->parent->verify_manifest();
   for (std::size_t k = 0; k < impl_->recorded_manifest_checksums.size(); ++k)
     if (impl_->manifest_checksum != impl_->recorded_manifest_checksums[k])
       fail((impl_->dir / std::string(detail::manifest_name)).string() + ": checksum mismatch (" +
@@ -359,13 +524,5 @@ void reader::verify_data(unsigned threads) const {
   for (auto& t : pool) t.join();
   if (error) std::rethrow_exception(error);
 }
-
-struct streaming_checksum::state {
-  XXH3_state_t s;
-};
-streaming_checksum::streaming_checksum() : state_(std::make_unique<state>()) { XXH3_64bits_reset(&state_->s); }
-streaming_checksum::~streaming_checksum() = default;
-void streaming_checksum::update(const void* data, std::size_t size) { detail::checksum_update(&state_->s, data, size); }
-std::uint64_t streaming_checksum::value() const { return XXH3_64bits_digest(&state_->s); }
 
 }  // namespace vmmckpt::image

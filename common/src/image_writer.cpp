@@ -99,10 +99,21 @@ struct data_file {
   std::uint64_t payload = 0;  // bytes of extents accepted so far (written or buffered)
   bool in_extent = false;
   extent current;
-  std::uint64_t current_written = 0;
-  XXH3_state_t hash;
+  std::uint64_t current_written = 0;  // stored bytes of the current extent accepted (written or inherited)
+  XXH3_state_t hash;                  // of the current block's bytes so far
+  std::uint64_t in_block = 0;         // bytes of the current block hashed so far
   std::vector<extent> written;
   writer::file_times times;
+
+  // A whole block of the current extent comes next, at a block boundary.
+  void check_block(const char* op, std::size_t size) const {
+    if (!in_extent) fail(std::string(op) + ": no extent was begun");
+    if (in_block != 0) fail(std::string(op) + ": the extent at " + hex(current.addr) + " is inside a block");
+    const std::uint64_t left = current.stored - current_written;
+    if (size != std::min(left, write_block_size) || size == 0)
+      fail(std::string(op) + ": " + std::to_string(size) + " bytes are not the next block of the extent at " +
+           hex(current.addr) + " (" + std::to_string(left) + " bytes left)");
+  }
 
   void flush() {
     if (buffered == 0) return;
@@ -118,16 +129,34 @@ struct data_file {
     seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
-  // Hashes and stores bytes of the current extent: big pieces straight from the caller's memory,
-  // small ones gathered so that each write() moves a useful amount.
-  void append(const unsigned char* p, std::size_t size) {
+  // Feeds the current extent's block checksums; each block's is finished when its last byte comes.
+  void hash_blocks(const unsigned char* p, std::size_t size) {
+    while (size > 0) {
+      const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(size, write_block_size - in_block));
+      detail::checksum_update(&hash, p, n);
+      in_block += n;
+      p += n;
+      size -= n;
+      if (in_block == write_block_size) finish_block();
+    }
+  }
+  void finish_block() {
+    current.blocks.push_back({XXH3_64bits_digest(&hash), false});
+    XXH3_64bits_reset(&hash);
+    in_block = 0;
+  }
+
+  // Stores bytes of the current extent, hashing them unless `hashed` (their block checksums are
+  // known): big pieces straight from the caller's memory, small ones gathered so that each write()
+  // moves a useful amount.
+  void append(const unsigned char* p, std::size_t size, bool hashed = false) {
     if (size >= buffer_capacity) {
       flush();
       // Each piece is written while the hash has just brought it into the cache: memory is
       // read once instead of twice.
       while (size > 0) {
         const std::size_t n = std::min(size, hash_piece);
-        timed(times.hashing, [&] { detail::checksum_update(&hash, p, n); });
+        if (!hashed) timed(times.hashing, [&] { hash_blocks(p, n); });
         iovec iov{const_cast<unsigned char*>(p), n};
         timed(times.writing, [&] { write_all(fd, &iov, 1, path); });
         p += n;
@@ -135,7 +164,7 @@ struct data_file {
       }
       return;
     }
-    timed(times.hashing, [&] { detail::checksum_update(&hash, p, size); });
+    if (!hashed) timed(times.hashing, [&] { hash_blocks(p, size); });
     if (!buffer) buffer = std::make_unique_for_overwrite<unsigned char[]>(buffer_capacity);
     while (size > 0) {
       const std::size_t n = std::min(size, buffer_capacity - buffered);
@@ -235,6 +264,9 @@ struct writer::impl {
     if (m.format != format_version)
       fail("commit refused: the manifest says format " + std::to_string(m.format) + ", the writer writes " +
            std::to_string(format_version));
+    if (m.block_size != write_block_size)
+      fail("commit refused: the manifest says block_size " + std::to_string(m.block_size) + ", the writer writes " +
+           std::to_string(write_block_size));
     if (m.data_files != files.size())
       fail("commit refused: the manifest says " + std::to_string(m.data_files) + " data files, the writer has " +
            std::to_string(files.size()));
@@ -248,7 +280,8 @@ struct writer::impl {
           fail("commit refused: the manifest lists more extents in data file " + std::to_string(e.file) + " than the " +
                std::to_string(written.size()) + " written");
         const extent& w = written[n];
-        if (e.addr != w.addr || e.size != w.size || e.stored != w.stored || e.offset != w.offset || e.checksum != w.checksum)
+        if (e.addr != w.addr || e.size != w.size || e.stored != w.stored || e.offset != w.offset ||
+            e.checksum != w.checksum || e.blocks != w.blocks)
           fail("commit refused: " + detail::extent_name(p, k) + " (" + hex(e.addr) + "+" + std::to_string(e.size) +
                ") is not extent " + std::to_string(n) + " of data file " + std::to_string(e.file) + " as written (" +
                hex(w.addr) + "+" + std::to_string(w.size) + ")");
@@ -379,9 +412,10 @@ void writer::begin_extent(std::uint32_t file, std::uint64_t addr, std::uint64_t 
     if (stored > size)
       fail("begin_extent: the extent at " + hex(addr) + " cannot store " + std::to_string(stored) + " bytes of a " +
            std::to_string(size) + "-byte range");
-    f.current = extent{addr, size, stored, file, f.payload, 0};
+    f.current = extent{addr, size, stored, file, f.payload, 0, {}};
     f.current_written = 0;
     XXH3_64bits_reset(&f.hash);
+    f.in_block = 0;
     f.in_extent = true;
   } catch (...) {
     w.failed = true;
@@ -407,6 +441,34 @@ void writer::write(std::uint32_t file, const void* data, std::size_t size) {
   }
 }
 
+void writer::write_block(std::uint32_t file, const void* data, std::size_t size, std::uint64_t checksum) {
+  impl& w = *impl_;
+  data_file& f = w.file("write_block", file);
+  try {
+    f.check_block("write_block", size);
+    f.append(static_cast<const unsigned char*>(data), size, true);
+    f.current.blocks.push_back({checksum, false});
+    f.current_written += size;
+    f.payload += size;
+  } catch (...) {
+    w.failed = true;
+    throw;
+  }
+}
+
+void writer::inherit_block(std::uint32_t file, std::size_t size, std::uint64_t checksum) {
+  impl& w = *impl_;
+  data_file& f = w.file("inherit_block", file);
+  try {
+    f.check_block("inherit_block", size);
+    f.current.blocks.push_back({checksum, true});
+    f.current_written += size;
+  } catch (...) {
+    w.failed = true;
+    throw;
+  }
+}
+
 extent writer::end_extent(std::uint32_t file) {
   impl& w = *impl_;
   data_file& f = w.file("end_extent", file);
@@ -415,7 +477,8 @@ extent writer::end_extent(std::uint32_t file) {
     if (f.current_written != f.current.stored)
       fail("end_extent: the extent at " + hex(f.current.addr) + " got " + std::to_string(f.current_written) + " of its " +
            std::to_string(f.current.stored) + " bytes");
-    f.current.checksum = XXH3_64bits_digest(&f.hash);
+    if (f.in_block != 0) f.finish_block();  // the last, shorter block
+    f.current.checksum = combined_checksum(f.current.blocks);
     f.in_extent = false;
     f.written.push_back(f.current);
     return f.current;

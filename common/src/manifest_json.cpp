@@ -76,7 +76,23 @@ void decode_extents(const json& pj, const std::string& p, std::uint32_t format, 
     if (format >= 2) ex.file = u32_of(e, q, "file");
     ex.offset = u64_of(e, q, "offset");
     ex.checksum = hex16_at(field(e, q, "checksum"), join(q, "checksum"));
-    pl.extents.push_back(ex);
+    if (format >= 5) {
+      const std::string bp = join(q, "blocks");
+      const json& blocks = array_of(e, q, "blocks");
+      ex.blocks.reserve(blocks.size());
+      for (std::size_t b = 0; b < blocks.size(); ++b) {
+        const std::string r = index(bp, b);
+        const json& bj = object_at(blocks[b], r);
+        block bl;
+        bl.checksum = hex16_at(field(bj, r, "checksum"), join(r, "checksum"));
+        if (const json* in_parent = optional_field(bj, "in_parent")) {
+          if (!in_parent->is_boolean()) fail(join(r, "in_parent") + ": expected true or false");
+          bl.in_parent = in_parent->get<bool>();
+        }
+        ex.blocks.push_back(bl);
+      }
+    }
+    pl.extents.push_back(std::move(ex));
   }
 }
 
@@ -85,6 +101,7 @@ detail::manifest_file decode(const json& root, tables how) {
   detail::manifest_file out;
   manifest& m = out.m;
   m.format = decode_format(root);
+  m.block_size = 0;  // format 5 below
   out.tables_apart = how == tables::apart;
   const bool multi_file = m.format >= 2;  // format 1: one data file, extents without `file`
   if (m.format >= 3) m.image_id = string_of(root, "", "image_id");
@@ -142,6 +159,15 @@ detail::manifest_file decode(const json& root, tables how) {
   m.data_bytes = u64_of(root, "", "data_bytes");
   if (multi_file) m.data_files = u32_of(root, "", "data_files");
   m.hold_us = u64_of(root, "", "hold_us");
+  if (m.format >= 5) {
+    m.block_size = u64_of(root, "", "block_size");
+    if (const json* parent = optional_field(root, "parent")) {
+      const json& pj = object_at(*parent, "parent");
+      m.parent = parent_ref{string_of(pj, "parent", "image_id"),
+                            hex16_at(field(pj, "parent", "manifest_checksum"), "parent.manifest_checksum"),
+                            string_of(pj, "parent", "path")};
+    }
+  }
   if (m.format >= 4)
     if (const json* vmm = optional_field(root, "vmm")) m.vmm = vmm_layout_from_json(*vmm, "vmm");
   // Optional: absent in a complete image, and in every image of tools older than the field.
@@ -200,6 +226,16 @@ void encode_tail(const manifest& m, ojson& j) {
   j["data_bytes"] = m.data_bytes;
   if (m.format >= 2) j["data_files"] = m.data_files;
   j["hold_us"] = m.hold_us;
+  if (m.format >= 5) {
+    j["block_size"] = m.block_size;
+    if (m.parent) {
+      ojson pj;
+      pj["image_id"] = m.parent->image_id;
+      pj["manifest_checksum"] = hex16(m.parent->manifest_checksum);
+      pj["path"] = m.parent->path;
+      j["parent"] = std::move(pj);
+    }
+  }
   if (m.vmm) j["vmm"] = to_json(*m.vmm);
   if (m.lacking.empty()) return;
   j["lacking"] = ojson::array();
@@ -238,6 +274,15 @@ std::string to_json(const manifest& m, int indent) {
       if (m.format >= 2) ej["file"] = e.file;
       ej["offset"] = e.offset;
       ej["checksum"] = hex16(e.checksum);
+      if (m.format >= 5) {
+        ej["blocks"] = ojson::array();
+        for (const auto& b : e.blocks) {
+          ojson bj;
+          bj["checksum"] = hex16(b.checksum);
+          if (b.in_parent) bj["in_parent"] = true;
+          ej["blocks"].push_back(std::move(bj));
+        }
+      }
       pj["extents"].push_back(std::move(ej));
     }
     j["pools"].push_back(std::move(pj));

@@ -129,6 +129,39 @@ void check_pool_layout(const manifest& m, const std::vector<const pool*>& pools)
            ") are not ones a process can use with the pools' layout: " + why);
 }
 
+// Format 5: a block size readers can use, and a parent named well; older formats have neither.
+void check_blocks_and_parent(const manifest& m) {
+  if (m.format < 5) {
+    if (m.parent) fail("a parent in a format " + std::to_string(m.format) + " image");
+    return;
+  }
+  if (m.block_size < detail::min_block_size || m.block_size > detail::max_block_size || (m.block_size & (m.block_size - 1)) != 0)
+    fail("block_size " + std::to_string(m.block_size) + " is not a power of two from " + std::to_string(detail::min_block_size) +
+         " to " + std::to_string(detail::max_block_size));
+  if (m.parent) {
+    const std::string& id = m.parent->image_id;
+    if (id.size() != 32 || id.find_first_not_of("0123456789abcdef") != std::string::npos)
+      fail("parent.image_id \"" + json_fields::printable(id) + "\" is not 32 lowercase hex digits");
+    if (id == m.image_id) fail("parent.image_id is the image's own image_id");
+    if (m.parent->path.empty()) fail("parent.path is empty");
+  }
+}
+
+// Format 5: an extent has one block per block_size of its stored bytes, its checksum combines
+// theirs, and only an image with a parent has blocks in it.
+void check_extent_blocks(const manifest& m, const extent& e, const std::string& name) {
+  if (e.blocks.size() != block_count(e.stored, m.block_size))
+    fail(name + " has " + std::to_string(e.blocks.size()) + " blocks, expected " +
+         std::to_string(block_count(e.stored, m.block_size)) + " (" + std::to_string(e.stored) + " stored bytes in blocks of " +
+         std::to_string(m.block_size) + ")");
+  if (!m.parent)
+    for (std::size_t b = 0; b < e.blocks.size(); ++b)
+      if (e.blocks[b].in_parent) fail(name + ".blocks[" + std::to_string(b) + "] is in the parent, but the image has none");
+  if (combined_checksum(e.blocks) != e.checksum)
+    fail(name + ".checksum " + hex16(e.checksum) + " is not the combined checksum of its blocks (" +
+         hex16(combined_checksum(e.blocks)) + ")");
+}
+
 }  // namespace
 
 void validate(const manifest& m) {
@@ -141,6 +174,7 @@ void validate(const manifest& m) {
   if (m.data_files == 0 || m.data_files > max_data_files)
     fail("data_files is " + std::to_string(m.data_files) + ", expected 1 to " + std::to_string(max_data_files));
   if (m.format == 1 && m.data_files != 1) fail("data_files is " + std::to_string(m.data_files) + " in a format 1 image");
+  check_blocks_and_parent(m);
   if (m.pid <= 0 || m.pid > INT_MAX) fail("pid " + std::to_string(m.pid) + " is not a valid process id");
   for (std::size_t i = 0; i < m.lacking.size(); ++i) {
     const std::string p = "lacking[" + std::to_string(i) + "]";
@@ -247,6 +281,7 @@ void validate(const manifest& m) {
       if (e.stored != stored)
         fail(q() + ".stored is " + std::to_string(e.stored) + " but the allocations in its range hold " +
              std::to_string(stored) + " bytes");
+      if (m.format >= 5) check_extent_blocks(m, e, q());
       first = last;  // the last one may go on into the next extent
       if (e.file >= m.data_files)
         fail(q() + ".file is " + std::to_string(e.file) + " but the image has " + std::to_string(m.data_files) +
@@ -255,11 +290,13 @@ void validate(const manifest& m) {
       if (e.offset != offset)
         fail(q() + ".offset is " + std::to_string(e.offset) + ", expected " + std::to_string(offset) +
              " (each data file holds its extents back to back, in manifest order)");
-      if (e.stored > std::numeric_limits<std::uint64_t>::max() - detail::data_header_size - offset)
+      // Format 5: only the blocks not in the parent are in the data file.
+      const std::uint64_t here = m.format >= 5 ? bytes_here(e, m.block_size) : e.stored;
+      if (here > std::numeric_limits<std::uint64_t>::max() - detail::data_header_size - offset)
         fail(q() + ": data offsets overflow");
-      offset += e.stored;
-      if (e.stored > std::numeric_limits<std::uint64_t>::max() - total) fail(q() + ": data_bytes overflows");
-      total += e.stored;
+      offset += here;
+      if (here > std::numeric_limits<std::uint64_t>::max() - total) fail(q() + ": data_bytes overflows");
+      total += here;
     }
   }
   if (m.data_bytes != total)

@@ -22,17 +22,21 @@ std::uint64_t get(const std::string& in, std::size_t at, int bytes) {
 }  // namespace
 
 std::string encode_tables(const manifest& m) {
-  std::uint64_t allocations = 0, extents = 0;
+  std::uint64_t allocations = 0, extents = 0, blocks = 0;
   for (const auto& p : m.pools) {
     allocations += p.allocations.size();
     extents += p.extents.size();
+    for (const auto& e : p.extents) blocks += e.blocks.size();
   }
-  std::string out(tables_header_size + allocations * allocation_record_size + extents * extent_record_size, '\0');
+  std::string out(tables_header_size + allocations * allocation_record_size + extents * extent_record_size +
+                      blocks * block_record_size,
+                  '\0');
   std::memcpy(out.data(), tables_magic.data(), tables_magic.size());
   put(out, 12, format_version, 4);
   put(out, 16, allocations, 8);
   put(out, 24, extents, 8);
   put(out, 32, m.pools.size(), 8);
+  put(out, 40, blocks, 8);  // zero before format 5
   std::size_t at = tables_header_size;
   for (const auto& p : m.pools) {
     for (const auto& a : p.allocations) {
@@ -49,6 +53,12 @@ std::string encode_tables(const manifest& m) {
       put(out, at + 40, e.file, 4);
       at += extent_record_size;
     }
+    for (const auto& e : p.extents)
+      for (const auto& b : e.blocks) {
+        put(out, at, b.checksum, 8);
+        put(out, at + 8, b.in_parent ? 1 : 0, 4);
+        at += block_record_size;
+      }
   }
   return out;
 }
@@ -65,10 +75,17 @@ void decode_tables(const std::string& bytes, const std::vector<std::uint64_t>& a
     allocations += allocation_counts[p];
     extents += extent_counts[p];
   }
-  const std::uint64_t expected = tables_header_size + allocations * allocation_record_size + extents * extent_record_size;
+  if (bytes.size() < tables_header_size) fail(std::to_string(bytes.size()) + " bytes, shorter than the 64-byte header");
+  // Format 5: the block records, counted by the header; bounded by the file's size, then checked
+  // against the extents' stored bytes below.
+  const std::uint64_t blocks = m.format >= 5 ? get(bytes, 40, 8) : 0;
+  if (blocks > bytes.size() / block_record_size) fail("the header counts more block records than the file can hold");
+  const std::uint64_t expected = tables_header_size + allocations * allocation_record_size + extents * extent_record_size +
+                                 blocks * block_record_size;
   if (bytes.size() != expected)
     fail(std::to_string(bytes.size()) + " bytes, expected " + std::to_string(expected) + " (a 64-byte header, " +
-         std::to_string(allocations) + " allocation and " + std::to_string(extents) + " extent records)");
+         std::to_string(allocations) + " allocation, " + std::to_string(extents) + " extent and " +
+         std::to_string(blocks) + " block records)");
   if (std::memcmp(bytes.data(), tables_magic.data(), tables_magic.size()) != 0) fail("bad magic (not vmmckpt tables)");
   if (get(bytes, 12, 4) != m.format)
     fail("version " + std::to_string(get(bytes, 12, 4)) + " does not match the manifest's format " + std::to_string(m.format));
@@ -76,7 +93,7 @@ void decode_tables(const std::string& bytes, const std::vector<std::uint64_t>& a
     fail("the header counts " + std::to_string(get(bytes, 16, 8)) + " allocations, " + std::to_string(get(bytes, 24, 8)) +
          " extents and " + std::to_string(get(bytes, 32, 8)) + " pools; the manifest " + std::to_string(allocations) +
          ", " + std::to_string(extents) + " and " + std::to_string(m.pools.size()));
-  for (std::size_t i = 40; i < tables_header_size; ++i)
+  for (std::size_t i = m.format >= 5 ? 48 : 40; i < tables_header_size; ++i)
     if (bytes[i] != 0) fail("reserved header byte " + std::to_string(i) + " is not zero");
   std::size_t at = tables_header_size;
   for (std::size_t p = 0; p < m.pools.size(); ++p) {
@@ -106,7 +123,24 @@ void decode_tables(const std::string& bytes, const std::vector<std::uint64_t>& a
       e.file = static_cast<std::uint32_t>(get(bytes, at + 40, 4));
       if (get(bytes, at + 44, 4) != 0) fail(extent_name(p, k) + ": reserved bytes are not zero");
     }
+    if (m.format < 5) continue;
+    for (std::size_t k = 0; k < pl.extents.size(); ++k) {
+      extent& e = pl.extents[k];
+      const std::uint64_t n = block_count(e.stored, m.block_size);
+      if (n > (bytes.size() - at) / block_record_size)
+        fail(extent_name(p, k) + ": its " + std::to_string(e.stored) + " stored bytes need more block records than remain");
+      e.blocks.resize(n);
+      for (auto& b : e.blocks) {
+        b.checksum = get(bytes, at, 8);
+        const std::uint64_t where = get(bytes, at + 8, 4);
+        if (where > 1) fail(extent_name(p, k) + ": a block record's place is " + std::to_string(where) + ", expected 0 or 1");
+        b.in_parent = where == 1;
+        if (get(bytes, at + 12, 4) != 0) fail(extent_name(p, k) + ": a block record's reserved bytes are not zero");
+        at += block_record_size;
+      }
+    }
   }
+  if (at != bytes.size()) fail("the header counts more block records than the extents have");
 }
 
 }  // namespace vmmckpt::image::detail

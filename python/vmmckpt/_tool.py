@@ -89,19 +89,23 @@ def ps(pid: Optional[int] = None) -> List[Process]:
 
 
 def dump(pid: int, output: Optional[PathLike] = None, *, allow_partial: bool = False, deadline: Optional[int] = None,
-         writers: Optional[int] = None) -> DumpResult:
-    """A consistent image of a running process's GPU memory, written to `output` (a new directory)."""
+         writers: Optional[int] = None, parent: Optional[PathLike] = None) -> DumpResult:
+    """A consistent image of a running process's GPU memory, written to `output` (a new directory). With
+    `parent`, an incremental image: blocks unchanged since that image are left to it."""
     args = [str(int(pid))] + (["-o", os.fspath(output)] if output is not None else [])
-    j = _run("dump", args + _options(allow_partial=allow_partial, deadline=deadline, writers=writers))
+    j = _run("dump", args + _options(allow_partial=allow_partial, deadline=deadline, writers=writers,
+                                     parent=os.fspath(parent) if parent is not None else None))
     return DumpResult(image=j["image"], pid=int(j["pid"]), bytes=int(j["bytes"]), seconds=float(j["seconds"]),
                       hold_ms=float(j.get("hold_ms", 0)), partial=bool(j.get("lacking")), raw=j)
 
 
 def suspend(pid: int, output: Optional[PathLike] = None, *, verify: bool = False, allow_partial: bool = False,
-            deadline: Optional[int] = None) -> SuspendResult:
-    """Saves a process's GPU memory and frees it; the process waits until resume(pid)."""
+            deadline: Optional[int] = None, parent: Optional[PathLike] = None) -> SuspendResult:
+    """Saves a process's GPU memory and frees it; the process waits until resume(pid). With `parent`, blocks
+    unchanged since that image (weights dumped earlier) are left to it."""
     args = [str(int(pid))] + (["-o", os.fspath(output)] if output is not None else [])
-    j = _run("suspend", args + _options(verify=verify, allow_partial=allow_partial, deadline=deadline))
+    j = _run("suspend", args + _options(verify=verify, allow_partial=allow_partial, deadline=deadline,
+                                        parent=os.fspath(parent) if parent is not None else None))
     return SuspendResult(image=j["image"], pid=int(j["pid"]), bytes=int(j.get("bytes", 0)),
                          freed_bytes=int(j.get("freed_bytes", 0)), seconds=float(j["seconds"]), raw=j)
 

@@ -60,7 +60,7 @@ class upload_thread {
       pinned_ = d_.cuMemHostRegister_v2(pages_.data(), pages_.size(), CU_MEMHOSTREGISTER_PORTABLE) == CUDA_SUCCESS;
       if (!pinned_) log::warn("restore: pinning the load buffers failed; loading with blocking copies");
     }
-    image::streaming_checksum sum;
+    image::streaming_checksum sum(reader.info().block_size);
     const auto runs = image::stored_runs(pool, e);
     for (std::size_t i = 0; i < runs.size();) {
       // A big run goes alone, a buffer at a time.

@@ -424,7 +424,7 @@ std::variant<control::resume_reply, control::failure_reply> resume(const control
       vmm_release_physical();
       return refuse(loaded.message());
     }
-    bytes = reader.info().data_bytes;
+    bytes = image::restored_bytes(reader.info());
     log::info("resume: physical memory back in {:.3f} s, {} bytes loaded in {:.3f} s",
               std::chrono::duration<double>(loading - start).count(), bytes,
               std::chrono::duration<double>(clock::now() - loading).count());

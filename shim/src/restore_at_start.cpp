@@ -72,7 +72,7 @@ status restore_image(const restore::handoff& h) noexcept {
     std::size_t blocks = 0;
     for (const auto& p : m.pools) blocks += p.allocations.size();
     log::info("restore: {} allocations, {} bytes from {} in {:.3f} s (placing {:.3f} s, loading {:.3f} s){}", blocks,
-              m.data_bytes, h.image, std::chrono::duration<double>(now - start).count(),
+              image::restored_bytes(m), h.image, std::chrono::duration<double>(now - start).count(),
               std::chrono::duration<double>(placed - start).count(), std::chrono::duration<double>(now - placed).count(),
               h.how == restore::mode::replay ? " (replay: the allocator starts empty)" : "");
     return {};

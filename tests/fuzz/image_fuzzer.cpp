@@ -5,6 +5,8 @@
 //   bytes 4..4+L manifest.json
 //   the rest     tables.bin, then data.bin, data.1.bin, data.2.bin ... each after the separator below
 //                (at most 8 data files)
+//   optionally, after the line --vmmckpt-parent-image--, a parent image in the same form, written next to
+//   the image as the directory `parent` (the seeds' incremental images name it by that relative path)
 // Shorter than 4 bytes: the whole input is the manifest and the other files are empty.
 #include <fcntl.h>
 #include <unistd.h>
@@ -39,7 +41,7 @@ constexpr std::uint64_t max_read = 64ULL << 20;
 // second), else $TMPDIR or /tmp; it is also removed when the process exits normally.
 char dir_text[4096];
 
-const std::filesystem::path& image_dir() {
+const std::filesystem::path& base_dir() {
   static const std::filesystem::path dir = [] {
     std::string base;
     if (const char* t = std::getenv("VMMCKPT_FUZZ_TMPDIR"); t != nullptr && *t != '\0') {
@@ -65,14 +67,28 @@ const std::filesystem::path& image_dir() {
       std::error_code ec;
       std::filesystem::remove_all(dir_text, ec);
     });
+    std::filesystem::create_directory(std::filesystem::path(dir_text) / "image");
+    std::filesystem::create_directory(std::filesystem::path(dir_text) / "parent");
     return std::filesystem::path(dir_text);
   }();
+  return dir;
+}
+
+// Where an input's image goes, and its parent beside it.
+const std::filesystem::path& image_dir() {
+  static const std::filesystem::path dir = base_dir() / "image";
+  return dir;
+}
+const std::filesystem::path& parent_dir() {
+  static const std::filesystem::path dir = base_dir() / "parent";
   return dir;
 }
 
 // Separates the files in an input (also in tests/fuzz/manifest.dict, so mutations make and drop it).
 constexpr std::string_view file_separator = "\n--vmmckpt-next-data-file--\n";
 constexpr std::size_t max_files = 9;  // tables.bin and up to 8 data files
+// Separates an image from its parent (also in tests/fuzz/manifest.dict).
+constexpr std::string_view parent_separator = "\n--vmmckpt-parent-image--\n";
 
 struct piece {
   const std::uint8_t* p;
@@ -141,11 +157,51 @@ bool manifest_checksum_matches(const std::uint8_t* manifest, std::size_t manifes
   return true;
 }
 
-void check_image(const std::filesystem::path& dir, const std::uint8_t* manifest, std::size_t manifest_len,
-                 const std::vector<piece>& data_files) {
+// One image of an input, as written into its directory: its manifest and its data files.
+struct written_image {
+  const std::uint8_t* manifest = nullptr;
+  std::size_t manifest_len = 0;
+  std::vector<piece> data_files;
+};
+
+// Writes an image in the input's form (length, manifest, tables, data files) into `dir`.
+written_image write_image(const std::filesystem::path& dir, const std::uint8_t* data, std::size_t size) {
+  written_image out;
+  std::size_t manifest_len = size;
+  std::size_t skip = 0;
+  if (size >= 4) {
+    std::uint32_t len = 0;
+    for (int i = 0; i < 4; ++i) len |= static_cast<std::uint32_t>(data[i]) << (8 * i);
+    skip = 4;
+    manifest_len = std::min<std::size_t>(len, size - 4);
+  }
+  write_file(dir / "manifest.json", data + skip, manifest_len);
+  auto files = split_files(data + skip + manifest_len, size - skip - manifest_len);
+  write_file(dir / "tables.bin", files[0].p, files[0].n);
+  files.erase(files.begin());
+  for (std::size_t k = 0; k + 1 < max_files; ++k) {
+    if (k < files.size())
+      write_file(dir / data_file_name(k), files[k].p, files[k].n);
+    else
+      ::unlink((dir / data_file_name(k)).c_str());  // left by an earlier input
+  }
+  out.manifest = data + skip;
+  out.manifest_len = manifest_len;
+  out.data_files = std::move(files);
+  return out;
+}
+
+void check_image(const std::filesystem::path& dir, const written_image& image, const written_image* parent) {
+  const std::uint8_t* manifest = image.manifest;
+  const std::size_t manifest_len = image.manifest_len;
+  const std::vector<piece>& data_files = image.data_files;
   const img::reader r = img::reader::open(dir);
   const img::manifest& m = r.info();
-  const bool manifest_matches = manifest_checksum_matches(manifest, manifest_len, data_files, m.data_files);
+  bool manifest_matches = manifest_checksum_matches(manifest, manifest_len, data_files, m.data_files);
+  // A parent's manifest is checked against its data files' headers too (verify_manifest follows the chain).
+  if (r.parent() != nullptr && parent != nullptr)
+    manifest_matches = manifest_matches && manifest_checksum_matches(parent->manifest, parent->manifest_len,
+                                                                     parent->data_files, r.parent()->info().data_files);
   // open() promises a manifest that passes validate(): a refusal here is a reader bug, not a defect.
   try {
     img::validate(m);
@@ -254,27 +310,20 @@ void check_image(const std::filesystem::path& dir, const std::uint8_t* manifest,
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::filesystem::path& dir = image_dir();
-  std::size_t manifest_len = size;
-  std::size_t skip = 0;
-  if (size >= 4) {
-    std::uint32_t len = 0;
-    for (int i = 0; i < 4; ++i) len |= static_cast<std::uint32_t>(data[i]) << (8 * i);
-    skip = 4;
-    manifest_len = std::min<std::size_t>(len, size - 4);
-  }
-  write_file(dir / "manifest.json", data + skip, manifest_len);
-  auto files = split_files(data + skip + manifest_len, size - skip - manifest_len);
-  write_file(dir / "tables.bin", files[0].p, files[0].n);
-  files.erase(files.begin());
-  for (std::size_t k = 0; k + 1 < max_files; ++k) {
-    if (k < files.size())
-      write_file(dir / data_file_name(k), files[k].p, files[k].n);
-    else
-      ::unlink((dir / data_file_name(k)).c_str());  // left by an earlier input
+  const auto* end = data + size;
+  const auto* split = std::search(data, end, parent_separator.begin(), parent_separator.end());
+  const written_image image = write_image(dir, data, static_cast<std::size_t>(split - data));
+  written_image parent;
+  const bool has_parent = split != end;
+  if (has_parent) {
+    const auto* p = split + parent_separator.size();
+    parent = write_image(parent_dir(), p, static_cast<std::size_t>(end - p));
+  } else {
+    ::unlink((parent_dir() / "manifest.json").c_str());  // no parent: whatever names one finds it missing
   }
 
   try {
-    check_image(dir, data + skip, manifest_len, files);
+    check_image(dir, image, has_parent ? &parent : nullptr);
   } catch (const img::image_error& e) {
     check_message(e);
     // The expected refusal of a defective image. Anything else escaping is a bug: libFuzzer

@@ -173,6 +173,63 @@ bytes with_headers_for(bytes data, const bytes& manifest_text, std::uint32_t for
   return data;
 }
 
+// An incremental image of the image written as scratch/"parent" with `pools` (the same pools, bytes made
+// the same way), in which extent `changed` differs: the others' blocks are left to the parent, which
+// it names by the relative path "parent" (image_fuzzer writes a parent there).
+image_files write_child(const fs::path& scratch, const std::string& name, img::manifest m,
+                        const std::vector<planned_pool>& pools, std::size_t changed) {
+  const fs::path dir = scratch / name;
+  const img::reader parent = img::reader::open(scratch / "parent");
+  {
+    img::writer w(dir, 1);
+    std::uint64_t seed = 1;
+    std::size_t k = 0;
+    for (std::size_t p = 0; p < pools.size(); ++p) {
+      const auto& pp = pools[p];
+      img::pool pl;
+      pl.device = pp.device;
+      pl.base = pp.base;
+      pl.size = pp.size;
+      pl.granularity = gran;
+      pl.allocations = pp.allocations;
+      for (std::size_t e = 0; e < pp.extents.size(); ++e, ++k) {
+        const auto& pe = pp.extents[e];
+        const std::uint64_t size = pe.stored != 0 ? pe.stored : pe.size;
+        bytes b = pattern(size, seed++);
+        if (k == changed) b[0] ^= 1;
+        const img::extent& old = parent.info().pools[p].extents[e];
+        w.begin_extent(0, pe.addr, pe.size, size);
+        for (std::uint64_t at = 0; at < size; at += img::write_block_size) {
+          const std::size_t n = static_cast<std::size_t>(std::min(img::write_block_size, size - at));
+          const std::uint64_t sum = img::block_checksum(b.data() + at, n);
+          if (old.blocks[at / img::write_block_size].checksum == sum)
+            w.inherit_block(0, n, sum);
+          else
+            w.write_block(0, b.data() + at, n, sum);
+        }
+        pl.extents.push_back(w.end_extent(0));
+        m.data_bytes += img::bytes_here(pl.extents.back(), m.block_size);
+      }
+      m.pools.push_back(std::move(pl));
+    }
+    m.parent = img::parent_ref{parent.info().image_id, parent.manifest_checksum(), "parent"};
+    w.commit(m);
+  }
+  const img::reader r = img::reader::open(dir);
+  r.verify_data();
+  return {read_file(dir / "manifest.json"), read_file(dir / "tables.bin"), read_file(dir / "data.bin"), r.info()};
+}
+
+// image_fuzzer's input for an image and its parent.
+const std::string parent_separator = "\n--vmmckpt-parent-image--\n";
+bytes chain_input(const image_files& child, const image_files& parent) {
+  bytes out = fuzz_input(child.manifest, child.tables, child.data);
+  out.insert(out.end(), parent_separator.begin(), parent_separator.end());
+  const bytes p = fuzz_input(parent.manifest, parent.tables, parent.data);
+  out.insert(out.end(), p.begin(), p.end());
+  return out;
+}
+
 struct seed_writer {
   fs::path out;
   int count = 0;
@@ -277,6 +334,34 @@ int main(int argc, char** argv) try {
                                 {"striped", &striped}, {"packed", &packed}}) {
     seeds.image(name, f->manifest, f->tables, f->data);
     seeds.manifest(name, to_bytes(img::to_json(f->decoded) + "\n"));
+  }
+
+  // An incremental image and its parent: two pools, one extent changed; and the parent missing,
+  // replaced, edited, or damaged where the child reads it.
+  {
+    const std::vector<planned_pool> chain_pools = {
+        {0, base0, size,
+         {{base0, 3000, vmmckpt::alloc_api::cuda_malloc}, {base0 + gran, 5000, vmmckpt::alloc_api::cu_mem_alloc}},
+         {{base0, 1000}, {base0 + 1000, 2000}, {base0 + gran, 5000}}},
+        {1, base0 + size, size, {{base0 + size, 700, vmmckpt::alloc_api::cuda_malloc}}, {{base0 + size, 700}}}};
+    const image_files parent = write_image(scratch, "parent", base_manifest({"./train"}, 2), chain_pools);
+    const image_files child = write_child(scratch, "child", base_manifest({"./train"}, 2), chain_pools, 1);
+    write_file(seeds.out / "image" / "chain", chain_input(child, parent));
+    seeds.manifest("chain", to_bytes(img::to_json(child.decoded) + "\n"));
+    write_file(seeds.out / "image" / "near-miss-chain-parent-missing", fuzz_input(child.manifest, child.tables, child.data));
+    write_file(seeds.out / "image" / "near-miss-chain-parent-replaced", chain_input(child, one));
+    image_files edited = parent;
+    {
+      ojson j = ojson::parse(parent.manifest.begin(), parent.manifest.end());
+      j["host"] = "node-8";
+      edited.manifest = to_bytes(j.dump(2) + "\n");
+      edited.data = with_headers_for(parent.data, edited.manifest, img::format_version);
+    }
+    write_file(seeds.out / "image" / "near-miss-chain-parent-edited", chain_input(child, edited));
+    image_files damaged = parent;
+    damaged.data[64 + 5] ^= 1;  // extent 0, which the child takes from its parent
+    write_file(seeds.out / "image" / "near-miss-chain-parent-damaged", chain_input(child, damaged));
+    seeds.count += 5;
   }
 
   // Near-misses in the data file: each is refused for one reason (open or verify_data).

@@ -115,7 +115,7 @@ TEST_CASE("extents written to several data files from several threads read back 
     r.read(e, got.data());
     CHECK(got == bytes_for(e.addr, e.size));
     // A loader that streams an extent checks it the same way.
-    img::streaming_checksum sum;
+    img::streaming_checksum sum(r.info().block_size);
     sum.update(got.data(), 100);
     sum.update(got.data() + 100, got.size() - 100);
     r.check_extent(e, sum.value());

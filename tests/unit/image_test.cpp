@@ -267,18 +267,34 @@ TEST_CASE("image: round trip of several pools and extents", "[image]") {
 // The writer and the readers hash with the CPU's widest vector unit and in cache-sized pieces;
 // the checksum must still be the XXH3-64 of the extent's bytes, computed here in one call with
 // this file's own (portable) build of XXH3.
-TEST_CASE("image: an extent's checksum is the XXH3-64 of its bytes however they are fed", "[image]") {
+TEST_CASE("image: an extent's checksum is the XXH3-64 of its blocks' checksums however they are fed", "[image]") {
   scratch s;
   const auto data = pattern(9 * MiB + 3, 77);  // more than the writer buffers, not a piece multiple
-  const std::uint64_t expected = XXH3_64bits(data.data(), data.size());
+  // docs/image-format.md, "Blocks": XXH3-64 of each MiB (the last shorter), then XXH3-64 of those
+  // checksums as little-endian u64s.
+  std::vector<unsigned char> sums;
+  std::vector<std::uint64_t> block_sums;
+  for (std::size_t at = 0; at < data.size(); at += MiB) {
+    const std::uint64_t b = XXH3_64bits(data.data() + at, std::min<std::size_t>(MiB, data.size() - at));
+    block_sums.push_back(b);
+    for (int k = 0; k < 8; ++k) sums.push_back(static_cast<unsigned char>(b >> (8 * k)));
+  }
+  const std::uint64_t expected = XXH3_64bits(sums.data(), sums.size());
   img::writer w(s / "img");
   w.begin_extent(base0, data.size());
   w.write(data.data(), 5);                     // buffered
   w.write(data.data() + 5, data.size() - 5);   // big: hashed and written piece by piece
   const img::extent e = w.end_extent();
   CHECK(e.checksum == expected);
+  REQUIRE(e.blocks.size() == 10);
+  for (std::size_t b = 0; b < e.blocks.size(); ++b) {
+    CHECK(e.blocks[b].checksum == block_sums[b]);
+    CHECK(e.blocks[b].checksum == img::block_checksum(data.data() + b * MiB, std::min<std::size_t>(MiB, data.size() - b * MiB)));
+    CHECK_FALSE(e.blocks[b].in_parent);
+  }
+  CHECK(img::combined_checksum(e.blocks) == expected);
   for (const std::size_t split : {std::size_t{0}, std::size_t{1}, std::size_t{239}, std::size_t{MiB + 1}}) {
-    img::streaming_checksum sum;
+    img::streaming_checksum sum(img::write_block_size);
     sum.update(data.data(), split);
     sum.update(data.data() + split, data.size() - split);
     CHECK(sum.value() == expected);
@@ -311,9 +327,13 @@ TEST_CASE("image: JSON round trip and byte-identical re-encoding", "[image]") {
   const img::metadata_files again = img::encode_metadata(img::reader::open(s / "img").info());
   CHECK(again.manifest_json == file);
   CHECK(again.tables == read_file(s / "img" / "tables.bin"));
-  CHECK(again.tables.size() == 64 + 4 * 24 + 4 * 48);  // 4 allocations, 4 extents
+  std::size_t blocks = 0;
+  for (const auto& p : w.m.pools)
+    for (const auto& e : p.extents) blocks += e.blocks.size();
+  CHECK(blocks >= 4);
+  CHECK(again.tables.size() == 64 + 4 * 24 + 4 * 48 + blocks * 16);  // 4 allocations, 4 extents, their blocks
   // Field order and representation are part of the format.
-  CHECK(file.rfind("{\n  \"magic\": \"vmmckpt-image\",\n  \"format\": 4,\n  \"image_id\": \"", 0) == 0);
+  CHECK(file.rfind("{\n  \"magic\": \"vmmckpt-image\",\n  \"format\": 5,\n  \"image_id\": \"", 0) == 0);
   CHECK_THAT(file, Contains("\"base\": \"0x200000000000\""));
   const auto j = nlohmann::json::parse(file);
   CHECK(j["tables"]["checksum"].get<std::string>().size() == 16);
@@ -390,6 +410,8 @@ TEST_CASE("image: one extent holds several allocations packed, and each reads ba
   // The same layout is not a format 2 image: there an extent lies inside one allocation.
   img::manifest old = r.info();
   old.format = 2;
+  old.block_size = 0;
+  for (auto& e : old.pools[0].extents) e.blocks.clear();
   old.image_id.clear();
   old.pools[0].extents[0].stored = old.pools[0].extents[0].size;
   old.data_bytes = old.pools[0].extents[0].size;
@@ -604,8 +626,8 @@ TEST_CASE("image: reader refuses a manifest that is not an object", "[image][val
 
 REFUSES_JSON("a missing magic", "manifest.json: missing field 'magic'", j.erase("magic"))
 REFUSES_JSON("a wrong magic", "manifest.json: magic is \"criu\"", j["magic"] = "criu")
-REFUSES_JSON("a newer format", "manifest.json: format 5 is newer than this tool understands (4)",
-             j["format"] = 5; j["pools"] = "whatever a future format holds")
+REFUSES_JSON("a newer format", "manifest.json: format 6 is newer than this tool understands (5)",
+             j["format"] = 6; j["pools"] = "whatever a future format holds")
 REFUSES_JSON("an unknown older format", "manifest.json: format 0 is not a known format", j["format"] = 0)
 REFUSES_JSON("a format that is not a number", "manifest.json: format: expected an integer", j["format"] = "1")
 REFUSES_JSON("a missing top-level field", "manifest.json: missing field 'pools'", j.erase("pools"))
@@ -738,10 +760,10 @@ TEST_CASE("image: reader refuses a damaged data header", "[image][data]") {
   };
   patch(fresh(), 0, "X");
   CHECK_THAT(open_error(s / "img"), Contains("data.bin: bad magic"));
-  patch(fresh(), 12, std::string("\x05\0\0\0", 4));
-  CHECK_THAT(open_error(s / "img"), Contains("data.bin: format 5 is newer than this tool understands (4)"));
+  patch(fresh(), 12, std::string("\x06\0\0\0", 4));
+  CHECK_THAT(open_error(s / "img"), Contains("data.bin: format 6 is newer than this tool understands (5)"));
   patch(fresh(), 12, std::string("\x01\0\0\0", 4));
-  CHECK_THAT(open_error(s / "img"), Contains("data.bin: format 1 does not match the manifest's format 4"));
+  CHECK_THAT(open_error(s / "img"), Contains("data.bin: format 1 does not match the manifest's format 5"));
   patch(fresh(), 16, std::string("\x01\0\0\0", 4));
   CHECK_THAT(open_error(s / "img"), Contains("data.bin: header gives a payload of 1 bytes but the manifest's extents in this file hold 11540"));
   patch(fresh(), 32, "\x01");

@@ -18,6 +18,8 @@ namespace {
 std::string manifest_text(std::size_t n) {
   constexpr std::uint64_t base = 0x200000000000ULL;
   img::manifest m;
+  m.format = 4;  // extents without blocks: this measures the allocation and extent rules
+  m.block_size = 0;
   m.image_id = "0123456789abcdef0123456789abcdef";
   m.tool_version = "test";
   m.created = "2026-11-23T00:00:00Z";

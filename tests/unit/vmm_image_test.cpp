@@ -41,6 +41,8 @@ vmm_layout sample_layout() {
 // An image manifest holding the sample layout, its bytes as one extent per mapping.
 img::manifest sample_manifest() {
   img::manifest m;
+  m.format = 4;  // extents without blocks, built by hand
+  m.block_size = 0;
   m.image_id = std::string(32, 'a');
   m.tool_version = "test";
   m.pid = 42;

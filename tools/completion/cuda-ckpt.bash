@@ -9,7 +9,7 @@ _cuda_ckpt() {
     words=("${COMP_WORDS[@]}")
     cword=$COMP_CWORD
   }
-  local subcommands="run ps check dump inspect verify cat gc suspend resume restore help"
+  local subcommands="run ps check dump inspect verify cat merge rm gc suspend resume restore help"
 
   # The subcommand is the first word after cuda-ckpt that is not an option.
   local i sub=""
@@ -44,17 +44,19 @@ _cuda_ckpt() {
     ps) options="--help --json -t --pid" ;;
     check) options="--help --json -t --pid" ;;
     dump) options="--help -o --output -D --json --deadline --chunk --staging --streams --no-gpu-snapshot
-                   --allow-partial --writers -t --pid --process --leave-running --criu-arg" ;;
+                   --allow-partial --parent --gpu-checksums --writers -t --pid --process --leave-running --criu-arg" ;;
     inspect | verify) options="--help --json -D" ;;
     cat) options="--help -o --output -D" ;;
+    merge) options="--help -o --output -D --json" ;;
+    rm) options="--help --force --json -D" ;;
     gc) options="--help --dry-run --json" ;;
-    suspend) options="--help -o --output -D --json --deadline --verify --allow-partial --writers -t --pid" ;;
+    suspend) options="--help -o --output -D --json --deadline --verify --allow-partial --parent --writers -t --pid" ;;
     resume) options="--help --json -t --pid" ;;
     restore) options="--help --replay --no-verify --device -D --json --criu-arg --" ;;
   esac
 
   case "$prev" in
-    -o | --output | -D) COMPREPLY=($(compgen -d -- "$cur")); return ;;
+    -o | --output | -D | --parent) COMPREPLY=($(compgen -d -- "$cur")); return ;;
     -t | --pid) COMPREPLY=($(compgen -W "$(ls /proc | grep -E '^[0-9]+$')" -- "$cur")); return ;;
     --deadline | --chunk | --staging | --streams | --writers | --device | --criu-arg) return ;;
   esac
@@ -66,7 +68,7 @@ _cuda_ckpt() {
   case "$sub" in
     # Any pid; cuda-ckpt ps would say which run under vmmckpt, but it may be slow to ask.
     check | dump | suspend | resume | ps) COMPREPLY=($(compgen -W "$(ls /proc | grep -E '^[0-9]+$')" -- "$cur")) ;;
-    inspect | verify | cat | restore | gc) COMPREPLY=($(compgen -d -- "$cur")) ;;
+    inspect | verify | cat | merge | rm | restore | gc) COMPREPLY=($(compgen -d -- "$cur")) ;;
     run) COMPREPLY=($(compgen -c -- "$cur")) ;;
   esac
 }

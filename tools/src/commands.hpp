@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "vmmckpt/image.hpp"
+
 namespace vmmckpt::tools {
 
 int ps_command(pid_t only, bool json);  // only: 0 for every process
@@ -23,6 +25,8 @@ struct dump_command_options {
   int writers = 0;  // 0: ckpt::default_writers()
   bool no_gpu_snapshot = false;
   bool allow_partial = false;
+  std::string parent;  // an incremental image: the image to compare with
+  bool gpu_checksums = false;
   bool process = false;        // the whole process, CPU side through CRIU (process_commands.cpp)
   bool leave_running = false;  // with process: it goes on afterwards
   std::vector<std::string> criu_args;
@@ -42,6 +46,7 @@ struct suspend_command_options {
   int writers = 0;  // 0: ckpt::default_writers()
   bool verify = false;
   bool allow_partial = false;
+  std::string parent;  // an incremental image: the image to compare with
 };
 int suspend_command(const suspend_command_options& options);
 int resume_command(pid_t pid, bool json);
@@ -60,6 +65,12 @@ struct restore_command_options {
 int restore_command(const restore_command_options& options, const std::vector<std::string>& command);
 int verify_command(const std::string& image, bool json);
 // Writes the image's bytes for [addr, addr + size) to `output` (empty: stdout); addr and size as typed.
+// merge: the chain ending in `image` as one full image at `output`; rm: an image no sibling names as parent.
+int merge_command(const std::string& image, const std::string& output, bool json);
+int rm_command(const std::string& image, bool force, bool json);
+// "IMAGE <- PARENT <- ...": the chain a reader follows; its length, the image included.
+std::string chain_text(const image::reader& r);
+std::size_t chain_length(const image::reader& r);
 int cat_command(const std::string& image, const std::string& addr, const std::string& size, const std::string& output);
 
 }  // namespace vmmckpt::tools

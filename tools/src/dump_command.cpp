@@ -14,6 +14,11 @@
 namespace vmmckpt::tools {
 
 int dump_command(const dump_command_options& o) {
+  // A whole-process image's GPU parts are suspend images, which cannot be parents; incremental GPU parts
+  // are not written yet (issue 19, part 3).
+  if (o.process && (!o.parent.empty() || o.gpu_checksums))
+    return report_failure("dump", o.json, "--parent and --gpu-checksums do not apply to whole-process dumps (--process) yet",
+                          exit_usage);
   if (o.process) return dump_process_command(o);
   if (o.leave_running || !o.criu_args.empty())
     return report_failure("dump", o.json, "--leave-running and --criu-arg apply to whole-process dumps (--process)",
@@ -41,6 +46,8 @@ int dump_command(const dump_command_options& o) {
   if (o.writers > 0) options.copy.writers = o.writers;
   options.gpu_snapshot = !o.no_gpu_snapshot;
   options.allow_partial = o.allow_partial;
+  options.copy.parent = o.parent;
+  options.copy.gpu_checksums = o.gpu_checksums;
   options.hold_deadline_ms = o.deadline_s * 1000;
 
   options.copy.interrupt = &catch_interrupts();
@@ -62,6 +69,8 @@ int dump_command(const dump_command_options& o) {
                           {"hold_ms", result.hold_ms},        {"gpu_snapshot", result.gpu_snapshot},
                           {"gpu_snapshot_bytes", result.snapshot_bytes},
                           {"data_files", result.manifest.data_files},
+                          {"parent", o.parent.empty() ? nlohmann::json(nullptr) : nlohmann::json(o.parent)},
+                          {"unchanged_bytes", result.unchanged_bytes},
                           {"lacking", kinds_and_sizes_json(result.manifest.lacking)}};
     out.update(timings_json(result));
     std::cout << out.dump(2) << "\n";
@@ -74,6 +83,9 @@ int dump_command(const dump_command_options& o) {
                 : result.snapshot_bytes < result.manifest.data_bytes ? "partly to spare GPU memory, partly out of the GPU"
                                                                      : "to spare GPU memory",
                 result.copy_seconds, copy_gbps);
+    if (!o.parent.empty())
+      std::printf("  incremental: %s unchanged since %s, left to it\n", human_bytes(result.unchanged_bytes).c_str(),
+                  o.parent.c_str());
     if (!result.manifest.lacking.empty())
       std::printf("  partial: the image lacks %s (memory vmmckpt does not own)\n",
                   kinds_and_sizes(result.manifest.lacking).c_str());

@@ -24,8 +24,15 @@ int inspect_command(const std::string& path, bool as_json) {
   std::printf("image     %s (format %u, written by vmmckpt %s)\n", path.c_str(), m.format, m.tool_version.c_str());
   std::printf("created   %s on %s\n", m.created.c_str(), m.host.c_str());
   std::printf("process   %lld: %s\n", static_cast<long long>(m.pid), command.c_str());
-  std::printf("data      %s; program held %.1f ms\n", human_bytes(m.data_bytes).c_str(), m.hold_us / 1000.0);
+  if (m.parent)
+    std::printf("data      %s in this image, %s with its parents; program held %.1f ms\n", human_bytes(m.data_bytes).c_str(),
+                human_bytes(image::restored_bytes(m)).c_str(), m.hold_us / 1000.0);
+  else
+    std::printf("data      %s; program held %.1f ms\n", human_bytes(m.data_bytes).c_str(), m.hold_us / 1000.0);
   if (!m.lacking.empty()) std::printf("partial: lacks %s\n", kinds_and_sizes(m.lacking).c_str());
+  if (m.parent)
+    std::printf("parent    %s (image %s): blocks unchanged since it are read from it; chain %s\n",
+                reader.parent()->dir().c_str(), m.parent->image_id.c_str(), chain_text(reader).c_str());
   for (const auto& d : m.devices)
     std::printf("device    %d: %s %s (compute capability %d.%d)\n", d.ordinal, d.name.c_str(), d.uuid.c_str(),
                 d.cc_major, d.cc_minor);
@@ -75,11 +82,15 @@ int verify_command(const std::string& path, bool as_json) {
     const auto& lacking = reader.info().lacking;
     if (as_json) {
       std::cout << nlohmann::json{{"image", path}, {"ok", true}, {"partial", !lacking.empty()},
+                                  {"chain", chain_length(reader)},
                                   {"lacking", kinds_and_sizes_json(lacking)}}
                        .dump(2)
                 << "\n";
     } else {
-      std::printf("%s: good (%s, every checksum matches)\n", path.c_str(), human_bytes(reader.info().data_bytes).c_str());
+      std::printf("%s: good (%s, every checksum matches)\n", path.c_str(), human_bytes(image::restored_bytes(reader.info())).c_str());
+      if (reader.parent() != nullptr)
+        std::printf("%s: incremental: its unchanged blocks were checked in its parents too: %s\n", path.c_str(),
+                    chain_text(reader).c_str());
       // Good as what it is: an image that says what it lacks.
       if (!lacking.empty()) std::printf("%s: partial: lacks %s\n", path.c_str(), kinds_and_sizes(lacking).c_str());
     }

@@ -138,6 +138,13 @@ int main(int argc, char** argv) {
                  "Write the image even when the process has device memory vmmckpt does not own (managed memory, "
                  "CUDA arrays, memory pools it created, VMM that passes through): the image is marked partial "
                  "and lists what it lacks");
+  dump->add_option("--parent", dump_options.parent,
+                   "Write an incremental image: blocks unchanged since the image PARENT are left to it (it must "
+                   "stay, or be merged: cuda-ckpt merge)")
+      ->type_name("IMAGE");
+  dump->add_flag("--gpu-checksums", dump_options.gpu_checksums,
+                 "Compute the block checksums on the GPU snapshot (a kernel built into cuda-ckpt); where it cannot, "
+                 "the CPU does, and --json says why (checksums.why_not_gpu)");
   dump->add_option("--writers", dump_options.writers, "Threads writing the image, one data file each (default: one per core, up to 16)")
       ->check(CLI::Range(1, 256));
   dump->add_flag("--process", dump_options.process,
@@ -168,6 +175,25 @@ int main(int argc, char** argv) {
       "any step brings the processes back running and leaves no image; if cuda-ckpt itself is killed midway,\n"
       "`cuda-ckpt resume PID` brings the process back from whatever state it was left in. The time the process\n"
       "was stopped is reported. CRIU: $VMMCKPT_CRIU, else criu on PATH (scripts/provision-criu.sh).");
+
+  std::string merge_path, merge_output;
+  bool merge_json = false;
+  auto* merge = app.add_subcommand("merge", "Write an incremental image and its parents as one full image");
+  add_image(merge, merge_path);
+  merge->add_option("-o,--output", merge_output, "The full image to create")->required()->type_name("DIR");
+  merge->add_flag("--json", merge_json, "Print the result as JSON");
+  merge->footer("Usage: cuda-ckpt merge IMAGE -o FULL\n"
+                "Every block is read from wherever the chain holds it and checked; FULL has no parent and appears\n"
+                "only once complete and synced. The chain is left as it was.");
+
+  std::string rm_path;
+  bool rm_force = false, rm_json = false;
+  auto* rm = app.add_subcommand("rm", "Delete an image, unless another image in its directory is its child");
+  add_image(rm, rm_path);
+  rm->add_flag("--force", rm_force, "Delete it even if incremental images name it as their parent (they break)");
+  rm->add_flag("--json", rm_json, "Print the result as JSON");
+  rm->footer("An image cannot know its children: rm looks for them among the images next to it (the same\n"
+             "directory), where dump --parent leaves them by default. A child kept elsewhere is not seen.");
 
   std::string inspect_path;
   bool inspect_json = false;
@@ -224,6 +250,10 @@ int main(int argc, char** argv) {
   suspend->add_flag("--allow-partial", suspend_options.allow_partial,
                     "Suspend even when the process has device memory vmmckpt does not own: the image is marked "
                     "partial, and that memory stays on the GPU while the process is suspended");
+  suspend->add_option("--parent", suspend_options.parent,
+                      "Write an incremental image: blocks unchanged since the image PARENT (weights saved earlier) "
+                      "are left to it; resume reads them from there")
+      ->type_name("IMAGE");
   suspend->add_option("--writers", suspend_options.writers, "Threads writing the image (default: one per core, up to 16)")
       ->check(CLI::Range(1, 256));
   suspend->footer(
@@ -359,6 +389,8 @@ int main(int argc, char** argv) {
     if (*check) return check_command(check_pid, check_json);
     if (*dump) return dump_command(dump_options);
     if (*inspect) return inspect_command(inspect_path, inspect_json);
+    if (*merge) return merge_command(merge_path, merge_output, merge_json);
+    if (*rm) return rm_command(rm_path, rm_force, rm_json);
     if (*verify) return verify_command(verify_path, verify_json);
     if (*cat) return cat_command(cat_path, cat_addr, cat_size, cat_output);
     if (*restore) {

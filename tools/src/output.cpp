@@ -103,6 +103,8 @@ nlohmann::json timings_json(const ckpt::image_result& r) {
                     {"hashing_s", r.threads.hashing},
                     {"writing_s", r.threads.writing},
                     {"copy_waiting_s", r.threads.copy_waiting}};
+  out["checksums"] = {{"where", r.checksums}, {"seconds", r.checksum_seconds}, {"not_copied_bytes", r.uncopied_bytes}};
+  if (!r.checksums_why.empty()) out["checksums"]["why_not_gpu"] = r.checksums_why;
   return out;
 }
 

@@ -28,6 +28,7 @@ int suspend_command(const suspend_command_options& o) {
   if (o.writers > 0) options.copy.writers = o.writers;
   options.verify = o.verify;
   options.allow_partial = o.allow_partial;
+  options.copy.parent = o.parent;
   if (o.output.empty()) {
     char stamp[32];
     const std::time_t t = std::time(nullptr);

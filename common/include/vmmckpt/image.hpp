@@ -15,11 +15,18 @@
 
 namespace vmmckpt::image {
 
-// What the writer writes: format 4, which adds program-made VMM memory (the manifest's `vmm` layout and
-// pools of kind vmm) to format 3, whose allocation and extent tables are apart from the manifest's JSON,
-// in tables.bin. Readers also read format 3, format 2 (tables in the JSON) and format 1 (one data file,
-// no `file` fields).
-inline constexpr std::uint32_t format_version = 4;
+// What the writer writes: format 5, which adds block checksums and parents (incremental images) to
+// format 4 (program-made VMM memory: the manifest's `vmm` layout and pools of kind vmm), which added to
+// format 3, whose allocation and extent tables are apart from the manifest's JSON, in tables.bin.
+// Readers also read formats 4, 3, 2 (tables in the JSON) and 1 (one data file, no `file` fields).
+inline constexpr std::uint32_t format_version = 5;
+// Format 5: every extent's stored bytes are cut into blocks of this many bytes, counted from the
+// extent's first stored byte (the last block of an extent may be shorter), each with its own
+// checksum: the unit an incremental dump compares with its parent and leaves out when unchanged.
+// docs/image-format.md ("Blocks") gives the measurements behind 1 MiB.
+inline constexpr std::uint64_t write_block_size = 1ULL << 20;
+// The longest chain of parents a reader follows (an image, its parent, its parent's parent, ...).
+inline constexpr std::size_t max_chain_length = 32;
 // Data files an image may have: the writer spreads extents over several so that threads can
 // write them at once (a file system serializes writes to one file).
 inline constexpr std::uint32_t max_data_files = 256;
@@ -44,15 +51,37 @@ using vmmckpt::allocation;
 // allocations are not stored). It begins and ends inside allocations. One extent holds many small
 // allocations, so that a dump of 200 000 of them costs about what one of the same bytes does; a big
 // allocation is cut into several. In formats 1 and 2 every extent lies inside one allocation.
+// Format 5: one block of an extent's stored bytes: its checksum (block_checksum), and whether its
+// bytes are in this image's data file or, unchanged, in the parent's extent of the same address,
+// size and stored bytes.
+struct block {
+  std::uint64_t checksum = 0;
+  bool in_parent = false;
+  friend bool operator==(const block&, const block&) = default;
+};
+
 struct extent {
   std::uint64_t addr = 0;
   std::uint64_t size = 0;      // of the address range
   std::uint64_t stored = 0;    // bytes in the data file: the allocations' bytes in the range
   std::uint32_t file = 0;      // which data file holds it
   std::uint64_t offset = 0;    // in that file's payload
-  std::uint64_t checksum = 0;  // XXH3-64 of the stored bytes
+  // XXH3-64 of the stored bytes; format 5: combined_checksum(blocks)
+  std::uint64_t checksum = 0;
+  std::vector<block> blocks;   // format 5: block_count(stored, block size) of them
   friend bool operator==(const extent&, const extent&) = default;
 };
+
+// The block checksum function of format 5 (docs/image-format.md, "Blocks"): XXH3-64 with seed 0 of
+// the block's bytes. A GPU kernel computing checksums must give exactly these values.
+std::uint64_t block_checksum(const void* data, std::size_t size);
+// An extent's checksum in format 5: XXH3-64 (seed 0) of its blocks' checksums, each as 8 bytes
+// little-endian, in order.
+std::uint64_t combined_checksum(const std::vector<block>& blocks);
+// Blocks of `stored` bytes cut into blocks of `block_bytes` (the last may be shorter).
+std::uint64_t block_count(std::uint64_t stored, std::uint64_t block_bytes);
+// The bytes of extent e this image's data file holds: all its stored bytes but its blocks in the parent.
+std::uint64_t bytes_here(const extent& e, std::uint64_t block_bytes);
 
 // `size` of an extent's stored bytes, from `offset` in them, belong at address `addr`: the part of
 // one allocation inside the extent.
@@ -84,6 +113,16 @@ struct lack {
   friend bool operator==(const lack&, const lack&) = default;
 };
 
+// Format 5: the image an incremental image takes its unchanged blocks from, by identity (its image_id
+// and the XXH3-64 of its manifest.json as written) and by where it was found when the child was
+// written (a hint: docs/image-format.md, "Chains", says where readers look).
+struct parent_ref {
+  std::string image_id;
+  std::uint64_t manifest_checksum = 0;
+  std::string path;
+  friend bool operator==(const parent_ref&, const parent_ref&) = default;
+};
+
 struct manifest {
   std::uint32_t format = format_version;
   // Format 3: 32 hex digits, random, given by the writer at commit: which image this is, so that
@@ -96,7 +135,9 @@ struct manifest {
   std::vector<std::string> command;
   std::vector<device_info> devices;
   std::vector<pool> pools;
-  std::uint64_t data_bytes = 0;     // sum of extent sizes = sum of the data files' payloads
+  std::uint64_t data_bytes = 0;     // sum of the extents' bytes here (bytes_here) = sum of the data files' payloads
+  std::uint64_t block_size = write_block_size;  // format 5 (what the writer writes); 0 before
+  std::optional<parent_ref> parent;              // format 5: an incremental image's parent
   std::uint32_t data_files = 1;     // data.bin, data.1.bin, ... data.(N-1).bin
   std::uint64_t hold_us = 0;        // how long the program was held for the dump
   // Format 4: program-made VMM memory's reservations, handles, mappings and access; its bytes are in
@@ -106,6 +147,10 @@ struct manifest {
   std::vector<lack> lacking;
   friend bool operator==(const manifest&, const manifest&) = default;
 };
+
+// The bytes an image brings back: every extent's stored bytes, wherever in its chain they are
+// (data_bytes counts only those in its own data files).
+std::uint64_t restored_bytes(const manifest& m);
 
 // Writes an image under a temporary name next to `final_dir`; nothing at
 // `final_dir` exists until commit() has written, fsync'd and renamed it. The
@@ -124,7 +169,13 @@ class writer {
   void begin_extent(std::uint32_t file, std::uint64_t addr, std::uint64_t size, std::uint64_t stored);
   void begin_extent(std::uint32_t file, std::uint64_t addr, std::uint64_t size) { begin_extent(file, addr, size, size); }
   void write(std::uint32_t file, const void* data, std::size_t size);  // part of that file's current extent
-  extent end_extent(std::uint32_t file);                               // file, offset and checksum filled in
+  extent end_extent(std::uint32_t file);                               // file, offset, checksums filled in
+  // Instead of write(), block by block (at a block boundary of the current extent; `size` is
+  // write_block_size or the extent's last, shorter, block): a block whose checksum the caller has
+  // computed already (block_checksum of these very bytes, on the CPU or the GPU), written unhashed;
+  // or, with inherit_block, a block left out because the parent image holds it unchanged.
+  void write_block(std::uint32_t file, const void* data, std::size_t size, std::uint64_t checksum);
+  void inherit_block(std::uint32_t file, std::size_t size, std::uint64_t checksum);
   // The same on file 0.
   void begin_extent(std::uint64_t addr, std::uint64_t size) { begin_extent(0, addr, size); }
   void write(const void* data, std::size_t size) { write(0, data, size); }
@@ -179,23 +230,32 @@ class reader {
   // Checks that the manifest is the one the data files were written with (each header records its
   // XXH3); verify_data() does this first. Loaders that check extents themselves call it.
   void verify_manifest() const;
+  // The XXH3-64 of manifest.json as read: what a child image records of its parent.
+  std::uint64_t manifest_checksum() const;
+  // Format 5: the parent this image's blocks in_parent are read from (opened, checked, with its own
+  // parents, by open()); null for an image without one.
+  const reader* parent() const;
+  const std::filesystem::path& dir() const;
   // Compares a checksum a loader computed over a whole extent (streaming_checksum) with the
   // manifest's; throws image_error naming the extent when they differ.
   void check_extent(const extent& e, std::uint64_t computed) const;
   // Reads part of an extent's stored bytes without checking its checksum: for loaders that
-  // stream big extents in pieces (and check them with check_extent).
+  // stream big extents in pieces (and check them with check_extent). Blocks in the parent come from it.
   void read_part(const extent& e, std::uint64_t offset, std::uint64_t size, void* dst) const;
 
  private:
   struct impl;
   explicit reader(std::unique_ptr<impl>);
+  // open() of one link of a chain: `children` names the images already opened below it, nearest last.
+  static reader open_link(const std::filesystem::path& dir, std::vector<std::string>& children);
   std::unique_ptr<impl> impl_;
 };
 
-// XXH3-64 over bytes fed piece by piece: what an extent's checksum is, for loaders that stream.
+// XXH3-64 over bytes fed piece by piece: what an extent's checksum is, for loaders that stream. With
+// a block size (format 5: the manifest's block_size), the combined checksum of its blocks instead.
 class streaming_checksum {
  public:
-  streaming_checksum();
+  explicit streaming_checksum(std::uint64_t block_bytes = 0);
   ~streaming_checksum();
   streaming_checksum(const streaming_checksum&) = delete;
   streaming_checksum& operator=(const streaming_checksum&) = delete;

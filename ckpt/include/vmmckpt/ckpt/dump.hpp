@@ -29,6 +29,13 @@ struct copy_settings {
   // Set (to the signal's number) by the caller's SIGINT/SIGTERM handler: the operation stops at its
   // next chunk with `interrupted`, leaving nothing and the program released. Null: never.
   const std::atomic<int>* interrupt = nullptr;
+  // An incremental image: the image to compare with (docs/image-format.md, "Chains"). Blocks whose
+  // checksum equals the parent's block at the same place are not written; empty: a full image.
+  std::filesystem::path parent;
+  // Compute the block checksums on the GPU snapshot with the kernel built into the tool (the writers
+  // then only write). Off by default until it is measured on a GPU; without a snapshot or a usable
+  // kernel the CPU computes them, and the result says why.
+  bool gpu_checksums = false;
 };
 
 // Where a long operation is, for a progress line. Callbacks come from several threads, one at a time.
@@ -74,6 +81,14 @@ struct image_result {
     double writing = 0;
     double copy_waiting = 0;
   } threads;
+  // An incremental image: the stored bytes left out because its parent holds them unchanged.
+  std::uint64_t unchanged_bytes = 0;
+  // Where the block checksums were computed: "gpu" (on the GPU snapshot, by the kernel built into the
+  // tool; the writers only write) or "cpu" (the writers hash), and why not on the GPU.
+  std::string checksums = "cpu";
+  std::string checksums_why;
+  double checksum_seconds = 0;  // the kernel's time, its results copied back included
+  std::uint64_t uncopied_bytes = 0;  // unchanged blocks left on the GPU (checksums on the GPU and a parent)
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
   void mark(const std::string& step) {
     phases.emplace_back(step, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());

@@ -1,0 +1,203 @@
+// End-to-end tests of incremental images: dump --parent, the chain followed by verify, restore and resume, its refusals, merge and rm.
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "e2e_support.hpp"
+
+using namespace vmmckpt::test;
+
+namespace {
+
+const std::string program = build_dir + "/tests/programs/emu_incremental";
+constexpr std::uint64_t MiB = 1ULL << 20;
+constexpr std::uint64_t live_bytes = 100 * MiB;  // emu_incremental's 4 x 25 MiB
+
+nlohmann::json dump_json(pid_t pid, const fs::path& out, const fs::path& parent = {}, bool gpu_checksums = false) {
+  std::vector<std::string> argv{cuda_ckpt, "dump", std::to_string(pid), "-o", out.string(), "--json"};
+  if (gpu_checksums) argv.push_back("--gpu-checksums");
+  if (!parent.empty()) argv.insert(argv.end(), {"--parent", parent.string()});
+  const auto r = run_process(argv);
+  INFO(describe(r));
+  REQUIRE(r.exit_code == 0);
+  return nlohmann::json::parse(r.out);
+}
+
+// The restored program finds exactly the bytes the live one had when it saved `live`.
+void check_restore(const fs::path& image, const fs::path& live) {
+  const auto r = run_process({cuda_ckpt, "restore", image.string(), "--", program, "check", live.string()});
+  INFO(describe(r));
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.out, Catch::Matchers::Contains("equal: " + std::to_string(live_bytes) + " bytes"));
+}
+
+struct chain {
+  scratch_dir dir;
+  std::unique_ptr<background_process> p;
+  fs::path full, inc1, inc2;
+  nlohmann::json full_json, inc1_json, inc2_json;
+
+  chain() {
+    p = std::make_unique<background_process>(
+        std::vector<std::string>{cuda_ckpt, "run", "--", program, "run", dir.path.string()});
+    REQUIRE(p->wait_for_output("ready\n"));
+    full = dir.path / "full";
+    inc1 = dir.path / "inc1";
+    inc2 = dir.path / "inc2";
+    full_json = dump_json(p->pid(), full, {}, true);
+    ::kill(p->pid(), SIGUSR1);  // 1 % of the memory changes
+    REQUIRE(p->wait_for_output("changed 1\n"));
+    inc1_json = dump_json(p->pid(), inc1, full, true);
+    inc2_json = dump_json(p->pid(), inc2, inc1);  // nothing changed
+  }
+};
+
+}  // namespace
+
+TEST_CASE("incremental: full, 1 % changed, nothing changed; restore from the chain holds the live bytes",
+          "[emu][incremental]") {
+  chain c;
+  CHECK(c.full_json["bytes"] == live_bytes);
+  CHECK(c.full_json["unchanged_bytes"] == 0);
+  // The emulated driver runs no kernels: the CPU computed the checksums, and --json says why. On a GPU
+  // (ctest gpu.incremental) the kernel did, and unchanged blocks were not copied out of the GPU.
+  if (c.full_json["checksums"]["where"] == "gpu") {
+    CHECK(c.inc1_json["checksums"]["where"] == "gpu");
+    CHECK(c.inc1_json["checksums"]["not_copied_bytes"] == c.inc1_json["unchanged_bytes"]);
+  } else {
+    CHECK_THAT(c.full_json["checksums"]["why_not_gpu"].get<std::string>(), Catch::Matchers::Contains("no cuModuleLoadData"));
+    CHECK(c.inc1_json["checksums"]["where"] == "cpu");
+  }
+  CHECK(c.inc2_json["checksums"]["why_not_gpu"] == "not asked for (--gpu-checksums)");
+  // One byte in every 100th MiB changed: one block of 1 MiB in each 100, at most one more where an
+  // extent's blocks are cut short.
+  INFO(c.inc1_json.dump(2));
+  CHECK(c.inc1_json["bytes"].get<std::uint64_t>() >= 1 * MiB);
+  CHECK(c.inc1_json["bytes"].get<std::uint64_t>() <= 2 * MiB);
+  CHECK(c.inc1_json["bytes"].get<std::uint64_t>() + c.inc1_json["unchanged_bytes"].get<std::uint64_t>() == live_bytes);
+  CHECK(c.inc2_json["bytes"] == 0);
+  CHECK(c.inc2_json["unchanged_bytes"] == live_bytes);
+
+  const auto verify = run_process({cuda_ckpt, "verify", c.inc2.string(), "--json"});
+  INFO(describe(verify));
+  REQUIRE(verify.exit_code == 0);
+  CHECK(nlohmann::json::parse(verify.out)["chain"] == 3);
+  const auto inspect = run_process({cuda_ckpt, "inspect", c.inc2.string()});
+  CHECK_THAT(inspect.out, Catch::Matchers::Contains("chain " + c.inc2.string() + " <- " + c.inc1.string() + " <- " +
+                                                    c.full.string()));
+
+  check_restore(c.full, c.dir.path / "live-0");
+  check_restore(c.inc1, c.dir.path / "live-1");
+  check_restore(c.inc2, c.dir.path / "live-1");
+
+  // merge: a full image of the same bytes, which needs nothing else.
+  const auto merged = run_process({cuda_ckpt, "merge", c.inc2.string(), "-o", (c.dir.path / "merged").string(), "--json"});
+  INFO(describe(merged));
+  REQUIRE(merged.exit_code == 0);
+  CHECK(nlohmann::json::parse(merged.out)["bytes"] == live_bytes);
+  fs::rename(c.full, c.dir.path / "gone");
+  check_restore(c.dir.path / "merged", c.dir.path / "live-1");
+  fs::rename(c.dir.path / "gone", c.full);
+
+  // cat reads across the chain too.
+  const auto cat = run_process({cuda_ckpt, "cat", c.inc2.string(), "0x200000000000", "16", "-o", (c.dir.path / "head").string()});
+  INFO(describe(cat));
+  CHECK(cat.exit_code == 0);
+}
+
+TEST_CASE("incremental: a missing, changed or broken parent is refused by verify and restore, naming it",
+          "[emu][incremental]") {
+  chain c;
+  auto refused = [&](const std::string& what) {
+    const auto v = run_process({cuda_ckpt, "verify", c.inc2.string()});
+    INFO(describe(v));
+    CHECK(v.exit_code == 1);
+    CHECK_THAT(v.err, Catch::Matchers::Contains(what));
+    const auto r = run_process({cuda_ckpt, "restore", c.inc2.string(), "--", program, "check", (c.dir.path / "live-1").string()});
+    INFO(describe(r));
+    CHECK(r.exit_code == 1);
+    CHECK_THAT(r.err, Catch::Matchers::Contains(what));
+    CHECK_THAT(r.out + r.err, !Catch::Matchers::Contains("equal:"));  // the program never started
+  };
+  SECTION("missing") {
+    fs::rename(c.inc1, c.dir.path / "moved-away");
+    refused(c.inc2.string() + ": its parent " + c.inc1.string());
+    refused("is missing");
+  }
+  SECTION("changed: another image under its name") {
+    fs::rename(c.inc1, c.dir.path / "old-inc1");
+    dump_json(c.p->pid(), c.inc1, c.full);
+    refused("its parent " + c.inc1.string());
+    refused("has changed: " + c.inc1.string() + " is image ");
+  }
+  SECTION("broken: the grandparent's data damaged where the chain reads it") {
+    // live-1 differs from live-0 in one byte per 100 MiB: most of inc2's blocks come from full.
+    std::fstream f(c.full / "data.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(64 + 3 * MiB + 5);
+    f.put('\x42');
+    f.close();
+    refused("checksum mismatch");
+  }
+  SECTION("broken: the parent's tables damaged") {
+    std::fstream f(c.inc1 / "tables.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    f.put('\x42');
+    f.close();
+    refused("its parent " + c.inc1.string());
+    refused("is broken");
+  }
+}
+
+TEST_CASE("incremental: rm refuses to delete a parent, --force breaks the child knowingly", "[emu][incremental]") {
+  chain c;
+  const auto refused = run_process({cuda_ckpt, "rm", c.inc1.string()});
+  INFO(describe(refused));
+  CHECK(refused.exit_code == 1);
+  CHECK_THAT(refused.err, Catch::Matchers::Contains("is the parent of " + c.inc2.string()));
+  CHECK(fs::exists(c.inc1 / "manifest.json"));
+  // --force deletes it and names the child it breaks.
+  const auto forced = run_process({cuda_ckpt, "rm", "--force", c.full.string()});
+  INFO(describe(forced));
+  CHECK(forced.exit_code == 0);
+  CHECK_THAT(forced.out, Catch::Matchers::Contains(c.inc1.string() + ": now lacks its parent"));
+  CHECK_FALSE(fs::exists(c.full));
+  // A child whose parent is gone is still deleted like any image, once nothing needs it.
+  CHECK(run_process({cuda_ckpt, "rm", c.inc1.string()}).exit_code == 1);  // inc2 still needs it
+  CHECK(run_process({cuda_ckpt, "rm", c.inc2.string()}).exit_code == 0);
+  CHECK(run_process({cuda_ckpt, "rm", c.inc1.string()}).exit_code == 0);
+  CHECK_FALSE(fs::exists(c.inc1));
+  CHECK(run_process({cuda_ckpt, "rm", (c.dir.path / "live-0").string()}).exit_code == 1);  // not an image
+  CHECK(fs::exists(c.dir.path / "live-0"));
+}
+
+TEST_CASE("incremental: suspend --parent, and resume follows the chain", "[emu][incremental]") {
+  chain c;
+  const fs::path image = c.dir.path / "suspended";
+  const auto s = run_process({cuda_ckpt, "suspend", std::to_string(c.p->pid()), "-o", image.string(), "--parent",
+                              c.inc2.string(), "--json"});
+  INFO(describe(s));
+  REQUIRE(s.exit_code == 0);
+  const auto r = run_process({cuda_ckpt, "resume", std::to_string(c.p->pid())});
+  INFO(describe(r));
+  REQUIRE(r.exit_code == 0);
+  // A suspend image is deleted by resume and gc: it cannot be a parent.
+  const auto refused = run_process({cuda_ckpt, "dump", std::to_string(c.p->pid()), "-o", (c.dir.path / "x").string(),
+                                    "--parent", image.string()});
+  INFO(describe(refused));
+  CHECK(refused.exit_code == 1);
+  CHECK_THAT(refused.err, Catch::Matchers::Contains("a suspend image cannot be a parent"));
+  CHECK_FALSE(fs::exists(c.dir.path / "x"));
+  // The program's memory is what it was: one more change and save, then compare with a restore of a
+  // fresh full dump.
+  ::kill(c.p->pid(), SIGUSR1);
+  REQUIRE(c.p->wait_for_output("changed 2\n"));
+  dump_json(c.p->pid(), c.dir.path / "after", c.inc2);
+  check_restore(c.dir.path / "after", c.dir.path / "live-2");
+}

@@ -1,0 +1,89 @@
+// `cuda-ckpt merge` and `cuda-ckpt rm`: make a chain of incremental images into a full one, and delete an image no other needs.
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <system_error>
+
+#include "commands.hpp"
+#include "exit_codes.hpp"
+#include "output.hpp"
+#include "vmmckpt/image.hpp"
+#include "vmmckpt/image_chain.hpp"
+
+namespace vmmckpt::tools {
+
+// "IMAGE, its parent P, its parent Q": the chain a reader follows, nearest first.
+std::string chain_text(const image::reader& r) {
+  std::string out = r.dir().string();
+  for (const image::reader* p = r.parent(); p != nullptr; p = p->parent()) out += " <- " + p->dir().string();
+  return out;
+}
+
+std::size_t chain_length(const image::reader& r) {
+  std::size_t n = 0;
+  for (const image::reader* p = &r; p != nullptr; p = p->parent()) ++n;
+  return n;
+}
+
+int merge_command(const std::string& path, const std::string& output, bool json) {
+  const auto chain = image::reader::open(path);
+  const auto m = image::merge(chain, output, std::max<std::uint32_t>(1, chain.info().data_files));
+  if (json) {
+    std::cout << nlohmann::json{{"image", output}, {"from", path}, {"chain", chain_length(chain)},
+                                {"image_id", m.image_id}, {"bytes", m.data_bytes}}
+                     .dump(2)
+              << "\n";
+  } else {
+    std::printf("merged %s (a chain of %zu image%s: %s) into the full image %s (%s)\n", path.c_str(),
+                chain_length(chain), chain_length(chain) == 1 ? "" : "s", chain_text(chain).c_str(), output.c_str(),
+                human_bytes(m.data_bytes).c_str());
+  }
+  return exit_ok;
+}
+
+int rm_command(const std::string& path, bool force, bool json) {
+  // Only an image is deleted: its manifest must decode (its parent need not be there).
+  std::filesystem::path dir(path);
+  if (!dir.has_filename()) dir = dir.parent_path();
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(dir / "manifest.json", ec) || std::filesystem::is_symlink(dir, ec))
+    return report_failure("rm", json, path + ": not an image directory (no manifest.json); nothing removed", exit_failure);
+  // Its own manifest names it; its parents need not be there (a child whose parent is gone can go too).
+  std::string image_id;
+  {
+    std::ifstream in(dir / "manifest.json", std::ios::binary);
+    const auto j = nlohmann::json::parse(in, nullptr, false);
+    if (j.is_object() && j.value("magic", "") == "vmmckpt-image" && j.contains("image_id") && j["image_id"].is_string())
+      image_id = j["image_id"].get<std::string>();
+  }
+  if (image_id.empty() && !force)
+    return report_failure("rm", json,
+                          path + ": its manifest.json names no image (not an image of format 3 or later, or damaged); "
+                                 "nothing removed (--force removes it anyway)",
+                          exit_failure);
+  const auto holder = std::filesystem::absolute(dir).lexically_normal().parent_path();
+  const auto children = image_id.empty() ? std::vector<std::filesystem::path>{} : image::children_in(holder, image_id);
+  if (!children.empty() && !force) {
+    std::string names;
+    for (const auto& c : children) names += (names.empty() ? "" : ", ") + c.string();
+    return report_failure("rm", json,
+                          path + " is the parent of " + names +
+                              ": they need its blocks. Merge them first (cuda-ckpt merge CHILD -o FULL), or pass "
+                              "--force to delete it and break them",
+                          exit_failure);
+  }
+  std::filesystem::remove_all(dir, ec);
+  if (ec) return report_failure("rm", json, path + ": " + ec.message(), exit_failure);
+  if (json) {
+    nlohmann::json broken = nlohmann::json::array();
+    for (const auto& c : children) broken.push_back(c.string());
+    std::cout << nlohmann::json{{"removed", path}, {"broken_children", broken}}.dump(2) << "\n";
+  } else {
+    std::printf("removed %s\n", path.c_str());
+    for (const auto& c : children) std::printf("%s: now lacks its parent (removed with --force)\n", c.c_str());
+  }
+  return exit_ok;
+}
+
+}  // namespace vmmckpt::tools
