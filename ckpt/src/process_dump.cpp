@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <random>
 
 #include "driver_checkpoint.hpp"
 #include "vmmckpt/ckpt/criu.hpp"
@@ -13,6 +12,7 @@
 #include "vmmckpt/ckpt/processes.hpp"
 #include "vmmckpt/ckpt/suspend.hpp"
 #include "vmmckpt/fault_point.hpp"
+#include "vmmckpt/hex_text.hpp"
 
 namespace vmmckpt::ckpt {
 namespace fs = std::filesystem;
@@ -66,13 +66,6 @@ std::vector<tree_member> gpu_members_of(pid_t root) {
     throw tool_error("no process in the tree of process " + std::to_string(root) +
                      " runs under vmmckpt with CUDA in use: nothing of the GPU to checkpoint (use criu alone)");
   return members;
-}
-
-std::string random_hex() {
-  std::random_device rd;
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%08x%08x", rd(), rd());
-  return buf;
 }
 
 void check_interrupted(const copy_settings& copy) {
@@ -134,7 +127,7 @@ process_dump_result dump_process(const process_dump_options& o, const progress_c
   // `cuda-ckpt gc` knows the .partial- form.
   done_so_far done;
   done.staging = output.parent_path() / (output.filename().string() + ".partial-" + std::to_string(::getpid()) + "-" +
-                                         random_hex());
+                                         random_hex16());
   if (!fs::create_directories(done.staging / gpu_dir_name, ec) || ec)
     throw image::image_error(done.staging.string() + ": cannot be created: " + ec.message());
   ::chmod(done.staging.c_str(), 0700);
@@ -145,7 +138,7 @@ process_dump_result dump_process(const process_dump_options& o, const progress_c
   d.criu_version = criu.version;
   d.left_running = o.leave_running;
   const fs::path criu_log = fs::temp_directory_path() / ("cuda-ckpt-criu-dump-" + std::to_string(o.pid) + "-" +
-                                                         random_hex() + ".log");
+                                                         random_hex16() + ".log");
   try {
     // 1. The shim copies each process's GPU memory out and frees it; each stays held.
     double stopped_from = -1;  // when the first process was held, in seconds from the start

@@ -4,7 +4,6 @@
 
 #include <chrono>
 #include <future>
-#include <random>
 #include <thread>
 
 #include "driver_checkpoint.hpp"
@@ -13,6 +12,7 @@
 #include "vmmckpt/ckpt/driver.hpp"
 #include "vmmckpt/ckpt/process_checkpoint.hpp"
 #include "vmmckpt/ckpt/processes.hpp"
+#include "vmmckpt/hex_text.hpp"
 #include "vmmckpt/image.hpp"
 
 namespace vmmckpt::ckpt {
@@ -59,9 +59,8 @@ void require_same_gpus(const fs::path& gpu_image) {
 }
 
 std::string temporary_log(const char* what, pid_t pid) {
-  std::random_device rd;
   return (fs::temp_directory_path() /
-          ("cuda-ckpt-criu-" + std::string(what) + "-" + std::to_string(pid) + "-" + std::to_string(rd()) + ".log"))
+          ("cuda-ckpt-criu-" + std::string(what) + "-" + std::to_string(pid) + "-" + random_hex16() + ".log"))
       .string();
 }
 

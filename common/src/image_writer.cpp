@@ -12,12 +12,12 @@
 #include <cstring>
 #include <memory>
 #include <optional>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "image_detail.hpp"
 #include "vmmckpt/fault_point.hpp"
+#include "vmmckpt/hex_text.hpp"
 #include "vmmckpt/image.hpp"
 
 namespace vmmckpt::image {
@@ -30,15 +30,6 @@ using detail::fail;
 constexpr std::size_t buffer_capacity = 8u << 20;
 // Hashed and written together: small enough to stay in a core's cache between the two.
 constexpr std::size_t hash_piece = 1u << 20;
-
-
-std::string random_suffix() {
-  std::random_device rd;
-  const std::uint64_t r = (static_cast<std::uint64_t>(rd()) << 32) | rd();
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(r));
-  return buf;
-}
 
 // Writes every byte of iov[0..n) or throws naming `file`; handles short writes and EINTR.
 void write_all(int fd, iovec* iov, int n, const std::string& file) {
@@ -178,7 +169,7 @@ struct data_file {
 };
 
 struct writer::impl {
-  std::string image_id = random_suffix() + random_suffix();  // 128 random bits, 32 hex digits
+  std::string image_id = random_hex16() + random_hex16();  // 128 random bits, 32 hex digits
   std::filesystem::path final_dir, temp_dir;
   std::string final_name, temp_name;
   int parent_fd = -1, dir_fd = -1;
@@ -212,7 +203,7 @@ struct writer::impl {
 
     // Retried because the random part could, very rarely, name a leftover of another dump.
     for (int attempt = 0;; ++attempt) {
-      temp_name = final_name + ".partial-" + std::to_string(::getpid()) + "-" + random_suffix();
+      temp_name = final_name + ".partial-" + std::to_string(::getpid()) + "-" + random_hex16();
       temp_dir = f.has_parent_path() ? f.parent_path() / temp_name : std::filesystem::path(temp_name);
       if (::mkdirat(parent_fd, temp_name.c_str(), 0700) == 0) break;
       if (errno != EEXIST || attempt == 8)

@@ -1,6 +1,5 @@
 // `cuda-ckpt dump`: parse options, run the dump engine, report.
 #include <cstdio>
-#include <ctime>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
@@ -26,10 +25,7 @@ int dump_command(const dump_command_options& o) {
   ckpt::dump_options options;
   options.pid = o.pid;
   if (o.output.empty()) {
-    char stamp[32];
-    const std::time_t t = std::time(nullptr);
-    std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&t));
-    options.output = "vmmckpt-" + std::to_string(o.pid) + "-" + stamp;
+    options.output = "vmmckpt-" + std::to_string(o.pid) + "-" + time_stamp();
   } else {
     options.output = o.output;
   }

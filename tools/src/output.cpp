@@ -5,9 +5,17 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <ctime>
 #include <iostream>
 
 namespace vmmckpt::tools {
+
+std::string time_stamp() {
+  char stamp[32];
+  const std::time_t t = std::time(nullptr);
+  std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&t));
+  return stamp;
+}
 
 std::string human_bytes(std::uint64_t bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -95,9 +103,15 @@ int report_failure(const std::string& command, bool json, const std::string& mes
   return exit_code;
 }
 
+nlohmann::json phases_json(const std::vector<std::pair<std::string, double>>& phases) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [step, at] : phases) out[step] = at;
+  return out;
+}
+
 nlohmann::json timings_json(const ckpt::image_result& r) {
   nlohmann::json out;
-  for (const auto& [step, at] : r.phases) out["phases"][step] = at;
+  out["phases"] = phases_json(r.phases);
   out["threads"] = {{"writers", r.threads.writers},
                     {"waiting_s", r.threads.waiting},
                     {"hashing_s", r.threads.hashing},

@@ -14,6 +14,9 @@ namespace vmmckpt::tools {
 
 std::string human_bytes(std::uint64_t bytes);  // "1.50 GiB"
 
+// The local time as default image names carry it: "20261125-014500".
+std::string time_stamp();
+
 // "managed 64.00 MiB, arrays 1.00 MiB": memory by kind ({kind, bytes} entries: what a process does
 // not own, or what a partial image lacks).
 template <typename Entries>
@@ -32,6 +35,8 @@ nlohmann::json kinds_and_sizes_json(const Entries& entries) {
 
 // A dump's or suspend's "phases" (when each step ended) and "threads" (where the threads' time
 // went), for --json.
+// {"step": seconds from the start at which it ended, ...}: the phases --json prints.
+nlohmann::json phases_json(const std::vector<std::pair<std::string, double>>& phases);
 nlohmann::json timings_json(const ckpt::image_result& r);
 
 // A long operation's progress on stderr, only when stderr is a terminal (and `enabled`: not with

@@ -1,6 +1,5 @@
 // `cuda-ckpt dump --process` and `cuda-ckpt restore DIR`: the whole process, CPU side through CRIU.
 #include <cstdio>
-#include <ctime>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
@@ -12,12 +11,6 @@
 
 namespace vmmckpt::tools {
 namespace {
-
-nlohmann::json phases_json(const ckpt::process_phases& phases) {
-  nlohmann::json out = nlohmann::json::object();
-  for (const auto& [step, at] : phases) out[step] = at;
-  return out;
-}
 
 nlohmann::json pids_json(const ckpt::process_image& d) {
   nlohmann::json out = nlohmann::json::array();
@@ -32,10 +25,7 @@ int dump_process_command(const dump_command_options& o) {
   options.pid = o.pid;
   options.output = o.output;
   if (o.output.empty()) {
-    char stamp[32];
-    const std::time_t t = std::time(nullptr);
-    std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&t));
-    options.output = "vmmckpt-process-" + std::to_string(o.pid) + "-" + stamp;
+    options.output = "vmmckpt-process-" + std::to_string(o.pid) + "-" + time_stamp();
   }
   options.leave_running = o.leave_running;
   options.criu_args = o.criu_args;

@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <cerrno>
 #include <cstring>
-#include <ctime>
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -30,10 +29,7 @@ int suspend_command(const suspend_command_options& o) {
   options.allow_partial = o.allow_partial;
   options.copy.parent = o.parent;
   if (o.output.empty()) {
-    char stamp[32];
-    const std::time_t t = std::time(nullptr);
-    std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&t));
-    options.output = ckpt::default_suspend_dir() / ("suspend-" + std::to_string(o.pid) + "-" + stamp);
+    options.output = ckpt::default_suspend_dir() / ("suspend-" + std::to_string(o.pid) + "-" + time_stamp());
   } else {
     options.output = o.output;
   }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <random>
 #include <string>
 #include <string_view>
 
@@ -27,6 +28,12 @@ inline std::string hex16(std::uint64_t v) {
   std::string s(16, '0');
   for (int i = 15; i >= 0; --i, v >>= 4) s[static_cast<std::size_t>(i)] = digits[v & 0xf];
   return s;
+}
+
+// 64 random bits as 16 hex digits: the unguessable part of temporary names and of image ids.
+inline std::string random_hex16() {
+  std::random_device rd;
+  return hex16((static_cast<std::uint64_t>(rd()) << 32) | rd());
 }
 
 // 1 to 16 hex digits and nothing else (so no value can overflow).
