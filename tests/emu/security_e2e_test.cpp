@@ -29,12 +29,19 @@ TEST_CASE("a client of another uid is refused by the program, and the refusal is
   if (::geteuid() != 0) VMMCKPT_SKIP("needs root to become another uid inside the test");
   scratch_dir dir;
   const fs::path log = dir.path / "shim.log";
+  // A runtime directory of this test's own: any other program under the shim that starts meanwhile
+  // (tests run in parallel) sets the shared one back to 0700, closing the door opened below.
+  const fs::path xdg = dir.path / "xdg";
+  fs::create_directory(xdg);
   background_process program({cuda_ckpt, "run", "--", writer_program, "--seconds", "60"},
-                             {{"VMMCKPT_LOG_FILE", log.string()}, {"VMMCKPT_LOG_LEVEL", "info"}});
+                             {{"VMMCKPT_LOG_FILE", log.string()}, {"VMMCKPT_LOG_LEVEL", "info"},
+                              {"XDG_RUNTIME_DIR", xdg.string()}});
   REQUIRE(program.wait_for_output("ready\n"));
-  const std::string path = vmmckpt::protocol::socket_path(program.pid());
+  const std::string dir_path = (xdg / "vmmckpt").string();
+  const std::string path = dir_path + "/" + std::to_string(program.pid()) + ".sock";
   // Open the door on purpose (it is 0700/0600): the program's own peer check must still say no.
-  const std::string dir_path = vmmckpt::protocol::runtime_dir();
+  ::chmod(dir.path.c_str(), 0711);
+  ::chmod(xdg.c_str(), 0711);
   ::chmod(dir_path.c_str(), 0711);
   ::chmod(path.c_str(), 0666);
   const pid_t child = ::fork();
