@@ -26,21 +26,29 @@ __global__ void fill_kernel(std::uint64_t* words, std::uint64_t count, std::uint
     words[k] = bench::fill_word(piece, k);
 }
 
+// Words [0, flipped) hold the pattern XOR flip_mask (stdin's "flip"), the rest the pattern.
 __global__ void count_kernel(const std::uint64_t* words, std::uint64_t count, std::uint64_t piece,
-                             unsigned long long* mismatches) {
+                             std::uint64_t flipped, unsigned long long* mismatches) {
   unsigned long long bad = 0;
   for (std::uint64_t k = blockIdx.x * blockDim.x + threadIdx.x; k < count; k += std::uint64_t(gridDim.x) * blockDim.x)
-    bad += words[k] != bench::fill_word(piece, k);
+    bad += words[k] != (bench::fill_word(piece, k) ^ (k < flipped ? bench::flip_mask : 0));
   if (bad != 0) atomicAdd(mismatches, bad);
+}
+
+__global__ void flip_kernel(std::uint64_t* words, std::uint64_t count) {
+  for (std::uint64_t k = blockIdx.x * blockDim.x + threadIdx.x; k < count; k += std::uint64_t(gridDim.x) * blockDim.x)
+    words[k] ^= bench::flip_mask;
 }
 
 __global__ void tick_kernel(unsigned int* counters) { ++counters[threadIdx.x]; }
 
-std::uint64_t count_mismatches(const std::vector<bench::piece>& pieces, unsigned long long* counter) {
+std::uint64_t count_mismatches(const std::vector<bench::piece>& pieces, unsigned long long* counter,
+                               std::uint64_t flipped_percent = 0) {
   VMMCKPT_CHECK(cudaMemset(counter, 0, sizeof *counter));
   for (std::size_t p = 0; p < pieces.size(); ++p)
     count_kernel<<<blocks, threads_per_block>>>(reinterpret_cast<const std::uint64_t*>(pieces[p].addr),
-                                                pieces[p].size / 8, p, counter);
+                                                pieces[p].size / 8, p, pieces[p].size / 8 * flipped_percent / 100,
+                                                counter);
   VMMCKPT_CHECK(cudaGetLastError());
   unsigned long long bad = 0;
   VMMCKPT_CHECK(cudaMemcpy(&bad, counter, sizeof bad, cudaMemcpyDeviceToHost));
@@ -77,6 +85,7 @@ int main(int argc, char** argv) {
 
   unsigned int* tick_buffer = nullptr;
   VMMCKPT_CHECK(cudaMalloc(&tick_buffer, 32 * sizeof *tick_buffer));
+  std::uint64_t flipped_percent = 0;  // the share of each piece now flipped
   cudaStream_t tick_stream;
   VMMCKPT_CHECK(cudaStreamCreateWithFlags(&tick_stream, cudaStreamNonBlocking));
   return bench::serve(
@@ -85,5 +94,13 @@ int main(int argc, char** argv) {
         VMMCKPT_CHECK(cudaGetLastError());
         VMMCKPT_CHECK(cudaStreamSynchronize(tick_stream));
       },
-      [&] { return count_mismatches(pieces, counter); }, o.until);
+      [&] { return count_mismatches(pieces, counter, flipped_percent); }, o.until,
+      [&](int percent) {
+        // Flipping the same share again undoes it; another share starts from the pattern.
+        for (std::size_t p = 0; p < pieces.size(); ++p)
+          flip_kernel<<<blocks, threads_per_block>>>(reinterpret_cast<std::uint64_t*>(pieces[p].addr),
+                                                     pieces[p].size / 8 * static_cast<std::uint64_t>(percent) / 100);
+        VMMCKPT_CHECK(cudaDeviceSynchronize());
+        flipped_percent = flipped_percent == 0 ? static_cast<std::uint64_t>(percent) : 0;
+      });
 }

@@ -28,6 +28,10 @@ namespace bench {
 
 // 64-bit word k of piece p: a hash (splitmix64's finalizer), so a page copied to the wrong place,
 // a stale page or a zeroed one cannot pass.
+// What stdin's "flip PERCENT" XORs into the first PERCENT % of each piece's words (a second flip undoes
+// it): the changed blocks of an incremental dump (bench/run_bench.py's incremental part).
+constexpr std::uint64_t flip_mask = 0xa5a5a5a5a5a5a5a5ULL;
+
 BENCH_HD inline std::uint64_t fill_word(std::uint64_t piece, std::uint64_t k) {
   std::uint64_t x = (piece << 48) ^ k ^ 0x9e3779b97f4a7c15ULL;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
@@ -125,8 +129,10 @@ inline bool report_check(std::uint64_t mismatches) {
 
 // Prints "ready", then keeps the program a live GPU program (tick() every 10 ms on a thread of its
 // own) until stdin closes; each line "check" runs count_mismatches() and prints the verdict.
+// stdin's lines: "check" (every piece against its pattern: "check ok" or "check FAILED n") and, where
+// `flip` is given, "flip PERCENT" (then "flipped").
 inline int serve(const std::function<void()>& tick, const std::function<std::uint64_t()>& count_mismatches,
-                 const std::string& until = {}) {
+                 const std::string& until = {}, const std::function<void(int)>& flip = {}) {
   std::printf("ready\n");
   std::fflush(stdout);
   std::atomic<bool> stop{false};
@@ -143,8 +149,14 @@ inline int serve(const std::function<void()>& tick, const std::function<std::uin
     ticker.join();
     return good ? 0 : 1;
   }
-  for (std::string line; std::getline(std::cin, line);)
+  for (std::string line; std::getline(std::cin, line);) {
     if (line == "check") report_check(count_mismatches());
+    if (flip && line.rfind("flip ", 0) == 0) {
+      flip(std::atoi(line.c_str() + 5));
+      std::printf("flipped\n");
+      std::fflush(stdout);
+    }
+  }
   stop = true;
   ticker.join();
   return 0;

@@ -143,6 +143,48 @@ TMPFS_PLACES = (("tmpfs", "tmpfs"), ("tmpfs-huge", "tmpfs with huge pages"))
 PLACES = ("tmpfs", "tmpfs-huge", "disk")
 
 
+def incremental_target_rows(res):
+    dumps = {r["image"]: r for r in res.get("incremental_dump")}
+    restores = {r["chain"]: r for r in res.get("incremental_restore")}
+    if 0 not in dumps:
+        return []
+    full = dumps[0]
+    label = size_label(full["size_gib"])
+    rows = [(f"full dump of {label} into tmpfs, block checksums on the GPU", "≥ 30 GB/s",
+             f"{num(full['gb_per_s'])} GB/s (checksums: {full.get('checksums', {}).get('where', '?')})",
+             verdict(full["gb_per_s"] >= 30))]
+    changed = [dumps[k] for k in (1, 2, 3, 4) if k in dumps]
+    if changed:
+        worst = max(r["seconds"] for r in changed)
+        rows.append(("incremental dump, 1 % of blocks changed", "≤ 5 % of the full dump's time",
+                     f"{num(worst, 3)} s, {num(100 * worst / full['seconds'], 1)} % of {num(full['seconds'], 3)} s "
+                     f"(worst of {len(changed)})", verdict(worst <= 0.05 * full["seconds"])))
+    if 5 in dumps:
+        rows.append(("incremental dump, nothing changed", "≤ 0.2 s", f"{num(dumps[5]['seconds'], 3)} s",
+                     verdict(dumps[5]["seconds"] <= 0.2)))
+    if 1 in restores and 5 in restores:
+        ratio = restores[5]["seconds"] / restores[1]["seconds"]
+        rows.append(("restore from a chain of 5 images", "within 10 % of one full image",
+                     f"{num(restores[5]['seconds'], 3)} s against {num(restores[1]['seconds'], 3)} s ({num(ratio, 3)} ×)",
+                     verdict(ratio <= 1.10)))
+    return rows
+
+
+def incremental_table(res):
+    rows = []
+    for r in sorted(res.get("incremental_dump"), key=lambda r: r["image"]):
+        sums = r.get("checksums", {})
+        rows.append((r["image"], r["changed"], num(r["seconds"], 3), bytes_label(r.get("bytes")),
+                     bytes_label(r.get("unchanged_bytes")), sums.get("where", "?"),
+                     bytes_label(sums.get("not_copied_bytes")), num(r.get("hold_ms"), 1)))
+    dumps = table(["image", "changed", "dump s", "live", "left to the parent", "checksums", "not copied out of the GPU",
+                   "held ms"], rows)
+    restores = table(["restore from", "seconds (the command: start, load, check every byte)"],
+                     [("a full image" if r["chain"] == 1 else f"a chain of {r['chain']} images", num(r["seconds"], 3))
+                      for r in sorted(res.get("incremental_restore"), key=lambda r: r["chain"])])
+    return dumps + "\n\n" + restores
+
+
 def process_rounds(res):
     """The whole-process rounds: ours (mode shim, in run order) and the driver's path (mode native)."""
     return res.get("process", mode="shim"), res.get("process", mode="native")
@@ -222,6 +264,7 @@ def target_rows(res):
         rows.append(("program held during a dump", "≤ GPU-to-host copy (+10 %)", "not measured", "–"))
 
     rows += process_target_rows(res)
+    rows += incremental_target_rows(res)
 
     for where, label in TMPFS_PLACES:
         what = "suspend of 32 GiB until the memory is free" + ("" if where == "tmpfs" else f", into {label}")
@@ -780,6 +823,13 @@ def markdown(res, plots, img_rel):
         section("Suspend and resume",
                 "`cuda-ckpt suspend` (until the GPU memory is free) and `cuda-ckpt resume` of a live program, which "
                 "then checks its pattern.", suspend_table(res), "suspend_resume.png")
+    if res.get("incremental_dump"):
+        section("Incremental dumps",
+                "`cuda-ckpt dump --parent` of a live program (`bench/fill.cu`, pieces of 1 GiB) into the tmpfs, "
+                "with `--gpu-checksums`: image 0 full; images 1 to 4 each after 1 % of every piece changed "
+                "(flipped, then flipped back); image 5 with nothing changed. Then restores into new processes "
+                "(`--no-verify`: the shim checks every block as it loads), of the full image and of the chain "
+                "of 5 (images 0 to 4, whose last holds the original pattern again).", incremental_table(res))
     if res.get("process"):
         section("Whole-process checkpoint and restart (CRIU)",
                 "`cuda-ckpt dump PID --process` of a live program (`bench/fill.cu --until`, pieces of 1 GiB holding "

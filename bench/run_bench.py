@@ -8,7 +8,8 @@ usage: run_bench.py --build DIR --out DIR [--sizes 1,4,16,32] [--skip PARTS] [--
                     [--dump-args ARGS]
        run_bench.py --cpu-only --build DIR --out DIR [--cpu-sizes-mib 256,512]
 
-Parts (GPU): limits, dump, driver, process (whole-process with CRIU, as root), alloc, launch, torch, frag. Images go to a tmpfs, to disk, and (as
+Parts (GPU): limits, dump, driver, process (whole-process with CRIU, as root), incremental (dump --parent),
+alloc, launch, torch, frag. Images go to a tmpfs, to disk, and (as
 root, or where one is mounted already) to a tmpfs with huge pages that the run mounts for itself. With --cpu-only, on the emulated
 driver (DIR/lib/emu): allocator, limits (no GPU), dump (tmpfs only).
 A part that fails records {"bench": ..., "error": ...} and the run goes on with the next one; the
@@ -32,7 +33,7 @@ import sys
 import threading
 import time
 
-GPU_PARTS = ["limits", "dump", "many", "driver", "process", "alloc", "launch", "torch", "vmm", "frag"]
+GPU_PARTS = ["limits", "dump", "many", "driver", "process", "incremental", "alloc", "launch", "torch", "vmm", "frag"]
 CPU_PARTS = ["allocator", "limits", "dump", "many"]
 GIB = 1 << 30
 MIB = 1 << 20
@@ -631,6 +632,49 @@ class Bench:
                     shutil.rmtree(os.path.join(directory, "process-image"), ignore_errors=True)
         except BenchError as e:
             self.error("process", e, size_gib=s)
+
+    def part_incremental(self):
+        """Incremental dumps (--parent) of the largest size into the tmpfs, block checksums computed on the
+        GPU: a full dump; four with 1 % of every piece changed (flipped, then flipped back, so that the
+        chain's fifth image holds the original pattern again); one with nothing changed. Then the restore
+        of the chain of 5 against that of the full image, each into a new process that checks every byte."""
+        s = max(self.sizes_gib)
+        size = int(s * GIB)
+        directory = self.places[0][1]
+        tags = {"mode": "shim", "where": self.places[0][0], "size_gib": s}
+        images = [os.path.join(directory, f"incremental-{k}") for k in range(6)]
+        try:
+            os.makedirs(directory, exist_ok=True)
+            for image in images:
+                shutil.rmtree(image, ignore_errors=True)
+            if not self.fits_gpu(size) or free_bytes(directory) < size * 1.2:
+                raise BenchError("skipped: the size does not fit in GPU memory or the tmpfs")
+            log(f"incremental: {s} GiB into {self.places[0][0]}")
+            pointers = os.path.join(self.out, "pointers-incremental.txt")
+            step = 180 + 20 * s
+            with FillProgram(self, self.fill_cmd(s, pointers, shim=True), "fill-incremental") as prog:
+                prog.wait_line("ready", self.ready_timeout(s))
+                for k, image in enumerate(images):
+                    if 1 <= k <= 4:
+                        prog.proc.stdin.write("flip 1\n")
+                        prog.proc.stdin.flush()
+                        prog.wait_line("flipped", 120)
+                    cmd = [self.cuda_ckpt, "dump", str(prog.pid), "-o", image, "--json", "--gpu-checksums"]
+                    if k:
+                        cmd += ["--parent", images[k - 1]]
+                    proc, wall = self.run(cmd, step, f"incremental-dump-{k}")
+                    changed = "full" if k == 0 else "nothing" if k == 5 else "1 %"
+                    self.record_tool("incremental_dump", proc, dict(tags, image=k, changed=changed), wall)
+                prog.check(60 + 5 * s)
+            for k in (0, 4):
+                proc, wall = self.run([self.cuda_ckpt, "restore", "--no-verify", images[k], "--", self.fill,
+                                       "--verify-pointers", pointers], step, f"incremental-restore-{k}")
+                self.record(dict(bench="incremental_restore", chain=k + 1, bytes=size, seconds=wall, **tags))
+        except (BenchError, OSError) as e:
+            self.error("incremental", e, **tags)
+        finally:
+            for image in images:
+                shutil.rmtree(image, ignore_errors=True)
 
     def process_round(self, s, mode, criu, directory, tags):
         size = int(s * GIB)
