@@ -174,10 +174,11 @@ def incremental_table(res):
     rows = []
     for r in sorted(res.get("incremental_dump"), key=lambda r: r["image"]):
         sums = r.get("checksums", {})
+        where = sums.get("where", "?") + (f" ({sums['why_not_gpu']})" if sums.get("why_not_gpu") else "")
         rows.append((r["image"], r["changed"], num(r["seconds"], 3), bytes_label(r.get("bytes")),
-                     bytes_label(r.get("unchanged_bytes")), sums.get("where", "?"),
+                     bytes_label(r.get("unchanged_bytes")), where,
                      bytes_label(sums.get("not_copied_bytes")), num(r.get("hold_ms"), 1)))
-    dumps = table(["image", "changed", "dump s", "live", "left to the parent", "checksums", "not copied out of the GPU",
+    dumps = table(["image", "changed", "dump s", "written", "left to the parent", "checksums", "not copied out of the GPU",
                    "held ms"], rows)
     restores = table(["restore from", "seconds (the command: start, load, check every byte)"],
                      [("a full image" if r["chain"] == 1 else f"a chain of {r['chain']} images", num(r["seconds"], 3))
