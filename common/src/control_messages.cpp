@@ -439,7 +439,8 @@ std::variant<request, failure_reply> decode_request(const std::string& payload) 
       return request{suspend_request{string_of(root, "", "image"), string_of(root, "", "image_id"),
                                      i64_of(root, "", "valid_until_ms")}};
     if (name == name_of(op::resume)) {
-      resume_request r{i64_of(root, "", "valid_until_ms")};
+      resume_request r;
+      r.valid_until_ms = i64_of(root, "", "valid_until_ms");
       if (const auto it = root.find("progress"); it != root.end()) {
         if (!it->is_boolean()) throw decode_error("progress: expected true or false");
         r.progress = it->get<bool>();

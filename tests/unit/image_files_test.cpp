@@ -227,7 +227,7 @@ TEST_CASE("a format 1 image (one data file, no file fields) still reads and veri
   img::manifest m = skeleton();
   m.format = 1;
   m.pools[0].allocations.push_back({base0, 4096, vmmckpt::alloc_api::cuda_malloc});
-  m.pools[0].extents.push_back({base0, 4096, 4096, 0, 0, sum.value()});
+  m.pools[0].extents.push_back({base0, 4096, 4096, 0, 0, sum.value(), {}});
   m.data_bytes = 4096;
   const std::string text = img::to_json(m) + "\n";
   CHECK(text.find("\"file\"") == std::string::npos);

@@ -34,7 +34,7 @@ std::string manifest_text(std::size_t n) {
   p.granularity = 2ULL << 20;
   for (std::size_t i = 0; i < n; ++i) {
     p.allocations.push_back({base + i * 512, 256, vmmckpt::alloc_api::cuda_malloc});
-    p.extents.push_back({base + i * 512, 256, 256, 0, i * 256, 0x1234});
+    p.extents.push_back({base + i * 512, 256, 256, 0, i * 256, 0x1234, {}});
   }
   m.pools.push_back(std::move(p));
   m.data_bytes = n * 256;

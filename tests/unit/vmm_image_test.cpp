@@ -55,7 +55,7 @@ img::manifest sample_manifest() {
   m.vmm = sample_layout();
   for (const auto& x : m.vmm->mappings) {
     p.allocations.push_back({x.addr, x.size, alloc_api::cu_mem_map});
-    p.extents.push_back({x.addr, x.size, x.size, 0, m.data_bytes, 0});
+    p.extents.push_back({x.addr, x.size, x.size, 0, m.data_bytes, 0, {}});
     m.data_bytes += x.size;
   }
   m.pools = {p};

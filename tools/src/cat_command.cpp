@@ -6,7 +6,6 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -18,12 +17,6 @@
 namespace vmmckpt::tools {
 
 namespace {
-
-std::string hex(std::uint64_t v) {
-  std::ostringstream text;
-  text << "0x" << std::hex << v;
-  return text.str();
-}
 
 // Where the bytes go: stdout, or a file that appears under its name only when every byte is in it
 // (a failed cat leaves none), owner-only like the image it comes from.
@@ -89,7 +82,6 @@ int cat_command(const std::string& path, const std::string& addr_text, const std
                  size_text.c_str());
     return exit_usage;
   }
-  const std::uint64_t end = addr + size;
 
   const auto reader = image::reader::open(path);
   // The library names a byte the image does not hold before anything goes out, and checks every
