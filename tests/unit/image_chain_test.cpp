@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "image_test_support.hpp"
 #include "vmmckpt/image.hpp"
 #include "vmmckpt/image_chain.hpp"
 
@@ -22,31 +23,13 @@ using Catch::Matchers::Contains;
 
 namespace {
 
+using vmmckpt::test::scratch;
+using vmmckpt::test::pattern;
+
 constexpr std::uint64_t MiB = 1ULL << 20;
 constexpr std::uint64_t GiB = 1ULL << 30;
 constexpr std::uint64_t base0 = 0x200000000000ULL;
 constexpr std::uint64_t live = 5 * MiB + 123;  // 6 blocks, the last short
-
-struct scratch {
-  fs::path dir;
-  scratch() {
-    char tmpl[] = "/tmp/vmmckpt-chain-test-XXXXXX";
-    REQUIRE(::mkdtemp(tmpl) != nullptr);
-    dir = tmpl;
-  }
-  ~scratch() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
-  fs::path operator/(const std::string& name) const { return dir / name; }
-};
-
-std::vector<unsigned char> pattern(std::uint64_t size, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<unsigned char> v(size);
-  for (auto& b : v) b = static_cast<unsigned char>(rng());
-  return v;
-}
 
 // An image of one allocation holding `bytes` as two extents (as a dump cuts a big allocation); with
 // a parent, each block equal to the parent's is left to it, as dump --parent does.

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "image_test_support.hpp"
 #include "vmmckpt/image.hpp"
 
 namespace fs = std::filesystem;
@@ -20,21 +21,11 @@ using Catch::Matchers::Contains;
 
 namespace {
 
+using vmmckpt::test::scratch;
+using vmmckpt::test::pattern;
+
 constexpr std::uint64_t MiB = 1ULL << 20;
 constexpr std::uint64_t base0 = 0x200000000000ULL;
-
-struct scratch {
-  fs::path dir;
-  scratch() {
-    char tmpl[] = "/tmp/vmmckpt-image-files-test-XXXXXX";
-    REQUIRE(::mkdtemp(tmpl) != nullptr);
-    dir = tmpl;
-  }
-  ~scratch() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
-};
 
 img::manifest skeleton() {
   img::manifest m;

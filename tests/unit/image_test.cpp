@@ -26,6 +26,7 @@
 #include <xxhash.h>
 
 #include "skip.hpp"
+#include "image_test_support.hpp"
 #include "vmmckpt/image.hpp"
 
 namespace fs = std::filesystem;
@@ -34,6 +35,9 @@ using Catch::Matchers::Contains;
 
 namespace {
 
+using vmmckpt::test::scratch;
+using vmmckpt::test::pattern;
+
 constexpr std::uint64_t KiB = 1ULL << 10;
 constexpr std::uint64_t MiB = 1ULL << 20;
 constexpr std::uint64_t GiB = 1ULL << 30;
@@ -41,27 +45,6 @@ constexpr std::uint64_t base0 = 0x200000000000ULL;
 constexpr std::uint64_t base1 = base0 + 512 * GiB;
 
 // A fresh directory under /tmp, removed with everything in it at the end of the test.
-struct scratch {
-  fs::path dir;
-  scratch() {
-    char tmpl[] = "/tmp/vmmckpt-image-test-XXXXXX";
-    REQUIRE(::mkdtemp(tmpl) != nullptr);
-    dir = tmpl;
-  }
-  ~scratch() {
-    std::error_code ec;
-    fs::permissions(dir, fs::perms::owner_all, fs::perm_options::add, ec);
-    fs::remove_all(dir, ec);
-  }
-  fs::path operator/(const std::string& name) const { return dir / name; }
-};
-
-std::vector<unsigned char> pattern(std::uint64_t size, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<unsigned char> v(size);
-  for (auto& b : v) b = static_cast<unsigned char>(rng());
-  return v;
-}
 
 struct planned_extent {
   std::uint64_t addr;

@@ -1,0 +1,43 @@
+// What the image unit tests share: a scratch directory and reproducible bytes.
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include <stdlib.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace vmmckpt::test {
+
+// A fresh directory under /tmp, removed with everything in it (made writable first: tests take
+// permissions away to make writes fail).
+struct scratch {
+  std::filesystem::path dir;
+  scratch() {
+    char tmpl[] = "/tmp/vmmckpt-image-test-XXXXXX";
+    REQUIRE(::mkdtemp(tmpl) != nullptr);
+    dir = tmpl;
+  }
+  ~scratch() {
+    std::error_code ec;
+    std::filesystem::permissions(dir, std::filesystem::perms::owner_all, std::filesystem::perm_options::add, ec);
+    std::filesystem::remove_all(dir, ec);
+  }
+  scratch(const scratch&) = delete;
+  scratch& operator=(const scratch&) = delete;
+  std::filesystem::path operator/(const std::string& name) const { return dir / name; }
+};
+
+// `size` bytes from a generator seeded with `seed`: the same bytes for the same seed.
+inline std::vector<unsigned char> pattern(std::uint64_t size, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<unsigned char> v(size);
+  for (auto& b : v) b = static_cast<unsigned char>(rng());
+  return v;
+}
+
+}  // namespace vmmckpt::test
