@@ -74,10 +74,18 @@ void streaming_checksum::update(const void* data, std::size_t size) {
 std::uint64_t streaming_checksum::value() const {
   const state& st = *state_;
   if (st.block_bytes == 0) return XXH3_64bits_digest(&st.s);
-  if (st.in_block == 0) return combined_checksum(st.blocks);
+  return combined_checksum(st.in_block == 0 ? st.blocks : blocks());
+}
+
+void streaming_checksum::add_block(const block& b) { state_->blocks.push_back(b); }
+
+bool streaming_checksum::at_block_boundary() const { return state_->in_block == 0; }
+
+std::vector<block> streaming_checksum::blocks() const {
+  const state& st = *state_;
   std::vector<block> all = st.blocks;
-  all.push_back({XXH3_64bits_digest(&st.s), false});
-  return combined_checksum(all);
+  if (st.in_block != 0) all.push_back({XXH3_64bits_digest(&st.s), false});
+  return all;
 }
 
 }  // namespace vmmckpt::image

@@ -91,15 +91,14 @@ struct data_file {
   bool in_extent = false;
   extent current;
   std::uint64_t current_written = 0;  // stored bytes of the current extent accepted (written or inherited)
-  XXH3_state_t hash;                  // of the current block's bytes so far
-  std::uint64_t in_block = 0;         // bytes of the current block hashed so far
+  std::optional<streaming_checksum> sum;  // the current extent's blocks (image_blocks.cpp: the one definition)
   std::vector<extent> written;
   writer::file_times times;
 
   // A whole block of the current extent comes next, at a block boundary.
   void check_block(const char* op, std::size_t size) const {
     if (!in_extent) fail(std::string(op) + ": no extent was begun");
-    if (in_block != 0) fail(std::string(op) + ": the extent at " + hex(current.addr) + " is inside a block");
+    if (!sum->at_block_boundary()) fail(std::string(op) + ": the extent at " + hex(current.addr) + " is inside a block");
     const std::uint64_t left = current.stored - current_written;
     if (size != std::min(left, write_block_size) || size == 0)
       fail(std::string(op) + ": " + std::to_string(size) + " bytes are not the next block of the extent at " +
@@ -120,23 +119,6 @@ struct data_file {
     seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
-  // Feeds the current extent's block checksums; each block's is finished when its last byte comes.
-  void hash_blocks(const unsigned char* p, std::size_t size) {
-    while (size > 0) {
-      const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(size, write_block_size - in_block));
-      detail::checksum_update(&hash, p, n);
-      in_block += n;
-      p += n;
-      size -= n;
-      if (in_block == write_block_size) finish_block();
-    }
-  }
-  void finish_block() {
-    current.blocks.push_back({XXH3_64bits_digest(&hash), false});
-    XXH3_64bits_reset(&hash);
-    in_block = 0;
-  }
-
   // Stores bytes of the current extent, hashing them unless `hashed` (their block checksums are
   // known): big pieces straight from the caller's memory, small ones gathered so that each write()
   // moves a useful amount.
@@ -147,7 +129,7 @@ struct data_file {
       // read once instead of twice.
       while (size > 0) {
         const std::size_t n = std::min(size, hash_piece);
-        if (!hashed) timed(times.hashing, [&] { hash_blocks(p, n); });
+        if (!hashed) timed(times.hashing, [&] { sum->update(p, n); });
         iovec iov{const_cast<unsigned char*>(p), n};
         timed(times.writing, [&] { write_all(fd, &iov, 1, path); });
         p += n;
@@ -155,7 +137,7 @@ struct data_file {
       }
       return;
     }
-    if (!hashed) timed(times.hashing, [&] { hash_blocks(p, size); });
+    if (!hashed) timed(times.hashing, [&] { sum->update(p, size); });
     if (!buffer) buffer = std::make_unique_for_overwrite<unsigned char[]>(buffer_capacity);
     while (size > 0) {
       const std::size_t n = std::min(size, buffer_capacity - buffered);
@@ -405,8 +387,7 @@ void writer::begin_extent(std::uint32_t file, std::uint64_t addr, std::uint64_t 
            std::to_string(size) + "-byte range");
     f.current = extent{addr, size, stored, file, f.payload, 0, {}};
     f.current_written = 0;
-    XXH3_64bits_reset(&f.hash);
-    f.in_block = 0;
+    f.sum.emplace(write_block_size);
     f.in_extent = true;
   } catch (...) {
     w.failed = true;
@@ -438,7 +419,7 @@ void writer::write_block(std::uint32_t file, const void* data, std::size_t size,
   try {
     f.check_block("write_block", size);
     f.append(static_cast<const unsigned char*>(data), size, true);
-    f.current.blocks.push_back({checksum, false});
+    f.sum->add_block({checksum, false});
     f.current_written += size;
     f.payload += size;
   } catch (...) {
@@ -452,7 +433,7 @@ void writer::inherit_block(std::uint32_t file, std::size_t size, std::uint64_t c
   data_file& f = w.file("inherit_block", file);
   try {
     f.check_block("inherit_block", size);
-    f.current.blocks.push_back({checksum, true});
+    f.sum->add_block({checksum, true});
     f.current_written += size;
   } catch (...) {
     w.failed = true;
@@ -468,7 +449,7 @@ extent writer::end_extent(std::uint32_t file) {
     if (f.current_written != f.current.stored)
       fail("end_extent: the extent at " + hex(f.current.addr) + " got " + std::to_string(f.current_written) + " of its " +
            std::to_string(f.current.stored) + " bytes");
-    if (f.in_block != 0) f.finish_block();  // the last, shorter block
+    f.current.blocks = f.sum->blocks();
     f.current.checksum = combined_checksum(f.current.blocks);
     f.in_extent = false;
     f.written.push_back(f.current);

@@ -117,6 +117,17 @@ std::vector<std::size_t> file_starts(const bytes& data) {
   }
 }
 
+// A planned pool's description, its extents still to be written.
+img::pool pool_of(const planned_pool& pp) {
+  img::pool pl;
+  pl.device = pp.device;
+  pl.base = pp.base;
+  pl.size = pp.size;
+  pl.granularity = gran;
+  pl.allocations = pp.allocations;
+  return pl;
+}
+
 // Writes the image with img::writer (so the seeds are exactly what dumps look like), extent k in
 // data file k % files, checks that the reader takes it, and returns its manifest and data files.
 image_files write_image(const fs::path& scratch, const std::string& name, img::manifest m,
@@ -128,12 +139,7 @@ image_files write_image(const fs::path& scratch, const std::string& name, img::m
     std::uint32_t next_file = 0;
     std::uint64_t seed = 1;
     for (const auto& pp : pools) {
-      img::pool pl;
-      pl.device = pp.device;
-      pl.base = pp.base;
-      pl.size = pp.size;
-      pl.granularity = gran;
-      pl.allocations = pp.allocations;
+      img::pool pl = pool_of(pp);
       for (const auto& pe : pp.extents) {
         const std::uint64_t size = pe.stored != 0 ? pe.stored : pe.size;
         const bytes b = pattern(size, seed++);
@@ -186,12 +192,7 @@ image_files write_child(const fs::path& scratch, const std::string& name, img::m
     std::size_t k = 0;
     for (std::size_t p = 0; p < pools.size(); ++p) {
       const auto& pp = pools[p];
-      img::pool pl;
-      pl.device = pp.device;
-      pl.base = pp.base;
-      pl.size = pp.size;
-      pl.granularity = gran;
-      pl.allocations = pp.allocations;
+      img::pool pl = pool_of(pp);
       for (std::size_t e = 0; e < pp.extents.size(); ++e, ++k) {
         const auto& pe = pp.extents[e];
         const std::uint64_t size = pe.stored != 0 ? pe.stored : pe.size;

@@ -25,6 +25,7 @@ namespace {
 
 using vmmckpt::test::scratch;
 using vmmckpt::test::pattern;
+using vmmckpt::test::flip_byte;
 
 constexpr std::uint64_t MiB = 1ULL << 20;
 constexpr std::uint64_t GiB = 1ULL << 30;
@@ -92,16 +93,6 @@ std::size_t blocks_in_parent(const img::manifest& m) {
   for (const auto& e : m.pools[0].extents)
     for (const auto& b : e.blocks) n += b.in_parent;
   return n;
-}
-
-void flip_byte(const fs::path& file, std::uint64_t offset) {
-  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-  f.seekg(static_cast<std::streamoff>(offset));
-  char c = 0;
-  f.read(&c, 1);
-  c ^= 0x01;
-  f.seekp(static_cast<std::streamoff>(offset));
-  f.write(&c, 1);
 }
 
 }  // namespace

@@ -78,15 +78,8 @@ img::manifest write_striped(const fs::path& dir, std::uint32_t files, int extent
   return m;
 }
 
-void flip_byte(const fs::path& file, std::uint64_t offset) {
-  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-  f.seekg(static_cast<std::streamoff>(offset));
-  char c = 0;
-  f.read(&c, 1);
-  c ^= 0x10;
-  f.seekp(static_cast<std::streamoff>(offset));
-  f.write(&c, 1);
-}
+// The damage these tests make: bit 4 of a byte.
+void flip_byte(const fs::path& file, std::uint64_t offset) { vmmckpt::test::flip_byte(file, offset, 0x10); }
 
 }  // namespace
 

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -38,6 +39,17 @@ inline std::vector<unsigned char> pattern(std::uint64_t size, std::uint64_t seed
   std::vector<unsigned char> v(size);
   for (auto& b : v) b = static_cast<unsigned char>(rng());
   return v;
+}
+
+// XORs `mask` into the byte at `offset` of `file`: damage that every checksum must catch.
+inline void flip_byte(const std::filesystem::path& file, std::uint64_t offset, unsigned char mask = 0x01) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(offset));
+  char c = 0;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ mask);
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.write(&c, 1);
 }
 
 }  // namespace vmmckpt::test

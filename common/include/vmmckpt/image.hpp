@@ -261,6 +261,12 @@ class streaming_checksum {
   streaming_checksum& operator=(const streaming_checksum&) = delete;
   void update(const void* data, std::size_t size);
   std::uint64_t value() const;
+  // Block mode only. A block whose checksum is known (computed on the GPU, or the parent's): at a block
+  // boundary, in place of its bytes.
+  void add_block(const block& b);
+  bool at_block_boundary() const;
+  // Every block's checksum so far, the last shorter block included: an extent's `blocks`.
+  std::vector<block> blocks() const;
 
  private:
   struct state;
