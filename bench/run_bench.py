@@ -659,7 +659,7 @@ class Bench:
                         prog.proc.stdin.write("flip 1\n")
                         prog.proc.stdin.flush()
                         prog.wait_line("flipped", 120)
-                    cmd = [self.cuda_ckpt, "dump", str(prog.pid), "-o", image, "--json", "--gpu-checksums"]
+                    cmd = [self.cuda_ckpt, "dump", str(prog.pid), "-o", image, "--json"]
                     if k:
                         cmd += ["--parent", images[k - 1]]
                     proc, wall = self.run(cmd, step, f"incremental-dump-{k}")

@@ -158,6 +158,10 @@ struct copy_pipeline::staging {
   std::vector<unsigned char*> buffers;
   std::vector<CUevent> events;
   std::vector<CUstream> streams;
+  // The checksum kernel's own stream (waiting for the copy streams never waits for it), and the end of
+  // the copy into the GPU snapshot, which the kernel's run on the snapshot waits for.
+  CUstream checksum_stream = nullptr;
+  CUevent snapshot_copied = nullptr;
 
   // The pages alone (no CUDA call): faulted in while the tool's context is being made.
   void reserve(int count, std::size_t bytes) { pages = host_pages(static_cast<std::size_t>(count) * bytes, 8); }
@@ -187,7 +191,9 @@ struct copy_pipeline::staging {
   ~staging() {
     if (!registered && allocated.empty() && events.empty() && streams.empty()) return;  // no driver needed
     const driver_api& d = driver();  // loaded: it made them
+    if (checksum_stream != nullptr) streams.push_back(checksum_stream);
     for (CUstream s : streams) d.cuStreamSynchronize(s);
+    if (snapshot_copied != nullptr) d.cuEventDestroy_v2(snapshot_copied);
     if (registered) d.cuMemHostUnregister(pages.data());
     for (void* b : allocated) d.cuMemFreeHost(b);
     for (CUevent e : events) d.cuEventDestroy_v2(e);
@@ -264,9 +270,14 @@ void copy_pipeline::prepare(const std::filesystem::path& output, CUcontext conte
   // room for part of them, the last chunks go there and the first straight out of the GPU.
   snapshot_ = std::make_unique<gpu_snapshot>();
   if (snapshot_allowed) snapshot_->try_allocate(live_estimate_ + live_estimate_ / 8 + (64ULL << 20), settings_.chunk_bytes);
-  // The checksums are computed on the snapshot, after the program is released: loading the kernel here
-  // keeps its cost (a JIT compile of the PTX) out of the hold.
-  if (snapshot_->ptr != 0 && settings_.gpu_checksums) gpu_sums_ = std::make_unique<gpu_checksums>();
+  // Loading the checksum kernel here keeps its cost (a JIT compile of the PTX, a self-test) out of the hold.
+  if (settings_.gpu_checksums) {
+    gpu_sums_ = std::make_unique<gpu_checksums>();
+    if (gpu_sums_->available()) {
+      VMMCKPT_CUDA_TRY(d.cuStreamCreate(&staging_->checksum_stream, CU_STREAM_NON_BLOCKING));
+      VMMCKPT_CUDA_TRY(d.cuEventCreate(&staging_->snapshot_copied, CU_EVENT_DISABLE_TIMING));
+    }
+  }
 }
 
 void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint64_t, std::uint64_t)>& readable,
@@ -279,16 +290,23 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
   // thread (one data file each) takes the next copied chunk and appends it, so PCIe and storage
   // overlap and the file system takes several files at once (it serializes writes to one file).
   const auto chunks = plan_chunks(m, settings_.chunk_bytes, writer.files(), readable);
-  if (parent_) m.parent = parent_->ref();
+  if (parent_) m.parent = parent_->ref(settings_.parent_recorded_as);
   result.mark("planned");
   std::uint64_t total = 0;  // the image's bytes (without the gaps copied along)
   for (const auto& c : chunks)
     for (const span& sp : c.spans) total += sp.stored;
 
-  // Block checksums computed on the GPU, by chunk and span (null: the writer hashes that span), set
-  // before the first chunk is handed to a writer.
-  std::vector<std::uint64_t> device_sum_values;
-  std::vector<std::vector<const std::uint64_t*>> device_sums;
+  // Block checksums computed on the GPU: for each chunk and span, the batch that has them and where they
+  // start in it (no batch: the writer hashes that span on the CPU). Set before the first chunk is handed to
+  // a writer.
+  std::unique_ptr<gpu_checksums::batch> direct_sums, snapshot_sums;
+  std::vector<std::vector<std::pair<gpu_checksums::batch*, std::uint64_t>>> sums_at(chunks.size());
+  auto sums_of = [&](std::size_t c, std::size_t s) -> const std::uint64_t* {  // waits for the kernel
+    const auto [batch, at] = sums_at[c][s];
+    if (batch == nullptr) return nullptr;
+    const std::uint64_t* sums = batch->wait();
+    return sums != nullptr ? sums + at : nullptr;
+  };
 
   std::mutex mutex;
   std::condition_variable changed;
@@ -347,7 +365,7 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
           writer.begin_extent(file, sp.addr, sp.size, sp.stored);
           const unsigned char* bytes = pack(st.buffers[b], chunks[c], sp);
           const image::extent* old = parent_ ? parent_->same_extent(sp.addr, sp.size, sp.stored) : nullptr;
-          const std::uint64_t* given = device_sums.empty() ? nullptr : device_sums[c][s];
+          const std::uint64_t* given = sums_of(c, s);
           if (old != nullptr || given != nullptr)
             unchanged += write_changed_blocks(writer, file, bytes, sp.stored, old, given);
           else
@@ -401,6 +419,7 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
   report(copy_progress::stage::copying, 0);  // the program is held from here: the copy's rate counts from now
   // Every byte is out of the program's memory (in the snapshot or on the host): let it go on.
   auto release_now = [&] {
+    if (direct_sums) direct_sums->wait();  // the kernel reads the program's memory until it is done
     fault_point("releasing");
     check_interrupted();  // the last moment a signal stops the copy: the program is still held
     release();
@@ -429,33 +448,41 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
       at += chunks[c].bytes;
       for (const span& sp : chunks[c].spans) snapshot_bytes += sp.stored;
     }
-    if (first_in_snapshot == 0) release_when_copied();
+    if (st.snapshot_copied != nullptr) VMMCKPT_CUDA_TRY(d.cuEventRecord(st.snapshot_copied, st.streams[0]));
   }
-  // On the GPU: the snapshot's spans of one piece (one allocation's bytes, contiguous there), hashed
-  // once the program is released, so the hold does not grow. The rest is hashed by the writers.
-  if (!gpu_sums_ || !gpu_sums_->available()) {
-    result.checksums_why = gpu_sums_                  ? gpu_sums_->why()
-                           : !settings_.gpu_checksums ? "not asked for (--gpu-checksums)"
-                                                      : "no GPU snapshot (--no-gpu-snapshot, several devices, or no room)";
-  } else if (first_in_snapshot != 0) {
-    result.checksums_why = "the GPU snapshot held only part of the bytes";
-  } else {
-    const auto start = clock::now();
-    std::vector<device_span> spans;
-    for (std::size_t c = 0; c < chunks.size(); ++c)
-      for (const span& sp : chunks[c].spans)
-        if (sp.piece_count == 1) spans.push_back({snapshot_at[c] + sp.offset, sp.stored});
-    device_sum_values = gpu_sums_->compute(spans, st.streams[0]);
-    device_sums.resize(chunks.size());
-    std::size_t at = 0;
-    for (std::size_t c = 0; c < chunks.size(); ++c)
-      for (const span& sp : chunks[c].spans) {
-        device_sums[c].push_back(sp.piece_count == 1 ? device_sum_values.data() + at : nullptr);
-        if (sp.piece_count == 1) at += image::block_count(sp.stored, image::write_block_size);
-      }
+  // The block checksums on the GPU: the chunks copied straight out of the program's memory are hashed
+  // there, in place, while it is held (at device speed, hidden behind the copy out over PCIe; with a
+  // parent, before it, so that unchanged blocks are never copied); those in the snapshot are hashed there
+  // once their copy is done, without holding up the release. A span of several pieces (small allocations
+  // joined with their gaps) is hashed by its writer, as is everything without a usable kernel.
+  if (gpu_sums_ && gpu_sums_->available()) {
+    auto launch = [&](std::size_t from, std::size_t to) {
+      std::vector<device_span> spans;
+      std::uint64_t blocks = 0;
+      for (std::size_t c = from; c < to; ++c)
+        for (const span& sp : chunks[c].spans) {
+          sums_at[c].push_back({nullptr, blocks});
+          if (sp.piece_count != 1) continue;
+          spans.push_back({snapshot_at[c] != 0 ? snapshot_at[c] + sp.offset : sp.addr, sp.stored});
+          blocks += image::block_count(sp.stored, image::write_block_size);
+        }
+      auto batch = gpu_sums_->launch(spans, st.checksum_stream);
+      for (std::size_t c = from; c < to; ++c)
+        for (std::size_t k = 0; k < chunks[c].spans.size(); ++k)
+          if (chunks[c].spans[k].piece_count == 1) sums_at[c][k].first = batch.get();
+      return batch;
+    };
+    direct_sums = launch(0, first_in_snapshot);
+    if (first_in_snapshot < chunks.size()) {
+      VMMCKPT_CUDA_TRY(d.cuStreamWaitEvent(st.checksum_stream, st.snapshot_copied, 0));
+      snapshot_sums = launch(first_in_snapshot, chunks.size());
+    }
     result.checksums = "gpu";
-    result.checksum_seconds = std::chrono::duration<double>(clock::now() - start).count();
+  } else {
+    for (std::size_t c = 0; c < chunks.size(); ++c) sums_at[c].assign(chunks[c].spans.size(), {nullptr, 0});
+    result.checksums_why = gpu_sums_ ? gpu_sums_->why() : "not asked for (--cpu-checksums)";
   }
+  if (snapshot.ptr != 0 && first_in_snapshot == 0) release_when_copied();
   std::uint64_t issued_bytes = 0;  // of the chunks copied straight out of the program's memory
   for (std::size_t c = 0; c < chunks.size(); ++c) {
     if (c == first_in_snapshot && c > 0) release_when_copied();
@@ -472,18 +499,21 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
       chunk_buffer[c] = b;
     }
     CUstream s = st.streams[c % st.streams.size()];
-    if (snapshot_at[c] != 0 && !device_sums.empty() && parent_) {
-      // Checksums known before the copy: a block the parent holds unchanged stays on the GPU.
+    if (parent_) {
+      // With checksums known before the copy (computed on the GPU), a block the parent holds unchanged
+      // is never copied out of the GPU; runs of changed blocks are one copy each.
       for (std::size_t k = 0; k < chunks[c].spans.size(); ++k) {
         const span& sp = chunks[c].spans[k];
-        const std::uint64_t* sums = device_sums[c][k];
+        const CUdeviceptr from_device = snapshot_at[c] != 0 ? snapshot_at[c] + sp.offset : sp.addr;
+        unsigned char* to_host = st.buffers[b] + sp.offset;
+        const std::uint64_t* sums = sums_of(c, k);
         const image::extent* old = sums ? parent_->same_extent(sp.addr, sp.size, sp.stored) : nullptr;
-        const std::uint64_t blocks = old ? image::block_count(sp.stored, image::write_block_size) : 0;
         if (old == nullptr) {
-          VMMCKPT_CUDA_TRY(d.cuMemcpyDtoHAsync_v2(st.buffers[b] + sp.offset, snapshot_at[c] + sp.offset, sp.size, s));
+          VMMCKPT_CUDA_TRY(d.cuMemcpyDtoHAsync_v2(to_host, from_device, sp.size, s));
           continue;
         }
-        for (std::uint64_t i = 0; i < blocks;) {  // runs of changed blocks, one copy each
+        const std::uint64_t blocks = image::block_count(sp.stored, image::write_block_size);
+        for (std::uint64_t i = 0; i < blocks;) {
           if (sums[i] == old->blocks[i].checksum) {
             result.uncopied_bytes += std::min(image::write_block_size, sp.stored - i * image::write_block_size);
             ++i;
@@ -493,8 +523,7 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
           while (j < blocks && sums[j] != old->blocks[j].checksum) ++j;
           const std::uint64_t from = i * image::write_block_size;
           const std::uint64_t to = std::min(j * image::write_block_size, sp.stored);
-          VMMCKPT_CUDA_TRY(d.cuMemcpyDtoHAsync_v2(st.buffers[b] + sp.offset + from, snapshot_at[c] + sp.offset + from,
-                                                  to - from, s));
+          VMMCKPT_CUDA_TRY(d.cuMemcpyDtoHAsync_v2(to_host + from, from_device + from, to - from, s));
           i = j;
         }
       }
@@ -532,6 +561,14 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
 
   for (auto& t : writer_threads) t.join();
   if (writer_error) std::rethrow_exception(writer_error);
+  for (auto* batch : {direct_sums.get(), snapshot_sums.get()}) {
+    if (batch == nullptr) continue;
+    if (batch->wait() == nullptr) {  // its spans were hashed by the writers
+      result.checksums = "cpu";
+      result.checksums_why = batch->why();
+    }
+    result.checksum_seconds = std::max(result.checksum_seconds, batch->seconds());
+  }
   result.threads.writers = static_cast<int>(m.data_files);
   for (std::uint32_t f = 0; f < m.data_files; ++f) {
     result.threads.hashing += writer.times(f).hashing;

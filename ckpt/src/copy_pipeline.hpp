@@ -60,7 +60,7 @@ class copy_pipeline {
   std::optional<image::writer> writer_;
   std::unique_ptr<gpu_snapshot> snapshot_;
   std::optional<parent_blocks> parent_;
-  std::unique_ptr<gpu_checksums> gpu_sums_;  // loaded where there is a snapshot to hash
+  std::unique_ptr<gpu_checksums> gpu_sums_;  // loaded unless the CPU is asked to hash
 };
 
 }  // namespace vmmckpt::ckpt

@@ -1,6 +1,8 @@
 // Block checksums computed on the GPU: the kernel of block_checksums.cu, loaded from the PTX built into cuda-ckpt.
 #include "gpu_checksums.hpp"
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "cuda_check.hpp"
@@ -16,6 +18,10 @@ namespace {
 struct span_record {
   unsigned long long src, bytes, first;
 };
+
+double seconds_now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 std::string error_text(CUresult r) {
   const char* name = nullptr;
@@ -45,8 +51,9 @@ gpu_checksums::gpu_checksums() {
     why_ = "the checksum kernel is not in its module: " + error_text(r);
     return;
   }
-  // The kernel must give the CPU's values before any image relies on it: two blocks, one short, and a
-  // span that does not start 8-byte aligned.
+  // The kernel must give the CPU's values before any image relies on it: a whole block and a short one,
+  // spans that do not start 8-byte aligned, and the lengths where XXH3 changes paths (240/241 bytes,
+  // one 1 KiB stripe block and a stripe more, a last stripe that overlaps the one before).
   std::vector<unsigned char> bytes(image::write_block_size + 1000);
   std::uint64_t x = 0x9e3779b97f4a7c15ULL;
   for (auto& b : bytes) {
@@ -55,16 +62,21 @@ gpu_checksums::gpu_checksums() {
     x ^= x << 17;
     b = static_cast<unsigned char>(x);
   }
+  const std::vector<std::pair<std::uint64_t, std::uint64_t>> cases = {  // offset, length
+      {0, bytes.size()}, {3, 100}, {8, 240}, {5, 241}, {16, 1024}, {1, 1025}, {24, 1088 + 7}, {7, 4096 + 63}};
   CUdeviceptr test = 0;
   try {
     VMMCKPT_CUDA_TRY(d.cuMemAlloc_v2(&test, bytes.size()));
     VMMCKPT_CUDA_TRY(d.cuMemcpyHtoD_v2(test, bytes.data(), bytes.size()));
     function_ = f;
-    const auto got = compute({{test, bytes.size()}, {test + 3, 100}}, nullptr);
-    const std::uint64_t want[3] = {image::block_checksum(bytes.data(), image::write_block_size),
-                                   image::block_checksum(bytes.data() + image::write_block_size, 1000),
-                                   image::block_checksum(bytes.data() + 3, 100)};
-    if (got.size() != 3 || got[0] != want[0] || got[1] != want[1] || got[2] != want[2]) {
+    std::vector<device_span> spans;
+    std::vector<std::uint64_t> want;
+    for (const auto& [offset, length] : cases) {
+      spans.push_back({test + offset, length});
+      for (std::uint64_t at = 0; at < length; at += image::write_block_size)
+        want.push_back(image::block_checksum(bytes.data() + offset + at, std::min(image::write_block_size, length - at)));
+    }
+    if (compute(spans, nullptr) != want) {
       function_ = nullptr;
       why_ = "the checksum kernel's self-test gave other values than the CPU";
     }
@@ -79,36 +91,82 @@ gpu_checksums::~gpu_checksums() {
   if (module_ != nullptr) driver().cuModuleUnload(module_);
 }
 
-std::vector<std::uint64_t> gpu_checksums::compute(const std::vector<device_span>& spans, CUstream stream) const {
+gpu_checksums::batch::~batch() {
+  if (table_ == 0 && sums_ == 0 && host_ == nullptr && done_ == nullptr) return;
+  const driver_api& d = driver();  // loaded: it made them
+  if (done_ != nullptr) {
+    d.cuEventSynchronize(done_);  // nothing may still write what is freed
+    d.cuEventDestroy_v2(done_);
+  }
+  if (table_ != 0) d.cuMemFree_v2(table_);
+  if (sums_ != 0) d.cuMemFree_v2(sums_);
+  if (host_ != nullptr) d.cuMemFreeHost(host_);
+}
+
+const std::uint64_t* gpu_checksums::batch::wait() {
+  if (failed_) return nullptr;
+  static constexpr std::uint64_t none = 0;
+  if (host_ == nullptr) return &none;  // no blocks: nothing to read
+  if (const CUresult r = driver().cuEventSynchronize(done_); r != CUDA_SUCCESS) {
+    failed_ = true;
+    why_ = "the checksum kernel failed: " + error_text(r);
+    return nullptr;
+  }
+  if (seconds_ == 0) seconds_ = seconds_now() - launched_at_;
+  return host_;
+}
+
+std::unique_ptr<gpu_checksums::batch> gpu_checksums::launch(const std::vector<device_span>& spans, CUstream stream) const {
   const driver_api& d = driver();
+  auto b = std::make_unique<batch>();
+  b->launched_at_ = seconds_now();
   std::vector<span_record> records;
   std::uint64_t blocks = 0;
   for (const auto& s : spans) {
     records.push_back({s.src, s.bytes, blocks});
     blocks += image::block_count(s.bytes, image::write_block_size);
   }
-  std::vector<std::uint64_t> out(blocks);
-  if (blocks == 0) return out;
-  CUdeviceptr table = 0, sums = 0;
-  struct freer {
-    CUdeviceptr& a;
-    CUdeviceptr& b;
-    ~freer() {
-      if (a != 0) driver().cuMemFree_v2(a);
-      if (b != 0) driver().cuMemFree_v2(b);
-    }
-  } free_both{table, sums};
-  VMMCKPT_CUDA_TRY(d.cuMemAlloc_v2(&table, records.size() * sizeof(span_record)));
-  VMMCKPT_CUDA_TRY(d.cuMemAlloc_v2(&sums, blocks * sizeof(std::uint64_t)));
-  VMMCKPT_CUDA_TRY(d.cuMemcpyHtoDAsync_v2(table, records.data(), records.size() * sizeof(span_record), stream));
+  if (blocks == 0) return b;
+  auto fail = [&](CUresult r, const char* what) {
+    b->failed_ = true;
+    b->why_ = std::string(what) + " for the checksum kernel failed: " + error_text(r);
+    return std::move(b);
+  };
+  if (const CUresult r = d.cuMemAlloc_v2(&b->table_, records.size() * sizeof(span_record)); r != CUDA_SUCCESS)
+    return fail(r, "cuMemAlloc");
+  if (const CUresult r = d.cuMemAlloc_v2(&b->sums_, blocks * sizeof(std::uint64_t)); r != CUDA_SUCCESS)
+    return fail(r, "cuMemAlloc");
+  void* host = nullptr;
+  if (const CUresult r = d.cuMemHostAlloc(&host, blocks * sizeof(std::uint64_t), 0); r != CUDA_SUCCESS)
+    return fail(r, "cuMemHostAlloc");
+  b->host_ = static_cast<std::uint64_t*>(host);
+  if (const CUresult r = d.cuEventCreate(&b->done_, CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC); r != CUDA_SUCCESS) {
+    b->done_ = nullptr;
+    return fail(r, "cuEventCreate");
+  }
+  if (const CUresult r = d.cuMemcpyHtoD_v2(b->table_, records.data(), records.size() * sizeof(span_record));
+      r != CUDA_SUCCESS)
+    return fail(r, "copying the span table");
   unsigned long long count = records.size(), total = blocks, block_bytes = image::write_block_size;
-  void* args[] = {&table, &count, &total, &block_bytes, &sums};
-  constexpr unsigned threads = 128;
-  const auto grid = static_cast<unsigned>((blocks + threads - 1) / threads);
-  VMMCKPT_CUDA_TRY(d.cuLaunchKernel(function_, grid, 1, 1, threads, 1, 1, 0, stream, args, nullptr));
-  VMMCKPT_CUDA_TRY(d.cuMemcpyDtoHAsync_v2(out.data(), sums, blocks * sizeof(std::uint64_t), stream));
-  VMMCKPT_CUDA_TRY(d.cuStreamSynchronize(stream));
-  return out;
+  void* args[] = {&b->table_, &count, &total, &block_bytes, &b->sums_};
+  constexpr unsigned threads = 256;  // eight per block
+  const auto grid = static_cast<unsigned>((blocks * 8 + threads - 1) / threads);
+  if (const CUresult r = d.cuLaunchKernel(function_, grid, 1, 1, threads, 1, 1, 0, stream, args, nullptr); r != CUDA_SUCCESS)
+    return fail(r, "cuLaunchKernel");
+  if (const CUresult r = d.cuMemcpyDtoHAsync_v2(b->host_, b->sums_, blocks * sizeof(std::uint64_t), stream);
+      r != CUDA_SUCCESS)
+    return fail(r, "copying the checksums back");
+  if (const CUresult r = d.cuEventRecord(b->done_, stream); r != CUDA_SUCCESS) return fail(r, "cuEventRecord");
+  return b;
+}
+
+std::vector<std::uint64_t> gpu_checksums::compute(const std::vector<device_span>& spans, CUstream stream) const {
+  std::uint64_t blocks = 0;
+  for (const auto& s : spans) blocks += image::block_count(s.bytes, image::write_block_size);
+  auto b = launch(spans, stream);
+  const std::uint64_t* sums = b->wait();
+  if (sums == nullptr) throw tool_error(b->why());
+  return std::vector<std::uint64_t>(sums, sums + blocks);
 }
 
 }  // namespace vmmckpt::ckpt

@@ -4,6 +4,7 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -28,8 +29,34 @@ class gpu_checksums {
   bool available() const { return function_ != nullptr; }
   const std::string& why() const { return why_; }
 
-  // The block checksums (image::write_block_size blocks) of every span, span after span, computed on
-  // `stream` and copied to the host; returns when they are there. Throws tool_error on a CUDA failure.
+  // The block checksums of a list of spans, on their way: queued on a stream, there once waited for.
+  class batch {
+   public:
+    batch() = default;
+    ~batch();
+    batch(const batch&) = delete;
+    batch& operator=(const batch&) = delete;
+    // The block checksums (image::write_block_size blocks) of every span, span after span, once the
+    // kernel is done; null when it failed (the CPU computes them instead). From any thread.
+    const std::uint64_t* wait();
+    const std::string& why() const { return why_; }
+    double seconds() const { return seconds_; }  // from launch to the first wait's return
+
+   private:
+    friend class gpu_checksums;
+    CUdeviceptr table_ = 0, sums_ = 0;
+    std::uint64_t* host_ = nullptr;  // pinned: copied into without holding up the launching thread
+    CUevent done_ = nullptr;
+    bool failed_ = false;
+    std::string why_;
+    double launched_at_ = 0, seconds_ = 0;
+  };
+
+  // Queues the kernel for `spans` on `stream` (which must not be waited on by anything that must not wait
+  // for the checksums) and the copy of its results to the host. Never throws: a CUDA failure leaves the
+  // batch failed (wait() gives null, why() says why).
+  std::unique_ptr<batch> launch(const std::vector<device_span>& spans, CUstream stream) const;
+  // launch() and wait(), for the self-test: throws tool_error on a failure.
   std::vector<std::uint64_t> compute(const std::vector<device_span>& spans, CUstream stream) const;
 
  private:

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <system_error>
 
+#include "vmmckpt/ckpt/process_image.hpp"
 #include "vmmckpt/suspend_claim.hpp"
 
 namespace vmmckpt::ckpt {
@@ -23,9 +24,12 @@ parent_blocks::parent_blocks(const std::filesystem::path& parent)
     throw image::image_error(parent.string() + ": a chain of " + std::to_string(chain) + " images already, the most a " +
                              "reader follows: merge it first (cuda-ckpt merge " + parent.string() + " -o FULL)");
   // resume and gc delete a suspend image once its program no longer needs it: a child would lose its parent.
+  // The GPU part of a finished whole-process image stays with it (restore reads it, never deletes it).
+  const auto dir = path_.has_filename() ? path_ : path_.parent_path();
+  const bool process_part = dir.parent_path().filename() == gpu_dir_name && is_process_image(dir.parent_path().parent_path());
   for (const char* claim : {suspend_claim::pending, suspend_claim::accepted, suspend_claim::cancelled}) {
     std::error_code ec;
-    if (std::filesystem::exists(parent / claim, ec))
+    if (!process_part && std::filesystem::exists(parent / claim, ec))
       throw image::image_error(parent.string() + ": a suspend image cannot be a parent (resume and gc delete it); " +
                                "use an image written by dump");
   }
@@ -41,9 +45,10 @@ const image::extent* parent_blocks::same_extent(std::uint64_t addr, std::uint64_
   return *it;
 }
 
-image::parent_ref parent_blocks::ref() const {
-  std::string p = path_.string();
-  if (!path_.has_filename()) p = path_.parent_path().string();
+image::parent_ref parent_blocks::ref(const std::filesystem::path& recorded_as) const {
+  const std::filesystem::path& named = recorded_as.empty() ? path_ : recorded_as;
+  std::string p = named.string();
+  if (!named.has_filename()) p = named.parent_path().string();
   return {reader_.info().image_id, reader_.manifest_checksum(), p};
 }
 

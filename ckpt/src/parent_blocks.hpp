@@ -18,8 +18,8 @@ class parent_blocks {
   // The parent's extent of exactly this range and stored bytes: only its blocks can be compared
   // with a new extent's, block for block. Null when it has none.
   const image::extent* same_extent(std::uint64_t addr, std::uint64_t size, std::uint64_t stored) const;
-  // How the child names it: image_id, manifest checksum, and where it was found.
-  image::parent_ref ref() const;
+  // How the child names it: image_id, manifest checksum, and where it was found (or `recorded_as`).
+  image::parent_ref ref(const std::filesystem::path& recorded_as = {}) const;
 
  private:
   image::reader reader_;
@@ -27,10 +27,8 @@ class parent_blocks {
   std::vector<const image::extent*> by_addr_;  // every extent of every pool, sorted by address
 };
 
-// The block checksums of an extent's stored bytes, the one place an incremental dump takes them
-// from: today the CPU hashes the bytes once they are on the host (so every byte is still copied out
-// of the GPU); a GPU kernel computing image::block_checksum on the device would supply them before
-// the copy, so that unchanged blocks are not copied at all.
+// The block checksums of an extent's stored bytes, hashed on the CPU once they are on the host: where
+// the GPU did not compute them (gpu_checksums), so every byte of such an extent is copied out of it.
 std::vector<std::uint64_t> block_checksums(const unsigned char* stored_bytes, std::uint64_t stored);
 
 }  // namespace vmmckpt::ckpt

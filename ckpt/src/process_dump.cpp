@@ -120,6 +120,19 @@ process_dump_result dump_process(const process_dump_options& o, const progress_c
                        std::to_string(m.pid) + "` brings it back)");
   const fs::path output = fs::absolute(o.output).lexically_normal();
   if (output.filename().empty()) throw tool_error("the image needs a directory name, not " + o.output.string());
+  // An incremental image: its parent must be a whole-process image, checked whole (both parts, each GPU
+  // part's chain) before anything is touched. Each GPU part then opens its own parent part.
+  fs::path parent;
+  process_image parent_description;
+  if (!o.parent.empty()) {
+    parent = fs::absolute(o.parent).lexically_normal();
+    if (!parent.has_filename()) parent = parent.parent_path();
+    if (!is_process_image(parent))
+      throw image::image_error(o.parent.string() + ": not a whole-process image (no " + process_manifest_name +
+                               "); the parent of dump --process is an image written by dump --process");
+    parent_description = read_process_image(parent);
+    verify_process_image(parent, parent_description, false);
+  }
   std::error_code ec;
   if (fs::symlink_status(output, ec).type() != fs::file_type::not_found)
     throw image::image_error(output.string() + " already exists");
@@ -137,6 +150,7 @@ process_dump_result dump_process(const process_dump_options& o, const progress_c
   d.root_pid = o.pid;
   d.criu_version = criu.version;
   d.left_running = o.leave_running;
+  if (!parent.empty()) d.parent = parent.lexically_relative(output.parent_path()).string();
   const fs::path criu_log = fs::temp_directory_path() / ("cuda-ckpt-criu-dump-" + std::to_string(o.pid) + "-" +
                                                          random_hex16() + ".log");
   try {
@@ -147,6 +161,14 @@ process_dump_result dump_process(const process_dump_options& o, const progress_c
       so.pid = m.pid;
       so.output = d.gpu_image(done.staging, m.pid);
       so.copy = o.copy;
+      if (!parent.empty()) {
+        for (const auto& p : parent_description.processes)
+          if (p.pid == m.pid) {
+            so.copy.parent = parent_description.gpu_image(parent, m.pid);
+            // Named from gpu/ of this image (and of its staging name, a sibling): moved together, both hold.
+            so.copy.parent_recorded_as = so.copy.parent.lexically_relative(output / gpu_dir_name);
+          }
+      }
       so.hold_deadline_ms = o.hold_deadline_ms;
       so.allow_partial = true;  // what the shim does not own stays in the context: the driver checkpoints it
       const auto called = clock::now();

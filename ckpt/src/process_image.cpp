@@ -93,6 +93,7 @@ process_image read_process_image(const fs::path& dir) {
   p.stopped_seconds = field<double>(j, "stopped_seconds", dir, "");
   p.left_running = field<bool>(j, "left_running", dir, "");
   if (p.root_pid <= 0) fail(dir, "root_pid must be positive");
+  if (j.contains("parent")) p.parent = field<std::string>(j, "parent", dir, "");  // optional: incremental images
   std::set<pid_t> pids;
   const auto processes = field<nlohmann::json>(j, "processes", dir, "");
   if (!processes.is_array() || processes.empty()) fail(dir, "processes must be a non-empty array");
@@ -177,6 +178,7 @@ void write_process_manifest(const fs::path& dir, const process_image& p) {
                       {"host", p.host}, {"root_pid", p.root_pid},
                       {"criu_version", p.criu_version}, {"gpu_bytes", p.gpu_bytes},
                       {"stopped_seconds", p.stopped_seconds}, {"left_running", p.left_running}};
+  if (!p.parent.empty()) j["parent"] = p.parent;
   j["processes"] = nlohmann::json::array();
   for (const auto& m : p.processes)
     j["processes"].push_back({{"pid", m.pid}, {"parent", m.parent}, {"command", m.command},

@@ -96,9 +96,16 @@ process_restore_result restore_process(const process_restore_options& o, const p
 
   // CRIU writes nothing into the image (it may be read-only, or shared): its log goes to /tmp.
   const std::string log = temporary_log("restore", d.root_pid);
-  std::vector<std::string> args{"restore", "-D", (image / criu_dir_name).string(), "-d", "--shell-job"};
+  // CRIU writes its statistics (stats-restore) into its work directory, by default the images': elsewhere,
+  // so that the image stays exactly as process.json lists it (and may be read-only).
+  const fs::path work = log + ".work";
+  fs::create_directory(work);
+  std::vector<std::string> args{"restore", "-D", (image / criu_dir_name).string(), "-W", work.string(), "-d", "--shell-job"};
   args.insert(args.end(), o.criu_args.begin(), o.criu_args.end());
-  if (const int status = run_criu(criu, args, log); status != 0)
+  const int criu_status = run_criu(criu, args, log);
+  std::error_code ignored;
+  fs::remove_all(work, ignored);
+  if (const int status = criu_status; status != 0)
     throw tool_error("criu restore failed (exit " + std::to_string(status) + "):" + criu_log_excerpt(log) +
                      "\n(CRIU's log: " + log + "); the image is unchanged");
   mark("criu restored");

@@ -21,7 +21,7 @@ std::vector<std::filesystem::path> parent_candidates(const std::filesystem::path
   out.push_back((recorded.is_absolute() ? recorded : holder / recorded).lexically_normal());
   if (!recorded.filename().empty()) {
     const auto sibling = (holder / recorded.filename()).lexically_normal();
-    if (sibling != out.front()) out.push_back(sibling);
+    if (sibling != out.front() && sibling != child) out.push_back(sibling);  // never the child itself
   }
   return out;
 }

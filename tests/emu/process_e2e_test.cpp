@@ -220,6 +220,71 @@ TEST_CASE("dump --process --leave-running: the process goes on, and the image re
   t.stop({t.log});
 }
 
+TEST_CASE("dump --process --parent: GPU parts incremental on a whole-process image, restored through the chain",
+          "[process][incremental]") {
+  REQUIRE_CRIU();
+  ticker_tree t({"--still", std::to_string(8 << 20)});  // 8 MiB written once, 4 MiB rewritten every tick
+  const fs::path family = t.dir.path / "images";
+  fs::create_directories(family);
+  const fs::path full = family / "full", inc = family / "inc";
+  const auto first = tool({"dump", std::to_string(t.pid), "--process", "--leave-running", "-o", full.string(), "--json"});
+  INFO(describe(first));
+  REQUIRE(first.exit_code == 0);
+  const auto full_bytes = nlohmann::json::parse(first.out)["gpu_bytes"].get<std::uint64_t>();
+  CHECK(full_bytes >= (12u << 20));
+
+  // Refused before the process is touched: a parent that is no whole-process image, or is missing.
+  const auto not_process = tool({"dump", std::to_string(t.pid), "--process", "--leave-running", "--parent",
+                                 (full / "gpu" / std::to_string(t.pid)).string(), "-o", (family / "bad").string()});
+  CHECK(not_process.exit_code == 1);
+  CHECK(not_process.err.find("not a whole-process image") != std::string::npos);
+  const auto missing = tool({"dump", std::to_string(t.pid), "--process", "--leave-running", "--parent",
+                             (family / "nothing").string(), "-o", (family / "bad").string()});
+  CHECK(missing.exit_code == 1);
+  CHECK(nothing_named(family / "bad"));
+  REQUIRE(t.goes_on({t.log}));
+
+  const auto second = tool({"dump", std::to_string(t.pid), "--process", "--parent", full.string(), "-o",
+                            inc.string(), "--json"});
+  INFO(describe(second));
+  REQUIRE(second.exit_code == 0);
+  const auto out = nlohmann::json::parse(second.out);
+  CHECK(out["parent"] == "full");
+  // The still buffer's blocks are left to the parent: the GPU part holds about the rewritten buffers only.
+  CHECK(out["gpu_bytes"].get<std::uint64_t>() + (8u << 20) <= full_bytes);
+  REQUIRE(wait_gone(t.pid));
+  const std::uint64_t at_dump = last_tick(t.log);
+
+  // The parent cannot be removed while the child needs it; the child's inspect names it.
+  const auto rm = tool({"rm", full.string()});
+  CHECK(rm.exit_code == 1);
+  CHECK(rm.err.find("is the parent of " + inc.string()) != std::string::npos);
+  CHECK(fs::exists(full / "process.json"));
+  CHECK(tool({"inspect", inc.string()}).out.find("parent    full") != std::string::npos);
+
+  // Moved together, the family keeps its chain: the child finds its parts' parents next to it.
+  const fs::path moved = t.dir.path / "moved";
+  fs::rename(family, moved);
+  CHECK(tool({"verify", (moved / "inc").string()}).exit_code == 0);
+  const auto restored = tool({"restore", (moved / "inc").string(), "--json"});
+  INFO(describe(restored));
+  REQUIRE(restored.exit_code == 0);
+  REQUIRE(t.goes_on({t.log}));
+  CHECK(last_tick(t.log) > at_dump);
+  t.stop({t.log});  // the still buffer is checked at the stop: the parent's blocks came back
+  CHECK(tick_problem(t.log).empty());
+  REQUIRE(wait_gone(t.pid));
+
+  // Without its parent the child is refused, naming it, and nothing is started.
+  fs::rename(moved / "full", t.dir.path / "elsewhere");
+  const auto orphan = tool({"restore", (moved / "inc").string()});
+  INFO(describe(orphan));
+  CHECK(orphan.exit_code != 0);
+  CHECK(orphan.err.find("parent") != std::string::npos);
+  CHECK(orphan.err.find("missing") != std::string::npos);
+  CHECK(::kill(t.pid, 0) != 0);
+}
+
 TEST_CASE("dump --process killed at each step: cuda-ckpt resume brings the process back, and no image is left",
           "[process][fault]") {
   REQUIRE_CRIU();

@@ -44,13 +44,13 @@ _cuda_ckpt() {
     ps) options="--help --json -t --pid" ;;
     check) options="--help --json -t --pid" ;;
     dump) options="--help -o --output -D --json --deadline --chunk --staging --streams --no-gpu-snapshot
-                   --allow-partial --parent --gpu-checksums --writers -t --pid --process --leave-running --criu-arg" ;;
+                   --allow-partial --parent --cpu-checksums --writers -t --pid --process --leave-running --criu-arg" ;;
     inspect | verify) options="--help --json -D" ;;
     cat) options="--help -o --output -D" ;;
     merge) options="--help -o --output -D --json" ;;
     rm) options="--help --force --json -D" ;;
     gc) options="--help --dry-run --json" ;;
-    suspend) options="--help -o --output -D --json --deadline --verify --allow-partial --parent --writers -t --pid" ;;
+    suspend) options="--help -o --output -D --json --deadline --verify --allow-partial --parent --cpu-checksums --writers -t --pid" ;;
     resume) options="--help --json -t --pid" ;;
     restore) options="--help --replay --no-verify --device -D --json --criu-arg --" ;;
   esac

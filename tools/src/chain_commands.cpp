@@ -1,4 +1,5 @@
 // `cuda-ckpt merge` and `cuda-ckpt rm`: make a chain of incremental images into a full one, and delete an image no other needs.
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -8,6 +9,7 @@
 #include "commands.hpp"
 #include "exit_codes.hpp"
 #include "output.hpp"
+#include "vmmckpt/ckpt/process_image.hpp"
 #include "vmmckpt/image.hpp"
 #include "vmmckpt/image_chain.hpp"
 
@@ -42,35 +44,72 @@ int merge_command(const std::string& path, const std::string& output, bool json)
   return exit_ok;
 }
 
+namespace {
+
+// The whole-process images next to `dir` (one) whose GPU parts are incremental on one of its parts.
+std::vector<std::filesystem::path> process_children(const std::filesystem::path& dir) {
+  const auto d = ckpt::read_process_image(dir);
+  const auto holder = std::filesystem::absolute(dir).lexically_normal().parent_path();
+  std::vector<std::filesystem::path> out;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(holder, ec)) {
+    std::error_code ignored;
+    if (!entry.is_directory(ignored) || entry.is_symlink(ignored) || !ckpt::is_process_image(entry.path())) continue;
+    for (const auto& m : d.processes)
+      if (!image::children_in(entry.path() / ckpt::gpu_dir_name, m.image_id).empty()) {
+        out.push_back(entry.path());
+        break;
+      }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
 int rm_command(const std::string& path, bool force, bool json) {
-  // Only an image is deleted: its manifest must decode (its parent need not be there).
+  // Only an image is deleted: its manifest (or a whole-process image's process.json) must be there; its
+  // parent need not be (a child whose parent is gone can go too).
   std::filesystem::path dir(path);
   if (!dir.has_filename()) dir = dir.parent_path();
   std::error_code ec;
-  if (!std::filesystem::is_regular_file(dir / "manifest.json", ec) || std::filesystem::is_symlink(dir, ec))
-    return report_failure("rm", json, path + ": not an image directory (no manifest.json); nothing removed", exit_failure);
-  // Its own manifest names it; its parents need not be there (a child whose parent is gone can go too).
-  std::string image_id;
-  {
+  const bool whole_process = ckpt::is_process_image(dir);
+  if (std::filesystem::is_symlink(dir, ec) ||
+      (!whole_process && !std::filesystem::is_regular_file(dir / "manifest.json", ec)))
+    return report_failure("rm", json, path + ": not an image directory (no manifest.json or process.json); nothing removed",
+                          exit_failure);
+  std::vector<std::filesystem::path> children;
+  if (whole_process) {
+    try {
+      children = process_children(dir);
+    } catch (const image::image_error& e) {
+      if (!force)
+        return report_failure("rm", json, std::string(e.what()) + "; nothing removed (--force removes it anyway)",
+                              exit_failure);
+    }
+  } else {
+    std::string image_id;  // its own manifest names it
     std::ifstream in(dir / "manifest.json", std::ios::binary);
     const auto j = nlohmann::json::parse(in, nullptr, false);
     if (j.is_object() && j.value("magic", "") == "vmmckpt-image" && j.contains("image_id") && j["image_id"].is_string())
       image_id = j["image_id"].get<std::string>();
+    if (image_id.empty() && !force)
+      return report_failure("rm", json,
+                            path + ": its manifest.json names no image (not an image of format 3 or later, or damaged); "
+                                   "nothing removed (--force removes it anyway)",
+                            exit_failure);
+    if (!image_id.empty())
+      children = image::children_in(std::filesystem::absolute(dir).lexically_normal().parent_path(), image_id);
   }
-  if (image_id.empty() && !force)
-    return report_failure("rm", json,
-                          path + ": its manifest.json names no image (not an image of format 3 or later, or damaged); "
-                                 "nothing removed (--force removes it anyway)",
-                          exit_failure);
-  const auto holder = std::filesystem::absolute(dir).lexically_normal().parent_path();
-  const auto children = image_id.empty() ? std::vector<std::filesystem::path>{} : image::children_in(holder, image_id);
   if (!children.empty() && !force) {
     std::string names;
     for (const auto& c : children) names += (names.empty() ? "" : ", ") + c.string();
+    // A whole-process chain cannot be merged: each GPU part's image_id is the one its suspended process
+    // waits for, and a merged image has one of its own.
+    const std::string way_out = whole_process ? "Remove them first" : "Merge them first (cuda-ckpt merge CHILD -o FULL)";
     return report_failure("rm", json,
-                          path + " is the parent of " + names +
-                              ": they need its blocks. Merge them first (cuda-ckpt merge CHILD -o FULL), or pass "
-                              "--force to delete it and break them",
+                          path + " is the parent of " + names + ": they need its blocks. " + way_out +
+                              ", or pass --force to delete it and break them",
                           exit_failure);
   }
   std::filesystem::remove_all(dir, ec);

@@ -26,7 +26,7 @@ struct dump_command_options {
   bool no_gpu_snapshot = false;
   bool allow_partial = false;
   std::string parent;  // an incremental image: the image to compare with
-  bool gpu_checksums = false;
+  bool cpu_checksums = false;  // block checksums on the CPU even where the GPU can compute them
   bool process = false;        // the whole process, CPU side through CRIU (process_commands.cpp)
   bool leave_running = false;  // with process: it goes on afterwards
   std::vector<std::string> criu_args;
@@ -47,6 +47,7 @@ struct suspend_command_options {
   bool verify = false;
   bool allow_partial = false;
   std::string parent;  // an incremental image: the image to compare with
+  bool cpu_checksums = false;
 };
 int suspend_command(const suspend_command_options& options);
 int resume_command(pid_t pid, bool json);

@@ -13,11 +13,6 @@
 namespace vmmckpt::tools {
 
 int dump_command(const dump_command_options& o) {
-  // A whole-process image's GPU parts are suspend images, which cannot be parents; incremental GPU parts
-  // are not written yet (issue 19, part 3).
-  if (o.process && (!o.parent.empty() || o.gpu_checksums))
-    return report_failure("dump", o.json, "--parent and --gpu-checksums do not apply to whole-process dumps (--process) yet",
-                          exit_usage);
   if (o.process) return dump_process_command(o);
   if (o.leave_running || !o.criu_args.empty())
     return report_failure("dump", o.json, "--leave-running and --criu-arg apply to whole-process dumps (--process)",
@@ -43,7 +38,7 @@ int dump_command(const dump_command_options& o) {
   options.gpu_snapshot = !o.no_gpu_snapshot;
   options.allow_partial = o.allow_partial;
   options.copy.parent = o.parent;
-  options.copy.gpu_checksums = o.gpu_checksums;
+  options.copy.gpu_checksums = !o.cpu_checksums;
   options.hold_deadline_ms = o.deadline_s * 1000;
 
   options.copy.interrupt = &catch_interrupts();

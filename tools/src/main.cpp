@@ -140,11 +140,13 @@ int main(int argc, char** argv) {
                  "and lists what it lacks");
   dump->add_option("--parent", dump_options.parent,
                    "Write an incremental image: blocks unchanged since the image PARENT are left to it (it must "
-                   "stay, or be merged: cuda-ckpt merge)")
+                   "stay, or be merged: cuda-ckpt merge). With --process, PARENT is a whole-process image and each "
+                   "process's GPU part is incremental on its part there")
       ->type_name("IMAGE");
-  dump->add_flag("--gpu-checksums", dump_options.gpu_checksums,
-                 "Compute the block checksums on the GPU snapshot (a kernel built into cuda-ckpt); where it cannot, "
-                 "the CPU does, and --json says why (checksums.why_not_gpu)");
+  dump->add_flag("--cpu-checksums", dump_options.cpu_checksums,
+                 "Compute the block checksums on the CPU, as the writers write. By default a kernel built into "
+                 "cuda-ckpt computes them on the GPU, where they are (an incremental dump then copies only changed "
+                 "blocks out of it); where it cannot, the CPU does, and --json says why (checksums.why_not_gpu)");
   dump->add_option("--writers", dump_options.writers, "Threads writing the image, one data file each (default: one per core, up to 16)")
       ->check(CLI::Range(1, 256));
   dump->add_flag("--process", dump_options.process,
@@ -254,6 +256,8 @@ int main(int argc, char** argv) {
                       "Write an incremental image: blocks unchanged since the image PARENT (weights saved earlier) "
                       "are left to it; resume reads them from there")
       ->type_name("IMAGE");
+  suspend->add_flag("--cpu-checksums", suspend_options.cpu_checksums,
+                    "Compute the block checksums on the CPU (by default on the GPU where it can; see dump)");
   suspend->add_option("--writers", suspend_options.writers, "Threads writing the image (default: one per core, up to 16)")
       ->check(CLI::Range(1, 256));
   suspend->footer(

@@ -31,6 +31,8 @@ int dump_process_command(const dump_command_options& o) {
   options.criu_args = o.criu_args;
   options.hold_deadline_ms = o.deadline_s * 1000;
   if (o.writers > 0) options.copy.writers = o.writers;
+  options.copy.gpu_checksums = !o.cpu_checksums;
+  options.parent = o.parent;
   options.copy.interrupt = &catch_interrupts();
   progress_line line("dump", !o.json);
   const auto r = ckpt::dump_process(options, line.callback());
@@ -41,7 +43,7 @@ int dump_process_command(const dump_command_options& o) {
                                 {"processes", pids_json(d)},          {"gpu_bytes", d.gpu_bytes},
                                 {"left_running", d.left_running},     {"stopped_seconds", d.stopped_seconds},
                                 {"seconds", r.seconds},               {"criu_version", d.criu_version},
-                                {"phases", phases_json(r.phases)}}
+                                {"phases", phases_json(r.phases)},    {"parent", d.parent}}
                      .dump(2)
               << "\n";
   } else {
@@ -50,6 +52,8 @@ int dump_process_command(const dump_command_options& o) {
                 r.image.c_str(), r.seconds);
     std::printf("  the process was stopped for %.3f s; %s\n", d.stopped_seconds,
                 d.left_running ? "it goes on" : "it has ended, as with criu dump");
+    if (!d.parent.empty())
+      std::printf("  incremental on %s: its GPU parts hold only the blocks changed since\n", d.parent.c_str());
     std::printf("  restore it with: cuda-ckpt restore %s\n", r.image.c_str());
   }
   return exit_ok;
@@ -61,7 +65,7 @@ int inspect_process_command(const std::string& image, bool json) {
     nlohmann::json out{{"image", image},          {"whole_process", true},          {"root_pid", d.root_pid},
                        {"created", d.created},    {"host", d.host},                 {"tool_version", d.tool_version},
                        {"criu_version", d.criu_version}, {"gpu_bytes", d.gpu_bytes}, {"left_running", d.left_running},
-                       {"stopped_seconds", d.stopped_seconds}};
+                       {"stopped_seconds", d.stopped_seconds}, {"parent", d.parent}};
     out["processes"] = nlohmann::json::array();
     for (const auto& m : d.processes)
       out["processes"].push_back({{"pid", m.pid}, {"parent", m.parent}, {"command", m.command},
@@ -79,6 +83,8 @@ int inspect_process_command(const std::string& image, bool json) {
               d.tool_version.c_str(), d.criu_version.c_str());
   std::printf("created   %s on %s; the process was stopped %.3f s%s\n", d.created.c_str(), d.host.c_str(),
               d.stopped_seconds, d.left_running ? " and went on" : " and ended");
+  if (!d.parent.empty())
+    std::printf("parent    %s (its GPU parts are incremental on that image's; it must stay)\n", d.parent.c_str());
   std::printf("cpu part  %s in %zu CRIU files (%s/)\n", human_bytes(cpu_bytes).c_str(), d.criu_files.size(),
               ckpt::criu_dir_name);
   std::printf("gpu part  %s in %zu process(es); restore with: cuda-ckpt restore %s\n", human_bytes(d.gpu_bytes).c_str(),

@@ -28,6 +28,7 @@ int suspend_command(const suspend_command_options& o) {
   options.verify = o.verify;
   options.allow_partial = o.allow_partial;
   options.copy.parent = o.parent;
+  options.copy.gpu_checksums = !o.cpu_checksums;
   if (o.output.empty()) {
     options.output = ckpt::default_suspend_dir() / ("suspend-" + std::to_string(o.pid) + "-" + time_stamp());
   } else {

@@ -36,7 +36,8 @@ CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize
   X(cuModuleLoadData) X(cuModuleGetFunction) X(cuModuleUnload) X(cuLaunchKernel)
 // Called by cuda-ckpt only (besides the first list): required by the tool, optional in the shim.
 #define VMMCKPT_TOOL_DRIVER_FUNCTIONS(X)                                                            \
-  X(cuDeviceGetCount) X(cuGetErrorName) X(cuGetErrorString) X(cuMemcpyDtoHAsync_v2) X(cuMemcpyDtoDAsync_v2)
+  X(cuDeviceGetCount) X(cuGetErrorName) X(cuGetErrorString) X(cuMemcpyDtoHAsync_v2) X(cuMemcpyDtoDAsync_v2) \
+  X(cuStreamWaitEvent)
 
 // The driver's process checkpoint API (driver 550 and later), used by cuda-ckpt's whole-process mode
 // only: optional, a driver without it refuses that mode alone.

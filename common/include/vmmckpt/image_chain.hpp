@@ -12,7 +12,8 @@ namespace vmmckpt::image {
 
 // Where a reader looks for the parent of the image in `child_dir`, in order: the path the child
 // recorded (a relative one taken from the directory holding the child), then the directory holding
-// the child under the recorded path's last name (a chain moved or copied together). Each place is
+// the child under the recorded path's last name (a chain moved or copied together), unless that is the
+// child itself (a parent of the same name elsewhere). Each place is
 // taken only if the image there has the recorded image_id and manifest checksum.
 std::vector<std::filesystem::path> parent_candidates(const std::filesystem::path& child_dir, const parent_ref& ref);
 

@@ -5,7 +5,9 @@
 // were, with every buffer still matching the CPU's counter. Ends when LOG.stop appears ("stopped at T",
 // exit 0); a mismatch is logged ("BAD ...", exit 3).
 //
-// usage: emu_ticker LOG [--buffers N] [--size BYTES] [--children K] [--bare-child]
+// usage: emu_ticker LOG [--buffers N] [--size BYTES] [--still BYTES] [--children K] [--bare-child]
+//   --still BYTES  one more buffer, written once and checked every 25 ticks and at the stop: memory an
+//                  incremental checkpoint leaves to its parent
 //   --children K   first starts K copies of itself (LOG.1 ... LOG.K), under the shim as it is: a process tree
 //   --bare-child   first starts one copy without the shim (LD_PRELOAD removed) that uses CUDA: LOG.bare
 #include <cuda.h>
@@ -60,12 +62,13 @@ int main(int argc, char** argv) {
   ::close_range(3, ~0U, 0);
   const std::string log_path = argv[1];
   int buffers = 4, children = 0;
-  std::size_t size = 1 << 20;
+  std::size_t size = 1 << 20, still_size = 0;
   bool bare_child = false;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--buffers" && i + 1 < argc) buffers = std::atoi(argv[++i]);
     else if (a == "--size" && i + 1 < argc) size = std::strtoull(argv[++i], nullptr, 10);
+    else if (a == "--still" && i + 1 < argc) still_size = std::strtoull(argv[++i], nullptr, 10) / 4 * 4;
     else if (a == "--children" && i + 1 < argc) children = std::atoi(argv[++i]);
     else if (a == "--bare-child") bare_child = true;
     else {
@@ -92,6 +95,22 @@ int main(int argc, char** argv) {
     VMMCKPT_CHECK(cuMemsetD32(ptrs[b], value(0, b), words));
   }
   std::vector<std::uint32_t> host(words);
+  std::vector<std::uint32_t> still(still_size / 4);
+  for (std::size_t i = 0; i < still.size(); ++i) still[i] = static_cast<std::uint32_t>(i * 2654435761u) ^ 0x5a5a5a5au;
+  CUdeviceptr still_ptr = 0;
+  if (!still.empty()) {
+    VMMCKPT_CHECK(cuMemAlloc(&still_ptr, still_size));
+    VMMCKPT_CHECK(cuMemcpyHtoD(still_ptr, still.data(), still_size));
+  }
+  std::vector<std::uint32_t> still_back(still.size());
+  auto still_holds = [&](std::uint64_t tick) {
+    if (still.empty()) return true;
+    VMMCKPT_CHECK(cuMemcpyDtoH(still_back.data(), still_ptr, still_size));
+    if (still_back == still) return true;
+    std::fprintf(log, "BAD tick %llu: the still buffer changed\n", static_cast<unsigned long long>(tick));
+    std::fflush(log);
+    return false;
+  };
   const std::string stop_path = log_path + ".stop";
   for (std::uint64_t tick = 1;; ++tick) {
     for (int b = 0; b < buffers; ++b) {
@@ -109,7 +128,9 @@ int main(int argc, char** argv) {
     VMMCKPT_CHECK(cuCtxSynchronize());
     std::fprintf(log, "tick %llu\n", static_cast<unsigned long long>(tick));
     std::fflush(log);
+    if (tick % 25 == 0 && !still_holds(tick)) return 3;
     if (::access(stop_path.c_str(), F_OK) == 0) {
+      if (!still_holds(tick)) return 3;
       std::fprintf(log, "stopped at %llu\n", static_cast<unsigned long long>(tick));
       std::fclose(log);
       return 0;

@@ -32,10 +32,14 @@ struct copy_settings {
   // An incremental image: the image to compare with (docs/image-format.md, "Chains"). Blocks whose
   // checksum equals the parent's block at the same place are not written; empty: a full image.
   std::filesystem::path parent;
-  // Compute the block checksums on the GPU snapshot with the kernel built into the tool (the writers
-  // then only write). Off by default until it is measured on a GPU; without a snapshot or a usable
-  // kernel the CPU computes them, and the result says why.
-  bool gpu_checksums = false;
+  // What the image records as its parent's path (a hint to readers, docs/image-format.md "Chains"); empty:
+  // the parent's absolute path. Relative paths are from the directory that holds the image.
+  std::filesystem::path parent_recorded_as;
+  // Compute the block checksums on the GPU with the kernel built into the tool, in the program's memory
+  // while it is held and in the snapshot after (the writers then only write, and an incremental image
+  // copies only changed blocks out of the GPU). Without a usable kernel the CPU computes them, and the
+  // result says why.
+  bool gpu_checksums = true;
 };
 
 // Where a long operation is, for a progress line. Callbacks come from several threads, one at a time.
@@ -83,8 +87,9 @@ struct image_result {
   } threads;
   // An incremental image: the stored bytes left out because its parent holds them unchanged.
   std::uint64_t unchanged_bytes = 0;
-  // Where the block checksums were computed: "gpu" (on the GPU snapshot, by the kernel built into the
-  // tool; the writers only write) or "cpu" (the writers hash), and why not on the GPU.
+  // Where the block checksums were computed: "gpu" (by the kernel built into the tool, in the held
+  // program's memory and in the snapshot; the writers only write) or "cpu" (the writers hash), and why
+  // not on the GPU.
   std::string checksums = "cpu";
   std::string checksums_why;
   double checksum_seconds = 0;  // the kernel's time, its results copied back included

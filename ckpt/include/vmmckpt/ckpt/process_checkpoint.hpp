@@ -21,6 +21,9 @@ struct process_dump_options {
   copy_settings copy;
   int hold_deadline_ms = 120'000;      // for each process's suspend
   std::vector<std::string> criu_args;  // more arguments for `criu dump` (--tcp-established, ...)
+  // A whole-process image to be incremental on: each process's GPU part leaves the blocks unchanged since
+  // its part there (same pid) to it. A process without a part there gets a full one.
+  std::filesystem::path parent;
 };
 
 // Where the time went: seconds from the start at which each step ended, in order.

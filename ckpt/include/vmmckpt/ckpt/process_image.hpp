@@ -40,6 +40,10 @@ struct process_image {
   std::uint64_t gpu_bytes = 0;  // the GPU parts' data bytes
   double stopped_seconds = 0;   // from the first hold to the process going on (or ending)
   bool left_running = false;    // dumped with --leave-running
+  // An incremental image (dump --process --parent): the whole-process image its GPU parts take unchanged
+  // blocks from, as the path from the directory holding this one (a family moved together keeps its
+  // chain); each GPU part names its own parent too. Empty: every GPU part is full.
+  std::string parent;
 
   std::filesystem::path gpu_image(const std::filesystem::path& dir, pid_t pid) const {
     return dir / gpu_dir_name / std::to_string(pid);
