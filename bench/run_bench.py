@@ -643,9 +643,10 @@ class Bench:
         directory = self.places[0][1]
         tags = {"mode": "shim", "where": self.places[0][0], "size_gib": s}
         images = [os.path.join(directory, f"incremental-{k}") for k in range(6)]
+        series_dir = os.path.join(directory, "incremental-series")
         try:
             os.makedirs(directory, exist_ok=True)
-            for image in images:
+            for image in images + [series_dir]:
                 shutil.rmtree(image, ignore_errors=True)
             if not self.fits_gpu(size) or free_bytes(directory) < size * 1.2:
                 raise BenchError("skipped: the size does not fit in GPU memory or the tmpfs")
@@ -665,6 +666,7 @@ class Bench:
                     proc, wall = self.run(cmd, step, f"incremental-dump-{k}")
                     changed = "full" if k == 0 else "nothing" if k == 5 else "1 %"
                     self.record_tool("incremental_dump", proc, dict(tags, image=k, changed=changed), wall)
+                self.incremental_series(prog, s, tags, series_dir)
                 prog.check(60 + 5 * s)
             for k in (0, 4):
                 proc, wall = self.run([self.cuda_ckpt, "restore", "--no-verify", images[k], "--", self.fill,
@@ -673,8 +675,44 @@ class Bench:
         except (BenchError, OSError) as e:
             self.error("incremental", e, **tags)
         finally:
-            for image in images:
+            for image in images + [series_dir]:
                 shutil.rmtree(image, ignore_errors=True)
+
+    def incremental_series(self, prog, s, tags, series_dir):
+        """The same six dumps by one tool, `cuda-ckpt dump --every` (its CUDA context, pinned staging and
+        checksum kernel made once): image 0 full, 1 to 4 after 1 % changed, 5 with nothing changed. The
+        change is made as soon as an image's line is printed, well before the next one is due."""
+        every = max(5.0, 0.35 * s)
+        images, changes = 6, 4
+        cmd = [self.cuda_ckpt, "dump", str(prog.pid), "-o", series_dir, "--every", str(every),
+               "--count", str(images), "--json"]
+        log("  run: " + " ".join(cmd))
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env)
+        watchdog = threading.Timer(every * images + 300, proc.kill)  # a hung series ends the part, not the bench
+        watchdog.start()
+        try:
+            for k in range(images):
+                line = proc.stdout.readline()
+                if not line:
+                    raise BenchError(f"dump --every printed {k} of {images} images: {proc.stderr.read()[-800:]}")
+                r = json.loads(line)
+                changed = "full" if k == 0 else "nothing" if k == images - 1 else "1 %"
+                if (k == 0) != (r.get("parent") is None) or (changed == "nothing") != (r.get("bytes") == 0):
+                    raise BenchError(f"series image {k}: not what the bench made ({changed}): {line[:300]}")
+                self.record(dict(r, bench="incremental_series", image=k, changed=changed, **tags))
+                if k < changes:
+                    prog.proc.stdin.write("flip 1\n")
+                    prog.proc.stdin.flush()
+                    prog.wait_line("flipped", 120)
+            if proc.wait(60) != 0:
+                raise BenchError(f"dump --every exited {proc.returncode}: {proc.stderr.read()[-800:]}")
+        except (BenchError, ValueError, subprocess.TimeoutExpired) as e:
+            self.error("incremental_series", e, **tags)
+        finally:
+            watchdog.cancel()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
     def process_round(self, s, mode, criu, directory, tags):
         size = int(s * GIB)

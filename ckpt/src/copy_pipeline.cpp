@@ -47,6 +47,9 @@ struct chunk {
   std::uint64_t bytes = 0;  // of the buffer, gaps included
 };
 
+// The staging buffer of a chunk that is not copied (every block unchanged since the parent).
+constexpr std::size_t no_buffer = ~std::size_t{0};
+
 // A gap up to this size between two pieces is copied with them rather than split into two copies.
 constexpr std::uint64_t max_gap = 64 << 10;
 
@@ -232,20 +235,48 @@ struct copy_pipeline::gpu_snapshot {
   ~gpu_snapshot() { release(); }
 };
 
+// What a series of dumps by one tool (dump --every) makes once: the pinned staging with its streams, and
+// the checksum kernel. (The CUDA context is the device's primary one, which the tool keeps.)
+struct copy_reuse {
+  std::shared_ptr<copy_pipeline::staging> staging;
+  int buffers = 0;
+  std::size_t chunk_bytes = 0;
+  std::shared_ptr<gpu_checksums> kernel;
+};
+
+std::shared_ptr<copy_reuse> make_copy_reuse() { return std::make_shared<copy_reuse>(); }
+
 copy_pipeline::copy_pipeline(const copy_settings& settings, std::uint64_t live_estimate)
-    : settings_(settings), live_estimate_(live_estimate), staging_(std::make_unique<staging>()) {
+    : settings_(settings), live_estimate_(live_estimate) {
   // Enough buffers to take the whole copy when it fits the staging budget, so the program is
   // held only for the copy out of the GPU, not for the writes.
   const std::uint64_t wanted = (live_estimate + settings.chunk_bytes - 1) / settings.chunk_bytes;
   const std::uint64_t budget = std::max<std::uint64_t>(2, settings.staging_bytes / settings.chunk_bytes);
   buffers_ = static_cast<int>(std::clamp<std::uint64_t>(wanted, 2, budget));
+  if (copy_reuse* r = settings_.reuse.get();
+      r != nullptr && r->staging && r->buffers == buffers_ && r->chunk_bytes == settings_.chunk_bytes) {
+    staging_ = r->staging;  // made by an earlier dump of the series, idle since
+    return;
+  }
+  staging_ = std::make_shared<staging>();
   reserving_ = std::thread([this] { staging_->reserve(buffers_, settings_.chunk_bytes); });
 }
 
 copy_pipeline::~copy_pipeline() {
   if (reserving_.joinable()) reserving_.join();
   snapshot_.reset();
-  staging_.reset();  // before the writer goes: no copy may still be filling a buffer
+  // Before the writer goes, no copy may still be filling a buffer.
+  if (copy_reuse* r = settings_.reuse.get(); r != nullptr && !staging_->streams.empty()) {
+    const driver_api& d = driver();  // loaded: it made the streams
+    bool idle = true;
+    for (CUstream s : staging_->streams) idle = d.cuStreamSynchronize(s) == CUDA_SUCCESS && idle;
+    if (idle) {
+      r->staging = staging_;
+      r->buffers = buffers_;
+      r->chunk_bytes = settings_.chunk_bytes;
+    }
+  }
+  staging_.reset();
 }
 
 void copy_pipeline::prepare(const std::filesystem::path& output, CUcontext context, bool snapshot_allowed) {
@@ -257,10 +288,12 @@ void copy_pipeline::prepare(const std::filesystem::path& output, CUcontext conte
   const int writers = std::clamp(settings_.writers, 1, int(image::max_data_files));
   writer_.emplace(output, static_cast<std::uint32_t>(std::clamp<std::uint64_t>(chunks_estimate, 1, writers)));
 
-  reserving_.join();
   const driver_api& d = driver();
-  staging_->allocate(buffers_, settings_.chunk_bytes);
-  for (int i = 0; i < std::max(1, settings_.streams); ++i) {
+  if (reserving_.joinable()) {  // not reused: made for this dump
+    reserving_.join();
+    staging_->allocate(buffers_, settings_.chunk_bytes);
+  }
+  while (staging_->streams.size() < static_cast<std::size_t>(std::max(1, settings_.streams))) {
     CUstream s;
     VMMCKPT_CUDA_TRY(d.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
     staging_->streams.push_back(s);
@@ -272,8 +305,10 @@ void copy_pipeline::prepare(const std::filesystem::path& output, CUcontext conte
   if (snapshot_allowed) snapshot_->try_allocate(live_estimate_ + live_estimate_ / 8 + (64ULL << 20), settings_.chunk_bytes);
   // Loading the checksum kernel here keeps its cost (a JIT compile of the PTX, a self-test) out of the hold.
   if (settings_.gpu_checksums) {
-    gpu_sums_ = std::make_unique<gpu_checksums>();
-    if (gpu_sums_->available()) {
+    copy_reuse* r = settings_.reuse.get();
+    gpu_sums_ = r != nullptr && r->kernel ? r->kernel : std::make_shared<gpu_checksums>();
+    if (r != nullptr) r->kernel = gpu_sums_;
+    if (gpu_sums_->available() && staging_->checksum_stream == nullptr) {
       VMMCKPT_CUDA_TRY(d.cuStreamCreate(&staging_->checksum_stream, CU_STREAM_NON_BLOCKING));
       VMMCKPT_CUDA_TRY(d.cuEventCreate(&staging_->snapshot_copied, CU_EVENT_DISABLE_TIMING));
     }
@@ -357,13 +392,14 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
           b = chunk_buffer[c];
         }
         check_interrupted();
-        VMMCKPT_CUDA_TRY(d.cuEventSynchronize(st.events[b]));
+        const bool copied = b != no_buffer;
+        if (copied) VMMCKPT_CUDA_TRY(d.cuEventSynchronize(st.events[b]));
         waiting += std::chrono::duration<double>(clock::now() - wait_start).count();
         std::uint64_t chunk_total = 0;
         for (std::size_t s = 0; s < chunks[c].spans.size(); ++s) {
           const span& sp = chunks[c].spans[s];
           writer.begin_extent(file, sp.addr, sp.size, sp.stored);
-          const unsigned char* bytes = pack(st.buffers[b], chunks[c], sp);
+          const unsigned char* bytes = copied ? pack(st.buffers[b], chunks[c], sp) : nullptr;  // null: all unchanged
           const image::extent* old = parent_ ? parent_->same_extent(sp.addr, sp.size, sp.stored) : nullptr;
           const std::uint64_t* given = sums_of(c, s);
           if (old != nullptr || given != nullptr)
@@ -376,7 +412,7 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
         std::uint64_t done;
         {
           std::lock_guard lock(mutex);
-          free_buffers.push_back(b);
+          if (copied) free_buffers.push_back(b);
           done = written += chunk_total;
         }
         changed.notify_all();
@@ -483,10 +519,34 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
     result.checksums_why = gpu_sums_ ? gpu_sums_->why() : "not asked for (--cpu-checksums)";
   }
   if (snapshot.ptr != 0 && first_in_snapshot == 0) release_when_copied();
+  // A chunk whose every block the parent holds unchanged (by the GPU's checksums) takes no staging
+  // buffer and no copy: its writer only records the blocks as the parent's.
+  auto unchanged_whole = [&](std::size_t c) {
+    if (!parent_) return false;
+    for (std::size_t k = 0; k < chunks[c].spans.size(); ++k) {
+      const span& sp = chunks[c].spans[k];
+      const std::uint64_t* sums = sums_of(c, k);
+      const image::extent* old = sums ? parent_->same_extent(sp.addr, sp.size, sp.stored) : nullptr;
+      if (old == nullptr) return false;
+      for (std::uint64_t i = 0; i < image::block_count(sp.stored, image::write_block_size); ++i)
+        if (sums[i] != old->blocks[i].checksum) return false;
+    }
+    return true;
+  };
   std::uint64_t issued_bytes = 0;  // of the chunks copied straight out of the program's memory
   for (std::size_t c = 0; c < chunks.size(); ++c) {
     if (c == first_in_snapshot && c > 0) release_when_copied();
     check_interrupted();
+    if (unchanged_whole(c)) {
+      for (const span& sp : chunks[c].spans) result.uncopied_bytes += sp.stored;
+      {
+        std::lock_guard lock(mutex);
+        chunk_buffer[c] = no_buffer;
+        issued = c + 1;
+      }
+      changed.notify_all();
+      continue;
+    }
     std::size_t b;
     {
       const auto wait_start = clock::now();

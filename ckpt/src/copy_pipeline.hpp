@@ -49,18 +49,19 @@ class copy_pipeline {
   void check_interrupted() const;
 
  private:
+  friend struct copy_reuse;
   struct staging;
   struct gpu_snapshot;
   copy_settings settings_;
   std::uint64_t live_estimate_;
   int buffers_;
-  std::unique_ptr<staging> staging_;
+  std::shared_ptr<staging> staging_;  // reused by the next dump of a series (copy_settings::reuse)
   std::thread reserving_;
   CUcontext context_ = nullptr;
   std::optional<image::writer> writer_;
   std::unique_ptr<gpu_snapshot> snapshot_;
   std::optional<parent_blocks> parent_;
-  std::unique_ptr<gpu_checksums> gpu_sums_;  // loaded unless the CPU is asked to hash
+  std::shared_ptr<gpu_checksums> gpu_sums_;  // loaded unless the CPU is asked to hash
 };
 
 }  // namespace vmmckpt::ckpt

@@ -202,3 +202,44 @@ TEST_CASE("incremental: suspend --parent, and resume follows the chain", "[emu][
   dump_json(c.p->pid(), c.dir.path / "after", c.inc2);
   check_restore(c.dir.path / "after", c.dir.path / "live-2");
 }
+
+TEST_CASE("incremental: dump --every writes a series, incremental with a full image every --full-every",
+          "[emu][incremental][series]") {
+  scratch_dir dir;
+  background_process p({cuda_ckpt, "run", "--", program, "run", dir.path.string()});
+  REQUIRE(p.wait_for_output("ready\n"));
+  const fs::path series = dir.path / "series";
+  const auto r = run_process({cuda_ckpt, "dump", std::to_string(p.pid()), "-o", series.string(), "--every", "0.2",
+                              "--count", "4", "--full-every", "2", "--json"});
+  INFO(describe(r));
+  REQUIRE(r.exit_code == 0);
+  std::vector<nlohmann::json> images;
+  std::istringstream lines(r.out);
+  for (std::string line; std::getline(lines, line);) images.push_back(nlohmann::json::parse(line));
+  REQUIRE(images.size() == 4);
+  // 0000 full; 0001 and 0002 incremental (nothing changed: nothing written); 0003 full again.
+  CHECK(images[0]["parent"].is_null());
+  CHECK(images[1]["parent"] == (series / "0000").string());
+  CHECK(images[2]["parent"] == (series / "0001").string());
+  CHECK(images[3]["parent"].is_null());
+  CHECK(images[0]["bytes"] == live_bytes);
+  CHECK(images[2]["bytes"] == 0);
+  CHECK(images[2]["unchanged_bytes"] == live_bytes);
+  CHECK(images[3]["bytes"] == live_bytes);
+  check_restore(series / "0002", dir.path / "live-0");
+
+  // A second series in the same directory goes on numbering; it ends when the process does.
+  background_process second({cuda_ckpt, "dump", std::to_string(p.pid()), "-o", series.string(), "--every", "0.2"});
+  REQUIRE(second.wait_for_output("dumped"));
+  ::kill(p.pid(), SIGTERM);
+  CHECK(second.wait_for_output("has ended"));
+  CHECK(second.wait() == 0);
+  CHECK(fs::exists(series / "0004" / "manifest.json"));
+  for (const auto& entry : fs::directory_iterator(series))
+    CHECK(entry.path().filename().string().find(".partial-") == std::string::npos);
+
+  // The series' options belong to a series.
+  const auto lone = run_process({cuda_ckpt, "dump", "1", "--count", "3"});
+  CHECK(lone.exit_code == 2);
+  CHECK_THAT(lone.err, Catch::Matchers::Contains("apply to a series of dumps (--every)"));
+}

@@ -14,6 +14,8 @@ int ps_command(pid_t only, bool json);  // only: 0 for every process
 extern const char* const ps_help_footer;  // its states and where it looks, for `ps --help`
 int check_command(pid_t pid, bool json);
 
+inline constexpr int default_full_every = 8;
+
 struct dump_command_options {
   pid_t pid = 0;
   std::string output;  // empty: ./vmmckpt-<pid>-<time>
@@ -30,6 +32,9 @@ struct dump_command_options {
   bool process = false;        // the whole process, CPU side through CRIU (process_commands.cpp)
   bool leave_running = false;  // with process: it goes on afterwards
   std::vector<std::string> criu_args;
+  double every_s = 0;                    // > 0: a series of dumps, one every so many seconds
+  int count = 0;                         // with every_s: this many dumps (0: until the process ends or a signal)
+  int full_every = default_full_every;   // with every_s: a full image after this many incremental ones
 };
 int dump_command(const dump_command_options& options);
 int dump_process_command(const dump_command_options& options);

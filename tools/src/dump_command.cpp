@@ -1,5 +1,11 @@
 // `cuda-ckpt dump`: parse options, run the dump engine, report.
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <thread>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
@@ -8,15 +14,129 @@
 #include "interrupts.hpp"
 #include "output.hpp"
 #include "vmmckpt/ckpt/dump.hpp"
+#include "vmmckpt/ckpt/processes.hpp"
 #include "vmmckpt/pool_layout.hpp"
 
 namespace vmmckpt::tools {
 
+namespace {
+
+namespace fs = std::filesystem;
+
+nlohmann::json result_json(const dump_command_options& o, const ckpt::dump_result& result, const fs::path& parent) {
+  std::size_t allocations = 0;
+  for (const auto& pool : result.manifest.pools) allocations += pool.allocations.size();
+  const double gbps = result.seconds > 0 ? static_cast<double>(result.manifest.data_bytes) / result.seconds / 1e9 : 0;
+  const double copy_gbps =
+      result.copy_seconds > 0 ? static_cast<double>(result.manifest.data_bytes) / result.copy_seconds / 1e9 : 0;
+  nlohmann::json out = {{"image", result.image.string()},  {"pid", o.pid},
+                        {"bytes", result.manifest.data_bytes}, {"allocations", allocations},
+                        {"seconds", result.seconds},        {"gb_per_s", gbps},
+                        {"copy_seconds", result.copy_seconds}, {"copy_gb_per_s", copy_gbps},
+                        {"hold_ms", result.hold_ms},        {"gpu_snapshot", result.gpu_snapshot},
+                        {"gpu_snapshot_bytes", result.snapshot_bytes},
+                        {"data_files", result.manifest.data_files},
+                        {"parent", parent.empty() ? nlohmann::json(nullptr) : nlohmann::json(parent.string())},
+                        {"unchanged_bytes", result.unchanged_bytes},
+                        {"lacking", kinds_and_sizes_json(result.manifest.lacking)}};
+  out.update(timings_json(result));
+  return out;
+}
+
+void print_result(const dump_command_options& o, const ckpt::dump_result& result, const fs::path& parent) {
+  std::size_t allocations = 0;
+  for (const auto& pool : result.manifest.pools) allocations += pool.allocations.size();
+  const double gbps = result.seconds > 0 ? static_cast<double>(result.manifest.data_bytes) / result.seconds / 1e9 : 0;
+  const double copy_gbps =
+      result.copy_seconds > 0 ? static_cast<double>(result.manifest.data_bytes) / result.copy_seconds / 1e9 : 0;
+  std::printf("dumped %s in %zu allocations of process %d to %s\n", human_bytes(result.manifest.data_bytes).c_str(),
+              allocations, static_cast<int>(o.pid), result.image.c_str());
+  std::printf("  %.3f s in all (%.2f GB/s); program held %.1f ms while its memory was copied %s in %.3f s (%.2f GB/s)\n",
+              result.seconds, gbps, result.hold_ms, !result.gpu_snapshot ? "out of the GPU"
+              : result.snapshot_bytes < result.manifest.data_bytes ? "partly to spare GPU memory, partly out of the GPU"
+                                                                   : "to spare GPU memory",
+              result.copy_seconds, copy_gbps);
+  if (!parent.empty())
+    std::printf("  incremental: %s unchanged since %s, left to it\n", human_bytes(result.unchanged_bytes).c_str(),
+                parent.c_str());
+  if (!result.manifest.lacking.empty())
+    std::printf("  partial: the image lacks %s (memory vmmckpt does not own)\n",
+                kinds_and_sizes(result.manifest.lacking).c_str());
+  std::fflush(stdout);
+}
+
+// dump --every: one image now and one every `every_s` seconds into DIR/0000, DIR/0001, ... (numbers
+// going on from those already there), each incremental on the one before, a full one after every
+// `full_every` incremental ones. One tool for the whole series: its CUDA context, pinned staging and
+// checksum kernel are made once, so each dump after the first costs only its own copy and writes.
+int dump_series(const dump_command_options& o, ckpt::dump_options options) {
+  const fs::path dir = o.output.empty() ? fs::path("vmmckpt-" + std::to_string(o.pid) + "-series") : fs::path(o.output);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (!fs::is_directory(dir, ec))
+    return report_failure("dump", o.json, dir.string() + ": cannot be created as the series' directory", exit_failure);
+  int next = 0;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!name.empty() && name.size() <= 9 && name.find_first_not_of("0123456789") == std::string::npos)
+      next = std::max(next, std::stoi(name) + 1);
+  }
+  options.copy.reuse = ckpt::make_copy_reuse();
+  fs::path parent = o.parent;
+  int chain = parent.empty() ? 0 : 1;  // images in the chain the next one would extend
+  const std::atomic<int>& interrupt = catch_interrupts();
+  const auto start = std::chrono::steady_clock::now();
+  for (int k = 0; o.count == 0 || k < o.count; ++k) {
+    const auto due = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                 std::chrono::duration<double>(o.every_s * k));
+    while (std::chrono::steady_clock::now() < due && interrupt.load() == 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (interrupt.load() != 0) break;
+    if (!ckpt::process_alive(o.pid)) {
+      if (!o.json) std::printf("process %d has ended: %d image(s) in %s\n", static_cast<int>(o.pid), k, dir.c_str());
+      return exit_ok;
+    }
+    char name[16];
+    std::snprintf(name, sizeof name, "%04d", next++);
+    options.output = dir / name;
+    options.copy.parent = chain > 0 && chain <= o.full_every ? parent : fs::path();
+    ckpt::dump_result result;
+    try {
+      result = ckpt::dump(options);
+    } catch (const ckpt::interrupted&) {
+      throw;
+    } catch (const std::exception&) {
+      if (ckpt::process_alive(o.pid)) throw;
+      if (!o.json) std::printf("process %d has ended: %d image(s) in %s\n", static_cast<int>(o.pid), k, dir.c_str());
+      return exit_ok;
+    }
+    if (o.json)
+      std::cout << result_json(o, result, options.copy.parent).dump() << std::endl;  // one line per image
+    else
+      print_result(o, result, options.copy.parent);
+    chain = options.copy.parent.empty() ? 1 : chain + 1;
+    parent = options.output;
+  }
+  if (const int sig = interrupt.load(); sig != 0) {
+    if (!o.json) std::printf("stopped by %s between dumps; the images in %s are complete\n",
+                             sig == SIGINT ? "SIGINT" : "SIGTERM", dir.c_str());
+    return 128 + sig;
+  }
+  return exit_ok;
+}
+
+}  // namespace
+
 int dump_command(const dump_command_options& o) {
-  if (o.process) return dump_process_command(o);
+  if (o.process) {
+    if (o.every_s > 0) return report_failure("dump", o.json, "--every does not apply to whole-process dumps (--process)", exit_usage);
+    return dump_process_command(o);
+  }
   if (o.leave_running || !o.criu_args.empty())
     return report_failure("dump", o.json, "--leave-running and --criu-arg apply to whole-process dumps (--process)",
                           exit_usage);
+  if (o.every_s <= 0 && (o.count != 0 || o.full_every != default_full_every))
+    return report_failure("dump", o.json, "--count and --full-every apply to a series of dumps (--every)", exit_usage);
   ckpt::dump_options options;
   options.pid = o.pid;
   if (o.output.empty()) {
@@ -42,45 +162,15 @@ int dump_command(const dump_command_options& o) {
   options.hold_deadline_ms = o.deadline_s * 1000;
 
   options.copy.interrupt = &catch_interrupts();
+  if (o.every_s > 0) return dump_series(o, options);
 
   progress_line line("dump", !o.json);
   const auto result = ckpt::dump(options, line.callback());
   line.finish();
-
-  std::size_t allocations = 0;
-  for (const auto& pool : result.manifest.pools) allocations += pool.allocations.size();
-  const double gbps = result.seconds > 0 ? static_cast<double>(result.manifest.data_bytes) / result.seconds / 1e9 : 0;
-  const double copy_gbps =
-      result.copy_seconds > 0 ? static_cast<double>(result.manifest.data_bytes) / result.copy_seconds / 1e9 : 0;
-  if (o.json) {
-    nlohmann::json out = {{"image", result.image.string()},  {"pid", o.pid},
-                          {"bytes", result.manifest.data_bytes}, {"allocations", allocations},
-                          {"seconds", result.seconds},        {"gb_per_s", gbps},
-                          {"copy_seconds", result.copy_seconds}, {"copy_gb_per_s", copy_gbps},
-                          {"hold_ms", result.hold_ms},        {"gpu_snapshot", result.gpu_snapshot},
-                          {"gpu_snapshot_bytes", result.snapshot_bytes},
-                          {"data_files", result.manifest.data_files},
-                          {"parent", o.parent.empty() ? nlohmann::json(nullptr) : nlohmann::json(o.parent)},
-                          {"unchanged_bytes", result.unchanged_bytes},
-                          {"lacking", kinds_and_sizes_json(result.manifest.lacking)}};
-    out.update(timings_json(result));
-    std::cout << out.dump(2) << "\n";
-  } else {
-    std::printf("dumped %s in %zu allocations of process %d to %s\n",
-                human_bytes(result.manifest.data_bytes).c_str(), allocations, static_cast<int>(o.pid),
-                result.image.c_str());
-    std::printf("  %.3f s in all (%.2f GB/s); program held %.1f ms while its memory was copied %s in %.3f s (%.2f GB/s)\n",
-                result.seconds, gbps, result.hold_ms, !result.gpu_snapshot ? "out of the GPU"
-                : result.snapshot_bytes < result.manifest.data_bytes ? "partly to spare GPU memory, partly out of the GPU"
-                                                                     : "to spare GPU memory",
-                result.copy_seconds, copy_gbps);
-    if (!o.parent.empty())
-      std::printf("  incremental: %s unchanged since %s, left to it\n", human_bytes(result.unchanged_bytes).c_str(),
-                  o.parent.c_str());
-    if (!result.manifest.lacking.empty())
-      std::printf("  partial: the image lacks %s (memory vmmckpt does not own)\n",
-                  kinds_and_sizes(result.manifest.lacking).c_str());
-  }
+  if (o.json)
+    std::cout << result_json(o, result, o.parent).dump(2) << "\n";
+  else
+    print_result(o, result, o.parent);
   return exit_ok;
 }
 

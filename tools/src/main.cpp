@@ -149,6 +149,16 @@ int main(int argc, char** argv) {
                  "blocks out of it); where it cannot, the CPU does, and --json says why (checksums.why_not_gpu)");
   dump->add_option("--writers", dump_options.writers, "Threads writing the image, one data file each (default: one per core, up to 16)")
       ->check(CLI::Range(1, 256));
+  dump->add_option("--every", dump_options.every_s,
+                   "A series: one dump now and one every SECONDS into DIR/0000, DIR/0001, ..., each incremental on "
+                   "the one before (one line, or with --json one JSON line, per image); ends when the process does, "
+                   "after --count dumps, or at SIGINT/SIGTERM")
+      ->check(CLI::Range(0.001, 1e7))->type_name("SECONDS");
+  dump->add_option("--count", dump_options.count, "With --every: stop after this many dumps (default: no limit)")
+      ->check(CLI::Range(1, 1000000));
+  dump->add_option("--full-every", dump_options.full_every,
+                   "With --every: a full image after this many incremental ones (bounds the chains restore reads)")
+      ->capture_default_str()->check(CLI::Range(0, 30));
   dump->add_flag("--process", dump_options.process,
                  "The whole process and its descendants, CPU side too (CRIU 4.0 or later, the driver's checkpoint "
                  "API): `cuda-ckpt restore DIR` brings it back. The process ends when the dump completes");

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -21,6 +22,8 @@ namespace vmmckpt::ckpt {
 int default_writers();
 
 // How the program's memory is copied out and written: the same for dump and suspend.
+struct copy_reuse;  // ckpt/src/copy_pipeline.cpp
+
 struct copy_settings {
   std::size_t chunk_bytes = 32ULL << 20;     // one staging buffer
   std::uint64_t staging_bytes = 1ULL << 30;  // most pinned staging to use (at least two buffers)
@@ -35,6 +38,9 @@ struct copy_settings {
   // What the image records as its parent's path (a hint to readers, docs/image-format.md "Chains"); empty:
   // the parent's absolute path. Relative paths are from the directory that holds the image.
   std::filesystem::path parent_recorded_as;
+  // Set (make_copy_reuse) for a series of dumps by one tool: the pinned staging and the checksum kernel
+  // made by the first are kept for the next, which then starts at once.
+  std::shared_ptr<copy_reuse> reuse;
   // Compute the block checksums on the GPU with the kernel built into the tool, in the program's memory
   // while it is held and in the snapshot after (the writers then only write, and an incremental image
   // copies only changed blocks out of the GPU). Without a usable kernel the CPU computes them, and the
@@ -99,6 +105,9 @@ struct image_result {
     phases.emplace_back(step, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
 };
+
+// What dumps of one series share (copy_settings::reuse).
+std::shared_ptr<copy_reuse> make_copy_reuse();
 
 struct dump_options {
   pid_t pid = 0;

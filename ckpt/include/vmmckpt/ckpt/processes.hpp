@@ -18,6 +18,8 @@ inline constexpr std::string_view shim_file_name = "libvmmckpt.so";
 
 // A process of that pid exists (ours or not; a zombie too).
 bool process_exists(pid_t pid);
+// A process of that pid runs (exists and is no zombie).
+bool process_alive(pid_t pid);
 
 // Whether the shim is mapped in a process: unknown when its maps cannot be read (another user's
 // process and we are not root, or it is gone).
