@@ -106,6 +106,10 @@ int dump_series(const dump_command_options& o, ckpt::dump_options options) {
     } catch (const ckpt::interrupted&) {
       throw;
     } catch (const std::exception&) {
+      // A program that is ending (its CUDA teardown can take a while) fails the dump: give it a moment.
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      while (ckpt::process_alive(o.pid) && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
       if (ckpt::process_alive(o.pid)) throw;
       if (!o.json) std::printf("process %d has ended: %d image(s) in %s\n", static_cast<int>(o.pid), k, dir.c_str());
       return exit_ok;
