@@ -119,7 +119,8 @@ const unsigned char* pack(unsigned char* buffer, const chunk& c, const span& sp)
 
 // An extent of an incremental image, block by block: a block whose checksum equals the parent's
 // block at the same place is left to the parent, the others are written. Returns the bytes left out.
-// `given`: the blocks' checksums computed on the GPU, or null (the CPU computes them here).
+// `given`: the blocks' checksums computed on the GPU, or null (the CPU computes them here from `bytes`,
+// which may be null only with `given` set and every block unchanged).
 std::uint64_t write_changed_blocks(image::writer& writer, std::uint32_t file, const unsigned char* bytes,
                                    std::uint64_t stored, const image::extent* old, const std::uint64_t* given) {
   std::vector<std::uint64_t> computed;

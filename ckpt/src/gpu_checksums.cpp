@@ -104,16 +104,16 @@ gpu_checksums::batch::~batch() {
 }
 
 const std::uint64_t* gpu_checksums::batch::wait() {
-  if (failed_) return nullptr;
+  std::call_once(waited_, [this] {
+    if (failed_ || host_ == nullptr) return;  // failed at launch, or no blocks
+    if (const CUresult r = driver().cuEventSynchronize(done_); r != CUDA_SUCCESS) {
+      failed_ = true;
+      why_ = "the checksum kernel failed: " + error_text(r);
+    }
+    seconds_ = seconds_now() - launched_at_;
+  });
   static constexpr std::uint64_t none = 0;
-  if (host_ == nullptr) return &none;  // no blocks: nothing to read
-  if (const CUresult r = driver().cuEventSynchronize(done_); r != CUDA_SUCCESS) {
-    failed_ = true;
-    why_ = "the checksum kernel failed: " + error_text(r);
-    return nullptr;
-  }
-  if (seconds_ == 0) seconds_ = seconds_now() - launched_at_;
-  return host_;
+  return failed_ ? nullptr : host_ != nullptr ? host_ : &none;
 }
 
 std::unique_ptr<gpu_checksums::batch> gpu_checksums::launch(const std::vector<device_span>& spans, CUstream stream) const {
@@ -128,6 +128,7 @@ std::unique_ptr<gpu_checksums::batch> gpu_checksums::launch(const std::vector<de
   }
   if (blocks == 0) return b;
   auto fail = [&](CUresult r, const char* what) {
+    d.cuStreamSynchronize(stream);  // a kernel already launched must not outlive the memory it reads
     b->failed_ = true;
     b->why_ = std::string(what) + " for the checksum kernel failed: " + error_text(r);
     return std::move(b);

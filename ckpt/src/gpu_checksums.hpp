@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -37,16 +38,18 @@ class gpu_checksums {
     batch(const batch&) = delete;
     batch& operator=(const batch&) = delete;
     // The block checksums (image::write_block_size blocks) of every span, span after span, once the
-    // kernel is done; null when it failed (the CPU computes them instead). From any thread.
+    // kernel is done; null when it failed (the CPU computes them instead). From any thread; every call
+    // gives what the first gave.
     const std::uint64_t* wait();
-    const std::string& why() const { return why_; }
-    double seconds() const { return seconds_; }  // from launch to the first wait's return
+    const std::string& why() const { return why_; }  // after a wait that gave null
+    double seconds() const { return seconds_; }      // from the launch to the first wait's return
 
    private:
     friend class gpu_checksums;
     CUdeviceptr table_ = 0, sums_ = 0;
     std::uint64_t* host_ = nullptr;  // pinned: copied into without holding up the launching thread
     CUevent done_ = nullptr;
+    std::once_flag waited_;
     bool failed_ = false;
     std::string why_;
     double launched_at_ = 0, seconds_ = 0;

@@ -13,6 +13,7 @@
 #include "vmmckpt/ckpt/suspend.hpp"
 #include "vmmckpt/fault_point.hpp"
 #include "vmmckpt/hex_text.hpp"
+#include "vmmckpt/image.hpp"
 
 namespace vmmckpt::ckpt {
 namespace fs = std::filesystem;
@@ -120,8 +121,8 @@ process_dump_result dump_process(const process_dump_options& o, const progress_c
                        std::to_string(m.pid) + "` brings it back)");
   const fs::path output = fs::absolute(o.output).lexically_normal();
   if (output.filename().empty()) throw tool_error("the image needs a directory name, not " + o.output.string());
-  // An incremental image: its parent must be a whole-process image, checked whole (both parts, each GPU
-  // part's chain) before anything is touched. Each GPU part then opens its own parent part.
+  // An incremental image: its parent must be a whole-process image whose GPU parts open (each with its
+  // chain, as the image it names) before anything is touched. Its CPU part is not read.
   fs::path parent;
   process_image parent_description;
   if (!o.parent.empty()) {
@@ -131,7 +132,12 @@ process_dump_result dump_process(const process_dump_options& o, const progress_c
       throw image::image_error(o.parent.string() + ": not a whole-process image (no " + process_manifest_name +
                                "); the parent of dump --process is an image written by dump --process");
     parent_description = read_process_image(parent);
-    verify_process_image(parent, parent_description, false);
+    for (const auto& p : parent_description.processes) {
+      const fs::path part = parent_description.gpu_image(parent, p.pid);
+      if (image::reader::open(part).info().image_id != p.image_id)
+        throw image::image_error(part.string() + ": not the GPU part " + process_manifest_name + " names (image " +
+                                 p.image_id + ")");
+    }
   }
   std::error_code ec;
   if (fs::symlink_status(output, ec).type() != fs::file_type::not_found)

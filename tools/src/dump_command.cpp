@@ -23,16 +23,27 @@ namespace {
 
 namespace fs = std::filesystem;
 
-nlohmann::json result_json(const dump_command_options& o, const ckpt::dump_result& result, const fs::path& parent) {
+// What a dump's summary shows besides the result's own fields.
+struct dump_figures {
   std::size_t allocations = 0;
-  for (const auto& pool : result.manifest.pools) allocations += pool.allocations.size();
-  const double gbps = result.seconds > 0 ? static_cast<double>(result.manifest.data_bytes) / result.seconds / 1e9 : 0;
-  const double copy_gbps =
-      result.copy_seconds > 0 ? static_cast<double>(result.manifest.data_bytes) / result.copy_seconds / 1e9 : 0;
+  double gbps = 0, copy_gbps = 0;  // the bytes written over the whole command, and over the copy
+};
+
+dump_figures figures_of(const ckpt::dump_result& result) {
+  dump_figures f;
+  for (const auto& pool : result.manifest.pools) f.allocations += pool.allocations.size();
+  const auto bytes = static_cast<double>(result.manifest.data_bytes);
+  if (result.seconds > 0) f.gbps = bytes / result.seconds / 1e9;
+  if (result.copy_seconds > 0) f.copy_gbps = bytes / result.copy_seconds / 1e9;
+  return f;
+}
+
+nlohmann::json result_json(const dump_command_options& o, const ckpt::dump_result& result, const fs::path& parent) {
+  const dump_figures f = figures_of(result);
   nlohmann::json out = {{"image", result.image.string()},  {"pid", o.pid},
-                        {"bytes", result.manifest.data_bytes}, {"allocations", allocations},
-                        {"seconds", result.seconds},        {"gb_per_s", gbps},
-                        {"copy_seconds", result.copy_seconds}, {"copy_gb_per_s", copy_gbps},
+                        {"bytes", result.manifest.data_bytes}, {"allocations", f.allocations},
+                        {"seconds", result.seconds},        {"gb_per_s", f.gbps},
+                        {"copy_seconds", result.copy_seconds}, {"copy_gb_per_s", f.copy_gbps},
                         {"hold_ms", result.hold_ms},        {"gpu_snapshot", result.gpu_snapshot},
                         {"gpu_snapshot_bytes", result.snapshot_bytes},
                         {"data_files", result.manifest.data_files},
@@ -44,18 +55,14 @@ nlohmann::json result_json(const dump_command_options& o, const ckpt::dump_resul
 }
 
 void print_result(const dump_command_options& o, const ckpt::dump_result& result, const fs::path& parent) {
-  std::size_t allocations = 0;
-  for (const auto& pool : result.manifest.pools) allocations += pool.allocations.size();
-  const double gbps = result.seconds > 0 ? static_cast<double>(result.manifest.data_bytes) / result.seconds / 1e9 : 0;
-  const double copy_gbps =
-      result.copy_seconds > 0 ? static_cast<double>(result.manifest.data_bytes) / result.copy_seconds / 1e9 : 0;
+  const dump_figures f = figures_of(result);
   std::printf("dumped %s in %zu allocations of process %d to %s\n", human_bytes(result.manifest.data_bytes).c_str(),
-              allocations, static_cast<int>(o.pid), result.image.c_str());
+              f.allocations, static_cast<int>(o.pid), result.image.c_str());
   std::printf("  %.3f s in all (%.2f GB/s); program held %.1f ms while its memory was copied %s in %.3f s (%.2f GB/s)\n",
-              result.seconds, gbps, result.hold_ms, !result.gpu_snapshot ? "out of the GPU"
+              result.seconds, f.gbps, result.hold_ms, !result.gpu_snapshot ? "out of the GPU"
               : result.snapshot_bytes < result.manifest.data_bytes ? "partly to spare GPU memory, partly out of the GPU"
                                                                    : "to spare GPU memory",
-              result.copy_seconds, copy_gbps);
+              result.copy_seconds, f.copy_gbps);
   if (!parent.empty())
     std::printf("  incremental: %s unchanged since %s, left to it\n", human_bytes(result.unchanged_bytes).c_str(),
                 parent.c_str());
