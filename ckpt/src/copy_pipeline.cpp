@@ -487,11 +487,13 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
     }
     if (st.snapshot_copied != nullptr) VMMCKPT_CUDA_TRY(d.cuEventRecord(st.snapshot_copied, st.streams[0]));
   }
-  // The block checksums on the GPU: the chunks copied straight out of the program's memory are hashed
-  // there, in place, while it is held (at device speed, hidden behind the copy out over PCIe; with a
-  // parent, before it, so that unchanged blocks are never copied); those in the snapshot are hashed there
-  // once their copy is done, without holding up the release. A span of several pieces (small allocations
-  // joined with their gaps) is hashed by its writer, as is everything without a usable kernel.
+  // The block checksums on the GPU: those in the snapshot are hashed there once their copy is done,
+  // without holding up the release. With a parent, the chunks copied straight out of the program's memory
+  // are hashed there too, in place while it is held, before their copy: unchanged blocks are never copied,
+  // and the hold shrinks. Without one their writers hash them as they write, as before: measured on an
+  // H100, writers that only write spend longer together in the file system while the program waits for
+  // them to free staging, so the hold would grow. A span of several pieces (small allocations joined with
+  // their gaps) is hashed by its writer, as is everything without a usable kernel.
   if (gpu_sums_ && gpu_sums_->available()) {
     auto launch = [&](std::size_t from, std::size_t to) {
       std::vector<device_span> spans;
@@ -509,7 +511,10 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
           if (chunks[c].spans[k].piece_count == 1) sums_at[c][k].first = batch.get();
       return batch;
     };
-    direct_sums = launch(0, first_in_snapshot);
+    if (parent_)
+      direct_sums = launch(0, first_in_snapshot);
+    else
+      for (std::size_t c = 0; c < first_in_snapshot; ++c) sums_at[c].assign(chunks[c].spans.size(), {nullptr, 0});
     if (first_in_snapshot < chunks.size()) {
       VMMCKPT_CUDA_TRY(d.cuStreamWaitEvent(st.checksum_stream, st.snapshot_copied, 0));
       snapshot_sums = launch(first_in_snapshot, chunks.size());
