@@ -145,8 +145,9 @@ int main(int argc, char** argv) {
       ->type_name("IMAGE");
   dump->add_flag("--cpu-checksums", dump_options.cpu_checksums,
                  "Compute the block checksums on the CPU, as the writers write. By default a kernel built into "
-                 "cuda-ckpt computes them on the GPU, where they are (an incremental dump then copies only changed "
-                 "blocks out of it); where it cannot, the CPU does, and --json says why (checksums.why_not_gpu)");
+                 "cuda-ckpt computes them on the GPU: all of them for an incremental dump (which then copies only "
+                 "changed blocks out of the GPU), those of the GPU snapshot for a full one; where it cannot, the "
+                 "CPU does, and --json says why (checksums.why_not_gpu)");
   dump->add_option("--writers", dump_options.writers, "Threads writing the image, one data file each (default: one per core, up to 16)")
       ->check(CLI::Range(1, 256));
   dump->add_option("--every", dump_options.every_s,

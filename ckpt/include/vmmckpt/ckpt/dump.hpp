@@ -41,10 +41,10 @@ struct copy_settings {
   // Set (make_copy_reuse) for a series of dumps by one tool: the pinned staging and the checksum kernel
   // made by the first are kept for the next, which then starts at once.
   std::shared_ptr<copy_reuse> reuse;
-  // Compute the block checksums on the GPU with the kernel built into the tool, in the program's memory
-  // while it is held and in the snapshot after (the writers then only write, and an incremental image
-  // copies only changed blocks out of the GPU). Without a usable kernel the CPU computes them, and the
-  // result says why.
+  // Compute the block checksums on the GPU with the kernel built into the tool: in the snapshot after the
+  // release, and with a parent in the held program's memory too, so that only changed blocks leave the
+  // GPU. The writers hash the rest. Without a usable kernel the CPU computes them all, and the result
+  // says why.
   bool gpu_checksums = true;
 };
 
