@@ -337,6 +337,7 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
   // a writer.
   std::unique_ptr<gpu_checksums::batch> direct_sums, snapshot_sums;
   std::vector<std::vector<std::pair<gpu_checksums::batch*, std::uint64_t>>> sums_at(chunks.size());
+  for (std::size_t c = 0; c < chunks.size(); ++c) sums_at[c].assign(chunks[c].spans.size(), {nullptr, 0});
   auto sums_of = [&](std::size_t c, std::size_t s) -> const std::uint64_t* {  // waits for the kernel
     const auto [batch, at] = sums_at[c][s];
     if (batch == nullptr) return nullptr;
@@ -498,53 +499,74 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
     auto launch = [&](std::size_t from, std::size_t to) {
       std::vector<device_span> spans;
       std::uint64_t blocks = 0;
+      std::vector<std::pair<std::size_t, std::size_t>> hashed;  // chunk, span
       for (std::size_t c = from; c < to; ++c)
-        for (const span& sp : chunks[c].spans) {
-          sums_at[c].push_back({nullptr, blocks});
+        for (std::size_t k = 0; k < chunks[c].spans.size(); ++k) {
+          const span& sp = chunks[c].spans[k];
           if (sp.piece_count != 1) continue;
+          sums_at[c][k].second = blocks;
+          hashed.emplace_back(c, k);
           spans.push_back({snapshot_at[c] != 0 ? snapshot_at[c] + sp.offset : sp.addr, sp.stored});
           blocks += image::block_count(sp.stored, image::write_block_size);
         }
       auto batch = gpu_sums_->launch(spans, st.checksum_stream);
-      for (std::size_t c = from; c < to; ++c)
-        for (std::size_t k = 0; k < chunks[c].spans.size(); ++k)
-          if (chunks[c].spans[k].piece_count == 1) sums_at[c][k].first = batch.get();
+      for (const auto& [c, k] : hashed) sums_at[c][k].first = batch.get();
       return batch;
     };
-    if (parent_)
-      direct_sums = launch(0, first_in_snapshot);
-    else
-      for (std::size_t c = 0; c < first_in_snapshot; ++c) sums_at[c].assign(chunks[c].spans.size(), {nullptr, 0});
+    if (parent_) direct_sums = launch(0, first_in_snapshot);
     if (first_in_snapshot < chunks.size()) {
       VMMCKPT_CUDA_TRY(d.cuStreamWaitEvent(st.checksum_stream, st.snapshot_copied, 0));
       snapshot_sums = launch(first_in_snapshot, chunks.size());
     }
     result.checksums = "gpu";
   } else {
-    for (std::size_t c = 0; c < chunks.size(); ++c) sums_at[c].assign(chunks[c].spans.size(), {nullptr, 0});
     result.checksums_why = gpu_sums_ ? gpu_sums_->why() : "not asked for (--cpu-checksums)";
   }
   if (snapshot.ptr != 0 && first_in_snapshot == 0) release_when_copied();
-  // A chunk whose every block the parent holds unchanged (by the GPU's checksums) takes no staging
-  // buffer and no copy: its writer only records the blocks as the parent's.
-  auto unchanged_whole = [&](std::size_t c) {
-    if (!parent_) return false;
+  // With a parent, what of chunk c leaves the GPU: with checksums known before the copy (computed on the
+  // GPU), a block the parent holds unchanged stays there; runs of changed blocks are one copy each. Returns
+  // the bytes left on the GPU.
+  struct copy_run {
+    CUdeviceptr from;
+    std::uint64_t offset, bytes;  // in the chunk's buffer
+  };
+  auto changed_runs = [&](std::size_t c, std::vector<copy_run>& runs) {
+    std::uint64_t left = 0;
+    runs.clear();
     for (std::size_t k = 0; k < chunks[c].spans.size(); ++k) {
       const span& sp = chunks[c].spans[k];
+      const CUdeviceptr from_device = snapshot_at[c] != 0 ? snapshot_at[c] + sp.offset : sp.addr;
       const std::uint64_t* sums = sums_of(c, k);
       const image::extent* old = sums ? parent_->same_extent(sp.addr, sp.size, sp.stored) : nullptr;
-      if (old == nullptr) return false;
-      for (std::uint64_t i = 0; i < image::block_count(sp.stored, image::write_block_size); ++i)
-        if (sums[i] != old->blocks[i].checksum) return false;
+      if (old == nullptr) {
+        runs.push_back({from_device, sp.offset, sp.size});
+        continue;
+      }
+      const std::uint64_t blocks = image::block_count(sp.stored, image::write_block_size);
+      for (std::uint64_t i = 0; i < blocks;) {
+        if (sums[i] == old->blocks[i].checksum) {
+          left += std::min(image::write_block_size, sp.stored - i * image::write_block_size);
+          ++i;
+          continue;
+        }
+        std::uint64_t j = i + 1;
+        while (j < blocks && sums[j] != old->blocks[j].checksum) ++j;
+        const std::uint64_t from = i * image::write_block_size;
+        const std::uint64_t to = std::min(j * image::write_block_size, sp.stored);
+        runs.push_back({from_device + from, sp.offset + from, to - from});
+        i = j;
+      }
     }
-    return true;
+    return left;
   };
+  std::vector<copy_run> runs;
   std::uint64_t issued_bytes = 0;  // of the chunks copied straight out of the program's memory
   for (std::size_t c = 0; c < chunks.size(); ++c) {
     if (c == first_in_snapshot && c > 0) release_when_copied();
     check_interrupted();
-    if (unchanged_whole(c)) {
-      for (const span& sp : chunks[c].spans) result.uncopied_bytes += sp.stored;
+    if (parent_) result.uncopied_bytes += changed_runs(c, runs);
+    if (parent_ && runs.empty()) {
+      // Every block unchanged: no staging buffer, no copy; its writer only records the blocks as the parent's.
       {
         std::lock_guard lock(mutex);
         chunk_buffer[c] = no_buffer;
@@ -566,33 +588,7 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
     }
     CUstream s = st.streams[c % st.streams.size()];
     if (parent_) {
-      // With checksums known before the copy (computed on the GPU), a block the parent holds unchanged
-      // is never copied out of the GPU; runs of changed blocks are one copy each.
-      for (std::size_t k = 0; k < chunks[c].spans.size(); ++k) {
-        const span& sp = chunks[c].spans[k];
-        const CUdeviceptr from_device = snapshot_at[c] != 0 ? snapshot_at[c] + sp.offset : sp.addr;
-        unsigned char* to_host = st.buffers[b] + sp.offset;
-        const std::uint64_t* sums = sums_of(c, k);
-        const image::extent* old = sums ? parent_->same_extent(sp.addr, sp.size, sp.stored) : nullptr;
-        if (old == nullptr) {
-          VMMCKPT_CUDA_TRY(d.cuMemcpyDtoHAsync_v2(to_host, from_device, sp.size, s));
-          continue;
-        }
-        const std::uint64_t blocks = image::block_count(sp.stored, image::write_block_size);
-        for (std::uint64_t i = 0; i < blocks;) {
-          if (sums[i] == old->blocks[i].checksum) {
-            result.uncopied_bytes += std::min(image::write_block_size, sp.stored - i * image::write_block_size);
-            ++i;
-            continue;
-          }
-          std::uint64_t j = i + 1;
-          while (j < blocks && sums[j] != old->blocks[j].checksum) ++j;
-          const std::uint64_t from = i * image::write_block_size;
-          const std::uint64_t to = std::min(j * image::write_block_size, sp.stored);
-          VMMCKPT_CUDA_TRY(d.cuMemcpyDtoHAsync_v2(to_host + from, from_device + from, to - from, s));
-          i = j;
-        }
-      }
+      for (const copy_run& r : runs) VMMCKPT_CUDA_TRY(d.cuMemcpyDtoHAsync_v2(st.buffers[b] + r.offset, r.from, r.bytes, s));
     } else if (snapshot_at[c] != 0) {
       VMMCKPT_CUDA_TRY(d.cuMemcpyDtoHAsync_v2(st.buffers[b], snapshot_at[c], chunks[c].bytes, s));
     } else {

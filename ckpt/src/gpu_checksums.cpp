@@ -126,6 +126,7 @@ std::unique_ptr<gpu_checksums::batch> gpu_checksums::launch(const std::vector<de
     records.push_back({s.src, s.bytes, blocks});
     blocks += image::block_count(s.bytes, image::write_block_size);
   }
+  b->blocks_ = blocks;
   if (blocks == 0) return b;
   auto fail = [&](CUresult r, const char* what) {
     d.cuStreamSynchronize(stream);  // a kernel already launched must not outlive the memory it reads
@@ -162,12 +163,10 @@ std::unique_ptr<gpu_checksums::batch> gpu_checksums::launch(const std::vector<de
 }
 
 std::vector<std::uint64_t> gpu_checksums::compute(const std::vector<device_span>& spans, CUstream stream) const {
-  std::uint64_t blocks = 0;
-  for (const auto& s : spans) blocks += image::block_count(s.bytes, image::write_block_size);
   auto b = launch(spans, stream);
   const std::uint64_t* sums = b->wait();
   if (sums == nullptr) throw tool_error(b->why());
-  return std::vector<std::uint64_t>(sums, sums + blocks);
+  return std::vector<std::uint64_t>(sums, sums + b->blocks());
 }
 
 }  // namespace vmmckpt::ckpt

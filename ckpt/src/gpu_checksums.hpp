@@ -43,12 +43,14 @@ class gpu_checksums {
     const std::uint64_t* wait();
     const std::string& why() const { return why_; }  // after a wait that gave null
     double seconds() const { return seconds_; }      // from the launch to the first wait's return
+    std::uint64_t blocks() const { return blocks_; }  // how many checksums wait() gives
 
    private:
     friend class gpu_checksums;
     CUdeviceptr table_ = 0, sums_ = 0;
     std::uint64_t* host_ = nullptr;  // pinned: copied into without holding up the launching thread
     CUevent done_ = nullptr;
+    std::uint64_t blocks_ = 0;
     std::once_flag waited_;
     bool failed_ = false;
     std::string why_;

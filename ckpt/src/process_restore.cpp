@@ -102,10 +102,10 @@ process_restore_result restore_process(const process_restore_options& o, const p
   fs::create_directory(work);
   std::vector<std::string> args{"restore", "-D", (image / criu_dir_name).string(), "-W", work.string(), "-d", "--shell-job"};
   args.insert(args.end(), o.criu_args.begin(), o.criu_args.end());
-  const int criu_status = run_criu(criu, args, log);
+  const int status = run_criu(criu, args, log);
   std::error_code ignored;
   fs::remove_all(work, ignored);
-  if (const int status = criu_status; status != 0)
+  if (status != 0)
     throw tool_error("criu restore failed (exit " + std::to_string(status) + "):" + criu_log_excerpt(log) +
                      "\n(CRIU's log: " + log + "); the image is unchanged");
   mark("criu restored");

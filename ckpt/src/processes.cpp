@@ -17,6 +17,7 @@
 
 #include "vmmckpt/ckpt/control_client.hpp"
 #include "vmmckpt/protocol.hpp"
+#include "vmmckpt/suspend_claim.hpp"
 
 namespace vmmckpt::ckpt {
 namespace {
@@ -119,15 +120,7 @@ process_entry ask(pid_t pid, control_client::clock::time_point deadline) {
 
 bool process_exists(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
 
-bool process_alive(pid_t pid) {
-  if (!process_exists(pid)) return false;
-  // /proc/PID/stat: "PID (COMM) S ...", COMM possibly holding spaces and parentheses.
-  std::ifstream in(proc_dir(pid) + "/stat");
-  std::string stat;
-  std::getline(in, stat);
-  const auto close = stat.rfind(')');
-  return close == std::string::npos || close + 2 >= stat.size() || stat[close + 2] != 'Z';
-}
+bool process_alive(pid_t pid) { return pid > 0 && suspend_claim::start_time(pid) != 0; }  // 0: gone, or a zombie
 
 bool maps_file(pid_t pid, std::string_view prefix) {
   std::ifstream in(proc_dir(pid) + "/maps");

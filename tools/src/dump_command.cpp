@@ -92,6 +92,10 @@ int dump_series(const dump_command_options& o, ckpt::dump_options options) {
   fs::path parent = o.parent;
   int chain = parent.empty() ? 0 : 1;  // images in the chain the next one would extend
   const std::atomic<int>& interrupt = catch_interrupts();
+  auto ended = [&](int images) {
+    if (!o.json) std::printf("process %d has ended: %d image(s) in %s\n", static_cast<int>(o.pid), images, dir.c_str());
+    return static_cast<int>(exit_ok);
+  };
   const auto start = std::chrono::steady_clock::now();
   for (int k = 0; o.count == 0 || k < o.count; ++k) {
     const auto due = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
@@ -100,8 +104,7 @@ int dump_series(const dump_command_options& o, ckpt::dump_options options) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     if (interrupt.load() != 0) break;
     if (!ckpt::process_alive(o.pid)) {
-      if (!o.json) std::printf("process %d has ended: %d image(s) in %s\n", static_cast<int>(o.pid), k, dir.c_str());
-      return exit_ok;
+      return ended(k);
     }
     char name[16];
     std::snprintf(name, sizeof name, "%04d", next++);
@@ -118,8 +121,7 @@ int dump_series(const dump_command_options& o, ckpt::dump_options options) {
       while (ckpt::process_alive(o.pid) && std::chrono::steady_clock::now() < until)
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       if (ckpt::process_alive(o.pid)) throw;
-      if (!o.json) std::printf("process %d has ended: %d image(s) in %s\n", static_cast<int>(o.pid), k, dir.c_str());
-      return exit_ok;
+      return ended(k);
     }
     if (o.json)
       std::cout << result_json(o, result, options.copy.parent).dump() << std::endl;  // one line per image
