@@ -438,3 +438,31 @@ CUresult cuMipmappedArrayDestroy(CUmipmappedArray array) {
 }
 
 }  // extern "C"
+
+// Legacy IPC is not emulated: the emulated driver knows no IPC handle, as the real one knows none of
+// garbage bytes, and has opened nothing to close. (Under the shim, pool memory never reaches these.)
+extern "C" {
+
+CUresult cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr ptr) {
+  return guarded([&] {
+    if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    auto& t = memory();
+    std::shared_lock lock(t.mutex);
+    const region* r = t.find(ptr);
+    // The real driver refuses host and VMM memory as invalid values; its own allocations it would share.
+    if (r == nullptr || !r->is_device() || r->kind == region_kind::vmm_mapping) return CUDA_ERROR_INVALID_VALUE;
+    trace("cuIpcGetMemHandle: legacy IPC is not emulated");
+    return CUDA_ERROR_NOT_SUPPORTED;
+  });
+}
+
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr*, CUipcMemHandle, unsigned int) {
+  return guarded([&] { return initialized() ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED; });
+}
+
+CUresult cuIpcCloseMemHandle(CUdeviceptr) {
+  return guarded([&] { return initialized() ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED; });
+}
+
+}  // extern "C"

@@ -101,8 +101,10 @@ CUdevice session::device_for(const control::device_description& d) {
   return devices_[d.ordinal] = device;
 }
 
-std::vector<image::lack> lacking_or_refuse(const session& s, const control::dump_begin_reply& held,
-                                           bool allow_partial) {
+void record_memory_not_held(const session& s, const control::dump_begin_reply& held, bool allow_partial,
+                            image::manifest& m) {
+  for (const auto& i : held.ipc_imports)
+    m.ipc_imports.push_back({i.exporter_pid, i.exporter_base, i.size, i.addr, i.device_uuid});
   std::vector<image::lack> lacking;
   std::string listed;
   for (const auto& m : held.not_owned) {
@@ -113,7 +115,7 @@ std::vector<image::lack> lacking_or_refuse(const session& s, const control::dump
     throw partial_refused("process " + std::to_string(s.pid()) + " has device memory that vmmckpt does not own (" +
                               listed + "), which no image would hold: nothing was written and the program goes on",
                           s.pid(), held.not_owned);
-  return lacking;
+  m.lacking = std::move(lacking);
 }
 
 int hold_budget_ms(session& s, int deadline_ms) {

@@ -46,11 +46,12 @@ class session {
   std::map<int, CUdevice> devices_;  // the program's ordinal -> ours
 };
 
-// What an image of this hold lacks, for the manifest's `lacking`: nothing when the program has no
-// device memory the shim does not own. When it has some and `allow_partial` is false, throws
-// partial_refused (closing the connection then releases the program).
-std::vector<image::lack> lacking_or_refuse(const session& s, const control::dump_begin_reply& held,
-                                           bool allow_partial);
+// The memory of this hold that the image records without holding its bytes: `lacking` (device memory the
+// shim does not own; when there is some and `allow_partial` is false, throws partial_refused, and closing
+// the connection then releases the program) and `ipc_imports` (other processes' memory, mapped here through
+// CUDA IPC: recorded, never refused).
+void record_memory_not_held(const session& s, const control::dump_begin_reply& held, bool allow_partial,
+                            image::manifest& m);
 
 // What is left of the operation's deadline for holding the program; a tool_error when preparing
 // took (almost) all of it, so that the program is not held for a hold that cannot succeed.

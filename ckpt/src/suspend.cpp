@@ -52,7 +52,7 @@ suspend_result suspend(const suspend_options& options, const progress_callback& 
   pipeline.check_interrupted();
 
   image::manifest& m = result.manifest;
-  m.lacking = lacking_or_refuse(s, held, options.allow_partial);
+  record_memory_not_held(s, held, options.allow_partial, m);
   s.describe_process(m);
   held_memory memory(s, held, fds, m);
   result.mark("mapped");

@@ -185,6 +185,16 @@ dump_begin_reply decode_dump_begin(const json& root) {
   }
   if (const json* vmm = optional_field(root, "vmm")) r.vmm = vmm_layout_from_json(*vmm, "vmm");
   r.not_owned = decode_not_owned(root);
+  // Optional: a process older than the list maps nothing through IPC.
+  if (optional_field(root, "ipc_imports") != nullptr) {
+    const json& imports = array_of(root, "", "ipc_imports");
+    for (std::size_t i = 0; i < imports.size(); ++i) {
+      const std::string p = index("ipc_imports", i);
+      const json& ij = object_at(imports[i], p);
+      r.ipc_imports.push_back({i64_of(ij, p, "exporter_pid"), address_of(ij, p, "exporter_base"), u64_of(ij, p, "size"),
+                               address_of(ij, p, "addr"), string_of(ij, p, "device_uuid")});
+    }
+  }
   return r;
 }
 
@@ -219,6 +229,8 @@ std::string_view name_of(op o) {
     case op::suspend: return "suspend";
     case op::resume: return "resume";
     case op::check: return "check";
+    case op::ipc_open: return "ipc_open";
+    case op::ipc_close: return "ipc_close";
   }
   return "?";
 }
@@ -289,6 +301,10 @@ std::string encode(const request& r) {
           j["valid_until_ms"] = req.valid_until_ms;
           if (req.progress) j["progress"] = true;
           if (!req.image.empty()) j["image"] = req.image;
+        } else if constexpr (std::is_same_v<T, ipc_open_request> || std::is_same_v<T, ipc_close_request>) {
+          j["op"] = name_of(std::is_same_v<T, ipc_open_request> ? op::ipc_open : op::ipc_close);
+          j["base"] = hex(req.base);
+          j["generation"] = req.generation;
         } else {
           static_assert(std::is_same_v<T, check_request>);
           j["op"] = name_of(op::check);
@@ -348,6 +364,19 @@ std::string encode(const dump_begin_reply& r) {
   }
   if (r.vmm) j["vmm"] = to_json(*r.vmm);
   j["not_owned"] = encode_not_owned(r.not_owned);
+  if (!r.ipc_imports.empty()) {
+    ojson imports = ojson::array();
+    for (const auto& i : r.ipc_imports) {
+      ojson ij;
+      ij["exporter_pid"] = i.exporter_pid;
+      ij["exporter_base"] = hex(i.exporter_base);
+      ij["size"] = i.size;
+      ij["addr"] = hex(i.addr);
+      ij["device_uuid"] = i.device_uuid;
+      imports.push_back(std::move(ij));
+    }
+    j["ipc_imports"] = std::move(imports);
+  }
   return dump(j);
 }
 
@@ -401,6 +430,24 @@ std::string encode(const check_reply& r) {
   return dump(j);
 }
 
+std::string encode(const ipc_open_reply& r) {
+  ojson j = success();
+  j["device_uuid"] = r.device_uuid;
+  j["granularity"] = r.granularity;
+  ojson pieces = ojson::array();
+  for (const auto& p : r.pieces) {
+    ojson pj;
+    pj["offset"] = p.offset;
+    pj["size"] = p.size;
+    pj["handle_offset"] = p.handle_offset;
+    pieces.push_back(std::move(pj));
+  }
+  j["pieces"] = std::move(pieces);
+  return dump(j);
+}
+
+std::string encode(const ipc_close_reply&) { return dump(success()); }
+
 std::string encode(const failure_reply& r) {
   ojson j;
   j["ok"] = false;
@@ -449,6 +496,10 @@ std::variant<request, failure_reply> decode_request(const std::string& payload) 
       return request{r};
     }
     if (name == name_of(op::check)) return request{check_request{}};
+    if (name == name_of(op::ipc_open))
+      return request{ipc_open_request{address_of(root, "", "base"), u64_of(root, "", "generation")}};
+    if (name == name_of(op::ipc_close))
+      return request{ipc_close_request{address_of(root, "", "base"), u64_of(root, "", "generation")}};
     return failure_reply{refusal::unknown_op, "unknown op '" + printable(name) + "'"};
   } catch (const decode_error& e) {
     return failure_reply{refusal::bad_request, std::string("malformed request: ") + e.what()};
@@ -482,6 +533,28 @@ std::variant<resume_reply, failure_reply> decode_reply<resume_reply>(const std::
 template <>
 std::variant<check_reply, failure_reply> decode_reply<check_reply>(const std::string& payload) {
   return decode_reply_with<check_reply>(payload, decode_check);
+}
+
+template <>
+std::variant<ipc_open_reply, failure_reply> decode_reply<ipc_open_reply>(const std::string& payload) {
+  return decode_reply_with<ipc_open_reply>(payload, [](const json& root) {
+    ipc_open_reply r;
+    r.device_uuid = string_of(root, "", "device_uuid");
+    r.granularity = u64_of(root, "", "granularity");
+    const json& pieces = array_of(root, "", "pieces");
+    if (pieces.size() > static_cast<std::size_t>(protocol::max_fds_per_message))
+      throw decode_error("pieces: more than one frame's descriptors");
+    for (std::size_t i = 0; i < pieces.size(); ++i) {
+      const std::string p = index("pieces", i);
+      const json& pj = object_at(pieces[i], p);
+      r.pieces.push_back({u64_of(pj, p, "offset"), u64_of(pj, p, "size"), u64_of(pj, p, "handle_offset")});
+    }
+    return r;
+  });
+}
+template <>
+std::variant<ipc_close_reply, failure_reply> decode_reply<ipc_close_reply>(const std::string& payload) {
+  return decode_reply_with<ipc_close_reply>(payload, [](const json&) { return ipc_close_reply{}; });
 }
 
 fds_frame decode_fds_frame(const std::string& payload) {
@@ -559,7 +632,8 @@ std::vector<example> example_messages() {
                          {0, 0x300000000000, 2199023255552, 2097152, 1,
                           {{0x300000000000, 20971520, vmmckpt::alloc_api::cu_mem_map}}, {}, true}},
                         std::nullopt,
-                        {{std::string(not_owned_kind::managed), 67108864}, {std::string(not_owned_kind::arrays), 1048576}}};
+                        {{std::string(not_owned_kind::managed), 67108864}, {std::string(not_owned_kind::arrays), 1048576}},
+                        {{4243, 0x200004000000, 67108864, 0x500000000000, h200.uuid}}};
   vmm_layout layout;
   layout.next_token = 2;
   layout.reservations = {{0x300000000000, 21474836480, 0}};
@@ -584,6 +658,9 @@ std::vector<example> example_messages() {
        encode(suspend_reply{8657043456, 6200000, {{0, 1107689472}}})},
       {op::resume, encode(request{resume_request{1795431000000, true, "/images/job1/gpu/4242"}}), encode(resume_reply{8593080320, 3.83, "/dev/shm/vmmckpt-1000/suspend-4242-20261123-101500"})},
       {op::check, encode(request{check_request{}}), encode(check_reply{false, {"device 0: block at 0x200000000000 has no physical memory"}})},
+      {op::ipc_open, encode(request{ipc_open_request{0x200004000000, 3}}),
+       encode(ipc_open_reply{h200.uuid, 2097152, {{0, 67108864, 0}, {67108864, 4194304, 0}}})},
+      {op::ipc_close, encode(request{ipc_close_request{0x200004000000, 3}}), encode(ipc_close_reply{})},
   };
 }
 

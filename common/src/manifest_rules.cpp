@@ -181,6 +181,13 @@ void validate(const manifest& m) {
     if (m.lacking[i].kind.empty()) fail(p + ".kind is empty");
     if (m.lacking[i].bytes == 0) fail(p + ".bytes is zero (only memory the image lacks is listed)");
   }
+  for (std::size_t i = 0; i < m.ipc_imports.size(); ++i) {
+    const std::string p = "ipc_imports[" + std::to_string(i) + "]";
+    const ipc_import& im = m.ipc_imports[i];
+    if (im.exporter_pid < 1 || im.exporter_pid > 0x7fffffff) fail(p + ".exporter_pid is out of range");
+    if (im.size == 0) fail(p + ".size is zero");
+    if (im.addr + im.size < im.addr) fail(p + ": addr + size overflows the address space");
+  }
 
   // Ordinals are bounded, so the device and pool lists are too, and the pairwise checks stay cheap.
   constexpr int max_listed_devices = 1024;

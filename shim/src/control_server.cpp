@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "gate.hpp"
+#include "ipc_exports.hpp"
 #include "process_control.hpp"
 #include "self_pause.hpp"
 #include "vmmckpt/fault_point.hpp"
@@ -37,6 +38,8 @@ constexpr int idle_timeout_ms = 30'000;            // a client that says nothing
 constexpr int reply_timeout_ms = 10'000;           // a client that reads nothing is dropped
 constexpr int max_hold_deadline_ms = 3'600'000;    // the longest hold a tool may ask for
 constexpr int max_connections = 32;                // served at once; more are answered `busy`
+// An IPC open waits for a dump in progress to end; the importer waits a little longer (ipc_imports.cpp).
+constexpr auto ipc_open_wait = std::chrono::seconds(50);
 
 std::atomic<int> g_connections{0};
 // What the connection that holds operation_lock() is doing, for hello to report without waiting for it.
@@ -101,6 +104,19 @@ void serve_hold(int fd, const control::dump_begin_request& request) {
   }
   std::unique_lock operation(operation_lock(), std::defer_lock);
   if (!take_operation(fd, operation, request.valid_until_ms)) return;
+  if (request.for_suspend) {
+    // Their mappings keep the physical memory a suspend would give back, and they would not see what resume
+    // loads: refused (docs/ipc.md). Checked under the operation lock, which an IPC open takes too.
+    if (const auto importers = live_importers(); !importers.empty()) {
+      std::string pids;
+      for (pid_t p : importers) pids += (pids.empty() ? "" : ", ") + std::to_string(p);
+      refuse(fd, control::refusal::failed,
+             "other processes map this program's GPU memory through CUDA IPC (pid " + pids +
+                 "); a suspend would take it from under them. Suspend or stop them first, or have them close "
+                 "their handles (cudaIpcCloseMemHandle)");
+      return;
+    }
+  }
   activity_scope busy(request.for_suspend ? control::activity::suspending : control::activity::dumping);
   // The hold lasts deadline_ms from now, whatever time the request spent waiting.
   const auto deadline = clock::now() + std::chrono::milliseconds(request.deadline_ms);
@@ -183,6 +199,30 @@ void serve_resume(int fd, const control::resume_request& request) {
   std::visit([&](const auto& reply) { send(fd, control::encode(reply)); }, resume(request, progress));
 }
 
+// ipc_open: the physical memory under an exported allocation, to the process that opens its handle.
+void serve_ipc_open(int fd, const control::ipc_open_request& request) {
+  uid_t uid = 0;
+  pid_t importer = 0;
+  if (!protocol::peer_credentials(fd, uid, importer)) {
+    refuse(fd, control::refusal::failed, "cannot tell which process asks");
+    return;
+  }
+  // Not while a dump holds the program or a suspend gives its memory back.
+  std::unique_lock operation(operation_lock(), std::defer_lock);
+  if (!operation.try_lock_for(ipc_open_wait)) {
+    refuse(fd, control::refusal::busy, "another operation (a dump, suspend or resume) kept the program busy");
+    return;
+  }
+  if (is_suspended() || is_self_paused()) {
+    refuse(fd, control::refusal::suspended, "the program's GPU memory is given back (suspended or paused)");
+    return;
+  }
+  std::vector<int> fds;
+  const auto outcome = open_export(request, importer, fds);
+  std::visit([&](const auto& reply) { send(fd, control::encode(reply), fds); }, outcome);
+  close_all(fds);
+}
+
 // Answers one request; false when the connection is to be closed.
 bool serve_request(int fd, const control::request& request) {
   return std::visit(
@@ -203,6 +243,14 @@ bool serve_request(int fd, const control::request& request) {
         } else if constexpr (std::is_same_v<T, control::resume_request>) {
           serve_resume(fd, r);
           return true;
+        } else if constexpr (std::is_same_v<T, control::ipc_open_request>) {
+          serve_ipc_open(fd, r);
+          return true;
+        } else if constexpr (std::is_same_v<T, control::ipc_close_request>) {
+          uid_t uid = 0;
+          pid_t importer = 0;
+          if (protocol::peer_credentials(fd, uid, importer)) close_export(r, importer);
+          return send(fd, control::encode(control::ipc_close_reply{}));
         } else {
           // dump_end or suspend with no hold in progress.
           static_assert(std::is_same_v<T, control::dump_end_request> || std::is_same_v<T, control::suspend_request>);

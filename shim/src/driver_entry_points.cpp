@@ -3,6 +3,7 @@
 
 #include "entry_points.hpp"
 #include "gate.hpp"
+#include "ipc_exports.hpp"
 #include "not_owned_memory.hpp"
 #include "restore_at_start.hpp"
 #include "vmmckpt/pool_layout.hpp"
@@ -57,6 +58,7 @@ bool pool_free(CUdeviceptr addr, CUresult& result) {
   if (pool == nullptr) return false;
   gate_scope scope(gate_scope::no_work);
   const pool_status status = pool->free(addr);
+  if (status == pool_status::ok) forget_exports(addr);
   if (status != pool_status::ok) log::info("free of {:#x}: not a live pool allocation", static_cast<std::uint64_t>(addr));
   result = to_cuda_result(status, 0);
   return true;
@@ -213,24 +215,28 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemGetAddressRange_v2(CUdeviceptr* pbase, size
 }
 
 namespace {
-// The range attributes of a pool address name its allocation; the driver would name the pool's
-// whole reservation. Other attributes, and other memory, are the driver's to answer.
-bool is_range_attribute(CUpointer_attribute a) {
-  return a == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR || a == CU_POINTER_ATTRIBUTE_RANGE_SIZE;
+// The range attributes of a pool address name its allocation (the driver would name the pool's whole
+// reservation), and its memory can be shared through legacy IPC (ipc_entry_points.cpp; the driver says VMM
+// memory cannot). Other attributes, and other memory, are the driver's to answer.
+bool is_pool_attribute(CUpointer_attribute a) {
+  return a == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR || a == CU_POINTER_ATTRIBUTE_RANGE_SIZE ||
+         a == CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE;
 }
 
-void write_range_attribute(CUpointer_attribute a, void* data, std::uint64_t base, std::uint64_t size) {
+void write_pool_attribute(CUpointer_attribute a, void* data, std::uint64_t base, std::uint64_t size) {
   if (a == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR)
     *static_cast<CUdeviceptr*>(data) = base;
-  else
+  else if (a == CU_POINTER_ATTRIBUTE_RANGE_SIZE)
     *static_cast<std::size_t*>(data) = size;
+  else
+    *static_cast<int*>(data) = size != 0 ? 1 : 0;
 }
 
-// Writes a pool block's range attribute; false when ptr is in no live block.
-bool pool_range_attribute(device_pool& pool, CUpointer_attribute a, CUdeviceptr ptr, void* data) {
+// Writes a pool block's attribute; false when ptr is in no live block.
+bool pool_attribute(device_pool& pool, CUpointer_attribute a, CUdeviceptr ptr, void* data) {
   std::uint64_t base = 0, size = 0;
   if (!pool.address_range(ptr, base, size)) return false;
-  write_range_attribute(a, data, base, size);
+  write_pool_attribute(a, data, base, size);
   return true;
 }
 }  // namespace
@@ -240,10 +246,10 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuPointerGetAttribute(void* data, CUpointer_attr
     const driver_api* d = driver();
     if (d == nullptr || d->cuPointerGetAttribute == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
     if (shim_active()) restore_ready();
-    device_pool* pool = shim_active() && is_range_attribute(attribute) ? pool_containing(ptr) : nullptr;
+    device_pool* pool = shim_active() && is_pool_attribute(attribute) ? pool_containing(ptr) : nullptr;
     if (pool == nullptr || data == nullptr) return d->cuPointerGetAttribute(data, attribute, ptr);
     // Memory that is no allocation: what the driver answers for an address it does not know.
-    return pool_range_attribute(*pool, attribute, ptr, data) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    return pool_attribute(*pool, attribute, ptr, data) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
   });
 }
 
@@ -257,10 +263,9 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuPointerGetAttributes(unsigned int count, CUpoi
     device_pool* pool = shim_active() ? pool_containing(ptr) : nullptr;
     if (r != CUDA_SUCCESS || pool == nullptr) return r;
     for (unsigned i = 0; i < count; ++i) {
-      if (data[i] == nullptr || !is_range_attribute(attributes[i])) continue;
+      if (data[i] == nullptr || !is_pool_attribute(attributes[i])) continue;
       // No allocation there: the neutral answer the driver gives for unknown memory.
-      if (!pool_range_attribute(*pool, attributes[i], ptr, data[i]))
-        write_range_attribute(attributes[i], data[i], 0, 0);
+      if (!pool_attribute(*pool, attributes[i], ptr, data[i])) write_pool_attribute(attributes[i], data[i], 0, 0);
     }
     return r;
   });

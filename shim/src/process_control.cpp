@@ -16,6 +16,7 @@
 
 #include "context_scope.hpp"
 #include "gate.hpp"
+#include "ipc_imports.hpp"
 #include "not_owned_memory.hpp"
 #include "pools.hpp"
 #include "real_symbols.hpp"
@@ -58,21 +59,6 @@ std::vector<std::string> command_line() {
   return args;
 }
 
-control::device_description describe_device(int ordinal) {
-  control::device_description dev;
-  dev.ordinal = ordinal;
-  const driver_api* d = driver();
-  CUdevice device;
-  if (d == nullptr || d->cuDeviceGet(&device, ordinal) != CUDA_SUCCESS) return dev;
-  char name[256] = {};
-  if (d->cuDeviceGetName(name, sizeof name - 1, device) == CUDA_SUCCESS) dev.name = name;
-  CUuuid uuid{};
-  if (d->cuDeviceGetUuid_v2 != nullptr && d->cuDeviceGetUuid_v2(&uuid, device) == CUDA_SUCCESS)
-    dev.uuid = uuid_text(uuid.bytes);
-  d->cuDeviceGetAttribute(&dev.cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device);
-  d->cuDeviceGetAttribute(&dev.cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device);
-  return dev;
-}
 
 // Bytes in use on the device now, the program's context and unserved memory included (and other
 // processes' too: the driver counts the whole device).
@@ -227,6 +213,7 @@ std::variant<control::dump_begin_reply, control::failure_reply> held_contents(do
   fds.push_back(table);
   r.fd_count = static_cast<std::uint32_t>(fds.size());
   r.not_owned = not_owned_memory();
+  r.ipc_imports = current_imports();
   log::info("control: held; quiesced in {:.0f} us, synchronized in {:.0f} us, {} blocks {} in {:.0f} us, {} segments "
             "exported in {:.0f} us, the table {} in {:.0f} us",
             quiesce_us, sync_us, blocks, prepared ? "listed beforehand, unchanged, taken" : "listed", list_us, segments,
@@ -235,6 +222,22 @@ std::variant<control::dump_begin_reply, control::failure_reply> held_contents(do
 }
 
 }  // namespace
+
+control::device_description describe_device(int ordinal) {
+  control::device_description dev;
+  dev.ordinal = ordinal;
+  const driver_api* d = driver();
+  CUdevice device;
+  if (d == nullptr || d->cuDeviceGet(&device, ordinal) != CUDA_SUCCESS) return dev;
+  char name[256] = {};
+  if (d->cuDeviceGetName(name, sizeof name - 1, device) == CUDA_SUCCESS) dev.name = name;
+  CUuuid uuid{};
+  if (d->cuDeviceGetUuid_v2 != nullptr && d->cuDeviceGetUuid_v2(&uuid, device) == CUDA_SUCCESS)
+    dev.uuid = uuid_text(uuid.bytes);
+  d->cuDeviceGetAttribute(&dev.cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device);
+  d->cuDeviceGetAttribute(&dev.cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device);
+  return dev;
+}
 
 bool is_suspended() { return g_suspended.load(); }
 

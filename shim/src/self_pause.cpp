@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "context_scope.hpp"
+#include "ipc_exports.hpp"
 #include "control_server.hpp"
 #include "gate.hpp"
 #include "pools.hpp"
@@ -165,6 +166,8 @@ int pause_self(unsigned flags, vmmckpt_stats* stats) {
   if (!operation.owns_lock())
     return fail(VMMCKPT_E_BUSY, "vmmckpt_pause: cuda-ckpt is dumping, suspending or resuming this process");
   if (is_suspended()) return fail(VMMCKPT_E_STATE, "vmmckpt_pause: the process is suspended by cuda-ckpt");
+  if (!live_importers().empty())
+    return fail(VMMCKPT_E_STATE, "vmmckpt_pause: other processes map this process's memory through CUDA IPC");
   if (!the_gate().close(clock::now() + quiesce_limit))
     return fail(VMMCKPT_E_BUSY, "vmmckpt_pause: CUDA calls of other threads did not return within 60 s (or this "
                                 "thread is inside one)");

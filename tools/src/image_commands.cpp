@@ -30,6 +30,10 @@ int inspect_command(const std::string& path, bool as_json) {
   else
     std::printf("data      %s; program held %.1f ms\n", human_bytes(m.data_bytes).c_str(), m.hold_us / 1000.0);
   if (!m.lacking.empty()) std::printf("partial: lacks %s\n", kinds_and_sizes(m.lacking).c_str());
+  for (const auto& i : m.ipc_imports)
+    std::printf("imported  %s of process %lld (its %#llx) at %#llx through CUDA IPC: recorded, not stored\n",
+                human_bytes(i.size).c_str(), static_cast<long long>(i.exporter_pid),
+                static_cast<unsigned long long>(i.exporter_base), static_cast<unsigned long long>(i.addr));
   if (m.parent)
     std::printf("parent    %s (image %s): blocks unchanged since it are read from it; chain %s\n",
                 reader.parent()->dir().c_str(), m.parent->image_id.c_str(), chain_text(reader).c_str());

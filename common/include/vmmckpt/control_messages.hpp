@@ -21,8 +21,9 @@ namespace vmmckpt::control {
 
 using json_fields::decode_error;
 
-enum class op { hello, dump_begin, dump_end, suspend, resume, check };
-inline constexpr op all_ops[] = {op::hello, op::dump_begin, op::dump_end, op::suspend, op::resume, op::check};
+enum class op { hello, dump_begin, dump_end, suspend, resume, check, ipc_open, ipc_close };
+inline constexpr op all_ops[] = {op::hello,  op::dump_begin, op::dump_end, op::suspend,
+                                 op::resume, op::check,      op::ipc_open, op::ipc_close};
 std::string_view name_of(op o);
 
 // Why the process refused a request: what the tool acts on. The reply's text says it to a person.
@@ -71,6 +72,16 @@ inline constexpr std::string_view vmm_other = "VMM of other kinds";
 inline constexpr std::string_view vmm_imported = "imported VMM";
 inline constexpr std::string_view vmm_unmapped = "VMM handles mapped nowhere";
 }  // namespace not_owned_kind
+// Memory of another process that this one maps through legacy CUDA IPC (docs/ipc.md): a dump records it
+// and copies none of it, since its bytes are the exporter's.
+struct ipc_import {
+  std::int64_t exporter_pid = 0;
+  std::uint64_t exporter_base = 0;  // the allocation's address in the exporter
+  std::uint64_t size = 0;
+  std::uint64_t addr = 0;  // where this process maps that base
+  std::string device_uuid;  // the exporter's GPU; empty when unknown
+  friend bool operator==(const ipc_import&, const ipc_import&) = default;
+};
 struct not_owned_memory {
   std::string kind;
   std::uint64_t bytes = 0;
@@ -116,8 +127,21 @@ struct resume_request {
 struct check_request {
   friend bool operator==(const check_request&, const check_request&) = default;
 };
+// Another process under the shim opens a CUDA IPC handle this process gave out (docs/ipc.md): the
+// allocation at `base` as exported under `generation`.
+struct ipc_open_request {
+  std::uint64_t base = 0;
+  std::uint64_t generation = 0;
+  friend bool operator==(const ipc_open_request&, const ipc_open_request&) = default;
+};
+// That process closed it (cuIpcCloseMemHandle), or is going away.
+struct ipc_close_request {
+  std::uint64_t base = 0;
+  std::uint64_t generation = 0;
+  friend bool operator==(const ipc_close_request&, const ipc_close_request&) = default;
+};
 using request = std::variant<hello_request, dump_begin_request, dump_end_request, suspend_request, resume_request,
-                             check_request>;
+                             check_request, ipc_open_request, ipc_close_request>;
 
 // ---- replies ----
 struct pool_summary {
@@ -172,6 +196,8 @@ struct dump_begin_reply {
   std::optional<vmm_layout> vmm;
   // Taken while held, so exact: what an image of this hold lacks (empty when absent).
   std::vector<not_owned_memory> not_owned;
+  // Other processes' memory mapped here through CUDA IPC (empty when absent).
+  std::vector<ipc_import> ipc_imports;
   friend bool operator==(const dump_begin_reply&, const dump_begin_reply&) = default;
 };
 // Follows a dump_begin reply when it has more descriptors than one frame may carry.
@@ -211,6 +237,22 @@ struct check_reply {
   std::vector<std::string> problems;
   friend bool operator==(const check_reply&, const check_reply&) = default;
 };
+// The physical memory under an exported allocation, one descriptor per piece in order: the piece covers
+// [first + offset, first + offset + size) of the importer's mapping, where first is the allocation's base
+// rounded down to the granularity, and starts handle_offset bytes into its handle.
+struct ipc_piece {
+  std::uint64_t offset = 0, size = 0, handle_offset = 0;
+  friend bool operator==(const ipc_piece&, const ipc_piece&) = default;
+};
+struct ipc_open_reply {
+  std::string device_uuid;  // the exporter's GPU ("GPU-..."; empty when unknown)
+  std::uint64_t granularity = 0;
+  std::vector<ipc_piece> pieces;
+  friend bool operator==(const ipc_open_reply&, const ipc_open_reply&) = default;
+};
+struct ipc_close_reply {
+  friend bool operator==(const ipc_close_reply&, const ipc_close_reply&) = default;
+};
 // Any request's negative reply.
 struct failure_reply {
   refusal code = refusal::failed;
@@ -228,6 +270,8 @@ std::string encode(const dump_end_reply& r);
 std::string encode(const suspend_reply& r);
 std::string encode(const resume_reply& r);
 std::string encode(const check_reply& r);
+std::string encode(const ipc_open_reply& r);
+std::string encode(const ipc_close_reply& r);
 std::string encode(const failure_reply& r);
 
 // ---- decoding ----

@@ -113,6 +113,17 @@ struct lack {
   friend bool operator==(const lack&, const lack&) = default;
 };
 
+// Another process's memory that the dumped program mapped through legacy CUDA IPC (docs/ipc.md,
+// `ipc_imports`): recorded, none of its bytes stored; they are the exporter's.
+struct ipc_import {
+  std::int64_t exporter_pid = 0;
+  std::uint64_t exporter_base = 0;
+  std::uint64_t size = 0;
+  std::uint64_t addr = 0;  // where the dumped program mapped it
+  std::string device_uuid;
+  friend bool operator==(const ipc_import&, const ipc_import&) = default;
+};
+
 // Format 5: the image an incremental image takes its unchanged blocks from, by identity (its image_id
 // and the XXH3-64 of its manifest.json as written) and by where it was found when the child was
 // written (a hint: docs/image-format.md, "Chains", says where readers look).
@@ -145,6 +156,8 @@ struct manifest {
   std::optional<vmm_layout> vmm;
   // Empty for a complete image; otherwise the image is partial (`--allow-partial`) and lacks these.
   std::vector<lack> lacking;
+  // Memory the program mapped from other processes through CUDA IPC when dumped (none when absent).
+  std::vector<ipc_import> ipc_imports;
   friend bool operator==(const manifest&, const manifest&) = default;
 };
 

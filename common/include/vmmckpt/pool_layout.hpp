@@ -58,6 +58,12 @@ inline constexpr std::uint64_t default_vmm_window = 2ULL << 40;       // 2 TiB p
 inline constexpr const char* env_vmm_base = "VMMCKPT_VMM_BASE";
 inline constexpr const char* env_vmm_window = "VMMCKPT_VMM_WINDOW";
 
+// Where the shim maps memory that other processes share with this one over legacy CUDA IPC (docs/ipc.md):
+// above the VMM windows. Only a hint to the driver, and not part of the image contract: imported memory is
+// another process's, never in this one's images.
+inline constexpr std::uint64_t default_ipc_import_base = 0x500000000000ULL;  // 80 TiB
+inline constexpr std::uint64_t default_ipc_import_size = 4ULL << 40;
+
 // A sibling of pool_config rather than more fields of it: a bad VMM value must not take the pools
 // down with it (it disables only program-made reservations), so it is read and checked on its own.
 struct vmm_config {

@@ -1,0 +1,33 @@
+// Legacy CUDA IPC, the exporting side: handles for pool memory, and the importers that open them (docs/ipc.md).
+#pragma once
+
+#include <cuda.h>
+#include <sys/types.h>
+
+#include <variant>
+#include <vector>
+
+#include "vmmckpt/control_messages.hpp"
+#include "vmmckpt/ipc_handle.hpp"
+
+namespace vmmckpt::detail {
+
+// cuIpcGetMemHandle: false when addr lies in no pool (the driver answers for it). Otherwise `result` is
+// CUDA_SUCCESS with the handle of the live allocation holding addr in `out` (the same bytes for any address in
+// it, until it is freed), or CUDA_ERROR_INVALID_VALUE when no live allocation holds addr.
+bool export_pool_memory(CUdeviceptr addr, unsigned char (&out)[ipc_handle_size], CUresult& result);
+
+// From every pool free: handles of the allocation at base are stale from now on. One relaxed load when the
+// process never exported anything.
+void forget_exports(std::uint64_t base) noexcept;
+
+// ipc_open from process `importer`: one descriptor per piece in `fds` (the caller sends and closes them).
+std::variant<control::ipc_open_reply, control::failure_reply> open_export(const control::ipc_open_request& request,
+                                                                          pid_t importer, std::vector<int>& fds);
+// ipc_close from process `importer`.
+void close_export(const control::ipc_close_request& request, pid_t importer);
+
+// The processes that map this process's memory through IPC now (those that exited or closed are dropped).
+std::vector<pid_t> live_importers();
+
+}  // namespace vmmckpt::detail
