@@ -433,13 +433,12 @@ std::string encode(const check_reply& r) {
 std::string encode(const ipc_open_reply& r) {
   ojson j = success();
   j["device_uuid"] = r.device_uuid;
-  j["granularity"] = r.granularity;
+  j["base_offset"] = r.base_offset;
   ojson pieces = ojson::array();
   for (const auto& p : r.pieces) {
     ojson pj;
     pj["offset"] = p.offset;
     pj["size"] = p.size;
-    pj["handle_offset"] = p.handle_offset;
     pieces.push_back(std::move(pj));
   }
   j["pieces"] = std::move(pieces);
@@ -540,14 +539,14 @@ std::variant<ipc_open_reply, failure_reply> decode_reply<ipc_open_reply>(const s
   return decode_reply_with<ipc_open_reply>(payload, [](const json& root) {
     ipc_open_reply r;
     r.device_uuid = string_of(root, "", "device_uuid");
-    r.granularity = u64_of(root, "", "granularity");
+    r.base_offset = u64_of(root, "", "base_offset");
     const json& pieces = array_of(root, "", "pieces");
     if (pieces.size() > static_cast<std::size_t>(protocol::max_fds_per_message))
       throw decode_error("pieces: more than one frame's descriptors");
     for (std::size_t i = 0; i < pieces.size(); ++i) {
       const std::string p = index("pieces", i);
       const json& pj = object_at(pieces[i], p);
-      r.pieces.push_back({u64_of(pj, p, "offset"), u64_of(pj, p, "size"), u64_of(pj, p, "handle_offset")});
+      r.pieces.push_back({u64_of(pj, p, "offset"), u64_of(pj, p, "size")});
     }
     return r;
   });
@@ -659,7 +658,7 @@ std::vector<example> example_messages() {
       {op::resume, encode(request{resume_request{1795431000000, true, "/images/job1/gpu/4242"}}), encode(resume_reply{8593080320, 3.83, "/dev/shm/vmmckpt-1000/suspend-4242-20261123-101500"})},
       {op::check, encode(request{check_request{}}), encode(check_reply{false, {"device 0: block at 0x200000000000 has no physical memory"}})},
       {op::ipc_open, encode(request{ipc_open_request{0x200004000000, 3}}),
-       encode(ipc_open_reply{h200.uuid, 2097152, {{0, 67108864, 0}, {67108864, 4194304, 0}}})},
+       encode(ipc_open_reply{h200.uuid, 2097152, {{0, 67108864}, {67108864, 4194304}}})},
       {op::ipc_close, encode(request{ipc_close_request{0x200004000000, 3}}), encode(ipc_close_reply{})},
   };
 }

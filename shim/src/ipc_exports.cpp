@@ -17,7 +17,6 @@
 #include "vmmckpt/protocol.hpp"
 #include "vmmckpt/pool_layout.hpp"
 #include "vmmckpt/suspend_claim.hpp"
-#include "vmmckpt/vmm_layout.hpp"
 
 namespace vmmckpt::detail {
 namespace {
@@ -112,15 +111,14 @@ std::variant<control::ipc_open_reply, control::failure_reply> open_export(const 
   const driver_api* d = driver();
   if (d == nullptr) return refuse("no CUDA driver");
 
-  const std::uint64_t first = align_down(base, vmm_granularity);
-  const std::uint64_t last = align_up(base + size, vmm_granularity);
+  // Whole handles: the driver maps an imported handle only from its start. A small block's handle holds
+  // its neighbours too, which the importer then maps as well; the handle says nothing of where they are.
   control::ipc_open_reply reply;
-  reply.granularity = vmm_granularity;
-  std::uint64_t covered = first;
+  std::uint64_t first = 0, covered = 0;
   for (const segment_info& s : pool->segments()) {  // in address order
-    const std::uint64_t from = std::max(s.addr, first), to = std::min(s.addr + s.size, last);
-    if (from >= to) continue;
-    if (from != covered) break;  // a gap: reported below
+    if (s.addr + s.size <= base || s.addr >= base + size) continue;
+    if (reply.pieces.empty()) first = covered = s.addr;
+    if (s.addr != covered) break;  // a gap: reported below
     int fd = -1;
     const CUresult e = d->cuMemExportToShareableHandle(&fd, s.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
     if (e != CUDA_SUCCESS) {
@@ -130,14 +128,16 @@ std::variant<control::ipc_open_reply, control::failure_reply> open_export(const 
                     std::to_string(static_cast<int>(e)));
     }
     fds.push_back(fd);
-    reply.pieces.push_back({from - first, to - from, from - s.addr});
-    covered = to;
+    reply.pieces.push_back({s.addr - first, s.size});
+    covered = s.addr + s.size;
   }
-  if (covered != last || reply.pieces.size() > static_cast<std::size_t>(protocol::max_fds_per_message)) {
+  if (reply.pieces.empty() || first > base || covered < base + size ||
+      reply.pieces.size() > static_cast<std::size_t>(protocol::max_fds_per_message)) {
     for (int f : fds) ::close(f);
     fds.clear();
     return refuse("the allocation at " + hex(base) + " is not backed by physical memory in one frame's pieces");
   }
+  reply.base_offset = base - first;
   for (const auto& p : active_pools())
     if (p.pool == pool) reply.device_uuid = describe_device(p.ordinal).uuid;
 

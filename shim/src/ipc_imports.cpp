@@ -15,6 +15,7 @@
 #include "vmmckpt/protocol.hpp"
 #include "vmmckpt/range_allocator.hpp"
 #include "vmmckpt/suspend_claim.hpp"
+#include "vmmckpt/vmm_layout.hpp"
 
 namespace vmmckpt::detail {
 namespace {
@@ -27,7 +28,7 @@ constexpr int close_timeout_ms = 2'000;
 struct import_record {
   ipc_handle handle;
   std::string device_uuid;
-  std::uint64_t window = 0;       // the mapping's start: the allocation's base rounded down to the granularity
+  std::uint64_t window = 0;  // the mapping's start: the exporter's first handle under the allocation
   std::uint64_t window_size = 0;
   std::vector<std::pair<std::uint64_t, std::uint64_t>> pieces;  // mapped (addr, size)
   std::uint32_t refs = 0;
@@ -94,12 +95,12 @@ CUresult map_import(const driver_api& d, import_table& t, const control::ipc_ope
                     CUdevice device, import_record& r) {
   std::uint64_t size = 0;
   for (const auto& p : reply.pieces) size = std::max(size, p.offset + p.size);
-  if (reply.pieces.size() != fds.size() || size == 0 || reply.granularity == 0 || size % reply.granularity != 0)
+  if (reply.pieces.size() != fds.size() || size == 0 || size % vmm_granularity != 0 || reply.base_offset >= size)
     return CUDA_ERROR_MAP_FAILED;
   r.window_size = size;
   const std::optional<std::uint64_t> hint = t.window.allocate(size);
   CUdeviceptr window = 0;
-  CUresult e = d.cuMemAddressReserve(&window, size, reply.granularity, hint.value_or(0), 0);
+  CUresult e = d.cuMemAddressReserve(&window, size, vmm_granularity, hint.value_or(0), 0);
   if (e != CUDA_SUCCESS) {
     if (hint && t.window.retire(*hint)) t.window.reclaim_retired();
     return e == CUDA_ERROR_OUT_OF_MEMORY ? e : CUDA_ERROR_MAP_FAILED;
@@ -112,7 +113,7 @@ CUresult map_import(const driver_api& d, import_table& t, const control::ipc_ope
     e = d.cuMemImportFromShareableHandle(&h, reinterpret_cast<void*>(static_cast<std::intptr_t>(fds[i])),
                                          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
     if (e != CUDA_SUCCESS) break;
-    e = d.cuMemMap(window + p.offset, p.size, p.handle_offset, h, 0);
+    e = d.cuMemMap(window + p.offset, p.size, 0, h, 0);
     d.cuMemRelease(h);  // the mapping keeps the memory
     if (e == CUDA_SUCCESS) r.pieces.emplace_back(window + p.offset, p.size);
   }
@@ -206,7 +207,7 @@ bool open_import(const unsigned char (&bytes)[ipc_handle_size], unsigned int fla
     return true;
   }
   r.refs = 1;
-  const std::uint64_t pointer = r.window + (h.base - align_down(h.base, std::get<control::ipc_open_reply>(reply).granularity));
+  const std::uint64_t pointer = r.window + std::get<control::ipc_open_reply>(reply).base_offset;
   log::info("ipc: mapped {} bytes of process {} (its {:#x}) at {:#x}", h.size, h.exporter_pid, h.base, pointer);
   t.by_pointer.emplace(pointer, std::move(r));
   *out = pointer;

@@ -20,8 +20,7 @@ const std::string program = build_dir + "/tests/programs/emu_ipc_pair";
 std::unique_ptr<background_process> start(const char* mode, const fs::path& dir, const std::string& until) {
   auto p = std::make_unique<background_process>(
       std::vector<std::string>{cuda_ckpt, "run", "--", program, mode, dir.string()});
-  INFO(p->output());
-  REQUIRE(p->wait_for_output(until));
+  if (!p->wait_for_output(until)) FAIL(mode << " never said " << until << "; it said:\n" << p->output());
   return p;
 }
 

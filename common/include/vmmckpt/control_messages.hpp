@@ -237,16 +237,16 @@ struct check_reply {
   std::vector<std::string> problems;
   friend bool operator==(const check_reply&, const check_reply&) = default;
 };
-// The physical memory under an exported allocation, one descriptor per piece in order: the piece covers
-// [first + offset, first + offset + size) of the importer's mapping, where first is the allocation's base
-// rounded down to the granularity, and starts handle_offset bytes into its handle.
+// The physical memory under an exported allocation: the whole handles under it, one descriptor per piece in
+// order, each mapped from its start at `offset` in the importer's mapping (the driver maps imported handles
+// only from their start). The allocation's base lies at base_offset in that mapping.
 struct ipc_piece {
-  std::uint64_t offset = 0, size = 0, handle_offset = 0;
+  std::uint64_t offset = 0, size = 0;
   friend bool operator==(const ipc_piece&, const ipc_piece&) = default;
 };
 struct ipc_open_reply {
   std::string device_uuid;  // the exporter's GPU ("GPU-..."; empty when unknown)
-  std::uint64_t granularity = 0;
+  std::uint64_t base_offset = 0;
   std::vector<ipc_piece> pieces;
   friend bool operator==(const ipc_open_reply&, const ipc_open_reply&) = default;
 };
