@@ -181,6 +181,11 @@ process_dump_result dump_process(const process_dump_options& o, const progress_c
       const auto s = suspend(so, progress);
       done.suspended.push_back(m.pid);
       if (s.late) throw tool_error(who(m.pid) + " took the suspend but did not answer in time (stopped?)");
+      // Its mapping of another process's memory would be in the driver's checkpoint of it, and that memory
+      // is not in the image: not supported (docs/ipc.md).
+      if (!s.manifest.ipc_imports.empty())
+        throw tool_error(who(m.pid) + " maps GPU memory of process " + std::to_string(s.manifest.ipc_imports.front().exporter_pid) +
+                         " through CUDA IPC: whole-process images of processes that share memory that way are not supported");
       if (d.created.empty()) {
         d.tool_version = s.manifest.tool_version;
         d.created = s.manifest.created;

@@ -116,6 +116,10 @@ int restore_command(const restore_command_options& o, const std::vector<std::str
   if (const auto& lacking = reader.info().lacking; !lacking.empty())
     std::cerr << "cuda-ckpt restore: warning: " << path << " is a partial image: it lacks " << kinds_and_sizes(lacking)
               << " (memory vmmckpt did not own); the program gets back only its pool memory\n";
+  if (const auto& imports = reader.info().ipc_imports; !imports.empty())
+    std::cerr << "cuda-ckpt restore: warning: the program had " << imports.size()
+              << " allocation(s) of other processes mapped through CUDA IPC (process " << imports.front().exporter_pid
+              << " first); they are not in the image and not mapped again: the program must open its handles again\n";
   // The new process places its pools exactly where the image's were.
   const auto plan = restore::plan_restore(reader.info(), path, device >= 0);
   if (device >= 0) {
