@@ -30,7 +30,7 @@ bool says(const background_process& p, const std::string& line) {
 
 }  // namespace
 
-TEST_CASE("ipc: pool memory shared between two processes, with the driver's answers to every misuse", "[emu][ipc]") {
+TEST_CASE("ipc: pool memory shared between two processes, with the driver's answers to every misuse; dumps and suspends of both", "[emu][ipc]") {
   scratch_dir dir;
   auto exporter = start("export", dir.path, "ready\n");
   INFO("exporter:\n" << exporter->output());
@@ -85,7 +85,12 @@ TEST_CASE("ipc: pool memory shared between two processes, with the driver's answ
     CHECK(manifest["ipc_imports"][0]["size"] == 8 << 20);
     const auto inspected = run_process({cuda_ckpt, "inspect", (dir.path / "i").string()});
     CHECK_THAT(inspected.out, Catch::Matchers::Contains("imported  8.00 MiB of process " + pid));
-    // The importer keeps working after its dump, and closes.
+    // The importer's suspend leaves what it maps mapped: after resume it closes its handle as before.
+    const auto importer_pid = std::to_string(importer->pid());
+    const auto importer_suspend = run_process({cuda_ckpt, "suspend", importer_pid, "-o", (dir.path / "si").string()});
+    INFO(describe(importer_suspend));
+    REQUIRE(importer_suspend.exit_code == 0);
+    REQUIRE(run_process({cuda_ckpt, "resume", importer_pid}).exit_code == 0);
     ::kill(importer->pid(), SIGUSR1);
     REQUIRE(importer->wait_for_output("closed\n"));
     const auto suspended = run_process({cuda_ckpt, "suspend", pid, "-o", (dir.path / "s2").string()});
