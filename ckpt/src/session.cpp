@@ -103,8 +103,7 @@ CUdevice session::device_for(const control::device_description& d) {
 
 void record_memory_not_held(const session& s, const control::dump_begin_reply& held, bool allow_partial,
                             image::manifest& m) {
-  for (const auto& i : held.ipc_imports)
-    m.ipc_imports.push_back({i.exporter_pid, i.exporter_base, i.size, i.addr, i.device_uuid});
+  m.ipc_imports = held.ipc_imports;
   std::vector<image::lack> lacking;
   std::string listed;
   for (const auto& m : held.not_owned) {

@@ -185,16 +185,7 @@ dump_begin_reply decode_dump_begin(const json& root) {
   }
   if (const json* vmm = optional_field(root, "vmm")) r.vmm = vmm_layout_from_json(*vmm, "vmm");
   r.not_owned = decode_not_owned(root);
-  // Optional: a process older than the list maps nothing through IPC.
-  if (optional_field(root, "ipc_imports") != nullptr) {
-    const json& imports = array_of(root, "", "ipc_imports");
-    for (std::size_t i = 0; i < imports.size(); ++i) {
-      const std::string p = index("ipc_imports", i);
-      const json& ij = object_at(imports[i], p);
-      r.ipc_imports.push_back({i64_of(ij, p, "exporter_pid"), address_of(ij, p, "exporter_base"), u64_of(ij, p, "size"),
-                               address_of(ij, p, "addr"), string_of(ij, p, "device_uuid")});
-    }
-  }
+  r.ipc_imports = ipc_imports_from_json(root);  // a process older than the list maps nothing through IPC
   return r;
 }
 
@@ -364,19 +355,7 @@ std::string encode(const dump_begin_reply& r) {
   }
   if (r.vmm) j["vmm"] = to_json(*r.vmm);
   j["not_owned"] = encode_not_owned(r.not_owned);
-  if (!r.ipc_imports.empty()) {
-    ojson imports = ojson::array();
-    for (const auto& i : r.ipc_imports) {
-      ojson ij;
-      ij["exporter_pid"] = i.exporter_pid;
-      ij["exporter_base"] = hex(i.exporter_base);
-      ij["size"] = i.size;
-      ij["addr"] = hex(i.addr);
-      ij["device_uuid"] = i.device_uuid;
-      imports.push_back(std::move(ij));
-    }
-    j["ipc_imports"] = std::move(imports);
-  }
+  if (!r.ipc_imports.empty()) j["ipc_imports"] = to_json(r.ipc_imports);
   return dump(j);
 }
 

@@ -180,15 +180,7 @@ detail::manifest_file decode(const json& root, tables how) {
       m.lacking.push_back({string_of(l, p, "kind"), u64_of(l, p, "bytes")});
     }
   }
-  if (optional_field(root, "ipc_imports") != nullptr) {
-    const json& imports = array_of(root, "", "ipc_imports");
-    for (std::size_t i = 0; i < imports.size(); ++i) {
-      const std::string p = index("ipc_imports", i);
-      const json& ij = object_at(imports[i], p);
-      m.ipc_imports.push_back({i64_of(ij, p, "exporter_pid"), address_of(ij, p, "exporter_base"), u64_of(ij, p, "size"),
-                               address_of(ij, p, "addr"), string_of(ij, p, "device_uuid")});
-    }
-  }
+  m.ipc_imports = ipc_imports_from_json(root);
   if (how == tables::apart) {
     const json& t = object_of(root, "", "tables");
     out.tables_bytes = u64_of(t, "tables", "bytes");
@@ -246,18 +238,7 @@ void encode_tail(const manifest& m, ojson& j) {
     }
   }
   if (m.vmm) j["vmm"] = to_json(*m.vmm);
-  if (!m.ipc_imports.empty()) {
-    j["ipc_imports"] = ojson::array();
-    for (const auto& i : m.ipc_imports) {
-      ojson ij;
-      ij["exporter_pid"] = i.exporter_pid;
-      ij["exporter_base"] = hex(i.exporter_base);
-      ij["size"] = i.size;
-      ij["addr"] = hex(i.addr);
-      ij["device_uuid"] = i.device_uuid;
-      j["ipc_imports"].push_back(std::move(ij));
-    }
-  }
+  if (!m.ipc_imports.empty()) j["ipc_imports"] = to_json(m.ipc_imports);
   if (m.lacking.empty()) return;
   j["lacking"] = ojson::array();
   for (const auto& l : m.lacking) {

@@ -242,9 +242,9 @@ bool close_import(CUdeviceptr ptr, CUresult& result) {
   return true;
 }
 
-std::vector<control::ipc_import> current_imports() {
+std::vector<ipc_import> current_imports() {
   import_table& t = table();
-  std::vector<control::ipc_import> out;
+  std::vector<ipc_import> out;
   std::lock_guard lock(t.mutex);
   for (const auto& [pointer, r] : t.by_pointer)
     out.push_back({r.handle.exporter_pid, r.handle.base, r.handle.size, pointer, r.device_uuid});

@@ -19,6 +19,6 @@ bool open_import(const unsigned char (&bytes)[ipc_handle_size], unsigned int fla
 bool close_import(CUdeviceptr ptr, CUresult& result);
 
 // What this process maps of other processes' memory now, for dumps: they record it and copy none of it.
-std::vector<control::ipc_import> current_imports();
+std::vector<ipc_import> current_imports();
 
 }  // namespace vmmckpt::detail

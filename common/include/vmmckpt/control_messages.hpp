@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "vmmckpt/alloc_api.hpp"
+#include "vmmckpt/ipc_imports.hpp"
 #include "vmmckpt/json_fields.hpp"
 #include "vmmckpt/vmm_layout.hpp"
 
@@ -72,16 +73,6 @@ inline constexpr std::string_view vmm_other = "VMM of other kinds";
 inline constexpr std::string_view vmm_imported = "imported VMM";
 inline constexpr std::string_view vmm_unmapped = "VMM handles mapped nowhere";
 }  // namespace not_owned_kind
-// Memory of another process that this one maps through legacy CUDA IPC (docs/ipc.md): a dump records it
-// and copies none of it, since its bytes are the exporter's.
-struct ipc_import {
-  std::int64_t exporter_pid = 0;
-  std::uint64_t exporter_base = 0;  // the allocation's address in the exporter
-  std::uint64_t size = 0;
-  std::uint64_t addr = 0;  // where this process maps that base
-  std::string device_uuid;  // the exporter's GPU; empty when unknown
-  friend bool operator==(const ipc_import&, const ipc_import&) = default;
-};
 struct not_owned_memory {
   std::string kind;
   std::uint64_t bytes = 0;
@@ -197,7 +188,7 @@ struct dump_begin_reply {
   // Taken while held, so exact: what an image of this hold lacks (empty when absent).
   std::vector<not_owned_memory> not_owned;
   // Other processes' memory mapped here through CUDA IPC (empty when absent).
-  std::vector<ipc_import> ipc_imports;
+  std::vector<vmmckpt::ipc_import> ipc_imports;
   friend bool operator==(const dump_begin_reply&, const dump_begin_reply&) = default;
 };
 // Follows a dump_begin reply when it has more descriptors than one frame may carry.

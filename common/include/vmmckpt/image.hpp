@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "vmmckpt/alloc_api.hpp"
+#include "vmmckpt/ipc_imports.hpp"
 #include "vmmckpt/vmm_layout.hpp"
 
 namespace vmmckpt::image {
@@ -113,17 +114,6 @@ struct lack {
   friend bool operator==(const lack&, const lack&) = default;
 };
 
-// Another process's memory that the dumped program mapped through legacy CUDA IPC (docs/ipc.md,
-// `ipc_imports`): recorded, none of its bytes stored; they are the exporter's.
-struct ipc_import {
-  std::int64_t exporter_pid = 0;
-  std::uint64_t exporter_base = 0;
-  std::uint64_t size = 0;
-  std::uint64_t addr = 0;  // where the dumped program mapped it
-  std::string device_uuid;
-  friend bool operator==(const ipc_import&, const ipc_import&) = default;
-};
-
 // Format 5: the image an incremental image takes its unchanged blocks from, by identity (its image_id
 // and the XXH3-64 of its manifest.json as written) and by where it was found when the child was
 // written (a hint: docs/image-format.md, "Chains", says where readers look).
@@ -157,7 +147,7 @@ struct manifest {
   // Empty for a complete image; otherwise the image is partial (`--allow-partial`) and lacks these.
   std::vector<lack> lacking;
   // Memory the program mapped from other processes through CUDA IPC when dumped (none when absent).
-  std::vector<ipc_import> ipc_imports;
+  std::vector<vmmckpt::ipc_import> ipc_imports;  // its JSON: vmmckpt/ipc_imports.hpp
   friend bool operator==(const manifest&, const manifest&) = default;
 };
 
