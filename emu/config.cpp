@@ -60,6 +60,9 @@ static config read_config() {
     }
     c.device_count = visible;
   }
+  if (const char* p = std::getenv("VMMCKPT_EMU_NO_P2P"); p != nullptr && *p != '\0' && std::strcmp(p, "0") != 0) {
+    c.peer_to_peer = false;
+  }
   if (const char* m = std::getenv("VMMCKPT_EMU_MEM"); m != nullptr && *m != '\0') {
     std::uint64_t bytes = 0;
     if (parse_size(m, bytes) && bytes > 0) {

@@ -1,5 +1,5 @@
 // Emulator settings read once from the environment (VMMCKPT_EMU_DEVICES, VMMCKPT_EMU_MEM,
-// VMMCKPT_EMU_TRACE) and the stderr trace used to report what the emulator does not implement.
+// VMMCKPT_EMU_NO_P2P, VMMCKPT_EMU_TRACE) and the stderr trace used to report what the emulator does not implement.
 #pragma once
 
 #include <cstddef>
@@ -15,6 +15,7 @@ struct config {
   int device_count = 1;          // devices the process sees (after CUDA_VISIBLE_DEVICES)
   int physical[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};  // visible ordinal -> emulated device
   std::uint64_t device_memory = std::uint64_t{16} << 30;
+  bool peer_to_peer = true;  // VMMCKPT_EMU_NO_P2P=1: no pair of devices can access each other
   bool trace = false;
 };
 

@@ -3,6 +3,8 @@
 #include "emu_api.hpp"
 #include "state.hpp"
 
+#include <algorithm>
+
 using namespace vmmckpt::emu;
 
 namespace {
@@ -286,18 +288,32 @@ CUresult cuCtxGetStreamPriorityRange(int* leastPriority, int* greatestPriority) 
 }
 
 CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags) {
-  context* ctx = nullptr;
-  if (CUresult rc = require_context(ctx); rc != CUDA_SUCCESS) return rc;
-  if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
-  if (peer == nullptr || !is_live_context(peer)) return CUDA_ERROR_INVALID_CONTEXT;
-  return CUDA_SUCCESS;  // host memory is visible to every emulated device anyway
+  return guarded([&] {
+    context* ctx = nullptr;
+    if (CUresult rc = require_context(ctx); rc != CUDA_SUCCESS) return rc;
+    if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (peer == nullptr || !is_live_context(peer) || from_handle(peer) == ctx) return CUDA_ERROR_INVALID_CONTEXT;
+    // The driver's answer for a pair cuDeviceCanAccessPeer refuses (the same device, or no P2P).
+    if (!peer_capable(ctx->device, from_handle(peer)->device)) return CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
+    std::lock_guard lock(ctx->mutex);
+    if (std::find(ctx->peers.begin(), ctx->peers.end(), from_handle(peer)) != ctx->peers.end())
+      return CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
+    ctx->peers.push_back(from_handle(peer));
+    return CUDA_SUCCESS;
+  });
 }
 
 CUresult cuCtxDisablePeerAccess(CUcontext peer) {
-  context* ctx = nullptr;
-  if (CUresult rc = require_context(ctx); rc != CUDA_SUCCESS) return rc;
-  if (peer == nullptr || !is_live_context(peer)) return CUDA_ERROR_INVALID_CONTEXT;
-  return CUDA_SUCCESS;
+  return guarded([&] {
+    context* ctx = nullptr;
+    if (CUresult rc = require_context(ctx); rc != CUDA_SUCCESS) return rc;
+    if (peer == nullptr || !is_live_context(peer)) return CUDA_ERROR_INVALID_CONTEXT;
+    std::lock_guard lock(ctx->mutex);
+    const auto it = std::find(ctx->peers.begin(), ctx->peers.end(), from_handle(peer));
+    if (it == ctx->peers.end()) return CUDA_ERROR_PEER_ACCESS_NOT_ENABLED;
+    ctx->peers.erase(it);
+    return CUDA_SUCCESS;
+  });
 }
 
 CUresult cuCtxResetPersistingL2Cache(void) {

@@ -204,7 +204,7 @@ CUresult cuDeviceCanAccessPeer(int* canAccessPeer, CUdevice dev, CUdevice peerDe
   if (CUresult rc = check_device(dev); rc != CUDA_SUCCESS) return rc;
   if (CUresult rc = check_device(peerDev); rc != CUDA_SUCCESS) return rc;
   if (canAccessPeer == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *canAccessPeer = dev != peerDev ? 1 : 0;  // all emulated devices share host memory
+  *canAccessPeer = peer_capable(dev, peerDev) ? 1 : 0;
   return CUDA_SUCCESS;
 }
 
@@ -212,7 +212,7 @@ CUresult cuDeviceGetP2PAttribute(int* value, CUdevice_P2PAttribute attrib, CUdev
   if (CUresult rc = check_device(srcDevice); rc != CUDA_SUCCESS) return rc;
   if (CUresult rc = check_device(dstDevice); rc != CUDA_SUCCESS) return rc;
   if (value == nullptr || srcDevice == dstDevice) return CUDA_ERROR_INVALID_DEVICE;
-  *value = (attrib == CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED) ? 1 : 0;
+  *value = attrib == CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED && peer_capable(srcDevice, dstDevice) ? 1 : 0;
   return CUDA_SUCCESS;
 }
 

@@ -32,42 +32,63 @@ bool memory_table::overlaps(std::uintptr_t p, std::size_t n) {
   return it->second.base + it->second.size > p;
 }
 
-static bool region_allows(const region& r, access_need need) {
+static bool flags_allow(unsigned flags, access_need need) {
+  return need == access_need::read ? (flags & CU_MEM_ACCESS_FLAGS_PROT_READ) != 0
+                                   : flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+}
+
+static bool region_allows(const region& r, access_need need, device_set devices) {
   if (r.kind != region_kind::vmm_mapping) return true;
   unsigned best = 0;
   for (unsigned char a : r.access) best |= a;
-  return need == access_need::read ? (best & CU_MEM_ACCESS_FLAGS_PROT_READ) != 0
-                                   : best == CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  if (!flags_allow(best, need)) return false;
+  for (std::size_t d = 0; d < r.access.size(); ++d)
+    if ((devices & device_bit(static_cast<int>(d))) != 0 && !flags_allow(r.access[d], need)) return false;
+  return true;
 }
 
 // Walks [p, p+n) across adjacent regions (a copy may span several VMM mappings laid out back to back).
-static bool covered(memory_table& t, std::uintptr_t p, std::size_t n, access_need need) {
+static bool covered(memory_table& t, std::uintptr_t p, std::size_t n, access_need need, device_set devices) {
   std::uintptr_t at = p;
   const std::uintptr_t end = p + n;
   while (at < end) {
     region* r = t.find(at);
-    if (r == nullptr || !region_allows(*r, need)) return false;
+    if (r == nullptr || !region_allows(*r, need, devices)) return false;
     at = r->end();
   }
   return true;
 }
 
-CUresult check_device_range(std::uintptr_t p, std::size_t n, access_need need) {
+CUresult check_device_range(std::uintptr_t p, std::size_t n, access_need need, device_set devices) {
   if (n == 0) return CUDA_SUCCESS;
   if (p == 0 || p + n < p) return CUDA_ERROR_INVALID_VALUE;
   auto& t = memory();
   std::shared_lock lock(t.mutex);
-  return covered(t, p, n, need) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  return covered(t, p, n, need, devices) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
-CUresult check_any_range(std::uintptr_t p, std::size_t n, access_need need) {
+CUresult check_any_range(std::uintptr_t p, std::size_t n, access_need need, device_set devices) {
   if (n == 0) return CUDA_SUCCESS;
   if (p == 0 || p + n < p) return CUDA_ERROR_INVALID_VALUE;
   auto& t = memory();
   std::shared_lock lock(t.mutex);
   const bool known = t.find(p) != nullptr || t.find_reservation(p) != nullptr;
   if (!known) return CUDA_SUCCESS;  // pageable host memory: the caller's responsibility, as on a GPU
-  return covered(t, p, n, need) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  return covered(t, p, n, need, devices) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+device_set devices_of(std::uintptr_t p, std::size_t n) {
+  if (n == 0 || p + n < p) return 0;
+  auto& t = memory();
+  std::shared_lock lock(t.mutex);
+  device_set out = 0;
+  for (std::uintptr_t at = p; at < p + n;) {
+    region* r = t.find(at);
+    if (r == nullptr) break;
+    if (r->is_device()) out |= device_bit(r->device);
+    at = r->end();
+  }
+  return out;
 }
 
 bool is_page_locked(std::uintptr_t p, std::size_t n) {

@@ -56,12 +56,21 @@ memory_table& memory();
 // How a pointer of a copy may be used.
 enum class access_need { read, write };
 
+// Devices as a bit set (bit d: device d).
+using device_set = std::uint32_t;
+inline constexpr device_set device_bit(int device) { return device >= 0 ? device_set{1} << device : 0; }
+
 // CUDA_SUCCESS when [p, p+n) is device-accessible memory (native, accessible VMM mappings, or
-// pinned/registered host memory, which unified addressing lets the device use). Takes the lock.
-CUresult check_device_range(std::uintptr_t p, std::size_t n, access_need need);
+// pinned/registered host memory, which unified addressing lets the device use). VMM mappings must
+// also give access to every device in `devices` (those a copy involves: the real driver stages no
+// VMM copy through the host, so a device without access gets CUDA_ERROR_INVALID_VALUE); native
+// memory is reachable from every device. Takes the lock.
+CUresult check_device_range(std::uintptr_t p, std::size_t n, access_need need, device_set devices = 0);
 // For cuMemcpy: memory the emulator does not know is pageable host memory, but a pointer into
 // a VMM reservation that is not accessibly mapped is an error.
-CUresult check_any_range(std::uintptr_t p, std::size_t n, access_need need);
+CUresult check_any_range(std::uintptr_t p, std::size_t n, access_need need, device_set devices = 0);
+// The devices whose memory (native or VMM) [p, p+n) lies in; none for host memory.
+device_set devices_of(std::uintptr_t p, std::size_t n);
 // True when the whole range is pinned or registered host memory (async copies stay asynchronous).
 bool is_page_locked(std::uintptr_t p, std::size_t n);
 

@@ -50,6 +50,8 @@ bool in_forked_child() { return g_forked_child.load(std::memory_order_relaxed); 
 
 int device_count() { return settings().device_count; }
 
+bool peer_capable(int dev, int peer) { return dev != peer && settings().peer_to_peer; }
+
 CUresult check_device(CUdevice dev) {
   if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
   if (dev < 0 || dev >= device_count()) return CUDA_ERROR_INVALID_DEVICE;
@@ -112,6 +114,7 @@ void deactivate_context(context* ctx) {
   for (auto& s : ctx->streams) s->retire();
   ctx->retired.insert(ctx->retired.end(), ctx->streams.begin(), ctx->streams.end());
   ctx->streams.clear();
+  ctx->peers.clear();  // a context made anew starts with no peer access, as on the driver
 }
 
 void destroy_user_context(context* ctx) {

@@ -29,6 +29,7 @@ struct context {
   std::shared_ptr<stream_engine> legacy;                 // created with the context, thread on first use
   std::vector<std::shared_ptr<stream_engine>> streams;  // user streams with a live handle
   std::vector<std::shared_ptr<stream_engine>> retired;  // destroyed streams that may still be draining
+  std::vector<context*> peers;  // contexts this one has enabled peer access to (cuCtxEnablePeerAccess)
 };
 
 bool initialized();
@@ -39,6 +40,8 @@ bool in_forked_child();
 // CUDA_ERROR_NOT_INITIALIZED before cuInit, CUDA_ERROR_INVALID_DEVICE for a bad ordinal.
 CUresult check_device(CUdevice dev);
 int device_count();
+// What cuDeviceCanAccessPeer answers: distinct devices, unless VMMCKPT_EMU_NO_P2P.
+bool peer_capable(int dev, int peer);
 
 // Per-process accounting of device memory (VMMCKPT_EMU_MEM per device).
 bool charge_device_memory(int dev, std::uint64_t bytes);

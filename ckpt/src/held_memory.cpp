@@ -14,11 +14,34 @@
 
 namespace vmmckpt::ckpt {
 
+namespace {
+
+// Read-write access for `device` and, where it can reach that device's memory, for `copier`: the device of
+// the one context the tool copies every pool with. VMM memory is reachable only from devices named in
+// cuMemSetAccess (the driver stages no copy of it through the host), so without it a copy of another
+// device's memory would fail.
+std::vector<CUmemAccessDesc> access_for(const driver_api& d, CUdevice device, CUdevice copier) {
+  std::vector<CUmemAccessDesc> access(1);
+  access[0].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access[0].location.id = device;
+  access[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  int can = 0;
+  if (copier != device && d.cuDeviceCanAccessPeer != nullptr && d.cuDeviceCanAccessPeer(&can, copier, device) == CUDA_SUCCESS &&
+      can != 0) {
+    access.push_back(access[0]);
+    access[1].location.id = copier;
+  }
+  return access;
+}
+
+}  // namespace
+
 // One pool: [base, base + size) reserved here exactly, each segment's handle imported and mapped at
-// its address, readable by `device`. Everything is undone by the destructor.
+// its address, readable by `device` and by the copying context's device. Everything is undone by the destructor.
 class held_memory::pool_mapping {
  public:
-  pool_mapping(CUdevice device, std::uint64_t base, std::uint64_t size) : d_(driver()), base_(base), size_(size) {
+  pool_mapping(CUdevice device, CUdevice copier, std::uint64_t base, std::uint64_t size)
+      : d_(driver()), base_(base), size_(size), access_(access_for(d_, device, copier)) {
     CUdeviceptr got = 0;
     VMMCKPT_CUDA_TRY(d_.cuMemAddressReserve(&got, size, 0, base, 0));
     reserved_ = true;
@@ -27,9 +50,6 @@ class held_memory::pool_mapping {
       reserved_ = false;
       throw tool_error("cannot map the pool at " + hex(base) + " in this process: the range is taken");
     }
-    access_.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    access_.location.id = device;
-    access_.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   }
   ~pool_mapping() {
     for (const auto& m : mapped_) {
@@ -56,7 +76,7 @@ class held_memory::pool_mapping {
     if (mapped != CUDA_SUCCESS) d_.cuMemRelease(handle);
     VMMCKPT_CUDA_TRY(mapped);
     mapped_.push_back({addr, size, handle});
-    VMMCKPT_CUDA_TRY(d_.cuMemSetAccess(addr, size, &access_, 1));
+    VMMCKPT_CUDA_TRY(d_.cuMemSetAccess(addr, size, access_.data(), access_.size()));
   }
 
   // True when [addr, addr + size) is wholly mapped; after the last map(). Asked in address order
@@ -78,7 +98,7 @@ class held_memory::pool_mapping {
   const driver_api& d_;
   std::uint64_t base_ = 0, size_ = 0;
   bool reserved_ = false;
-  CUmemAccessDesc access_{};
+  std::vector<CUmemAccessDesc> access_;
   std::vector<mapped> mapped_;
   address_ranges ranges_;
   mutable std::optional<address_ranges::cursor> cursor_;
@@ -88,7 +108,7 @@ class held_memory::pool_mapping {
 // mapping mapped as the program mapped it and readable by the handle's device. Undone by the destructor.
 class held_memory::vmm_mapping {
  public:
-  vmm_mapping() : d_(driver()) {}
+  explicit vmm_mapping(CUdevice copier) : d_(driver()), copier_(copier) {}
   ~vmm_mapping() {
     for (const auto& m : mapped_) d_.cuMemUnmap(m.first, m.second);
     for (const auto& [token, handle] : handles_) d_.cuMemRelease(handle);
@@ -121,11 +141,8 @@ class held_memory::vmm_mapping {
     if (it == handles_.end()) throw tool_error("the program mapped VMM handle " + hex(m.token) + " but did not send it");
     VMMCKPT_CUDA_TRY(d_.cuMemMap(m.addr, m.size, m.offset, it->second, 0));
     mapped_.emplace_back(m.addr, m.size);
-    CUmemAccessDesc access{};
-    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    access.location.id = devices_.at(m.token);
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    VMMCKPT_CUDA_TRY(d_.cuMemSetAccess(m.addr, m.size, &access, 1));
+    const auto access = access_for(d_, devices_.at(m.token), copier_);
+    VMMCKPT_CUDA_TRY(d_.cuMemSetAccess(m.addr, m.size, access.data(), access.size()));
   }
   void mapping_done() {
     ranges_ = address_ranges(std::vector<std::pair<std::uint64_t, std::uint64_t>>(mapped_));
@@ -140,6 +157,7 @@ class held_memory::vmm_mapping {
 
  private:
   const driver_api& d_;
+  const CUdevice copier_;
   std::vector<std::pair<std::uint64_t, std::uint64_t>> reserved_, mapped_;
   std::map<std::uint64_t, CUmemGenericAllocationHandle> handles_;  // by token
   std::map<std::uint64_t, CUdevice> devices_;                      // by token
@@ -149,6 +167,8 @@ class held_memory::vmm_mapping {
 
 held_memory::held_memory(session& s, control::dump_begin_reply& held, received_fds& fds, image::manifest& m) {
   std::size_t next_fd = 0;
+  CUdevice copier = 0;  // the device of the tool's context, current since the session opened it
+  VMMCKPT_CUDA_TRY(driver().cuCtxGetDevice(&copier));
   for (const auto& p : held.pools) {
     const control::device_description d = session::describe(p.device, held.devices);
     const CUdevice device = s.device_for(d);  // a pool created since hello is found here too
@@ -168,7 +188,7 @@ held_memory::held_memory(session& s, control::dump_begin_reply& held, received_f
       m.pools.push_back(std::move(pool));
       continue;
     }
-    pools_.push_back(std::make_unique<pool_mapping>(device, p.base, p.size));
+    pools_.push_back(std::make_unique<pool_mapping>(device, copier, p.base, p.size));
     for (const auto& segment : p.segments) {
       if (next_fd >= fds.size()) throw tool_error("the program sent fewer handles than segments");
       pools_.back()->map(segment.addr, segment.size, fds.take(next_fd++));
@@ -185,7 +205,7 @@ held_memory::held_memory(session& s, control::dump_begin_reply& held, received_f
     // Checked before anything is copied: an image the writer would refuse at the end is refused now.
     if (const std::string why = check(l, "vmm"); !why.empty())
       throw tool_error("the program's VMM memory cannot be imaged as it describes it: " + why);
-    vmm_ = std::make_unique<vmm_mapping>();
+    vmm_ = std::make_unique<vmm_mapping>(copier);
     for (const auto& r : l.reservations) vmm_->reserve(r.addr, vmm_span(r.size));
     for (const auto& h : l.handles) {
       if (next_fd >= fds.size()) throw tool_error("the program sent fewer handles than its VMM memory has");

@@ -310,6 +310,11 @@ std::vector<segment_info> device_pool::segments() const {
   return out;
 }
 
+void device_pool::with_segments(const std::function<void(const segment_info&)>& fn) const {
+  std::lock_guard lock(mutex_);
+  for (const auto& [addr, seg] : segments_) fn({addr, seg.size, seg.handle});
+}
+
 void device_pool::trim() {
   flush_caches();
   std::lock_guard lock(mutex_);

@@ -5,6 +5,7 @@
 #include "gate.hpp"
 #include "vmmckpt/log.hpp"
 #include "real_symbols.hpp"
+#include "vmmckpt/pool_layout.hpp"
 
 namespace vmmckpt::detail {
 
@@ -18,6 +19,18 @@ CUmemAllocationProp cuda_backend::allocation_properties(CUdevice device) {
   return prop;
 }
 
+namespace {
+
+CUmemAccessDesc read_write_from(int device) {
+  CUmemAccessDesc access{};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = device;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  return access;
+}
+
+}  // namespace
+
 int cuda_backend::map_segment(std::uint64_t addr, std::uint64_t size, std::uint64_t& handle) {
   const driver_api& d = *driver();
   context_scope scope(d, primary_);
@@ -30,11 +43,21 @@ int cuda_backend::map_segment(std::uint64_t addr, std::uint64_t size, std::uint6
   }
   r = d.cuMemMap(addr, size, 0, h, 0);
   if (r == CUDA_SUCCESS) {
-    CUmemAccessDesc access{};
-    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    access.location.id = device_;
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    r = d.cuMemSetAccess(addr, size, &access, 1);
+    // The owner first, then every device granted access so far (peer access, cross-device copies):
+    // one call, so the segment is never visible without them.
+    CUmemAccessDesc access[max_devices];
+    std::size_t count = 0;
+    access[count++] = read_write_from(device_);
+    const std::uint32_t peers = peers_.load(std::memory_order_acquire);
+    for (int peer = 0; peer < max_devices; ++peer)
+      if ((peers >> peer & 1U) != 0 && peer != device_) access[count++] = read_write_from(peer);
+    r = d.cuMemSetAccess(addr, size, access, count);
+    if (r != CUDA_SUCCESS && count > 1) {
+      // Without the peers the memory is still the program's own device's: the allocation need not fail.
+      log::warn("device {}: access for peer devices {:#x} refused (error {}); the segment at {:#x} is this "
+                "device's only", device_, peers, static_cast<int>(r), addr);
+      r = d.cuMemSetAccess(addr, size, access, 1);
+    }
     if (r != CUDA_SUCCESS) d.cuMemUnmap(addr, size);
   }
   if (r != CUDA_SUCCESS) {
@@ -45,6 +68,18 @@ int cuda_backend::map_segment(std::uint64_t addr, std::uint64_t size, std::uint6
   handle = h;
   log::debug("device {}: mapped {} MiB at {:#x}", device_, size >> 20, addr);
   return CUDA_SUCCESS;
+}
+
+CUresult cuda_backend::grant_existing(const device_pool& pool, CUdevice peer) {
+  const driver_api& d = *driver();
+  context_scope scope(d, primary_);
+  const CUmemAccessDesc access = read_write_from(peer);
+  CUresult first = CUDA_SUCCESS;
+  pool.with_segments([&](const segment_info& s) {
+    const CUresult r = d.cuMemSetAccess(s.addr, s.size, &access, 1);
+    if (r != CUDA_SUCCESS && first == CUDA_SUCCESS) first = r;
+  });
+  return first;
 }
 
 void cuda_backend::unmap_segment(std::uint64_t addr, std::uint64_t size, std::uint64_t handle) {

@@ -3,13 +3,19 @@
 
 #include <cuda.h>
 
+#include <atomic>
+#include <cstdint>
+
 #include "vmmckpt/device_pool.hpp"
 
 namespace vmmckpt::detail {
 
 class cuda_backend final : public physical_backend {
  public:
-  cuda_backend(CUdevice device, CUcontext primary) : device_(device), primary_(primary) {}
+  // `peers`: the devices besides this one that the pool's memory is accessible from (bit d: device d),
+  // read at every mapping; pools.cpp owns it, since a grant may come before the pool exists.
+  cuda_backend(CUdevice device, CUcontext primary, const std::atomic<std::uint32_t>& peers)
+      : device_(device), primary_(primary), peers_(peers) {}
 
   int map_segment(std::uint64_t addr, std::uint64_t size, std::uint64_t& handle) override;
   void unmap_segment(std::uint64_t addr, std::uint64_t size, std::uint64_t handle) override;
@@ -20,9 +26,14 @@ class cuda_backend final : public physical_backend {
   // The properties every pool handle is created with.
   static CUmemAllocationProp allocation_properties(CUdevice device);
 
+  // Makes every segment of the pool accessible from `peer` as well (the caller holds off concurrent
+  // grants; the pool's lock, held meanwhile, holds off mappings). CUDA_SUCCESS or the first failure.
+  CUresult grant_existing(const device_pool& pool, CUdevice peer);
+
  private:
   CUdevice device_;
   CUcontext primary_;
+  const std::atomic<std::uint32_t>& peers_;
 };
 
 }  // namespace vmmckpt::detail

@@ -1,4 +1,5 @@
-// Every driver entry point that submits GPU work (launches, graphs, copies, memsets, stream writes) passes the gate.
+// Every driver entry point that submits GPU work (launches, graphs, copies, memsets, stream writes) passes the gate;
+// copies first give the devices taking part access to the pools involved (peer_access.hpp).
 //
 // cudart (shared and static), cuBLAS, NCCL and PyTorch reach these through the
 // resolvers, which hand out the wrappers below; programs linked to libcuda
@@ -14,6 +15,7 @@
 #include "entry_points.hpp"
 #include "gate.hpp"
 #include "gated_entry_points.hpp"
+#include "peer_access.hpp"
 #include "restore_at_start.hpp"
 
 namespace vmmckpt::detail {
@@ -43,6 +45,7 @@ void* load_real(std::atomic<void*>& slot, const char* name) noexcept {
     return vmmckpt::detail::guarded(CUDA_ERROR_UNKNOWN, [&] {                              \
       if (!vmmckpt::detail::restore_ready()) return CUDA_ERROR_OUT_OF_MEMORY;              \
       vmmckpt::detail::gate_scope vmmckpt_scope;                                           \
+      vmmckpt::detail::before_copy<vmmckpt::detail::copy_shape_of(#name)> args;            \
       return vmmckpt_real args;                                                            \
     });                                                                                    \
   }

@@ -25,10 +25,16 @@ struct device_slot {
   std::unique_ptr<cuda_backend> backend;
   std::unique_ptr<device_pool> owner;
   CUresult failure = CUDA_SUCCESS;  // remembered so the reason is logged once
+  // Devices besides this one that the pool's memory is accessible from (bit d: device d). `mapped_for`
+  // is what each new segment is mapped for; `granted` is set once the existing segments have it too,
+  // and is what callers test. Never cleared: access outlives disabling peer access (docs/pool.md).
+  std::atomic<std::uint32_t> mapped_for{0};
+  std::atomic<std::uint32_t> granted{0};
 };
 
 struct registry {
   std::mutex mutex;  // creation only; lookups read the atomics
+  std::mutex grant_mutex;  // one grant at a time; taken before any pool's lock, never under one
   std::array<device_slot, max_devices> slots;
   pool_config config;
   std::string config_error;
@@ -114,7 +120,7 @@ CUresult create_pool(registry& r, int ordinal, device_slot& slot, bool& lasting)
   policy.retain_bytes = cfg.retain_bytes;
   policy.cache_bytes = cfg.thread_cache_bytes;
   try {
-    slot.backend = std::make_unique<cuda_backend>(device, primary);
+    slot.backend = std::make_unique<cuda_backend>(device, primary, slot.mapped_for);
     slot.owner = std::make_unique<device_pool>(base, cfg.size, policy, *slot.backend);
   } catch (...) {
     // No memory for the pool's own structures: the range goes back, so a later call can try again.
@@ -169,18 +175,54 @@ CUresult acquire_pool(int ordinal, device_pool*& pool) {
     return e;
   }
   pool = slot.pool.load();
+  if (active_pools().size() > 1) several_pools_exist.store(true, std::memory_order_relaxed);
   start_control_server();  // first CUDA use: from now on cuda-ckpt can reach this process
   return CUDA_SUCCESS;
 }
 
-device_pool* pool_containing(std::uint64_t addr) {
+int pool_device_containing(std::uint64_t addr) {
   registry& r = the_registry();
-  if (!r.config_valid.load(std::memory_order_acquire)) return nullptr;
+  if (!r.config_valid.load(std::memory_order_acquire)) return -1;
   const pool_config& cfg = r.config;
-  if (addr < cfg.base) return nullptr;
+  if (addr < cfg.base) return -1;
   const std::uint64_t index = (addr - cfg.base) / cfg.size;
-  if (index >= static_cast<std::uint64_t>(max_devices)) return nullptr;
-  return r.slots[index].pool.load(std::memory_order_acquire);
+  if (index >= static_cast<std::uint64_t>(max_devices)) return -1;
+  return r.slots[index].pool.load(std::memory_order_acquire) != nullptr ? static_cast<int>(index) : -1;
+}
+
+device_pool* pool_containing(std::uint64_t addr) {
+  const int ordinal = pool_device_containing(addr);
+  return ordinal < 0 ? nullptr : the_registry().slots[ordinal].pool.load(std::memory_order_acquire);
+}
+
+std::uint32_t pool_peers(int ordinal) {
+  if (ordinal < 0 || ordinal >= max_devices) return 0;
+  return the_registry().slots[ordinal].granted.load(std::memory_order_acquire);
+}
+
+CUresult grant_pool_access(int owner, int device) {
+  if (owner < 0 || owner >= max_devices || device < 0 || device >= max_devices || owner == device)
+    return CUDA_ERROR_INVALID_DEVICE;
+  registry& r = the_registry();
+  device_slot& slot = r.slots[owner];
+  const std::uint32_t bit = 1U << device;
+  if ((slot.granted.load(std::memory_order_acquire) & bit) != 0) return CUDA_SUCCESS;
+  std::lock_guard lock(r.grant_mutex);
+  if ((slot.granted.load(std::memory_order_acquire) & bit) != 0) return CUDA_SUCCESS;
+  // Segments mapped from now on get the access; then those mapped before. A mapping runs under the
+  // pool's lock, which the walk takes after the store: each segment is either in the walk or mapped
+  // after the store, seeing it.
+  slot.mapped_for.fetch_or(bit, std::memory_order_acq_rel);
+  CUresult e = CUDA_SUCCESS;
+  if (device_pool* pool = slot.pool.load(std::memory_order_acquire))
+    e = slot.backend->grant_existing(*pool, static_cast<CUdevice>(device));
+  if (e != CUDA_SUCCESS) {
+    log::warn("device {}: giving device {} access to the pool failed (error {})", owner, device, static_cast<int>(e));
+    return e;
+  }
+  slot.granted.fetch_or(bit, std::memory_order_release);
+  log::info("device {}: pool memory accessible from device {} too", owner, device);
+  return CUDA_SUCCESS;
 }
 
 std::vector<active_pool> active_pools() {

@@ -3,6 +3,7 @@
 
 #include <cuda.h>
 
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -24,6 +25,21 @@ CUresult acquire_pool(int ordinal, device_pool*& pool);
 
 // The pool whose address range holds addr, if that pool exists.
 device_pool* pool_containing(std::uint64_t addr);
+// The device of that pool, or -1.
+int pool_device_containing(std::uint64_t addr);
+
+// Set once pools of two devices exist: until then no copy can cross devices within pool memory, and
+// the copy entry points pay this one relaxed load (peer_access.hpp).
+inline std::atomic<bool> several_pools_exist{false};
+
+// Pool memory is accessible from its own device and from the devices granted access to it
+// (peer_access.cpp: cuCtxEnablePeerAccess, copies between devices): memory mapped later included,
+// and segments mapped again on resume.
+// The devices besides `ordinal` whose access to its pool is complete (bit d: device d).
+std::uint32_t pool_peers(int ordinal);
+// Gives `device` access to the pool of `owner`, now or whenever that pool comes to exist; the caller
+// knows the pair can access each other. Access once given stays.
+CUresult grant_pool_access(int owner, int device);
 
 // Bytes the program could still allocate from pools of this device without
 // new physical memory (backed but not live): added to the driver's free figure.

@@ -4,6 +4,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -117,6 +118,9 @@ class device_pool {
   std::uint64_t changes() const;
   std::vector<range_allocator::block> live_blocks() const;  // the same, with their rounded sizes
   std::vector<segment_info> segments() const;
+  // Calls fn for every segment with the pool's lock held, so that no segment is mapped or unmapped
+  // meanwhile (granting a device access to all of the pool's memory, now and later, races nothing).
+  void with_segments(const std::function<void(const segment_info&)>& fn) const;
 
   // Suspend: gives back every physical handle, live blocks' included, after a
   // synchronize. The address range stays reserved and every block stays
