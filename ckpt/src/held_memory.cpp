@@ -141,8 +141,11 @@ class held_memory::vmm_mapping {
     if (it == handles_.end()) throw tool_error("the program mapped VMM handle " + hex(m.token) + " but did not send it");
     VMMCKPT_CUDA_TRY(d_.cuMemMap(m.addr, m.size, m.offset, it->second, 0));
     mapped_.emplace_back(m.addr, m.size);
-    const auto access = access_for(d_, devices_.at(m.token), copier_);
-    VMMCKPT_CUDA_TRY(d_.cuMemSetAccess(m.addr, m.size, access.data(), access.size()));
+    // Worked out once per device: a program maps hundreds of segments, and this runs while it is held.
+    const CUdevice device = devices_.at(m.token);
+    auto access = access_.find(device);
+    if (access == access_.end()) access = access_.emplace(device, access_for(d_, device, copier_)).first;
+    VMMCKPT_CUDA_TRY(d_.cuMemSetAccess(m.addr, m.size, access->second.data(), access->second.size()));
   }
   void mapping_done() {
     ranges_ = address_ranges(std::vector<std::pair<std::uint64_t, std::uint64_t>>(mapped_));
@@ -161,6 +164,7 @@ class held_memory::vmm_mapping {
   std::vector<std::pair<std::uint64_t, std::uint64_t>> reserved_, mapped_;
   std::map<std::uint64_t, CUmemGenericAllocationHandle> handles_;  // by token
   std::map<std::uint64_t, CUdevice> devices_;                      // by token
+  std::map<CUdevice, std::vector<CUmemAccessDesc>> access_;        // by device
   address_ranges ranges_;
   mutable std::optional<address_ranges::cursor> cursor_;
 };

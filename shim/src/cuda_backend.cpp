@@ -19,17 +19,13 @@ CUmemAllocationProp cuda_backend::allocation_properties(CUdevice device) {
   return prop;
 }
 
-namespace {
-
-CUmemAccessDesc read_write_from(int device) {
+CUmemAccessDesc cuda_backend::read_write_from(int device) {
   CUmemAccessDesc access{};
   access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   access.location.id = device;
   access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   return access;
 }
-
-}  // namespace
 
 int cuda_backend::map_segment(std::uint64_t addr, std::uint64_t size, std::uint64_t& handle) {
   const driver_api& d = *driver();

@@ -25,6 +25,8 @@ class cuda_backend final : public physical_backend {
 
   // The properties every pool handle is created with.
   static CUmemAllocationProp allocation_properties(CUdevice device);
+  // Read and write access from `device`: what pool memory (and memory imported through IPC) is mapped with.
+  static CUmemAccessDesc read_write_from(int device);
 
   // Makes every segment of the pool accessible from `peer` as well (the caller holds off concurrent
   // grants; the pool's lock, held meanwhile, holds off mappings). CUDA_SUCCESS or the first failure.

@@ -13,6 +13,7 @@
 #include "pools.hpp"
 #include "process_control.hpp"
 #include "real_symbols.hpp"
+#include "vmmckpt/hex_text.hpp"
 #include "vmmckpt/log.hpp"
 #include "vmmckpt/protocol.hpp"
 #include "vmmckpt/pool_layout.hpp"
@@ -44,8 +45,6 @@ export_table& table() {
   static export_table* t = new export_table;  // never destroyed: frees may come at exit
   return *t;
 }
-
-std::string hex(std::uint64_t v) { return fmt::format("{:#x}", v); }
 
 bool importer_alive(const importer_record& r) { return r.opens > 0 && suspend_claim::alive(r.pid, r.start); }
 

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <optional>
 
+#include "cuda_backend.hpp"
 #include "real_symbols.hpp"
 #include "vmmckpt/log.hpp"
 #include "vmmckpt/pool_layout.hpp"
@@ -118,18 +119,13 @@ CUresult map_import(const driver_api& d, import_table& t, const control::ipc_ope
     if (e == CUDA_SUCCESS) r.pieces.emplace_back(window + p.offset, p.size);
   }
   if (e == CUDA_SUCCESS) {
-    CUmemAccessDesc access{};
-    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    access.location.id = device;
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    const CUmemAccessDesc access = cuda_backend::read_write_from(device);
     e = d.cuMemSetAccess(window, size, &access, 1);
   }
   close_all(fds);
   if (e != CUDA_SUCCESS) {
     log::warn("ipc: mapping {} imported bytes failed: CUDA error {}", size, static_cast<int>(e));
-    for (const auto& [addr, bytes] : r.pieces) d.cuMemUnmap(addr, bytes);
-    d.cuMemAddressFree(window, size);
-    if (t.window.retire(window)) t.window.reclaim_retired();
+    unmap(d, t, r);
     return e == CUDA_ERROR_OUT_OF_MEMORY ? e : CUDA_ERROR_MAP_FAILED;
   }
   r.device_uuid = reply.device_uuid;
