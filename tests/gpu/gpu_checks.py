@@ -53,6 +53,15 @@ def gpu_count():
     return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU ")) if out.returncode == 0 else 0
 
 
+def failure(result):
+    """What a failed cuda-ckpt command said (a subprocess.run result): with --json the reply's "error" on stdout,
+    otherwise its stderr."""
+    try:
+        return json.loads(result.stdout)["error"]
+    except (ValueError, KeyError, TypeError):
+        return result.stderr.strip() or result.stdout.strip()
+
+
 def skipped(reason):
     print(f"SKIPPED: {reason}")
     return SKIP

@@ -29,19 +29,11 @@ import time
 import gpu_checks
 
 
-def failure(r):
-    """What a failed cuda-ckpt command said: on stderr, or with --json in the reply's "error"."""
-    try:
-        return json.loads(r.stdout)["error"]
-    except (ValueError, KeyError, TypeError):
-        return r.stderr.strip() or r.stdout.strip()
-
-
 def refusal_problem(r, image, importer_pid):
     """What is wrong with the refused suspend of an exporter whose memory `importer_pid` maps, or None."""
     if r.returncode == 0:
         return "the suspend of rank 0 succeeded while rank 1 maps its memory through CUDA IPC: it must be refused"
-    text = failure(r)
+    text = gpu_checks.failure(r)
     named = re.search(r"\(pid ([0-9, ]+)\)", text)
     if "CUDA IPC" not in text or not named or str(importer_pid) not in named.group(1).replace(" ", "").split(","):
         return f"the suspend of rank 0 was refused, but not for rank 1 ({importer_pid}) mapping it through CUDA IPC: {text}"
@@ -86,7 +78,7 @@ def main():
             d = subprocess.run([args.cuda_ckpt, "dump", str(pid), "-o", image, "--json"], capture_output=True,
                                text=True, env=env)
             if d.returncode != 0:
-                problems.append(f"dump of rank {rank} failed: {failure(d)}")
+                problems.append(f"dump of rank {rank} failed: {gpu_checks.failure(d)}")
                 continue
             m = json.loads(subprocess.run([args.cuda_ckpt, "inspect", "--json", image], capture_output=True,
                                           text=True).stdout)
@@ -118,13 +110,13 @@ def main():
             if s.returncode == 0:  # refused by design; if it was not, the job still needs its rank back
                 subprocess.run([args.cuda_ckpt, "resume", str(pids[0])], capture_output=True, env=env)
         elif s.returncode != 0:
-            problems.append(f"suspend of rank 0 failed: {failure(s)}")
+            problems.append(f"suspend of rank 0 failed: {gpu_checks.failure(s)}")
         else:
             figures["rank0_freed_mib"] = json.loads(s.stdout)["freed_bytes"] / 2**20
             time.sleep(2)
             r = subprocess.run([args.cuda_ckpt, "resume", str(pids[0])], capture_output=True, text=True, env=env)
             if r.returncode != 0:
-                problems.append(f"resume of rank 0 failed: {failure(r)}")
+                problems.append(f"resume of rank 0 failed: {gpu_checks.failure(r)}")
         rest, _ = job.communicate(timeout=300)
         lines += rest.splitlines()
         if job.returncode != 0:

@@ -65,7 +65,7 @@ def main():
     s = subprocess.run([args.cuda_ckpt, "suspend", str(prog.pid), "--json"], capture_output=True, text=True, env=env)
     figures["suspend_s"] = time.time() - t0
     if s.returncode != 0:
-        problems.append(f"suspend failed: {s.stderr.strip()}")
+        problems.append(f"suspend failed: {gpu_checks.failure(s)}")
     else:
         r = json.loads(s.stdout)
         figures["freed_mib"] = r["freed_bytes"] / 2**20
@@ -93,7 +93,7 @@ def main():
                              env=env)
         figures["resume_s"] = time.time() - t1
         if res.returncode != 0:
-            problems.append(f"resume failed: {res.stderr.strip()}")
+            problems.append(f"resume failed: {gpu_checks.failure(res)}")
     rest, _ = prog.communicate(timeout=300)
     lines += rest.splitlines()
     if prog.returncode != 0:
