@@ -309,6 +309,9 @@ def target_rows(res):
     rows.append(noisy_target(res, "torch", "PyTorch training step", 1,
                              [("fastest step", "min_ms"), ("median step", "median_ms")]))
 
+    rows.append(noisy_target(res, "peer_copy", "copy of 1 GiB from GPU 0 to GPU 1, peer access on", 3,
+                             [("best median", "peer_ms")]))
+
     rows.extend(many_target_rows(res))
 
     f = res.one("frag", mode="shim")
@@ -950,6 +953,21 @@ def markdown(res, plots, img_rel):
                 rounds_table(res, "torch_expandable", ["fastest ms", "median ms", "mean ms", "steps"],
                              lambda r: (num(r.get("min_ms"), 3), num(r["median_ms"], 3), num(r["mean_ms"], 3),
                                         r["steps"])))
+    if res.get("peer_copy"):
+        section("Copies between two GPUs", "`bench/peer_copy.cpp`: `cuMemcpyPeerAsync` of 1 GiB from GPU 0 to GPU 1 "
+                "and a stream synchronize, timed on the host (median and fastest of the repetitions of a run; the "
+                "copy alone between two events beside it), first without peer access, then with it "
+                "(`cuCtxEnablePeerAccess` both ways); native and shim runs alternate. Natively, without peer access "
+                "the driver stages the copy through the host; under the shim the pools are VMM memory, which it "
+                "cannot stage, so the shim gives both GPUs access at the first copy and the driver copies directly "
+                "(docs/pool.md). Shim against native with peer access: "
+                f"{num(slowdown(res, 'peer_copy', 'peer_ms'), 1)} % by the best median; native's two best medians "
+                f"differ by {num(spread(res, 'peer_copy', 'peer_ms'), 1)} %.",
+                rounds_table(res, "peer_copy", ["no peer: median ms", "fastest ms", "GB/s", "peer: median ms",
+                                                "fastest ms", "events ms", "GB/s"],
+                             lambda r: (num(r["no_peer_ms"], 3), num(r["no_peer_min_ms"], 3),
+                                        num(r["no_peer_gb_per_s"], 1), num(r["peer_ms"], 3), num(r["peer_min_ms"], 3),
+                                        num(r["peer_event_ms"], 3), num(r["peer_gb_per_s"], 1))))
     if res.get("frag"):
         section("Pool memory overhead", "`bench/frag.cu`: a fixed pseudo-random sequence of `cudaMalloc`/`cudaFree`, "
                 "sizes log-uniform from 4 KiB to 64 MiB, rising to 8 GiB live, then 20000 steps of churn. Physical = "
@@ -1065,6 +1083,12 @@ def synthetic_results(directory):
         rows.append({"bench": "frag", "mode": mode, "live_bytes": 8 * GIB, "physical_bytes": int(phys * GIB),
                      "ratio": phys / 8, "peak_live_bytes": 8 * GIB, "peak_physical_bytes": int(phys * GIB),
                      "peak_ratio": phys / 8, "memory_source": "nvml"})
+    for rnd in (1, 2):
+        for mode, ms in (("native", 2.90 + rnd / 100), ("shim", 2.93)):
+            rows.append({"bench": "peer_copy", "mode": mode, "round": rnd, "bytes": GIB, "reps": 30,
+                         "no_peer_ms": 50.0 if mode == "native" else ms, "no_peer_min_ms": 49.0,
+                         "no_peer_event_ms": 49.5, "no_peer_gb_per_s": GIB / 50e6, "peer_ms": ms,
+                         "peer_min_ms": ms - 0.05, "peer_event_ms": ms - 0.02, "peer_gb_per_s": GIB / (ms * 1e6)})
     rows.append({"bench": "torch", "mode": "shim", "round": 3, "error": "python3 timed out | after 600 s"})
     with open(os.path.join(directory, "results.jsonl"), "w") as f:
         f.write("\n".join(json.dumps(r) for r in rows) + "\n")
@@ -1084,7 +1108,9 @@ def self_test():
                     "| 1.0 % by best batch (native's two best rounds differ by 0.5 %); within one process the shim adds "
                     "21.0 ns to a 2.10 us launch call, 1.04 % of the program's 2.01 us per launch (the native "
                     "control: 0.4 ns) | yes |",
-                    "Launch cost within one process", "Errors and skipped", "python3 timed out \\| after 600 s"]
+                    "Launch cost within one process", "Errors and skipped", "python3 timed out \\| after 600 s",
+                    "| copy of 1 GiB from GPU 0 to GPU 1, peer access on | ≤ 3 % slower | 0.7 % by best median",
+                    "## Copies between two GPUs", "| shim | 1 | 2.930 | 49.000 | 21.5 | 2.930 |"]
         for plots_wanted in (True, False):
             md_path, img = os.path.join(tmp, "md", "benchmarks.md"), os.path.join(tmp, "img")
             plots = write_report(res, md_path, img, plots_wanted)

@@ -9,7 +9,7 @@ usage: run_bench.py --build DIR --out DIR [--sizes 1,4,16,32] [--skip PARTS] [--
        run_bench.py --cpu-only --build DIR --out DIR [--cpu-sizes-mib 256,512]
 
 Parts (GPU): limits, dump, driver, process (whole-process with CRIU, as root), incremental (dump --parent),
-alloc, launch, torch, frag. Images go to a tmpfs, to disk, and (as
+alloc, launch, torch, frag, peer (a copy of 1 GiB between two GPUs; skipped on one). Images go to a tmpfs, to disk, and (as
 root, or where one is mounted already) to a tmpfs with huge pages that the run mounts for itself. With --cpu-only, on the emulated
 driver (DIR/lib/emu): allocator, limits (no GPU), dump (tmpfs only).
 A part that fails records {"bench": ..., "error": ...} and the run goes on with the next one; the
@@ -33,7 +33,8 @@ import sys
 import threading
 import time
 
-GPU_PARTS = ["limits", "dump", "many", "driver", "process", "incremental", "alloc", "launch", "torch", "vmm", "frag"]
+GPU_PARTS = ["limits", "dump", "many", "driver", "process", "incremental", "alloc", "launch", "torch", "vmm", "frag",
+             "peer"]
 CPU_PARTS = ["allocator", "limits", "dump", "many"]
 GIB = 1 << 30
 MIB = 1 << 20
@@ -862,6 +863,22 @@ class Bench:
         args = (["--warmup", "5", "--steps", "20"] if quick else ["--steps", "200"]) + ["--bench-name", "torch_expandable"]
         self.both_modes("torch_expandable", [self.args.python, script] + args, 600, 1 if quick else 3, pin=True,
                         env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+
+    def part_peer(self):
+        """A copy of 1 GiB from GPU 0 to GPU 1 without and with peer access (bench/peer_copy.cpp), native and
+        shim runs alternating. Needs two GPUs: on one, a row says it was skipped (not counted as a failure)."""
+        try:
+            out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60).stdout
+            gpus = sum(1 for line in out.splitlines() if line.startswith("GPU "))
+        except (OSError, subprocess.TimeoutExpired):
+            gpus = 0
+        if gpus < 2:
+            log(f"  peer: skipped: a copy between GPUs needs two, nvidia-smi lists {gpus}")
+            self.record({"bench": "peer_copy", "error": f"skipped: a copy between GPUs needs two, this machine has {gpus}"})
+            return
+        args = ["--reps", "5"] if self.args.quick else ["--reps", "30"]
+        self.both_modes("peer_copy", [os.path.join(self.bin, "vmmckpt_bench_peer_copy")] + args, 600,
+                        1 if self.args.quick else 3)
 
     def main(self):
         try:

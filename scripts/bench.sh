@@ -7,7 +7,9 @@
 #
 # usage: scripts/bench.sh [--quick] [--sizes 1,4,16,32] [--skip PARTS] [--out DIR] [--cpu-only]
 #                         [--append] [--report-only] [--md PATH] [--img-dir DIR] [--build DIR]
-#   --quick        sizes 1,4 and fewer iterations     --skip PARTS  limits,dump,driver,alloc,launch,torch,vmm,frag
+#   --quick        sizes 1,4 and fewer iterations
+#   --skip PARTS   limits,dump,many,driver,process,incremental,alloc,launch,torch,vmm,frag,peer
+#                  (peer: a copy of 1 GiB between two GPUs, skipped with a message on one)
 #   --append       add to OUT's results (a run in several parts, e.g. under a time limit per command)
 #   --report-only  only make the page from OUT's results
 #   --out DIR      results (default BUILD/results, or BUILD/results-cpu)    --build DIR  default build-bench
@@ -40,7 +42,7 @@ while (($#)); do
         --build) build="$2" ;;
       esac
       shift ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift

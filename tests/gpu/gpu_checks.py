@@ -44,6 +44,24 @@ def skip_reason(args, torch=False):
     return None
 
 
+def gpu_count():
+    """How many GPUs nvidia-smi lists (0 where it cannot run)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU ")) if out.returncode == 0 else 0
+
+
+def failure(result):
+    """What a failed cuda-ckpt command said (a subprocess.run result): with --json the reply's "error" on stdout,
+    otherwise its stderr."""
+    try:
+        return json.loads(result.stdout)["error"]
+    except (ValueError, KeyError, TypeError):
+        return result.stderr.strip() or result.stdout.strip()
+
+
 def skipped(reason):
     print(f"SKIPPED: {reason}")
     return SKIP

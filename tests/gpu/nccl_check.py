@@ -1,16 +1,25 @@
 #!/usr/bin/env python3
 """A two-rank NCCL job checkpointed on two GPUs.
 
-  nccl_check.py --cuda-ckpt build/bin/cuda-ckpt -- python3 -m torch.distributed.run --nproc-per-node 2 nccl_steps.py
+  nccl_check.py --cuda-ckpt build/bin/cuda-ckpt [--legacy-ipc] -- python3 -m torch.distributed.run --nproc-per-node 2 nccl_steps.py
 
-Runs the job under the shim (NCCL allocates its own buffers with cuMemCreate), with NCCL's transports
-between the ranks kept to the network stack (NCCL_P2P_DISABLE, NCCL_SHM_DISABLE): CUDA memory one rank
-imports from another is that rank's to save (`imported VMM`). Checks: a dump of each rank holds
-program-made VMM memory (NCCL's buffers) and verifies; rank 0 is suspended after step 5 and resumed a moment
-later; every step's result on both ranks is the expected sum. Exits 77 without two GPUs or PyTorch.
+Runs the job under the shim. Exits 77 without two GPUs or PyTorch. Two modes:
+
+- default: NCCL allocates its own buffers with cuMemCreate, and its transports between the ranks are kept to
+  the network stack (NCCL_P2P_DISABLE, NCCL_SHM_DISABLE): CUDA memory one rank imports from another is that
+  rank's to save (`imported VMM`). Checks: a dump of each rank holds program-made VMM memory (NCCL's buffers)
+  and verifies; rank 0 is suspended after step 5 and resumed a moment later; every step's result on both ranks
+  is the expected sum.
+- --legacy-ipc: NCCL_CUMEM_ENABLE=0 and NCCL's P2P transport on (shared memory through the host still off):
+  NCCL's buffers are cudaMalloc'd pool memory that each rank shares with the other through cudaIpcGetMemHandle,
+  opened on the other GPU (docs/ipc.md). Checks: a dump of each rank verifies, holds pool memory and records the
+  other rank's memory it maps (`ipc_imports`, exporter = the other rank); a suspend of rank 0 is refused, its
+  error naming CUDA IPC and rank 1's pid, and leaves no image (suspending an exporter whose memory others map is
+  refused by design); every step's result on both ranks is the expected sum.
 """
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -20,19 +29,35 @@ import time
 import gpu_checks
 
 
-def gpu_count():
-    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
-    return len(out.stdout.splitlines()) if out.returncode == 0 else 0
+def refusal_problem(r, image, importer_pid):
+    """What is wrong with the refused suspend of an exporter whose memory `importer_pid` maps, or None."""
+    if r.returncode == 0:
+        return "the suspend of rank 0 succeeded while rank 1 maps its memory through CUDA IPC: it must be refused"
+    text = gpu_checks.failure(r)
+    named = re.search(r"\(pid ([0-9, ]+)\)", text)
+    if "CUDA IPC" not in text or not named or str(importer_pid) not in named.group(1).replace(" ", "").split(","):
+        return f"the suspend of rank 0 was refused, but not for rank 1 ({importer_pid}) mapping it through CUDA IPC: {text}"
+    if os.path.exists(image):
+        return f"the refused suspend left {image}"
+    return None
 
 
 def main():
-    args = gpu_checks.argument_parser(__doc__).parse_args()
+    ap = gpu_checks.argument_parser(__doc__)
+    ap.add_argument("--legacy-ipc", action="store_true",
+                    help="NCCL_CUMEM_ENABLE=0 with its P2P transport: buffers shared through legacy CUDA IPC")
+    args = ap.parse_args()
     cmd = gpu_checks.command(args)
     if (reason := gpu_checks.skip_reason(args, torch=True)):
         return gpu_checks.skipped(reason)
-    if gpu_count() < 2:
+    if gpu_checks.gpu_count() < 2:
         return gpu_checks.skipped("this check needs two GPUs (the nvidia-h200-x2 machine)")
-    env = dict(os.environ, NCCL_NVLS_ENABLE="0", NCCL_P2P_DISABLE="1", NCCL_SHM_DISABLE="1", PYTHONUNBUFFERED="1")
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0", NCCL_SHM_DISABLE="1", PYTHONUNBUFFERED="1")
+    if args.legacy_ipc:
+        env["NCCL_CUMEM_ENABLE"] = "0"
+        env.pop("NCCL_P2P_DISABLE", None)  # the P2P transport is what shares buffers through CUDA IPC
+    else:
+        env["NCCL_P2P_DISABLE"] = "1"
     work = tempfile.mkdtemp(prefix="vmmckpt-nccl-check-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     problems, figures, lines, pids = [], {}, [], {}
     job = subprocess.Popen([args.cuda_ckpt, "run", "--"] + cmd, stdout=subprocess.PIPE, text=True, env=env)
@@ -46,32 +71,52 @@ def main():
                 break
         else:
             raise gpu_checks.CheckError(f"the job ended before step 5 (exit {job.wait()})")
+        if sorted(pids) != [0, 1]:
+            raise gpu_checks.CheckError(f"the job named the pids of ranks {sorted(pids)}, not of 0 and 1")
         for rank, pid in sorted(pids.items()):
             image = os.path.join(work, f"rank{rank}")
             d = subprocess.run([args.cuda_ckpt, "dump", str(pid), "-o", image, "--json"], capture_output=True,
                                text=True, env=env)
             if d.returncode != 0:
-                problems.append(f"dump of rank {rank} failed: {d.stderr.strip()}")
+                problems.append(f"dump of rank {rank} failed: {gpu_checks.failure(d)}")
                 continue
             m = json.loads(subprocess.run([args.cuda_ckpt, "inspect", "--json", image], capture_output=True,
                                           text=True).stdout)
             mappings = (m.get("vmm") or {}).get("mappings", [])
             figures[f"rank{rank}_vmm_mib"] = sum(x["size"] for x in mappings) / 2**20
-            if not mappings:
+            if args.legacy_ipc:
+                pooled = sum(a["size"] for pool in m.get("pools", []) for a in pool["allocations"])
+                figures[f"rank{rank}_pool_mib"] = pooled / 2**20
+                if not pooled:
+                    problems.append(f"rank {rank}'s image holds no pool memory (NCCL's cudaMalloc'd buffers)")
+                other = pids[1 - rank]
+                imports = m.get("ipc_imports", [])
+                figures[f"rank{rank}_imported_mib"] = sum(i["size"] for i in imports) / 2**20
+                if not any(i["exporter_pid"] == other for i in imports):
+                    problems.append(f"rank {rank}'s image records no memory of rank {1 - rank} ({other}) mapped "
+                                    f"through CUDA IPC (imports: {[i['exporter_pid'] for i in imports]}); did NCCL "
+                                    "use its P2P transport between the GPUs? (NCCL_DEBUG=INFO names the transport)")
+            elif not mappings:
                 problems.append(f"rank {rank}'s image holds no NCCL buffers (no program-made VMM memory)")
             if subprocess.run([args.cuda_ckpt, "verify", image], capture_output=True).returncode != 0:
                 problems.append(f"rank {rank}'s image does not verify")
             shutil.rmtree(image, ignore_errors=True)
-        s = subprocess.run([args.cuda_ckpt, "suspend", str(pids[0]), "-o", os.path.join(work, "suspend"), "--json"],
+        suspend_image = os.path.join(work, "suspend")
+        s = subprocess.run([args.cuda_ckpt, "suspend", str(pids[0]), "-o", suspend_image, "--json"],
                            capture_output=True, text=True, env=env)
-        if s.returncode != 0:
-            problems.append(f"suspend of rank 0 failed: {s.stderr.strip()}")
+        if args.legacy_ipc:
+            if (problem := refusal_problem(s, suspend_image, pids[1])):
+                problems.append(problem)
+            if s.returncode == 0:  # refused by design; if it was not, the job still needs its rank back
+                subprocess.run([args.cuda_ckpt, "resume", str(pids[0])], capture_output=True, env=env)
+        elif s.returncode != 0:
+            problems.append(f"suspend of rank 0 failed: {gpu_checks.failure(s)}")
         else:
             figures["rank0_freed_mib"] = json.loads(s.stdout)["freed_bytes"] / 2**20
             time.sleep(2)
             r = subprocess.run([args.cuda_ckpt, "resume", str(pids[0])], capture_output=True, text=True, env=env)
             if r.returncode != 0:
-                problems.append(f"resume of rank 0 failed: {r.stderr.strip()}")
+                problems.append(f"resume of rank 0 failed: {gpu_checks.failure(r)}")
         rest, _ = job.communicate(timeout=300)
         lines += rest.splitlines()
         if job.returncode != 0:
@@ -90,8 +135,12 @@ def main():
     if steps[0] != steps[1] or steps[0] == 0:
         problems.append(f"the ranks ran {steps[0]} and {steps[1]} steps")
     print("figures: " + ", ".join(f"{k}={v:.1f}" for k, v in figures.items()))
-    return gpu_checks.verdict(problems, f"both ranks dumped with NCCL's buffers; rank 0 suspended and resumed "
-                                        f"mid-job; {steps[0]} steps on each rank, every result exact")
+    if args.legacy_ipc:
+        passed = ("both ranks dumped, each recording the other's memory it maps through CUDA IPC; the suspend of "
+                  "rank 0 refused, naming rank 1")
+    else:
+        passed = "both ranks dumped with NCCL's buffers; rank 0 suspended and resumed mid-job"
+    return gpu_checks.verdict(problems, f"{passed}; {steps[0]} steps on each rank, every result exact")
 
 
 if __name__ == "__main__":

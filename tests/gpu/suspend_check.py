@@ -7,6 +7,9 @@ Runs the program once uninterrupted under the shim, then again with a suspend af
 resume a moment later. Checks: suspend and resume succeed; the GPU memory in use drops while
 suspended (nvidia-smi); the program makes no progress while suspended; the loss sequence is bitwise
 the uninterrupted one. Prints the figures and PASS/FAIL; exits 77 without a GPU or PyTorch.
+
+With --gpus N the program uses GPUs 0 to N-1 (torch_two_gpu_steps.py: a model split over two): the memory in
+use is that of those GPUs together, and the check skips with the reason where fewer exist.
 """
 import json
 import os
@@ -17,10 +20,12 @@ import time
 import gpu_checks
 
 
-def gpu_used_mib():
+def gpu_used_mib(gpus):
+    """MiB in use on GPUs 0 to gpus-1 together (nvidia-smi lists them in that order), or -1."""
     out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
                          capture_output=True, text=True)
-    return int(out.stdout.split()[0]) if out.returncode == 0 and out.stdout.strip() else -1
+    used = out.stdout.split() if out.returncode == 0 else []
+    return sum(int(u) for u in used[:gpus]) if len(used) >= gpus else -1
 
 
 def losses(lines):
@@ -31,10 +36,15 @@ def main():
     ap = gpu_checks.argument_parser(__doc__)
     ap.add_argument("--expect-vmm", action="store_true",
                     help="the program maps VMM memory itself (PyTorch's expandable segments): the image must hold some")
+    ap.add_argument("--gpus", type=int, default=1,
+                    help="the program uses GPUs 0 to N-1: their memory is counted together; skipped where fewer exist")
     args = ap.parse_args()
     cmd = gpu_checks.command(args)
     if (reason := gpu_checks.skip_reason(args, torch=True)):
         return gpu_checks.skipped(reason)
+    if args.gpus > 1 and (found := gpu_checks.gpu_count()) < args.gpus:
+        return gpu_checks.skipped(f"this check needs {args.gpus} GPUs (the nvidia-h200-x2 machine), "
+                                  f"nvidia-smi lists {found}")
     env = dict(os.environ, NCCL_NVLS_ENABLE="0", PYTHONUNBUFFERED="1")
     base = subprocess.run([args.cuda_ckpt, "run", "--"] + cmd, capture_output=True, text=True, env=env)
     if base.returncode != 0:
@@ -50,12 +60,12 @@ def main():
         lines.append(line.strip())
         if line.startswith("result loss_10 "):
             break
-    before = gpu_used_mib()
+    before = gpu_used_mib(args.gpus)
     t0 = time.time()
     s = subprocess.run([args.cuda_ckpt, "suspend", str(prog.pid), "--json"], capture_output=True, text=True, env=env)
     figures["suspend_s"] = time.time() - t0
     if s.returncode != 0:
-        problems.append(f"suspend failed: {s.stderr.strip()}")
+        problems.append(f"suspend failed: {gpu_checks.failure(s)}")
     else:
         r = json.loads(s.stdout)
         figures["freed_mib"] = r["freed_bytes"] / 2**20
@@ -73,7 +83,7 @@ def main():
             problems.append(f"suspend freed {r['freed_bytes']} bytes of the {reserved} PyTorch had reserved")
         figures["image_mib"] = r["bytes"] / 2**20
         time.sleep(1.0)
-        during = gpu_used_mib()
+        during = gpu_used_mib(args.gpus)
         figures["gpu_used_mib_before"] = before
         figures["gpu_used_mib_suspended"] = during
         if during >= 0 and before >= 0 and before - during < r["freed_bytes"] / 2**20 * 0.9:
@@ -83,7 +93,7 @@ def main():
                              env=env)
         figures["resume_s"] = time.time() - t1
         if res.returncode != 0:
-            problems.append(f"resume failed: {res.stderr.strip()}")
+            problems.append(f"resume failed: {gpu_checks.failure(res)}")
     rest, _ = prog.communicate(timeout=300)
     lines += rest.splitlines()
     if prog.returncode != 0:
