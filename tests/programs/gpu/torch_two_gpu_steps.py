@@ -37,7 +37,8 @@ def print_ptr(tensor, what):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--sleep", type=float, default=0.05)
+    # Long enough that a suspend asked for at step 10 lands before the end, from a cold cuda-ckpt too.
+    ap.add_argument("--sleep", type=float, default=0.15)
     ap.add_argument("--devices", default="0,1", help="the GPUs of stage 0 and stage 1")
     args = ap.parse_args()
     indices = [int(i) for i in args.devices.split(",")]
