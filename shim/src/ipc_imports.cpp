@@ -36,7 +36,9 @@ struct import_record {
 };
 
 struct import_table {
-  std::mutex mutex;  // held across an open: opens are rare, and a second open of one handle must wait for the first
+  // Held for lookups and mapping, never while the exporter is asked (which may wait for its dump to end): a
+  // dump of this process lists its imports meanwhile.
+  std::mutex mutex;
   std::map<std::uint64_t, import_record> by_pointer;  // keyed by the pointer cuIpcOpenMemHandle returned
   range_allocator window{default_ipc_import_base, default_ipc_import_size};
 };
@@ -160,14 +162,23 @@ bool open_import(const unsigned char (&bytes)[ipc_handle_size], unsigned int fla
     return true;
   }
   import_table& t = table();
-  std::lock_guard lock(t.mutex);
-  for (auto& [pointer, r] : t.by_pointer)
-    if (r.handle == h) {
-      ++r.refs;
-      *out = pointer;
+  // A handle opened already: one more reference to the same pointer.
+  const auto opened_already = [&] {
+    for (auto& [pointer, r] : t.by_pointer)
+      if (r.handle == h) {
+        ++r.refs;
+        *out = pointer;
+        return true;
+      }
+    return false;
+  };
+  {
+    std::lock_guard lock(t.mutex);
+    if (opened_already()) {
       result = CUDA_SUCCESS;
       return true;
     }
+  }
   if (!suspend_claim::alive(h.exporter_pid, h.exporter_start)) {
     result = CUDA_ERROR_INVALID_HANDLE;
     return true;
@@ -195,10 +206,19 @@ bool open_import(const unsigned char (&bytes)[ipc_handle_size], unsigned int fla
     result = CUDA_ERROR_INVALID_VALUE;
     return true;
   }
+  std::unique_lock lock(t.mutex);
+  if (opened_already()) {  // by another thread while the exporter answered this one: its open is undone
+    lock.unlock();
+    close_all(fds);
+    tell_exporter_closed(h);
+    result = CUDA_SUCCESS;
+    return true;
+  }
   import_record r;
   r.handle = h;
   result = map_import(*d, t, std::get<control::ipc_open_reply>(reply), fds, device, r);
   if (result != CUDA_SUCCESS) {
+    lock.unlock();
     tell_exporter_closed(h);
     return true;
   }

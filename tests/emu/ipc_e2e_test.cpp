@@ -57,6 +57,8 @@ TEST_CASE("ipc: pool memory shared between two processes, with the driver's answ
   CHECK(says(*importer, "close_2: 0"));
   CHECK(says(*importer, "close_3: 1"));
   CHECK(says(*importer, "close_not_imported: 1"));
+  CHECK(says(*importer, "four threads, one pointer: 1"));
+  CHECK(says(*importer, "four closes: 4, a fifth: 1"));
 
   SECTION("both map the same bytes: the importer's write is the exporter's") {
     ::kill(exporter->pid(), SIGUSR1);

@@ -18,6 +18,8 @@
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "support/cuda_check.hpp"
 
@@ -138,6 +140,26 @@ int importer(const std::string& dir) {
   say("close_1", cuIpcCloseMemHandle(p1));
   say("close_2", cuIpcCloseMemHandle(p2));
   say("close_3", cuIpcCloseMemHandle(p2));
+  // Opened by four threads at once: one mapping, four references, each closed.
+  {
+    CUcontext ctx = nullptr;
+    VMMCKPT_CHECK(cuCtxGetCurrent(&ctx));
+    CUdeviceptr got[4] = {};
+    CUresult opened[4] = {};
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 4; ++i)
+      threads.emplace_back([&, i] {
+        cuCtxSetCurrent(ctx);
+        opened[i] = cuIpcOpenMemHandle(&got[i], h.a, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+      });
+    for (auto& t : threads) t.join();
+    bool same = true;
+    for (int i = 0; i < 4; ++i) same = same && opened[i] == CUDA_SUCCESS && got[i] == got[0];
+    std::printf("four threads, one pointer: %d\n", same);
+    int closed = 0;
+    for (int i = 0; i < 4; ++i) closed += cuIpcCloseMemHandle(got[0]) == CUDA_SUCCESS;
+    std::printf("four closes: %d, a fifth: %d\n", closed, static_cast<int>(cuIpcCloseMemHandle(got[0])));
+  }
   CUdeviceptr own = 0;
   VMMCKPT_CHECK(cuMemAlloc(&own, 4096));
   say("close_not_imported", cuIpcCloseMemHandle(own));
