@@ -31,10 +31,6 @@ std::string read_small_file(const std::string& path) {
   return text;
 }
 
-void close_all(std::vector<int>& fds) {
-  for (int f : fds) ::close(f);
-  fds.clear();
-}
 
 // The allocation table's bytes: a memfd of the process (sealed: it cannot change or shrink under the
 // mapping), mapped read-only (at most 4 GiB: 170 million allocations). Unmapped by the destructor.
@@ -220,7 +216,7 @@ std::string control_client::receive(std::vector<int>* fds, int timeout_ms) {
   if (fds != nullptr)
     fds->insert(fds->end(), received.begin(), received.end());
   else
-    close_all(received);  // none expected
+    protocol::close_all(received);  // none expected
   return payload;
 }
 
@@ -241,19 +237,19 @@ Reply control_client::call(const control::request& r, std::vector<int>* fds, con
     if (progress)
       while (const auto frame = control::decode_progress_frame(payload)) {
         progress(*frame);
-        close_all(mine);
+        protocol::close_all(mine);
         payload = receive(&mine, remaining_ms());
       }
     auto decoded = control::decode_reply<Reply>(payload);
     if (auto* refused = std::get_if<control::failure_reply>(&decoded)) {
-      close_all(mine);
+      protocol::close_all(mine);
       throw control_error("process " + std::to_string(pid_) + ": " + refused->error, refused->code);
     }
     if (fds != nullptr) *fds = std::move(mine);
-    else close_all(mine);
+    else protocol::close_all(mine);
     return std::get<Reply>(std::move(decoded));
   } catch (const control::decode_error& e) {
-    close_all(mine);
+    protocol::close_all(mine);
     throw control_error("process " + std::to_string(pid_) + " sent a malformed reply: " + e.what(),
                         protocol::failure_kind::bad_frame);
   }
@@ -269,7 +265,7 @@ control::dump_begin_reply control_client::dump_begin(int hold_ms, received_fds& 
     std::vector<int>& fds;
     bool done = false;
     ~close_on_failure() {
-      if (!done) close_all(fds);
+      if (!done) protocol::close_all(fds);
     }
   } guard{got};
   // The reply comes once the program is quiet, which takes at most the hold's deadline: the tool

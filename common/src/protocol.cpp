@@ -579,6 +579,11 @@ bool send_frame(int fd, const std::string& payload, const std::vector<int>& fds,
   return true;
 }
 
+void close_all(std::vector<int>& fds) noexcept {
+  for (int f : fds) ::close(f);
+  fds.clear();
+}
+
 bool recv_frame(int fd, std::string& payload, std::vector<int>& fds, int timeout_ms, failure& error) noexcept {
   received_fds rx;
   payload.clear();

@@ -54,10 +54,6 @@ struct activity_scope {
   activity_scope& operator=(const activity_scope&) = delete;
 };
 
-void close_all(std::vector<int>& fds) {
-  for (int f : fds) ::close(f);
-  fds.clear();
-}
 
 bool send(int fd, const std::string& payload, const std::vector<int>& fds = {}) {
   protocol::failure error;
@@ -124,7 +120,7 @@ void serve_hold(int fd, const control::dump_begin_request& request) {
   auto held = hold(deadline, fds);
   if (auto* reply = std::get_if<control::dump_begin_reply>(&held)) reply->hold_ms = request.deadline_ms;
   if (auto* refused = std::get_if<control::failure_reply>(&held)) {
-    close_all(fds);
+    protocol::close_all(fds);
     send(fd, control::encode(*refused));
     return;
   }
@@ -137,7 +133,7 @@ void serve_hold(int fd, const control::dump_begin_request& request) {
     }
   } guard;
   const bool sent = send_held(fd, std::get<control::dump_begin_reply>(held), fds);
-  close_all(fds);  // the client has its own copies now
+  protocol::close_all(fds);  // the client has its own copies now
   fault_point("program:held");
   if (!sent) {
     guard.settled = true;
@@ -152,7 +148,7 @@ void serve_hold(int fd, const control::dump_begin_request& request) {
   const int left_ms = static_cast<int>(
       std::max<long>(0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now()).count()));
   const bool received = protocol::recv_frame(fd, payload, ignored, left_ms, error);
-  close_all(ignored);
+  protocol::close_all(ignored);
   if (!received) {
     guard.settled = true;
     release(error.kind == protocol::failure_kind::timed_out ? "deadline passed" : "client went away");
@@ -220,7 +216,7 @@ void serve_ipc_open(int fd, const control::ipc_open_request& request) {
   std::vector<int> fds;
   const auto outcome = open_export(request, importer, fds);
   std::visit([&](const auto& reply) { send(fd, control::encode(reply), fds); }, outcome);
-  close_all(fds);
+  protocol::close_all(fds);
 }
 
 // Answers one request; false when the connection is to be closed.
@@ -267,11 +263,11 @@ void serve_client(int fd) {
     std::vector<int> fds;
     protocol::failure error;
     if (!protocol::recv_frame(fd, payload, fds, idle_timeout_ms, error)) {
-      close_all(fds);
+      protocol::close_all(fds);
       if (error.kind != protocol::failure_kind::connection_closed) log::debug("control: {}", error.text);
       return;
     }
-    close_all(fds);  // clients send none
+    protocol::close_all(fds);  // clients send none
     const auto decoded = control::decode_request(payload);
     if (const auto* refused = std::get_if<control::failure_reply>(&decoded)) {
       if (!send(fd, control::encode(*refused))) return;

@@ -121,8 +121,7 @@ std::variant<control::ipc_open_reply, control::failure_reply> open_export(const 
     int fd = -1;
     const CUresult e = d->cuMemExportToShareableHandle(&fd, s.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
     if (e != CUDA_SUCCESS) {
-      for (int f : fds) ::close(f);
-      fds.clear();
+      protocol::close_all(fds);
       return refuse("exporting the physical memory at " + hex(s.addr) + " failed: CUDA error " +
                     std::to_string(static_cast<int>(e)));
     }
@@ -132,8 +131,7 @@ std::variant<control::ipc_open_reply, control::failure_reply> open_export(const 
   }
   if (reply.pieces.empty() || first > base || covered < base + size ||
       reply.pieces.size() > static_cast<std::size_t>(protocol::max_fds_per_message)) {
-    for (int f : fds) ::close(f);
-    fds.clear();
+    protocol::close_all(fds);
     return refuse("the allocation at " + hex(base) + " is not backed by physical memory in one frame's pieces");
   }
   reply.base_offset = base - first;

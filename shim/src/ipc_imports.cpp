@@ -75,16 +75,11 @@ std::optional<std::string> ask_exporter(const ipc_handle& h, const control::requ
   return payload;
 }
 
-void close_all(std::vector<int>& fds) {
-  for (int f : fds) ::close(f);
-  fds.clear();
-}
-
 void tell_exporter_closed(const ipc_handle& h) {
   std::vector<int> fds;
   bool gone = false;
   ask_exporter(h, control::ipc_close_request{h.base, h.generation}, close_timeout_ms, fds, gone);
-  close_all(fds);
+  protocol::close_all(fds);
 }
 
 void unmap(const driver_api& d, import_table& t, const import_record& r) {
@@ -124,7 +119,7 @@ CUresult map_import(const driver_api& d, import_table& t, const control::ipc_ope
     const CUmemAccessDesc access = cuda_backend::read_write_from(device);
     e = d.cuMemSetAccess(window, size, &access, 1);
   }
-  close_all(fds);
+  protocol::close_all(fds);
   if (e != CUDA_SUCCESS) {
     log::warn("ipc: mapping {} imported bytes failed: CUDA error {}", size, static_cast<int>(e));
     unmap(d, t, r);
@@ -187,7 +182,7 @@ bool open_import(const unsigned char (&bytes)[ipc_handle_size], unsigned int fla
   bool gone = false;
   const auto payload = ask_exporter(h, control::ipc_open_request{h.base, h.generation}, open_timeout_ms, fds, gone);
   if (!payload) {
-    close_all(fds);
+    protocol::close_all(fds);
     result = gone ? CUDA_ERROR_INVALID_HANDLE : CUDA_ERROR_MAP_FAILED;
     return true;
   }
@@ -195,13 +190,13 @@ bool open_import(const unsigned char (&bytes)[ipc_handle_size], unsigned int fla
   try {
     reply = control::decode_reply<control::ipc_open_reply>(*payload);
   } catch (const std::exception& e) {
-    close_all(fds);
+    protocol::close_all(fds);
     log::warn("ipc: process {} answered what is not an ipc_open reply: {}", h.exporter_pid, e.what());
     result = CUDA_ERROR_MAP_FAILED;
     return true;
   }
   if (const auto* refused = std::get_if<control::failure_reply>(&reply)) {
-    close_all(fds);
+    protocol::close_all(fds);
     log::info("ipc: process {} refused the handle: {}", h.exporter_pid, refused->error);
     result = CUDA_ERROR_INVALID_VALUE;
     return true;
@@ -209,7 +204,7 @@ bool open_import(const unsigned char (&bytes)[ipc_handle_size], unsigned int fla
   std::unique_lock lock(t.mutex);
   if (opened_already()) {  // by another thread while the exporter answered this one: its open is undone
     lock.unlock();
-    close_all(fds);
+    protocol::close_all(fds);
     tell_exporter_closed(h);
     result = CUDA_SUCCESS;
     return true;

@@ -117,21 +117,21 @@ def main():
     # 2. The driver's copies on unified addresses, GPU 0 to GPU 1 and back, from GPU 0's context.
     torch.cuda.set_device(0)
     torch.cuda.synchronize(0)
+    def copied(name, fn, src, device, label):
+        """A copy of src into a new tensor on `device` by the driver's `fn`; None (a problem noted) on failure."""
+        dst = torch.zeros(WORDS, device=f"cuda:{device}", dtype=torch.int64)
+        torch.cuda.synchronize(device)
+        r = fn(ctypes.c_uint64(dst.data_ptr()), ctypes.c_uint64(src.data_ptr()), ctypes.c_size_t(WORDS * 8))
+        if r != 0:
+            problems.append(f"{name} {label} returned {r}")
+            return None
+        check(f"{name} {label}", dst, source)
+        return dst
+
     for name, fn in (("cuMemcpy", cuda.cuMemcpy), ("cuMemcpyDtoD", cuda.cuMemcpyDtoD_v2)):
-        to1 = torch.zeros(WORDS, device="cuda:1", dtype=torch.int64)
-        torch.cuda.synchronize(1)
-        r = fn(ctypes.c_uint64(to1.data_ptr()), ctypes.c_uint64(source.data_ptr()), ctypes.c_size_t(WORDS * 8))
-        if r != 0:
-            problems.append(f"{name} GPU 0 -> GPU 1 returned {r}")
-            continue
-        check(f"{name} GPU 0 -> GPU 1", to1, source)
-        back = torch.zeros(WORDS, device="cuda:0", dtype=torch.int64)
-        torch.cuda.synchronize(0)
-        r = fn(ctypes.c_uint64(back.data_ptr()), ctypes.c_uint64(to1.data_ptr()), ctypes.c_size_t(WORDS * 8))
-        if r != 0:
-            problems.append(f"{name} GPU 1 -> GPU 0 returned {r}")
-            continue
-        check(f"{name} GPU 1 -> GPU 0", back, source)
+        to1 = copied(name, fn, source, 1, "GPU 0 -> GPU 1")
+        if to1 is not None:
+            copied(name, fn, to1, 0, "GPU 1 -> GPU 0")
 
     # 3. PyTorch's own copies between the devices (the issue's reproducer).
     x = torch.arange(WORDS, device="cuda:0")

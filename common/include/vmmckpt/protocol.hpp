@@ -90,6 +90,8 @@ bool peer_credentials(int fd, uid_t& peer_uid, pid_t& peer_pid) noexcept;
 // received descriptors (close-on-exec, the caller owns them) and on failure
 // leaves no descriptor open and `fds` empty.
 bool send_frame(int fd, const std::string& payload, const std::vector<int>& fds, failure& error) noexcept;
+// Closes every descriptor of a frame's and empties the list.
+void close_all(std::vector<int>& fds) noexcept;
 bool recv_frame(int fd, std::string& payload, std::vector<int>& fds, int timeout_ms, failure& error) noexcept;
 // send_frame with a deadline over the whole frame: a peer that stops reading
 // cannot hold the sender forever.
