@@ -28,7 +28,10 @@ using detail::fail;
 
 // Large enough that a write() costs little next to the copy, small enough to stay cache-friendly.
 constexpr std::size_t buffer_capacity = 8u << 20;
-// Hashed and written together: small enough to stay in a core's cache between the two.
+// Hashed and written together: small enough to stay in a core's cache between the two. Pieces of at
+// least this size are written straight from the caller's memory: gathering them first would move
+// every byte through memory once more (a dump whose block checksums come from the GPU writes its
+// blocks one by one, each of this size).
 constexpr std::size_t hash_piece = 1u << 20;
 
 // Writes every byte of iov[0..n) or throws naming `file`; handles short writes and EINTR.
@@ -120,10 +123,10 @@ struct data_file {
   }
 
   // Stores bytes of the current extent, hashing them unless `hashed` (their block checksums are
-  // known): big pieces straight from the caller's memory, small ones gathered so that each write()
-  // moves a useful amount.
+  // known): pieces of a hash_piece or more straight from the caller's memory, smaller ones gathered
+  // so that each write() moves a useful amount.
   void append(const unsigned char* p, std::size_t size, bool hashed = false) {
-    if (size >= buffer_capacity) {
+    if (size >= hash_piece) {
       flush();
       // Each piece is written while the hash has just brought it into the cache: memory is
       // read once instead of twice.
