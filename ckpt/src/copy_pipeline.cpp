@@ -477,75 +477,63 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
     used_snapshot = true;
     release_now();
   };
-  if (snapshot.ptr != 0) {
-    CUdeviceptr at = snapshot.ptr;
-    for (std::size_t c = first_in_snapshot; c < chunks.size(); ++c) {
-      snapshot_at[c] = at;
-      for (const span& sp : chunks[c].spans)
-        VMMCKPT_CUDA_TRY(d.cuMemcpyDtoDAsync_v2(at + sp.offset, sp.addr, sp.size, st.streams[0]));
-      at += chunks[c].bytes;
-      for (const span& sp : chunks[c].spans) snapshot_bytes += sp.stored;
-    }
-    if (st.snapshot_copied != nullptr) VMMCKPT_CUDA_TRY(d.cuEventRecord(st.snapshot_copied, st.streams[0]));
-  }
-  // The block checksums on the GPU: those in the snapshot are hashed there once their copy is done,
-  // without holding up the release. With a parent, the chunks copied straight out of the program's memory
-  // are hashed there too, in place while it is held, before their copy: unchanged blocks are never copied,
-  // and the hold shrinks. Without one their writers hash them as they write, as before: measured on an
-  // H100, writers that only write spend longer together in the file system while the program waits for
-  // them to free staging, so the hold would grow. A span of several pieces (small allocations joined with
-  // their gaps) is hashed by its writer, as is everything without a usable kernel.
-  if (gpu_sums_ && gpu_sums_->available()) {
-    auto launch = [&](std::size_t from, std::size_t to) {
-      std::vector<device_span> spans;
-      std::uint64_t blocks = 0;
-      std::vector<std::pair<std::size_t, std::size_t>> hashed;  // chunk, span
-      for (std::size_t c = from; c < to; ++c)
-        for (std::size_t k = 0; k < chunks[c].spans.size(); ++k) {
-          const span& sp = chunks[c].spans[k];
-          if (sp.piece_count != 1) continue;
-          sums_at[c][k].second = blocks;
-          hashed.emplace_back(c, k);
-          spans.push_back({snapshot_at[c] != 0 ? snapshot_at[c] + sp.offset : sp.addr, sp.stored});
-          blocks += image::block_count(sp.stored, image::write_block_size);
-        }
-      auto batch = gpu_sums_->launch(spans, st.checksum_stream);
-      for (const auto& [c, k] : hashed) sums_at[c][k].first = batch.get();
-      return batch;
-    };
-    if (parent_) direct_sums = launch(0, first_in_snapshot);
-    if (first_in_snapshot < chunks.size()) {
-      VMMCKPT_CUDA_TRY(d.cuStreamWaitEvent(st.checksum_stream, st.snapshot_copied, 0));
-      snapshot_sums = launch(first_in_snapshot, chunks.size());
-    }
+  // Where each chunk that fits the snapshot will lie in it (the same layout as in a staging buffer).
+  for (std::size_t c = first_in_snapshot, at = 0; c < chunks.size(); at += chunks[c++].bytes)
+    snapshot_at[c] = snapshot.ptr + at;
+  // The block checksums on the GPU (a span of several pieces, small allocations joined with their gaps, is
+  // hashed by its writer, as is everything without a usable kernel):
+  // - the chunks copied straight out of the program's memory are hashed in place while it is held, before
+  //   their copy, and so are all chunks with a parent: a block the parent holds unchanged then never
+  //   leaves the program's memory, and the hold shrinks to the changed blocks;
+  // - without a parent, the snapshot's chunks are hashed there once their copy is done, after the release.
+  const std::size_t hashed_in_place = parent_ ? chunks.size() : first_in_snapshot;
+  const bool gpu_hashing = gpu_sums_ && gpu_sums_->available();
+  auto launch = [&](std::size_t from, std::size_t to, bool in_place) {
+    std::vector<device_span> spans;
+    std::uint64_t blocks = 0;
+    std::vector<std::pair<std::size_t, std::size_t>> hashed;  // chunk, span
+    for (std::size_t c = from; c < to; ++c)
+      for (std::size_t k = 0; k < chunks[c].spans.size(); ++k) {
+        const span& sp = chunks[c].spans[k];
+        if (sp.piece_count != 1) continue;
+        sums_at[c][k].second = blocks;
+        hashed.emplace_back(c, k);
+        spans.push_back({in_place ? sp.addr : snapshot_at[c] + sp.offset, sp.stored});
+        blocks += image::block_count(sp.stored, image::write_block_size);
+      }
+    auto batch = gpu_sums_->launch(spans, st.checksum_stream);
+    for (const auto& [c, k] : hashed) sums_at[c][k].first = batch.get();
+    return batch;
+  };
+  if (gpu_hashing) {
+    if (hashed_in_place > 0) direct_sums = launch(0, hashed_in_place, true);
     result.checksums = "gpu";
   } else {
     result.checksums_why = gpu_sums_ ? gpu_sums_->why() : "not asked for (--cpu-checksums)";
   }
-  if (snapshot.ptr != 0 && first_in_snapshot == 0) release_when_copied();
-  // With a parent, what of chunk c leaves the GPU: with checksums known before the copy (computed on the
-  // GPU), a block the parent holds unchanged stays there; runs of changed blocks are one copy each. Returns
-  // the bytes left on the GPU.
+  // What of chunk c leaves the program's memory, as runs of one copy each (offset: in the chunk's buffer,
+  // and in the snapshot). Without a parent, or without checksums known before the copy, every span whole;
+  // with both, only the runs of blocks whose checksum differs from the parent's, and a block the parent
+  // holds unchanged stays on the GPU. Worked out once per chunk.
   struct copy_run {
-    CUdeviceptr from;
-    std::uint64_t offset, bytes;  // in the chunk's buffer
+    CUdeviceptr addr;  // in the program's memory
+    std::uint64_t offset, bytes;
   };
-  auto changed_runs = [&](std::size_t c, std::vector<copy_run>& runs) {
-    std::uint64_t left = 0;
-    runs.clear();
+  std::vector<std::vector<copy_run>> runs_of(chunks.size());
+  auto plan_copy = [&](std::size_t c) -> const std::vector<copy_run>& {
+    std::vector<copy_run>& runs = runs_of[c];
     for (std::size_t k = 0; k < chunks[c].spans.size(); ++k) {
       const span& sp = chunks[c].spans[k];
-      const CUdeviceptr from_device = snapshot_at[c] != 0 ? snapshot_at[c] + sp.offset : sp.addr;
-      const std::uint64_t* sums = sums_of(c, k);
+      const std::uint64_t* sums = parent_ ? sums_of(c, k) : nullptr;
       const image::extent* old = sums ? parent_->same_extent(sp.addr, sp.size, sp.stored) : nullptr;
       if (old == nullptr) {
-        runs.push_back({from_device, sp.offset, sp.size});
+        runs.push_back({sp.addr, sp.offset, sp.size});
         continue;
       }
       const std::uint64_t blocks = image::block_count(sp.stored, image::write_block_size);
       for (std::uint64_t i = 0; i < blocks;) {
         if (sums[i] == old->blocks[i].checksum) {
-          left += std::min(image::write_block_size, sp.stored - i * image::write_block_size);
+          result.uncopied_bytes += std::min(image::write_block_size, sp.stored - i * image::write_block_size);
           ++i;
           continue;
         }
@@ -553,19 +541,31 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
         while (j < blocks && sums[j] != old->blocks[j].checksum) ++j;
         const std::uint64_t from = i * image::write_block_size;
         const std::uint64_t to = std::min(j * image::write_block_size, sp.stored);
-        runs.push_back({from_device + from, sp.offset + from, to - from});
+        runs.push_back({sp.addr + from, sp.offset + from, to - from});
         i = j;
       }
     }
-    return left;
+    return runs;
   };
-  std::vector<copy_run> runs;
+  if (snapshot.ptr != 0) {
+    for (std::size_t c = first_in_snapshot; c < chunks.size(); ++c) {
+      for (const copy_run& r : plan_copy(c))
+        VMMCKPT_CUDA_TRY(d.cuMemcpyDtoDAsync_v2(snapshot_at[c] + r.offset, r.addr, r.bytes, st.streams[0]));
+      for (const span& sp : chunks[c].spans) snapshot_bytes += sp.stored;
+    }
+    if (gpu_hashing && hashed_in_place < chunks.size()) {
+      VMMCKPT_CUDA_TRY(d.cuEventRecord(st.snapshot_copied, st.streams[0]));
+      VMMCKPT_CUDA_TRY(d.cuStreamWaitEvent(st.checksum_stream, st.snapshot_copied, 0));
+      snapshot_sums = launch(hashed_in_place, chunks.size(), false);
+    }
+  }
+  if (snapshot.ptr != 0 && first_in_snapshot == 0) release_when_copied();
   std::uint64_t issued_bytes = 0;  // of the chunks copied straight out of the program's memory
   for (std::size_t c = 0; c < chunks.size(); ++c) {
     if (c == first_in_snapshot && c > 0) release_when_copied();
     check_interrupted();
-    if (parent_) result.uncopied_bytes += changed_runs(c, runs);
-    if (parent_ && runs.empty()) {
+    const std::vector<copy_run>& runs = c < first_in_snapshot ? plan_copy(c) : runs_of[c];
+    if (runs.empty()) {
       // Every block unchanged: no staging buffer, no copy; its writer only records the blocks as the parent's.
       {
         std::lock_guard lock(mutex);
@@ -587,13 +587,12 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
       chunk_buffer[c] = b;
     }
     CUstream s = st.streams[c % st.streams.size()];
-    if (parent_) {
-      for (const copy_run& r : runs) VMMCKPT_CUDA_TRY(d.cuMemcpyDtoHAsync_v2(st.buffers[b] + r.offset, r.from, r.bytes, s));
-    } else if (snapshot_at[c] != 0) {
+    if (snapshot_at[c] != 0 && !parent_) {  // the chunk whole, its gaps too: one copy
       VMMCKPT_CUDA_TRY(d.cuMemcpyDtoHAsync_v2(st.buffers[b], snapshot_at[c], chunks[c].bytes, s));
     } else {
-      for (const span& sp : chunks[c].spans)
-        VMMCKPT_CUDA_TRY(d.cuMemcpyDtoHAsync_v2(st.buffers[b] + sp.offset, sp.addr, sp.size, s));
+      for (const copy_run& r : runs)
+        VMMCKPT_CUDA_TRY(d.cuMemcpyDtoHAsync_v2(st.buffers[b] + r.offset,
+                                                snapshot_at[c] != 0 ? snapshot_at[c] + r.offset : r.addr, r.bytes, s));
     }
     VMMCKPT_CUDA_TRY(d.cuEventRecord(st.events[b], s));
     {
