@@ -299,11 +299,6 @@ void copy_pipeline::prepare(const std::filesystem::path& output, CUcontext conte
     VMMCKPT_CUDA_TRY(d.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
     staging_->streams.push_back(s);
   }
-  // With room on the GPU for a second copy of the live bytes, the program is held only while
-  // they are copied there (at device speed, about 2 TB/s), then written out from the copy. With
-  // room for part of them, the last chunks go there and the first straight out of the GPU.
-  snapshot_ = std::make_unique<gpu_snapshot>();
-  if (snapshot_allowed) snapshot_->try_allocate(live_estimate_ + live_estimate_ / 8 + (64ULL << 20), settings_.chunk_bytes);
   // Loading the checksum kernel here keeps its cost (a JIT compile of the PTX, a self-test) out of the hold.
   if (settings_.gpu_checksums) {
     copy_reuse* r = settings_.reuse.get();
@@ -314,6 +309,15 @@ void copy_pipeline::prepare(const std::filesystem::path& output, CUcontext conte
       VMMCKPT_CUDA_TRY(d.cuEventCreate(&staging_->snapshot_copied, CU_EVENT_DISABLE_TIMING));
     }
   }
+  // With room on the GPU for a second copy of the live bytes, the program is held only while
+  // they are copied there (at device speed, about 2 TB/s), then written out from the copy. With
+  // room for part of them, the last chunks go there and the first straight out of the GPU. An
+  // incremental dump whose checksums the GPU computes first learns in the hold how few bytes
+  // changed: its snapshot, if the staging cannot take them all, is made then, of their size.
+  snapshot_ = std::make_unique<gpu_snapshot>();
+  snapshot_later_ = snapshot_allowed && parent_ && gpu_sums_ && gpu_sums_->available();
+  if (snapshot_allowed && !snapshot_later_)
+    snapshot_->try_allocate(live_estimate_ + live_estimate_ / 8 + (64ULL << 20), settings_.chunk_bytes);
 }
 
 void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint64_t, std::uint64_t)>& readable,
@@ -451,7 +455,10 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
   for (std::uint64_t room = snapshot.bytes; first_in_snapshot > 0 && chunks[first_in_snapshot - 1].bytes <= room;)
     room -= chunks[--first_in_snapshot].bytes;
   if (first_in_snapshot == chunks.size()) snapshot.release();
-  std::vector<CUdeviceptr> snapshot_at(chunks.size(), 0);  // where a chunk's bytes are in the snapshot
+  // Where a chunk's bytes are in a snapshot made before the hold: the same layout as in a staging buffer.
+  std::vector<CUdeviceptr> snapshot_at(chunks.size(), 0);
+  for (std::size_t c = first_in_snapshot, at = 0; c < chunks.size(); at += chunks[c++].bytes)
+    snapshot_at[c] = snapshot.ptr + at;
   bool released = false;
   const auto copy_start = clock::now();
   report(copy_progress::stage::copying, 0);  // the program is held from here: the copy's rate counts from now
@@ -477,9 +484,6 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
     used_snapshot = true;
     release_now();
   };
-  // Where each chunk that fits the snapshot will lie in it (the same layout as in a staging buffer).
-  for (std::size_t c = first_in_snapshot, at = 0; c < chunks.size(); at += chunks[c++].bytes)
-    snapshot_at[c] = snapshot.ptr + at;
   // The block checksums on the GPU (a span of several pieces, small allocations joined with their gaps, is
   // hashed by its writer, as is everything without a usable kernel):
   // - the chunks copied straight out of the program's memory are hashed in place while it is held, before
@@ -511,23 +515,30 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
   } else {
     result.checksums_why = gpu_sums_ ? gpu_sums_->why() : "not asked for (--cpu-checksums)";
   }
-  // What of chunk c leaves the program's memory, as runs of one copy each (offset: in the chunk's buffer,
-  // and in the snapshot). Without a parent, or without checksums known before the copy, every span whole;
-  // with both, only the runs of blocks whose checksum differs from the parent's, and a block the parent
-  // holds unchanged stays on the GPU. Worked out once per chunk.
+  // What of chunk c leaves the program's memory, as runs of one copy each (offset: in the chunk's buffer).
+  // Without a parent, or without checksums known before the copy, every span whole; with both, only the
+  // runs of blocks whose checksum differs from the parent's, and a block the parent holds unchanged stays
+  // on the GPU. Worked out once per chunk, before the first copy (waiting, with a parent, for the kernel).
   struct copy_run {
     CUdeviceptr addr;  // in the program's memory
     std::uint64_t offset, bytes;
+    CUdeviceptr in_snapshot = 0;  // where the snapshot holds it, if it does
   };
   std::vector<std::vector<copy_run>> runs_of(chunks.size());
-  auto plan_copy = [&](std::size_t c) -> const std::vector<copy_run>& {
+  std::size_t changed_chunks = 0;
+  std::uint64_t changed_bytes = 0;
+  for (std::size_t c = 0; c < chunks.size(); ++c) {
     std::vector<copy_run>& runs = runs_of[c];
+    auto add = [&](CUdeviceptr addr, std::uint64_t offset, std::uint64_t bytes) {
+      runs.push_back({addr, offset, bytes, snapshot_at[c] != 0 ? snapshot_at[c] + offset : 0});
+      changed_bytes += bytes;
+    };
     for (std::size_t k = 0; k < chunks[c].spans.size(); ++k) {
       const span& sp = chunks[c].spans[k];
       const std::uint64_t* sums = parent_ ? sums_of(c, k) : nullptr;
       const image::extent* old = sums ? parent_->same_extent(sp.addr, sp.size, sp.stored) : nullptr;
       if (old == nullptr) {
-        runs.push_back({sp.addr, sp.offset, sp.size});
+        add(sp.addr, sp.offset, sp.size);
         continue;
       }
       const std::uint64_t blocks = image::block_count(sp.stored, image::write_block_size);
@@ -540,19 +551,38 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
         std::uint64_t j = i + 1;
         while (j < blocks && sums[j] != old->blocks[j].checksum) ++j;
         const std::uint64_t from = i * image::write_block_size;
-        const std::uint64_t to = std::min(j * image::write_block_size, sp.stored);
-        runs.push_back({sp.addr + from, sp.offset + from, to - from});
+        add(sp.addr + from, sp.offset + from, std::min(j * image::write_block_size, sp.stored) - from);
         i = j;
       }
     }
-    return runs;
-  };
+    if (!runs.empty()) ++changed_chunks;
+  }
+  // An incremental dump's snapshot, made now that the changed bytes are known, when they take more staging
+  // buffers (one per chunk with a changed block) than there are: their runs packed one after the other, of
+  // the chunks that fit counted from the end.
+  if (snapshot_later_ && changed_chunks > static_cast<std::size_t>(buffers_)) {
+    snapshot.try_allocate(changed_bytes, settings_.chunk_bytes);
+    auto bytes_of = [&](std::size_t c) {
+      std::uint64_t n = 0;
+      for (const copy_run& r : runs_of[c]) n += r.bytes;
+      return n;
+    };
+    for (std::uint64_t room = snapshot.bytes; first_in_snapshot > 0 && bytes_of(first_in_snapshot - 1) <= room;)
+      room -= bytes_of(--first_in_snapshot);
+    CUdeviceptr at = snapshot.ptr;
+    for (std::size_t c = first_in_snapshot; c < chunks.size(); ++c)
+      for (copy_run& r : runs_of[c]) {
+        r.in_snapshot = at;
+        at += r.bytes;
+      }
+    if (first_in_snapshot == chunks.size()) snapshot.release();
+  }
   if (snapshot.ptr != 0) {
-    for (std::size_t c = first_in_snapshot; c < chunks.size(); ++c) {
-      for (const copy_run& r : plan_copy(c))
-        VMMCKPT_CUDA_TRY(d.cuMemcpyDtoDAsync_v2(snapshot_at[c] + r.offset, r.addr, r.bytes, st.streams[0]));
-      for (const span& sp : chunks[c].spans) snapshot_bytes += sp.stored;
-    }
+    for (std::size_t c = first_in_snapshot; c < chunks.size(); ++c)
+      for (const copy_run& r : runs_of[c]) {
+        VMMCKPT_CUDA_TRY(d.cuMemcpyDtoDAsync_v2(r.in_snapshot, r.addr, r.bytes, st.streams[0]));
+        snapshot_bytes += r.bytes;
+      }
     if (gpu_hashing && hashed_in_place < chunks.size()) {
       VMMCKPT_CUDA_TRY(d.cuEventRecord(st.snapshot_copied, st.streams[0]));
       VMMCKPT_CUDA_TRY(d.cuStreamWaitEvent(st.checksum_stream, st.snapshot_copied, 0));
@@ -564,7 +594,7 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
   for (std::size_t c = 0; c < chunks.size(); ++c) {
     if (c == first_in_snapshot && c > 0) release_when_copied();
     check_interrupted();
-    const std::vector<copy_run>& runs = c < first_in_snapshot ? plan_copy(c) : runs_of[c];
+    const std::vector<copy_run>& runs = runs_of[c];
     if (runs.empty()) {
       // Every block unchanged: no staging buffer, no copy; its writer only records the blocks as the parent's.
       {
@@ -591,8 +621,8 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
       VMMCKPT_CUDA_TRY(d.cuMemcpyDtoHAsync_v2(st.buffers[b], snapshot_at[c], chunks[c].bytes, s));
     } else {
       for (const copy_run& r : runs)
-        VMMCKPT_CUDA_TRY(d.cuMemcpyDtoHAsync_v2(st.buffers[b] + r.offset,
-                                                snapshot_at[c] != 0 ? snapshot_at[c] + r.offset : r.addr, r.bytes, s));
+        VMMCKPT_CUDA_TRY(d.cuMemcpyDtoHAsync_v2(st.buffers[b] + r.offset, r.in_snapshot != 0 ? r.in_snapshot : r.addr,
+                                                r.bytes, s));
     }
     VMMCKPT_CUDA_TRY(d.cuEventRecord(st.events[b], s));
     {

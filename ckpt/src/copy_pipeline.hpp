@@ -60,6 +60,7 @@ class copy_pipeline {
   CUcontext context_ = nullptr;
   std::optional<image::writer> writer_;
   std::unique_ptr<gpu_snapshot> snapshot_;
+  bool snapshot_later_ = false;  // made in the hold, of the changed bytes' size (incremental, GPU checksums)
   std::optional<parent_blocks> parent_;
   std::shared_ptr<gpu_checksums> gpu_sums_;  // loaded unless the CPU is asked to hash
 };

@@ -20,10 +20,12 @@ const std::string program = build_dir + "/tests/programs/emu_incremental";
 constexpr std::uint64_t MiB = 1ULL << 20;
 constexpr std::uint64_t live_bytes = 100 * MiB;  // emu_incremental's 4 x 25 MiB
 
-nlohmann::json dump_json(pid_t pid, const fs::path& out, const fs::path& parent = {}, bool cpu_checksums = false) {
+nlohmann::json dump_json(pid_t pid, const fs::path& out, const fs::path& parent = {}, bool cpu_checksums = false,
+                         const std::vector<std::string>& more = {}) {
   std::vector<std::string> argv{cuda_ckpt, "dump", std::to_string(pid), "-o", out.string(), "--json"};
   if (cpu_checksums) argv.push_back("--cpu-checksums");
   if (!parent.empty()) argv.insert(argv.end(), {"--parent", parent.string()});
+  argv.insert(argv.end(), more.begin(), more.end());
   const auto r = run_process(argv);
   INFO(describe(r));
   REQUIRE(r.exit_code == 0);
@@ -111,6 +113,34 @@ TEST_CASE("incremental: full, 1 % changed, nothing changed; restore from the cha
   const auto cat = run_process({cuda_ckpt, "cat", c.inc2.string(), "0x200000000000", "16", "-o", (c.dir.path / "head").string()});
   INFO(describe(cat));
   CHECK(cat.exit_code == 0);
+}
+
+TEST_CASE("incremental: changed blocks in more chunks than staging buffers; the image holds exactly them",
+          "[emu][incremental]") {
+  scratch_dir dir;
+  background_process p({cuda_ckpt, "run", "--", program, "run", dir.path.string()});
+  REQUIRE(p.wait_for_output("ready\n"));
+  const fs::path full = dir.path / "full", inc = dir.path / "inc";
+  // Chunks of 1 MiB, in the parent too: only an extent of the same range has blocks to compare.
+  const std::vector<std::string> small_staging{"--chunk", "1M", "--staging", "2M"};
+  dump_json(p.pid(), full, {}, false, small_staging);
+  // Three rounds change a byte in three different MiB: three chunks of 1 MiB, and staging for two. With
+  // checksums on the GPU (ctest gpu.incremental) the changed blocks are copied into a snapshot made in
+  // the hold, of their size; on the CPU the bytes go out as for a full dump.
+  for (int round = 1; round <= 3; ++round) {
+    ::kill(p.pid(), SIGUSR1);
+    REQUIRE(p.wait_for_output("changed " + std::to_string(round) + "\n"));
+  }
+  const auto j = dump_json(p.pid(), inc, full, false, small_staging);
+  INFO(j.dump(2));
+  CHECK(j["bytes"] == 3 * MiB);
+  CHECK(j["unchanged_bytes"] == live_bytes - 3 * MiB);
+  if (j["checksums"]["where"] == "gpu") {
+    CHECK(j["checksums"]["not_copied_bytes"] == live_bytes - 3 * MiB);
+    CHECK(j["gpu_snapshot"] == true);
+    CHECK(j["gpu_snapshot_bytes"] == 3 * MiB);
+  }
+  check_restore(inc, dir.path / "live-3");
 }
 
 TEST_CASE("incremental: a missing, changed or broken parent is refused by verify and restore, naming it",
