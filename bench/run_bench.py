@@ -68,18 +68,21 @@ def free_bytes(path):
 
 
 def touch_memory(directory, total):
-    """Allocates `total` bytes of files in the tmpfs `directory` (16 at a time) and removes them. On a virtual
+    """Writes `total` bytes of files into the tmpfs `directory` (16 at a time) and removes them. On a virtual
     machine the first use of each page of its memory costs the host's work as well (measured on the GPU
     machines: a full dump of 32 GiB into pages never used before took twice as long as into pages used and
     freed): a measurement that must not depend on what ran before it starts from used pages."""
     threads = 16
     paths = [os.path.join(directory, f".warm-{k}") for k in range(threads)]
 
+    piece = b"\x5a" * (8 * MIB)  # written, not fallocated: tmpfs leaves fallocated pages untouched until used
+
     def fill(path):
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
-                os.posix_fallocate(fd, 0, max(1, total // threads))
+                for _ in range(max(1, total // threads // len(piece))):
+                    os.write(fd, piece)
             finally:
                 os.close(fd)
         except OSError as e:  # a warm-up that falls short is no error: the part itself checks for room
