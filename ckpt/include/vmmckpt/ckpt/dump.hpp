@@ -42,9 +42,9 @@ struct copy_settings {
   // made by the first are kept for the next, which then starts at once.
   std::shared_ptr<copy_reuse> reuse;
   // Compute the block checksums on the GPU with the kernel built into the tool: in the snapshot after the
-  // release, and with a parent in the held program's memory too, so that only changed blocks leave the
-  // GPU. The writers hash the rest. Without a usable kernel the CPU computes them all, and the result
-  // says why.
+  // release, in the held program's memory for what is copied straight out of it, and with a parent all in
+  // the program's memory, so that only changed blocks leave it. The writers hash only spans of several
+  // small allocations. Without a usable kernel the CPU computes them all, and the result says why.
   bool gpu_checksums = true;
 };
 
