@@ -416,12 +416,14 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
           chunk_total += sp.stored;
         }
         std::uint64_t done;
+        bool wake;  // the copying thread, for a freed buffer; the other writers, to leave after the last chunk
         {
           std::lock_guard lock(mutex);
           if (copied) free_buffers.push_back(b);
           done = written += chunk_total;
+          wake = copied || taken == chunks.size();
         }
-        changed.notify_all();
+        if (wake) changed.notify_all();
         if (writing_shown.load()) report(copy_progress::stage::writing, done);
       }
     } catch (...) {
@@ -597,9 +599,13 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
     const std::vector<copy_run>& runs = runs_of[c];
     if (runs.empty()) {
       // Every block unchanged: no staging buffer, no copy; its writer only records the blocks as the parent's.
+      // No writer reads chunk_buffer[c] before `issued` passes c. The writers learn of such chunks 64 at a
+      // time, or with the next chunk copied, and a writer done with one wakes nobody: waking every writer for
+      // each of a thousand chunks kept them and this thread contending for the lock.
+      chunk_buffer[c] = no_buffer;
+      if ((c + 1) % 64 != 0 && c + 1 != chunks.size()) continue;
       {
         std::lock_guard lock(mutex);
-        chunk_buffer[c] = no_buffer;
         issued = c + 1;
       }
       changed.notify_all();
