@@ -559,6 +559,7 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
     }
     if (!runs.empty()) ++changed_chunks;
   }
+  result.mark("compared");  // what to copy is known: with a parent, once the GPU's checksums are in
   // An incremental dump's snapshot, made now that the changed bytes are known, when they take more staging
   // buffers (one per chunk with a changed block) than there are: their runs packed one after the other, of
   // the chunks that fit counted from the end.
@@ -642,6 +643,7 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
     }
     fault_point("copying");
   }
+  result.mark("issued");  // every copy is queued
   // Every byte is out of the GPU once the copies are done: release the program now, while the
   // last buffers are still being written.
   for (CUstream s : st.streams) VMMCKPT_CUDA_TRY(d.cuStreamSynchronize(s));
