@@ -70,7 +70,7 @@ def free_bytes(path):
 def touch_memory(directory, total):
     """Writes `total` bytes of files into the tmpfs `directory` (16 at a time) and removes them. On a virtual
     machine the first use of each page of its memory costs the host's work as well (measured on the GPU
-    machines: a full dump of 32 GiB into pages never used before took twice as long as into pages used and
+    machines: a full dump of 32 GiB into pages never used before took 2.5 times as long as into pages used and
     freed): a measurement that must not depend on what ran before it starts from used pages."""
     threads = 16
     paths = [os.path.join(directory, f".warm-{k}") for k in range(threads)]

@@ -601,8 +601,8 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
     if (runs.empty()) {
       // Every block unchanged: no staging buffer, no copy; its writer only records the blocks as the parent's.
       // No writer reads chunk_buffer[c] before `issued` passes c. The writers learn of such chunks 64 at a
-      // time, or with the next chunk copied, and a writer done with one wakes nobody: waking every writer for
-      // each of a thousand chunks kept them and this thread contending for the lock.
+      // time, or with the next chunk copied, and a writer done with one wakes nobody: a thousand of them
+      // otherwise wake every writer a thousand times, mostly to find nothing to take.
       chunk_buffer[c] = no_buffer;
       if ((c + 1) % 64 != 0 && c + 1 != chunks.size()) continue;
       {
