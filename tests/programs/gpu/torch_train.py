@@ -18,6 +18,8 @@ except ImportError as exc:  # the lead's GPU machine has it; other machines skip
     print(f"SKIP: PyTorch is not importable: {exc}", file=sys.stderr)
     sys.exit(SKIP)
 
+from torch_reproducible import make_reproducible  # noqa: E402  (beside this file)
+
 if not torch.cuda.is_available():
     print("SKIP: torch.cuda.is_available() is False", file=sys.stderr)
     sys.exit(SKIP)
@@ -51,12 +53,7 @@ def parse_args(argv):
 
 def main():
     steps, device_index, pause_at, gate = parse_args(sys.argv[1:])
-    torch.manual_seed(1234)
-    torch.cuda.manual_seed_all(1234)
-    torch.use_deterministic_algorithms(True)
-    torch.backends.cudnn.benchmark = False
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    make_reproducible()
     device = torch.device("cuda", device_index)
     torch.cuda.set_device(device)
     print(f"info torch {torch.__version__} cuda {torch.version.cuda} "

@@ -27,6 +27,8 @@ except ImportError as exc:
     print(f"SKIP: PyTorch is not importable: {exc}", file=sys.stderr)
     sys.exit(SKIP)
 
+from torch_reproducible import make_reproducible  # noqa: E402  (beside this file)
+
 
 def print_ptr(tensor, what):
     if tensor is None or not tensor.is_cuda or tensor.numel() == 0:
@@ -48,12 +50,7 @@ def main():
         print(f"SKIP: this program needs GPUs {args.devices}, PyTorch sees {torch.cuda.device_count()}",
               file=sys.stderr)
         return SKIP
-    torch.manual_seed(1234)
-    torch.cuda.manual_seed_all(1234)
-    torch.use_deterministic_algorithms(True)
-    torch.backends.cudnn.benchmark = False
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    make_reproducible()
     first, second = (torch.device("cuda", i) for i in indices)
     print(f"info torch {torch.__version__} cuda {torch.version.cuda} devices {args.devices}: "
           f"{torch.cuda.get_device_name(first)} / {torch.cuda.get_device_name(second)}")
