@@ -280,7 +280,8 @@ copy_pipeline::~copy_pipeline() {
   staging_.reset();
 }
 
-void copy_pipeline::prepare(const std::filesystem::path& output, CUcontext context, bool snapshot_allowed) {
+void copy_pipeline::prepare(const std::filesystem::path& output, CUcontext context, bool snapshot_allowed,
+                            image_result& result) {
   context_ = context;
   if (!settings_.parent.empty()) parent_.emplace(settings_.parent);
   // One data file per writer thread, fewer for a small image.
@@ -299,6 +300,7 @@ void copy_pipeline::prepare(const std::filesystem::path& output, CUcontext conte
     VMMCKPT_CUDA_TRY(d.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
     staging_->streams.push_back(s);
   }
+  result.mark("staged");
   // Loading the checksum kernel here keeps its cost (a JIT compile of the PTX, a self-test) out of the hold.
   if (settings_.gpu_checksums) {
     copy_reuse* r = settings_.reuse.get();
@@ -308,6 +310,7 @@ void copy_pipeline::prepare(const std::filesystem::path& output, CUcontext conte
       VMMCKPT_CUDA_TRY(d.cuStreamCreate(&staging_->checksum_stream, CU_STREAM_NON_BLOCKING));
       VMMCKPT_CUDA_TRY(d.cuEventCreate(&staging_->snapshot_copied, CU_EVENT_DISABLE_TIMING));
     }
+    result.mark("kernel");
   }
   // With room on the GPU for a second copy of the live bytes, the program is held only while
   // they are copied there (at device speed, about 2 TB/s), then written out from the copy. With

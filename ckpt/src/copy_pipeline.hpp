@@ -31,7 +31,7 @@ class copy_pipeline {
   // the image's data files under a temporary name (an unusable destination fails here), the parent
   // image of an incremental one (opened and checked: a missing or broken parent fails here), the pinned
   // staging, the copy streams, and with `snapshot_allowed` spare GPU memory for a copy of the live bytes.
-  void prepare(const std::filesystem::path& output, CUcontext context, bool snapshot_allowed);
+  void prepare(const std::filesystem::path& output, CUcontext context, bool snapshot_allowed, image_result& result);
 
   // Copies every allocation of m's pools (mapped here at their addresses) into the image, filling
   // in m's extents, data_files and data_bytes. Nearby allocations are copied together with the gap

@@ -22,7 +22,7 @@ dump_result dump(const dump_options& options, const progress_callback& progress)
   const CUcontext context = s.open_context();
   result.mark("context");
   // The GPU snapshot needs the pools on one device: it lives in this tool's one context.
-  pipeline.prepare(options.output, context, options.gpu_snapshot && s.hello().pools.size() == 1);
+  pipeline.prepare(options.output, context, options.gpu_snapshot && s.hello().pools.size() == 1, result);
   result.mark("prepared");
 
   pipeline.check_interrupted();

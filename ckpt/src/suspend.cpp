@@ -31,7 +31,7 @@ suspend_result suspend(const suspend_options& options, const progress_callback& 
   const CUcontext context = s.open_context();
   result.mark("context");
   // No GPU snapshot: the program stays held until its memory is freed anyway.
-  pipeline.prepare(options.output, context, false);
+  pipeline.prepare(options.output, context, false, result);
   // The claim is in the image from the moment it appears (suspend_claim.hpp): whoever renames it
   // first, the program accepting or this tool (or `cuda-ckpt gc`) withdrawing, decides.
   const std::string image = std::filesystem::absolute(options.output).lexically_normal().string();
