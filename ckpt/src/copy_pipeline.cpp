@@ -301,7 +301,7 @@ void copy_pipeline::prepare(const std::filesystem::path& output, CUcontext conte
     staging_->streams.push_back(s);
   }
   result.mark("staged");
-  // Loading the checksum kernel here keeps its cost (a JIT compile of the PTX, a self-test) out of the hold.
+  // Loading the checksum kernel here keeps its cost (loading the module, a self-test) out of the hold.
   if (settings_.gpu_checksums) {
     copy_reuse* r = settings_.reuse.get();
     gpu_sums_ = r != nullptr && r->kernel ? r->kernel : std::make_shared<gpu_checksums>();

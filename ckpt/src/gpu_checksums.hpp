@@ -1,4 +1,4 @@
-// Block checksums computed on the GPU: the kernel of block_checksums.cu, loaded from the PTX built into cuda-ckpt.
+// Block checksums computed on the GPU: the kernel of block_checksums.cu, from the fatbinary built into cuda-ckpt.
 #pragma once
 
 #include <cuda.h>
