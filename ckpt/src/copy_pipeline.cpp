@@ -30,7 +30,9 @@ struct piece {
 // the gaps between them. Copying small allocations one by one costs a driver call each (200 000
 // of them take most of a second), and writing each as an extent of its own costs as much again; a
 // span costs one of each. Its pieces' bytes, packed, are the extent's stored bytes: the gaps are
-// copied along but never written to the image.
+// copied along but never written to the image. Only small allocations are joined: a span of several
+// pieces is not contiguous on the GPU, so its blocks are hashed by the CPU after a copy, even when
+// nothing in it changed since the parent.
 struct span {
   std::size_t pool;      // index into the manifest's pools
   std::size_t extent;    // index into that pool's extents
@@ -39,6 +41,7 @@ struct span {
   std::uint64_t offset;  // in the chunk's buffer
   std::uint64_t stored;  // its pieces' bytes
   std::size_t first_piece, piece_count;
+  bool joinable;  // it holds small allocations only: more may join it
 };
 // One staging buffer's worth of spans, copied back to back; its extents go to one data file.
 struct chunk {
@@ -52,6 +55,9 @@ constexpr std::size_t no_buffer = ~std::size_t{0};
 
 // A gap up to this size between two pieces is copied with them rather than split into two copies.
 constexpr std::uint64_t max_gap = 64 << 10;
+// Allocations smaller than this are joined into spans; one this size or larger is a span of its own (per
+// chunk), whose blocks the GPU can hash where they lie.
+constexpr std::uint64_t join_below = image::write_block_size;
 
 // Cuts every pool's allocations into pieces of at most chunk_bytes and packs them into chunks, in
 // manifest order, joining nearby pieces into one span where `readable` says the memory between them
@@ -72,7 +78,8 @@ std::vector<chunk> plan_chunks(image::manifest& m, std::uint64_t chunk_bytes, st
         if (pool_has_span && !c->spans.empty()) {
           span& last = c->spans.back();
           const std::uint64_t end = last.addr + last.size;
-          if (addr >= end && addr - end <= max_gap && c->bytes + (addr - end) < chunk_bytes && readable(end, addr - end)) {
+          if (last.joinable && a.size < join_below && addr >= end && addr - end <= max_gap &&
+              c->bytes + (addr - end) < chunk_bytes && readable(end, addr - end)) {
             const std::uint64_t n = std::min(a.size - done, chunk_bytes - c->bytes - (addr - end));
             c->pieces.push_back({addr, n, last.offset + (addr - last.addr)});
             last.size = addr + n - last.addr;
@@ -90,7 +97,7 @@ std::vector<chunk> plan_chunks(image::manifest& m, std::uint64_t chunk_bytes, st
           c = &chunks.back();
         }
         const std::uint64_t n = std::min(a.size - done, chunk_bytes - c->bytes);
-        c->spans.push_back({p, pool.extents.size(), addr, n, c->bytes, n, c->pieces.size(), 1});
+        c->spans.push_back({p, pool.extents.size(), addr, n, c->bytes, n, c->pieces.size(), 1, a.size < join_below});
         c->pieces.push_back({addr, n, c->bytes});
         pool.extents.push_back({addr, n, n, 0, 0, 0, {}});
         pool_has_span = true;

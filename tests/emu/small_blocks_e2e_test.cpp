@@ -74,6 +74,33 @@ TEST_CASE("many small blocks: few extents, and dump, restore, suspend and resume
   REQUIRE(check_blocks(program, blocks) == "check ok 3000\n");
 }
 
+TEST_CASE("large allocations are never joined: each starts an extent of its own, whose blocks the GPU can hash in place",
+          "[emu][small]") {
+  scratch_dir dir;
+  // Small blocks, then three of 2 MiB: the pool puts the large ones side by side, close enough to be joined
+  // if size did not count.
+  background_process program({cuda_ckpt, "run", "--", small_blocks, "--count", "50", "--size", "200", "--large", "3"});
+  REQUIRE(program.wait_for_output("ready\n"));
+  const fs::path image = dir.path / "image";
+  const auto dumped = run_process({cuda_ckpt, "dump", std::to_string(program.pid()), "-o", image.string()}, {}, 120);
+  INFO(describe(dumped));
+  REQUIRE(dumped.exit_code == 0);
+  const auto reader = vmmckpt::image::reader::open(image);
+  reader.verify_data();
+  const auto& pool = reader.info().pools.at(0);
+  std::size_t large = 0;
+  for (const auto& a : pool.allocations) {
+    if (a.size < (1u << 20)) continue;
+    ++large;
+    INFO("allocation at " << std::hex << a.addr);
+    bool starts_extent = false;
+    for (const auto& e : pool.extents) starts_extent = starts_extent || (e.addr == a.addr && e.stored == e.size);
+    CHECK(starts_extent);
+  }
+  CHECK(large == 3);
+  CHECK(pool.extents.size() < 10);  // the 50 small blocks are still joined
+}
+
 TEST_CASE("the allocation table listed before a hold is sent only while it is still true", "[emu][small]") {
   scratch_dir dir;
   const fs::path log = dir.path / "program.log";

@@ -1,7 +1,8 @@
 // Emulator test program: many small blocks with gaps between them, each holding its own pattern.
 //
-//   small_blocks [--count N] [--size BYTES]   allocate N blocks of BYTES each, fill them, print `ready`, then
-//                                             wait for signals until killed:
+//   small_blocks [--count N] [--size BYTES] [--large L]
+//                                             allocate N blocks of BYTES each, then L of large_size bytes, fill
+//                                             them, print `ready`, then wait for signals until killed:
 //     SIGUSR1  allocate one more block (grown_size bytes), fill it, print `grown 0x<addr> <bytes>`
 //     SIGUSR2  read every block back, print `check ok <blocks>` or `check bad 0x<addr>`
 //
@@ -23,6 +24,7 @@
 namespace {
 
 constexpr std::size_t grown_size = 12345;
+constexpr std::size_t large_size = 2 << 20;  // two blocks of an image, a multiple of the pool's granularity
 
 int g_signal_pipe[2];
 
@@ -50,11 +52,12 @@ block allocate(std::size_t index, std::size_t size) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::size_t count = 3000, size = 200;
+  std::size_t count = 3000, size = 200, large = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--count") count = std::strtoull(argv[i + 1], nullptr, 10);
     if (flag == "--size") size = std::strtoull(argv[i + 1], nullptr, 10);
+    if (flag == "--large") large = std::strtoull(argv[i + 1], nullptr, 10);
   }
   if (::pipe(g_signal_pipe) != 0) return 1;
   struct sigaction sa {};
@@ -69,6 +72,7 @@ int main(int argc, char** argv) {
   VMMCKPT_CHECK(cuCtxSetCurrent(ctx));
   std::vector<block> blocks;
   for (std::size_t i = 0; i < count; ++i) blocks.push_back(allocate(i, size));
+  for (std::size_t i = 0; i < large; ++i) blocks.push_back(allocate(blocks.size(), large_size));
   std::printf("ready\n");
   std::fflush(stdout);
 
