@@ -135,15 +135,21 @@ std::uint64_t write_changed_blocks(image::writer& writer, std::uint32_t file, co
   const std::uint64_t* sums = given != nullptr ? given : computed.data();
   const std::size_t count = image::block_count(stored, image::write_block_size);
   std::uint64_t unchanged = 0;
-  for (std::size_t k = 0; k < count; ++k) {
+  auto same = [&](std::size_t k) { return old != nullptr && sums[k] == old->blocks[k].checksum; };
+  for (std::size_t k = 0; k < count;) {
     const std::uint64_t at = k * image::write_block_size;
-    const std::size_t n = static_cast<std::size_t>(std::min(image::write_block_size, stored - at));
-    if (old != nullptr && sums[k] == old->blocks[k].checksum) {
+    if (same(k)) {
+      const std::size_t n = static_cast<std::size_t>(std::min(image::write_block_size, stored - at));
       writer.inherit_block(file, n, sums[k]);
       unchanged += n;
-    } else {
-      writer.write_block(file, bytes + at, n, sums[k]);
+      ++k;
+      continue;
     }
+    std::size_t j = k + 1;  // a run of changed blocks: one write
+    while (j < count && !same(j)) ++j;
+    const std::uint64_t end = std::min<std::uint64_t>(j * image::write_block_size, stored);
+    writer.write_blocks(file, bytes + at, static_cast<std::size_t>(end - at), sums + k, j - k);
+    k = j;
   }
   return unchanged;
 }

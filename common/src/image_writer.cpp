@@ -99,13 +99,17 @@ struct data_file {
   writer::file_times times;
 
   // A whole block of the current extent comes next, at a block boundary.
-  void check_block(const char* op, std::size_t size) const {
+  // `size` bytes from a block boundary of the current extent: one block (write_block_size or the extent's
+  // last, shorter, block), or with `run` any number of whole blocks, the last one shorter only at the end.
+  void check_blocks(const char* op, std::size_t size, bool run) const {
     if (!in_extent) fail(std::string(op) + ": no extent was begun");
     if (!sum->at_block_boundary()) fail(std::string(op) + ": the extent at " + hex(current.addr) + " is inside a block");
     const std::uint64_t left = current.stored - current_written;
-    if (size != std::min(left, write_block_size) || size == 0)
-      fail(std::string(op) + ": " + std::to_string(size) + " bytes are not the next block of the extent at " +
-           hex(current.addr) + " (" + std::to_string(left) + " bytes left)");
+    const bool fits = run ? size <= left && (size % write_block_size == 0 || size == left)
+                          : size == std::min(left, write_block_size);
+    if (!fits || size == 0)
+      fail(std::string(op) + ": " + std::to_string(size) + " bytes are not " + (run ? "whole blocks" : "the next block") +
+           " of the extent at " + hex(current.addr) + " (" + std::to_string(left) + " bytes left)");
   }
 
   void flush() {
@@ -128,6 +132,11 @@ struct data_file {
   void append(const unsigned char* p, std::size_t size, bool hashed = false) {
     if (size >= hash_piece) {
       flush();
+      if (hashed) {  // nothing to hash here: one write()
+        iovec iov{const_cast<unsigned char*>(p), size};
+        timed(times.writing, [&] { write_all(fd, &iov, 1, path); });
+        return;
+      }
       // Each piece is written while the hash has just brought it into the cache: memory is
       // read once instead of twice.
       while (size > 0) {
@@ -417,12 +426,19 @@ void writer::write(std::uint32_t file, const void* data, std::size_t size) {
 }
 
 void writer::write_block(std::uint32_t file, const void* data, std::size_t size, std::uint64_t checksum) {
+  write_blocks(file, data, size, &checksum, 1);
+}
+
+void writer::write_blocks(std::uint32_t file, const void* data, std::size_t size, const std::uint64_t* checksums,
+                          std::size_t count) {
   impl& w = *impl_;
-  data_file& f = w.file("write_block", file);
+  data_file& f = w.file("write_blocks", file);
   try {
-    f.check_block("write_block", size);
+    f.check_blocks("write_blocks", size, count != 1);
+    if (count != block_count(size, write_block_size))
+      fail("write_blocks: " + std::to_string(count) + " checksums for " + std::to_string(size) + " bytes");
     f.append(static_cast<const unsigned char*>(data), size, true);
-    f.sum->add_block({checksum, false});
+    for (std::size_t k = 0; k < count; ++k) f.sum->add_block({checksums[k], false});
     f.current_written += size;
     f.payload += size;
   } catch (...) {
@@ -435,7 +451,7 @@ void writer::inherit_block(std::uint32_t file, std::size_t size, std::uint64_t c
   impl& w = *impl_;
   data_file& f = w.file("inherit_block", file);
   try {
-    f.check_block("inherit_block", size);
+    f.check_blocks("inherit_block", size, false);
     f.sum->add_block({checksum, true});
     f.current_written += size;
   } catch (...) {

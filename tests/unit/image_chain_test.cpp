@@ -34,7 +34,9 @@ constexpr std::uint64_t live = 5 * MiB + 123;  // 6 blocks, the last short
 
 // An image of one allocation holding `bytes` as two extents (as a dump cuts a big allocation); with
 // a parent, each block equal to the parent's is left to it, as dump --parent does.
-img::manifest write(const fs::path& dir, const std::vector<unsigned char>& bytes, const fs::path& parent = {}) {
+// With `runs`, every block of an extent in one write_blocks call instead of block by block.
+img::manifest write(const fs::path& dir, const std::vector<unsigned char>& bytes, const fs::path& parent = {},
+                    bool runs = false) {
   std::optional<img::reader> p;
   if (!parent.empty()) p.emplace(img::reader::open(parent));
   img::manifest m;
@@ -54,7 +56,13 @@ img::manifest write(const fs::path& dir, const std::vector<unsigned char>& bytes
     const std::uint64_t n = to - from;
     w.begin_extent(0, base0 + from, n, n);
     const img::extent* old = p ? &p->info().pools[0].extents[from == 0 ? 0 : 1] : nullptr;
-    for (std::uint64_t at = 0; at < n; at += img::write_block_size) {
+    if (runs) {
+      std::vector<std::uint64_t> sums;
+      for (std::uint64_t at = 0; at < n; at += img::write_block_size)
+        sums.push_back(img::block_checksum(bytes.data() + from + at, std::min(img::write_block_size, n - at)));
+      w.write_blocks(0, bytes.data() + from, n, sums.data(), sums.size());
+    }
+    for (std::uint64_t at = 0; at < n && !runs; at += img::write_block_size) {
       const std::size_t k = static_cast<std::size_t>(std::min(img::write_block_size, n - at));
       const std::uint64_t sum = img::block_checksum(bytes.data() + from + at, k);
       if (old != nullptr && old->blocks[at / img::write_block_size].checksum == sum)
@@ -155,6 +163,41 @@ TEST_CASE("chain: full, one block changed, nothing changed; every image reads ba
   CHECK(img::children_in(s.dir, m0.image_id) == std::vector<fs::path>{s / "inc1"});
   CHECK(img::children_in(s.dir, m1.image_id) == std::vector<fs::path>{s / "inc2"});
   CHECK(img::children_in(s.dir, m2.image_id).empty());
+}
+
+TEST_CASE("image: a run of blocks written at once makes the image written block by block", "[image][chain]") {
+  scratch s;
+  const auto bytes = pattern(live, 3);
+  const auto one_by_one = write(s / "blocks", bytes);
+  const auto at_once = write(s / "runs", bytes, {}, true);
+  REQUIRE(at_once.pools[0].extents.size() == one_by_one.pools[0].extents.size());
+  for (std::size_t e = 0; e < at_once.pools[0].extents.size(); ++e) {
+    const auto& a = at_once.pools[0].extents[e];
+    const auto& b = one_by_one.pools[0].extents[e];
+    CHECK(a.checksum == b.checksum);
+    CHECK(a.blocks == b.blocks);
+  }
+  const auto r = img::reader::open(s / "runs");
+  r.verify_data();
+  CHECK(read_all(r) == bytes);
+
+  // Not whole blocks (and not the extent's end), or not one checksum per block: refused, naming what is wrong.
+  const std::vector<std::uint64_t> sums(4, 0);
+  {
+    img::writer w(s / "half");
+    w.begin_extent(0, base0, 3 * MiB + 5, 3 * MiB + 5);
+    CHECK_THROWS_WITH(w.write_blocks(0, bytes.data(), MiB + MiB / 2, sums.data(), 2), Contains("are not whole blocks"));
+  }
+  {
+    img::writer w(s / "count");
+    w.begin_extent(0, base0, 3 * MiB + 5, 3 * MiB + 5);
+    CHECK_THROWS_WITH(w.write_blocks(0, bytes.data(), 2 * MiB, sums.data(), 3), Contains("3 checksums for 2097152 bytes"));
+  }
+  {
+    img::writer w(s / "single");
+    w.begin_extent(0, base0, 3 * MiB + 5, 3 * MiB + 5);
+    CHECK_THROWS_WITH(w.write_block(0, bytes.data(), 2 * MiB, 0), Contains("are not the next block"));
+  }
 }
 
 TEST_CASE("chain: a missing, changed or broken parent is refused, naming it and the child", "[image][chain]") {

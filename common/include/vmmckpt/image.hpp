@@ -178,6 +178,9 @@ class writer {
   // computed already (block_checksum of these very bytes, on the CPU or the GPU), written unhashed;
   // or, with inherit_block, a block left out because the parent image holds it unchanged.
   void write_block(std::uint32_t file, const void* data, std::size_t size, std::uint64_t checksum);
+  // Several whole blocks at once (the extent's last may be shorter), one checksum each: one write().
+  void write_blocks(std::uint32_t file, const void* data, std::size_t size, const std::uint64_t* checksums,
+                    std::size_t count);
   void inherit_block(std::uint32_t file, std::size_t size, std::uint64_t checksum);
   // The same on file 0.
   void begin_extent(std::uint64_t addr, std::uint64_t size) { begin_extent(0, addr, size); }
