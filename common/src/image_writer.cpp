@@ -98,7 +98,6 @@ struct data_file {
   std::vector<extent> written;
   writer::file_times times;
 
-  // A whole block of the current extent comes next, at a block boundary.
   // `size` bytes from a block boundary of the current extent: one block (write_block_size or the extent's
   // last, shorter, block), or with `run` any number of whole blocks, the last one shorter only at the end.
   void check_blocks(const char* op, std::size_t size, bool run) const {

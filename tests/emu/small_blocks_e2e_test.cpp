@@ -35,6 +35,16 @@ std::string check_blocks(background_process& program, std::size_t blocks) {
   return out.find("check bad") != std::string::npos ? out.substr(out.find("check bad")) : out.substr(out.rfind("check"));
 }
 
+// `cuda-ckpt dump` of the program into `image`, which must then read back whole.
+vmmckpt::image::reader dump_and_verify(const background_process& program, const fs::path& image) {
+  const auto dumped = run_process({cuda_ckpt, "dump", std::to_string(program.pid()), "-o", image.string()}, {}, 120);
+  INFO(describe(dumped));
+  REQUIRE(dumped.exit_code == 0);
+  auto reader = vmmckpt::image::reader::open(image);
+  reader.verify_data();
+  return reader;
+}
+
 }  // namespace
 
 TEST_CASE("many small blocks: few extents, and dump, restore, suspend and resume bring every byte back", "[emu][small]") {
@@ -44,12 +54,8 @@ TEST_CASE("many small blocks: few extents, and dump, restore, suspend and resume
   REQUIRE(program.wait_for_output("ready\n"));
 
   const fs::path image = dir.path / "image";
-  const auto dumped = run_process({cuda_ckpt, "dump", std::to_string(program.pid()), "-o", image.string()}, {}, 120);
-  INFO(describe(dumped));
-  REQUIRE(dumped.exit_code == 0);
   {
-    const auto reader = vmmckpt::image::reader::open(image);
-    reader.verify_data();
+    const auto reader = dump_and_verify(program, image);
     REQUIRE(reader.info().pools.size() == 1);
     const auto& pool = reader.info().pools[0];
     REQUIRE(pool.allocations.size() == blocks);
@@ -81,12 +87,7 @@ TEST_CASE("large allocations are never joined: each starts an extent of its own,
   // if size did not count.
   background_process program({cuda_ckpt, "run", "--", small_blocks, "--count", "50", "--size", "200", "--large", "3"});
   REQUIRE(program.wait_for_output("ready\n"));
-  const fs::path image = dir.path / "image";
-  const auto dumped = run_process({cuda_ckpt, "dump", std::to_string(program.pid()), "-o", image.string()}, {}, 120);
-  INFO(describe(dumped));
-  REQUIRE(dumped.exit_code == 0);
-  const auto reader = vmmckpt::image::reader::open(image);
-  reader.verify_data();
+  const auto reader = dump_and_verify(program, dir.path / "image");
   const auto& pool = reader.info().pools.at(0);
   std::size_t large = 0;
   for (const auto& a : pool.allocations) {
