@@ -83,7 +83,7 @@ def touch_memory(directory, total):
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
-                for _ in range(max(1, total // threads // len(piece))):
+                for _ in range(total // threads // len(piece)):
                     os.write(fd, piece)
             finally:
                 os.close(fd)

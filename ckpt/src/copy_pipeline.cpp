@@ -124,33 +124,44 @@ const unsigned char* pack(unsigned char* buffer, const chunk& c, const span& sp)
   return buffer + sp.offset;
 }
 
+// Calls f(first, end, unchanged, from, to) for each longest run of blocks [first, end) of an extent of
+// `stored` bytes whose checksums (`sums`) all equal those of the parent's extent `old`, block for block, or
+// all differ (every block, without `old`); [from, to) is the run's byte range in the extent.
+template <typename F>
+void for_each_block_run(const std::uint64_t* sums, const image::extent* old, std::uint64_t stored, F&& f) {
+  const std::size_t count = image::block_count(stored, image::write_block_size);
+  auto same = [&](std::size_t k) { return old != nullptr && sums[k] == old->blocks[k].checksum; };
+  for (std::size_t k = 0; k < count;) {
+    const bool unchanged = same(k);
+    std::size_t end = k + 1;
+    while (end < count && same(end) == unchanged) ++end;
+    f(k, end, unchanged, k * image::write_block_size, std::min<std::uint64_t>(end * image::write_block_size, stored));
+    k = end;
+  }
+}
+
 // An extent of an incremental image, block by block: a block whose checksum equals the parent's
-// block at the same place is left to the parent, the others are written. Returns the bytes left out.
-// `given`: the blocks' checksums computed on the GPU, or null (the CPU computes them here from `bytes`,
-// which may be null only with `given` set and every block unchanged).
+// block at the same place is left to the parent, the others are written, each run in one write.
+// Returns the bytes left out. `given`: the blocks' checksums computed on the GPU, or null (the CPU
+// computes them here from `bytes`, which may be null only with `given` set and every block unchanged).
 std::uint64_t write_changed_blocks(image::writer& writer, std::uint32_t file, const unsigned char* bytes,
                                    std::uint64_t stored, const image::extent* old, const std::uint64_t* given) {
   std::vector<std::uint64_t> computed;
   if (given == nullptr) computed = block_checksums(bytes, stored);
   const std::uint64_t* sums = given != nullptr ? given : computed.data();
-  const std::size_t count = image::block_count(stored, image::write_block_size);
   std::uint64_t unchanged = 0;
-  auto same = [&](std::size_t k) { return old != nullptr && sums[k] == old->blocks[k].checksum; };
-  for (std::size_t k = 0; k < count;) {
-    const std::uint64_t at = k * image::write_block_size;
-    if (same(k)) {
-      const std::size_t n = static_cast<std::size_t>(std::min(image::write_block_size, stored - at));
-      writer.inherit_block(file, n, sums[k]);
-      unchanged += n;
-      ++k;
-      continue;
+  for_each_block_run(sums, old, stored, [&](std::size_t first, std::size_t end, bool same, std::uint64_t from,
+                                            std::uint64_t to) {
+    if (!same) {
+      writer.write_blocks(file, bytes + from, static_cast<std::size_t>(to - from), sums + first, end - first);
+      return;
     }
-    std::size_t j = k + 1;  // a run of changed blocks: one write
-    while (j < count && !same(j)) ++j;
-    const std::uint64_t end = std::min<std::uint64_t>(j * image::write_block_size, stored);
-    writer.write_blocks(file, bytes + at, static_cast<std::size_t>(end - at), sums + k, j - k);
-    k = j;
-  }
+    for (std::size_t k = first; k < end; ++k) {
+      const std::uint64_t at = k * image::write_block_size;
+      writer.inherit_block(file, static_cast<std::size_t>(std::min(image::write_block_size, stored - at)), sums[k]);
+    }
+    unchanged += to - from;
+  });
   return unchanged;
 }
 
@@ -559,19 +570,12 @@ void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint6
         add(sp.addr, sp.offset, sp.size);
         continue;
       }
-      const std::uint64_t blocks = image::block_count(sp.stored, image::write_block_size);
-      for (std::uint64_t i = 0; i < blocks;) {
-        if (sums[i] == old->blocks[i].checksum) {
-          result.uncopied_bytes += std::min(image::write_block_size, sp.stored - i * image::write_block_size);
-          ++i;
-          continue;
-        }
-        std::uint64_t j = i + 1;
-        while (j < blocks && sums[j] != old->blocks[j].checksum) ++j;
-        const std::uint64_t from = i * image::write_block_size;
-        add(sp.addr + from, sp.offset + from, std::min(j * image::write_block_size, sp.stored) - from);
-        i = j;
-      }
+      for_each_block_run(sums, old, sp.stored, [&](std::size_t, std::size_t, bool same, std::uint64_t from, std::uint64_t to) {
+        if (same)
+          result.uncopied_bytes += to - from;
+        else
+          add(sp.addr + from, sp.offset + from, to - from);
+      });
     }
     if (!runs.empty()) ++changed_chunks;
   }

@@ -30,8 +30,8 @@ using detail::fail;
 constexpr std::size_t buffer_capacity = 8u << 20;
 // Hashed and written together: small enough to stay in a core's cache between the two. Pieces of at
 // least this size are written straight from the caller's memory: gathering them first would move
-// every byte through memory once more (a dump whose block checksums come from the GPU writes its
-// blocks one by one, each of this size).
+// every byte through memory once more (a dump whose block checksums come from the GPU writes runs
+// of whole blocks, each at least this size, or an extent's last, shorter one).
 constexpr std::size_t hash_piece = 1u << 20;
 
 // Writes every byte of iov[0..n) or throws naming `file`; handles short writes and EINTR.
