@@ -521,6 +521,8 @@ class Bench:
         log(f"suspend/resume: {s} GiB, image in {where}")
         with FillProgram(self, self.fill_cmd(s, pointers, shim=True), f"fill-suspend-{s}-{where}") as prog:
             prog.wait_line("ready", self.ready_timeout(s))
+            if where.startswith("tmpfs"):
+                self.full_series(prog, s, directory, tags, step_timeout)
             proc, wall = self.run([self.cuda_ckpt, "suspend", str(prog.pid), "-o", suspended, "--json"],
                                   step_timeout, f"suspend-{s}-{where}")
             self.record_tool("suspend", proc, tags, wall)
@@ -528,6 +530,44 @@ class Bench:
                                   f"resume-{s}-{where}")
             self.record_tool("resume", proc, tags, wall)
             prog.check(check_timeout)
+
+    def full_series(self, prog, s, directory, tags, timeout):
+        """Two full dumps by one tool (`dump --every --full-every 0`): the second is a full dump without the
+        set-up each command makes (its CUDA context, pinned staging and checksum kernel), as periodic
+        checkpoints of a long job take them. The first image is removed once printed: one image at a time."""
+        series_dir = os.path.join(directory, f"series-{s}")
+        shutil.rmtree(series_dir, ignore_errors=True)
+        every = max(5.0, 0.35 * s)
+        cmd = [self.cuda_ckpt, "dump", str(prog.pid), "-o", series_dir, "--every", str(every), "--count", "2",
+               "--full-every", "0", "--json"]
+        log("  run: " + " ".join(cmd))
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env)
+        watchdog = threading.Timer(2 * every + timeout, proc.kill)  # a hung series ends this step, not the bench
+        watchdog.start()
+        try:
+            for k in range(2):
+                line = proc.stdout.readline()
+                if not line:
+                    raise BenchError(f"dump --every printed {k} of 2 images: {proc.stderr.read()[-800:]}")
+                r = json.loads(line)
+                if r.get("parent") is not None:
+                    raise BenchError(f"series image {k} is incremental, not full: {line[:300]}")
+                if k == 0:
+                    shutil.rmtree(os.path.join(series_dir, "0000"), ignore_errors=True)
+                    continue
+                for key in ("image", "pid"):
+                    r.pop(key, None)
+                self.record(dict(r, bench="dump_series", **tags))
+            if proc.wait(60) != 0:
+                raise BenchError(f"dump --every exited {proc.returncode}: {proc.stderr.read()[-800:]}")
+        except (BenchError, ValueError, subprocess.TimeoutExpired) as e:
+            self.error("dump_series", e, **tags)
+        finally:
+            watchdog.cancel()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            shutil.rmtree(series_dir, ignore_errors=True)
 
     def part_many(self):
         """Many small allocations against one allocation of the same bytes: the program's hold during a dump

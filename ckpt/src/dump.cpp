@@ -15,6 +15,7 @@ dump_result dump(const dump_options& options, const progress_callback& progress)
   // The deadline covers everything up to the release: connecting, preparing and the hold.
   session s(options.pid, session::expect::running, "dump",
             result.start + std::chrono::milliseconds(options.hold_deadline_ms));
+  result.mark("connected");
 
   // Everything that can be prepared is prepared before the program is held: the destination (fail
   // early if unwritable), the CUDA context, and pinned staging sized from the live bytes.
