@@ -317,6 +317,7 @@ void copy_pipeline::prepare(const std::filesystem::path& output, CUcontext conte
   const driver_api& d = driver();
   if (reserving_.joinable()) {  // not reused: made for this dump
     reserving_.join();
+    result.mark("reserved");  // the staging's pages are in (faulted in while the context was made)
     staging_->allocate(buffers_, settings_.chunk_bytes);
   }
   while (staging_->streams.size() < static_cast<std::size_t>(std::max(1, settings_.streams))) {

@@ -78,9 +78,9 @@ struct image_result {
   double seconds = 0;       // from connecting to the committed image
   double copy_seconds = 0;  // copying the program's memory: to the snapshot, or out of the GPU
   double hold_ms = 0;       // how long the program was held, as the program measured it
-  // Where the time went: seconds from the start at which each step ended ("context", "staged", "kernel",
-  // "prepared", "held", "planned", "compared", "issued", "released", "copied", "written", "committed",
-  // ...), in order.
+  // Where the time went: seconds from the start at which each step ended ("connected", "context",
+  // "reserved", "staged", "kernel", "prepared", "held", "planned", "compared", "issued", "released",
+  // "copied", "written", "committed", ...), in order.
   std::vector<std::pair<std::string, double>> phases;
   // Where the threads' time went, in seconds summed over the writing threads: waiting for their
   // chunks to come out of the GPU, hashing them, and in write(); and the copying thread's wait
