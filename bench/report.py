@@ -577,32 +577,39 @@ def limit_analysis(res):
         d = res.one("dump", where=where, size_gib=s)
         ph, th = d.get("phases") or {}, d.get("threads") or {}
         write, write_threads = best_limit(res, "write_files", where)
-        if not {"prepared", "released", "written", "committed"} <= ph.keys():
+        if not {"prepared", "held", "written", "committed"} <= ph.keys():
             continue
-        moved = d["bytes"] / (ph["written"] - ph["released"]) / 1e9
+        # From the hold: what is not in the GPU snapshot leaves the GPU while the program is held.
+        moved = d["bytes"] / (ph["written"] - ph["held"]) / 1e9
         text = (f"- **Dump into {label}, {size_label(s)}** ({num(d['seconds'])} s): setting up (the tool's CUDA "
                 f"context, pinned staging) {num(ph['prepared'], 3)} s; program held {num(d['hold_ms'], 0)} ms; "
-                f"copying out of the GPU and writing {num(ph['written'] - ph['released'], 3)} s "
+                f"from the hold to the last write {num(ph['written'] - ph['held'], 3)} s "
                 f"({num(moved, 1)} GB/s); commit {num(ph['committed'] - ph['written'], 3)} s. ")
+        gpu_hashed = (d.get("checksums") or {}).get("where") == "gpu"
         if th.get("writers"):
             text += (f"Its {th['writers']} writing threads spent, summed over them, {num(th['writing_s'], 1)} s in "
                      f"`write()`, {num(th['hashing_s'], 1)} s hashing and {num(th['waiting_s'], 1)} s waiting for "
                      f"copies out of the GPU, while the copying thread waited {num(th['copy_waiting_s'], 2)} s for a "
-                     "free staging buffer: the writers are the limit, busy in the file system and the hash. ")
+                     "free staging buffer: the writers are the limit, busy in the file system"
+                     + (" (the GPU computed the checksums). " if gpu_hashed else " and the hash. "))
+        repeated = res.one("dump_series", where=where, size_gib=s)
+        if repeated:
+            text += (f"The same dump as the second image of a series (`dump --every`: context, staging and kernel "
+                     f"made once) took {num(repeated['seconds'], 3)} s ({num(repeated['gb_per_s'])} GB/s). ")
         if write:
             text += (f"This {label} takes {num(write, 1)} GB/s from {write_threads} threads that only write "
                      "(one file each). ")
         if where == "tmpfs":
             text += ((f"Memory copies reach {num(memcpy, 1)} GB/s with {memcpy_threads} threads; " if memcpy else "")
-                     + "a dump moves every byte through memory more than once (PCIe into staging, then, 1 MiB at a "
-                     "time, a hash and the copy into the page cache) while the GPU's copy engine writes the next "
-                     "buffers. "
+                     + ("a" if memcpy else "A") + " dump moves every byte through memory more than once (PCIe into staging, then "
+                     + ("the copy into the page cache" if gpu_hashed else "a hash and the copy into the page cache")
+                     + ") while the GPU's copy engine writes the next buffers. "
                      + (f"Copying straight into the image files' pages instead (mapped, registered with the driver: "
                         f"no `write()`) reaches only {num(direct, 1)} GB/s here, since tmpfs must first allocate and "
                         "the driver pin every page. " if direct else ""))
         else:
             text += ("Huge pages spare the file system most of its work per page (one 2 MiB page where tmpfs "
-                     "otherwise allocates 512 small ones); hashing and the copies through memory remain. ")
+                     "otherwise allocates 512 small ones); " + ("the copies through memory remain. " if gpu_hashed else "hashing and the copies through memory remain. "))
         out.append(text.rstrip())
     sizes = res.sizes("suspend", where="tmpfs")
     if sizes:
