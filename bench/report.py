@@ -1050,7 +1050,7 @@ def synthetic_results(directory):
             rows.append({"bench": "dump", "mode": "shim", "where": where, "size_gib": s, "bytes": b, "seconds": secs,
                          "gb_per_s": rate, "copy_seconds": b / 54e9, "copy_gb_per_s": 54.0,
                          "hold_ms": b / 53e9 * 1e3, "wall_s": secs + 0.02,
-                         "phases": {"prepared": 0.2, "released": 0.25, "written": secs - 0.01, "committed": secs},
+                         "phases": {"prepared": 0.2, "held": 0.21, "released": 0.25, "written": secs - 0.01, "committed": secs},
                          "threads": {"writers": 16, "writing_s": 10.0, "hashing_s": 5.0, "waiting_s": 0.5,
                                      "copy_waiting_s": 1.0}})
             rows.append({"bench": "restore", "mode": "shim", "where": where, "size_gib": s, "bytes": b,

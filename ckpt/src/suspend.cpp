@@ -27,6 +27,7 @@ suspend_result suspend(const suspend_options& options, const progress_callback& 
   // The deadline covers everything up to the program's memory being freed.
   session s(options.pid, session::expect::running, "suspend",
             result.start + std::chrono::milliseconds(options.hold_deadline_ms));
+  result.mark("connected");
   copy_pipeline pipeline(options.copy, s.live_bytes());
   const CUcontext context = s.open_context();
   result.mark("context");
