@@ -505,8 +505,8 @@ def dump_table(res):
                          "" if where != "tmpfs" or not drv else f"{num(drv['restore_gb_per_s'])} ({num(drv['restore_s'])} s)",
                          "" if where != "tmpfs" or not dtoh else f"{num(dtoh['gbps'])} ({num(dtoh['seconds'] * 1e3, 0)} ms)",
                          "" if where != "tmpfs" or not htod else f"{num(htod['gbps'])} ({num(htod['seconds'] * 1e3, 0)} ms)"))
-    return table(["live", "image in", "dump GB/s (s)", "in a series GB/s (s)", "held ms", "restore GB/s (s)", "restore command s",
-                  "driver checkpoint GB/s (s)", "driver restore GB/s (s)", "PCIe DtoH GB/s", "PCIe HtoD GB/s"], rows)
+    return table(["live", "image in", "dump GB/s (s)", "in a series GB/s (s)", "held ms", "restore GB/s (s)",
+                  "restore command s", "driver checkpoint GB/s (s)", "driver restore GB/s (s)", "PCIe DtoH GB/s", "PCIe HtoD GB/s"], rows)
 
 
 def suspend_table(res):
@@ -600,16 +600,18 @@ def limit_analysis(res):
             text += (f"This {label} takes {num(write, 1)} GB/s from {write_threads} threads that only write "
                      "(one file each). ")
         if where == "tmpfs":
-            text += ((f"Memory copies reach {num(memcpy, 1)} GB/s with {memcpy_threads} threads; " if memcpy else "")
-                     + ("a" if memcpy else "A") + " dump moves every byte through memory more than once (PCIe into staging, then "
-                     + ("the copy into the page cache" if gpu_hashed else "a hash and the copy into the page cache")
-                     + ") while the GPU's copy engine writes the next buffers. "
+            moves = ("a dump moves every byte through memory more than once (PCIe into staging, then "
+                     + ("" if gpu_hashed else "a hash and ") + "the copy into the page cache) while the GPU's copy "
+                     "engine writes the next buffers. ")
+            text += ((f"Memory copies reach {num(memcpy, 1)} GB/s with {memcpy_threads} threads; {moves}" if memcpy
+                      else moves[0].upper() + moves[1:])
                      + (f"Copying straight into the image files' pages instead (mapped, registered with the driver: "
                         f"no `write()`) reaches only {num(direct, 1)} GB/s here, since tmpfs must first allocate and "
                         "the driver pin every page. " if direct else ""))
         else:
             text += ("Huge pages spare the file system most of its work per page (one 2 MiB page where tmpfs "
-                     "otherwise allocates 512 small ones); " + ("the copies through memory remain. " if gpu_hashed else "hashing and the copies through memory remain. "))
+                     "otherwise allocates 512 small ones); " + ("" if gpu_hashed else "hashing and ")
+                     + "the copies through memory remain. ")
         out.append(text.rstrip())
     sizes = res.sizes("suspend", where="tmpfs")
     if sizes:

@@ -540,34 +540,45 @@ class Bench:
         every = max(5.0, 0.35 * s)
         cmd = [self.cuda_ckpt, "dump", str(prog.pid), "-o", series_dir, "--every", str(every), "--count", "2",
                "--full-every", "0", "--json"]
-        log("  run: " + " ".join(cmd))
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env)
-        watchdog = threading.Timer(2 * every + timeout, proc.kill)  # a hung series ends this step, not the bench
-        watchdog.start()
+
+        def on_image(k, r, line):
+            if r.get("parent") is not None:
+                raise BenchError(f"series image {k} is incremental, not full: {line[:300]}")
+            if k == 0:
+                shutil.rmtree(os.path.join(series_dir, "0000"), ignore_errors=True)
+                return
+            for key in ("image", "pid"):
+                r.pop(key, None)
+            self.record(dict(r, bench="dump_series", **tags))
+
         try:
-            for k in range(2):
-                line = proc.stdout.readline()
-                if not line:
-                    raise BenchError(f"dump --every printed {k} of 2 images: {proc.stderr.read()[-800:]}")
-                r = json.loads(line)
-                if r.get("parent") is not None:
-                    raise BenchError(f"series image {k} is incremental, not full: {line[:300]}")
-                if k == 0:
-                    shutil.rmtree(os.path.join(series_dir, "0000"), ignore_errors=True)
-                    continue
-                for key in ("image", "pid"):
-                    r.pop(key, None)
-                self.record(dict(r, bench="dump_series", **tags))
-            if proc.wait(60) != 0:
-                raise BenchError(f"dump --every exited {proc.returncode}: {proc.stderr.read()[-800:]}")
+            self.run_series(cmd, 2, 2 * every + timeout, on_image)
         except (BenchError, ValueError, subprocess.TimeoutExpired) as e:
             self.error("dump_series", e, **tags)
+        finally:
+            shutil.rmtree(series_dir, ignore_errors=True)
+
+    def run_series(self, cmd, images, timeout, on_image):
+        """Runs a `cuda-ckpt dump --every` series, handing each image's JSON line to on_image(k, parsed, line)
+        as it is printed. A series that hangs is killed after timeout seconds (it ends the step, not the
+        bench); one that prints fewer lines or exits with an error raises BenchError."""
+        log("  run: " + " ".join(cmd))
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env)
+        watchdog = threading.Timer(timeout, proc.kill)
+        watchdog.start()
+        try:
+            for k in range(images):
+                line = proc.stdout.readline()
+                if not line:
+                    raise BenchError(f"dump --every printed {k} of {images} images: {proc.stderr.read()[-800:]}")
+                on_image(k, json.loads(line), line)
+            if proc.wait(60) != 0:
+                raise BenchError(f"dump --every exited {proc.returncode}: {proc.stderr.read()[-800:]}")
         finally:
             watchdog.cancel()
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-            shutil.rmtree(series_dir, ignore_errors=True)
 
     def part_many(self):
         """Many small allocations against one allocation of the same bytes: the program's hold during a dump
@@ -766,34 +777,22 @@ class Bench:
         images, changes = 6, 4
         cmd = [self.cuda_ckpt, "dump", str(prog.pid), "-o", series_dir, "--every", str(every),
                "--count", str(images), "--json"]
-        log("  run: " + " ".join(cmd))
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env)
-        watchdog = threading.Timer(every * images + 300, proc.kill)  # a hung series ends the part, not the bench
-        watchdog.start()
+
+        def on_image(k, r, line):
+            changed = "full" if k == 0 else "nothing" if k == images - 1 else "1 %"
+            # "nothing": the fill program's pieces unchanged (its few small bookkeeping bytes may be written)
+            if (k == 0) != (r.get("parent") is None) or (changed == "nothing") != (r.get("bytes", 0) < (1 << 20)):
+                raise BenchError(f"series image {k}: not what the bench made ({changed}): {line[:300]}")
+            self.record(dict(r, bench="incremental_series", image=k, changed=changed, **tags))
+            if k < changes:
+                prog.proc.stdin.write("flip 1\n")
+                prog.proc.stdin.flush()
+                prog.wait_line("flipped", 120)
+
         try:
-            for k in range(images):
-                line = proc.stdout.readline()
-                if not line:
-                    raise BenchError(f"dump --every printed {k} of {images} images: {proc.stderr.read()[-800:]}")
-                r = json.loads(line)
-                changed = "full" if k == 0 else "nothing" if k == images - 1 else "1 %"
-                # "nothing": the fill program's pieces unchanged (its few small bookkeeping bytes may be written)
-                if (k == 0) != (r.get("parent") is None) or (changed == "nothing") != (r.get("bytes", 0) < (1 << 20)):
-                    raise BenchError(f"series image {k}: not what the bench made ({changed}): {line[:300]}")
-                self.record(dict(r, bench="incremental_series", image=k, changed=changed, **tags))
-                if k < changes:
-                    prog.proc.stdin.write("flip 1\n")
-                    prog.proc.stdin.flush()
-                    prog.wait_line("flipped", 120)
-            if proc.wait(60) != 0:
-                raise BenchError(f"dump --every exited {proc.returncode}: {proc.stderr.read()[-800:]}")
+            self.run_series(cmd, images, every * images + 300, on_image)
         except (BenchError, ValueError, subprocess.TimeoutExpired) as e:
             self.error("incremental_series", e, **tags)
-        finally:
-            watchdog.cancel()
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
 
     def process_round(self, s, mode, criu, directory, tags):
         size = int(s * GIB)
