@@ -140,8 +140,9 @@ def kill_group(proc):
 
 
 def remove_images(directory, size_gib):
-    """This size's images in directory, with what a killed dump leaves (IMAGE.partial-*)."""
-    for kind in ("image", "suspend"):
+    """This size's images in directory (a dump's, a suspend's, a series' directory), with what a killed dump
+    leaves (IMAGE.partial-*)."""
+    for kind in ("image", "suspend", "series"):
         base = os.path.join(directory, f"{kind}-{size_gib}")
         for name in [base] + glob.glob(glob.escape(base) + ".partial-*"):
             shutil.rmtree(name, ignore_errors=True)
@@ -535,8 +536,7 @@ class Bench:
         """Two full dumps by one tool (`dump --every --full-every 0`): the second is a full dump without the
         set-up each command makes (its CUDA context, pinned staging and checksum kernel), as periodic
         checkpoints of a long job take them. The first image is removed once printed: one image at a time."""
-        series_dir = os.path.join(directory, f"series-{s}")
-        shutil.rmtree(series_dir, ignore_errors=True)
+        series_dir = os.path.join(directory, f"series-{s}")  # none yet: dump_one removed this size's images
         every = max(5.0, 0.35 * s)
         cmd = [self.cuda_ckpt, "dump", str(prog.pid), "-o", series_dir, "--every", str(every), "--count", "2",
                "--full-every", "0", "--json"]

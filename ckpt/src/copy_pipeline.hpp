@@ -31,6 +31,7 @@ class copy_pipeline {
   // the image's data files under a temporary name (an unusable destination fails here), the parent
   // image of an incremental one (opened and checked: a missing or broken parent fails here), the pinned
   // staging, the copy streams, and with `snapshot_allowed` spare GPU memory for a copy of the live bytes.
+  // Each step's end goes into result's phases.
   void prepare(const std::filesystem::path& output, CUcontext context, bool snapshot_allowed, image_result& result);
 
   // Copies every allocation of m's pools (mapped here at their addresses) into the image, filling

@@ -91,7 +91,7 @@ TEST_CASE("large allocations are never joined: each starts an extent of its own,
   const auto& pool = reader.info().pools.at(0);
   std::size_t large = 0;
   for (const auto& a : pool.allocations) {
-    if (a.size < (1u << 20)) continue;
+    if (a.size < vmmckpt::image::write_block_size) continue;
     ++large;
     INFO("allocation at " << std::hex << a.addr);
     bool starts_extent = false;

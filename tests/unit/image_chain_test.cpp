@@ -61,14 +61,15 @@ img::manifest write(const fs::path& dir, const std::vector<unsigned char>& bytes
       for (std::uint64_t at = 0; at < n; at += img::write_block_size)
         sums.push_back(img::block_checksum(bytes.data() + from + at, std::min(img::write_block_size, n - at)));
       w.write_blocks(0, bytes.data() + from, n, sums.data(), sums.size());
-    }
-    for (std::uint64_t at = 0; at < n && !runs; at += img::write_block_size) {
-      const std::size_t k = static_cast<std::size_t>(std::min(img::write_block_size, n - at));
-      const std::uint64_t sum = img::block_checksum(bytes.data() + from + at, k);
-      if (old != nullptr && old->blocks[at / img::write_block_size].checksum == sum)
-        w.inherit_block(0, k, sum);
-      else
-        w.write_block(0, bytes.data() + from + at, k, sum);
+    } else {
+      for (std::uint64_t at = 0; at < n; at += img::write_block_size) {
+        const std::size_t k = static_cast<std::size_t>(std::min(img::write_block_size, n - at));
+        const std::uint64_t sum = img::block_checksum(bytes.data() + from + at, k);
+        if (old != nullptr && old->blocks[at / img::write_block_size].checksum == sum)
+          w.inherit_block(0, k, sum);
+        else
+          w.write_block(0, bytes.data() + from + at, k, sum);
+      }
     }
     pl.extents.push_back(w.end_extent(0));
   }
