@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstring>
 
 #include <atomic>
@@ -22,6 +23,7 @@
 #include "real_symbols.hpp"
 #include "self_pause.hpp"
 #include "vmm_checkpoint.hpp"
+#include "vmmckpt/descriptor_room.hpp"
 #include "vmmckpt/fault_point.hpp"
 #include "vmmckpt/hex_text.hpp"
 #include "vmmckpt/log.hpp"
@@ -36,6 +38,9 @@ namespace vmmckpt::detail {
 namespace {
 
 using clock = std::chrono::steady_clock;
+
+// Descriptors the driver may open during the exports, beyond those the hold hands over.
+constexpr std::size_t spare_descriptors = 16;
 
 // Changed only by the connection holding the operation lock (control_server.cpp); read by any.
 std::atomic<bool> g_suspended{false};
@@ -298,6 +303,11 @@ std::variant<control::dump_begin_reply, control::failure_reply> hold(clock::time
 
 void prepare_hold() noexcept {
   try {
+    // The hold exports a descriptor per segment and per VMM handle, and the table's: room for them now,
+    // since a table grown in the hold makes it wait for an RCU grace period (descriptor_room.hpp).
+    std::size_t exported = 1 + vmm_handle_count();
+    for (const auto& p : active_pools()) exported += p.pool->segments().size();
+    make_room_for_descriptors(static_cast<int>(std::min<std::size_t>(exported + spare_descriptors, INT_MAX)));
     auto prepared = std::make_unique<prepared_table>();
     control::dump_begin_reply r;
     for (const auto& p : active_pools()) {

@@ -129,6 +129,13 @@ void vmm_synchronize() noexcept {
   }
 }
 
+std::size_t vmm_handle_count() {
+  vmm_state* s = existing_vmm_state();
+  if (s == nullptr) return 0;
+  std::lock_guard lock(s->mutex);
+  return s->registry.handles().size();
+}
+
 std::string vmm_hold_contents(control::dump_begin_reply& r, std::vector<int>& fds) {
   vmm_state* s = existing_vmm_state();
   const driver_api* d = driver();

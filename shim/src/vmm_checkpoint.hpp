@@ -20,6 +20,9 @@ std::vector<control::pool_summary> vmm_summaries();
 // window holds reservations (its primary context), as the pools do for theirs.
 void vmm_synchronize() noexcept;
 
+// How many handles a dump exports (one descriptor each). Throws only for want of memory.
+std::size_t vmm_handle_count();
+
 // dump_begin, the program held: appends one pool of kind vmm per device window that holds reservations
 // (its allocations the window's mappings), sets r.vmm to the layout, and appends each handle's POSIX FD
 // to `fds` in the layout's handle order. An empty string, or why it failed (the FDs appended so far are

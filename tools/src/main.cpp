@@ -12,6 +12,7 @@
 #include "run_command.hpp"
 #include "vmmckpt/ckpt/control_client.hpp"
 #include "vmmckpt/ckpt/driver.hpp"
+#include "vmmckpt/descriptor_room.hpp"
 #include "vmmckpt/image.hpp"
 #include "vmmckpt/log.hpp"
 #include "vmmckpt/version.hpp"
@@ -86,6 +87,9 @@ bool json_requested(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   ignore_file_size_signal();
+  // A dump receives a descriptor per exported piece of memory in the hold and keeps its parents' data
+  // files open: the table grows now, while this process has one thread and growing costs nothing.
+  vmmckpt::grow_descriptor_table(4096);
   CLI::App app{"cuda-ckpt: deterministic-address checkpoint/restart for CUDA programs", "cuda-ckpt"};
   app.footer(std::string(driver_help) + "\n" + exit_code_help);
   app.set_version_flag("--version", std::string("cuda-ckpt ") + VMMCKPT_VERSION);
