@@ -261,12 +261,14 @@ struct copy_pipeline::gpu_snapshot {
 };
 
 // What a series of dumps by one tool (dump --every) makes once: the pinned staging with its streams, and
-// the checksum kernel. (The CUDA context is the device's primary one, which the tool keeps.)
+// the checksum kernel; and the image each dump commits, the next one's parent. (The CUDA context is the
+// device's primary one, which the tool keeps.)
 struct copy_reuse {
   std::shared_ptr<copy_pipeline::staging> staging;
   int buffers = 0;
   std::size_t chunk_bytes = 0;
   std::shared_ptr<gpu_checksums> kernel;
+  std::shared_ptr<const parent_blocks> last_image;
 };
 
 std::shared_ptr<copy_reuse> make_copy_reuse() { return std::make_shared<copy_reuse>(); }
@@ -307,7 +309,13 @@ copy_pipeline::~copy_pipeline() {
 void copy_pipeline::prepare(const std::filesystem::path& output, CUcontext context, bool snapshot_allowed,
                             image_result& result) {
   context_ = context;
-  if (!settings_.parent.empty()) parent_.emplace(settings_.parent);
+  if (!settings_.parent.empty()) {
+    const copy_reuse* r = settings_.reuse.get();
+    if (r != nullptr && r->last_image && r->last_image->still_describes(settings_.parent))
+      parent_ = r->last_image;
+    else
+      parent_ = std::make_shared<const parent_blocks>(settings_.parent);
+  }
   // One data file per writer thread, fewer for a small image.
   const std::uint64_t chunks_estimate =
       std::max<std::uint64_t>(1, (live_estimate_ + settings_.chunk_bytes - 1) / settings_.chunk_bytes);
@@ -346,6 +354,17 @@ void copy_pipeline::prepare(const std::filesystem::path& output, CUcontext conte
   snapshot_later_ = snapshot_allowed && parent_ && gpu_sums_ && gpu_sums_->available();
   if (snapshot_allowed && !snapshot_later_)
     snapshot_->try_allocate(live_estimate_ + live_estimate_ / 8 + (64ULL << 20), settings_.chunk_bytes);
+}
+
+void copy_pipeline::committed(const std::filesystem::path& image, const image::manifest& m,
+                              std::uint64_t manifest_checksum) noexcept {
+  copy_reuse* r = settings_.reuse.get();
+  if (r == nullptr) return;
+  try {
+    r->last_image = std::make_shared<const parent_blocks>(image, m, manifest_checksum, parent_.get());
+  } catch (...) {
+    r->last_image.reset();  // out of memory: the next dump opens its parent from disk
+  }
 }
 
 void copy_pipeline::copy(image::manifest& m, const std::function<bool(std::uint64_t, std::uint64_t)>& readable,

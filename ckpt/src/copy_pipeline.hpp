@@ -45,6 +45,9 @@ class copy_pipeline {
             bool& used_snapshot, std::uint64_t& snapshot_bytes);
 
   image::writer& writer() { return *writer_; }
+  // After the writer committed m (`manifest_checksum`: what commit returned): a series keeps the image as
+  // its next dump's parent.
+  void committed(const std::filesystem::path& image, const image::manifest& m, std::uint64_t manifest_checksum) noexcept;
   // Throws interrupted when the settings' interrupt flag is set: called between chunks, and by the
   // operations between their steps.
   void check_interrupted() const;
@@ -62,7 +65,7 @@ class copy_pipeline {
   std::optional<image::writer> writer_;
   std::unique_ptr<gpu_snapshot> snapshot_;
   bool snapshot_later_ = false;  // made in the hold, of the changed bytes' size (incremental, GPU checksums)
-  std::optional<parent_blocks> parent_;
+  std::shared_ptr<const parent_blocks> parent_;
   std::shared_ptr<gpu_checksums> gpu_sums_;  // loaded unless the CPU is asked to hash
 };
 

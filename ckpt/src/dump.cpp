@@ -69,7 +69,7 @@ dump_result dump(const dump_options& options, const progress_callback& progress)
       progress, result, result.gpu_snapshot, result.snapshot_bytes);
   m.hold_us = static_cast<std::uint64_t>(result.hold_ms * 1000.0);
   m.image_id = pipeline.writer().image_id();
-  pipeline.writer().commit(m);
+  pipeline.committed(options.output, m, pipeline.writer().commit(m));
   result.mark("committed");
   result.image = options.output;
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - result.start).count();

@@ -1,29 +1,58 @@
 // An incremental dump's parent: its blocks, compared with the program's to leave the unchanged ones out.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <filesystem>
-#include <optional>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "vmmckpt/image.hpp"
 
 namespace vmmckpt::ckpt {
 
-// The parent image of `dump --parent`/`suspend --parent`, opened (with its own chain) and checked
-// before the program is held.
+// The parent image of `dump --parent`/`suspend --parent`, checked before the program is held.
 class parent_blocks {
  public:
+  // Opened from disk with its own chain, every rule of the format checked.
   explicit parent_blocks(const std::filesystem::path& parent);
+  // The image a dump of a series has just committed, as the next dump's parent: its manifest as written
+  // (`manifest_checksum`: commit's), on the chain of `its_parent` (null for a full image). Opening it again
+  // from disk would decode every image of the chain once more, for each dump of the series.
+  parent_blocks(const std::filesystem::path& image, const image::manifest& m, std::uint64_t manifest_checksum,
+                const parent_blocks* its_parent);
+
   // The parent's extent of exactly this range and stored bytes: only its blocks can be compared
   // with a new extent's, block for block. Null when it has none.
   const image::extent* same_extent(std::uint64_t addr, std::uint64_t size, std::uint64_t stored) const;
   // How the child names it: image_id, manifest checksum, and where it was found (or `recorded_as`).
   image::parent_ref ref(const std::filesystem::path& recorded_as = {}) const;
+  // This describes the image at `parent` as it is now: the same place, and every file of every image of
+  // the chain still the one it was when this was made (inode, size, modification time). What lets a
+  // series use it again instead of opening the chain.
+  bool still_describes(const std::filesystem::path& parent) const;
 
  private:
-  image::reader reader_;
+  struct file_identity {
+    std::string path;
+    dev_t dev;
+    ino_t ino;
+    off_t size;
+    std::int64_t mtime_ns;
+    friend bool operator==(const file_identity&, const file_identity&) = default;
+  };
+  static std::vector<file_identity> identities(const std::filesystem::path& image);
+  void check_chain_length() const;
+  void index_extents();
+
+  std::shared_ptr<const image::manifest> manifest_;  // the reader's, or a copy of what a series wrote
+  std::shared_ptr<const image::reader> reader_;      // opened from disk: keeps manifest_ alive
+  std::uint64_t manifest_checksum_ = 0;
   std::filesystem::path path_;
+  std::size_t chain_length_ = 1;        // images in the chain, this one included
+  std::vector<file_identity> files_;   // of every image of the chain
   std::vector<const image::extent*> by_addr_;  // every extent of every pool, sorted by address
 };
 

@@ -293,7 +293,7 @@ struct writer::impl {
     close_or_fail(fd, path);
   }
 
-  void write_out(const manifest& m) {
+  std::uint64_t write_out(const manifest& m) {
     // The tables first, so that the manifest can record their size and checksum, and the data files'
     // headers the manifest's: the chain of checksums covers every byte of metadata.
     const metadata_files files_of_m = encode_metadata(m);
@@ -320,6 +320,7 @@ struct writer::impl {
     committed = true;
     const std::filesystem::path parent = final_dir.has_parent_path() ? final_dir.parent_path() : ".";
     fsync_or_fail(parent_fd, parent.string() + " (after renaming the image into place)");
+    return manifest_checksum;
   }
 
   void rename_into_place() {
@@ -478,7 +479,7 @@ extent writer::end_extent(std::uint32_t file) {
   }
 }
 
-void writer::commit(const manifest& given) {
+std::uint64_t writer::commit(const manifest& given) {
   // A copy only when the caller's image_id is not the writer's already: a manifest of a million
   // allocations is 24 MB.
   std::optional<manifest> copy;
@@ -489,7 +490,7 @@ void writer::commit(const manifest& given) {
   const manifest& m = copy ? *copy : given;
   impl_->check(m);
   try {
-    impl_->write_out(m);
+    return impl_->write_out(m);
   } catch (...) {
     impl_->failed = true;
     throw;

@@ -273,3 +273,28 @@ TEST_CASE("incremental: dump --every writes a series, incremental with a full im
   CHECK(lone.exit_code == 2);
   CHECK_THAT(lone.err, Catch::Matchers::Contains("apply to a series of dumps (--every)"));
 }
+
+TEST_CASE("incremental: a series notices a parent changed between its dumps, and refuses it, naming it",
+          "[emu][incremental][series]") {
+  scratch_dir dir;
+  background_process p({cuda_ckpt, "run", "--", program, "run", dir.path.string()});
+  REQUIRE(p.wait_for_output("ready\n"));
+  const fs::path series = dir.path / "series";
+  // The series keeps the image it has just written as the next one's parent, rather than reading it again.
+  // Its error goes to stderr: read here with its output.
+  background_process s({"/bin/sh", "-c",
+                        "exec \"$0\" dump " + std::to_string(p.pid()) + " -o \"$1\" --every 2 --count 2 --json 2>&1",
+                        cuda_ckpt, series.string()});
+  REQUIRE(s.wait_for_output("\n"));  // the first image's line
+  // One byte more at the end of the first image's first data file, before the second dump reads it.
+  { std::ofstream(series / "0000" / "data.bin", std::ios::binary | std::ios::app) << 'x'; }
+  CHECK(s.wait_for_output("unexpected bytes after the payload"));
+  CHECK_THAT(s.output(), Catch::Matchers::Contains((series / "0000" / "data.bin").string()));
+  CHECK(s.wait() != 0);
+  CHECK_FALSE(fs::exists(series / "0001"));
+  for (const auto& entry : fs::directory_iterator(series))
+    CHECK(entry.path().filename().string().find(".partial-") == std::string::npos);
+  // The program goes on, and its memory still dumps whole.
+  CHECK(p.running());
+  dump_json(p.pid(), dir.path / "after");
+}

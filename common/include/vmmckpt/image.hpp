@@ -196,8 +196,9 @@ class writer {
 
   // The manifest's extents, taken file by file in manifest order, must be those end_extent
   // returned for that file, in order; data_files must be files(). The image is written with the
-  // writer's own image_id (whatever m says; cheapest when m already has it).
-  void commit(const manifest& m);
+  // writer's own image_id (whatever m says; cheapest when m already has it). Returns the manifest's
+  // checksum, by which a child names it (parent_ref).
+  std::uint64_t commit(const manifest& m);
   const std::string& image_id() const;
   const std::filesystem::path& temporary_dir() const;
   // A small file of the caller's written into the image (synced with it, there from the moment the
