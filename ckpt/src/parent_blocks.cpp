@@ -20,7 +20,8 @@ std::filesystem::path absolute_dir(const std::filesystem::path& p) {
 }  // namespace
 
 parent_blocks::parent_blocks(const std::filesystem::path& parent) : path_(absolute_dir(parent)) {
-  // Taken before the chain is read: a change made while it is read shows at the next still_describes().
+  // The parent's files are taken before it is read: a change made meanwhile shows at the next
+  // still_describes(). (Its parents' are taken once they are read.)
   files_ = identities(path_);
   auto reader = std::make_shared<const image::reader>(image::reader::open(parent));
   manifest_ = std::shared_ptr<const image::manifest>(reader, &reader->info());
@@ -51,7 +52,6 @@ parent_blocks::parent_blocks(const std::filesystem::path& parent) : path_(absolu
       throw image::image_error(parent.string() + ": a suspend image cannot be a parent (resume and gc delete it); " +
                                "use an image written by dump");
   }
-  reader_ = std::move(reader);
   index_extents();
 }
 
@@ -121,6 +121,7 @@ image::parent_ref parent_blocks::ref(const std::filesystem::path& recorded_as) c
   if (!named.has_filename()) p = named.parent_path().string();
   return {manifest_->image_id, manifest_checksum_, p};
 }
+
 std::vector<std::uint64_t> block_checksums(const unsigned char* stored_bytes, std::uint64_t stored) {
   std::vector<std::uint64_t> out;
   out.reserve(image::block_count(stored, image::write_block_size));

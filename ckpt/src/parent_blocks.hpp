@@ -47,8 +47,8 @@ class parent_blocks {
   void check_chain_length() const;
   void index_extents();
 
-  std::shared_ptr<const image::manifest> manifest_;  // the reader's, or a copy of what a series wrote
-  std::shared_ptr<const image::reader> reader_;      // opened from disk: keeps manifest_ alive
+  // The reader's (sharing the reader's ownership: it lives as long as this), or a copy of what a series wrote.
+  std::shared_ptr<const image::manifest> manifest_;
   std::uint64_t manifest_checksum_ = 0;
   std::filesystem::path path_;
   std::size_t chain_length_ = 1;        // images in the chain, this one included

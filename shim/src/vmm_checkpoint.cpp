@@ -133,7 +133,7 @@ std::size_t vmm_handle_count() {
   vmm_state* s = existing_vmm_state();
   if (s == nullptr) return 0;
   std::lock_guard lock(s->mutex);
-  return s->registry.handles().size();
+  return s->registry.handle_count();
 }
 
 std::string vmm_hold_contents(control::dump_begin_reply& r, std::vector<int>& fds) {

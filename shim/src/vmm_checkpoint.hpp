@@ -20,7 +20,7 @@ std::vector<control::pool_summary> vmm_summaries();
 // window holds reservations (its primary context), as the pools do for theirs.
 void vmm_synchronize() noexcept;
 
-// How many handles a dump exports (one descriptor each). Throws only for want of memory.
+// How many handles a dump exports at most (one descriptor each).
 std::size_t vmm_handle_count();
 
 // dump_begin, the program held: appends one pool of kind vmm per device window that holds reservations

@@ -4,7 +4,7 @@
 namespace vmmckpt {
 
 // Linux grows a descriptor table when a descriptor is made past its end, and while the process has
-// more than one thread the growth waits for an RCU grace period (expand_fdtable: 12-20 ms measured).
+// more than one thread the growth waits for an RCU grace period (expand_fdtable: 12-21 ms measured).
 // A dump makes descriptors in the hold on both sides: the program exports its memory, the tool
 // receives it. These make the room beforehand; neither throws, and where they cannot they do nothing.
 

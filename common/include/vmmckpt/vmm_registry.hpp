@@ -102,6 +102,7 @@ class vmm_registry {
   // ---- enumeration, for a dump or a suspend
   std::vector<vmm_reservation> reservations() const;  // address order
   std::vector<vmm_handle> handles() const;            // token order
+  std::size_t handle_count() const { return handles_.size(); }
   std::vector<vmm_mapping> mappings() const;          // owned mappings, address order
   std::vector<vmm_access_range> access() const;       // address order
 
