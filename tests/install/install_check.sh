@@ -57,15 +57,18 @@ files)
     [ -s "$prefix/$f" ] || fail "$prefix/$f is missing or empty"
   done
   for f in "$prefix/bin/cuda-ckpt" "$prefix/$libdir/libvmmckpt.so"; do
-    if readelf -d "$f" | grep -E 'R(UN)?PATH' | grep -qF "$build"; then
+    # Each command's output is taken whole before grep -q reads it: grep leaving at its first match would
+    # fail a writer still writing with SIGPIPE, and pipefail the check (emu.install.run_dump_verify did).
+    dynamic="$(readelf -d "$f")"
+    if grep -E 'R(UN)?PATH' <<<"$dynamic" | grep -qF "$build"; then
       fail "$f carries an RPATH into the build tree: $(readelf -d "$f" | grep -E 'R(UN)?PATH')"
     fi
   done
   grep -q '^\.TH CUDA-CKPT 1' "$prefix/share/man/man1/cuda-ckpt.1" || fail "the man page has no .TH line"
   # Rendered with nroff itself where there is one: `man` is a stub on minimized systems (the GPU hosts).
   if command -v nroff >/dev/null; then
-    nroff -man -rLL=300n -rHY=0 "$prefix/share/man/man1/cuda-ckpt.1" 2>/dev/null | grep -q 'Write a consistent image' ||
-      fail "nroff does not render the dump section of the page"
+    page="$(nroff -man -rLL=300n -rHY=0 "$prefix/share/man/man1/cuda-ckpt.1" 2>/dev/null)"
+    grep -q 'Write a consistent image' <<<"$page" || fail "nroff does not render the dump section of the page"
   fi
   # Every subcommand the tool lists has a man section and is completed.
   subcommands="$("$prefix/bin/cuda-ckpt" --help | sed -n '/^[Ss][Uu][Bb][Cc][Oo][Mm][Mm][Aa][Nn][Dd][Ss]:/,/^$/p' |
@@ -91,7 +94,9 @@ run)
   [ "$shim" = "$(realpath "$prefix")/$libdir/libvmmckpt.so" ] || fail "the program runs under '$shim', not the installed shim"
   "$cuda_ckpt" dump "$pid" -o "$scratch/image"
   "$cuda_ckpt" verify "$scratch/image"
-  "$cuda_ckpt" inspect --json "$scratch/image" | grep -q "\"pid\": *$pid" || fail "inspect does not name process $pid"
+  # Taken whole first, as above.
+  inspected="$("$cuda_ckpt" inspect --json "$scratch/image")"
+  grep -q "\"pid\": *$pid" <<<"$inspected" || fail "inspect does not name process $pid"
   ;;
 
 locate)
