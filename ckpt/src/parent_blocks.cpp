@@ -19,10 +19,10 @@ std::filesystem::path absolute_dir(const std::filesystem::path& p) {
 
 }  // namespace
 
-parent_blocks::parent_blocks(const std::filesystem::path& parent) : path_(absolute_dir(parent)) {
+parent_blocks::parent_blocks(const std::filesystem::path& parent) : path_(absolute_dir(parent)), chain_dirs_{path_} {
   // The parent's files are taken before it is read: a change made meanwhile shows at the next
   // still_describes(). (Its parents' are taken once they are read.)
-  files_ = identities(path_);
+  files_ = identities(chain_dirs_);
   auto reader = std::make_shared<const image::reader>(image::reader::open(parent));
   manifest_ = std::shared_ptr<const image::manifest>(reader, &reader->info());
   manifest_checksum_ = reader->manifest_checksum();
@@ -33,15 +33,14 @@ parent_blocks::parent_blocks(const std::filesystem::path& parent) : path_(absolu
   if (m.block_size != image::write_block_size)
     throw image::image_error(parent.string() + ": its blocks are " + std::to_string(m.block_size) +
                              " bytes, this tool writes blocks of " + std::to_string(image::write_block_size));
-  chain_length_ = 0;
-  for (const image::reader* r = reader.get(); r != nullptr; r = r->parent()) {
-    ++chain_length_;
-    if (r != reader.get()) {
-      auto more = identities(absolute_dir(r->dir()));
-      files_.insert(files_.end(), more.begin(), more.end());
-    }
-  }
-  check_chain_length();
+  for (const image::reader* r = reader->parent(); r != nullptr; r = r->parent())
+    chain_dirs_.push_back(absolute_dir(r->dir()));
+  if (chain_dirs_.size() >= image::max_chain_length)
+    throw image::image_error(parent.string() + ": a chain of " + std::to_string(chain_dirs_.size()) +
+                             " images already, the most a reader follows: merge it first (cuda-ckpt merge " +
+                             parent.string() + " -o FULL)");
+  const auto parents = identities({chain_dirs_.begin() + 1, chain_dirs_.end()});
+  files_.insert(files_.end(), parents.begin(), parents.end());
   // resume and gc delete a suspend image once its program no longer needs it: a child would lose its parent.
   // The GPU part of a finished whole-process image stays with it (restore reads it, never deletes it).
   const bool process_part =
@@ -60,17 +59,13 @@ parent_blocks::parent_blocks(const std::filesystem::path& image, const image::ma
     : manifest_(std::make_shared<const image::manifest>(m)),
       manifest_checksum_(manifest_checksum),
       path_(absolute_dir(image)),
-      chain_length_(its_parent != nullptr ? its_parent->chain_length_ + 1 : 1),
-      files_(identities(path_)) {
-  if (its_parent != nullptr) files_.insert(files_.end(), its_parent->files_.begin(), its_parent->files_.end());
+      chain_dirs_{path_},
+      files_(identities(chain_dirs_)) {
+  if (its_parent != nullptr) {
+    chain_dirs_.insert(chain_dirs_.end(), its_parent->chain_dirs_.begin(), its_parent->chain_dirs_.end());
+    files_.insert(files_.end(), its_parent->files_.begin(), its_parent->files_.end());
+  }
   index_extents();
-}
-
-void parent_blocks::check_chain_length() const {
-  if (chain_length_ >= image::max_chain_length)
-    throw image::image_error(path_.string() + ": a chain of " + std::to_string(chain_length_) +
-                             " images already, the most a reader follows: merge it first (cuda-ckpt merge " +
-                             path_.string() + " -o FULL)");
 }
 
 void parent_blocks::index_extents() {
@@ -79,33 +74,28 @@ void parent_blocks::index_extents() {
   std::sort(by_addr_.begin(), by_addr_.end(), [](const image::extent* a, const image::extent* b) { return a->addr < b->addr; });
 }
 
-std::vector<parent_blocks::file_identity> parent_blocks::identities(const std::filesystem::path& image) {
+std::vector<parent_blocks::file_identity> parent_blocks::identities(const std::vector<std::filesystem::path>& dirs) {
   std::vector<file_identity> out;
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(image, ec)) {
-    struct stat st;
-    const std::string p = entry.path().string();
-    if (::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode))
-      out.push_back({p, st.st_dev, st.st_ino, st.st_size,
-                     static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec});
+  for (const auto& dir : dirs) {
+    const std::size_t first = out.size();
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+      struct stat st;
+      const std::string p = entry.path().string();
+      if (::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode))
+        out.push_back({p, st.st_dev, st.st_ino, st.st_size,
+                       static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec});
+    }
+    std::sort(out.begin() + static_cast<std::ptrdiff_t>(first), out.end(),
+              [](const file_identity& a, const file_identity& b) { return a.path < b.path; });
   }
-  std::sort(out.begin(), out.end(), [](const file_identity& a, const file_identity& b) { return a.path < b.path; });
   return out;
 }
 
 bool parent_blocks::still_describes(const std::filesystem::path& parent) const {
-  if (absolute_dir(parent) != path_) return false;
-  if (chain_length_ >= image::max_chain_length) return false;  // opened again, it is refused, saying why
-  std::vector<file_identity> now;
-  std::filesystem::path dir;
-  for (const file_identity& f : files_) {
-    const std::filesystem::path d = std::filesystem::path(f.path).parent_path();
-    if (d == dir) continue;
-    dir = d;
-    auto more = identities(dir);
-    now.insert(now.end(), more.begin(), more.end());
-  }
-  return now == files_;
+  // A chain at the most a reader follows is opened again, and refused there, saying why.
+  return absolute_dir(parent) == path_ && chain_dirs_.size() < image::max_chain_length &&
+         identities(chain_dirs_) == files_;
 }
 
 const image::extent* parent_blocks::same_extent(std::uint64_t addr, std::uint64_t size, std::uint64_t stored) const {

@@ -43,16 +43,16 @@ class parent_blocks {
     std::int64_t mtime_ns;
     friend bool operator==(const file_identity&, const file_identity&) = default;
   };
-  static std::vector<file_identity> identities(const std::filesystem::path& image);
-  void check_chain_length() const;
+  // Every regular file of each image directory, image after image, by name within each.
+  static std::vector<file_identity> identities(const std::vector<std::filesystem::path>& dirs);
   void index_extents();
 
   // The reader's (sharing the reader's ownership: it lives as long as this), or a copy of what a series wrote.
   std::shared_ptr<const image::manifest> manifest_;
   std::uint64_t manifest_checksum_ = 0;
   std::filesystem::path path_;
-  std::size_t chain_length_ = 1;        // images in the chain, this one included
-  std::vector<file_identity> files_;   // of every image of the chain
+  std::vector<std::filesystem::path> chain_dirs_;  // this image's directory, then its parents'
+  std::vector<file_identity> files_;               // of every image of the chain
   std::vector<const image::extent*> by_addr_;  // every extent of every pool, sorted by address
 };
 
