@@ -39,7 +39,7 @@ static bool flags_allow(unsigned flags, access_need need) {
 
 static bool region_allows(const region& r, access_need need, device_set devices) {
   if (r.kind != region_kind::vmm_mapping) return true;
-  unsigned best = 0;
+  unsigned best = r.host_access;
   for (unsigned char a : r.access) best |= a;
   if (!flags_allow(best, need)) return false;
   for (std::size_t d = 0; d < r.access.size(); ++d)

@@ -26,6 +26,8 @@ struct region {
   std::uint64_t handle = 0;
   std::size_t offset = 0;
   std::array<unsigned char, max_devices> access{};  // CUmemAccess_flags per device
+  unsigned char host_access = 0;                     // CUmemAccess_flags of the host (HOST_NUMA) location
+  bool host_located = false;                         // a handle created on a host location: host memory
   std::uint64_t buffer_id = 0;
 
   std::uintptr_t end() const { return base + size; }

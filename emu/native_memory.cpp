@@ -243,6 +243,13 @@ CUresult cuMemHostGetFlags(unsigned int* pFlags, void* p) {
   });
 }
 
+// The range the driver names for a pointer: the reservation around a VMM mapping, else the allocation.
+static reservation range_of(memory_table& t, const region& r) {
+  if (r.kind == region_kind::vmm_mapping)
+    if (const reservation* res = t.find_reservation(r.base)) return *res;
+  return reservation{r.base, r.size};
+}
+
 // Answers one pointer attribute; memory the emulator does not know is reported as unknown host
 // memory where the real driver does the same, and as an error where it fails.
 static CUresult pointer_attribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr) {
@@ -252,7 +259,7 @@ static CUresult pointer_attribute(void* data, CUpointer_attribute attribute, CUd
   switch (attribute) {
     case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
       if (r == nullptr) return CUDA_ERROR_INVALID_VALUE;
-      *static_cast<unsigned*>(data) = r->is_device() ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST;
+      *static_cast<unsigned*>(data) = r->is_device() && !r->host_located ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST;
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
       if (r == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -270,13 +277,15 @@ static CUresult pointer_attribute(void* data, CUpointer_attribute attribute, CUd
       if (r == nullptr) return CUDA_ERROR_INVALID_VALUE;
       *static_cast<int*>(data) = r->device;
       return CUDA_SUCCESS;
+    // VMM memory answers with its whole reservation, not the mapping (measured on an H200, driver 580:
+    // a mapping inside a 2 TiB reservation gave the 2 TiB); cuMemGetAddressRange gives the mapping.
     case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
       if (r == nullptr) return CUDA_ERROR_INVALID_VALUE;
-      *static_cast<CUdeviceptr*>(data) = r->base;
+      *static_cast<CUdeviceptr*>(data) = range_of(t, *r).base;
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
       if (r == nullptr) return CUDA_ERROR_INVALID_VALUE;
-      *static_cast<std::size_t*>(data) = r->size;
+      *static_cast<std::size_t*>(data) = range_of(t, *r).size;
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_BUFFER_ID:
       if (r == nullptr) return CUDA_ERROR_INVALID_VALUE;

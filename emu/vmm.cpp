@@ -24,7 +24,8 @@ namespace {
 struct physical {
   int fd = -1;
   std::size_t size = 0;
-  int device = 0;
+  int device = 0;         // host-located memory: 0, and `host` set
+  bool host = false;      // created on a host location (HOST, HOST_NUMA, HOST_NUMA_CURRENT)
   bool imported = false;  // imported handles were charged in the exporting process
   int refs = 1;           // create/import and each cuMemRetainAllocationHandle; cuMemRelease drops
   int mappings = 0;       // memory stays alive while mapped, even after the last release
@@ -45,11 +46,18 @@ void drop_if_unused(std::uint64_t id) {
   auto it = h.find(id);
   if (it == h.end() || it->second.refs > 0 || it->second.mappings > 0) return;
   close(it->second.fd);
-  if (!it->second.imported) refund_device_memory(it->second.device, it->second.size);
+  if (!it->second.imported && !it->second.host) refund_device_memory(it->second.device, it->second.size);
   h.erase(it);
 }
 
+bool host_location(CUmemLocationType t) {
+  return t == CU_MEM_LOCATION_TYPE_HOST || t == CU_MEM_LOCATION_TYPE_HOST_NUMA ||
+         t == CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT;
+}
+
+// A device, or the host's one NUMA node (id 0): the emulated machine has no other.
 CUresult check_location(const CUmemLocation& loc) {
+  if (loc.type == CU_MEM_LOCATION_TYPE_HOST_NUMA) return loc.id == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
   if (loc.type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
   if (loc.id < 0 || loc.id >= device_count()) return CUDA_ERROR_INVALID_DEVICE;
   return CUDA_SUCCESS;
@@ -57,7 +65,12 @@ CUresult check_location(const CUmemLocation& loc) {
 
 CUresult check_prop(const CUmemAllocationProp* prop) {
   if (prop == nullptr || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
-  if (CUresult rc = check_location(prop->location); rc != CUDA_SUCCESS) return rc;
+  // Memory may live on the host (NCCL's host buffers); only a device or the host's NUMA node 0 is known.
+  const bool on_host = host_location(prop->location.type);
+  if (on_host && prop->location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA && prop->location.id != 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (!on_host)
+    if (CUresult rc = check_location(prop->location); rc != CUDA_SUCCESS) return rc;
   const unsigned types = prop->requestedHandleTypes;
   if ((types & ~static_cast<unsigned>(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) != 0) {
     trace("cuMemCreate: handle types 0x%x other than POSIX_FILE_DESCRIPTOR are not emulated", types);
@@ -90,15 +103,27 @@ void restore_reservation(region& r) {
   if (auto it = h.find(r.handle); it != h.end()) --it->second.mappings;
 }
 
+constexpr int host_memfd = -2;  // device_of_memfd's answer for host-located memory
+
 int device_of_memfd(int fd) {
   char link[64];
   std::snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
   char target[256] = {};
   ssize_t len = readlink(link, target, sizeof target - 1);
   if (len <= 0) return -1;
+  if (std::strncmp(target, "/memfd:vmmckpt-emu-host", 23) == 0) return host_memfd;
   int dev = -1;
   if (std::sscanf(target, "/memfd:vmmckpt-emu-dev%d", &dev) != 1) return -1;
   return dev;
+}
+
+// The real driver places a small reservation in its own ranges and ignores its hint (measured on an
+// H200, driver 580: 2, 4 and 8 MiB, and 16 MiB unless aligned to its size, came back elsewhere; 32 MiB
+// and more, and 8 MiB aligned to 8 MiB, at the hint). The emulator does the same, so that code which
+// relies on hints is tested against the driver's answer.
+bool hint_honoured(std::size_t size, std::size_t alignment) {
+  constexpr std::size_t mib = std::size_t{1} << 20;
+  return size >= 32 * mib || (size >= 8 * mib && alignment >= size);
 }
 
 }  // namespace
@@ -127,7 +152,7 @@ CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment, CU
     auto& t = memory();
     std::unique_lock lock(t.mutex);
     void* got = MAP_FAILED;
-    if (addr != 0 && addr % alignment == 0) {
+    if (addr != 0 && addr % alignment == 0 && hint_honoured(size, alignment)) {
       // Honoured exactly when the range is free; otherwise the real driver silently picks another
       // address and still succeeds, so we do the same.
       void* want = reinterpret_cast<void*>(addr);
@@ -188,15 +213,19 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const CU
     if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
     if (handle == nullptr || size == 0 || !aligned(size) || flags != 0) return CUDA_ERROR_INVALID_VALUE;
     if (CUresult rc = check_prop(prop); rc != CUDA_SUCCESS) return rc;
-    const int dev = prop->location.id;
-    if (!charge_device_memory(dev, size)) return CUDA_ERROR_OUT_OF_MEMORY;
+    const bool host = host_location(prop->location.type);
+    const int dev = host ? 0 : prop->location.id;
+    if (!host && !charge_device_memory(dev, size)) return CUDA_ERROR_OUT_OF_MEMORY;
     // The name carries the device so that an importing process can tell which device it belongs to.
     char name[32];
-    std::snprintf(name, sizeof name, "vmmckpt-emu-dev%d", dev);
+    if (host)
+      std::snprintf(name, sizeof name, "vmmckpt-emu-host");
+    else
+      std::snprintf(name, sizeof name, "vmmckpt-emu-dev%d", dev);
     const int fd = memfd_create(name, MFD_CLOEXEC);
     if (fd < 0 || ftruncate(fd, static_cast<off_t>(size)) != 0) {
       if (fd >= 0) close(fd);
-      refund_device_memory(dev, size);
+      if (!host) refund_device_memory(dev, size);
       return CUDA_ERROR_OUT_OF_MEMORY;
     }
     auto& t = memory();
@@ -206,6 +235,7 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const CU
     p.fd = fd;
     p.size = size;
     p.device = dev;
+    p.host = host;
     p.prop = *prop;
     handles().emplace(id, p);
     *handle = id;
@@ -269,6 +299,7 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
     r.mapped = size;
     r.kind = region_kind::vmm_mapping;
     r.device = p.device;
+    r.host_located = p.host;
     r.handle = handle;
     r.offset = offset;
     r.buffer_id = t.next_buffer_id++;
@@ -317,10 +348,16 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* des
     if (!whole_mappings(t, ptr, size, parts)) return CUDA_ERROR_INVALID_VALUE;
     for (region* r : parts) {
       for (std::size_t i = 0; i < count; ++i) {
-        r->access[static_cast<std::size_t>(desc[i].location.id)] = static_cast<unsigned char>(desc[i].flags);
+        const auto flags = static_cast<unsigned char>(desc[i].flags);
+        if (desc[i].location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA) {
+          if (!r->host_located) return CUDA_ERROR_INVALID_VALUE;  // the host reaches device memory only by copies
+          r->host_access = flags;
+        } else {
+          r->access[static_cast<std::size_t>(desc[i].location.id)] = flags;
+        }
       }
       // All emulated devices share one address space: the host protection is the union of them.
-      unsigned best = 0;
+      unsigned best = r->host_access;
       for (unsigned char a : r->access) best |= a;
       const int prot = best == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? PROT_READ | PROT_WRITE
                        : best != 0                                ? PROT_READ
@@ -340,7 +377,8 @@ CUresult cuMemGetAccess(unsigned long long* flags, const CUmemLocation* location
     std::shared_lock lock(t.mutex);
     region* r = t.find(ptr);
     if (r == nullptr || r->kind != region_kind::vmm_mapping) return CUDA_ERROR_INVALID_VALUE;
-    *flags = r->access[static_cast<std::size_t>(location->id)];
+    *flags = location->type == CU_MEM_LOCATION_TYPE_HOST_NUMA ? r->host_access
+                                                             : r->access[static_cast<std::size_t>(location->id)];
     return CUDA_SUCCESS;
   });
 }
@@ -397,7 +435,9 @@ CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle, vo
     struct stat st {};
     if (in_fd < 0 || fstat(in_fd, &st) != 0) return CUDA_ERROR_INVALID_VALUE;
     const auto size = static_cast<std::size_t>(st.st_size);
-    const int dev = device_of_memfd(in_fd);
+    const int found = device_of_memfd(in_fd);
+    const bool host = found == host_memfd;
+    const int dev = host ? 0 : found;
     if (dev < 0 || size == 0 || !aligned(size)) return CUDA_ERROR_INVALID_VALUE;  // not one of ours
     if (dev >= device_count()) return CUDA_ERROR_INVALID_DEVICE;
     // Our own copy: the caller keeps (and closes) the descriptor it passed in.
@@ -409,9 +449,10 @@ CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle, vo
     p.fd = fd;
     p.size = size;
     p.device = dev;
+    p.host = host;
     p.imported = true;
     p.prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    p.prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    p.prop.location.type = host ? CU_MEM_LOCATION_TYPE_HOST_NUMA : CU_MEM_LOCATION_TYPE_DEVICE;
     p.prop.location.id = dev;
     p.prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     const std::uint64_t id = g_next_handle++;
