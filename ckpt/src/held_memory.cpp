@@ -10,6 +10,7 @@
 #include "cuda_check.hpp"
 #include "session.hpp"
 #include "vmmckpt/address_ranges.hpp"
+#include "vmmckpt/exact_reservation.hpp"
 #include "vmmckpt/hex_text.hpp"
 
 namespace vmmckpt::ckpt {
@@ -42,14 +43,11 @@ class held_memory::pool_mapping {
  public:
   pool_mapping(CUdevice device, CUdevice copier, std::uint64_t base, std::uint64_t size)
       : d_(driver()), base_(base), size_(size), access_(access_for(d_, device, copier)) {
-    CUdeviceptr got = 0;
-    VMMCKPT_CUDA_TRY(d_.cuMemAddressReserve(&got, size, 0, base, 0));
+    std::uint64_t moved_to = 0;
+    const CUresult e = reserve_exactly(d_, base, size, 0, moved_to);
+    if (moved_to != 0) throw tool_error("cannot map the pool at " + hex(base) + " in this process: the range is taken");
+    VMMCKPT_CUDA_TRY(e);
     reserved_ = true;
-    if (got != base) {
-      d_.cuMemAddressFree(got, size);
-      reserved_ = false;
-      throw tool_error("cannot map the pool at " + hex(base) + " in this process: the range is taken");
-    }
   }
   ~pool_mapping() {
     for (const auto& m : mapped_) {
@@ -104,8 +102,9 @@ class held_memory::pool_mapping {
   mutable std::optional<address_ranges::cursor> cursor_;
 };
 
-// The program's own VMM memory: its reservations reserved here exactly, each handle imported once, each
-// mapping mapped as the program mapped it and readable by the handle's device. Undone by the destructor.
+// The program's own VMM memory: the windows holding its reservations reserved here whole, as the shim
+// reserves them (exact_reservation.hpp), each handle imported once, each mapping mapped as the program
+// mapped it and readable by the handle's device. Undone by the destructor.
 class held_memory::vmm_mapping {
  public:
   explicit vmm_mapping(CUdevice copier) : d_(driver()), copier_(copier) {}
@@ -117,14 +116,15 @@ class held_memory::vmm_mapping {
   vmm_mapping(const vmm_mapping&) = delete;
   vmm_mapping& operator=(const vmm_mapping&) = delete;
 
-  void reserve(std::uint64_t addr, std::uint64_t size) {
-    CUdeviceptr got = 0;
-    VMMCKPT_CUDA_TRY(d_.cuMemAddressReserve(&got, size, 0, addr, 0));
-    if (got != addr) {
-      d_.cuMemAddressFree(got, size);
-      throw tool_error("cannot map the program's VMM reservation at " + hex(addr) + " in this process: the range is taken");
-    }
-    reserved_.emplace_back(addr, size);
+  void reserve_window(std::uint64_t base, std::uint64_t size) {
+    for (const auto& r : reserved_)
+      if (r.first == base) return;
+    std::uint64_t moved_to = 0;
+    const CUresult e = reserve_exactly(d_, base, size, vmm_granularity, moved_to);
+    if (moved_to != 0)
+      throw tool_error("cannot map the program's VMM window at " + hex(base) + " in this process: the range is taken");
+    VMMCKPT_CUDA_TRY(e);
+    reserved_.emplace_back(base, size);
   }
   // `fd` is closed here whatever happens.
   void import(std::uint64_t token, CUdevice device, int fd) {
@@ -210,7 +210,7 @@ held_memory::held_memory(session& s, control::dump_begin_reply& held, received_f
     if (const std::string why = check(l, "vmm"); !why.empty())
       throw tool_error("the program's VMM memory cannot be imaged as it describes it: " + why);
     vmm_ = std::make_unique<vmm_mapping>(copier);
-    for (const auto& r : l.reservations) vmm_->reserve(r.addr, vmm_span(r.size));
+    for (const auto& r : l.reservations) vmm_->reserve_window(l.windows.device_base(r.device), l.windows.window);
     for (const auto& h : l.handles) {
       if (next_fd >= fds.size()) throw tool_error("the program sent fewer handles than its VMM memory has");
       vmm_->import(h.token, s.device_for(session::describe(h.device, held.devices)), fds.take(next_fd++));

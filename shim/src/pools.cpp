@@ -13,6 +13,7 @@
 #include "control_server.hpp"
 #include "cuda_backend.hpp"
 #include "vmmckpt/address_ranges.hpp"
+#include "vmmckpt/exact_reservation.hpp"
 #include "vmmckpt/log.hpp"
 #include "real_symbols.hpp"
 #include "vmmckpt/pool_layout.hpp"
@@ -97,20 +98,17 @@ CUresult create_pool(registry& r, int ordinal, device_slot& slot, bool& lasting)
   }
 
   const std::uint64_t base = cfg.device_base(ordinal);
-  CUdeviceptr got = 0;
-  e = d->cuMemAddressReserve(&got, cfg.size, granularity, base, 0);
+  std::uint64_t moved_to = 0;
+  e = reserve_exactly(*d, base, cfg.size, granularity, moved_to);
+  if (moved_to != 0) {
+    log::error("device {}: the pool range [{:#x}, {:#x}) is taken in this process (the driver offered {:#x}); "
+               "set VMMCKPT_POOL_BASE to a free range. Allocations on this device will fail.",
+               ordinal, base, base + cfg.size, moved_to);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
   if (e != CUDA_SUCCESS) {
     log::error("device {}: reserving the pool [{:#x}, {:#x}) failed (error {}); allocations will fail",
                ordinal, base, base + cfg.size, static_cast<int>(e));
-    return e == CUDA_ERROR_OUT_OF_MEMORY ? e : CUDA_ERROR_OUT_OF_MEMORY;
-  }
-  if (got != base) {
-    // The driver moves a reservation whose range is taken and says nothing:
-    // addresses elsewhere could never be restored, so refuse them.
-    d->cuMemAddressFree(got, cfg.size);
-    log::error("device {}: the pool range [{:#x}, {:#x}) is taken in this process (the driver offered {:#x}); "
-               "set VMMCKPT_POOL_BASE to a free range. Allocations on this device will fail.",
-               ordinal, base, base + cfg.size, static_cast<std::uint64_t>(got));
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
 
