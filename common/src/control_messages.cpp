@@ -154,6 +154,7 @@ hello_reply decode_hello(const json& root) {
   r.not_owned = decode_not_owned(root);
   // Optional: a process older than the field is idle as far as this tool can tell.
   if (const json* a = optional_field(root, "activity")) r.activity = enum_at(*a, "activity", all_activities);
+  if (optional_field(root, "nccl_bytes") != nullptr) r.nccl_bytes = u64_of(root, "", "nccl_bytes");
   return r;
 }
 
@@ -222,6 +223,9 @@ std::string_view name_of(op o) {
     case op::check: return "check";
     case op::ipc_open: return "ipc_open";
     case op::ipc_close: return "ipc_close";
+    case op::vmm_identify: return "vmm_identify";
+    case op::vmm_share: return "vmm_share";
+    case op::vmm_unshare: return "vmm_unshare";
   }
   return "?";
 }
@@ -296,6 +300,11 @@ std::string encode(const request& r) {
           j["op"] = name_of(std::is_same_v<T, ipc_open_request> ? op::ipc_open : op::ipc_close);
           j["base"] = hex(req.base);
           j["generation"] = req.generation;
+        } else if constexpr (std::is_same_v<T, vmm_identify_request>) {
+          j["op"] = name_of(op::vmm_identify);
+        } else if constexpr (std::is_same_v<T, vmm_share_request> || std::is_same_v<T, vmm_unshare_request>) {
+          j["op"] = name_of(std::is_same_v<T, vmm_share_request> ? op::vmm_share : op::vmm_unshare);
+          j["token"] = hex(req.token);
         } else {
           static_assert(std::is_same_v<T, check_request>);
           j["op"] = name_of(op::check);
@@ -327,6 +336,7 @@ std::string encode(const hello_reply& r) {
   }
   j["not_owned"] = encode_not_owned(r.not_owned);
   j["activity"] = name_of(r.activity);
+  j["nccl_bytes"] = r.nccl_bytes;
   return dump(j);
 }
 
@@ -426,6 +436,16 @@ std::string encode(const ipc_open_reply& r) {
 
 std::string encode(const ipc_close_reply&) { return dump(success()); }
 
+std::string encode(const vmm_share_reply& r) {
+  ojson j = success();
+  j["token"] = hex(r.token);
+  j["size"] = r.size;
+  j["device_uuid"] = r.device_uuid;
+  return dump(j);
+}
+
+std::string encode(const vmm_unshare_reply&) { return dump(success()); }
+
 std::string encode(const failure_reply& r) {
   ojson j;
   j["ok"] = false;
@@ -478,6 +498,9 @@ std::variant<request, failure_reply> decode_request(const std::string& payload) 
       return request{ipc_open_request{address_of(root, "", "base"), u64_of(root, "", "generation")}};
     if (name == name_of(op::ipc_close))
       return request{ipc_close_request{address_of(root, "", "base"), u64_of(root, "", "generation")}};
+    if (name == name_of(op::vmm_identify)) return request{vmm_identify_request{}};
+    if (name == name_of(op::vmm_share)) return request{vmm_share_request{address_of(root, "", "token")}};
+    if (name == name_of(op::vmm_unshare)) return request{vmm_unshare_request{address_of(root, "", "token")}};
     return failure_reply{refusal::unknown_op, "unknown op '" + printable(name) + "'"};
   } catch (const decode_error& e) {
     return failure_reply{refusal::bad_request, std::string("malformed request: ") + e.what()};
@@ -533,6 +556,17 @@ std::variant<ipc_open_reply, failure_reply> decode_reply<ipc_open_reply>(const s
 template <>
 std::variant<ipc_close_reply, failure_reply> decode_reply<ipc_close_reply>(const std::string& payload) {
   return decode_reply_with<ipc_close_reply>(payload, [](const json&) { return ipc_close_reply{}; });
+}
+
+template <>
+std::variant<vmm_share_reply, failure_reply> decode_reply<vmm_share_reply>(const std::string& payload) {
+  return decode_reply_with<vmm_share_reply>(payload, [](const json& root) {
+    return vmm_share_reply{address_of(root, "", "token"), u64_of(root, "", "size"), string_of(root, "", "device_uuid")};
+  });
+}
+template <>
+std::variant<vmm_unshare_reply, failure_reply> decode_reply<vmm_unshare_reply>(const std::string& payload) {
+  return decode_reply_with<vmm_unshare_reply>(payload, [](const json&) { return vmm_unshare_reply{}; });
 }
 
 fds_frame decode_fds_frame(const std::string& payload) {
@@ -639,6 +673,11 @@ std::vector<example> example_messages() {
       {op::ipc_open, encode(request{ipc_open_request{0x200004000000, 3}}),
        encode(ipc_open_reply{h200.uuid, 2097152, {{0, 67108864}, {67108864, 4194304}}})},
       {op::ipc_close, encode(request{ipc_close_request{0x200004000000, 3}}), encode(ipc_close_reply{})},
+      {op::vmm_identify, encode(request{vmm_identify_request{}}),
+       encode(vmm_share_reply{vmm_token_tag | 7, 4194304, h200.uuid})},
+      {op::vmm_share, encode(request{vmm_share_request{vmm_token_tag | 7}}),
+       encode(vmm_share_reply{vmm_token_tag | 7, 4194304, h200.uuid})},
+      {op::vmm_unshare, encode(request{vmm_unshare_request{vmm_token_tag | 7}}), encode(vmm_unshare_reply{})},
   };
 }
 

@@ -42,6 +42,29 @@ vmm_properties properties_at(const json& v, const std::string& path) {
   return p;
 }
 
+// Imports: sorted, disjoint from each other and from the mappings, each inside one reservation, naming a
+// token of the exporter's and a part of its handle.
+std::string check_imports(const vmm_layout& l, const std::string& path) {
+  std::size_t r = 0, m = 0;
+  for (std::size_t i = 0; i < l.imports.size(); ++i) {
+    const vmm_import& x = l.imports[i];
+    const std::string p = at(path, "imports", i);
+    if (x.size == 0 || x.size > UINT64_MAX - x.addr) return p + " is empty or passes the end of the address space";
+    if (i > 0 && x.addr < l.imports[i - 1].addr + l.imports[i - 1].size)
+      return p + " overlaps or precedes the import before it";
+    while (r < l.reservations.size() && l.reservations[r].addr + vmm_span(l.reservations[r].size) <= x.addr) ++r;
+    if (r == l.reservations.size() ||
+        !inside(x.addr, x.size, l.reservations[r].addr, l.reservations[r].addr + vmm_span(l.reservations[r].size)))
+      return p + " (" + hex(x.addr) + "+" + std::to_string(x.size) + ") is not inside one reservation";
+    while (m < l.mappings.size() && l.mappings[m].addr + l.mappings[m].size <= x.addr) ++m;
+    if (m < l.mappings.size() && l.mappings[m].addr < x.addr + x.size) return p + " overlaps a mapping";
+    if (x.exporter_pid <= 0) return p + ".exporter_pid " + std::to_string(x.exporter_pid) + " is not a process";
+    if (!looks_like_vmm_token(x.token)) return p + ".token " + hex(x.token) + " is not a handle token";
+    if (!inside(x.offset, x.size, 0, x.handle_size)) return p + " reaches past the end of the exporter's handle";
+  }
+  return {};
+}
+
 }  // namespace
 
 bool vmm_layout::operator==(const vmm_layout& o) const {
@@ -56,7 +79,8 @@ bool vmm_layout::operator==(const vmm_layout& o) const {
     return true;
   };
   return windows.base == o.windows.base && windows.window == o.windows.window && next_token == o.next_token &&
-         reservations == o.reservations && same_handles() && mappings == o.mappings && access == o.access;
+         reservations == o.reservations && same_handles() && mappings == o.mappings && access == o.access &&
+         imports == o.imports;
 }
 
 std::string check(const vmm_layout& l, const std::string& path) {
@@ -117,6 +141,12 @@ std::string check(const vmm_layout& l, const std::string& path) {
   for (std::size_t i = 0; i < l.handles.size(); ++i)
     if (l.handles[i].refs == 0 && !mapped[i])
       return at(path, "handles", i) + " has neither a reference nor a mapping";
+  if (const std::string why = check_imports(l, path); !why.empty()) return why;
+  // Access rights lie over what is mapped: the program's mappings and the imports, in one address order.
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> mapped_ranges;
+  for (const vmm_mapping& x : l.mappings) mapped_ranges.emplace_back(x.addr, x.size);
+  for (const vmm_import& x : l.imports) mapped_ranges.emplace_back(x.addr, x.size);
+  std::sort(mapped_ranges.begin(), mapped_ranges.end());
   std::size_t m = 0;
   for (std::size_t i = 0; i < l.access.size(); ++i) {
     const vmm_access_range& a = l.access[i];
@@ -131,10 +161,10 @@ std::string check(const vmm_layout& l, const std::string& path) {
     if (i > 0 && a.addr < l.access[i - 1].addr + l.access[i - 1].size)
       return p + " overlaps or precedes the range before it";
     // Wholly mapped: the mappings from the one holding its start cover it without a hole.
-    while (m < l.mappings.size() && l.mappings[m].addr + l.mappings[m].size <= a.addr) ++m;
+    while (m < mapped_ranges.size() && mapped_ranges[m].first + mapped_ranges[m].second <= a.addr) ++m;
     std::uint64_t covered = a.addr;
-    for (std::size_t k = m; k < l.mappings.size() && l.mappings[k].addr <= covered && covered < a.addr + a.size; ++k)
-      covered = l.mappings[k].addr + l.mappings[k].size;
+    for (std::size_t k = m; k < mapped_ranges.size() && mapped_ranges[k].first <= covered && covered < a.addr + a.size; ++k)
+      covered = mapped_ranges[k].first + mapped_ranges[k].second;
     if (covered < a.addr + a.size) return p + " (" + hex(a.addr) + "+" + std::to_string(a.size) + ") is not wholly mapped";
   }
   return {};
@@ -163,6 +193,18 @@ ojson to_json(const vmm_layout& l) {
     ojson list = ojson::array();
     for (const auto& x : a.access) list.push_back({{"type", x.location_type}, {"id", x.location_id}, {"flags", x.flags}});
     j["access"].push_back({{"addr", hex(a.addr)}, {"size", a.size}, {"rights", std::move(list)}});
+  }
+  if (!l.imports.empty()) {  // absent when none: what images before imports were recorded look like
+    j["imports"] = ojson::array();
+    for (const auto& x : l.imports)
+      j["imports"].push_back({{"addr", hex(x.addr)},
+                              {"size", x.size},
+                              {"offset", x.offset},
+                              {"exporter_pid", x.exporter_pid},
+                              {"exporter_start", x.exporter_start},
+                              {"token", hex(x.token)},
+                              {"handle_size", x.handle_size},
+                              {"device_uuid", x.device_uuid}});
   }
   return j;
 }
@@ -210,6 +252,23 @@ vmm_layout vmm_layout_from_json(const json& j, const std::string& path) {
       a.access.push_back({int_of(x, q, "type"), int_of(x, q, "id"), u64_of(x, q, "flags")});
     }
     l.access.push_back(std::move(a));
+  }
+  if (optional_field(j, "imports") != nullptr) {
+    const json& imports = array_of(j, path, "imports");
+    for (std::size_t i = 0; i < imports.size(); ++i) {
+      const std::string p = at(path, "imports", i);
+      const json& o = object_at(imports[i], p);
+      vmm_import x;
+      x.addr = address_of(o, p, "addr");
+      x.size = u64_of(o, p, "size");
+      x.offset = u64_of(o, p, "offset");
+      x.exporter_pid = i64_of(o, p, "exporter_pid");
+      x.exporter_start = u64_of(o, p, "exporter_start");
+      x.token = address_of(o, p, "token");
+      x.handle_size = u64_of(o, p, "handle_size");
+      x.device_uuid = string_of(o, p, "device_uuid");
+      l.imports.push_back(std::move(x));
+    }
   }
   return l;
 }

@@ -147,6 +147,7 @@ void vmm_registry::drop_if_unused(std::uint64_t handle, bool owned, std::vector<
   } else {
     const auto it = not_owned_.find(handle);
     if (it == not_owned_.end() || it->second.refs > 0 || it->second.mappings > 0) return;
+    if (it->second.origin) dropped_imports_.push_back(*it->second.origin);
     not_owned_.erase(it);
   }
 }
@@ -232,6 +233,25 @@ std::optional<vmm_mapping> vmm_registry::mapping_at(std::uint64_t addr) const {
   return vmm_mapping{it->first, it->second.size, it->second.handle, it->second.offset};
 }
 
+std::vector<std::pair<std::uint64_t, std::uint64_t>> vmm_registry::mapped_in(std::uint64_t addr,
+                                                                             std::uint64_t size) const {
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> out;
+  const std::uint64_t end = addr + size < addr ? UINT64_MAX : addr + size;
+  for (auto it = mappings_.lower_bound(addr); it != mappings_.end() && it->first < end; ++it)
+    out.emplace_back(it->first, it->second.size);
+  return out;
+}
+
+std::optional<vmm_reservation> vmm_registry::reservation_at(std::uint64_t addr) const {
+  auto it = reservations_.upper_bound(addr);
+  if (it == reservations_.begin()) return std::nullopt;
+  --it;
+  std::uint64_t span = 0;
+  span_of(it->second.size, span);
+  if (addr - it->first >= span) return std::nullopt;
+  return it->second;
+}
+
 // ---- access ----------------------------------------------------------------------------------------
 
 void vmm_registry::split_access_at(std::uint64_t addr) {
@@ -298,8 +318,22 @@ void vmm_registry::set_access(std::uint64_t addr, std::uint64_t size, std::span<
 // ---- memory that passes through --------------------------------------------------------------------
 
 void vmm_registry::add_not_owned(std::uint64_t real, vmm_not_owned_kind kind, std::uint64_t size) {
-  auto [it, added] = not_owned_.try_emplace(real, not_owned_record{kind, size, 1, 0});
+  auto [it, added] = not_owned_.try_emplace(real, not_owned_record{kind, size, 1, 0, std::nullopt});
   if (!added) ++it->second.refs;  // the driver hands out the same value again for a second import
+}
+
+void vmm_registry::add_import(std::uint64_t real, const vmm_import& origin) {
+  auto [it, added] = not_owned_.try_emplace(real, not_owned_record{vmm_not_owned_kind::imported, origin.handle_size, 1, 0, origin});
+  if (!added) {
+    ++it->second.refs;
+    it->second.origin = origin;
+  }
+}
+
+std::vector<vmm_import> vmm_registry::take_dropped_imports() {
+  std::vector<vmm_import> out;
+  out.swap(dropped_imports_);
+  return out;
 }
 
 void vmm_registry::retain_not_owned(std::uint64_t real) {
@@ -324,7 +358,9 @@ vmm_not_owned_bytes vmm_registry::not_owned_bytes() const {
   for (const auto& [addr, m] : mappings_) {
     if (m.owned) continue;
     const auto it = not_owned_.find(m.handle);
-    if (it != not_owned_.end() && it->second.kind == vmm_not_owned_kind::imported) out.imported += m.size;
+    // An identified import is in the layout (its exporter saves the bytes); only the others are lacking.
+    if (it != not_owned_.end() && it->second.kind == vmm_not_owned_kind::imported && !it->second.origin)
+      out.imported += m.size;
   }
   return out;
 }
@@ -370,13 +406,28 @@ vmm_layout vmm_registry::layout() const {
   l.handles = handles();
   for (vmm_handle& h : l.handles) h.real = h.mappings = 0;
   l.mappings = mappings();
-  // Access rights over owned memory only: those of memory that passes through (host locations, imports)
-  // mapped in our windows are not the image's to give again.
+  for (const auto& [addr, m] : mappings_) {
+    if (m.owned) continue;
+    const auto it = not_owned_.find(m.handle);
+    if (it == not_owned_.end() || !it->second.origin) continue;
+    vmm_import x = *it->second.origin;
+    x.addr = addr;
+    x.size = m.size;
+    x.offset = m.offset;
+    l.imports.push_back(std::move(x));
+  }
+  // Access rights over owned memory and identified imports: those of other memory that passes through,
+  // mapped in our windows, are not the image's to give again.
+  auto in_layout = [&](const mapping_record& m) {
+    if (m.owned) return true;
+    const auto it = not_owned_.find(m.handle);
+    return it != not_owned_.end() && it->second.origin.has_value();
+  };
   for (const auto& [addr, a] : access_) {
     auto m = mappings_.upper_bound(addr);
     if (m != mappings_.begin()) --m;
     for (; m != mappings_.end() && m->first < a.end; ++m) {
-      if (!m->second.owned || m->first + m->second.size <= addr) continue;
+      if (!in_layout(m->second) || m->first + m->second.size <= addr) continue;
       const std::uint64_t from = std::max(addr, m->first), to = std::min(a.end, m->first + m->second.size);
       if (!l.access.empty() && l.access.back().addr + l.access.back().size == from && l.access.back().access == a.access)
         l.access.back().size += to - from;
@@ -385,16 +436,6 @@ vmm_layout vmm_registry::layout() const {
     }
   }
   return l;
-}
-
-std::vector<std::pair<std::uint64_t, std::uint64_t>> vmm_registry::take_real() {
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> out;
-  out.reserve(handles_.size());
-  for (auto& [token, h] : handles_) {
-    if (h.real != 0) out.emplace_back(token, h.real);
-    h.real = 0;
-  }
-  return out;
 }
 
 bool vmm_registry::load(const vmm_layout& l) {

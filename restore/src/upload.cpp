@@ -35,7 +35,7 @@ status cuda_failed(CUresult r, const char* what) {
 // One uploading thread's buffers, and its stream and events in each device's context.
 class upload_thread {
  public:
-  explicit upload_thread(const driver_api& d) : d_(d), pages_(2 * piece_bytes) {}
+  upload_thread(const driver_api& d, const address_list& keep) : d_(d), keep_(keep), pages_(2 * piece_bytes) {}
   ~upload_thread() {
     for (auto& [device, q] : queues_) {
       d_.cuCtxSetCurrent(q.context);
@@ -166,20 +166,36 @@ class upload_thread {
     }
   }
 
-  // The buffer taken last into device memory at `addr`; the other buffer is next.
+  // The buffer taken last into device memory at `addr`, less the ranges to keep; the other buffer is next.
   status copy(queue* q, std::uint64_t addr, const unsigned char* buffer, std::size_t size) {
+    const std::uint64_t end = addr + size;
+    auto k = std::lower_bound(keep_.begin(), keep_.end(), addr,
+                              [](const auto& r, std::uint64_t at) { return r.first + r.second <= at; });
+    for (std::uint64_t at = addr; at < end;) {
+      const std::uint64_t stop = k != keep_.end() && k->first < end ? std::max(at, k->first) : end;
+      if (stop > at) VMMCKPT_TRY(copy_part(q, at, buffer + (at - addr), stop - at));
+      if (stop == end) break;
+      at = std::min(end, k->first + k->second);  // past the kept range
+      ++k;
+    }
     if (pinned_) {
-      VMMCKPT_CUDA_STEP(d_.cuMemcpyHtoDAsync_v2(addr, buffer, size, q->stream), "copying to the device");
       VMMCKPT_CUDA_STEP(d_.cuEventRecord(q->done[next_], q->stream), "recording a copy");
       pending_[next_] = q;
-    } else {
-      VMMCKPT_CUDA_STEP(d_.cuMemcpyHtoD_v2(addr, buffer, size), "copying to the device");
     }
     next_ ^= 1;
     return {};
   }
 
+  status copy_part(queue* q, std::uint64_t addr, const unsigned char* buffer, std::size_t size) {
+    if (pinned_)
+      VMMCKPT_CUDA_STEP(d_.cuMemcpyHtoDAsync_v2(addr, buffer, size, q->stream), "copying to the device");
+    else
+      VMMCKPT_CUDA_STEP(d_.cuMemcpyHtoD_v2(addr, buffer, size), "copying to the device");
+    return {};
+  }
+
   const driver_api& d_;
+  const address_list& keep_;
   host_pages pages_;
   bool pinned_ = false, tried_pinning_ = false;
   std::map<int, queue> queues_;
@@ -190,7 +206,7 @@ class upload_thread {
 }  // namespace
 
 status upload(const driver_api& d, const image::reader& reader, const backed_memory& backed, bool vmm,
-              const upload_progress& progress) noexcept {
+              const upload_progress& progress, const address_list& keep) noexcept {
   try {
     const image::manifest& m = reader.info();
     // Work by extent: a thread takes the next one, the data files in turn, so the threads share the
@@ -230,7 +246,7 @@ status upload(const driver_api& d, const image::reader& reader, const backed_mem
       CUcontext caller = nullptr;
       d.cuCtxGetCurrent(&caller);
       try {
-        upload_thread t(d);
+        upload_thread t(d, keep);
         for (std::size_t k; !failed && (k = next++) < order.size();) {
           const image::pool& p = m.pools[order[k].first];
           const image::extent& e = p.extents[order[k].second];

@@ -24,6 +24,7 @@
 #include "ipc_exports.hpp"
 #include "process_control.hpp"
 #include "self_pause.hpp"
+#include "vmm_sharing.hpp"
 #include "vmmckpt/fault_point.hpp"
 #include "vmmckpt/control_messages.hpp"
 #include "vmmckpt/log.hpp"
@@ -110,6 +111,15 @@ void serve_hold(int fd, const control::dump_begin_request& request) {
              "other processes map this program's GPU memory through CUDA IPC (pid " + pids +
                  "); a suspend would take it from under them. Suspend or stop them first, or have them close "
                  "their handles (cudaIpcCloseMemHandle)");
+      return;
+    }
+    if (const auto importers = vmm_importers(); !importers.empty()) {
+      std::string pids;
+      for (pid_t p : importers) pids += (pids.empty() ? "" : ", ") + std::to_string(p);
+      refuse(fd, control::refusal::failed,
+             "other processes map this program's VMM memory, imported from POSIX FDs it exported (pid " + pids +
+                 "; NCCL's P2P and SHM transports do this between the ranks of a job); a suspend would take it "
+                 "from under them. Stop them first, or checkpoint the job with dump instead");
       return;
     }
   }
@@ -219,8 +229,35 @@ void serve_ipc_open(int fd, const control::ipc_open_request& request) {
   protocol::close_all(fds);
 }
 
-// Answers one request; false when the connection is to be closed.
-bool serve_request(int fd, const control::request& request) {
+// The process a peer connection comes from; 0 when the kernel does not say.
+pid_t peer_pid(int fd) {
+  uid_t uid = 0;
+  pid_t pid = 0;
+  return protocol::peer_credentials(fd, uid, pid) ? pid : 0;
+}
+
+// vmm_identify: which handle of this process the FD the request carried is (vmm_sharing.hpp).
+bool serve_vmm_identify(int fd, const std::vector<int>& fds) {
+  if (fds.size() != 1)
+    return refuse(fd, control::refusal::bad_request, "vmm_identify carries one descriptor, the FD imported");
+  return std::visit([&](const auto& reply) { return send(fd, control::encode(reply)); }, identify_export(fds[0], peer_pid(fd)));
+}
+
+// vmm_share: a new FD of a handle, for a restored importer. Not while a suspend gives the memory back.
+bool serve_vmm_share(int fd, const control::vmm_share_request& request) {
+  std::unique_lock operation(operation_lock(), std::defer_lock);
+  if (!operation.try_lock_for(ipc_open_wait))
+    return refuse(fd, control::refusal::busy, "another operation (a dump, suspend or resume) kept the program busy");
+  std::vector<int> fds;
+  const auto outcome = share_handle(request.token, peer_pid(fd), fds);
+  const bool sent = std::visit([&](const auto& reply) { return send(fd, control::encode(reply), fds); }, outcome);
+  protocol::close_all(fds);
+  return sent;
+}
+
+// Answers one request, with the descriptors it carried (the caller closes them); false when the connection
+// is to be closed.
+bool serve_request(int fd, const control::request& request, const std::vector<int>& fds) {
   return std::visit(
       [&](const auto& r) -> bool {
         using T = std::decay_t<decltype(r)>;
@@ -247,6 +284,13 @@ bool serve_request(int fd, const control::request& request) {
           pid_t importer = 0;
           if (protocol::peer_credentials(fd, uid, importer)) close_export(r, importer);
           return send(fd, control::encode(control::ipc_close_reply{}));
+        } else if constexpr (std::is_same_v<T, control::vmm_identify_request>) {
+          return serve_vmm_identify(fd, fds);
+        } else if constexpr (std::is_same_v<T, control::vmm_share_request>) {
+          return serve_vmm_share(fd, r);
+        } else if constexpr (std::is_same_v<T, control::vmm_unshare_request>) {
+          unshare_handle(r.token, peer_pid(fd));
+          return send(fd, control::encode(control::vmm_unshare_reply{}));
         } else {
           // dump_end or suspend with no hold in progress.
           static_assert(std::is_same_v<T, control::dump_end_request> || std::is_same_v<T, control::suspend_request>);
@@ -267,13 +311,17 @@ void serve_client(int fd) {
       if (error.kind != protocol::failure_kind::connection_closed) log::debug("control: {}", error.text);
       return;
     }
-    protocol::close_all(fds);  // clients send none
+    // Only vmm_identify carries a descriptor; any other request's are closed unread.
+    struct closer {
+      std::vector<int>& fds;
+      ~closer() { protocol::close_all(fds); }
+    } close_them{fds};
     const auto decoded = control::decode_request(payload);
     if (const auto* refused = std::get_if<control::failure_reply>(&decoded)) {
       if (!send(fd, control::encode(*refused))) return;
       continue;
     }
-    if (!serve_request(fd, std::get<control::request>(decoded))) return;
+    if (!serve_request(fd, std::get<control::request>(decoded), fds)) return;
   }
 }
 

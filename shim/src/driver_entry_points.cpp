@@ -1,11 +1,17 @@
 // The driver API doors into the pool: cuMemAlloc_v2 and its family, plus what passes through.
 #include <cuda.h>
 
+#include <optional>
+
 #include "entry_points.hpp"
 #include "gate.hpp"
 #include "ipc_exports.hpp"
+#include "callers.hpp"
+#include "control_server.hpp"
 #include "not_owned_memory.hpp"
+#include "program_pools.hpp"
 #include "restore_at_start.hpp"
+#include "vmm_entry_points.hpp"
 #include "vmmckpt/pool_layout.hpp"
 
 namespace vmmckpt::detail {
@@ -57,8 +63,13 @@ bool pool_free(CUdeviceptr addr, CUresult& result) {
   device_pool* pool = pool_containing(addr);
   if (pool == nullptr) return false;
   gate_scope scope(gate_scope::no_work);
+  if (const std::optional<CUresult> kept = free_exported(addr)) {  // other processes still map it
+    if (*kept == CUDA_SUCCESS) program_pool_freed(addr);
+    result = *kept;
+    return true;
+  }
   const pool_status status = pool->free(addr);
-  if (status == pool_status::ok) forget_exports(addr);
+  if (status == pool_status::ok) program_pool_freed(addr);
   if (status != pool_status::ok) log::info("free of {:#x}: not a live pool allocation", static_cast<std::uint64_t>(addr));
   result = to_cuda_result(status, 0);
   return true;
@@ -223,6 +234,12 @@ bool is_pool_attribute(CUpointer_attribute a) {
          a == CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE;
 }
 
+// The range attributes of an address in a VMM window name the program's reservation around it (the driver
+// would name the whole window, reserved by the shim).
+bool is_range_attribute(CUpointer_attribute a) {
+  return a == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR || a == CU_POINTER_ATTRIBUTE_RANGE_SIZE;
+}
+
 void write_pool_attribute(CUpointer_attribute a, void* data, std::uint64_t base, std::uint64_t size) {
   if (a == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR)
     *static_cast<CUdeviceptr*>(data) = base;
@@ -246,6 +263,12 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuPointerGetAttribute(void* data, CUpointer_attr
     const driver_api* d = driver();
     if (d == nullptr || d->cuPointerGetAttribute == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
     if (shim_active()) restore_ready();
+    std::uint64_t base = 0, size = 0;
+    if (shim_active() && data != nullptr && is_range_attribute(attribute) && vmm_reservation_around(ptr, base, size)) {
+      if (size == 0) return CUDA_ERROR_INVALID_VALUE;  // no reservation of the program's there
+      write_pool_attribute(attribute, data, base, size);
+      return CUDA_SUCCESS;
+    }
     device_pool* pool = shim_active() && is_pool_attribute(attribute) ? pool_containing(ptr) : nullptr;
     if (pool == nullptr || data == nullptr) return d->cuPointerGetAttribute(data, attribute, ptr);
     // Memory that is no allocation: what the driver answers for an address it does not know.
@@ -260,6 +283,12 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuPointerGetAttributes(unsigned int count, CUpoi
     if (d == nullptr || d->cuPointerGetAttributes == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
     if (shim_active()) restore_ready();
     const CUresult r = d->cuPointerGetAttributes(count, attributes, data, ptr);
+    std::uint64_t base = 0, size = 0;
+    if (r == CUDA_SUCCESS && shim_active() && vmm_reservation_around(ptr, base, size)) {
+      for (unsigned i = 0; i < count; ++i)
+        if (data[i] != nullptr && is_range_attribute(attributes[i])) write_pool_attribute(attributes[i], data[i], base, size);
+      return r;
+    }
     device_pool* pool = shim_active() ? pool_containing(ptr) : nullptr;
     if (r != CUDA_SUCCESS || pool == nullptr) return r;
     for (unsigned i = 0; i < count; ++i) {
@@ -284,24 +313,54 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr* dptr, size_t byte
   });
 }
 
-// Not counted itself: a pool holds no bytes until allocations come from it. cuMemPoolDestroy is not
-// served: allocations from a destroyed pool stay valid until freed (the driver keeps the pool until
-// then), so they stay counted until their free.
+// Pools of device memory that no other process imports are served by the shim's pool (program_pools.hpp): the
+// driver's pool is made too, empty, for the calls about anything but bytes. Other pools pass through, and what
+// is taken from them is counted as not owned until freed (also after cuMemPoolDestroy: the driver keeps a
+// destroyed pool's allocations valid until their free).
 VMMCKPT_EXPORT CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* props) {
-  const driver_api* d = driver();
-  if (d == nullptr || d->cuMemPoolCreate == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  VMMCKPT_NOT_SERVED("a memory pool the program creates (cuMemPoolCreate)");
-  return d->cuMemPoolCreate(pool, props);
+  const void* caller = __builtin_return_address(0);
+  return guarded(CUDA_ERROR_UNKNOWN, [&] {
+    const driver_api* d = driver();
+    if (d == nullptr || d->cuMemPoolCreate == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+    const bool served = shim_active() && props != nullptr && pool != nullptr && servable_pool(*props);
+    if (!served) VMMCKPT_NOT_SERVED("a memory pool shareable with other processes or on the host (cuMemPoolCreate)");
+    const CUresult e = d->cuMemPoolCreate(pool, props);
+    if (e == CUDA_SUCCESS && served) {
+      note_program_pool(*pool, *props, called_from_nccl(caller));
+      start_control_server();  // a program whose first memory is a pool's is reachable from then on
+    }
+    return e;
+  });
 }
+
+VMMCKPT_EXPORT CUresult CUDAAPI cuMemPoolDestroy(CUmemoryPool pool) {
+  return guarded(CUDA_ERROR_UNKNOWN, [&] {
+    const driver_api* d = driver();
+    if (d == nullptr || d->cuMemPoolDestroy == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+    const CUresult e = d->cuMemPoolDestroy(pool);
+    if (e == CUDA_SUCCESS) forget_program_pool(pool);
+    return e;
+  });
+}
+
+namespace {
+template <class Real>
+CUresult allocate_from_pool(Real real, CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream stream) {
+  if (real == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (shim_active())
+    if (const std::optional<CUresult> served = allocate_from_program_pool(dptr, bytesize, pool)) return *served;
+  VMMCKPT_NOT_SERVED("allocation from a memory pool shareable with other processes (cuMemAllocFromPoolAsync)");
+  const CUresult e = real(dptr, bytesize, pool, stream);
+  return noted_if_made(passthrough_kind::memory_pools, e == CUDA_SUCCESS ? *dptr : 0, bytesize, e);
+}
+}  // namespace
 
 VMMCKPT_EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool,
                                                         CUstream stream) {
   return guarded(CUDA_ERROR_UNKNOWN, [&] {
     const driver_api* d = driver();
-    if (d == nullptr || d->cuMemAllocFromPoolAsync == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-    VMMCKPT_NOT_SERVED("allocation from a program's memory pool (cuMemAllocFromPoolAsync)");
-    const CUresult e = d->cuMemAllocFromPoolAsync(dptr, bytesize, pool, stream);
-    return noted_if_made(passthrough_kind::memory_pools, e == CUDA_SUCCESS ? *dptr : 0, bytesize, e);
+    if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+    return allocate_from_pool(d->cuMemAllocFromPoolAsync, dptr, bytesize, pool, stream);
   });
 }
 
@@ -309,10 +368,27 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, 
                                                              CUstream stream) {
   return guarded(CUDA_ERROR_UNKNOWN, [&] {
     const driver_api* d = driver();
-    if (d == nullptr || d->cuMemAllocFromPoolAsync_ptsz == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-    VMMCKPT_NOT_SERVED("allocation from a program's memory pool (cuMemAllocFromPoolAsync)");
-    const CUresult e = d->cuMemAllocFromPoolAsync_ptsz(dptr, bytesize, pool, stream);
-    return noted_if_made(passthrough_kind::memory_pools, e == CUDA_SUCCESS ? *dptr : 0, bytesize, e);
+    if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+    return allocate_from_pool(d->cuMemAllocFromPoolAsync_ptsz, dptr, bytesize, pool, stream);
+  });
+}
+
+VMMCKPT_EXPORT CUresult CUDAAPI cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attribute, void* value) {
+  return guarded(CUDA_ERROR_UNKNOWN, [&] {
+    const driver_api* d = driver();
+    if (d == nullptr || d->cuMemPoolGetAttribute == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+    if (const std::optional<CUresult> ours = program_pool_attribute(pool, attribute, value)) return *ours;
+    return d->cuMemPoolGetAttribute(pool, attribute, value);
+  });
+}
+
+VMMCKPT_EXPORT CUresult CUDAAPI cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc* map, size_t count) {
+  return guarded(CUDA_ERROR_UNKNOWN, [&] {
+    const driver_api* d = driver();
+    if (d == nullptr || d->cuMemPoolSetAccess == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+    const CUresult e = d->cuMemPoolSetAccess(pool, map, count);
+    if (e == CUDA_SUCCESS && shim_active()) program_pool_access(pool, map, count);
+    return e;
   });
 }
 

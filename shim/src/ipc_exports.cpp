@@ -9,6 +9,7 @@
 #include <atomic>
 #include <map>
 #include <mutex>
+#include <optional>
 
 #include "pools.hpp"
 #include "process_control.hpp"
@@ -32,6 +33,7 @@ struct export_record {
   std::uint64_t size = 0;
   std::uint64_t generation = 0;
   std::vector<importer_record> importers;
+  bool freed = false;  // the program freed it while importers mapped it: the block waits for them
 };
 
 struct export_table {
@@ -77,20 +79,28 @@ bool export_pool_memory(CUdeviceptr addr, unsigned char (&out)[ipc_handle_size],
   return true;
 }
 
-void forget_exports(std::uint64_t base) noexcept {
-  export_table& t = table();
-  if (!t.any.load(std::memory_order_relaxed)) return;
+std::optional<CUresult> free_exported(std::uint64_t base) noexcept {
   try {
+    export_table& t = table();  // made at the first call: that may be out of memory too
+    if (!t.any.load(std::memory_order_relaxed)) return std::nullopt;
     std::lock_guard lock(t.mutex);
     const auto it = t.by_base.find(base);
-    if (it == t.by_base.end()) return;
-    const auto mapped = std::count_if(it->second.importers.begin(), it->second.importers.end(), importer_alive);
-    if (mapped > 0)
-      log::warn("ipc: the allocation at {} was freed while {} other process(es) still map it; they see what this "
-                "process allocates there next, not the old bytes",
-                hex(base), mapped);
-    t.by_base.erase(it);
+    if (it == t.by_base.end()) return std::nullopt;
+    if (it->second.freed) return CUDA_ERROR_INVALID_VALUE;  // freed twice
+    std::erase_if(it->second.importers, [](const importer_record& r) { return !importer_alive(r); });
+    if (it->second.importers.empty()) {
+      t.by_base.erase(it);
+      return std::nullopt;
+    }
+    // The driver keeps memory alive while another process maps it; the pool does the same for the block, so
+    // that what this process allocates next never lands in memory the importers still use.
+    it->second.freed = true;
+    log::info("ipc: the allocation at {} was freed while {} other process(es) still map it; it is kept until they "
+              "close it",
+              hex(base), it->second.importers.size());
+    return CUDA_SUCCESS;
   } catch (...) {
+    return std::nullopt;
   }
 }
 
@@ -100,7 +110,7 @@ std::variant<control::ipc_open_reply, control::failure_reply> open_export(const 
   export_table& t = table();
   std::lock_guard lock(t.mutex);
   const auto it = t.by_base.find(request.base);
-  if (it == t.by_base.end() || it->second.generation != request.generation)
+  if (it == t.by_base.end() || it->second.generation != request.generation || it->second.freed)
     return refuse("no allocation at " + hex(request.base) + " is exported under generation " +
                   std::to_string(request.generation) + " (freed, or never exported)");
   device_pool* pool = pool_containing(request.base);
@@ -148,26 +158,59 @@ std::variant<control::ipc_open_reply, control::failure_reply> open_export(const 
   return reply;
 }
 
+namespace {
+// Blocks freed while imported whose importers are all gone now: taken off the table, for the caller to
+// give back to their pools once the table's lock is let go. Under the lock.
+std::vector<std::uint64_t> take_released(export_table& t) {
+  std::vector<std::uint64_t> bases;
+  for (auto it = t.by_base.begin(); it != t.by_base.end();) {
+    std::erase_if(it->second.importers, [](const importer_record& i) { return !importer_alive(i); });
+    if (it->second.freed && it->second.importers.empty()) {
+      bases.push_back(it->first);
+      it = t.by_base.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return bases;
+}
+
+void free_released(const std::vector<std::uint64_t>& bases) {
+  for (const std::uint64_t base : bases)
+    if (device_pool* pool = pool_containing(base)) {
+      pool->free(base);
+      log::info("ipc: the allocation at {} freed earlier goes back to the pool: no process maps it any more", hex(base));
+    }
+}
+}  // namespace
+
 void close_export(const control::ipc_close_request& request, pid_t importer) {
   export_table& t = table();
-  std::lock_guard lock(t.mutex);
-  const auto it = t.by_base.find(request.base);
-  if (it == t.by_base.end() || it->second.generation != request.generation) return;
-  for (auto& r : it->second.importers)
-    if (r.pid == importer && r.opens > 0) --r.opens;
-  std::erase_if(it->second.importers, [](const importer_record& r) { return !importer_alive(r); });
+  std::vector<std::uint64_t> released;
+  {
+    std::lock_guard lock(t.mutex);
+    const auto it = t.by_base.find(request.base);
+    if (it == t.by_base.end() || it->second.generation != request.generation) return;
+    for (auto& r : it->second.importers)
+      if (r.pid == importer && r.opens > 0) --r.opens;
+    released = take_released(t);
+  }
+  free_released(released);
 }
 
 std::vector<pid_t> live_importers() {
   export_table& t = table();
   std::vector<pid_t> pids;
   if (!t.any.load(std::memory_order_relaxed)) return pids;
-  std::lock_guard lock(t.mutex);
-  for (auto& [base, r] : t.by_base) {
-    std::erase_if(r.importers, [](const importer_record& i) { return !importer_alive(i); });
-    for (const auto& i : r.importers)
-      if (std::find(pids.begin(), pids.end(), i.pid) == pids.end()) pids.push_back(i.pid);
+  std::vector<std::uint64_t> released;
+  {
+    std::lock_guard lock(t.mutex);
+    released = take_released(t);
+    for (auto& [base, r] : t.by_base)
+      for (const auto& i : r.importers)
+        if (std::find(pids.begin(), pids.end(), i.pid) == pids.end()) pids.push_back(i.pid);
   }
+  free_released(released);
   return pids;
 }
 

@@ -4,6 +4,7 @@
 #include <cuda.h>
 #include <sys/types.h>
 
+#include <optional>
 #include <variant>
 #include <vector>
 
@@ -17,9 +18,11 @@ namespace vmmckpt::detail {
 // it, until it is freed), or CUDA_ERROR_INVALID_VALUE when no live allocation holds addr.
 bool export_pool_memory(CUdeviceptr addr, unsigned char (&out)[ipc_handle_size], CUresult& result);
 
-// From every pool free: handles of the allocation at base are stale from now on. One relaxed load when the
-// process never exported anything.
-void forget_exports(std::uint64_t base) noexcept;
+// From every pool free, before the block goes back: nothing when the allocation at base has no importer
+// mapping it (its handles are stale from now on, and the pool frees it); otherwise the free's answer, and
+// the block stays out of the pool until the last importer closes it or ends, as the driver keeps such
+// memory alive. One relaxed load when the process never exported anything.
+std::optional<CUresult> free_exported(std::uint64_t base) noexcept;
 
 // ipc_open from process `importer`: one descriptor per piece in `fds` (the caller sends and closes them).
 std::variant<control::ipc_open_reply, control::failure_reply> open_export(const control::ipc_open_request& request,

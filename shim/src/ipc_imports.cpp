@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "cuda_backend.hpp"
+#include "peer_requests.hpp"
 #include "real_symbols.hpp"
 #include "vmmckpt/log.hpp"
 #include "vmmckpt/pool_layout.hpp"
@@ -21,7 +22,6 @@
 namespace vmmckpt::detail {
 namespace {
 
-constexpr int connect_timeout_ms = 5'000;
 // The exporter answers after its operation lock, which a dump holds for up to its hold's length.
 constexpr int open_timeout_ms = 60'000;
 constexpr int close_timeout_ms = 2'000;
@@ -48,31 +48,9 @@ import_table& table() {
   return *t;
 }
 
-// One request to the exporter's control server and its reply, with the descriptors it carried.
-// Nothing when the exporter cannot be reached (`gone` says whether it has no server any more).
 std::optional<std::string> ask_exporter(const ipc_handle& h, const control::request& request, int timeout_ms,
                                         std::vector<int>& fds, bool& gone) {
-  gone = false;
-  protocol::failure error;
-  const int fd = protocol::connect_to(protocol::abstract_address(h.exporter_pid), std::min(timeout_ms, connect_timeout_ms), error);
-  if (fd < 0) {
-    gone = error.kind == protocol::failure_kind::no_socket || error.kind == protocol::failure_kind::connection_refused;
-    log::info("ipc: cannot reach process {}: {}", h.exporter_pid, error.text);
-    return std::nullopt;
-  }
-  uid_t uid = 0;
-  pid_t pid = 0;
-  std::string payload;
-  // Anyone may bind an abstract name first: the server must be the exporter itself.
-  const bool ok = protocol::peer_credentials(fd, uid, pid) && pid == h.exporter_pid &&
-                  (uid == ::geteuid() || uid == 0) && protocol::send_frame(fd, control::encode(request), {}, timeout_ms, error) &&
-                  protocol::recv_frame(fd, payload, fds, timeout_ms, error);
-  ::close(fd);
-  if (!ok) {
-    log::info("ipc: process {} did not answer: {}", h.exporter_pid, error.text.empty() ? "not the exporter" : error.text);
-    return std::nullopt;
-  }
-  return payload;
+  return ask_process(static_cast<pid_t>(h.exporter_pid), request, {}, timeout_ms, fds, gone);
 }
 
 void tell_exporter_closed(const ipc_handle& h) {

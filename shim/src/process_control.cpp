@@ -20,9 +20,11 @@
 #include "ipc_imports.hpp"
 #include "not_owned_memory.hpp"
 #include "pools.hpp"
+#include "program_pools.hpp"
 #include "real_symbols.hpp"
 #include "self_pause.hpp"
 #include "vmm_checkpoint.hpp"
+#include "vmm_entry_points.hpp"
 #include "vmmckpt/descriptor_room.hpp"
 #include "vmmckpt/fault_point.hpp"
 #include "vmmckpt/hex_text.hpp"
@@ -265,6 +267,7 @@ control::hello_reply describe_process() {
     r.pools.push_back(v);
   }
   r.not_owned = not_owned_memory();
+  r.nccl_bytes = nccl_vmm_bytes() + nccl_pool_bytes();
   return r;
 }
 
@@ -432,7 +435,8 @@ std::variant<control::resume_reply, control::failure_reply> resume(const control
       restore::release_pools(backed);
       return refuse(vmm.message());
     }
-    if (const status loaded = restore::upload(*d, reader, pool_memory_backed(), true, progress); !loaded.ok()) {
+    if (const status loaded = restore::upload(*d, reader, pool_memory_backed(), true, progress, vmm_kept_ranges());
+        !loaded.ok()) {
       restore::release_pools(backed);
       vmm_release_physical();
       return refuse(loaded.message());

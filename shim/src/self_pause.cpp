@@ -3,6 +3,7 @@
 // the same addresses, writes the bytes back and opens the gate. No image and no cuda-ckpt: the use is
 // lending the GPU to another process for a while (RL loops, sleep modes of inference servers).
 #include "self_pause.hpp"
+#include "vmm_sharing.hpp"
 
 #include <sys/mman.h>
 
@@ -168,6 +169,8 @@ int pause_self(unsigned flags, vmmckpt_stats* stats) {
   if (is_suspended()) return fail(VMMCKPT_E_STATE, "vmmckpt_pause: the process is suspended by cuda-ckpt");
   if (!live_importers().empty())
     return fail(VMMCKPT_E_STATE, "vmmckpt_pause: other processes map this process's memory through CUDA IPC");
+  if (!vmm_importers().empty())
+    return fail(VMMCKPT_E_STATE, "vmmckpt_pause: other processes map this process's VMM memory (imported POSIX FDs)");
   if (!the_gate().close(clock::now() + quiesce_limit))
     return fail(VMMCKPT_E_BUSY, "vmmckpt_pause: CUDA calls of other threads did not return within 60 s (or this "
                                 "thread is inside one)");

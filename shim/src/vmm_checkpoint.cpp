@@ -1,12 +1,14 @@
 // Program-made VMM memory in checkpoints: described, handed over, given back, rebuilt.
 #include "vmm_checkpoint.hpp"
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <optional>
 
 #include "context_scope.hpp"
 #include "entry_points.hpp"
+#include "vmm_sharing.hpp"
 #include "vmm_state.hpp"
 #include "vmmckpt/hex_text.hpp"
 
@@ -15,13 +17,17 @@ namespace {
 
 int window_of(const vmm_config& c, std::uint64_t addr) { return static_cast<int>((addr - c.base) / c.window); }
 
-// Every owned mapping unmapped and every real handle released; the records stay (real 0).
+// Every owned mapping of device memory unmapped and its real handle released; the records stay (real 0).
+// Host-located memory stays as it is (host_located()).
 std::uint64_t release_locked(const driver_api& d, vmm_state& s) {
-  for (const vmm_mapping& m : s.registry.mappings())
+  for (const vmm_mapping& m : s.registry.mappings()) {
+    const vmm_handle* h = s.registry.find_handle(m.token);
+    if (h == nullptr || h->real == 0 || host_located(*h)) continue;
     if (const CUresult e = d.cuMemUnmap(m.addr, m.size); e != CUDA_SUCCESS)
       log::warn("suspend: cuMemUnmap of VMM memory at {} failed: CUDA error {}", hex(m.addr), static_cast<int>(e));
+  }
   std::uint64_t bytes = 0;
-  for (const auto& [token, real] : s.registry.take_real()) {
+  for (const auto& [token, real] : s.registry.take_real(host_located)) {
     if (const vmm_handle* h = s.registry.find_handle(token)) bytes += h->size;
     if (const CUresult e = d.cuMemRelease(real); e != CUDA_SUCCESS)
       log::warn("suspend: cuMemRelease of VMM handle {} failed: CUDA error {}", hex(token), static_cast<int>(e));
@@ -41,7 +47,9 @@ status rebuild_locked(const driver_api& d, vmm_state& s) noexcept {
   };
   try {
     const vmm_layout l = s.registry.layout();
+    std::vector<std::uint64_t> made;  // tokens given memory here; the others kept theirs (host memory)
     for (const vmm_handle& h : l.handles) {
+      if (const vmm_handle* live = s.registry.find_handle(h.token); live != nullptr && live->real != 0) continue;
       CUmemAllocationProp prop = program_properties(h);
       prop.requestedHandleTypes =
           static_cast<CUmemAllocationHandleType>(prop.requestedHandleTypes | CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
@@ -52,8 +60,10 @@ status rebuild_locked(const driver_api& d, vmm_state& s) noexcept {
                        h.size, h.device, static_cast<int>(e));
       }
       s.registry.replace_real(h.token, real);
+      made.push_back(h.token);
     }
     for (const vmm_mapping& m : l.mappings) {
+      if (!std::binary_search(made.begin(), made.end(), m.token)) continue;  // still mapped
       const vmm_handle* h = s.registry.find_handle(m.token);
       if (const CUresult e = d.cuMemMap(m.addr, m.size, m.offset, h->real, 0); e != CUDA_SUCCESS) {
         undo();
@@ -78,6 +88,33 @@ status rebuild_locked(const driver_api& d, vmm_state& s) noexcept {
   } catch (const std::exception& e) {
     undo();
     return failure(CUDA_ERROR_OUT_OF_MEMORY, "rebuilding VMM memory: {}", e.what());
+  }
+}
+
+// A restore: each import mapped again from its exporter, where it still runs under the shim. One that cannot
+// be is left unmapped, with a warning naming it: the program finds the range reserved and empty, as after a
+// legacy IPC handle it must open again (docs/vmm.md).
+void map_imports_again(const driver_api& d, vmm_state& s, const std::vector<vmm_import>& imports) {
+  for (const vmm_import& x : imports) {
+    CUmemGenericAllocationHandle real = 0;
+    std::string why;
+    CUresult e = import_again(x, real, why);
+    if (e == CUDA_SUCCESS) {
+      e = d.cuMemMap(x.addr, x.size, x.offset, real, 0);
+      if (e != CUDA_SUCCESS) why = "mapping it failed: CUDA error " + std::to_string(e);
+    }
+    if (e == CUDA_SUCCESS) {
+      s.registry.add_import(real, x);  // the one reference, as the program's import had
+      s.registry.map(x.addr, x.size, x.offset, real);
+      log::info("restore: {} bytes of process {}'s VMM handle {} mapped again at {}", x.size, x.exporter_pid,
+                hex(x.token), hex(x.addr));
+      continue;
+    }
+    if (real != 0) d.cuMemRelease(real);
+    std::vector<std::uint64_t> none;
+    s.registry.unmap(x.addr, x.size, none);  // its access rights go with it
+    log::warn("restore: process {}'s VMM memory that the image maps at {} ({} bytes) is not mapped again: {}",
+              x.exporter_pid, hex(x.addr), x.size, why);
   }
 }
 
@@ -213,7 +250,19 @@ std::vector<vmm_mapped_range> vmm_mapped_ranges() {
   if (s == nullptr) return ranges;
   std::lock_guard lock(s->mutex);
   for (const vmm_mapping& m : s->registry.mappings())
-    if (const vmm_handle* h = s->registry.find_handle(m.token)) ranges.push_back({h->device, m.addr, m.size});
+    if (const vmm_handle* h = s->registry.find_handle(m.token); h != nullptr && !host_located(*h))
+      ranges.push_back({h->device, m.addr, m.size});  // host memory stays mapped: release_locked()
+  return ranges;
+}
+
+std::vector<std::pair<std::uint64_t, std::uint64_t>> vmm_kept_ranges() {
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
+  vmm_state* s = existing_vmm_state();
+  if (s == nullptr) return ranges;
+  std::lock_guard lock(s->mutex);
+  for (const vmm_mapping& m : s->registry.mappings())
+    if (const vmm_handle* h = s->registry.find_handle(m.token); h != nullptr && host_located(*h))
+      ranges.emplace_back(m.addr, m.size);
   return ranges;
 }
 
@@ -230,40 +279,24 @@ status vmm_restore_layout(const image::manifest& m) noexcept {
   if (!m.vmm || m.vmm->empty()) return {};
   const driver_api* d = driver();
   if (d == nullptr) return failure(CUDA_ERROR_NOT_INITIALIZED, "no CUDA driver");
-  std::vector<vmm_reservation> made;
-  auto undo = [&] {
-    for (const vmm_reservation& r : made) d->cuMemAddressFree(r.addr, r.size);
-  };
   try {
     vmm_state& s = vmm_state_for_recording();
     std::lock_guard lock(s.mutex);
     const vmm_layout& l = *m.vmm;
     if (!s.config_error.empty()) return failure(CUDA_ERROR_INVALID_VALUE, "restore: {}", s.config_error);
-    made.reserve(l.reservations.size());
-    for (const vmm_reservation& r : l.reservations) {
-      CUdeviceptr got = 0;
-      if (const CUresult e = d->cuMemAddressReserve(&got, r.size, vmm_granularity, r.addr, 0); e != CUDA_SUCCESS) {
-        undo();
-        return failure(e, "restore: cannot reserve VMM addresses {}+{}: CUDA error {}", hex(r.addr), r.size,
-                       static_cast<int>(e));
-      }
-      if (got != r.addr) {
-        d->cuMemAddressFree(got, r.size);
-        undo();
-        return failure(CUDA_ERROR_INVALID_VALUE, "restore: VMM addresses {}+{} are taken in this process", hex(r.addr),
-                       r.size);
-      }
-      made.push_back(r);
-    }
-    if (!s.registry.load(l)) {
-      undo();
+    // The reservations are carved out of the windows, as the program's own are: only the windows are the
+    // driver's to reserve.
+    for (const vmm_reservation& r : l.reservations)
+      if (const CUresult e = reserve_windows(s, r.device); e != CUDA_SUCCESS)
+        return failure(e, "restore: device {}'s VMM window at {} cannot be reserved in this process (CUDA error {})",
+                       r.device, hex(s.config.device_base(r.device)), static_cast<int>(e));
+    if (!s.registry.load(l))
       return failure(CUDA_ERROR_INVALID_VALUE,
                      "restore: the image's VMM windows (base {}, window {}) are not this process's (base {}, window {})",
                      hex(l.windows.base), l.windows.window, hex(s.config.base), s.config.window);
-    }
+    map_imports_again(*d, s, l.imports);
     return rebuild_locked(*d, s);
   } catch (const std::exception& e) {
-    undo();
     return failure(CUDA_ERROR_OUT_OF_MEMORY, "restore of VMM memory: {}", e.what());
   }
 }

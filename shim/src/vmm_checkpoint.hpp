@@ -41,6 +41,10 @@ struct vmm_mapped_range {
 };
 std::vector<vmm_mapped_range> vmm_mapped_ranges();
 
+// The mappings a suspend keeps in place (host memory, release_locked): a resume does not write their bytes
+// from the image, which may be older than what the program's CPU threads wrote there since. Address order.
+std::vector<std::pair<std::uint64_t, std::uint64_t>> vmm_kept_ranges();
+
 // vmmckpt_resume: memory again under every token the registry holds, mapped where it was, with its access
 // rights. On failure, what was made is given back.
 status vmm_back_released() noexcept;

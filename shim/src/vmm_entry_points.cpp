@@ -7,18 +7,24 @@
 #include <cuda.h>
 #include <pthread.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "callers.hpp"
+#include "control_server.hpp"
 #include "entry_points.hpp"
 #include "gate.hpp"
 #include "restore_at_start.hpp"
 #include "vmm_checkpoint.hpp"
 #include "vmm_entry_points.hpp"
+#include "vmm_sharing.hpp"
 #include "vmm_state.hpp"
+#include "vmmckpt/exact_reservation.hpp"
 #include "vmmckpt/pool_layout.hpp"
 
 namespace vmmckpt::detail {
@@ -41,16 +47,28 @@ std::atomic<vmm_state*> g_state{nullptr};
 vmm_state& state() { return vmm_state_for_recording(); }
 vmm_state* existing_state() { return existing_vmm_state(); }
 
+// Pinned memory on a device or a host location (NCCL's host buffers) is the shim's: tokens, mappings,
+// images. Anything else passes through.
 bool owned(const CUmemAllocationProp& prop) {
-  return prop.type == CU_MEM_ALLOCATION_TYPE_PINNED && prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE;
+  return prop.type == CU_MEM_ALLOCATION_TYPE_PINNED &&
+         (prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE || is_host_location(prop.location.type));
 }
 
 vmm_not_owned_kind kind_of(const CUmemAllocationProp& prop) {
-  const CUmemLocationType t = prop.location.type;
-  return t == CU_MEM_LOCATION_TYPE_HOST || t == CU_MEM_LOCATION_TYPE_HOST_NUMA ||
-                 t == CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT
-             ? vmm_not_owned_kind::host
-             : vmm_not_owned_kind::other;
+  return is_host_location(prop.location.type) ? vmm_not_owned_kind::host : vmm_not_owned_kind::other;
+}
+
+// Creates memory the driver would not make exportable as a POSIX FD: it passes through, counted.
+CUresult create_not_owned(const driver_api& d, vmm_state& s, CUmemGenericAllocationHandle* handle, size_t size,
+                          const CUmemAllocationProp* prop, unsigned long long flags) {
+  VMMCKPT_NOT_SERVED("VMM memory of a type the shim does not own, or that the driver cannot export (cuMemCreate)");
+  gate_scope scope(gate_scope::no_work);
+  const CUresult e = d.cuMemCreate(handle, size, prop, flags);
+  if (e == CUDA_SUCCESS) {
+    std::lock_guard lock(s.mutex);
+    s.registry.add_not_owned(*handle, kind_of(*prop), size);
+  }
+  return e;
 }
 
 // A live token's driver handle; any other value is the driver's own and is passed on unchanged.
@@ -74,6 +92,15 @@ void release_real(const driver_api& d, const std::vector<std::uint64_t>& handles
       log::warn("cuMemRelease of driver handle {:#x} failed: error {}", real, static_cast<int>(e));
 }
 
+// Tells the exporters of imports whose last reference and mapping just went; the registry's lock is let go
+// first (they are other processes, asked over their sockets).
+void unshare_dropped(vmm_state& s, std::unique_lock<std::mutex>& lock) {
+  std::vector<vmm_import> dropped = s.registry.take_dropped_imports();
+  if (dropped.empty()) return;
+  lock.unlock();
+  tell_unshared(dropped);
+}
+
 // The device whose window a reservation goes to: the current context's; device 0 without one (a
 // reservation needs only cuInit).
 int reservation_device() {
@@ -84,6 +111,41 @@ int reservation_device() {
 
 }  // namespace
 
+CUresult reserve_windows(vmm_state& s, int device) {
+  const driver_api* d = driver();
+  if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (s.windows[0] == CUDA_ERROR_NOT_INITIALIZED) {
+    int count = 0;
+    if (d->cuDeviceGetCount == nullptr || d->cuDeviceGetCount(&count) != CUDA_SUCCESS || count <= 0) count = device + 1;
+    count = std::min(std::max(count, device + 1), max_devices);
+    for (int i = 0; i < max_devices; ++i) {
+      if (i >= count) {
+        s.windows[i] = CUDA_ERROR_INVALID_DEVICE;
+        continue;
+      }
+      const std::uint64_t base = s.config.device_base(i);
+      std::uint64_t moved_to = 0;
+      s.windows[i] = reserve_exactly(*d, base, s.config.window, vmm_granularity, moved_to);
+      if (s.windows[i] == CUDA_SUCCESS) continue;
+      if (moved_to != 0)
+        log::error("device {}'s VMM window [{:#x}, {:#x}) is taken in this process (the driver offered {:#x}); set "
+                   "VMMCKPT_VMM_BASE to a free range. Every cuMemAddressReserve on device {} fails.",
+                   i, base, base + s.config.window, moved_to, i);
+      else
+        log::error("reserving device {}'s VMM window [{:#x}, {:#x}) failed: error {}. Every cuMemAddressReserve on "
+                   "device {} fails.",
+                   i, base, base + s.config.window, static_cast<int>(s.windows[i]), i);
+    }
+  }
+  if (device < 0 || device >= max_devices) return CUDA_ERROR_INVALID_DEVICE;
+  if (s.windows[device] == CUDA_ERROR_INVALID_DEVICE) {
+    // A device cuDeviceGetCount did not count (it can change with CUDA_VISIBLE_DEVICES only before cuInit).
+    std::uint64_t moved_to = 0;
+    s.windows[device] = reserve_exactly(*d, s.config.device_base(device), s.config.window, vmm_granularity, moved_to);
+  }
+  return s.windows[device];
+}
+
 vmm_state& vmm_state_for_recording() {
   static vmm_state* const created = [] {
     std::string pool_error, error;
@@ -92,12 +154,32 @@ vmm_state& vmm_state_for_recording() {
     auto* s = new vmm_state(config, error);
     pthread_atfork(before_fork, after_fork_in_parent, after_fork_in_child);
     g_state.store(s, std::memory_order_release);
+    // A program that maps all of its memory itself (a framework's own allocator) never reaches the pools:
+    // its first VMM call makes it reachable by cuda-ckpt, as the first allocation does for others.
+    start_control_server();
     return s;
   }();
   return *created;
 }
 
 vmm_state* existing_vmm_state() { return g_state.load(std::memory_order_acquire); }
+
+std::uint64_t nccl_vmm_bytes() {
+  vmm_state* s = existing_state();
+  if (s == nullptr) return 0;
+  std::lock_guard lock(s->mutex);
+  std::uint64_t bytes = 0;
+  for (auto it = s->nccl_tokens.begin(); it != s->nccl_tokens.end();) {
+    const vmm_handle* h = s->registry.find_handle(*it);
+    if (h == nullptr) {
+      it = s->nccl_tokens.erase(it);  // released since
+      continue;
+    }
+    bytes += h->size;
+    ++it;
+  }
+  return bytes;
+}
 
 vmm_not_owned_bytes not_owned_vmm_bytes() {
   vmm_state* s = existing_state();
@@ -106,6 +188,19 @@ vmm_not_owned_bytes not_owned_vmm_bytes() {
   vmm_not_owned_bytes bytes = s->registry.not_owned_bytes();
   bytes.unmapped = s->registry.unmapped_handle_bytes();
   return bytes;
+}
+
+bool vmm_reservation_around(std::uint64_t addr, std::uint64_t& base, std::uint64_t& size) {
+  vmm_state* s = existing_state();
+  if (s == nullptr || !s->config_error.empty() || addr < s->config.base) return false;
+  const std::uint64_t window = (addr - s->config.base) / s->config.window;
+  if (window >= static_cast<std::uint64_t>(max_devices)) return false;
+  std::lock_guard lock(s->mutex);
+  if (s->windows[window] != CUDA_SUCCESS) return false;
+  const std::optional<vmm_reservation> r = s->registry.reservation_at(addr);
+  base = r ? r->addr : 0;
+  size = r ? r->size : 0;
+  return true;
 }
 
 }  // namespace vmmckpt::detail
@@ -128,6 +223,7 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr* ptr, size_t siz
     if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
     if (restore_failed()) return CUDA_ERROR_OUT_OF_MEMORY;
     if (!shim_active() || ptr == nullptr || size == 0) return d->cuMemAddressReserve(ptr, size, alignment, addr, flags);
+    if (flags != 0) return CUDA_ERROR_INVALID_VALUE;  // the driver defines no flag yet
     vmm_state& s = state();
     if (!s.config_error.empty()) {
       static std::atomic<bool> said{false};
@@ -141,6 +237,7 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr* ptr, size_t siz
     }
     gate_scope scope(gate_scope::no_work);
     std::lock_guard lock(s.mutex);
+    if (reserve_windows(s, device) != CUDA_SUCCESS) return CUDA_ERROR_OUT_OF_MEMORY;
     std::uint64_t ours = 0;
     const vmm_status placed = s.registry.reserve(device, size, alignment, addr, ours);
     if (placed == vmm_status::invalid_value) return CUDA_ERROR_INVALID_VALUE;
@@ -150,37 +247,15 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr* ptr, size_t siz
                  size, device, s.config.device_base(device), s.config.device_base(device) + s.config.window);
       return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    std::vector<std::uint64_t> none;
-    CUdeviceptr got = 0;
-    const CUresult e = d->cuMemAddressReserve(&got, size, alignment, ours, flags);
-    if (e != CUDA_SUCCESS) {
+    // A hint may have placed it in another device's window, which must be reserved too.
+    const int window = static_cast<int>((ours - s.config.base) / s.config.window);
+    if (window != device && (window >= max_devices || s.windows[window] != CUDA_SUCCESS)) {
+      std::vector<std::uint64_t> none;
       s.registry.free_reservation(ours, size, none);
-      return e;
-    }
-    if (got != ours) {
-      // The driver keeps some room after a large reservation (an H100 rounds 89 GB up to 32 MiB) and
-      // moves a reservation that would start in it. Where it moved it inside our window, to a range we
-      // have free, that address is ours too: the same calls meet the same driver in every run, and a
-      // restore asks for each range exactly.
-      std::uint64_t moved = 0;
-      s.registry.free_reservation(ours, size, none);
-      if (s.registry.reserve(device, size, alignment, got, moved) == vmm_status::ok) {
-        if (moved == got) {
-          *ptr = got;
-          log::at(log::level::trace, "cuMemAddressReserve {} bytes -> {:#x} (the driver's, after {:#x})", size,
-                  static_cast<std::uint64_t>(got), ours);
-          return CUDA_SUCCESS;
-        }
-        s.registry.free_reservation(moved, size, none);
-      }
-      // Elsewhere an address could never be restored, so the reservation is refused.
-      d->cuMemAddressFree(got, size);
-      log::error("cuMemAddressReserve: [{:#x}, {:#x}) in device {}'s VMM window is taken in this process (the "
-                 "driver offered {:#x}); set VMMCKPT_VMM_BASE to a free range",
-                 ours, ours + size, device, static_cast<std::uint64_t>(got));
       return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    *ptr = got;
+    // Carved out of the window the driver reserved whole: no driver call, so the driver cannot move it.
+    *ptr = ours;
     log::at(log::level::trace, "cuMemAddressReserve {} bytes (hint {:#x}) -> {:#x}", size,
             static_cast<std::uint64_t>(addr), ours);
     return CUDA_SUCCESS;
@@ -195,37 +270,34 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemAddressFree(CUdeviceptr ptr, size_t size) {
     vmm_state* s = shim_active() ? existing_state() : nullptr;
     if (s == nullptr) return d->cuMemAddressFree(ptr, size);
     gate_scope scope(gate_scope::no_work);
-    std::lock_guard lock(s->mutex);
+    std::unique_lock lock(s->mutex);
     const vmm_status st = s->registry.check_free(ptr, size);
     if (st == vmm_status::not_found) return d->cuMemAddressFree(ptr, size);
     if (st != vmm_status::ok) return CUDA_ERROR_INVALID_VALUE;
-    const CUresult e = d->cuMemAddressFree(ptr, size);
-    if (e != CUDA_SUCCESS) return e;
+    // The window stays reserved with the driver: what the program left mapped in the range goes now, as
+    // the driver would drop it with a range of its own.
+    for (const auto& [addr, bytes] : s->registry.mapped_in(ptr, vmm_span(size)))
+      if (const CUresult e = d->cuMemUnmap(addr, bytes); e != CUDA_SUCCESS)
+        log::warn("cuMemAddressFree: unmapping {:#x}+{} left mapped in the range failed: error {}", addr, bytes,
+                  static_cast<int>(e));
     std::vector<std::uint64_t> released;
     s->registry.free_reservation(ptr, size, released);
     release_real(*d, released);
+    unshare_dropped(*s, lock);
     return CUDA_SUCCESS;
   });
 }
 
 VMMCKPT_EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
                                             const CUmemAllocationProp* prop, unsigned long long flags) {
+  const void* caller = __builtin_return_address(0);
   return guarded(CUDA_ERROR_OUT_OF_MEMORY, [&] {
     const driver_api* d = driver();
     if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
     if (restore_failed()) return CUDA_ERROR_OUT_OF_MEMORY;
     if (!shim_active() || handle == nullptr || prop == nullptr) return d->cuMemCreate(handle, size, prop, flags);
     vmm_state& s = state();
-    if (!owned(*prop)) {
-      VMMCKPT_NOT_SERVED("VMM memory on a host location or of a type the shim does not own (cuMemCreate)");
-      gate_scope scope(gate_scope::no_work);
-      const CUresult e = d->cuMemCreate(handle, size, prop, flags);
-      if (e == CUDA_SUCCESS) {
-        std::lock_guard lock(s.mutex);
-        s.registry.add_not_owned(*handle, kind_of(*prop), size);
-      }
-      return e;
-    }
+    if (!owned(*prop)) return create_not_owned(*d, s, handle, size, prop, flags);
     // What callers get on machines without fabric: PyTorch, XLA and NCCL fall back to POSIX FDs.
     if ((prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_FABRIC) != 0) {
       log::debug("cuMemCreate with FABRIC handles: not supported under vmmckpt");
@@ -236,17 +308,27 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* handle
     CUmemAllocationProp real_prop = *prop;
     real_prop.requestedHandleTypes = static_cast<CUmemAllocationHandleType>(
         prop->requestedHandleTypes | CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-    gate_scope scope(gate_scope::no_work);
+    const bool host = is_host_location(prop->location.type);
     CUmemGenericAllocationHandle real = 0;
-    const CUresult e = d->cuMemCreate(&real, size, &real_prop, flags);
+    CUresult e = CUDA_SUCCESS;
+    {
+      gate_scope scope(gate_scope::no_work);
+      e = d->cuMemCreate(&real, size, &real_prop, flags);
+    }
+    // A host location the driver cannot export (an older driver) stays the program's as it asked.
+    if (host && e != CUDA_SUCCESS && e != CUDA_ERROR_OUT_OF_MEMORY) return create_not_owned(*d, s, handle, size, prop, flags);
     if (e != CUDA_SUCCESS) return e;  // out of memory stays exactly that: callers free caches and retry on it
+    gate_scope scope(gate_scope::no_work);
     vmm_properties program;
     std::memcpy(program.bytes.data(), prop, sizeof *prop);
+    // Host memory is copied through the device of the calling thread's context.
+    const int device = host ? reservation_device() : prop->location.id;
     std::uint64_t token = 0;
     {
       std::lock_guard lock(s.mutex);
       try {
-        token = s.registry.add_handle(real, size, prop->location.id, flags, program);
+        token = s.registry.add_handle(real, size, device, flags, program);
+        if (token != 0 && called_from_nccl(caller)) s.nccl_tokens.insert(token);
       } catch (...) {
         token = 0;
       }
@@ -270,7 +352,7 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle
     vmm_state* s = shim_active() ? existing_state() : nullptr;
     if (s == nullptr) return d->cuMemRelease(handle);
     gate_scope scope(gate_scope::no_work);
-    std::lock_guard lock(s->mutex);
+    std::unique_lock lock(s->mutex);
     if (looks_like_vmm_token(handle)) {
       std::vector<std::uint64_t> released;
       const vmm_status st = s->registry.release(handle, released);
@@ -282,6 +364,7 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle
     }
     const CUresult e = d->cuMemRelease(handle);
     if (e == CUDA_SUCCESS) s->registry.release_not_owned(handle);
+    unshare_dropped(*s, lock);
     return e;
   });
 }
@@ -321,12 +404,13 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
     vmm_state* s = shim_active() ? existing_state() : nullptr;
     if (s == nullptr) return d->cuMemUnmap(ptr, size);
     gate_scope scope(gate_scope::no_work);
-    std::lock_guard lock(s->mutex);
+    std::unique_lock lock(s->mutex);
     const CUresult e = d->cuMemUnmap(ptr, size);
     if (e != CUDA_SUCCESS) return e;
     std::vector<std::uint64_t> released;
     s->registry.unmap(ptr, size, released);
     release_real(*d, released);
+    unshare_dropped(*s, lock);
     return CUDA_SUCCESS;
   });
 }
@@ -419,7 +503,10 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemExportToShareableHandle(void* shareable, CU
     if (h == nullptr) return CUDA_ERROR_INVALID_VALUE;  // dead_token(): never the driver's
     // A type the program did not ask for is refused, as the driver refuses it (the FD is ours).
     if ((program_properties(*h).requestedHandleTypes & type) == 0) return CUDA_ERROR_INVALID_VALUE;
-    return d->cuMemExportToShareableHandle(shareable, h->real, type, flags);
+    const CUresult e = d->cuMemExportToShareableHandle(shareable, h->real, type, flags);
+    if (e == CUDA_SUCCESS && type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR && shareable != nullptr)
+      note_export(handle, *static_cast<int*>(shareable));  // so that an importer can ask which handle it is
+    return e;
   });
 }
 
@@ -428,14 +515,22 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAlloc
   return guarded(CUDA_ERROR_UNKNOWN, [&] {
     const driver_api* d = driver();
     if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!shim_active() || handle == nullptr) return d->cuMemImportFromShareableHandle(handle, os_handle, type);
+    // Another process's memory: it is that process's to save. Its exporter says which handle it is, so that
+    // an image records the import (and a restore can map it again); otherwise counted by what is mapped.
+    std::optional<vmm_import> origin;
+    if (type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+      origin = identify_import(static_cast<int>(reinterpret_cast<std::intptr_t>(os_handle)));
     const CUresult e = d->cuMemImportFromShareableHandle(handle, os_handle, type);
-    if (e != CUDA_SUCCESS || !shim_active() || handle == nullptr) return e;
-    // Another process's memory: it is that process's to save. Counted by what is mapped of it here.
-    VMMCKPT_NOT_SERVED("VMM memory imported from another process (cuMemImportFromShareableHandle)");
+    if (e != CUDA_SUCCESS) return e;
+    if (!origin) VMMCKPT_NOT_SERVED("VMM memory imported from a process that does not say what it is (cuMemImportFromShareableHandle)");
     vmm_state& s = state();
     gate_scope scope(gate_scope::no_work);
     std::lock_guard lock(s.mutex);
-    s.registry.add_not_owned(*handle, vmm_not_owned_kind::imported, 0);
+    if (origin)
+      s.registry.add_import(*handle, *origin);
+    else
+      s.registry.add_not_owned(*handle, vmm_not_owned_kind::imported, 0);
     return e;
   });
 }

@@ -4,8 +4,10 @@
 
 #include <cuda.h>
 
+#include <array>
 #include <cstring>
 #include <mutex>
+#include <set>
 #include <string>
 
 #include "vmmckpt/pool_layout.hpp"
@@ -20,10 +22,22 @@ struct vmm_state {
   vmm_config config;
   std::string config_error;
   vmm_registry registry;
+  // Each device's window is one driver reservation, made whole the first time any reservation is placed
+  // (exact_reservation.hpp says why): CUDA_SUCCESS once reserved, the error of a failed attempt (not
+  // tried again), or CUDA_ERROR_NOT_INITIALIZED before the first attempt.
+  std::array<CUresult, max_devices> windows;
+  std::set<std::uint64_t> nccl_tokens;  // handles NCCL created (callers.hpp), for its share in `ps`
 
   explicit vmm_state(const vmm_config& c, std::string error)
-      : config(c), config_error(std::move(error)), registry(c.base, c.window) {}
+      : config(c), config_error(std::move(error)), registry(c.base, c.window) {
+    windows.fill(CUDA_ERROR_NOT_INITIALIZED);
+  }
 };
+
+// Under the state's mutex: every device's window reserved from the driver, the first time (all at once, so
+// that no range the driver places for itself meanwhile lands in a later one). CUDA_SUCCESS when `device`'s
+// window is reserved; a window that cannot be had is logged once, naming the range and VMMCKPT_VMM_BASE.
+CUresult reserve_windows(vmm_state& s, int device);
 
 // Created by the first call that records something (the windows read from the environment then);
 // never destroyed (threads may call at exit).
@@ -37,5 +51,14 @@ inline CUmemAllocationProp program_properties(const vmm_handle& h) {
   std::memcpy(&prop, h.properties.bytes.data(), sizeof prop);
   return prop;
 }
+
+inline bool is_host_location(CUmemLocationType t) {
+  return t == CU_MEM_LOCATION_TYPE_HOST || t == CU_MEM_LOCATION_TYPE_HOST_NUMA ||
+         t == CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT;
+}
+
+// Memory on a host location (NCCL's host buffers): a suspend keeps it mapped, since it holds no GPU memory
+// and the program's threads may touch it from the CPU meanwhile (NCCL's proxy polls it).
+inline bool host_located(const vmm_handle& h) { return is_host_location(program_properties(h).location.type); }
 
 }  // namespace vmmckpt::detail

@@ -32,6 +32,9 @@ std::string reencode_reply(control::op o, const std::string& payload) {
     case control::op::check: return control::encode(decode_ok<control::check_reply>(payload));
     case control::op::ipc_open: return control::encode(decode_ok<control::ipc_open_reply>(payload));
     case control::op::ipc_close: return control::encode(decode_ok<control::ipc_close_reply>(payload));
+    case control::op::vmm_identify:
+    case control::op::vmm_share: return control::encode(decode_ok<control::vmm_share_reply>(payload));
+    case control::op::vmm_unshare: return control::encode(decode_ok<control::vmm_unshare_reply>(payload));
   }
   return {};
 }

@@ -201,3 +201,96 @@ TEST_CASE("vmm image: access rights must list each location once, in order", "[i
   CHECK_THAT(refusal([](img::manifest& m) { m.vmm->access[0].access = {{1, 0, 3}, {1, 0, 1}}; }),
              Contains("vmm.access[0].rights[1] is out of order or repeats a location"));
 }
+
+namespace {
+// An import of another process's handle mapped in the sample's second reservation.
+vmm_import sample_import() {
+  vmm_import x;
+  x.addr = base + 64 * MiB;
+  x.size = 4 * MiB;
+  x.offset = 2 * MiB;
+  x.exporter_pid = 4243;
+  x.exporter_start = 99;
+  x.token = vmm_token_tag | 7;
+  x.handle_size = 8 * MiB;
+  x.device_uuid = "GPU-1";
+  return x;
+}
+}  // namespace
+
+TEST_CASE("vmm image: imports of other processes' handles are checked and round-trip, access over them included",
+          "[image][vmm]") {
+  img::manifest m = sample_manifest();
+  m.vmm->imports = {sample_import()};
+  m.vmm->access.push_back({base + 64 * MiB, 4 * MiB, {{1, 0, 3}, {3, 0, 3}}});
+  REQUIRE_NOTHROW(img::validate(m));
+  CHECK(img::from_json(img::to_json(m)) == m);
+  // A layout without imports writes no field, as images before them.
+  CHECK_FALSE(to_json(sample_layout()).contains("imports"));
+
+  auto spoiled = [&](const std::function<void(vmm_layout&)>& spoil) {
+    vmm_layout l = *m.vmm;
+    spoil(l);
+    return check(l, "vmm");
+  };
+  CHECK_THAT(spoiled([](vmm_layout& l) { l.imports[0].addr = base + 96 * MiB; }),
+             Contains("vmm.imports[0] (0x300006000000+4194304) is not inside one reservation"));
+  CHECK_THAT(spoiled([](vmm_layout& l) { l.imports[0].addr = base; }), Contains("vmm.imports[0] overlaps a mapping"));
+  CHECK_THAT(spoiled([](vmm_layout& l) { l.imports[0].offset = 6 * MiB; }),
+             Contains("vmm.imports[0] reaches past the end of the exporter's handle"));
+  CHECK_THAT(spoiled([](vmm_layout& l) { l.imports[0].token = 7; }), Contains("vmm.imports[0].token 0x7"));
+  CHECK_THAT(spoiled([](vmm_layout& l) { l.imports[0].exporter_pid = 0; }), Contains("vmm.imports[0].exporter_pid 0"));
+  CHECK_THAT(spoiled([](vmm_layout& l) { l.imports.clear(); }),
+             Contains("vmm.access[1] (0x300004000000+4194304) is not wholly mapped"));
+}
+
+TEST_CASE("vmm registry: an identified import is in the layout and not lacking; an unidentified one is lacking",
+          "[vmm]") {
+  vmm_registry r(base, default_vmm_window);
+  std::uint64_t a = 0, b = 0;
+  REQUIRE(r.reserve(0, 4 * MiB, 0, 0, a) == vmm_status::ok);
+  REQUIRE(r.reserve(0, 2 * MiB, 0, 0, b) == vmm_status::ok);
+  vmm_import origin = sample_import();
+  origin.addr = origin.size = origin.offset = 0;
+  r.add_import(0x7f00000a0000, origin);
+  r.add_not_owned(0x7f00000b0000, vmm_not_owned_kind::imported, 0);  // its exporter did not say
+  REQUIRE(r.map(a, 4 * MiB, 2 * MiB, 0x7f00000a0000) == vmm_status::ok);
+  REQUIRE(r.map(b, 2 * MiB, 0, 0x7f00000b0000) == vmm_status::ok);
+  const vmm_access rw{1, 0, 3};
+  r.set_access(a, 6 * MiB, std::span(&rw, 1));
+  CHECK(r.not_owned_bytes().imported == 2 * MiB);  // the unidentified one only
+
+  const vmm_layout l = r.layout();
+  REQUIRE(l.imports.size() == 1);
+  CHECK(l.imports[0].addr == a);
+  CHECK(l.imports[0].size == 4 * MiB);
+  CHECK(l.imports[0].offset == 2 * MiB);
+  CHECK(l.imports[0].exporter_pid == 4243);
+  CHECK(l.imports[0].token == (vmm_token_tag | 7));
+  REQUIRE(l.access.size() == 1);  // over the import, not over the unidentified mapping
+  CHECK(l.access[0].size == 4 * MiB);
+  CHECK(check(l, "vmm").empty());
+
+  // Its exporter is told when the last mapping and reference go, once.
+  std::vector<std::uint64_t> released;
+  r.unmap(a, 4 * MiB, released);
+  CHECK(r.take_dropped_imports().empty());  // still referenced
+  r.release_not_owned(0x7f00000a0000);
+  const auto dropped = r.take_dropped_imports();
+  REQUIRE(dropped.size() == 1);
+  CHECK(dropped[0].token == (vmm_token_tag | 7));
+  CHECK(r.take_dropped_imports().empty());
+  CHECK(released.empty());  // not ours to release to the driver
+}
+
+TEST_CASE("vmm registry: a suspend can keep some handles (host memory) while the others give their memory back",
+          "[vmm]") {
+  vmm_registry r(base, default_vmm_window);
+  vmm_properties device, host;
+  host.bytes[0] = 9;
+  const std::uint64_t t1 = r.add_handle(1001, 2 * MiB, 0, 0, device), t2 = r.add_handle(1002, 2 * MiB, 0, 0, host);
+  const auto taken = r.take_real([](const vmm_handle& h) { return h.properties.bytes[0] == 9; });
+  CHECK(taken == std::vector<std::pair<std::uint64_t, std::uint64_t>>{{t1, 1001}});
+  CHECK(r.find_handle(t1)->real == 0);
+  CHECK(r.find_handle(t2)->real == 1002);
+}

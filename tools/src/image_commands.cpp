@@ -59,6 +59,11 @@ int inspect_command(const std::string& path, bool as_json) {
       std::printf("  0x%-16llx %14llu  0x%-16llx %llu\n", static_cast<unsigned long long>(x.addr),
                   static_cast<unsigned long long>(x.size), static_cast<unsigned long long>(x.token),
                   static_cast<unsigned long long>(x.offset));
+    for (const auto& x : l.imports)
+      std::printf("imported  %s of process %lld (its handle 0x%llx, %s) at 0x%llx: recorded, not stored\n",
+                  human_bytes(x.size).c_str(), static_cast<long long>(x.exporter_pid),
+                  static_cast<unsigned long long>(x.token), x.device_uuid.empty() ? "host memory" : x.device_uuid.c_str(),
+                  static_cast<unsigned long long>(x.addr));
   }
   for (const auto& p : m.pools) {
     std::printf("%s device %d at 0x%llx, %s reserved, %zu allocations\n",

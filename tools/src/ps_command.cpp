@@ -35,7 +35,7 @@ const char* const ps_help_footer =
     "Socket files nobody listens at any more are removed (sockets only).\n"
     "--json: one object per entry with the same keys for all: pid, uid (the owner), status (the STATE\n"
     "above), state (running, suspended or paused as the process says; else the status), command, devices,\n"
-    "pools, not_owned; activity when it answered; problem when it did not; image, image_bytes, why and\n"
+    "pools, not_owned, nccl_bytes (of the owned bytes, NCCL's) when it answered; activity when it answered; problem when it did not; image, image_bytes, why and\n"
     "remove_with when orphaned.";
 
 namespace {
@@ -114,6 +114,7 @@ void print_process(const ckpt::process_entry& p) {
               devices.empty() ? "-" : devices.c_str(), human_bytes(live).c_str(), human_bytes(backed).c_str(),
               human_bytes(not_owned).c_str(), joined(h.command).c_str());
   if (!h.not_owned.empty()) std::printf("%-8s not owned: %s\n", "", kinds_and_sizes(h.not_owned).c_str());
+  if (h.nccl_bytes != 0) std::printf("%-8s NCCL: %s of it\n", "", human_bytes(h.nccl_bytes).c_str());
   if (h.state == control::process_state::suspended) std::printf("%-8s image %s\n", "", h.image.c_str());
 }
 

@@ -15,12 +15,13 @@ enum class alloc_api : std::uint32_t {
   cuda_malloc_pitch,
   cuda_malloc_async,
   cu_mem_map,  // a mapping of program-made VMM memory: the records of an image's pools of kind vmm
+  cu_mem_alloc_from_pool_async,  // from a memory pool the program created (cudaMallocFromPoolAsync too)
 };
 
 inline constexpr alloc_api all_alloc_apis[] = {alloc_api::cu_mem_alloc,      alloc_api::cu_mem_alloc_pitch,
                                                alloc_api::cu_mem_alloc_async, alloc_api::cuda_malloc,
                                                alloc_api::cuda_malloc_pitch, alloc_api::cuda_malloc_async,
-                                               alloc_api::cu_mem_map};
+                                               alloc_api::cu_mem_map,        alloc_api::cu_mem_alloc_from_pool_async};
 
 constexpr std::string_view name_of(alloc_api api) {
   switch (api) {
@@ -31,6 +32,7 @@ constexpr std::string_view name_of(alloc_api api) {
     case alloc_api::cuda_malloc_pitch: return "cudaMallocPitch";
     case alloc_api::cuda_malloc_async: return "cudaMallocAsync";
     case alloc_api::cu_mem_map: return "cuMemMap";
+    case alloc_api::cu_mem_alloc_from_pool_async: return "cuMemAllocFromPoolAsync";
   }
   return "unknown";
 }

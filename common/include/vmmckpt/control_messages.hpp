@@ -22,9 +22,10 @@ namespace vmmckpt::control {
 
 using json_fields::decode_error;
 
-enum class op { hello, dump_begin, dump_end, suspend, resume, check, ipc_open, ipc_close };
-inline constexpr op all_ops[] = {op::hello,  op::dump_begin, op::dump_end, op::suspend,
-                                 op::resume, op::check,      op::ipc_open, op::ipc_close};
+enum class op { hello, dump_begin, dump_end, suspend, resume, check, ipc_open, ipc_close, vmm_identify, vmm_share, vmm_unshare };
+inline constexpr op all_ops[] = {op::hello,     op::dump_begin,   op::dump_end,  op::suspend,
+                                 op::resume,    op::check,        op::ipc_open,  op::ipc_close,
+                                 op::vmm_identify, op::vmm_share, op::vmm_unshare};
 std::string_view name_of(op o);
 
 // Why the process refused a request: what the tool acts on. The reply's text says it to a person.
@@ -131,8 +132,25 @@ struct ipc_close_request {
   std::uint64_t generation = 0;
   friend bool operator==(const ipc_close_request&, const ipc_close_request&) = default;
 };
+// Another process under the shim imported program-made VMM memory of this one (a POSIX FD, the frame's one
+// descriptor, that cuMemExportToShareableHandle gave out here): which handle it is (docs/vmm.md, "Shared
+// between processes").
+struct vmm_identify_request {
+  friend bool operator==(const vmm_identify_request&, const vmm_identify_request&) = default;
+};
+// Another process restores a mapping of this one's handle `token`: a new POSIX FD of it.
+struct vmm_share_request {
+  std::uint64_t token = 0;
+  friend bool operator==(const vmm_share_request&, const vmm_share_request&) = default;
+};
+// That process maps the handle no more, or is going away.
+struct vmm_unshare_request {
+  std::uint64_t token = 0;
+  friend bool operator==(const vmm_unshare_request&, const vmm_unshare_request&) = default;
+};
 using request = std::variant<hello_request, dump_begin_request, dump_end_request, suspend_request, resume_request,
-                             check_request, ipc_open_request, ipc_close_request>;
+                             check_request, ipc_open_request, ipc_close_request, vmm_identify_request,
+                             vmm_share_request, vmm_unshare_request>;
 
 // ---- replies ----
 struct pool_summary {
@@ -154,6 +172,8 @@ struct hello_reply {
   std::vector<pool_summary> pools;
   std::vector<not_owned_memory> not_owned;  // as the process counts it now (empty when absent)
   control::activity activity = activity::idle;  // idle when absent (an older process)
+  // Of the owned bytes, those NCCL made (its buffers and pools): 0 when absent.
+  std::uint64_t nccl_bytes = 0;
   friend bool operator==(const hello_reply&, const hello_reply&) = default;
 };
 
@@ -244,6 +264,17 @@ struct ipc_open_reply {
 struct ipc_close_reply {
   friend bool operator==(const ipc_close_reply&, const ipc_close_reply&) = default;
 };
+// vmm_identify and vmm_share: the handle, by its token here, with its size and where its memory lives
+// (vmm_share sends its POSIX FD with the reply).
+struct vmm_share_reply {
+  std::uint64_t token = 0;
+  std::uint64_t size = 0;
+  std::string device_uuid;  // the GPU the memory is on ("GPU-..."), or empty for memory on the host
+  friend bool operator==(const vmm_share_reply&, const vmm_share_reply&) = default;
+};
+struct vmm_unshare_reply {
+  friend bool operator==(const vmm_unshare_reply&, const vmm_unshare_reply&) = default;
+};
 // Any request's negative reply.
 struct failure_reply {
   refusal code = refusal::failed;
@@ -263,6 +294,8 @@ std::string encode(const resume_reply& r);
 std::string encode(const check_reply& r);
 std::string encode(const ipc_open_reply& r);
 std::string encode(const ipc_close_reply& r);
+std::string encode(const vmm_share_reply& r);
+std::string encode(const vmm_unshare_reply& r);
 std::string encode(const failure_reply& r);
 
 // ---- decoding ----

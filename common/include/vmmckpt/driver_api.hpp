@@ -35,7 +35,8 @@ CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize
   X(cuMemRetainAllocationHandle) X(cuArrayDestroy) X(cuMipmappedArrayDestroy)                       \
   X(cuModuleLoadData) X(cuModuleGetFunction) X(cuModuleUnload) X(cuLaunchKernel)                   \
   X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle_v2) X(cuIpcCloseMemHandle)                             \
-  X(cuCtxEnablePeerAccess) X(cuDeviceCanAccessPeer) X(cuCtxGetDevice_v2)
+  X(cuCtxEnablePeerAccess) X(cuDeviceCanAccessPeer) X(cuCtxGetDevice_v2) X(cuMemPoolDestroy)           \
+  X(cuMemPoolGetAttribute) X(cuMemPoolSetAccess)
 // Called by cuda-ckpt only (besides the first list): required by the tool, optional in the shim.
 #define VMMCKPT_TOOL_DRIVER_FUNCTIONS(X)                                                            \
   X(cuDeviceGetCount) X(cuGetErrorName) X(cuGetErrorString) X(cuMemcpyDtoHAsync_v2) X(cuMemcpyDtoDAsync_v2) \

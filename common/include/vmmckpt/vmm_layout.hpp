@@ -75,6 +75,21 @@ struct vmm_access_range {
   bool operator==(const vmm_access_range&) const = default;
 };
 
+// Another process's handle mapped here (cuMemImportFromShareableHandle, as NCCL's transports import a peer's
+// buffers), once the exporter said which of its handles it is: no bytes of it are this process's to save,
+// but a restore maps it again from the exporter (docs/vmm.md, "Shared between processes").
+struct vmm_import {
+  std::uint64_t addr = 0;
+  std::uint64_t size = 0;
+  std::uint64_t offset = 0;           // into the exporter's handle
+  std::int64_t exporter_pid = 0;
+  std::uint64_t exporter_start = 0;   // its start time (clock ticks since boot): a reused pid is not it
+  std::uint64_t token = 0;            // the handle's token in the exporter
+  std::uint64_t handle_size = 0;
+  std::string device_uuid;            // the GPU its memory is on; empty for memory on the host
+  bool operator==(const vmm_import&) const = default;
+};
+
 // Everything owned at one moment: what a dump records and a restore rebuilds. Its bytes are stored
 // apart, per mapping, in the image's pools of kind vmm (one per device window).
 struct vmm_layout {
@@ -83,7 +98,8 @@ struct vmm_layout {
   std::vector<vmm_reservation> reservations;   // address order
   std::vector<vmm_handle> handles;             // token order; `real` and `mappings` are 0 here
   std::vector<vmm_mapping> mappings;           // address order
-  std::vector<vmm_access_range> access;        // address order
+  std::vector<vmm_access_range> access;        // address order; over mappings and imports
+  std::vector<vmm_import> imports;             // address order, apart from the mappings
   bool empty() const { return reservations.empty() && handles.empty(); }
   bool operator==(const vmm_layout& o) const;
 };

@@ -87,6 +87,10 @@ class vmm_registry {
   void unmap(std::uint64_t addr, std::uint64_t size, std::vector<std::uint64_t>& release_real);
   // The owned mapping that contains addr, if any.
   std::optional<vmm_mapping> mapping_at(std::uint64_t addr) const;
+  // Every mapping record, owned or not, that lies in [addr, addr + size), as (address, size).
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> mapped_in(std::uint64_t addr, std::uint64_t size) const;
+  // The reservation that contains addr, if any.
+  std::optional<vmm_reservation> reservation_at(std::uint64_t addr) const;
 
   // ---- access
   // Sets, for each location in `access`, its flags over [addr, addr + size); other locations keep theirs.
@@ -94,6 +98,13 @@ class vmm_registry {
 
   // ---- memory that passes through
   void add_not_owned(std::uint64_t real, vmm_not_owned_kind kind, std::uint64_t size);
+  // An imported handle whose exporter said which of its handles it is (`origin`'s exporter, token, size and
+  // device; its address fields are unused): its mappings are the layout's imports, and it is not counted
+  // as lacking. A second import of the same real handle takes one more reference.
+  void add_import(std::uint64_t real, const vmm_import& origin);
+  // The origins of identified imports whose last reference and mapping went since the last call: the
+  // exporter is told that this process maps them no more.
+  std::vector<vmm_import> take_dropped_imports();
   // A retain or release the driver answered for a not-owned handle; unknown values are ignored.
   void retain_not_owned(std::uint64_t real);
   void release_not_owned(std::uint64_t real);
@@ -111,8 +122,21 @@ class vmm_registry {
   // over owned mappings only).
   vmm_layout layout() const;
   // Suspend: every owned handle's real handle, for the caller to unmap and release; the records keep
-  // their tokens, mappings and access with `real` 0 until replace_real() gives them new ones.
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> take_real();  // (token, real)
+  // their tokens, mappings and access with `real` 0 until replace_real() gives them new ones. Handles for
+  // which keep(handle) is true stay as they are (host memory, which a suspend does not give back).
+  template <class Keep>
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> take_real(Keep&& keep) {  // (token, real)
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> out;
+    for (auto& [token, h] : handles_) {
+      if (h.real == 0 || keep(h)) continue;
+      out.emplace_back(token, h.real);
+      h.real = 0;
+    }
+    return out;
+  }
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> take_real() {
+    return take_real([](const vmm_handle&) { return false; });
+  }
   // A new process restoring an image: the registry, still empty, takes the layout as its own (the
   // caller has made the driver's reservations; real handles come with replace_real()). False when the
   // registry is not empty or the layout's windows are not this registry's.
@@ -136,6 +160,7 @@ class vmm_registry {
     std::uint64_t size;
     std::uint32_t refs;
     std::uint32_t mappings;
+    std::optional<vmm_import> origin;  // an identified import
   };
   struct access_record {
     std::uint64_t end;
@@ -159,6 +184,7 @@ class vmm_registry {
   std::map<std::uint64_t, mapping_record> mappings_;       // by address; owned and counted not-owned
   std::map<std::uint64_t, not_owned_record> not_owned_;    // by real handle
   std::map<std::uint64_t, access_record> access_;          // by address; disjoint
+  std::vector<vmm_import> dropped_imports_;
 };
 
 }  // namespace vmmckpt

@@ -1,7 +1,10 @@
 // An image's bytes into device memory at their addresses, from several threads, checked as they pass.
 #pragma once
 
+#include <cstdint>
 #include <functional>
+#include <utility>
+#include <vector>
 
 #include "vmmckpt/driver_api.hpp"
 #include "vmmckpt/image.hpp"
@@ -25,8 +28,11 @@ using upload_progress = std::function<void(std::uint64_t done, std::uint64_t tot
 // gaps between them are mapped (without it, each is copied alone). A failed status on the first
 // failure (a bad checksum included): the device memory then holds an unknown mix and must not be
 // used. The calling thread's context is kept. Without `vmm`, the pools of kind vmm are left out (a
-// --replay restore writes them as the program maps them again).
+// --replay restore writes them as the program maps them again). The bytes of `keep` (address order,
+// disjoint) are read and checked but not written: memory that stayed in place and may have changed since
+// (host memory a suspend kept mapped).
+using address_list = std::vector<std::pair<std::uint64_t, std::uint64_t>>;
 status upload(const driver_api& d, const image::reader& reader, const backed_memory& backed = {},
-              bool vmm = true, const upload_progress& progress = {}) noexcept;
+              bool vmm = true, const upload_progress& progress = {}, const address_list& keep = {}) noexcept;
 
 }  // namespace vmmckpt::restore
