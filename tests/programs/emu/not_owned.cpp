@@ -1,8 +1,10 @@
-// Emulator test program: device memory the shim does not own (managed, an array, a created memory pool) beside pool memory.
+// Emulator test program: device memory the shim does not own (managed, an array, a memory pool other processes can
+// import) beside pool memory.
 //
 //   not_owned [managed] [array] [pool]
 // Allocates 4 MiB of pool memory with a pattern and each kind named (all three when none is):
-// managed 64 MiB, a 256 x 256 float4 array (1 MiB), 2 MiB from a memory pool it creates. Prints
+// managed 64 MiB, a 256 x 256 float4 array (1 MiB), 2 MiB from a memory pool it creates with POSIX FD handles
+// (one the shim does not serve: its allocations could be imported by other processes). Prints
 // `ready`, then waits: SIGUSR1 frees the memory the shim does not own (`freed`), SIGUSR2 checks the
 // pool memory's pattern (`intact`) and exits 0.
 #include <cuda.h>
@@ -67,6 +69,7 @@ int main(int argc, char** argv) {
     props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
     props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     props.location.id = 0;
+    props.handleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     VMMCKPT_CHECK(cuMemPoolCreate(&mem_pool, &props));
     VMMCKPT_CHECK(cuMemAllocFromPoolAsync(&from_pool, 2u << 20, mem_pool, nullptr));
     VMMCKPT_CHECK(cuStreamSynchronize(nullptr));

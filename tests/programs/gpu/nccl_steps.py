@@ -6,10 +6,18 @@ of (rank + 1) * (i + 1) over 1 Mi floats sums to 3 * (i + 1) per element on two 
 """
 import argparse
 import os
+import sys
 import time
 
 import torch
 import torch.distributed as dist
+
+
+def say(line):
+    """One line in one write: the ranks share the launcher's stdout, and a line written in two parts (print
+    writes the text and its newline apart) can be cut by another rank's."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def main():
@@ -20,18 +28,18 @@ def main():
     rank = int(os.environ["RANK"])
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group("nccl")
-    print(f"pid {rank} {os.getpid()}", flush=True)
+    say(f"pid {rank} {os.getpid()}")
     t = torch.empty(1 << 20, device="cuda")
     for step in range(args.steps):
         t.fill_(float((rank + 1) * (step + 1)))
         dist.all_reduce(t)
         value = t.sum().item() / t.numel()
-        print(f"result {rank} step_{step} {value!r}", flush=True)
+        say(f"result {rank} step_{step} {value!r}")
         if step == 0:
-            print(f"ready {rank}", flush=True)
+            say(f"ready {rank}")
         time.sleep(args.sleep)
     dist.destroy_process_group()
-    print(f"done {rank}", flush=True)
+    say(f"done {rank}")
 
 
 if __name__ == "__main__":
