@@ -160,8 +160,8 @@ TEST_CASE("ranks that map each other's buffers: each dump records the other's as
   CHECK(job.wait() == 0);
 }
 
-TEST_CASE("a first reservation hinted at the window's start gets it; a window the program took itself is refused "
-          "with VMMCKPT_VMM_BASE named, and works elsewhere",
+TEST_CASE("a first reservation hinted at the window's start gets it, through dump, suspend and restore; a window the "
+          "program took itself is refused with VMMCKPT_VMM_BASE named, and works elsewhere",
           "[emu][nccl_rank]") {
   scratch_dir dir;
   {
@@ -171,8 +171,23 @@ TEST_CASE("a first reservation hinted at the window's start gets it; a window th
     const auto dumped = dump(rank.pid(), dir.path / "image");
     INFO(describe(dumped));
     CHECK(dumped.exit_code == 0);
+    CHECK_FALSE(listed_state(rank.pid()).at("devices").empty());  // ps names its device
+    const auto suspended = run_process({cuda_ckpt, "suspend", std::to_string(rank.pid())});
+    const auto resumed = run_process({cuda_ckpt, "resume", std::to_string(rank.pid())});
+    INFO(describe(suspended) << describe(resumed));
+    CHECK(suspended.exit_code == 0);
+    CHECK(resumed.exit_code == 0);
+    ask(rank, dir.path, 0, "check", "ok 0 1\n");
     ask(rank, dir.path, 0, "finish", "done 0\n");
     CHECK(rank.wait() == 0);
+  }
+  {
+    background_process restored(
+        {cuda_ckpt, "restore", (dir.path / "image").string(), "--", rank_program, dir.path.string(), "--restored"});
+    INFO(restored.output());
+    REQUIRE(restored.wait_for_output("restored 0"));
+    ask(restored, dir.path, 0, "finish", "done 0\n");
+    CHECK(restored.wait() == 0);
   }
   const auto taken = run_process({cuda_ckpt, "run", "--", rank_program, dir.path.string(), "--window-taken"});
   INFO(describe(taken));
