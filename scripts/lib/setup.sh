@@ -50,8 +50,8 @@ vmmckpt_check_cuda_toolkit() {
   export CUDAToolkit_ROOT="$root"
 }
 
-# vmmckpt_build BUILD_DIR [extra cmake args...]
-vmmckpt_build() {
+# vmmckpt_configure BUILD_DIR [extra cmake args...]
+vmmckpt_configure() {
   local dir="$1"
   shift
   local generator=()
@@ -61,7 +61,19 @@ vmmckpt_build() {
   else
     cmake -S . -B "$dir" "$@" >/dev/null
   fi
-  cmake --build "$dir" -j "$(nproc)"
+}
+
+# vmmckpt_build BUILD_DIR [extra cmake args...]: everything, the tests and benchmarks included.
+vmmckpt_build() {
+  vmmckpt_configure "$@"
+  cmake --build "$1" -j "$(nproc)"
+}
+
+# vmmckpt_build_targets BUILD_DIR TARGET...: only those (and what they need), in an existing configuration.
+vmmckpt_build_targets() {
+  local dir="$1"
+  shift
+  cmake --build "$dir" -j "$(nproc)" --target "$@"
 }
 
 vmmckpt_has_gpu() {

@@ -2,6 +2,8 @@
 // terminal (a pty), and Ctrl-C or SIGTERM during a dump or suspend.
 #include <catch2/catch.hpp>
 
+#include <fstream>
+
 #include <fcntl.h>
 #include <poll.h>
 #include <pty.h>
@@ -186,6 +188,20 @@ TEST_CASE("cli: an unknown command, help COMMAND and usage errors exit 2 with th
   const auto help_unknown = run_process({cuda_ckpt, "help", "dupm"});
   CHECK(help_unknown.exit_code == 2);
   CHECK(contains(help_unknown.err, "unknown command 'dupm'"));
+
+  // A value out of range says so like every other failure: the command first, then where to look.
+  const auto range = run_process({cuda_ckpt, "dump", "1", "--writers", "0"});
+  INFO(describe(range));
+  CHECK(range.exit_code == 2);
+  CHECK(contains(range.err, "cuda-ckpt dump: --writers: Value 0 not in range 1 to 256; see cuda-ckpt help dump"));
+  // The process is one option, named once: a positional or -t, not both, not neither.
+  const auto none = run_process({cuda_ckpt, "suspend"});
+  CHECK(none.exit_code == 2);
+  CHECK(contains(none.err, "cuda-ckpt suspend: a process: PID, or -t PID is required"));
+  const auto both = run_process({cuda_ckpt, "dump", "12", "-t", "13"});
+  CHECK(both.exit_code == 2);
+  CHECK(contains(both.err, "not both"));
+  CHECK_FALSE(contains(help.out, "pid PID REQUIRED"));
 
   const auto negative = run_process({cuda_ckpt, "dump", "-5"});
   INFO(describe(negative));
@@ -414,4 +430,15 @@ TEST_CASE("cli: SIGTERM during a suspend undoes it: no image, the program runs w
   CHECK(contains(error.at("error").get<std::string>(), "not suspended"));
   CHECK(entries_of(images).empty());
   require_running_and_intact(*program, dir.path);
+}
+
+TEST_CASE("cli: the man page made from the help fits in 80 columns", "[emu][cli]") {
+  std::ifstream page(build_dir + "/share/man/man1/cuda-ckpt.1");
+  REQUIRE(page.good());
+  std::size_t lines = 0;
+  for (std::string line; std::getline(page, line); ++lines) {
+    INFO("line " << lines + 1 << ": " << line);
+    CHECK(line.size() <= 80);
+  }
+  CHECK(lines > 100);
 }

@@ -32,7 +32,9 @@ struct dump_figures {
 dump_figures figures_of(const ckpt::dump_result& result) {
   dump_figures f;
   for (const auto& pool : result.manifest.pools) f.allocations += pool.allocations.size();
-  const auto bytes = static_cast<double>(result.manifest.data_bytes);
+  // The bytes the dump covered: an incremental dump checks them all and writes only what changed, so a
+  // rate over what it wrote says nothing (0.00 GB/s for one with nothing changed).
+  const auto bytes = static_cast<double>(result.manifest.data_bytes + result.unchanged_bytes);
   if (result.seconds > 0) f.gbps = bytes / result.seconds / 1e9;
   if (result.copy_seconds > 0) f.copy_gbps = bytes / result.copy_seconds / 1e9;
   return f;

@@ -60,12 +60,16 @@ const CLI::Validator whole_seconds(
     "INT in [1 - 3600]");
 
 // The process of dump, suspend, resume and check: a positional, or -t/--pid as CRIU and NVIDIA's
-// cuda-checkpoint spell it.
-CLI::Option* add_pid(CLI::App* command, pid_t& pid, const std::string& what) {
-  return command->add_option("pid,-t,--pid", pid, what)
-      ->required()
-      ->check(process_id)
-      ->type_name("PID");
+// cuda-checkpoint spell it; one of the two, each listed once in the help.
+void add_pid(CLI::App* command, pid_t& pid, const std::string& what) {
+  auto* positional = command->add_option("pid", pid, what + "; or -t PID")->check(process_id)->type_name("PID");
+  auto* flag = command->add_option("-t,--pid", pid, "The same, as CRIU and cuda-checkpoint spell it")
+                   ->check(process_id)
+                   ->type_name("PID");
+  command->parse_complete_callback([positional, flag] {
+    if (positional->count() + flag->count() == 0) throw CLI::RequiredError("a process: PID, or -t PID");
+    if (positional->count() + flag->count() > 1) throw CLI::ValidationError("one process: PID, or -t PID, not both");
+  });
 }
 
 // An image directory read by inspect, verify, cat and restore: a positional, or -D DIR as CRIU spells it.
@@ -383,11 +387,9 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    if (!json) {
-      app.exit(e);  // the message, and where to look for help
-      return exit_usage;
-    }
-    return report_failure(command, true, e.what(), exit_usage);
+    // As every other failure: `cuda-ckpt COMMAND: message`, and where to look for help.
+    const std::string help = command.empty() ? "cuda-ckpt --help" : "cuda-ckpt help " + command;
+    return report_failure(command, json, std::string(e.what()) + (json ? "" : "; see " + help), exit_usage);
   }
   if (*restore && !restore->remaining().empty()) {
     // Words after the image without "--": the command, most likely, or an option misspelt.
