@@ -53,7 +53,7 @@ files)
            share/bash-completion/completions/cuda-ckpt share/doc/vmmckpt/README.md \
            share/doc/vmmckpt/docs/image-format.md "$libdir/cmake/vmmckpt/vmmckptConfig.cmake" \
            "$libdir/cmake/vmmckpt/vmmckptConfigVersion.cmake" "$libdir/cmake/vmmckpt/vmmckptTargets.cmake" \
-           include/vmmckpt/vmmckpt.h; do
+           include/vmmckpt/vmmckpt.h lib/criu/vmmckpt_criu.so; do
     [ -s "$prefix/$f" ] || fail "$prefix/$f is missing or empty"
   done
   for f in "$prefix/bin/cuda-ckpt" "$prefix/$libdir/libvmmckpt.so"; do
@@ -64,6 +64,10 @@ files)
       fail "$f carries an RPATH into the build tree: $(readelf -d "$f" | grep -E 'R(UN)?PATH')"
     fi
   done
+  # The CRIU plugin exports its descriptor and nothing else, so that none of its code meets CRIU's own names
+  # (the C++ library's unique objects, type u, are shared by design).
+  exported="$(nm -D --defined-only "$prefix/lib/criu/vmmckpt_criu.so" | awk '$2 != "u" {print $3}' | grep -v '^_init$\|^_fini$')"
+  [ "$exported" = CR_PLUGIN_DESC ] || fail "the CRIU plugin exports more than CR_PLUGIN_DESC: $(head -5 <<<"$exported")"
   grep -q '^\.TH CUDA-CKPT 1' "$prefix/share/man/man1/cuda-ckpt.1" || fail "the man page has no .TH line"
   # Rendered with nroff itself where there is one: `man` is a stub on minimized systems (the GPU hosts).
   if command -v nroff >/dev/null; then
@@ -172,7 +176,8 @@ deb)
   deb="$(ls "$scratch"/vmmckpt_*.deb)"
   contents="$(dpkg-deb -c "$deb")"
   for f in ./usr/bin/cuda-ckpt /libvmmckpt.so ./usr/share/man/man1/cuda-ckpt.1 ./usr/share/bash-completion/completions/cuda-ckpt \
-           /cmake/vmmckpt/vmmckptConfig.cmake ./usr/share/doc/vmmckpt/README.md ./usr/include/vmmckpt/vmmckpt.h; do
+           /cmake/vmmckpt/vmmckptConfig.cmake ./usr/share/doc/vmmckpt/README.md ./usr/include/vmmckpt/vmmckpt.h \
+           ./usr/lib/criu/vmmckpt_criu.so; do
     grep -qF "$f" <<<"$contents" || fail "$deb lacks $f"
   done
   [ "$(dpkg-deb -f "$deb" Package)" = vmmckpt ] || fail "the package is not named vmmckpt"

@@ -18,10 +18,12 @@ namespace vmmckpt {
 // continues is not stopped again by its next pass. Unset, a point costs one load. Used by
 // tests/emu/fault_e2e_test.cpp and the chaos test: a tool or a program failing at any phase never
 // hurts the program and never leaves anything that passes verify.
-inline void fault_point(std::string_view name) noexcept {
+// `POINT=fail` makes fault_point(POINT) return true, for a step to fail as if its work had failed.
+inline bool fault_point(std::string_view name) noexcept {
   static const char* const spec = std::getenv("VMMCKPT_TEST_FAULT");
   static std::atomic<std::uint64_t> fired{0};  // bit k: entry k has acted
-  if (spec == nullptr) return;
+  if (spec == nullptr) return false;
+  bool fail = false;
   int index = 0;
   for (std::string_view rest = spec; !rest.empty(); ++index) {
     const std::size_t comma = rest.find(',');
@@ -34,6 +36,7 @@ inline void fault_point(std::string_view name) noexcept {
     const std::string_view action = eq == std::string_view::npos ? "kill" : entry.substr(eq + 1);
     if (action == "kill") ::raise(SIGKILL);
     if (action == "stop") ::raise(SIGSTOP);
+    if (action == "fail") fail = true;
     if (action.substr(0, 6) == "pause:") {
       long ms = 0;
       for (char c : action.substr(6)) {
@@ -45,6 +48,7 @@ inline void fault_point(std::string_view name) noexcept {
       }
     }
   }
+  return fail;
 }
 
 }  // namespace vmmckpt

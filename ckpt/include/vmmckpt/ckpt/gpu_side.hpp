@@ -1,0 +1,29 @@
+// One process's GPU side of a whole-process checkpoint that CRIU runs itself, through the CRIU plugin
+// (criu/): its GPU memory suspended into a part of CRIU's image, what is left of its context checkpointed by
+// the driver, and back (docs/containers.md).
+#pragma once
+
+#include <sys/types.h>
+
+#include <filesystem>
+#include <string>
+
+#include "vmmckpt/ckpt/suspend.hpp"
+
+namespace vmmckpt::ckpt {
+
+// Whether `pid` runs under the shim with its control server up: a process whose GPU side is ours.
+bool has_gpu_side(pid_t pid);
+
+// Suspends the process's GPU memory into `gpu_image` (memory the shim does not own stays in its context),
+// then has the driver lock and checkpoint its context. Refused for a process that maps another's memory
+// (its mapping would be in the driver's checkpoint, that memory not in the image). On failure what was
+// done is undone (the process runs on, its memory back) and tool_error or driver_unavailable is thrown.
+suspend_result checkpoint_gpu_side(pid_t pid, const std::filesystem::path& gpu_image, int hold_deadline_ms);
+
+// Back: the driver restores and unlocks its context when it left it checkpointed (or unlocks it when
+// locked), then the process loads its GPU memory from `gpu_image` (where it is now; the image must be the
+// one its suspend wrote). Throws tool_error.
+void restore_gpu_side(pid_t pid, const std::filesystem::path& gpu_image);
+
+}  // namespace vmmckpt::ckpt

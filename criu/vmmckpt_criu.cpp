@@ -1,0 +1,189 @@
+// vmmckpt_criu.so: CRIU's device plugin for processes under the shim (docs/containers.md). With it, a plain
+// `criu dump` / `criu restore` (a container runtime's) takes each such process's GPU side through vmmckpt's
+// path: its GPU memory suspended into the images directory, its context checkpointed by the driver, and back.
+//
+// The hooks are thin: each calls what `cuda-ckpt dump --process` and `restore DIR` do to one process
+// (vmmckpt/ckpt/gpu_side.hpp). A process not under the shim is left to other plugins (-ENOTSUP).
+//
+// CRIU calls PAUSE_DEVICES before it freezes a task, which is when the shim's control server can still
+// answer: the whole GPU side is done there. Bringing a process back needs its threads running (the shim
+// loads its memory itself, and the driver restores a context through the process's own thread), and CRIU
+// runs the late restore hook, and the end of a dump that leaves the processes alive, while they are still
+// stopped under ptrace. So those steps are handed to a helper process that waits until CRIU has let the
+// process go, then restores it: meanwhile its CUDA calls wait (the driver's lock, the shim's gate).
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "criu_plugin_abi.hpp"
+#include "vmmckpt/ckpt/dump.hpp"
+#include "vmmckpt/ckpt/gpu_side.hpp"
+#include "vmmckpt/fault_point.hpp"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// The processes whose GPU side this dump suspended (pid order of the hooks).
+std::vector<int> g_paused;
+bool g_pre_dump = false;
+
+constexpr int hold_deadline_ms = 120'000;
+// How long a helper waits for CRIU to let a process go before it gives up on it.
+constexpr auto release_wait = std::chrono::minutes(10);
+
+// CRIU's log takes what its plugins print to stderr.
+template <typename... Args>
+void say(const char* format, Args... args) {
+  std::fprintf(stderr, "vmmckpt_criu: ");
+  std::fprintf(stderr, format, args...);
+  std::fputc('\n', stderr);
+}
+
+// Where the GPU part of `pid` lies in the images directory of the dump or restore under way.
+fs::path gpu_part(int pid) {
+  const int dir = criu_get_image_dir();
+  std::error_code ec;
+  const fs::path images = fs::read_symlink("/proc/self/fd/" + std::to_string(dir), ec);
+  return images / "vmmckpt" / std::to_string(pid);
+}
+
+// What /proc says of a process: gone (or a zombie), stopped or traced (CRIU still holds it), or running.
+enum class task { gone, held, running };
+task task_state(int pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  char state = 0;
+  long tracer = 0;
+  bool seen = false;
+  while (std::getline(status, line)) {
+    if (line.rfind("State:", 0) == 0) {
+      const auto at = line.find_first_not_of(" \t", 6);
+      if (at != std::string::npos) state = line[at];
+      seen = true;
+    } else if (line.rfind("TracerPid:", 0) == 0) {
+      tracer = std::strtol(line.c_str() + 10, nullptr, 10);
+    }
+  }
+  if (!seen || state == 'Z' || state == 'X') return task::gone;
+  return tracer != 0 || state == 't' || state == 'T' ? task::held : task::running;
+}
+
+// In a helper, detached from CRIU: waits until CRIU lets each process go, then brings its GPU side back
+// from its part (`parts[i]`, or where its suspend wrote it when empty). A process that cannot get its GPU
+// memory back must not run on without it: it is ended, and the reason goes to a log in /tmp.
+void bring_back_later(const std::vector<int>& pids, const std::vector<fs::path>& parts) {
+  const pid_t helper = ::fork();
+  if (helper != 0) {
+    if (helper > 0) ::waitpid(helper, nullptr, 0);  // the first child exits at once: no zombie is left to CRIU
+    return;
+  }
+  if (::fork() != 0) ::_exit(0);
+  ::setsid();
+  // Nothing of CRIU's stays open here: a runtime that waits for the end of CRIU's output or log must not
+  // wait for this helper.
+  const int null = ::open("/dev/null", O_RDWR);
+  if (null >= 0)
+    for (int fd = 0; fd <= 2; ++fd) ::dup2(null, fd);
+  ::close_range(3, ~0U, 0);
+  for (std::size_t i = 0; i < pids.size(); ++i) {
+    const auto until = std::chrono::steady_clock::now() + release_wait;
+    task t = task_state(pids[i]);
+    for (; t == task::held && std::chrono::steady_clock::now() < until; t = task_state(pids[i]))
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (t == task::gone) continue;  // CRIU ended it (a dump without --leave-running): its part stays
+    std::string why = t == task::held ? "CRIU still holds it after 10 minutes" : "";
+    if (why.empty()) {
+      try {
+        vmmckpt::ckpt::restore_gpu_side(pids[i], parts[i]);
+        continue;
+      } catch (const std::exception& e) {
+        why = e.what();
+      }
+    }
+    ::kill(pids[i], SIGKILL);
+    const std::string log = "/tmp/vmmckpt-criu-" + std::to_string(pids[i]) + ".log";
+    std::ofstream(log) << "vmmckpt_criu: process " << pids[i] << " could not get its GPU memory back (" << why
+                       << "); it was ended\n";
+  }
+  ::_exit(0);
+}
+
+int init(int stage) {
+  g_paused.clear();
+  g_pre_dump = stage == criu_stage_pre_dump;  // a pre-dump copies memory only: the GPU side waits for the dump
+  return 0;
+}
+
+// A dump that failed, or that leaves the processes running (--leave-running): each paused process gets
+// its GPU side back once CRIU lets it go. After a dump that ended them, the helper finds them gone.
+void fini(int stage, int ret) {
+  if (stage != criu_stage_dump || g_paused.empty()) return;
+  say("dump done (%d): %zu process(es) get their GPU memory back if they go on", ret, g_paused.size());
+  bring_back_later(g_paused, std::vector<fs::path>(g_paused.size()));
+  g_paused.clear();
+}
+
+int pause_devices(int pid) {
+  if (g_pre_dump || !vmmckpt::ckpt::has_gpu_side(pid)) return -ENOTSUP;
+  const fs::path part = gpu_part(pid);
+  try {
+    std::error_code ec;
+    fs::create_directories(part.parent_path(), ec);
+    const auto s = vmmckpt::ckpt::checkpoint_gpu_side(pid, part, hold_deadline_ms);
+    g_paused.push_back(pid);
+    say("process %d: %llu bytes of GPU memory suspended into %s, its context checkpointed by the driver", pid,
+        static_cast<unsigned long long>(s.manifest.data_bytes), part.c_str());
+    return 0;
+  } catch (const std::exception& e) {
+    say("process %d: %s", pid, e.what());
+    return -1;  // CRIU rolls the dump back; the process runs on with its memory
+  }
+}
+
+// The GPU side was done when the task was paused; this hook only claims the processes that are ours.
+int checkpoint_devices(int pid) {
+  for (const int p : g_paused)
+    if (p == pid) return vmmckpt::fault_point("criu-plugin:checkpoint") ? -1 : 0;  // the tests fail a dump here
+  return -ENOTSUP;
+}
+
+int resume_devices_late(int pid) {
+  const fs::path part = gpu_part(pid);
+  std::error_code ec;
+  if (!fs::is_directory(part, ec)) return -ENOTSUP;  // no GPU part of ours: another plugin's, or none
+  say("process %d: its GPU memory comes back from %s once CRIU lets it go", pid, part.c_str());
+  bring_back_later({pid}, {part});
+  return 0;
+}
+
+}  // namespace
+
+extern "C" {
+
+// The descriptor CRIU looks up in every plugin it loads.
+__attribute__((visibility("default"))) criu_plugin_desc CR_PLUGIN_DESC = [] {
+  criu_plugin_desc d{};
+  d.name = "vmmckpt";
+  d.init = init;
+  d.exit = fini;
+  d.version = criu_plugin_version;
+  d.max_hooks = criu_hook_count;
+  d.hooks[criu_hook_pause_devices] = reinterpret_cast<void*>(&pause_devices);
+  d.hooks[criu_hook_checkpoint_devices] = reinterpret_cast<void*>(&checkpoint_devices);
+  d.hooks[criu_hook_resume_devices_late] = reinterpret_cast<void*>(&resume_devices_late);
+  return d;
+}();
+
+}  // extern "C"
