@@ -6,7 +6,9 @@ install(TARGETS cuda-ckpt EXPORT vmmckptTargets RUNTIME DESTINATION ${CMAKE_INST
 install(TARGETS vmmckpt EXPORT vmmckptTargets LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 # The CRIU plugin goes where CRIU looks for plugins: lib/criu under the prefix, /usr/lib/criu for the .deb (not
 # the multiarch library directory: CRIU's default is that fixed path).
-install(TARGETS vmmckpt_criu LIBRARY DESTINATION lib/criu)
+if(TARGET vmmckpt_criu)
+  install(TARGETS vmmckpt_criu LIBRARY DESTINATION lib/criu)
+endif()
 # The in-process API (vmmckpt_pause / vmmckpt_resume): a program that includes it and links vmmckpt::vmmckpt,
 # or looks the functions up at run time under the preloaded shim.
 install(FILES ${PROJECT_SOURCE_DIR}/shim/include/vmmckpt/vmmckpt.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/vmmckpt)

@@ -1,5 +1,15 @@
 # `pip install .` (pyproject.toml, scikit-build-core): cuda-ckpt and the shim inside the Python package, in
 # the layout an installed cuda-ckpt expects (the shim in ../lib next to it; tools/src/run_command.cpp).
-install(TARGETS cuda-ckpt RUNTIME DESTINATION vmmckpt/bin)
-install(TARGETS vmmckpt LIBRARY DESTINATION vmmckpt/lib)
+if(VMMCKPT_PREBUILT_DIR)
+  foreach(built IN ITEMS bin/cuda-ckpt lib/libvmmckpt.so)
+    if(NOT EXISTS ${VMMCKPT_PREBUILT_DIR}/${built})
+      message(FATAL_ERROR "VMMCKPT_PREBUILT_DIR: ${VMMCKPT_PREBUILT_DIR}/${built} is not there: build the project first")
+    endif()
+  endforeach()
+  install(PROGRAMS ${VMMCKPT_PREBUILT_DIR}/bin/cuda-ckpt DESTINATION vmmckpt/bin)
+  install(FILES ${VMMCKPT_PREBUILT_DIR}/lib/libvmmckpt.so DESTINATION vmmckpt/lib)
+else()
+  install(TARGETS cuda-ckpt RUNTIME DESTINATION vmmckpt/bin)
+  install(TARGETS vmmckpt LIBRARY DESTINATION vmmckpt/lib)
+endif()
 install(FILES ${PROJECT_SOURCE_DIR}/shim/include/vmmckpt/vmmckpt.h DESTINATION vmmckpt/include/vmmckpt)

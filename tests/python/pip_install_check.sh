@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# emu.python.pip_install: `pip install` of the repository into a fresh virtual environment builds the package
+# emu.python.pip_install: `pip install` of the repository into a fresh virtual environment makes the package
 # with the project's CMake; the installed package finds its own cuda-ckpt, which finds its own shim, and a
-# program under them pauses and resumes itself (api_check.py pause keep).
-# Usage: pip_install_check.sh SOURCE_DIR WORK_DIR
+# program under them pauses and resumes itself (api_check.py pause keep). The package takes the suite's own
+# build of cuda-ckpt and the shim (VMMCKPT_PREBUILT_DIR) rather than compiling them again, and is built in
+# WORK_DIR, from nothing, every time (never in the source tree's build-python/).
+# Usage: pip_install_check.sh SOURCE_DIR WORK_DIR BUILD_DIR
 # Exit 77 (skipped, with the reason) where no package index is reachable for the build's own requirement.
 set -euo pipefail
 source_dir="$1"
 work="$2"
+built="$3"
 rm -rf "$work"
 mkdir -p "$work"
 python3 -m venv "$work/venv" || { echo "SKIP: python3 -m venv is not available (Debian: python3-venv)"; exit 77; }
@@ -15,8 +18,9 @@ if ! "$py" -m pip download --quiet --no-deps -d "$work/probe" "scikit-build-core
   echo "SKIP: no package index reachable for scikit-build-core (pip download failed: $(tail -1 "$work/probe.log"))"
   exit 77
 fi
-echo "==> pip install $source_dir"
-"$py" -m pip install --quiet "$source_dir"
+echo "==> pip install $source_dir (cuda-ckpt and the shim from $built)"
+"$py" -m pip install --quiet --config-settings=build-dir="$work/build" \
+  --config-settings=cmake.define.VMMCKPT_PREBUILT_DIR="$built" "$source_dir"
 
 # Out of the source tree, so that the installed package is the one imported.
 cd "$work"
