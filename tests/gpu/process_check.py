@@ -9,6 +9,8 @@
    is right.
 2. torch_train.py: a deterministic training run paused after step K is dumped whole, ends, is restored and
    finishes: its losses from step K on must be bitwise those of an uninterrupted run.
+With --criu-plugin DIR, the same checkpoints are made by plain `criu dump` and `criu restore` with the CRIU
+plugin in DIR (criu --libdir), as a container runtime runs them, instead of cuda-ckpt's own commands.
 Prints the dump and restore times and PASS/FAIL. Exits 77 when there is no GPU or no CRIU (VMMCKPT_CRIU,
 or criu on PATH; scripts/provision-criu.sh), or when not root (CRIU needs it). Standard library only.
 """
@@ -71,8 +73,49 @@ def tool(cuda_ckpt, *args, timeout=600):
     return r, time.monotonic() - start
 
 
-def whole_process_round(cuda_ckpt, pid, image, problems, what):
-    """dump --process (the process ends), then restore; returns (dump json, restore json) or None."""
+def libcuda_path():
+    """Where this machine's libcuda.so.1 is: CRIU starts through a loader of its own (scripts/provision-criu.sh)
+    that does not look where LD_LIBRARY_PATH says, so the plugin is told (VMMCKPT_LIBCUDA)."""
+    import ctypes
+    ctypes.CDLL("libcuda.so.1")
+    for line in lines("/proc/self/maps"):
+        if line.endswith("libcuda.so.1") or "/libcuda.so." in line:
+            return line.split()[-1]
+    return "libcuda.so.1"
+
+
+def criu_round(plugin_dir, pid, image, problems, what):
+    """Plain criu dump (the process ends) and criu restore with the plugin; True when both succeeded."""
+    criu = os.environ.get("VMMCKPT_CRIU") or shutil.which("criu")
+    os.environ.setdefault("VMMCKPT_LIBCUDA", libcuda_path())
+    os.makedirs(image)
+    common = ["--shell-job", "--libdir", plugin_dir, "-v4"]
+    start = time.monotonic()
+    r = subprocess.run([criu, "dump", "-t", str(pid), "-D", image, "-o", "dump.log"] + common, capture_output=True,
+                       text=True, timeout=600)
+    dump_s = time.monotonic() - start
+    if r.returncode != 0 or not wait_for(lambda: gone(pid), 15):
+        problems.append(f"{what}: criu dump with the plugin failed ({r.returncode}): "
+                        + " | ".join(l for l in lines(os.path.join(image, "dump.log")) if "vmmckpt" in l or "Error" in l))
+        return False
+    start = time.monotonic()
+    r = subprocess.run([criu, "restore", "-D", image, "-d", "-o", "restore.log"] + common, capture_output=True,
+                       text=True, timeout=600)
+    restore_s = time.monotonic() - start
+    if r.returncode != 0:
+        problems.append(f"{what}: criu restore with the plugin failed ({r.returncode}): "
+                        + " | ".join(l for l in lines(os.path.join(image, "restore.log")) if "vmmckpt" in l or "Error" in l))
+        return False
+    print(f"{what}: criu dump with the plugin {dump_s:.3f} s; criu restore {restore_s:.3f} s (the GPU memory then "
+          "comes back as the process goes on)")
+    return True
+
+
+def whole_process_round(cuda_ckpt, pid, image, problems, what, plugin_dir=None):
+    """dump --process (the process ends), then restore; returns (dump json, restore json) or None. With
+    `plugin_dir`, plain criu with the plugin does both; returns True or None."""
+    if plugin_dir:
+        return True if criu_round(plugin_dir, pid, image, problems, what) else None
     r, dump_s = tool(cuda_ckpt, "dump", str(pid), "--process", "-o", image, "--json")
     if r.returncode != 0:
         problems.append(f"{what}: dump --process failed: {r.stderr.strip() or r.stdout.strip()}")
@@ -102,7 +145,8 @@ def linked_list_check(args, work, problems):
         problems.append("linked list: no ticks: " + " | ".join(lines(os.path.join(work, "list.out"))[-5:]))
         p.kill()
         return
-    if whole_process_round(args.cuda_ckpt, p.pid, os.path.join(work, "list-image"), problems, "linked list") is None:
+    if whole_process_round(args.cuda_ckpt, p.pid, os.path.join(work, "list-image"), problems, "linked list",
+                           args.criu_plugin) is None:
         p.kill()
         return
     at = last_tick(log)
@@ -149,7 +193,8 @@ def torch_check(args, work, problems):
         problems.append("torch: never paused: " + " | ".join(lines(out)[-5:]))
         p.kill()
         return
-    if whole_process_round(args.cuda_ckpt, p.pid, os.path.join(work, "torch-image"), problems, "torch") is None:
+    if whole_process_round(args.cuda_ckpt, p.pid, os.path.join(work, "torch-image"), problems, "torch",
+                           args.criu_plugin) is None:
         p.kill()
         return
     open(gate, "w").close()
@@ -171,6 +216,7 @@ def main():
     ap.add_argument("--list-program", required=True)
     ap.add_argument("--torch-python", default=None)
     ap.add_argument("--torch-script", default=None)
+    ap.add_argument("--criu-plugin", default=None, help="checkpoint with plain criu and the plugin in this directory")
     args = ap.parse_args()
     if (reason := gpu_checks.skip_reason(args)):
         return gpu_checks.skipped(reason)
@@ -189,7 +235,8 @@ def main():
             shutil.rmtree(work, ignore_errors=True)
         else:
             print(f"(files kept in {work})")
-    return gpu_checks.verdict(problems, "whole-process dump and restore on the GPU")
+    how = "plain criu dump and restore with the plugin" if args.criu_plugin else "whole-process dump and restore"
+    return gpu_checks.verdict(problems, how + " on the GPU")
 
 
 if __name__ == "__main__":
