@@ -7,14 +7,14 @@ source scripts/lib/setup.sh
 
 vmmckpt_install_packages
 vmmckpt_check_cuda_toolkit
-# Only what the demo runs: the shim, the tool, the demo program and the emulated driver (about 80 of the
-# project's 660 build steps; 6 minutes the first time on two cores, seconds after). The tests are built
-# by scripts/test.sh.
+# Only what the demo runs: the shim, the tool, the demo program and the emulated driver (115 of the project's
+# 244 build steps; minutes the first time on two cores, seconds after: README.md). The tests are built by
+# scripts/test.sh.
 targets=(vmmckpt cuda-ckpt vmmckpt-demo-app)
 vmmckpt_has_gpu || targets+=(vmmckpt_emu)
 echo "==> configuring build/"
 vmmckpt_configure build | grep -E '^-- (Configuring done|Build files)' || true
-echo "==> building ${targets[*]} (the first time about 6 minutes on two cores; the steps count up below)"
+echo "==> building ${targets[*]} (the first time takes minutes: the steps count up below)"
 started=$(date +%s)
 vmmckpt_build_targets build "${targets[@]}"
 echo "==> built build/lib/libvmmckpt.so and build/bin/cuda-ckpt in $(( $(date +%s) - started )) s"
