@@ -19,14 +19,8 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from torch_reproducible import make_reproducible  # noqa: E402  (beside this file)
-
-
-def say(line):
-    """One line in one write: the ranks share the launcher's stdout, and a line written in two parts (print
-    writes the text and its newline apart) can be cut by another rank's."""
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
+from rank_output import say  # noqa: E402  (beside this file)
+from torch_reproducible import make_reproducible  # noqa: E402
 
 
 def main():

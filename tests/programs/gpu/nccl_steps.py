@@ -6,18 +6,12 @@ of (rank + 1) * (i + 1) over 1 Mi floats sums to 3 * (i + 1) per element on two 
 """
 import argparse
 import os
-import sys
 import time
 
 import torch
 import torch.distributed as dist
 
-
-def say(line):
-    """One line in one write: the ranks share the launcher's stdout, and a line written in two parts (print
-    writes the text and its newline apart) can be cut by another rank's."""
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
+from rank_output import say  # beside this file
 
 
 def main():
