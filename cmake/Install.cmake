@@ -14,7 +14,7 @@ endif()
 install(FILES ${PROJECT_SOURCE_DIR}/shim/include/vmmckpt/vmmckpt.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/vmmckpt)
 # No emulated driver either: it is test infrastructure, and would shadow the real libcuda.so.1.
 
-install(FILES README.md DESTINATION ${CMAKE_INSTALL_DOCDIR})
+install(FILES README.md CHANGELOG.md DESTINATION ${CMAKE_INSTALL_DOCDIR})
 file(GLOB _vmmckpt_docs ${PROJECT_SOURCE_DIR}/docs/*.md)
 install(FILES ${_vmmckpt_docs} DESTINATION ${CMAKE_INSTALL_DOCDIR}/docs)
 
