@@ -11,13 +11,13 @@ def main(path):
     except OSError:
         return 0
     skipped = []
-    # LastTest.log: one block per test, from `N/M Testing: NAME` to `Test Skipped.` / `Test Passed.` ...
+    # LastTest.log: one block per test from `N/M Testing: NAME`, with the test's output; a skipped test says
+    # "SKIPPED: <reason>" there (ctest marks it "Test Passed." in this log, skipped in its summary).
     for block in re.split(r"\n(?=\d+/\d+ Testing: )", text):
         head = re.match(r"\d+/\d+ Testing: (.+)", block)
-        if not head or "Test Skipped." not in block and "Test Not Run" not in block:
-            continue
-        reason = re.search(r"SKIPPED:?\s*(.+)", block)
-        skipped.append((head.group(1).strip(), reason.group(1).strip() if reason else "no reason printed"))
+        reason = re.search(r"^SKIPPED:?\s*(.+)$", block, re.MULTILINE)
+        if head and reason:
+            skipped.append((head.group(1).strip(), reason.group(1).strip()))
     if skipped:
         print(f"==> {len(skipped)} test(s) skipped:")
         for name, reason in skipped:
