@@ -54,7 +54,7 @@ TEST_CASE("a rank that maps all of its memory itself is reachable, dumped whole,
   background_process rank({cuda_ckpt, "run", "--", rank_program, dir.path.string()});
   REQUIRE(rank.wait_for_output("ready 0\n"));
   const fs::path image = dir.path / "image";
-  // No cudaMalloc ever: the first VMM call started the control server. Nothing passes through.
+  // No cudaMalloc ever, and nothing passes through.
   const auto dumped = dump(rank.pid(), image);
   INFO(describe(dumped));
   REQUIRE(dumped.exit_code == 0);
@@ -90,6 +90,20 @@ TEST_CASE("a rank that maps all of its memory itself is reachable, dumped whole,
   REQUIRE(replayed.wait_for_output("replayed 0"));
   ask(replayed, dir.path, 0, "finish", "done 0\n");
   CHECK(replayed.wait() == 0);
+}
+
+TEST_CASE("a program that maps every byte with the VMM API is reachable from its first VMM call and dumped whole",
+          "[emu][nccl_rank]") {
+  scratch_dir dir;
+  background_process rank({cuda_ckpt, "run", "--", rank_program, dir.path.string(), "--vmm-only"});
+  REQUIRE(rank.wait_for_output("ready 0\n"));
+  const auto dumped = dump(rank.pid(), dir.path / "image");
+  INFO(describe(dumped));
+  REQUIRE(dumped.exit_code == 0);
+  CHECK(allocations_through(inspect(dir.path / "image"), "cuMemAllocFromPoolAsync") == 0);
+  ask(rank, dir.path, 0, "check", "ok 0 1\n");
+  ask(rank, dir.path, 0, "finish", "done 0\n");
+  CHECK(rank.wait() == 0);
 }
 
 TEST_CASE("a suspend frees a rank's pool and device memory, keeps its host memory, and resume gives it all back",

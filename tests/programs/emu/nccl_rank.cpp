@@ -1,6 +1,6 @@
 // Emulator test program: the memory an NCCL rank maps itself, with nothing from cudaMalloc or cuMemAlloc.
 //
-//   emu_nccl_rank DIR [--window-start|--window-taken]  one rank alone
+//   emu_nccl_rank DIR [--window-start|--window-taken|--vmm-only]  one rank alone
 //   emu_nccl_rank DIR --peer                           two ranks: this one starts the other (this program again,
 //                                                      under the shim) and they map each other's buffers
 //   emu_nccl_rank DIR --restored                       started by `cuda-ckpt restore`: checks its memory
@@ -15,7 +15,8 @@
 // prints `pid R PID`, writes DIR/R/state and prints `ready R`; then DIR/R/check checks every byte, the peer's
 // included ("ok R N" or "bad R ..."), and DIR/R/finish frees it all the way NCCL frees ("done R").
 //
-// --window-start: the first VMM call reserves the start of device 0's VMM window by its hint. --window-taken:
+// --vmm-only: no memory pool either: every byte is mapped with the VMM API, as a framework's own allocator
+// maps it. --window-start: the first VMM call reserves the start of device 0's VMM window by its hint. --window-taken:
 // before any CUDA call the program maps that address itself, so the shim cannot have the window; the
 // reservation fails ("reserve failed N") and the program exits 3.
 #include <cuda.h>
@@ -107,7 +108,9 @@ unsigned long long map_new(CUmemGenericAllocationHandle h, std::size_t size, boo
   return va;
 }
 
-state build(int rank, bool first_at_window_start, bool write) {
+void add_pool(state& s, bool write);
+
+state build(int rank, bool first_at_window_start, bool write, bool with_pool = true) {
   state s;
   s.rank = rank;
   CUdeviceptr va = 0;
@@ -127,6 +130,19 @@ state build(int rank, bool first_at_window_start, bool write) {
   s.buffer = map_new(h, 2 * mib, false);
   if (write) write_pattern(s.buffer, 2 * mib, seed(rank, 1));
 
+  if (with_pool) add_pool(s, write);
+
+  const CUmemAllocationProp host = host_prop();
+  VMMCKPT_CHECK(cuMemCreate(&h, 2 * mib, &host, 0));
+  s.host_handle = h;
+  s.host = map_new(h, 2 * mib, true);
+  if (write) write_host(s.host, seed(rank, 3));
+  VMMCKPT_CHECK(cuCtxSynchronize());
+  return s;
+}
+
+// A memory pool of the device, as NCCL makes one per communicator, and 1 MiB taken from it.
+void add_pool(state& s, bool write) {
   CUmemPoolProps props{};
   props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
   props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -138,20 +154,13 @@ state build(int rank, bool first_at_window_start, bool write) {
   CUdeviceptr freed = 0;
   VMMCKPT_CHECK(cuMemAllocFromPoolAsync(&freed, mib, pool, nullptr));  // taken and given back, as NCCL's shadows
   VMMCKPT_CHECK(cuMemFreeAsync(freed, nullptr));
+  CUdeviceptr va = 0;
   VMMCKPT_CHECK(cuMemAllocFromPoolAsync(&va, mib, pool, nullptr));
   s.pooled = va;
   // Past its maxSize, a pool answers out of memory.
   CUdeviceptr too_much = 0;
   VMMCKPT_EXPECT(cuMemAllocFromPoolAsync(&too_much, 64 * mib, pool, nullptr) == CUDA_ERROR_OUT_OF_MEMORY);
-  if (write) write_pattern(s.pooled, mib, seed(rank, 2));
-
-  const CUmemAllocationProp host = host_prop();
-  VMMCKPT_CHECK(cuMemCreate(&h, 2 * mib, &host, 0));
-  s.host_handle = h;
-  s.host = map_new(h, 2 * mib, true);
-  if (write) write_host(s.host, seed(rank, 3));
-  VMMCKPT_CHECK(cuCtxSynchronize());
-  return s;
+  if (write) write_pattern(s.pooled, mib, seed(s.rank, 2));
 }
 
 // NCCL's proxy sends its peer the POSIX FDs of its buffers over a Unix socket.
@@ -220,7 +229,7 @@ void exchange(state& s, int sock) {
 
 std::string problem(const state& s) {
   if (!has_pattern(s.buffer, 2 * mib, seed(s.rank, 1))) return "device buffer";
-  if (!has_pattern(s.pooled, mib, seed(s.rank, 2))) return "memory pool allocation";
+  if (s.pooled != 0 && !has_pattern(s.pooled, mib, seed(s.rank, 2))) return "memory pool allocation";
   if (!host_has(s.host, seed(s.rank, 3))) return "host memory";
   if (s.peer >= 0 && s.peer_buffer != 0 && !has_pattern(s.peer_buffer, 2 * mib, seed(s.peer, 1)))
     return "the peer's device buffer";
@@ -250,8 +259,8 @@ void finish(const state& s, bool restored) {
   if (s.peer_host != 0) free_mapping(s.peer_host, restored ? 0 : s.peer_host_handle);
   free_mapping(s.buffer, s.buffer_handle);
   free_mapping(s.host, s.host_handle);
-  VMMCKPT_CHECK(cuMemFreeAsync(s.pooled, nullptr));
-  if (!restored) VMMCKPT_CHECK(cuMemPoolDestroy(reinterpret_cast<CUmemoryPool>(s.pool)));
+  if (s.pooled != 0) VMMCKPT_CHECK(cuMemFreeAsync(s.pooled, nullptr));
+  if (s.pool != 0 && !restored) VMMCKPT_CHECK(cuMemPoolDestroy(reinterpret_cast<CUmemoryPool>(s.pool)));
   VMMCKPT_CHECK(cuMemAddressFree(s.first, 2 * mib));
 }
 
@@ -274,13 +283,13 @@ int serve(const fs::path& dir, const state& s, bool restored = false) {
   }
 }
 
-int run_rank(const fs::path& top, int rank, int sock, bool window_start) {
+int run_rank(const fs::path& top, int rank, int sock, bool window_start, bool with_pool = true) {
   const fs::path dir = top / std::to_string(rank);
   fs::create_directories(dir);
   std::printf("pid %d %d\n", rank, static_cast<int>(getpid()));
   std::fflush(stdout);
   start_cuda();
-  state s = build(rank, window_start, true);
+  state s = build(rank, window_start, true, with_pool);
   if (sock >= 0) exchange(s, sock);
   save(dir / "state", s);
   std::printf("ready %d\n", rank);
@@ -326,7 +335,7 @@ int main(int argc, char** argv) {
     VMMCKPT_EXPECT(at == reinterpret_cast<void*>(window_start));
     return run_rank(top, 0, -1, false);
   }
-  if (mode != "--peer") return run_rank(top, 0, -1, mode == "--window-start");
+  if (mode != "--peer") return run_rank(top, 0, -1, mode == "--window-start", mode != "--vmm-only");
   int pair[2];
   VMMCKPT_EXPECT(socketpair(AF_UNIX, SOCK_STREAM, 0, pair) == 0);
   std::fflush(stdout);
