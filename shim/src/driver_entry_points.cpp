@@ -63,13 +63,15 @@ bool pool_free(CUdeviceptr addr, CUresult& result) {
   device_pool* pool = pool_containing(addr);
   if (pool == nullptr) return false;
   gate_scope scope(gate_scope::no_work);
-  if (const std::optional<CUresult> kept = free_exported(addr)) {  // other processes still map it
-    if (*kept == CUDA_SUCCESS) program_pool_freed(addr);
+  std::optional<CUresult> kept;  // other processes still map it (legacy IPC)
+  if (any_pool_memory_exported.load(std::memory_order_relaxed)) kept = free_exported(addr);
+  const pool_status status = kept ? pool_status::ok : pool->free(addr);
+  if (kept && *kept != CUDA_SUCCESS) {
     result = *kept;
     return true;
   }
-  const pool_status status = pool->free(addr);
-  if (status == pool_status::ok) program_pool_freed(addr);
+  if (status == pool_status::ok && any_taken_from_program_pools.load(std::memory_order_relaxed))
+    program_pool_freed(addr);
   if (status != pool_status::ok) log::info("free of {:#x}: not a live pool allocation", static_cast<std::uint64_t>(addr));
   result = to_cuda_result(status, 0);
   return true;

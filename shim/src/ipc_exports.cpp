@@ -40,7 +40,6 @@ struct export_table {
   std::mutex mutex;
   std::map<std::uint64_t, export_record> by_base;
   std::uint64_t next_generation = 1;
-  std::atomic<bool> any{false};  // lets every free skip the mutex until the first export
 };
 
 export_table& table() {
@@ -71,7 +70,7 @@ bool export_pool_memory(CUdeviceptr addr, unsigned char (&out)[ipc_handle_size],
     export_record& r = t.by_base[base];
     if (r.generation == 0 || r.size != size) r = export_record{size, t.next_generation++, {}};
     handle.generation = r.generation;
-    t.any.store(true, std::memory_order_relaxed);
+    any_pool_memory_exported.store(true, std::memory_order_relaxed);
   }
   encode_ipc_handle(handle, out);
   log::debug("ipc: exported {} bytes at {} (generation {})", size, hex(base), handle.generation);
@@ -81,8 +80,7 @@ bool export_pool_memory(CUdeviceptr addr, unsigned char (&out)[ipc_handle_size],
 
 std::optional<CUresult> free_exported(std::uint64_t base) noexcept {
   try {
-    export_table& t = table();  // made at the first call: that may be out of memory too
-    if (!t.any.load(std::memory_order_relaxed)) return std::nullopt;
+    export_table& t = table();
     std::lock_guard lock(t.mutex);
     const auto it = t.by_base.find(base);
     if (it == t.by_base.end()) return std::nullopt;
@@ -201,7 +199,7 @@ void close_export(const control::ipc_close_request& request, pid_t importer) {
 std::vector<pid_t> live_importers() {
   export_table& t = table();
   std::vector<pid_t> pids;
-  if (!t.any.load(std::memory_order_relaxed)) return pids;
+  if (!any_pool_memory_exported.load(std::memory_order_relaxed)) return pids;
   std::vector<std::uint64_t> released;
   {
     std::lock_guard lock(t.mutex);

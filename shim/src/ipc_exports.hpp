@@ -4,6 +4,7 @@
 #include <cuda.h>
 #include <sys/types.h>
 
+#include <atomic>
 #include <optional>
 #include <variant>
 #include <vector>
@@ -18,10 +19,13 @@ namespace vmmckpt::detail {
 // it, until it is freed), or CUDA_ERROR_INVALID_VALUE when no live allocation holds addr.
 bool export_pool_memory(CUdeviceptr addr, unsigned char (&out)[ipc_handle_size], CUresult& result);
 
-// From every pool free, before the block goes back: nothing when the allocation at base has no importer
-// mapping it (its handles are stale from now on, and the pool frees it); otherwise the free's answer, and
-// the block stays out of the pool until the last importer closes it or ends, as the driver keeps such
-// memory alive. One relaxed load when the process never exported anything.
+// Set at the first export: until then a pool free skips free_exported (one relaxed load on the hot path).
+inline std::atomic<bool> any_pool_memory_exported{false};
+
+// From a pool free, before the block goes back, once anything was exported: nothing when the allocation at
+// base has no importer mapping it (its handles are stale from now on, and the pool frees it); otherwise the
+// free's answer, and the block stays out of the pool until the last importer closes it or ends, as the
+// driver keeps such memory alive.
 std::optional<CUresult> free_exported(std::uint64_t base) noexcept;
 
 // ipc_open from process `importer`: one descriptor per piece in `fds` (the caller sends and closes them).

@@ -28,9 +28,6 @@ struct pool_table {
   std::unordered_map<std::uint64_t, std::pair<CUmemoryPool, std::uint64_t>> taken;  // pointer -> (pool, bytes)
 };
 
-// Set once something was taken from a served pool: until then every free of pool memory skips the table
-// (which is made, with memory, at its first use).
-std::atomic<bool> g_any_taken{false};
 
 pool_table& table() {
   static pool_table* t = new pool_table;  // never destroyed: frees may come during exit
@@ -95,7 +92,7 @@ std::optional<CUresult> allocate_from_program_pool(CUdeviceptr* dptr, std::size_
     t.taken[got] = {pool, bytes};
     p.used += bytes;
     p.used_high = std::max(p.used_high, p.used);
-    g_any_taken.store(true, std::memory_order_relaxed);
+    any_taken_from_program_pools.store(true, std::memory_order_relaxed);
   } catch (...) {
     CUresult ignored;
     pool_free(got, ignored);
@@ -108,8 +105,7 @@ std::optional<CUresult> allocate_from_program_pool(CUdeviceptr* dptr, std::size_
 }
 
 void program_pool_freed(std::uint64_t addr) noexcept {
-  if (!g_any_taken.load(std::memory_order_relaxed)) return;
-  pool_table& t = table();
+  pool_table& t = table();  // made by the allocation that set any_taken_from_program_pools
   std::lock_guard lock(t.mutex);
   const auto it = t.taken.find(addr);
   if (it == t.taken.end()) return;
@@ -140,7 +136,7 @@ std::optional<CUresult> program_pool_attribute(CUmemoryPool pool, CUmemPool_attr
 }
 
 std::uint64_t nccl_pool_bytes() noexcept {
-  if (!g_any_taken.load(std::memory_order_relaxed)) return 0;
+  if (!any_taken_from_program_pools.load(std::memory_order_relaxed)) return 0;
   pool_table& t = table();
   std::lock_guard lock(t.mutex);
   std::uint64_t bytes = 0;

@@ -6,6 +6,7 @@
 
 #include <cuda.h>
 
+#include <atomic>
 #include <cstdint>
 #include <optional>
 
@@ -24,8 +25,11 @@ void forget_program_pool(CUmemoryPool pool) noexcept;
 // maxSize), or nullopt when the pool is not served (the caller passes the call on).
 std::optional<CUresult> allocate_from_program_pool(CUdeviceptr* dptr, std::size_t bytes, CUmemoryPool pool) noexcept;
 
-// A pointer of the shim's pool was freed; it counts no more in its program pool's use. Cheap while no
-// allocation came from a program pool.
+// Set once something was taken from a served pool: until then a pool free skips program_pool_freed (one
+// relaxed load on the hot path).
+inline std::atomic<bool> any_taken_from_program_pools{false};
+
+// A pointer of the shim's pool was freed; it counts no more in its program pool's use.
 void program_pool_freed(std::uint64_t addr) noexcept;
 
 // The answers of a served pool to the attributes about its bytes (used and reserved memory, now and at
