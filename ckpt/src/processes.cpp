@@ -177,7 +177,44 @@ shim_presence shim_in(pid_t pid) {
   return read_any ? shim_presence::absent : shim_presence::unknown;
 }
 
+// The process's pid in its own pid namespace (the last of NSpid in /proc/PID/status): what its shim names its
+// socket by. `pid` itself where the kernel does not say.
+pid_t pid_in_own_namespace(pid_t pid) {
+  std::ifstream in(proc_dir(pid) + "/status");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("NSpid:", 0) != 0) continue;
+    const auto last = line.find_last_of(" \t");
+    return last == std::string::npos ? pid : static_cast<pid_t>(std::strtol(line.c_str() + last + 1, nullptr, 10));
+  }
+  return pid;
+}
+
+bool sees_directory(pid_t pid, const std::filesystem::path& dir) {
+  std::error_code ec;
+  auto path = std::filesystem::absolute(dir, ec).lexically_normal();
+  while (!ec && !std::filesystem::exists(path, ec) && path.has_relative_path()) path = path.parent_path();
+  struct stat ours {};
+  if (ec || ::stat(path.c_str(), &ours) != 0) return true;
+  struct stat theirs {};
+  if (::stat((proc_dir(pid) + "/root" + path.string()).c_str(), &theirs) != 0) return errno == EACCES || errno == EPERM;
+  return ours.st_dev == theirs.st_dev && ours.st_ino == theirs.st_ino;
+}
+
 std::vector<std::string> control_addresses(pid_t pid) {
+  // A process in a pid namespace of its own (a container) names its socket by the pid it sees, in the
+  // directories of its own mount namespace: reached through /proc/PID/root (its abstract name is in its own
+  // network namespace). The peer check still names the process by this pid: the kernel translates it.
+  if (const pid_t inner = pid_in_own_namespace(pid); inner != pid && inner > 0) {
+    const std::string root = proc_dir(pid) + "/root";
+    const std::string file = std::to_string(inner) + ".sock";
+    std::vector<std::string> out;
+    if (const auto xdg = environment_value(pid, "XDG_RUNTIME_DIR"); xdg && !xdg->empty())
+      out.push_back(root + *xdg + "/vmmckpt/" + file);
+    const uid_t uid = owner_of(pid);
+    if (uid != static_cast<uid_t>(-1) && uid != 0) out.push_back(root + "/tmp/vmmckpt-" + std::to_string(uid) + "/" + file);
+    out.push_back(root + "/tmp/vmmckpt-0/" + file);  // root, or root of a user namespace of its own
+    return out;
+  }
   // The socket files first: their directories are the owner's alone. The abstract name comes last, since
   // anyone may bind it first and then never answer (the program's own server is then at its file).
   std::vector<std::string> out;

@@ -7,6 +7,7 @@
 #include "held_memory.hpp"
 #include "session.hpp"
 #include "vmmckpt/ckpt/driver.hpp"
+#include "vmmckpt/ckpt/processes.hpp"
 #include "vmmckpt/fault_point.hpp"
 #include "vmmckpt/suspend_claim.hpp"
 
@@ -28,6 +29,12 @@ suspend_result suspend(const suspend_options& options, const progress_callback& 
   session s(options.pid, session::expect::running, "suspend",
             result.start + std::chrono::milliseconds(options.hold_deadline_ms));
   result.mark("connected");
+  // The program reads its image back on resume, at the path this tool gives it.
+  if (!sees_directory(options.pid, options.output))
+    throw tool_error("process " + std::to_string(options.pid) + " runs in a mount namespace of its own (a container) "
+                     "that does not see " + std::filesystem::absolute(options.output).parent_path().string() +
+                     " as this tool does: it reads its image back from there on resume. Give -o a directory "
+                     "mounted into it at the same path");
   copy_pipeline pipeline(options.copy, s.live_bytes());
   const CUcontext context = s.open_context();
   result.mark("context");

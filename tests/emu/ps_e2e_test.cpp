@@ -11,6 +11,8 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
@@ -302,4 +304,74 @@ TEST_CASE("a process with the shim loaded but no control server is never called 
   // The full list counts it on its last line instead of a row of dashes.
   const auto all = run_process({cuda_ckpt, "ps"});
   REQUIRE(all.out.find("loaded but no control server") != std::string::npos);
+}
+
+namespace {
+
+// The pid of `parent`'s first child, once it has one (unshare --fork's child); 0 on timeout.
+pid_t first_child(pid_t parent) {
+  for (int i = 0; i < 500; ++i) {
+    std::ifstream in("/proc/" + std::to_string(parent) + "/task/" + std::to_string(parent) + "/children");
+    pid_t child = 0;
+    if (in >> child && child > 0) return child;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("A program in namespaces of its own (pid, mount with its own /tmp, network) is found, dumped, suspended and resumed",
+          "[emu][ps][namespace]") {
+  // As a container runs it: it names its socket by the pid it sees (1), in a /tmp only its mount namespace has,
+  // and its abstract name lives in a network namespace of its own. The tool reaches it through /proc/PID/root.
+  if (run_process({"unshare", "--pid", "--fork", "--mount", "--net", "true"}).exit_code != 0 &&
+      run_process({"unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount", "--net", "true"}).exit_code !=
+          0)
+    VMMCKPT_SKIP("this machine lets no process make pid, mount and network namespaces (unshare failed)");
+  const bool as_root = run_process({"unshare", "--pid", "--fork", "--mount", "--net", "true"}).exit_code == 0;
+  std::vector<std::string> argv{"unshare"};
+  if (!as_root) argv.insert(argv.end(), {"--user", "--map-root-user"});
+  argv.insert(argv.end(), {"--pid", "--fork", "--mount", "--net", "sh", "-c",
+                           "mount -t tmpfs none /tmp && exec env -u XDG_RUNTIME_DIR \"$0\" run -- \"$1\" --seconds 120",
+                           cuda_ckpt, writer_program});
+  background_process outer(argv);
+  REQUIRE(outer.wait_for_output("ready\n"));
+  const pid_t program = first_child(outer.pid());
+  REQUIRE(program > 0);
+  // Killing unshare leaves its child running; the child is the namespace's init, and takes the rest with it.
+  const std::unique_ptr<void, std::function<void(void*)>> end_namespace(reinterpret_cast<void*>(1),
+                                                                          [program](void*) { ::kill(program, SIGKILL); });
+  const std::string pid = std::to_string(program);
+
+  const auto entry = ps_entry(program);
+  REQUIRE(entry.has_value());
+  REQUIRE(entry->at("status") == "running");
+
+  scratch_dir dir;  // in our /tmp, which the program does not see
+  const fs::path out = dir.path / "image";
+  const auto dumped = run_process({cuda_ckpt, "dump", pid, "-o", out.string()});
+  INFO(describe(dumped));
+  REQUIRE(dumped.exit_code == 0);
+  require_untorn(out);
+
+  // Suspend writes an image the program reads back on resume: one in a directory it does not see is refused
+  // before anything is held, and the program goes on; one both mount namespaces see works.
+  const auto unseen = run_process({cuda_ckpt, "suspend", pid, "-o", (dir.path / "suspended").string()});
+  INFO(describe(unseen));
+  REQUIRE(unseen.exit_code == 1);
+  REQUIRE(unseen.err.find("mount namespace of its own") != std::string::npos);
+  REQUIRE_FALSE(fs::exists(dir.path / "suspended"));
+  REQUIRE(listed_state(program).at("state") == "running");
+  const fs::path shared = fs::path(build_dir) / ("namespace-suspend-" + pid);
+  fs::remove_all(shared);
+  const auto suspended = run_process({cuda_ckpt, "suspend", pid, "-o", shared.string()});
+  INFO(describe(suspended));
+  REQUIRE(suspended.exit_code == 0);
+  REQUIRE(listed_state(program).at("state") == "suspended");
+  const auto resumed = run_process({cuda_ckpt, "resume", pid});
+  INFO(describe(resumed));
+  REQUIRE(resumed.exit_code == 0);
+  REQUIRE(::kill(program, 0) == 0);
+  fs::remove_all(shared);
 }

@@ -4,6 +4,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -42,6 +43,11 @@ std::string short_name_of(pid_t pid);
 // its own environment names (XDG_RUNTIME_DIR, else /tmp/vmmckpt-UID), then in ours, then its abstract
 // name (last: anyone may bind that first and never answer). Duplicates left out.
 std::vector<std::string> control_addresses(pid_t pid);
+
+// Whether pid sees the directory `dir` (or, when that does not exist yet, its nearest existing ancestor) as the
+// same directory we do. False only when it runs in a mount namespace of its own (a container) where that path is
+// another directory or none; true when that cannot be told (another user's process).
+bool sees_directory(pid_t pid, const std::filesystem::path& dir);
 
 // The process's command line from /proc (empty when it cannot be read).
 std::vector<std::string> command_line_of(pid_t pid);
