@@ -6,49 +6,57 @@
 
 namespace vmmckpt {
 
+namespace {
+
+// "0x..." with at least one hex digit; false on any other character or overflow.
+bool parse_hex(std::string_view digits, std::uint64_t& out) {
+  if (digits.empty()) return false;
+  std::uint64_t value = 0;
+  for (const char c : digits) {
+    unsigned digit;
+    if (c >= '0' && c <= '9') digit = c - '0';
+    else if (c >= 'a' && c <= 'f') digit = c - 'a' + 10;
+    else if (c >= 'A' && c <= 'F') digit = c - 'A' + 10;
+    else return false;
+    if (value > (std::numeric_limits<std::uint64_t>::max() >> 4)) return false;
+    value = value << 4 | digit;
+  }
+  out = value;
+  return true;
+}
+
+// The shift of a unit suffix: K, M, G or T, then an optional "i" and an optional "B", any case ("" is 0).
+// -1 when it is not one.
+int unit_shift(std::string_view unit) {
+  if (unit.empty()) return 0;
+  int shift;
+  switch (unit[0]) {
+    case 'k': case 'K': shift = 10; break;
+    case 'm': case 'M': shift = 20; break;
+    case 'g': case 'G': shift = 30; break;
+    case 't': case 'T': shift = 40; break;
+    default: return -1;
+  }
+  unit.remove_prefix(1);
+  if (!unit.empty() && (unit[0] == 'i' || unit[0] == 'I')) unit.remove_prefix(1);  // "GiB"-style
+  if (!unit.empty() && (unit[0] == 'b' || unit[0] == 'B')) unit.remove_prefix(1);
+  return unit.empty() ? shift : -1;
+}
+
+}  // namespace
+
 bool parse_size(std::string_view text, std::uint64_t& out) {
-  if (text.empty()) return false;
+  if (text.size() > 2 && text[0] == '0' && (text[1] == 'x' || text[1] == 'X')) return parse_hex(text.substr(2), out);
   std::uint64_t value = 0;
   std::size_t i = 0;
-  const bool hex = text.size() > 2 && text[0] == '0' && (text[1] == 'x' || text[1] == 'X');
-  if (hex) {
-    i = 2;
-    for (; i < text.size(); ++i) {
-      const char c = text[i];
-      unsigned digit;
-      if (c >= '0' && c <= '9') digit = c - '0';
-      else if (c >= 'a' && c <= 'f') digit = c - 'a' + 10;
-      else if (c >= 'A' && c <= 'F') digit = c - 'A' + 10;
-      else return false;
-      if (value > (std::numeric_limits<std::uint64_t>::max() >> 4)) return false;
-      value = value << 4 | digit;
-    }
-    out = value;
-    return true;
-  }
   for (; i < text.size() && text[i] >= '0' && text[i] <= '9'; ++i) {
     const unsigned digit = text[i] - '0';
     if (value > (std::numeric_limits<std::uint64_t>::max() - digit) / 10) return false;
     value = value * 10 + digit;
   }
-  if (i == 0) return false;
-  if (i < text.size()) {
-    unsigned shift;
-    switch (text[i]) {
-      case 'k': case 'K': shift = 10; break;
-      case 'm': case 'M': shift = 20; break;
-      case 'g': case 'G': shift = 30; break;
-      case 't': case 'T': shift = 40; break;
-      default: return false;
-    }
-    ++i;
-    if (i < text.size() && (text[i] == 'i' || text[i] == 'I')) ++i;  // "GiB"-style
-    if (i < text.size() && (text[i] == 'b' || text[i] == 'B')) ++i;
-    if (i != text.size()) return false;
-    if (value > (std::numeric_limits<std::uint64_t>::max() >> shift)) return false;
-    value <<= shift;
-  }
-  out = value;
+  const int shift = unit_shift(text.substr(i));
+  if (i == 0 || shift < 0 || value > (std::numeric_limits<std::uint64_t>::max() >> shift)) return false;
+  out = value << shift;
   return true;
 }
 

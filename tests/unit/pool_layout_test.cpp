@@ -19,7 +19,13 @@ TEST_CASE("sizes parse in hex, decimal and binary units", "[config]") {
   REQUIRE(v == 2ULL << 30);
   REQUIRE(parse_size("1t", v));
   REQUIRE(v == 1ULL << 40);
-  for (const char* bad : {"", "x", "0x", "12Q", "1G2", "-5", "0xfffffffffffffffff", "99999999999999999999", "20000000T"})
+  REQUIRE(parse_size("0X1f", v));
+  REQUIRE(v == 31);
+  REQUIRE(parse_size("3kb", v));
+  REQUIRE(v == 3 * 1024);
+  REQUIRE(parse_size("0", v));
+  REQUIRE(v == 0);
+  for (const char* bad : {"", "x", "0x", "12Q", "1GiBx", "1Gb2", "K", "0x1G", "1G2", "-5", "0xfffffffffffffffff", "99999999999999999999", "20000000T"})
     REQUIRE_FALSE(parse_size(bad, v));
 }
 
