@@ -65,25 +65,8 @@ std::string check_imports(const vmm_layout& l, const std::string& path) {
   return {};
 }
 
-}  // namespace
-
-bool vmm_layout::operator==(const vmm_layout& o) const {
-  auto same_handles = [&] {
-    if (handles.size() != o.handles.size()) return false;
-    for (std::size_t i = 0; i < handles.size(); ++i) {
-      const vmm_handle &a = handles[i], &b = o.handles[i];
-      if (a.token != b.token || a.size != b.size || a.device != b.device || a.flags != b.flags ||
-          a.properties != b.properties || a.refs != b.refs)
-        return false;
-    }
-    return true;
-  };
-  return windows.base == o.windows.base && windows.window == o.windows.window && next_token == o.next_token &&
-         reservations == o.reservations && same_handles() && mappings == o.mappings && access == o.access &&
-         imports == o.imports;
-}
-
-std::string check(const vmm_layout& l, const std::string& path) {
+// The windows: granule-aligned, every device's inside the address space; the token counter in range.
+std::string check_windows(const vmm_layout& l, const std::string& path) {
   const std::uint64_t base = l.windows.base, window = l.windows.window;
   if (window == 0 || window % vmm_granularity != 0 || base % vmm_granularity != 0)
     return join(path, "windows") + ": base " + hex(base) + " and window " + std::to_string(window) +
@@ -92,13 +75,18 @@ std::string check(const vmm_layout& l, const std::string& path) {
     return join(path, "windows") + ": the windows overflow the address space";
   if (l.next_token == 0 || l.next_token > vmm_token_counter_mask + 1)
     return join(path, "next_token") + " " + std::to_string(l.next_token) + " is out of range";
+  return {};
+}
 
+// Reservations: sorted, disjoint, each granule-aligned inside its device's window.
+std::string check_reservations(const vmm_layout& l, const std::string& path) {
   for (std::size_t i = 0; i < l.reservations.size(); ++i) {
     const vmm_reservation& r = l.reservations[i];
     const std::string p = at(path, "reservations", i);
     if (r.device < 0 || r.device >= max_devices) return p + ".device " + std::to_string(r.device) + " is out of range";
     const std::uint64_t w = l.windows.device_base(r.device);
-    if (r.size == 0 || r.size > window || r.addr % vmm_granularity != 0 || !inside(r.addr, vmm_span(r.size), w, w + window))
+    if (r.size == 0 || r.size > l.windows.window || r.addr % vmm_granularity != 0 ||
+        !inside(r.addr, vmm_span(r.size), w, w + l.windows.window))
       return p + " (" + hex(r.addr) + "+" + std::to_string(r.size) + ") is not a granule-aligned range inside device " +
              std::to_string(r.device) + "'s window";
     if (i > 0) {
@@ -106,6 +94,11 @@ std::string check(const vmm_layout& l, const std::string& path) {
       if (r.addr < q.addr + vmm_span(q.size)) return p + " overlaps or precedes the reservation before it";
     }
   }
+  return {};
+}
+
+// Handles: in token order, each a token this layout handed out, of whole granules, on a device in range.
+std::string check_handles(const vmm_layout& l, const std::string& path) {
   for (std::size_t i = 0; i < l.handles.size(); ++i) {
     const vmm_handle& h = l.handles[i];
     const std::string p = at(path, "handles", i);
@@ -116,6 +109,11 @@ std::string check(const vmm_layout& l, const std::string& path) {
       return p + ".size " + std::to_string(h.size) + " is not a positive multiple of " + std::to_string(vmm_granularity);
     if (h.device < 0 || h.device >= max_devices) return p + ".device " + std::to_string(h.device) + " is out of range";
   }
+  return {};
+}
+
+// Mappings: sorted, disjoint, each inside one reservation and its handle; every handle referenced or mapped.
+std::string check_mappings(const vmm_layout& l, const std::string& path) {
   auto handle_of = [&](std::uint64_t token) -> const vmm_handle* {
     const auto it = std::lower_bound(l.handles.begin(), l.handles.end(), token,
                                      [](const vmm_handle& h, std::uint64_t t) { return h.token < t; });
@@ -139,10 +137,13 @@ std::string check(const vmm_layout& l, const std::string& path) {
     mapped[static_cast<std::size_t>(h - l.handles.data())] = true;
   }
   for (std::size_t i = 0; i < l.handles.size(); ++i)
-    if (l.handles[i].refs == 0 && !mapped[i])
-      return at(path, "handles", i) + " has neither a reference nor a mapping";
-  if (const std::string why = check_imports(l, path); !why.empty()) return why;
-  // Access rights lie over what is mapped: the program's mappings and the imports, in one address order.
+    if (l.handles[i].refs == 0 && !mapped[i]) return at(path, "handles", i) + " has neither a reference nor a mapping";
+  return {};
+}
+
+// Access rights: sorted, disjoint, locations in order, each range lying over what is mapped (the program's
+// mappings and the imports, in one address order) without a hole.
+std::string check_access(const vmm_layout& l, const std::string& path) {
   std::vector<std::pair<std::uint64_t, std::uint64_t>> mapped_ranges;
   for (const vmm_mapping& x : l.mappings) mapped_ranges.emplace_back(x.addr, x.size);
   for (const vmm_import& x : l.imports) mapped_ranges.emplace_back(x.addr, x.size);
@@ -167,6 +168,31 @@ std::string check(const vmm_layout& l, const std::string& path) {
       covered = mapped_ranges[k].first + mapped_ranges[k].second;
     if (covered < a.addr + a.size) return p + " (" + hex(a.addr) + "+" + std::to_string(a.size) + ") is not wholly mapped";
   }
+  return {};
+}
+
+}  // namespace
+
+bool vmm_layout::operator==(const vmm_layout& o) const {
+  auto same_handles = [&] {
+    if (handles.size() != o.handles.size()) return false;
+    for (std::size_t i = 0; i < handles.size(); ++i) {
+      const vmm_handle &a = handles[i], &b = o.handles[i];
+      if (a.token != b.token || a.size != b.size || a.device != b.device || a.flags != b.flags ||
+          a.properties != b.properties || a.refs != b.refs)
+        return false;
+    }
+    return true;
+  };
+  return windows.base == o.windows.base && windows.window == o.windows.window && next_token == o.next_token &&
+         reservations == o.reservations && same_handles() && mappings == o.mappings && access == o.access &&
+         imports == o.imports;
+}
+
+std::string check(const vmm_layout& l, const std::string& path) {
+  // In this order: each rule relies on those before it (the mappings on sorted handles and reservations).
+  for (const auto rule : {check_windows, check_reservations, check_handles, check_mappings, check_imports, check_access})
+    if (std::string why = rule(l, path); !why.empty()) return why;
   return {};
 }
 
