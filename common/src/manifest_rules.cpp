@@ -162,9 +162,11 @@ void check_extent_blocks(const manifest& m, const extent& e, const std::string& 
          hex16(combined_checksum(e.blocks)) + ")");
 }
 
-}  // namespace
+// Ordinals are bounded, so the device and pool lists are too, and the pairwise checks stay cheap.
+constexpr int max_listed_devices = 1024;
 
-void validate(const manifest& m) {
+// Rule 3, Identity: a format this reader knows, an image id, a count of data files.
+void check_identity(const manifest& m) {
   if (m.format > format_version)
     fail("format " + std::to_string(m.format) + " is newer than this tool understands (" +
          std::to_string(format_version) + ")");
@@ -174,7 +176,10 @@ void validate(const manifest& m) {
   if (m.data_files == 0 || m.data_files > max_data_files)
     fail("data_files is " + std::to_string(m.data_files) + ", expected 1 to " + std::to_string(max_data_files));
   if (m.format == 1 && m.data_files != 1) fail("data_files is " + std::to_string(m.data_files) + " in a format 1 image");
-  check_blocks_and_parent(m);
+}
+
+// Rule 5, Process and devices. Returns, for each ordinal, the index of its entry in devices (-1: none).
+std::vector<int> check_process_and_devices(const manifest& m) {
   if (m.pid <= 0 || m.pid > INT_MAX) fail("pid " + std::to_string(m.pid) + " is not a valid process id");
   for (std::size_t i = 0; i < m.lacking.size(); ++i) {
     const std::string p = "lacking[" + std::to_string(i) + "]";
@@ -188,9 +193,6 @@ void validate(const manifest& m) {
     if (im.size == 0) fail(p + ".size is zero");
     if (im.addr + im.size < im.addr) fail(p + ": addr + size overflows the address space");
   }
-
-  // Ordinals are bounded, so the device and pool lists are too, and the pairwise checks stay cheap.
-  constexpr int max_listed_devices = 1024;
   std::vector<int> device_index(max_listed_devices, -1);
   for (std::size_t i = 0; i < m.devices.size(); ++i) {
     const auto& d = m.devices[i];
@@ -202,112 +204,148 @@ void validate(const manifest& m) {
     device_index[d.ordinal] = static_cast<int>(i);
     if (d.cc_major < 0 || d.cc_minor < 0) fail(p + ": negative compute capability");
   }
+  return device_index;
+}
 
-  std::vector<int> pool_of_device(max_listed_devices, -1), vmm_pool_of_device(max_listed_devices, -1);
-  // Each data file holds its extents back to back, in manifest order.
-  std::vector<std::uint64_t> file_end(m.data_files, 0);
-  std::uint64_t total = 0;
-  for (std::size_t i = 0; i < m.pools.size(); ++i) {
-    const pool& pl = m.pools[i];
-    const std::string p = "pools[" + std::to_string(i) + "]";
-    if (pl.device < 0 || pl.device >= max_listed_devices || device_index[pl.device] < 0)
-      fail(p + ".device " + std::to_string(pl.device) + " is not listed in devices");
-    std::vector<int>& of_device = pl.kind == pool_kind::vmm ? vmm_pool_of_device : pool_of_device;
-    if (of_device[pl.device] >= 0)
-      fail(p + ".device " + std::to_string(pl.device) + " already has pools[" + std::to_string(of_device[pl.device]) +
-           "] of the same kind");
-    of_device[pl.device] = static_cast<int>(i);
-    if (pl.base == 0) fail(p + ".base is zero");
-    if (pl.size == 0) fail(p + ".size is zero");
-    if (pl.granularity == 0) fail(p + ".granularity is zero");
-    if (pl.base % pl.granularity != 0)
-      fail(p + ".base " + hex(pl.base) + " is not a multiple of the granularity " + std::to_string(pl.granularity));
-    if (pl.size % pl.granularity != 0)
-      fail(p + ".size " + std::to_string(pl.size) + " is not a multiple of the granularity " + std::to_string(pl.granularity));
-    if (pl.base > std::numeric_limits<std::uint64_t>::max() - pl.size)
-      fail(p + ": base " + hex(pl.base) + " + size " + std::to_string(pl.size) + " overflows the address space");
-    const std::uint64_t end = pl.base + pl.size;
-    for (std::size_t k = 0; k < i; ++k) {
-      const pool& q = m.pools[k];
-      if (pl.base < q.base + q.size && q.base < end) fail(p + " overlaps pools[" + std::to_string(k) + "]");
-    }
+// Rule 6, a pool's place: a listed device with no other pool of its kind, an aligned range that overlaps
+// no earlier pool. `taken` holds, per kind and ordinal, the pool already there (-1: none).
+void check_pool_place(const manifest& m, std::size_t i, const std::vector<int>& device_index,
+                      std::vector<int> (&taken)[2]) {
+  const pool& pl = m.pools[i];
+  const std::string p = "pools[" + std::to_string(i) + "]";
+  if (pl.device < 0 || pl.device >= max_listed_devices || device_index[pl.device] < 0)
+    fail(p + ".device " + std::to_string(pl.device) + " is not listed in devices");
+  std::vector<int>& of_device = taken[pl.kind == pool_kind::vmm ? 1 : 0];
+  if (of_device[pl.device] >= 0)
+    fail(p + ".device " + std::to_string(pl.device) + " already has pools[" + std::to_string(of_device[pl.device]) +
+         "] of the same kind");
+  of_device[pl.device] = static_cast<int>(i);
+  if (pl.base == 0) fail(p + ".base is zero");
+  if (pl.size == 0) fail(p + ".size is zero");
+  if (pl.granularity == 0) fail(p + ".granularity is zero");
+  if (pl.base % pl.granularity != 0)
+    fail(p + ".base " + hex(pl.base) + " is not a multiple of the granularity " + std::to_string(pl.granularity));
+  if (pl.size % pl.granularity != 0)
+    fail(p + ".size " + std::to_string(pl.size) + " is not a multiple of the granularity " + std::to_string(pl.granularity));
+  if (pl.base > std::numeric_limits<std::uint64_t>::max() - pl.size)
+    fail(p + ": base " + hex(pl.base) + " + size " + std::to_string(pl.size) + " overflows the address space");
+  for (std::size_t k = 0; k < i; ++k) {
+    const pool& q = m.pools[k];
+    if (pl.base < q.base + q.size && q.base < pl.base + pl.size) fail(p + " overlaps pools[" + std::to_string(k) + "]");
+  }
+}
 
-    // Names are made only for a defect: a pool of a million allocations is checked in milliseconds.
-    auto allocation_name = [&](std::size_t k) { return p + ".allocations[" + std::to_string(k) + "]"; };
-    for (std::size_t k = 0; k < pl.allocations.size(); ++k) {
-      const allocation& a = pl.allocations[k];
-      if (a.size == 0) fail(allocation_name(k) + " has size zero");
-      if (!alloc_api_from_value(static_cast<std::uint32_t>(a.api)))
-        fail(allocation_name(k) + ".api " + std::to_string(static_cast<std::uint32_t>(a.api)) +
-             " is not an allocation API vmmckpt records");
-      if (!inside(a.addr, a.size, pl.base, end))
-        fail(allocation_name(k) + " (" + range_text(a.addr, a.size) + ") is outside the pool (" +
-             range_text(pl.base, pl.size) + ")");
-      if (k > 0) {
-        const allocation& prev = pl.allocations[k - 1];
-        if (a.addr < prev.addr)
-          fail(allocation_name(k) + " at " + hex(a.addr) + " is out of order (below allocations[" +
-               std::to_string(k - 1) + "] at " + hex(prev.addr) + ")");
-        if (a.addr < prev.addr + prev.size) fail(allocation_name(k) + " overlaps allocations[" + std::to_string(k - 1) + "]");
-      }
-    }
-
-    // Allocations are sorted and disjoint by now. `first` is the first allocation ending past the
-    // current extent's start; it only moves forward, so the extents are checked in one sweep.
-    std::size_t first = 0;
-    for (std::size_t k = 0; k < pl.extents.size(); ++k) {
-      const extent& e = pl.extents[k];
-      auto q = [&] { return detail::extent_name(i, k); };
-      if (e.size == 0) fail(q() + " is empty");
-      if (!inside(e.addr, e.size, pl.base, end))
-        fail(q() + " (" + range_text(e.addr, e.size) + ") is outside the pool (" + range_text(pl.base, pl.size) + ")");
-      if (k > 0) {
-        const extent& prev = pl.extents[k - 1];
-        if (e.addr < prev.addr)
-          fail(q() + " at " + hex(e.addr) + " is out of order (below extents[" + std::to_string(k - 1) + "] at " +
-               hex(prev.addr) + ")");
-        if (e.addr < prev.addr + prev.size) fail(q() + " overlaps extents[" + std::to_string(k - 1) + "]");
-      }
-      const std::uint64_t e_end = e.addr + e.size;
-      while (first < pl.allocations.size() && pl.allocations[first].addr + pl.allocations[first].size <= e.addr) ++first;
-      if (first == pl.allocations.size() || pl.allocations[first].addr > e.addr)
-        fail(q() + " (" + range_text(e.addr, e.size) + ") does not begin inside an allocation");
-      // The bytes it stores: those of every allocation inside its range.
-      std::uint64_t stored = 0;
-      std::size_t last = first;
-      for (std::size_t a = first; a < pl.allocations.size() && pl.allocations[a].addr < e_end; ++a) {
-        const allocation& al = pl.allocations[a];
-        stored += std::min(e_end, al.addr + al.size) - std::max(e.addr, al.addr);
-        last = a;
-      }
-      if (pl.allocations[last].addr + pl.allocations[last].size < e_end)
-        fail(q() + " (" + range_text(e.addr, e.size) + ") does not end inside an allocation");
-      if (m.format < 3 && last != first)
-        fail(q() + " (" + range_text(e.addr, e.size) + ") is not inside one allocation (format " +
-             std::to_string(m.format) + " extents are)");
-      if (e.stored != stored)
-        fail(q() + ".stored is " + std::to_string(e.stored) + " but the allocations in its range hold " +
-             std::to_string(stored) + " bytes");
-      if (m.format >= 5) check_extent_blocks(m, e, q());
-      first = last;  // the last one may go on into the next extent
-      if (e.file >= m.data_files)
-        fail(q() + ".file is " + std::to_string(e.file) + " but the image has " + std::to_string(m.data_files) +
-             " data files");
-      std::uint64_t& offset = file_end[e.file];
-      if (e.offset != offset)
-        fail(q() + ".offset is " + std::to_string(e.offset) + ", expected " + std::to_string(offset) +
-             " (each data file holds its extents back to back, in manifest order)");
-      // Format 5: only the blocks not in the parent are in the data file.
-      const std::uint64_t here = m.format >= 5 ? bytes_here(e, m.block_size) : e.stored;
-      if (here > std::numeric_limits<std::uint64_t>::max() - detail::data_header_size - offset)
-        fail(q() + ": data offsets overflow");
-      offset += here;
-      if (here > std::numeric_limits<std::uint64_t>::max() - total) fail(q() + ": data_bytes overflows");
-      total += here;
+// Rule 6, a pool's allocations: non-empty, of a known API, inside the pool, sorted and disjoint.
+void check_allocations(const pool& pl, const std::string& p) {
+  // Names are made only for a defect: a pool of a million allocations is checked in milliseconds.
+  auto allocation_name = [&](std::size_t k) { return p + ".allocations[" + std::to_string(k) + "]"; };
+  for (std::size_t k = 0; k < pl.allocations.size(); ++k) {
+    const allocation& a = pl.allocations[k];
+    if (a.size == 0) fail(allocation_name(k) + " has size zero");
+    if (!alloc_api_from_value(static_cast<std::uint32_t>(a.api)))
+      fail(allocation_name(k) + ".api " + std::to_string(static_cast<std::uint32_t>(a.api)) +
+           " is not an allocation API vmmckpt records");
+    if (!inside(a.addr, a.size, pl.base, pl.base + pl.size))
+      fail(allocation_name(k) + " (" + range_text(a.addr, a.size) + ") is outside the pool (" +
+           range_text(pl.base, pl.size) + ")");
+    if (k > 0) {
+      const allocation& prev = pl.allocations[k - 1];
+      if (a.addr < prev.addr)
+        fail(allocation_name(k) + " at " + hex(a.addr) + " is out of order (below allocations[" +
+             std::to_string(k - 1) + "] at " + hex(prev.addr) + ")");
+      if (a.addr < prev.addr + prev.size) fail(allocation_name(k) + " overlaps allocations[" + std::to_string(k - 1) + "]");
     }
   }
-  if (m.data_bytes != total)
-    fail("data_bytes is " + std::to_string(m.data_bytes) + " but the extents store " + std::to_string(total) + " bytes");
+}
+
+// Where the extents so far end in each data file, and the bytes they store there together.
+struct data_file_ends {
+  std::vector<std::uint64_t> end;
+  std::uint64_t total = 0;
+};
+
+// Rule 6, one extent's place in the data files: its file exists, it starts where the one before it there ended.
+void place_extent(const manifest& m, const extent& e, const std::string& name, data_file_ends& files) {
+  if (e.file >= m.data_files)
+    fail(name + ".file is " + std::to_string(e.file) + " but the image has " + std::to_string(m.data_files) +
+         " data files");
+  std::uint64_t& offset = files.end[e.file];
+  if (e.offset != offset)
+    fail(name + ".offset is " + std::to_string(e.offset) + ", expected " + std::to_string(offset) +
+         " (each data file holds its extents back to back, in manifest order)");
+  // Format 5: only the blocks not in the parent are in the data file.
+  const std::uint64_t here = m.format >= 5 ? bytes_here(e, m.block_size) : e.stored;
+  if (here > std::numeric_limits<std::uint64_t>::max() - detail::data_header_size - offset)
+    fail(name + ": data offsets overflow");
+  offset += here;
+  if (here > std::numeric_limits<std::uint64_t>::max() - files.total) fail(name + ": data_bytes overflows");
+  files.total += here;
+}
+
+// Rule 6, a pool's extents (its allocations sorted and disjoint by now): non-empty, inside the pool, sorted
+// and disjoint, beginning and ending inside allocations, storing their bytes, in place in the data files.
+void check_extents(const manifest& m, std::size_t i, data_file_ends& files) {
+  const pool& pl = m.pools[i];
+  const std::uint64_t end = pl.base + pl.size;
+  // `first` is the first allocation ending past the current extent's start; it only moves forward, so the
+  // extents are checked in one sweep.
+  std::size_t first = 0;
+  for (std::size_t k = 0; k < pl.extents.size(); ++k) {
+    const extent& e = pl.extents[k];
+    auto q = [&] { return detail::extent_name(i, k); };
+    if (e.size == 0) fail(q() + " is empty");
+    if (!inside(e.addr, e.size, pl.base, end))
+      fail(q() + " (" + range_text(e.addr, e.size) + ") is outside the pool (" + range_text(pl.base, pl.size) + ")");
+    if (k > 0) {
+      const extent& prev = pl.extents[k - 1];
+      if (e.addr < prev.addr)
+        fail(q() + " at " + hex(e.addr) + " is out of order (below extents[" + std::to_string(k - 1) + "] at " +
+             hex(prev.addr) + ")");
+      if (e.addr < prev.addr + prev.size) fail(q() + " overlaps extents[" + std::to_string(k - 1) + "]");
+    }
+    const std::uint64_t e_end = e.addr + e.size;
+    while (first < pl.allocations.size() && pl.allocations[first].addr + pl.allocations[first].size <= e.addr) ++first;
+    if (first == pl.allocations.size() || pl.allocations[first].addr > e.addr)
+      fail(q() + " (" + range_text(e.addr, e.size) + ") does not begin inside an allocation");
+    // The bytes it stores: those of every allocation inside its range.
+    std::uint64_t stored = 0;
+    std::size_t last = first;
+    for (std::size_t a = first; a < pl.allocations.size() && pl.allocations[a].addr < e_end; ++a) {
+      const allocation& al = pl.allocations[a];
+      stored += std::min(e_end, al.addr + al.size) - std::max(e.addr, al.addr);
+      last = a;
+    }
+    if (pl.allocations[last].addr + pl.allocations[last].size < e_end)
+      fail(q() + " (" + range_text(e.addr, e.size) + ") does not end inside an allocation");
+    if (m.format < 3 && last != first)
+      fail(q() + " (" + range_text(e.addr, e.size) + ") is not inside one allocation (format " +
+           std::to_string(m.format) + " extents are)");
+    if (e.stored != stored)
+      fail(q() + ".stored is " + std::to_string(e.stored) + " but the allocations in its range hold " +
+           std::to_string(stored) + " bytes");
+    if (m.format >= 5) check_extent_blocks(m, e, q());
+    first = last;  // the last one may go on into the next extent
+    place_extent(m, e, q(), files);
+  }
+}
+
+}  // namespace
+
+// The manifest rules of docs/image-format.md's Validation, 3 and 5 to 8, in its order.
+void validate(const manifest& m) {
+  check_identity(m);
+  check_blocks_and_parent(m);
+  const std::vector<int> device_index = check_process_and_devices(m);
+  std::vector<int> taken[2] = {std::vector<int>(max_listed_devices, -1), std::vector<int>(max_listed_devices, -1)};
+  data_file_ends files{std::vector<std::uint64_t>(m.data_files, 0)};
+  for (std::size_t i = 0; i < m.pools.size(); ++i) {
+    check_pool_place(m, i, device_index, taken);
+    check_allocations(m.pools[i], "pools[" + std::to_string(i) + "]");
+    check_extents(m, i, files);
+  }
+  if (m.data_bytes != files.total)
+    fail("data_bytes is " + std::to_string(m.data_bytes) + " but the extents store " + std::to_string(files.total) +
+         " bytes");
   check_restorable(m);
   if (m.data_bytes > std::numeric_limits<std::uint64_t>::max() - detail::data_header_size)
     fail("data_bytes " + std::to_string(m.data_bytes) + " is too large");
