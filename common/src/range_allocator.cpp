@@ -262,9 +262,8 @@ std::vector<std::pair<std::uint64_t, std::uint64_t>> range_allocator::free_range
   return {free_by_addr_.begin(), free_by_addr_.end()};
 }
 
-const char* range_allocator::check_invariants() const {
+const char* range_allocator::check_free_ranges(std::uint64_t& free_bytes) const {
   if (free_by_addr_.size() != free_by_size_.size() + small_free_.size()) return "free indexes differ in size";
-  std::uint64_t covered = 0;
   std::uint64_t prev_end = 0;
   bool first = true;
   bool prev_small = false;
@@ -288,9 +287,12 @@ const char* range_allocator::check_invariants() const {
     prev_small = small;
     prev_chunk = chunk;
     first = false;
-    covered += size;
+    free_bytes += size;
   }
-  std::map<std::uint64_t, std::uint32_t> small_counts;
+  return "";
+}
+
+const char* range_allocator::check_blocks(std::map<std::uint64_t, std::uint32_t>& small_counts) const {
   auto count_chunks = [&](const block& b) {
     if (!is_small(b.size)) return;
     for (std::uint64_t c = chunk_of(b.addr); c <= chunk_of(b.addr + b.size - 1); ++c) ++small_counts[c];
@@ -315,7 +317,15 @@ const char* range_allocator::check_invariants() const {
     count_chunks(b);
   }
   if (retired != retired_bytes_) return "retired byte count is wrong";
-  if (covered + live + retired != size_) return "free + live + retired bytes do not add up to the pool";
+  return "";
+}
+
+const char* range_allocator::check_invariants() const {
+  std::uint64_t free_bytes = 0;
+  if (const char* why = check_free_ranges(free_bytes); *why != '\0') return why;
+  std::map<std::uint64_t, std::uint32_t> small_counts;
+  if (const char* why = check_blocks(small_counts); *why != '\0') return why;
+  if (free_bytes + live_bytes_ + retired_bytes_ != size_) return "free + live + retired bytes do not add up to the pool";
   if (small_counts != small_chunks_) return "small-block chunks do not match the small blocks";
   return "";
 }

@@ -96,6 +96,11 @@ class range_allocator {
   std::uint64_t chunk_end(std::uint64_t addr) const { return chunk_limit(chunk_of(addr)); }
 
  private:
+  // check_invariants' parts: the free indexes (adding up the free bytes), and the live and retired blocks
+  // (counting the blocks in each small-block chunk).
+  const char* check_free_ranges(std::uint64_t& free_bytes) const;
+  const char* check_blocks(std::map<std::uint64_t, std::uint32_t>& small_counts) const;
+
   using size_index = std::set<std::pair<std::uint64_t, std::uint64_t>>;  // (size, addr)
   using free_map = std::map<std::uint64_t, std::uint64_t>;                // addr -> size
 
