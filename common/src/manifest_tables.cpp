@@ -63,10 +63,13 @@ std::string encode_tables(const manifest& m) {
   return out;
 }
 
-void decode_tables(const std::string& bytes, const std::vector<std::uint64_t>& allocation_counts,
-                   const std::vector<std::uint64_t>& extent_counts, manifest& m) {
-  // Counts are bounded by the file's size before anything is reserved: a manifest cannot make the
-  // reader allocate more than the tables it really has.
+namespace {
+
+// The header of tables.bin: its size, magic, version and counts are the manifest's, its reserved bytes zero.
+// Counts are bounded by the file's size before anything is reserved: a manifest cannot make the reader
+// allocate more than the tables it really has.
+void check_tables_header(const std::string& bytes, const std::vector<std::uint64_t>& allocation_counts,
+                         const std::vector<std::uint64_t>& extent_counts, const manifest& m) {
   std::uint64_t allocations = 0, extents = 0;
   const std::uint64_t most = bytes.size() / allocation_record_size;
   for (std::size_t p = 0; p < m.pools.size(); ++p) {
@@ -77,7 +80,7 @@ void decode_tables(const std::string& bytes, const std::vector<std::uint64_t>& a
   }
   if (bytes.size() < tables_header_size) fail(std::to_string(bytes.size()) + " bytes, shorter than the 64-byte header");
   // Format 5: the block records, counted by the header; bounded by the file's size, then checked
-  // against the extents' stored bytes below.
+  // against the extents' stored bytes as they are read.
   const std::uint64_t blocks = m.format >= 5 ? get(bytes, 40, 8) : 0;
   if (blocks > bytes.size() / block_record_size) fail("the header counts more block records than the file can hold");
   const std::uint64_t expected = tables_header_size + allocations * allocation_record_size + extents * extent_record_size +
@@ -95,50 +98,71 @@ void decode_tables(const std::string& bytes, const std::vector<std::uint64_t>& a
          ", " + std::to_string(extents) + " and " + std::to_string(m.pools.size()));
   for (std::size_t i = m.format >= 5 ? 48 : 40; i < tables_header_size; ++i)
     if (bytes[i] != 0) fail("reserved header byte " + std::to_string(i) + " is not zero");
+}
+
+// Pool p's allocation records from `at` on; `at` moves past them.
+void read_allocations(const std::string& bytes, std::size_t& at, std::size_t p, pool& pl) {
+  for (std::size_t k = 0; k < pl.allocations.size(); ++k, at += allocation_record_size) {
+    allocation& a = pl.allocations[k];
+    const allocation_record r = get_allocation_record(reinterpret_cast<const unsigned char*>(bytes.data()) + at);
+    a.addr = r.addr;
+    a.size = r.size;
+    const auto api = alloc_api_from_value(r.api);
+    if (!api)
+      fail("pools[" + std::to_string(p) + "].allocations[" + std::to_string(k) + "].api " + std::to_string(r.api) +
+           " is not an allocation API vmmckpt records");
+    a.api = *api;
+    if (r.reserved != 0)
+      fail("pools[" + std::to_string(p) + "].allocations[" + std::to_string(k) + "]: reserved bytes are not zero");
+  }
+}
+
+// Pool p's extent records from `at` on; `at` moves past them.
+void read_extents(const std::string& bytes, std::size_t& at, std::size_t p, pool& pl) {
+  for (std::size_t k = 0; k < pl.extents.size(); ++k, at += extent_record_size) {
+    extent& e = pl.extents[k];
+    e.addr = get(bytes, at, 8);
+    e.size = get(bytes, at + 8, 8);
+    e.stored = get(bytes, at + 16, 8);
+    e.offset = get(bytes, at + 24, 8);
+    e.checksum = get(bytes, at + 32, 8);
+    e.file = static_cast<std::uint32_t>(get(bytes, at + 40, 4));
+    if (get(bytes, at + 44, 4) != 0) fail(extent_name(p, k) + ": reserved bytes are not zero");
+  }
+}
+
+// Format 5: the block records of pool p's extents, one per block of each one's stored bytes; `at` moves past them.
+void read_blocks(const std::string& bytes, std::size_t& at, std::size_t p, pool& pl, std::uint64_t block_size) {
+  for (std::size_t k = 0; k < pl.extents.size(); ++k) {
+    extent& e = pl.extents[k];
+    const std::uint64_t n = block_count(e.stored, block_size);
+    if (n > (bytes.size() - at) / block_record_size)
+      fail(extent_name(p, k) + ": its " + std::to_string(e.stored) + " stored bytes need more block records than remain");
+    e.blocks.resize(n);
+    for (auto& b : e.blocks) {
+      b.checksum = get(bytes, at, 8);
+      const std::uint64_t where = get(bytes, at + 8, 4);
+      if (where > 1) fail(extent_name(p, k) + ": a block record's place is " + std::to_string(where) + ", expected 0 or 1");
+      b.in_parent = where == 1;
+      if (get(bytes, at + 12, 4) != 0) fail(extent_name(p, k) + ": a block record's reserved bytes are not zero");
+      at += block_record_size;
+    }
+  }
+}
+
+}  // namespace
+
+void decode_tables(const std::string& bytes, const std::vector<std::uint64_t>& allocation_counts,
+                   const std::vector<std::uint64_t>& extent_counts, manifest& m) {
+  check_tables_header(bytes, allocation_counts, extent_counts, m);
   std::size_t at = tables_header_size;
   for (std::size_t p = 0; p < m.pools.size(); ++p) {
     pool& pl = m.pools[p];
     pl.allocations.resize(allocation_counts[p]);
-    for (std::size_t k = 0; k < pl.allocations.size(); ++k, at += allocation_record_size) {
-      allocation& a = pl.allocations[k];
-      const allocation_record r = get_allocation_record(reinterpret_cast<const unsigned char*>(bytes.data()) + at);
-      a.addr = r.addr;
-      a.size = r.size;
-      const auto api = alloc_api_from_value(r.api);
-      if (!api)
-        fail("pools[" + std::to_string(p) + "].allocations[" + std::to_string(k) + "].api " + std::to_string(r.api) +
-             " is not an allocation API vmmckpt records");
-      a.api = *api;
-      if (r.reserved != 0)
-        fail("pools[" + std::to_string(p) + "].allocations[" + std::to_string(k) + "]: reserved bytes are not zero");
-    }
+    read_allocations(bytes, at, p, pl);
     pl.extents.resize(extent_counts[p]);
-    for (std::size_t k = 0; k < pl.extents.size(); ++k, at += extent_record_size) {
-      extent& e = pl.extents[k];
-      e.addr = get(bytes, at, 8);
-      e.size = get(bytes, at + 8, 8);
-      e.stored = get(bytes, at + 16, 8);
-      e.offset = get(bytes, at + 24, 8);
-      e.checksum = get(bytes, at + 32, 8);
-      e.file = static_cast<std::uint32_t>(get(bytes, at + 40, 4));
-      if (get(bytes, at + 44, 4) != 0) fail(extent_name(p, k) + ": reserved bytes are not zero");
-    }
-    if (m.format < 5) continue;
-    for (std::size_t k = 0; k < pl.extents.size(); ++k) {
-      extent& e = pl.extents[k];
-      const std::uint64_t n = block_count(e.stored, m.block_size);
-      if (n > (bytes.size() - at) / block_record_size)
-        fail(extent_name(p, k) + ": its " + std::to_string(e.stored) + " stored bytes need more block records than remain");
-      e.blocks.resize(n);
-      for (auto& b : e.blocks) {
-        b.checksum = get(bytes, at, 8);
-        const std::uint64_t where = get(bytes, at + 8, 4);
-        if (where > 1) fail(extent_name(p, k) + ": a block record's place is " + std::to_string(where) + ", expected 0 or 1");
-        b.in_parent = where == 1;
-        if (get(bytes, at + 12, 4) != 0) fail(extent_name(p, k) + ": a block record's reserved bytes are not zero");
-        at += block_record_size;
-      }
-    }
+    read_extents(bytes, at, p, pl);
+    if (m.format >= 5) read_blocks(bytes, at, p, pl, m.block_size);
   }
   if (at != bytes.size()) fail("the header counts more block records than the extents have");
 }
