@@ -345,35 +345,41 @@ void device_pool::synchronize_locked() {
 
 int device_pool::back_range(std::uint64_t addr, std::uint64_t size, bool may_release_idle) {
   const std::uint64_t granule = policy_.granularity;
-  const std::uint64_t pool_end = base_ + size_;
-  const std::uint64_t want_end = std::min(align_up(addr + size, granule), pool_end);
+  const std::uint64_t want_end = std::min(align_up(addr + size, granule), base_ + size_);
   const bool small = range_allocator::is_small(size);
-  std::uint64_t cursor = align_down(addr, granule);
-
-  auto it = segments_.upper_bound(cursor);
+  const std::uint64_t cursor = align_down(addr, granule);
+  const auto it = segments_.upper_bound(cursor);
   if (it != segments_.begin()) {
     // Most small blocks land inside a handle already in use.
     const auto prev = std::prev(it);
     if (prev->second.live != 0 && prev->first + prev->second.size >= want_end) return 0;
   }
-  if (may_release_idle && !keep_idle_) {
-    // An idle handle reaching past the block's own stretch (its granules; for a small block,
-    // its small-block chunk) is given back rather than reused: the block would keep all of it
-    // held, the part it does not use included, for as long as it lives.
-    const std::uint64_t own_begin = small ? ranges_.chunk_begin(addr) : cursor;
-    const std::uint64_t own_end = small ? ranges_.chunk_end(addr) : want_end;
-    if (it != segments_.begin() && std::prev(it)->first + std::prev(it)->second.size > cursor) --it;
-    while (it != segments_.end() && it->first < want_end) {
-      const std::uint64_t seg_end = it->first + it->second.size;
-      if (it->second.live == 0 && (it->first < own_begin || seg_end > own_end)) {
-        it = drop_segment(it);
-      } else {
-        ++it;
-      }
+  if (may_release_idle && !keep_idle_) drop_idle_beyond(addr, cursor, want_end, small);
+  return map_gaps(cursor, want_end, small);
+}
+
+void device_pool::drop_idle_beyond(std::uint64_t addr, std::uint64_t cursor, std::uint64_t want_end, bool small) {
+  // An idle handle reaching past the block's own stretch (its granules; for a small block, its small-block
+  // chunk) is given back rather than reused: the block would keep all of it held, the part it does not use
+  // included, for as long as it lives.
+  const std::uint64_t own_begin = small ? ranges_.chunk_begin(addr) : cursor;
+  const std::uint64_t own_end = small ? ranges_.chunk_end(addr) : want_end;
+  auto it = segments_.upper_bound(cursor);
+  if (it != segments_.begin() && std::prev(it)->first + std::prev(it)->second.size > cursor) --it;
+  while (it != segments_.end() && it->first < want_end) {
+    const std::uint64_t seg_end = it->first + it->second.size;
+    if (it->second.live == 0 && (it->first < own_begin || seg_end > own_end)) {
+      it = drop_segment(it);
+    } else {
+      ++it;
     }
   }
+}
 
-  it = segments_.upper_bound(cursor);
+int device_pool::map_gaps(std::uint64_t cursor, std::uint64_t want_end, bool small) {
+  const std::uint64_t granule = policy_.granularity;
+  const std::uint64_t pool_end = base_ + size_;
+  auto it = segments_.upper_bound(cursor);
   if (it != segments_.begin()) {
     auto prev = std::prev(it);
     cursor = std::max(cursor, prev->first + prev->second.size);

@@ -224,6 +224,10 @@ class device_pool {
 
   // may_release_idle: the quarantine is empty, so idle handles may be given back at once.
   int back_range(std::uint64_t addr, std::uint64_t size, bool may_release_idle = false);
+  // back_range's parts: giving back idle handles that reach past a new block's own stretch, and mapping
+  // handles over the gaps in [cursor, want_end).
+  void drop_idle_beyond(std::uint64_t addr, std::uint64_t cursor, std::uint64_t want_end, bool small);
+  int map_gaps(std::uint64_t cursor, std::uint64_t want_end, bool small);
   int rebuild_locked();
   void count_live(std::uint64_t addr, std::uint64_t size, bool add);
   void reclaim_locked();
