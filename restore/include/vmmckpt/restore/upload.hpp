@@ -4,6 +4,7 @@
 #include <functional>
 
 #include "vmmckpt/driver_api.hpp"
+#include "vmmckpt/host_pages.hpp"
 #include "vmmckpt/image.hpp"
 #include "vmmckpt/status.hpp"
 
@@ -26,7 +27,14 @@ using upload_progress = std::function<void(std::uint64_t done, std::uint64_t tot
 // failure (a bad checksum included): the device memory then holds an unknown mix and must not be
 // used. The calling thread's context is kept. Without `vmm`, the pools of kind vmm are left out (a
 // --replay restore writes them as the program maps them again).
+// `spare`: host memory set aside beforehand (load_buffer_bytes() of it) for the calling thread's buffers, used
+// instead of new ones and kept: a suspended program reserves it when it takes the suspend, so that its resume
+// does not fail for want of host memory (ulimit -v). Threads that cannot get buffers of their own then leave
+// the work to the others.
 status upload(const driver_api& d, const image::reader& reader, const backed_memory& backed = {},
-              bool vmm = true, const upload_progress& progress = {}) noexcept;
+              bool vmm = true, const upload_progress& progress = {}, host_pages* spare = nullptr) noexcept;
+
+// The host memory one uploading thread's buffers take: what a suspend sets aside for its resume.
+std::size_t load_buffer_bytes() noexcept;
 
 }  // namespace vmmckpt::restore
