@@ -384,9 +384,9 @@ nlohmann::json description_json(const process_image& p) {
 // Writes name in dir under a temporary name, synced, then renamed over it: a reader sees the old text or
 // the new, never part of one.
 void write_synced(const fs::path& dir, const std::string& name, const std::string& text) {
-  const fs::path temp = dir / ("." + name + ".tmp");
-  // A new file, never one found there (a link to another file would be truncated through).
-  ::unlink(temp.c_str());
+  // A new file of a name of its own, never one found there (a link to another file would be truncated
+  // through), nor one another completing process writes at the same time.
+  const fs::path temp = dir / ("." + name + "." + random_hex16() + ".tmp");
   const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) fail((dir / name).string() + ": cannot be written: " + errno_text(errno));
   std::size_t done = 0;

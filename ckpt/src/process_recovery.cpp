@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -335,22 +336,41 @@ bool finishable(const fs::path& partial, std::string& why_not) {
 }
 
 fs::path finish_process_dump(const fs::path& partial) {
+  // One command completes it at a time (a restore and a gc may meet here): the others find it done.
+  const fs::path final_name = final_name_of(partial);
+  const int lock = ::open(partial.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (lock < 0 && is_process_image(final_name)) return final_name;
+  struct unlocker {
+    int fd;
+    ~unlocker() {
+      if (fd >= 0) ::close(fd);  // and the lock with it
+    }
+  } held{lock};
+  if (lock >= 0) ::flock(lock, LOCK_EX);
+  struct stat st{};
+  if (::lstat(partial.c_str(), &st) != 0 && is_process_image(final_name)) return final_name;
   std::string why_not;
   if (!finishable(partial, why_not)) throw tool_error(partial.string() + " cannot be completed: " + why_not);
   // Completing writes into the image: as root, only into one nobody else can have written (docs/security.md).
   if (::geteuid() == 0)
     if (const std::string why = distrust_of(partial); !why.empty())
       throw tool_error(partial.string() + " is not completed: " + why);
-  const fs::path final_name = final_name_of(partial);
-  if (!is_process_image(partial)) {
-    process_image d = read_process_intent(partial);
-    d.criu_files = describe_criu_files(partial);
-    write_process_manifest(partial, d);
+  try {
+    if (!is_process_image(partial)) {
+      process_image d = read_process_intent(partial);
+      d.criu_files = describe_criu_files(partial);
+      write_process_manifest(partial, d);
+    }
+    const process_image d = read_process_image(partial);
+    verify_process_image(partial, d, false);
+    ::unlink((partial / process_intent_name).c_str());
+    commit_process_image(partial, final_name);
+  } catch (const std::exception&) {
+    // Another command (a gc, a restore) completed it at the same time: it is there under its name.
+    struct stat st{};
+    if (::lstat(partial.c_str(), &st) != 0 && is_process_image(final_name)) return final_name;
+    throw;
   }
-  const process_image d = read_process_image(partial);
-  verify_process_image(partial, d, false);
-  ::unlink((partial / process_intent_name).c_str());
-  commit_process_image(partial, final_name);
   return final_name;
 }
 
