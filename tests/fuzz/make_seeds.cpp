@@ -551,7 +551,7 @@ int main(int argc, char** argv) try {
   }
 
   process_seeds(seeds.out, one, one.decoded.image_id);
-  seeds.count += 17;
+  seeds.count += 16;
 
   std::error_code ec;
   fs::remove_all(scratch, ec);
