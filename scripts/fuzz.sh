@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the image reader's libFuzzer targets with clang and fuzzes each for a while on a copy of the seed corpus.
+# Builds the image readers' libFuzzer targets (the GPU image's and the whole-process image's) with clang and fuzzes each for a while on a copy of the seed corpus.
 # Usage: scripts/fuzz.sh [--seconds N] [--jobs N]
 #   --seconds N  how long each target is fuzzed (default 60)
 #   --jobs N     parallel fuzzing processes per target (default 1)
@@ -24,10 +24,13 @@ done
 
 root="$PWD"
 build="$root/build-fuzz"
-targets=(manifest_fuzzer image_fuzzer)
+targets=(manifest_fuzzer image_fuzzer process_image_fuzzer)
 # Inputs larger than the seeds by a wide margin, yet small enough to keep thousands of runs a second.
-declare -A max_len=([manifest_fuzzer]=65536 [image_fuzzer]=131072)
-declare -A corpus=([manifest_fuzzer]="$root/tests/fuzz/corpus/manifest" [image_fuzzer]="$root/tests/fuzz/corpus/image")
+declare -A max_len=([manifest_fuzzer]=65536 [image_fuzzer]=131072 [process_image_fuzzer]=65536)
+declare -A corpus=([manifest_fuzzer]="$root/tests/fuzz/corpus/manifest" [image_fuzzer]="$root/tests/fuzz/corpus/image"
+                   [process_image_fuzzer]="$root/tests/fuzz/corpus/process")
+declare -A dict=([manifest_fuzzer]="$root/tests/fuzz/manifest.dict" [image_fuzzer]="$root/tests/fuzz/manifest.dict"
+                 [process_image_fuzzer]="$root/tests/fuzz/process.dict")
 libfuzzer_limits=(-timeout=10 -rss_limit_mb=2048)
 
 # clang, and its libFuzzer runtime, which Debian's clang only recommends (libclang-rt-dev).
@@ -85,7 +88,7 @@ report_artifacts() {
 # Inputs that crashed once must never crash again, in either target.
 mapfile -t regressions < <(find tests/fuzz/regressions -maxdepth 1 -type f ! -name 'README*' | sort)
 if ((${#regressions[@]})); then
-  echo "==> ${#regressions[@]} regression inputs through both targets"
+  echo "==> ${#regressions[@]} regression inputs through every target"
   for t in "${targets[@]}"; do
     log="$build/regressions-$t.log"
     if ! "$build/bin/$t" "${libfuzzer_limits[@]}" "${regressions[@]}" >"$log" 2>&1; then
@@ -108,7 +111,7 @@ for t in "${targets[@]}"; do
   touch "$marker"
   echo "==> fuzzing $t for ${seconds}s ($jobs job(s), corpus $dir)"
   args=("${libfuzzer_limits[@]}" -max_len="${max_len[$t]}" -max_total_time="$seconds" -print_final_stats=1
-        -dict="$root/tests/fuzz/manifest.dict" -artifact_prefix="$art/")
+        -dict="${dict[$t]}" -artifact_prefix="$art/")
   t0=$(date +%s)
   status=0
   if ((jobs == 1)); then

@@ -311,10 +311,16 @@ void copy_pipeline::prepare(const std::filesystem::path& output, CUcontext conte
   context_ = context;
   if (!settings_.parent.empty()) {
     const copy_reuse* r = settings_.reuse.get();
-    if (r != nullptr && r->last_image && r->last_image->still_describes(settings_.parent))
-      parent_ = r->last_image;
-    else
+    if (r != nullptr && r->last_image && r->last_image->is_at(settings_.parent)) {
+      // The image this series wrote last: its blocks are taken as written, or not at all. One changed since
+      // (edited in place, even to the same size and modification time) is no parent: this image is full.
+      result.parent_dropped = r->last_image->changed();
+      // A chain at the most a reader follows is opened again, and refused there, saying why.
+      if (result.parent_dropped.empty())
+        parent_ = r->last_image->chain_full() ? std::make_shared<const parent_blocks>(settings_.parent) : r->last_image;
+    } else {
       parent_ = std::make_shared<const parent_blocks>(settings_.parent);
+    }
   }
   // One data file per writer thread, fewer for a small image.
   const std::uint64_t chunks_estimate =

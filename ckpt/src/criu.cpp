@@ -2,6 +2,7 @@
 #include "vmmckpt/ckpt/criu.hpp"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -32,8 +33,51 @@ std::string find_on_path(const std::string& name) {
   return {};
 }
 
+// `child` and its children (CRIU under the shell that records its status), from /proc.
+std::vector<pid_t> with_children(pid_t child) {
+  std::vector<pid_t> out{child};
+  std::ifstream in("/proc/" + std::to_string(child) + "/task/" + std::to_string(child) + "/children");
+  for (long pid; in >> pid;) out.push_back(static_cast<pid_t>(pid));
+  return out;
+}
+
+bool stopped(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text;
+  std::getline(in, text);
+  const auto close = text.rfind(')');
+  return close != std::string::npos && close + 2 < text.size() && text[close + 2] == 'T';
+}
+
+// Waits for `child`, looking after it every 100 ms: nothing should stop CRIU (a stop signal seen in long chaos
+// runs left it waiting for good), so a CRIU stopped for 2 s is continued; and when `abandon` says so (what it
+// works on is gone), it is killed with its process group.
+int wait_watching(pid_t child, const std::function<bool()>& abandon) {
+  int status = 0, stopped_for = 0;
+  bool killed = false;
+  for (;;) {
+    const pid_t r = ::waitpid(child, &status, WNOHANG);
+    if (r == child) break;
+    if (r < 0 && errno != EINTR) return 128 + SIGKILL;
+    ::usleep(100'000);
+    bool any_stopped = false;
+    for (const pid_t p : with_children(child)) any_stopped = any_stopped || stopped(p);
+    stopped_for = any_stopped ? stopped_for + 1 : 0;
+    if (stopped_for >= 20) {
+      ::kill(-child, SIGCONT);
+      stopped_for = 0;
+    }
+    if (!killed && abandon && abandon()) {
+      ::kill(-child, SIGKILL);
+      killed = true;
+    }
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
 // Runs argv with stdout and stderr into `output` (a file), stdin from /dev/null; returns the status.
-int spawn_and_wait(const std::vector<std::string>& argv, const std::string& output) {
+int spawn_and_wait(const std::vector<std::string>& argv, const std::string& output,
+                   const std::function<void(pid_t)>& started = {}, const std::function<bool()>& abandon = {}) {
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
@@ -42,14 +86,23 @@ int spawn_and_wait(const std::vector<std::string>& argv, const std::string& outp
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
+  // A process group of its own: Ctrl-C at the terminal reaches cuda-ckpt, which stops between steps, and
+  // not CRIU, which killed midway may leave a process it was dumping with its code injected.
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attributes, 0);
   pid_t child = 0;
-  const int failed = ::posix_spawn(&child, args[0], &actions, nullptr, args.data(), environ);
+  const int failed = ::posix_spawn(&child, args[0], &actions, &attributes, args.data(), environ);
+  posix_spawnattr_destroy(&attributes);
   posix_spawn_file_actions_destroy(&actions);
   if (failed != 0) throw criu_unavailable(argv[0] + ": cannot be started: " + std::strerror(failed));
-  int status = 0;
-  while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  if (started) started(child);
+  const int status = wait_watching(child, abandon);
+  // What is left of its process group: helpers CRIU forks to probe the kernel (one stops itself, one sleeps)
+  // outlive a CRIU that was killed, for good. (The group is CRIU's own: what it restores or dumps is not in it.)
+  if (status >= 128) ::kill(-child, SIGKILL);
+  return status;
 }
 
 }  // namespace
@@ -83,11 +136,17 @@ criu_tool find_criu() {
   return criu;
 }
 
-int run_criu(const criu_tool& criu, const std::vector<std::string>& args, const std::filesystem::path& log) {
-  std::vector<std::string> argv{criu.path};
+int run_criu(const criu_tool& criu, const std::vector<std::string>& args, const std::filesystem::path& log,
+             const std::function<void(pid_t)>& started, const std::filesystem::path& status_file,
+             const std::function<bool()>& abandon) {
+  std::vector<std::string> argv;
+  if (!status_file.empty())
+    argv = {"/bin/sh", "-c", "f=$1; shift; \"$@\"; s=$?; echo $s >\"$f.tmp\" && mv -f \"$f.tmp\" \"$f\"; exit $s", "sh",
+            std::filesystem::absolute(status_file).string()};
+  argv.push_back(criu.path);
   argv.insert(argv.end(), args.begin(), args.end());
   argv.insert(argv.end(), {"--log-file", std::filesystem::absolute(log).string(), "-v2"});
-  return spawn_and_wait(argv, std::filesystem::absolute(log).string() + ".out");
+  return spawn_and_wait(argv, std::filesystem::absolute(log).string() + ".out", started, abandon);
 }
 
 std::string criu_log_excerpt(const std::filesystem::path& log) {

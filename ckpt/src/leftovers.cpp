@@ -14,6 +14,8 @@
 #include <sys/socket.h>
 
 #include "vmmckpt/ckpt/control_client.hpp"
+#include "vmmckpt/ckpt/process_image.hpp"
+#include "vmmckpt/ckpt/process_recovery.hpp"
 #include "vmmckpt/ckpt/processes.hpp"
 #include "vmmckpt/protocol.hpp"
 #include "vmmckpt/suspend_claim.hpp"
@@ -25,19 +27,6 @@ namespace {
 std::string read_file(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-// The writer of NAME.partial-PID-RANDOM, by the pid in its name; a process of that pid that started
-// after the directory was made is another one (the pid was reused).
-bool writer_alive(const fs::path& partial) {
-  const std::string name = partial.filename().string();
-  const auto at = name.rfind(".partial-");
-  if (at == std::string::npos) return false;
-  const pid_t pid = static_cast<pid_t>(std::strtol(name.c_str() + at + 9, nullptr, 10));
-  if (!process_exists(pid)) return false;
-  struct stat dir{}, proc{};
-  if (::stat(partial.c_str(), &dir) != 0 || ::stat(("/proc/" + std::to_string(pid)).c_str(), &proc) != 0) return true;
-  return proc.st_mtime <= dir.st_mtime + 1;  // /proc/PID's time is its process's start
 }
 
 // Whether a suspend image's program still depends on it, and why (or why not).
@@ -63,12 +52,26 @@ bool still_needed(const fs::path& image, const suspend_claim::parties& p, std::s
   }
 }
 
+// The whole-process image whose gpu/ directory `dir` is (finished, or being written or left unfinished: its
+// process.json, its intent record, its criu/ or its .partial- name tells), or empty.
+fs::path process_image_of_parts(const fs::path& dir) {
+  fs::path d = fs::absolute(dir).lexically_normal();
+  if (!d.has_filename()) d = d.parent_path();
+  if (d.filename() != gpu_dir_name) return {};
+  const fs::path image = d.parent_path();
+  struct stat st{};
+  const bool marked = is_process_image(image) || ::lstat((image / process_intent_name).c_str(), &st) == 0 ||
+                      ::lstat((image / criu_dir_name).c_str(), &st) == 0 ||
+                      image.filename().string().find(".partial-") != std::string::npos;
+  return marked ? image : fs::path();
+}
+
 // An unfinished whole-process image (dump --process, its tool killed midway) holds each process's GPU
 // part in gpu/PID: a process suspended on one still needs it, until `cuda-ckpt resume PID`. Why it stays,
 // or "" when no process needs any part.
 std::string gpu_part_needed(const fs::path& partial) {
   std::error_code ec;
-  for (const auto& part : fs::directory_iterator(partial / "gpu", ec)) {
+  for (const auto& part : fs::directory_iterator(partial / gpu_dir_name, ec)) {
     suspend_claim::parties p;
     if (!suspend_claim::decode(read_file(part.path() / suspend_claim::accepted), p)) continue;
     std::string why;
@@ -95,6 +98,7 @@ struct judgement {
     not_an_image,     // a file, a symlink, or an image that is no suspend image
     partial_live,     // an unfinished image whose writer is still at it
     partial_orphan,   // an unfinished image whose writer is gone
+    partial_complete, // an unfinished whole-process image that can be completed (CRIU's part is done)
     withdrawn,        // a suspend image its tool withdrew
     pending_live,     // a suspend under way (its tool lives)
     pending_orphan,   // a suspend image whose tool died before its program took it
@@ -114,7 +118,10 @@ judgement judge(const fs::directory_entry& entry) {
   const std::string name = path.filename().string();
   if (const auto at = name.find(".partial-"); at != std::string::npos) {
     j.pid = static_cast<pid_t>(std::strtol(name.c_str() + at + 9, nullptr, 10));
-    j.what = writer_alive(path) ? judgement::partial_live : judgement::partial_orphan;
+    std::string why_not;
+    j.what = partial_writer_alive(path) ? judgement::partial_live
+             : finishable(path, why_not) ? judgement::partial_complete
+                                         : judgement::partial_orphan;
     return j;
   }
   // Suspend images carry a claim file (suspend_claim.hpp); other images are nobody's business here.
@@ -155,12 +162,42 @@ std::string orphan_reason(const judgement& j) {
 
 void collect_in(const fs::path& dir, bool dry_run, leftovers_report& report) {
   std::error_code ec;
+  // The GPU parts of a whole-process image are suspend images whose programs are gone (ended by the dump, or
+  // restored as other processes): they belong to the image, and go only with it.
+  if (const fs::path whole = process_image_of_parts(dir); !whole.empty()) {
+    for (const auto& entry : fs::directory_iterator(dir, ec))
+      report.kept.push_back({entry.path(), "the GPU part of the whole-process image " + whole.string() +
+                                               ": it goes only with the image (`cuda-ckpt rm " + whole.string() + "`)"});
+    return;
+  }
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const fs::path path = entry.path();
     judgement j = judge(entry);
     switch (j.what) {
       case judgement::not_an_image:
       case judgement::partial_live:
+        break;
+      case judgement::partial_complete:
+        // A complete snapshot whose dump's tool died after CRIU succeeded: its processes may still be stopped
+        // or suspended on it (then it stays as it is), else it is completed, never removed: once they are
+        // gone it is their only copy.
+        if (const std::string why = gpu_part_needed(path); !why.empty()) {
+          report.kept.push_back({path, why});
+          break;
+        }
+        if (dry_run) {
+          report.kept.push_back({path, "an unfinished whole-process image whose CRIU dump succeeded: gc completes it"});
+          break;
+        }
+        try {
+          const fs::path done = finish_process_dump(path);
+          report.kept.push_back({done, "completed from " + path.filename().string() +
+                                           " (its dump's tool died after CRIU succeeded): `cuda-ckpt restore " +
+                                           done.string() + "` brings its processes back"});
+        } catch (const std::exception& e) {
+          report.kept.push_back({path, std::string("an unfinished whole-process image that cannot be completed now (") +
+                                           e.what() + "): `cuda-ckpt restore " + path.string() + "` does it"});
+        }
         break;
       case judgement::unreadable:
         report.kept.push_back({path, "its claim file cannot be read"});
@@ -232,6 +269,17 @@ bool stale_socket(const fs::path& path, ino_t& inode) {
 }
 
 }  // namespace
+
+bool partial_writer_alive(const fs::path& partial) {
+  const std::string name = partial.filename().string();
+  const auto at = name.rfind(".partial-");
+  if (at == std::string::npos) return false;
+  const pid_t pid = static_cast<pid_t>(std::strtol(name.c_str() + at + 9, nullptr, 10));
+  if (!process_exists(pid)) return false;
+  struct stat dir{}, proc{};
+  if (::stat(partial.c_str(), &dir) != 0 || ::stat(("/proc/" + std::to_string(pid)).c_str(), &proc) != 0) return true;
+  return proc.st_mtime <= dir.st_mtime + 1;  // /proc/PID's time is its process's start
+}
 
 std::vector<fs::path> suspend_dirs_of_all_users() {
   std::vector<fs::path> out;
@@ -313,6 +361,7 @@ leftovers_report collect_leftovers(const std::vector<fs::path>& dirs, bool dry_r
   else
     for (const auto& d : dirs) collect_in(d, dry_run, report);
   remove_stale_sockets(dry_run, report);
+  for (auto& [path, why] : settle_transactions(dry_run)) report.removed.push_back({path, why});
   return report;
 }
 

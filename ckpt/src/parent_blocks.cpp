@@ -1,7 +1,9 @@
 // An incremental dump's parent: its blocks, compared with the program's to leave the unchanged ones out.
 #include "parent_blocks.hpp"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <system_error>
@@ -84,7 +86,8 @@ std::vector<parent_blocks::file_identity> parent_blocks::identities(const std::v
       const std::string p = entry.path().string();
       if (::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode))
         out.push_back({p, st.st_dev, st.st_ino, st.st_size,
-                       static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec});
+                       static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec,
+                       static_cast<std::int64_t>(st.st_ctim.tv_sec) * 1'000'000'000 + st.st_ctim.tv_nsec});
     }
     std::sort(out.begin() + static_cast<std::ptrdiff_t>(first), out.end(),
               [](const file_identity& a, const file_identity& b) { return a.path < b.path; });
@@ -92,10 +95,28 @@ std::vector<parent_blocks::file_identity> parent_blocks::identities(const std::v
   return out;
 }
 
-bool parent_blocks::still_describes(const std::filesystem::path& parent) const {
-  // A chain at the most a reader follows is opened again, and refused there, saying why.
-  return absolute_dir(parent) == path_ && chain_dirs_.size() < image::max_chain_length &&
-         identities(chain_dirs_) == files_;
+bool parent_blocks::is_at(const std::filesystem::path& parent) const { return absolute_dir(parent) == path_; }
+
+bool parent_blocks::chain_full() const { return chain_dirs_.size() >= image::max_chain_length; }
+
+std::string parent_blocks::changed() const {
+  if (identities(chain_dirs_) != files_)
+    return "a file of " + path_.string() + " or of its parents changed since it was written (inode, size, or "
+           "modification or change time)";
+  // The manifest's content: the checksum a child records for its parent (XXH3-64 of manifest.json, as the
+  // reader takes it), read again, never through a link.
+  const std::string manifest = (path_ / "manifest.json").string();
+  const int fd = ::open(manifest.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  struct stat st{};
+  std::string text;
+  if (fd >= 0 && ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size < (64 << 20)) {
+    text.resize(static_cast<std::size_t>(st.st_size));
+    if (::pread(fd, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size())) text.clear();
+  }
+  if (fd >= 0) ::close(fd);
+  if (text.empty() || image::block_checksum(text.data(), text.size()) != manifest_checksum_)
+    return manifest + " is not the one written (its checksum differs)";
+  return {};
 }
 
 const image::extent* parent_blocks::same_extent(std::uint64_t addr, std::uint64_t size, std::uint64_t stored) const {

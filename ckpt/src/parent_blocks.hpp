@@ -30,9 +30,17 @@ class parent_blocks {
   // How the child names it: image_id, manifest checksum, and where it was found (or `recorded_as`).
   image::parent_ref ref(const std::filesystem::path& recorded_as = {}) const;
   // This describes the image at `parent` as it is now: the same place, and every file of every image of
-  // the chain still the one it was when this was made (inode, size, modification time). What lets a
-  // series use it again instead of opening the chain.
-  bool still_describes(const std::filesystem::path& parent) const;
+  // the chain still the one it was when this was made (inode, size, modification and change time), its
+  // manifest's content too (the checksum a child names it by). What lets a series use it again instead of
+  // opening the chain.
+  bool still_describes(const std::filesystem::path& parent) const { return is_at(parent) && changed().empty(); }
+  // It was made for the image at `parent` (the same directory).
+  bool is_at(const std::filesystem::path& parent) const;
+  // What changed in the chain's files since this was made, in words, or "": an image edited in place keeps
+  // its size and may get its modification time back, not its change time or its manifest's checksum.
+  std::string changed() const;
+  // The chain is as long as a reader follows: a child of it would be refused.
+  bool chain_full() const;
 
  private:
   struct file_identity {
@@ -41,6 +49,7 @@ class parent_blocks {
     ino_t ino;
     off_t size;
     std::int64_t mtime_ns;
+    std::int64_t ctime_ns;
     friend bool operator==(const file_identity&, const file_identity&) = default;
   };
   // Every regular file of each image directory, image after image, by name within each.

@@ -1,48 +1,121 @@
-// process.json of a whole-process image: written, read with every field checked, and both parts verified.
+// process.json of a whole-process image: written, read with every field checked, and both parts verified. The
+// reader is as strict as the GPU-image reader: no symbolic link or special file anywhere, sizes checked before
+// anything is read, numbers that do not fit refused.
 #include "vmmckpt/ckpt/process_image.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
-#include <fstream>
-#include <nlohmann/json.hpp>
+#include <functional>
 #include <set>
 
 #include "vmmckpt/hex_text.hpp"
 #include "vmmckpt/image.hpp"
+#include "vmmckpt/json_fields.hpp"
 
 namespace vmmckpt::ckpt {
 namespace fs = std::filesystem;
+namespace jf = json_fields;
 namespace {
 
-[[noreturn]] void fail(const fs::path& dir, const std::string& what) {
-  throw image::image_error((dir / process_manifest_name).string() + ": " + what);
-}
+// process.json is a few KiB; a bound far above that keeps a hostile one from costing memory.
+constexpr std::uint64_t max_manifest_bytes = 16u << 20;
+constexpr std::size_t max_processes = 4096;
+constexpr std::size_t max_criu_files = 1u << 16;
+constexpr std::int64_t pid_limit = 4'194'304;  // the kernel's PID_MAX_LIMIT
+constexpr int max_depth = 64;                  // of directories inside an image (CRIU's and ours are 2 deep)
 
-void fsync_path(const fs::path& path, bool directory) {
-  const int fd = ::open(path.c_str(), (directory ? O_DIRECTORY : 0) | O_RDONLY | O_CLOEXEC);
-  if (fd < 0 || ::fsync(fd) != 0) {
-    const int e = errno;
+// Every message is printable: names in the image (a CRIU file called "\x1b[2J") are quoted, never replayed.
+[[noreturn]] void fail(const std::string& what) { throw image::image_error(jf::printable(what)); }
+
+std::string errno_text(int e) { return std::strerror(e); }
+
+struct fd_guard {
+  int fd = -1;
+  explicit fd_guard(int f) : fd(f) {}
+  fd_guard(const fd_guard&) = delete;
+  fd_guard& operator=(const fd_guard&) = delete;
+  ~fd_guard() {
     if (fd >= 0) ::close(fd);
-    throw image::image_error(path.string() + ": fsync failed: " + std::strerror(e));
   }
-  ::close(fd);
+};
+
+// The image directory as named (a symbolic link the user names it by is followed, as by the GPU reader).
+int open_image_dir(const fs::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) fail(dir.string() + ": does not exist");
+    fail(dir.string() + ": cannot open the image directory: " + errno_text(errno));
+  }
+  return fd;
 }
 
-// XXH3-64 of a file's bytes, read in 1 MiB pieces.
-std::uint64_t file_checksum(const fs::path& path, std::uint64_t& bytes) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw image::image_error(path.string() + ": cannot be read");
+// A directory inside the image: never through a symbolic link.
+int open_inner_dir(int parent_fd, const std::string& name, const fs::path& path) {
+  const int fd = ::openat(parent_fd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd >= 0) return fd;
+  if (errno == ELOOP) fail(path.string() + ": is a symbolic link (refused)");
+  if (errno == ENOTDIR) fail(path.string() + ": not a directory");
+  if (errno == ENOENT) fail(path.string() + ": missing (the image is incomplete)");
+  fail(path.string() + ": cannot open: " + errno_text(errno));
+}
+
+// The names in a directory, without "." and "..", sorted.
+std::vector<std::string> names_in(int dir_fd, const fs::path& path) {
+  const int copy = ::dup(dir_fd);
+  DIR* d = copy >= 0 ? ::fdopendir(copy) : nullptr;
+  if (d == nullptr) {
+    if (copy >= 0) ::close(copy);
+    fail(path.string() + ": cannot list: " + errno_text(errno));
+  }
+  ::rewinddir(d);
+  std::vector<std::string> out;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name != "." && name != "..") out.push_back(name);
+  }
+  ::closedir(d);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// The bytes of a small regular file, its size checked before any is read.
+std::string read_small_file(int dir_fd, const std::string& name, const fs::path& path, std::uint64_t limit) {
+  struct stat st{};
+  fd_guard fd(image::open_regular_file(dir_fd, name, path.string(), st));
+  if (static_cast<std::uint64_t>(st.st_size) > limit)
+    fail(path.string() + ": " + std::to_string(st.st_size) + " bytes, more than the " + std::to_string(limit) +
+         " it may have");
+  std::string text(static_cast<std::size_t>(st.st_size), '\0');
+  std::size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::pread(fd.fd, text.data() + done, text.size() - done, static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail(path.string() + ": read failed: " + errno_text(errno));
+    if (n == 0) fail(path.string() + ": shorter than its size (changed while read)");
+    done += static_cast<std::size_t>(n);
+  }
+  return text;
+}
+
+// XXH3-64 of exactly `bytes` bytes of an open file, read in 1 MiB pieces.
+std::uint64_t checksum_of(int fd, std::uint64_t bytes, const std::string& path) {
   image::streaming_checksum sum;
   std::vector<char> buffer(1 << 20);
-  bytes = 0;
-  while (in) {
-    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
-    const auto n = static_cast<std::size_t>(in.gcount());
-    sum.update(buffer.data(), n);
-    bytes += n;
+  for (std::uint64_t at = 0; at < bytes;) {
+    const auto want = static_cast<std::size_t>(std::min<std::uint64_t>(buffer.size(), bytes - at));
+    const ssize_t n = ::pread(fd, buffer.data(), want, static_cast<off_t>(at));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail(path + ": read failed: " + errno_text(errno));
+    if (n == 0) fail(path + ": shorter than its size (changed while read)");
+    sum.update(buffer.data(), static_cast<std::size_t>(n));
+    at += static_cast<std::uint64_t>(n);
   }
   return sum.value();
 }
@@ -52,104 +125,219 @@ bool plain_name(const std::string& name) {
          name.find('\0') == std::string::npos;
 }
 
-template <class T>
-T field(const nlohmann::json& j, const char* key, const fs::path& dir, const std::string& where) {
-  const auto it = j.find(key);
-  if (it == j.end()) fail(dir, where + "missing field '" + key + "'");
+void fsync_path(const fs::path& path, bool directory) {
+  const int fd = ::open(path.c_str(), (directory ? O_DIRECTORY : 0) | O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0 || ::fsync(fd) != 0) {
+    const int e = errno;
+    if (fd >= 0) ::close(fd);
+    fail(path.string() + ": fsync failed: " + errno_text(e));
+  }
+  ::close(fd);
+}
+
+// Walks the tree under dir_fd: every entry's lstat to `visit`, directories entered (never a link).
+void walk(int dir_fd, const fs::path& path, int depth, const std::function<void(const fs::path&, const struct stat&)>& visit) {
+  if (depth > max_depth) fail(path.string() + ": directories nested deeper than an image's");
+  for (const auto& name : names_in(dir_fd, path)) {
+    struct stat st{};
+    if (::fstatat(dir_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0)
+      fail((path / name).string() + ": cannot stat: " + errno_text(errno));
+    visit(path / name, st);
+    if (S_ISDIR(st.st_mode)) {
+      fd_guard inner(open_inner_dir(dir_fd, name, path / name));
+      walk(inner.fd, path / name, depth + 1, visit);
+    }
+  }
+}
+
+// A whole number in [lowest, pid_limit]: a pid as process.json may hold it.
+pid_t pid_at(const jf::json& v, const std::string& path, std::int64_t lowest) {
+  const std::int64_t x = jf::i64_at(v, path);
+  if (x < lowest || x > pid_limit)
+    fail(path + ": " + std::to_string(x) + " is no pid (" + std::to_string(lowest) + " to " + std::to_string(pid_limit) + ")");
+  return static_cast<pid_t>(x);
+}
+
+process_image::member decode_member(const jf::json& j, const std::string& path) {
+  jf::object_at(j, path);
+  process_image::member m;
+  m.pid = pid_at(jf::field(j, path, "pid"), jf::join(path, "pid"), 1);
+  m.parent = pid_at(jf::field(j, path, "parent"), jf::join(path, "parent"), 0);
+  const auto& command = jf::array_of(j, path, "command");
+  for (std::size_t i = 0; i < command.size(); ++i)
+    m.command.push_back(jf::string_at(command[i], jf::index(jf::join(path, "command"), i)));
+  m.image_id = jf::string_of(j, path, "image_id");
+  if (m.image_id.empty()) fail(jf::join(path, "image_id") + ": empty");
+  m.driver_checkpointed = jf::bool_of(j, path, "driver_checkpointed");
+  return m;
+}
+
+process_image::file decode_file(const jf::json& j, const std::string& path) {
+  jf::object_at(j, path);
+  process_image::file f;
+  f.name = jf::string_of(j, path, "name");
+  if (!plain_name(f.name)) fail(jf::join(path, "name") + ": \"" + jf::printable(f.name) + "\" is not a plain file name");
+  f.bytes = jf::u64_of(j, path, "bytes");
+  f.checksum = jf::hex16_at(jf::field(j, path, "checksum"), jf::join(path, "checksum"));
+  return f;
+}
+
+// Everything but the CRIU files, which an intent record (written before CRIU ran) lacks.
+process_image decode_description(const jf::json& j) {
+  jf::object_at(j, "");
+  process_image p;
+  if (jf::string_of(j, "", "format") != process_format_name) fail("format: not a vmmckpt whole-process image");
+  if (const int v = jf::int_of(j, "", "version"); v != process_format_version)
+    fail("version " + std::to_string(v) + ": this cuda-ckpt reads version " + std::to_string(process_format_version));
+  p.tool_version = jf::string_of(j, "", "tool_version");
+  p.created = jf::string_of(j, "", "created");
+  p.host = jf::string_of(j, "", "host");
+  p.root_pid = pid_at(jf::field(j, "", "root_pid"), "root_pid", 1);
+  p.criu_version = jf::string_of(j, "", "criu_version");
+  p.gpu_bytes = jf::u64_of(j, "", "gpu_bytes");
+  p.stopped_seconds = jf::number_of(j, "", "stopped_seconds");
+  if (p.stopped_seconds < 0) fail("stopped_seconds: negative");
+  p.left_running = jf::bool_of(j, "", "left_running");
+  if (const auto* parent = jf::optional_field(j, "parent")) {
+    p.parent = jf::string_at(*parent, "parent");
+    if (p.parent.empty() || p.parent.find('\0') != std::string::npos) fail("parent: not a path");
+  }
+  const auto& processes = jf::array_of(j, "", "processes");
+  if (processes.empty() || processes.size() > max_processes)
+    fail("processes: 1 to " + std::to_string(max_processes) + " expected, not " + std::to_string(processes.size()));
+  std::set<pid_t> pids;
+  for (std::size_t i = 0; i < processes.size(); ++i) {
+    p.processes.push_back(decode_member(processes[i], jf::index("processes", i)));
+    if (!pids.insert(p.processes.back().pid).second)
+      fail(jf::index("processes", i) + ".pid: " + std::to_string(p.processes.back().pid) + " repeated");
+  }
+  return p;
+}
+
+jf::json parse_text(const std::string& text) {
   try {
-    return it->get<T>();
-  } catch (const nlohmann::json::exception&) {
-    fail(dir, where + "field '" + key + "' has the wrong type");
+    return jf::parse_limited(text, 8);
+  } catch (const jf::decode_error& e) {
+    fail(e.what());
   }
 }
 
 }  // namespace
 
 bool is_process_image(const fs::path& dir) {
-  std::error_code ec;
-  return fs::is_regular_file(dir / process_manifest_name, ec);
+  struct stat st{};
+  return ::lstat((dir / process_manifest_name).c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+process_image parse_process_manifest(const std::string& text, const std::string& where) {
+  try {
+    const jf::json j = parse_text(text);
+    process_image p = decode_description(j);
+    const auto& files = jf::array_of(j, "", "criu_files");
+    if (files.empty() || files.size() > max_criu_files)
+      fail("criu_files: 1 to " + std::to_string(max_criu_files) + " expected, not " + std::to_string(files.size()));
+    std::set<std::string> names;
+    for (std::size_t i = 0; i < files.size(); ++i) {
+      p.criu_files.push_back(decode_file(files[i], jf::index("criu_files", i)));
+      if (!names.insert(p.criu_files.back().name).second)
+        fail(jf::index("criu_files", i) + ".name: \"" + jf::printable(p.criu_files.back().name) + "\" repeated");
+    }
+    return p;
+  } catch (const jf::decode_error& e) {
+    fail(where + ": " + e.what());
+  } catch (const image::image_error& e) {
+    fail(where + ": " + e.what());
+  }
+}
+
+process_image parse_process_intent(const std::string& text, const std::string& where) {
+  try {
+    return decode_description(parse_text(text));
+  } catch (const jf::decode_error& e) {
+    fail(where + ": " + e.what());
+  } catch (const image::image_error& e) {
+    fail(where + ": " + e.what());
+  }
 }
 
 process_image read_process_image(const fs::path& dir) {
-  std::ifstream in(dir / process_manifest_name);
-  if (!in) fail(dir, "cannot be read");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    fail(dir, std::string("not JSON: ") + e.what());
-  }
-  if (!j.is_object()) fail(dir, "not a JSON object");
-  if (field<std::string>(j, "format", dir, "") != process_format_name) fail(dir, "not a vmmckpt whole-process image");
-  if (const int v = field<int>(j, "version", dir, ""); v != process_format_version)
-    fail(dir, "version " + std::to_string(v) + ", this cuda-ckpt reads version " + std::to_string(process_format_version));
-  process_image p;
-  p.tool_version = field<std::string>(j, "tool_version", dir, "");
-  p.created = field<std::string>(j, "created", dir, "");
-  p.host = field<std::string>(j, "host", dir, "");
-  p.root_pid = field<pid_t>(j, "root_pid", dir, "");
-  p.criu_version = field<std::string>(j, "criu_version", dir, "");
-  p.gpu_bytes = field<std::uint64_t>(j, "gpu_bytes", dir, "");
-  p.stopped_seconds = field<double>(j, "stopped_seconds", dir, "");
-  p.left_running = field<bool>(j, "left_running", dir, "");
-  if (p.root_pid <= 0) fail(dir, "root_pid must be positive");
-  if (j.contains("parent")) p.parent = field<std::string>(j, "parent", dir, "");  // optional: incremental images
-  std::set<pid_t> pids;
-  const auto processes = field<nlohmann::json>(j, "processes", dir, "");
-  if (!processes.is_array() || processes.empty()) fail(dir, "processes must be a non-empty array");
-  for (std::size_t i = 0; i < processes.size(); ++i) {
-    const std::string where = "processes[" + std::to_string(i) + "]: ";
-    if (!processes[i].is_object()) fail(dir, where + "not an object");
-    process_image::member m;
-    m.pid = field<pid_t>(processes[i], "pid", dir, where);
-    m.parent = field<pid_t>(processes[i], "parent", dir, where);
-    m.command = field<std::vector<std::string>>(processes[i], "command", dir, where);
-    m.image_id = field<std::string>(processes[i], "image_id", dir, where);
-    m.driver_checkpointed = field<bool>(processes[i], "driver_checkpointed", dir, where);
-    if (m.pid <= 0 || !pids.insert(m.pid).second) fail(dir, where + "pid missing, not positive or repeated");
-    p.processes.push_back(std::move(m));
-  }
-  const auto files = field<nlohmann::json>(j, "criu_files", dir, "");
-  if (!files.is_array() || files.empty()) fail(dir, "criu_files must be a non-empty array");
-  std::set<std::string> names;
-  for (std::size_t i = 0; i < files.size(); ++i) {
-    const std::string where = "criu_files[" + std::to_string(i) + "]: ";
-    if (!files[i].is_object()) fail(dir, where + "not an object");
-    process_image::file f;
-    f.name = field<std::string>(files[i], "name", dir, where);
-    f.bytes = field<std::uint64_t>(files[i], "bytes", dir, where);
-    const auto checksum = field<std::string>(files[i], "checksum", dir, where);
-    if (!plain_name(f.name) || !names.insert(f.name).second) fail(dir, where + "name '" + f.name + "' is not a plain, unique file name");
-    if (checksum.size() != 16 || !parse_hex_digits(checksum, f.checksum)) fail(dir, where + "checksum is not 16 hex digits");
-    p.criu_files.push_back(std::move(f));
-  }
-  return p;
+  fd_guard dir_fd(open_image_dir(dir));
+  const fs::path path = dir / process_manifest_name;
+  return parse_process_manifest(read_small_file(dir_fd.fd, process_manifest_name, path, max_manifest_bytes),
+                                path.string());
 }
 
-void verify_process_image(const fs::path& dir, const process_image& p, bool data) {
+process_image read_process_intent(const fs::path& dir) {
+  fd_guard dir_fd(open_image_dir(dir));
+  const fs::path path = dir / process_intent_name;
+  return parse_process_intent(read_small_file(dir_fd.fd, process_intent_name, path, max_manifest_bytes), path.string());
+}
+
+void for_each_entry(const fs::path& dir, const std::function<void(const fs::path&, const struct stat&)>& visit) {
+  fd_guard dir_fd(open_image_dir(dir));
+  struct stat st{};
+  if (::fstat(dir_fd.fd, &st) != 0) fail(dir.string() + ": cannot stat: " + errno_text(errno));
+  visit(dir, st);
+  walk(dir_fd.fd, dir, 0, visit);
+}
+
+void check_process_layout(const fs::path& dir, const process_image& p) {
+  // Nothing but directories and regular files, anywhere: a link could point a reader at /proc/kmsg or
+  // at another user's file, a FIFO would block it.
+  for_each_entry(dir, [](const fs::path& path, const struct stat& st) {
+    if (S_ISLNK(st.st_mode)) fail(path.string() + ": a symbolic link in the image (refused)");
+    if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) fail(path.string() + ": a special file in the image (refused)");
+  });
+  fd_guard top(open_image_dir(dir));
+  fd_guard gpu(open_inner_dir(top.fd, gpu_dir_name, dir / gpu_dir_name));
+  std::set<std::string> parts;
+  for (const auto& m : p.processes) parts.insert(std::to_string(m.pid));
+  for (const auto& name : names_in(gpu.fd, dir / gpu_dir_name))
+    if (parts.count(name) == 0) fail((dir / gpu_dir_name / name).string() + ": not a GPU part process.json names");
+  for (const auto& name : parts) {
+    fd_guard part(open_inner_dir(gpu.fd, name, dir / gpu_dir_name / name));  // there, a directory, no link
+  }
+}
+
+void verify_criu_files(const fs::path& dir, const process_image& p, bool checksums) {
   const fs::path criu = dir / criu_dir_name;
+  fd_guard top(open_image_dir(dir));
+  fd_guard criu_fd(open_inner_dir(top.fd, criu_dir_name, criu));
   std::set<std::string> listed;
   for (const auto& f : p.criu_files) {
     listed.insert(f.name);
-    std::error_code ec;
-    if (!fs::is_regular_file(criu / f.name, ec)) throw image::image_error((criu / f.name).string() + ": missing (the CPU part is incomplete)");
-    std::uint64_t bytes = 0;
-    const std::uint64_t sum = file_checksum(criu / f.name, bytes);
-    if (bytes != f.bytes)
-      throw image::image_error((criu / f.name).string() + ": " + std::to_string(bytes) + " bytes, process.json says " +
-                               std::to_string(f.bytes) + " (the CPU part is damaged)");
-    if (sum != f.checksum)
-      throw image::image_error((criu / f.name).string() + ": checksum mismatch (process.json " + hex16(f.checksum) +
-                               ", file " + hex16(sum) + "): the CPU part is damaged");
+    const std::string path = (criu / f.name).string();
+    struct stat st{};
+    int fd = -1;
+    try {
+      fd = image::open_regular_file(criu_fd.fd, f.name, path, st);
+    } catch (const image::image_error& e) {
+      if (std::string(e.what()).find("missing") != std::string::npos) fail(path + ": missing (the CPU part is incomplete)");
+      throw;
+    }
+    fd_guard file(fd);
+    // The size first: a sparse file of a terabyte is refused, not read.
+    if (static_cast<std::uint64_t>(st.st_size) != f.bytes)
+      fail(path + ": " + std::to_string(st.st_size) + " bytes, process.json says " + std::to_string(f.bytes) +
+           " (the CPU part is damaged)");
+    if (!checksums) continue;
+    if (const std::uint64_t sum = checksum_of(file.fd, f.bytes, path); sum != f.checksum)
+      fail(path + ": checksum mismatch (process.json " + hex16(f.checksum) + ", file " + hex16(sum) +
+           "): the CPU part is damaged");
   }
-  for (const auto& entry : fs::directory_iterator(criu))
-    if (entry.is_regular_file() && !listed.count(entry.path().filename().string()))
-      throw image::image_error(entry.path().string() + ": not in process.json (the CPU part was changed)");
+  for (const auto& name : names_in(criu_fd.fd, criu))
+    if (listed.count(name) == 0) fail((criu / name).string() + ": not in process.json (the CPU part was changed)");
+}
+
+void verify_process_image(const fs::path& dir, const process_image& p, bool data) {
+  check_process_layout(dir, p);
+  verify_criu_files(dir, p, true);
   for (const auto& m : p.processes) {
     const fs::path gpu = p.gpu_image(dir, m.pid);
     const auto reader = image::reader::open(gpu);
     if (reader.info().image_id != m.image_id)
-      throw image::image_error(gpu.string() + ": image_id " + reader.info().image_id + ", process.json says " + m.image_id);
+      fail(gpu.string() + ": image_id " + jf::printable(reader.info().image_id) + ", process.json says " +
+           jf::printable(m.image_id));
     if (data)
       reader.verify_data();
     else
@@ -158,21 +346,28 @@ void verify_process_image(const fs::path& dir, const process_image& p, bool data
 }
 
 std::vector<process_image::file> describe_criu_files(const fs::path& dir) {
+  const fs::path criu = dir / criu_dir_name;
+  fd_guard top(open_image_dir(dir));
+  fd_guard criu_fd(open_inner_dir(top.fd, criu_dir_name, criu));
   std::vector<process_image::file> files;
-  for (const auto& entry : fs::directory_iterator(dir / criu_dir_name)) {
-    if (!entry.is_regular_file()) continue;
+  for (const auto& name : names_in(criu_fd.fd, criu)) {
     process_image::file f;
-    f.name = entry.path().filename().string();
-    f.checksum = file_checksum(entry.path(), f.bytes);
-    fsync_path(entry.path(), false);
+    f.name = name;
+    struct stat st{};
+    fd_guard fd(image::open_regular_file(criu_fd.fd, name, (criu / name).string(), st));
+    f.bytes = static_cast<std::uint64_t>(st.st_size);
+    f.checksum = checksum_of(fd.fd, f.bytes, (criu / name).string());
+    if (::fsync(fd.fd) != 0) fail((criu / name).string() + ": fsync failed: " + errno_text(errno));
     files.push_back(std::move(f));
   }
-  fsync_path(dir / criu_dir_name, true);
-  std::sort(files.begin(), files.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  if (::fsync(criu_fd.fd) != 0) fail(criu.string() + ": fsync failed: " + errno_text(errno));
+  if (files.empty()) fail(criu.string() + ": CRIU wrote no file");
   return files;
 }
 
-void write_process_manifest(const fs::path& dir, const process_image& p) {
+namespace {
+
+nlohmann::json description_json(const process_image& p) {
   nlohmann::json j = {{"format", process_format_name}, {"version", process_format_version},
                       {"tool_version", p.tool_version}, {"created", p.created},
                       {"host", p.host}, {"root_pid", p.root_pid},
@@ -183,17 +378,57 @@ void write_process_manifest(const fs::path& dir, const process_image& p) {
   for (const auto& m : p.processes)
     j["processes"].push_back({{"pid", m.pid}, {"parent", m.parent}, {"command", m.command},
                               {"image_id", m.image_id}, {"driver_checkpointed", m.driver_checkpointed}});
+  return j;
+}
+
+// Writes name in dir under a temporary name, synced, then renamed over it: a reader sees the old text or
+// the new, never part of one.
+void write_synced(const fs::path& dir, const std::string& name, const std::string& text) {
+  // A new file of a name of its own, never one found there (a link to another file would be truncated
+  // through), nor one another completing process writes at the same time.
+  const fs::path temp = dir / ("." + name + "." + random_hex16() + ".tmp");
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) fail((dir / name).string() + ": cannot be written: " + errno_text(errno));
+  std::size_t done = 0;
+  int error = 0;
+  while (done < text.size() && error == 0) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) error = n < 0 ? errno : ENOSPC;
+    else done += static_cast<std::size_t>(n);
+  }
+  if (error == 0 && ::fsync(fd) != 0) error = errno;
+  ::close(fd);
+  if (error == 0 && ::rename(temp.c_str(), (dir / name).c_str()) != 0) error = errno;
+  if (error != 0) {
+    ::unlink(temp.c_str());
+    fail((dir / name).string() + ": cannot be written: " + errno_text(error));
+  }
+  fsync_path(dir, true);
+}
+
+}  // namespace
+
+void write_process_manifest(const fs::path& dir, const process_image& p) {
+  nlohmann::json j = description_json(p);
   j["criu_files"] = nlohmann::json::array();
   for (const auto& f : p.criu_files)
     j["criu_files"].push_back({{"name", f.name}, {"bytes", f.bytes}, {"checksum", hex16(f.checksum)}});
-  const fs::path path = dir / process_manifest_name;
-  {
-    std::ofstream out(path, std::ios::trunc);
-    out << j.dump(2) << "\n";
-    if (!out.flush()) throw image::image_error(path.string() + ": cannot be written");
+  write_synced(dir, process_manifest_name, j.dump(2) + "\n");
+}
+
+void commit_process_image(const fs::path& staging, const fs::path& final_name) {
+  // fs::rename would replace an empty directory of that name: nothing is ever replaced.
+  if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, final_name.c_str(), RENAME_NOREPLACE) != 0) {
+    const int e = errno;
+    fail("cannot rename " + staging.string() + " to " + final_name.string() + ": " + errno_text(e) +
+         (e == EEXIST ? " (something else took that name meanwhile: the image stays under the first)" : ""));
   }
-  fsync_path(path, false);
-  fsync_path(dir, true);
+  fsync_path(final_name.parent_path(), true);
+}
+
+void write_process_intent(const fs::path& dir, const process_image& p) {
+  write_synced(dir, process_intent_name, description_json(p).dump(2) + "\n");
 }
 
 }  // namespace vmmckpt::ckpt

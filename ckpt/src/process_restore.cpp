@@ -1,8 +1,13 @@
 // cuda-ckpt restore DIR: CRIU brings the processes back, the driver their contexts, the shim their GPU memory.
+// The image is never changed; a restore that fails ends what CRIU brought back, and one whose tool dies leaves a
+// record from which `cuda-ckpt resume` finds the image (process_recovery.hpp).
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <fstream>
+#include <functional>
 #include <future>
 #include <thread>
 
@@ -10,10 +15,14 @@
 #include "session.hpp"
 #include "vmmckpt/ckpt/criu.hpp"
 #include "vmmckpt/ckpt/driver.hpp"
+#include "vmmckpt/ckpt/image_owner.hpp"
 #include "vmmckpt/ckpt/process_checkpoint.hpp"
+#include "vmmckpt/ckpt/process_recovery.hpp"
 #include "vmmckpt/ckpt/processes.hpp"
+#include "vmmckpt/fault_point.hpp"
 #include "vmmckpt/hex_text.hpp"
 #include "vmmckpt/image.hpp"
+#include "vmmckpt/suspend_claim.hpp"
 
 namespace vmmckpt::ckpt {
 namespace fs = std::filesystem;
@@ -33,8 +42,8 @@ void require_free_pid(pid_t pid) {
   const std::string name = short_name_of(pid);
   throw tool_error("pid " + std::to_string(pid) + " is in use" + (name.empty() ? "" : " by '" + name + "'") +
                    ": CRIU gives the restored processes their own pids back. End that process first (is the "
-                   "checkpointed program still running, dumped with --leave-running?), or restore in a new pid "
-                   "namespace");
+                   "checkpointed program still running, dumped with --leave-running, or stopped by a dump whose tool "
+                   "died? `cuda-ckpt ps` says), or restore in a new pid namespace");
 }
 
 // The image's GPUs against this machine's: the driver restores a context only on the same model.
@@ -64,6 +73,78 @@ std::string temporary_log(const char* what, pid_t pid) {
       .string();
 }
 
+// The image as named, else under another of its names (an unfinished dump's, completed), as a canonical path:
+// what is checked is what CRIU and the processes read, whatever links the name went through.
+fs::path image_to_restore(const fs::path& given) {
+  const fs::path found = find_process_image(given);
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(found, ec))) throw tool_error(given.string() + " does not exist");
+  return fs::canonical(found);
+}
+
+// As root, only an image nobody but root can have written (docs/security.md).
+void require_trusted_owner(const fs::path& image, bool trust_owner) {
+  if (::geteuid() != 0 || trust_owner) return;
+  if (const std::string why = distrust_of(image); !why.empty())
+    throw tool_error("refused: " + why + ". As root, cuda-ckpt restores only an image nobody but root can have "
+                     "changed, since the restored processes run what it holds (docs/security.md); check it and pass "
+                     "--trust-owner to restore it anyway");
+}
+
+// Every process process.json names must be one CRIU restores, the root its root: otherwise the driver and the
+// shim would be asked about a process CRIU never brought back, and one it did would be left waiting.
+criu_process_tree restored_tree(const fs::path& image, const process_image& d) {
+  criu_process_tree tree = read_criu_pstree(image / criu_dir_name);
+  if (tree.pids.front() != d.root_pid)
+    throw image::image_error((image / process_manifest_name).string() + ": root_pid " + std::to_string(d.root_pid) +
+                             ", but CRIU's image restores process " + std::to_string(tree.pids.front()) + " as its root");
+  for (const auto& m : d.processes)
+    if (std::find(tree.pids.begin(), tree.pids.end(), m.pid) == tree.pids.end())
+      throw image::image_error((image / process_manifest_name).string() + ": process " + std::to_string(m.pid) +
+                               " is not one CRIU's image restores (" + (image / criu_dir_name / "pstree.img").string() +
+                               ")");
+  return tree;
+}
+
+// The pid CRIU wrote to --pidfile: the root it restored (0 when it wrote none).
+pid_t pid_in(const fs::path& pidfile) {
+  std::ifstream in(pidfile);
+  long pid = 0;
+  return (in >> pid) && pid > 0 && pid <= 4'194'304 ? static_cast<pid_t>(pid) : 0;
+}
+
+// Ends what CRIU brought back: processes of the image's pids that started after this tool did.
+void end_restored(const criu_process_tree& tree, pid_t reported) {
+  const std::uint64_t since = suspend_claim::start_time(::getpid());
+  std::vector<pid_t> pids = tree.pids;
+  if (reported > 0) pids.push_back(reported);
+  for (auto it = pids.rbegin(); it != pids.rend(); ++it)
+    if (const std::uint64_t started = suspend_claim::start_time(*it); started != 0 && started >= since)
+      ::kill(*it, SIGKILL);
+}
+
+// The restored processes' contexts back from the driver, then each one's GPU memory from its part.
+void bring_back_gpu_state(const fs::path& image, const process_image& d, const progress_callback& progress,
+                          const std::function<void(const char*)>& mark) {
+  for (const auto& m : d.processes) {
+    if (!m.driver_checkpointed) continue;
+    driver_restore(m.pid);
+    driver_unlock(m.pid);
+  }
+  mark("driver restored");
+  fault_point("restore:driver-restored");
+  for (const auto& m : d.processes) {
+    session s(m.pid, session::expect::suspended, "restore", clock::now() + std::chrono::minutes(10));
+    control_client::progress_handler loading;
+    if (progress)
+      loading = [&](const control::progress_frame& f) {
+        progress({copy_progress::stage::loading, f.bytes_done, f.bytes_total, 0});
+      };
+    s.client().resume(loading, d.gpu_image(image, m.pid).string());
+  }
+  mark("resumed");
+}
+
 }  // namespace
 
 process_restore_result restore_process(const process_restore_options& o, const progress_callback& progress) {
@@ -72,7 +153,8 @@ process_restore_result restore_process(const process_restore_options& o, const p
   auto mark = [&](const char* step) {
     r.phases.emplace_back(step, std::chrono::duration<double>(clock::now() - start).count());
   };
-  const fs::path image = fs::absolute(o.image).lexically_normal();
+  const fs::path image = image_to_restore(o.image);
+  require_trusted_owner(image, o.trust_owner);
   process_image& d = r.description;
   d = read_process_image(image);
   // The driver's start (cuInit, a tenth of a second) overlaps the reading of the CRIU files.
@@ -80,6 +162,7 @@ process_restore_result restore_process(const process_restore_options& o, const p
     for (const auto& m : d.processes) require_same_gpus(d.gpu_image(image, m.pid));
   });
   verify_process_image(image, d, o.verify_data);
+  const criu_process_tree tree = restored_tree(image, d);
   mark("verified");
   gpus_checked.get();
 
@@ -90,53 +173,60 @@ process_restore_result restore_process(const process_restore_options& o, const p
     if (const std::string missing = driver_checkpoint_missing(); !missing.empty())
       throw tool_error(missing + ": the image's CUDA contexts were checkpointed by the driver, and only it restores them");
   }
-  require_free_pid(d.root_pid);
-  for (const auto& m : d.processes) require_free_pid(m.pid);
+  for (const pid_t pid : tree.pids) require_free_pid(pid);
   mark("checked");
 
-  // CRIU writes nothing into the image (it may be read-only, or shared): its log goes to /tmp.
+  // The record first: a tool killed from here on leaves processes that `cuda-ckpt resume` finds the image for.
+  process_transaction record;
+  record.op = process_transaction::kind::restore;
+  record.root_pid = d.root_pid;
+  for (const pid_t pid : tree.pids) record.processes.emplace_back(pid, 0);
+  for (const auto& m : d.processes) record.gpu_pids.push_back(m.pid);
+  record.image = image;
+  settle_transactions(false);  // older records that need nothing more go, so that ps shows only what matters
+  record.write();
+
+  // CRIU writes nothing into the image (it may be read-only, or shared): its log goes to /tmp, and its
+  // statistics (stats-restore) to a work directory of its own, so that the image stays as process.json lists it.
   const std::string log = temporary_log("restore", d.root_pid);
-  // CRIU writes its statistics (stats-restore) into its work directory, by default the images': elsewhere,
-  // so that the image stays exactly as process.json lists it (and may be read-only).
-  const fs::path work = log + ".work";
+  const fs::path work = log + ".work", pidfile = log + ".pid";
   fs::create_directory(work);
-  std::vector<std::string> args{"restore", "-D", (image / criu_dir_name).string(), "-W", work.string(), "-d", "--shell-job"};
+  std::vector<std::string> args{"restore", "-D",          (image / criu_dir_name).string(), "-W", work.string(), "-d",
+                                "--shell-job", "--pidfile", pidfile.string()};
   args.insert(args.end(), o.criu_args.begin(), o.criu_args.end());
-  const int status = run_criu(criu, args, log);
+  const int status = run_criu(criu, args, log, [&](pid_t criu_pid) {
+    record.note_criu(criu_pid);
+    fault_point("restore:criu-running");
+  });
+  const pid_t root = pid_in(pidfile);
   std::error_code ignored;
   fs::remove_all(work, ignored);
-  if (status != 0)
-    throw tool_error("criu restore failed (exit " + std::to_string(status) + "):" + criu_log_excerpt(log) +
-                     "\n(CRIU's log: " + log + "); the image is unchanged");
+  fs::remove(pidfile, ignored);
+  if (status != 0 || root != d.root_pid) {
+    end_restored(tree, root);
+    record.remove();
+    throw tool_error(status != 0 ? "criu restore failed (exit " + std::to_string(status) + "):" + criu_log_excerpt(log) +
+                                       "\n(CRIU's log: " + log + "); the image is unchanged"
+                                 : "criu restore brought back process " + std::to_string(root) + ", not " +
+                                       std::to_string(d.root_pid) + " as the image says: it was ended");
+  }
   mark("criu restored");
+  fault_point("restore:criu-restored");
 
   try {
-    for (const auto& m : d.processes) {
-      if (!m.driver_checkpointed) continue;
-      driver_restore(m.pid);
-      driver_unlock(m.pid);
-    }
-    mark("driver restored");
-    for (const auto& m : d.processes) {
-      session s(m.pid, session::expect::suspended, "restore", clock::now() + std::chrono::minutes(10));
-      control_client::progress_handler loading;
-      if (progress)
-        loading = [&](const control::progress_frame& f) {
-          progress({copy_progress::stage::loading, f.bytes_done, f.bytes_total, 0});
-        };
-      s.client().resume(loading, d.gpu_image(image, m.pid).string());
-    }
-    mark("resumed");
+    bring_back_gpu_state(image, d, progress, mark);
   } catch (const std::exception& e) {
     // Half restored: a process without its GPU memory must not run on. The image stays as it was.
-    for (auto it = d.processes.rbegin(); it != d.processes.rend(); ++it) ::kill(it->pid, SIGKILL);
-    ::kill(d.root_pid, SIGKILL);
+    end_restored(tree, root);
+    record.remove();
     throw tool_error(std::string(e.what()) + "; the restored process was ended, and the image is unchanged");
   }
-  std::error_code ec;
-  fs::remove(log, ec);
-  fs::remove(log + ".out", ec);
-  r.pid = d.root_pid;
+  record.remove();
+  // Records of dumps and restores of these processes whose tools died are settled now that they run again.
+  settle_transactions(false);
+  fs::remove(log, ignored);
+  fs::remove(log + ".out", ignored);
+  r.pid = root;
   r.seconds = std::chrono::duration<double>(clock::now() - start).count();
   return r;
 }

@@ -131,17 +131,30 @@ bool maps_file(pid_t pid, std::string_view prefix) {
   return false;
 }
 
-pid_t parent_of(pid_t pid) {
+namespace {
+
+// The state letter and parent of /proc/PID/stat; false when it cannot be read.
+bool stat_of(pid_t pid, char& state, long& parent) {
   std::ifstream in(proc_dir(pid) + "/stat");
   std::string text;
   std::getline(in, text);
   // "PID (COMM) STATE PPID ...": COMM may hold spaces and parentheses, so read after the last ')'.
   const auto close = text.rfind(')');
-  if (close == std::string::npos) return 0;
+  return close != std::string::npos && std::sscanf(text.c_str() + close + 1, " %c %ld", &state, &parent) == 2;
+}
+
+}  // namespace
+
+pid_t parent_of(pid_t pid) {
   char state = 0;
   long parent = 0;
-  if (std::sscanf(text.c_str() + close + 1, " %c %ld", &state, &parent) != 2) return 0;
-  return static_cast<pid_t>(parent);
+  return stat_of(pid, state, parent) ? static_cast<pid_t>(parent) : 0;
+}
+
+bool process_stopped(pid_t pid) {
+  char state = 0;
+  long parent = 0;
+  return stat_of(pid, state, parent) && state == 'T';
 }
 
 std::vector<pid_t> process_tree(pid_t root) {

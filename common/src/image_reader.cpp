@@ -37,26 +37,6 @@ struct fd_guard {
   }
 };
 
-// Opens one of the two files an image consists of; never follows a symlink, never blocks on a FIFO.
-int open_member(int dir_fd, std::string_view name, const std::string& path, struct stat& st) {
-  const int fd = ::openat(dir_fd, name.data(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ELOOP) fail(path + ": is a symbolic link (refused)");
-    if (errno == ENOENT) fail(path + ": missing (not an image, or an unfinished one)");
-    fail(path + ": cannot open: " + errno_text(errno));
-  }
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    fail(path + ": cannot stat: " + errno_text(err));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail(path + ": not a regular file");
-  }
-  return fd;
-}
-
 // Fills [dst, dst + size) from `offset`; an early end of file is a defect of the image.
 void pread_all(int fd, void* dst, std::size_t size, std::uint64_t offset, const std::string& path) {
   auto p = static_cast<char*>(dst);
@@ -177,9 +157,8 @@ struct reader::impl {
         if (in_block == this_block) {
           const std::uint64_t got = XXH3_64bits_digest(&state);
           if (got != e.blocks[b].checksum)
-            fail((e.blocks[b].in_parent ? parent->impl_->dir.string() + " (the parent of " + dir.string() + ")"
-                                        : data_paths[e.file]) +
-                 ": " + detail::extent_name(l.pool, l.index) + " at " + hex(e.addr) + ": checksum mismatch in blocks[" +
+            fail(block_holder(l, b) + ": " + detail::extent_name(l.pool, l.index) + " at " + hex(e.addr) +
+                 ": checksum mismatch in blocks[" +
                  std::to_string(b) + "] (stored bytes from " + std::to_string(b * bs) + "; manifest " +
                  hex16(e.blocks[b].checksum) + ", data " + hex16(got) + ")");
           XXH3_64bits_reset(&state);
@@ -188,6 +167,28 @@ struct reader::impl {
         }
       }
       at += n;
+    }
+  }
+
+  // The data file that holds block b of the extent at l: this image's own, or that of the ancestor the block
+  // was left to (a parent's block may be its parent's), named with how far up the chain it is: a damaged
+  // block is reported where it is damaged.
+  std::string block_holder(const located& l, std::size_t b) const {
+    const impl* at = this;
+    located here = l;
+    int up = 0;
+    for (;;) {
+      const extent& e = at->info.pools[here.pool].extents[here.index];
+      if (!e.blocks[b].in_parent || at->parent == nullptr || at->parent_extent.empty()) {
+        if (up == 0) return at->data_paths[e.file];
+        return at->data_paths[e.file] + (up == 1 ? " (the parent of " + dir.string() + ")"
+                                                 : " (an ancestor of " + dir.string() + ", " + std::to_string(up) +
+                                                       " images up its chain)");
+      }
+      const extent* in_parent = at->parent_extent[here.pool][here.index];
+      at = at->parent->impl_.get();
+      here = at->locate(*in_parent);
+      ++up;
     }
   }
 
@@ -301,6 +302,25 @@ struct reader::impl {
   }
 };
 
+int open_regular_file(int dir_fd, const std::string& name, const std::string& path, struct stat& st) {
+  const int fd = ::openat(dir_fd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ELOOP) fail(path + ": is a symbolic link (refused)");
+    if (errno == ENOENT) fail(path + ": missing (not an image, or an unfinished one)");
+    fail(path + ": cannot open: " + errno_text(errno));
+  }
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    fail(path + ": cannot stat: " + errno_text(err));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    fail(path + ": not a regular file (refused)");
+  }
+  return fd;
+}
+
 reader reader::open(const std::filesystem::path& dir) {
   std::vector<std::string> children;
   return open_link(dir, children);
@@ -323,7 +343,7 @@ reader reader::open_link(const std::filesystem::path& dir, std::vector<std::stri
 
   // The manifest: bounded in size, parsed, then checked rule by rule.
   struct stat st;
-  fd_guard mfd{open_member(dir_fd.fd, detail::manifest_name, manifest_path, st)};
+  fd_guard mfd{open_regular_file(dir_fd.fd, std::string(detail::manifest_name), manifest_path, st)};
   if (static_cast<std::uint64_t>(st.st_size) > detail::max_manifest_bytes)
     fail(manifest_path + ": " + std::to_string(st.st_size) + " bytes, larger than the " +
          std::to_string(detail::max_manifest_bytes) + " a manifest may have");
@@ -340,7 +360,7 @@ reader reader::open_link(const std::filesystem::path& dir, std::vector<std::stri
   if (decoded.tables_apart) {
     // Format 3: the tables, checked against the manifest's account of them before they are decoded.
     const std::string tables_path = (dir / detail::tables_name).string();
-    fd_guard tfd{open_member(dir_fd.fd, detail::tables_name, tables_path, st)};
+    fd_guard tfd{open_regular_file(dir_fd.fd, std::string(detail::tables_name), tables_path, st)};
     if (static_cast<std::uint64_t>(st.st_size) != decoded.tables_bytes)
       fail(tables_path + ": " + std::to_string(st.st_size) + " bytes, the manifest says " +
            std::to_string(decoded.tables_bytes));
@@ -371,7 +391,7 @@ reader reader::open_link(const std::filesystem::path& dir, std::vector<std::stri
     const std::string file_name = detail::data_file_name(k);
     r->data_paths.push_back((dir / file_name).string());
     const std::string& path = r->data_paths.back();
-    r->data_fds.push_back(open_member(dir_fd.fd, file_name, path, st));
+    r->data_fds.push_back(open_regular_file(dir_fd.fd, file_name, path, st));
     const int fd = r->data_fds.back();
     const auto file_size = static_cast<std::uint64_t>(st.st_size);
     if (file_size < detail::data_header_size)

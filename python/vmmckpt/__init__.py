@@ -26,6 +26,8 @@ def resume(pid: int) -> ResumeResult: ...
 
 def resume(pid: Optional[int] = None) -> Union[PauseStats, ResumeResult]:
     """resume(): this process's memory back after pause(). resume(pid): a process suspended by suspend(pid)."""
+    if pid is not None and (isinstance(pid, bool) or not isinstance(pid, int)):
+        raise TypeError(f"pid must be an int or None, not {type(pid).__name__} {pid!r}")
     return _self.resume_self() if pid is None else _tool.resume_process(pid)
 
 

@@ -6,6 +6,7 @@ import ctypes
 from contextlib import contextmanager
 from typing import Iterator, Optional
 
+from ._checks import require_bool
 from .errors import (NotUnderShimError, PauseBusyError, PauseDriverError, PauseError, PauseMemoryError,
                      PauseStateError, VmmckptError)
 from .results import PauseStats
@@ -73,7 +74,9 @@ def pause(keep: bool = True) -> PauseStats:
     keep=True copies the bytes to host memory first and resume() writes them back; keep=False drops them
     (after resume() the memory reads as zeros), the torch_memory_saver use. Until resume(), CUDA calls of
     every thread wait, so call nothing on the GPU in between. A failure (PauseError) changes nothing.
+    keep must be a bool: anything else (None, "no", 0) raises TypeError before anything is paused.
     """
+    require_bool("keep", keep)
     api = _required()
     stats = _Stats()
     return _checked(api, api.vmmckpt_pause(0 if keep else _DISCARD, ctypes.byref(stats)), stats)
@@ -89,6 +92,7 @@ def resume_self() -> PauseStats:
 @contextmanager
 def paused(keep: bool = True) -> Iterator[PauseStats]:
     """``with vmmckpt.paused(): ...`` pauses for the block and resumes after it, also when it raises."""
+    require_bool("keep", keep)
     stats = pause(keep)
     try:
         yield stats

@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Union
 
+from ._checks import require_bool, require_command, require_int, require_path
 from .errors import (CommandFailedError, ImageDefectError, PartialRefusedError, ToolNotFoundError, UsageError,
                      VmmckptError)
 from .results import DumpResult, ImageInfo, Process, ResumeResult, SuspendResult, VerifyResult
@@ -85,6 +86,7 @@ def _options(**options: Any) -> List[str]:
 def ps(pid: Optional[int] = None) -> List[Process]:
     """The processes running under vmmckpt and the orphaned images of dead ones (this user's; every user's
     for root). With pid, that process only: CommandFailedError says why when it is not under vmmckpt."""
+    require_int("pid", pid, optional=True)
     return [Process.from_json(p) for p in _run("ps", [] if pid is None else [str(int(pid))])]
 
 
@@ -92,6 +94,12 @@ def dump(pid: int, output: Optional[PathLike] = None, *, allow_partial: bool = F
          writers: Optional[int] = None, parent: Optional[PathLike] = None) -> DumpResult:
     """A consistent image of a running process's GPU memory, written to `output` (a new directory). With
     `parent`, an incremental image: blocks unchanged since that image are left to it."""
+    require_int("pid", pid)
+    require_path("output", output, optional=True)
+    require_bool("allow_partial", allow_partial)
+    require_int("deadline", deadline, optional=True)
+    require_int("writers", writers, optional=True)
+    require_path("parent", parent, optional=True)
     args = [str(int(pid))] + (["-o", os.fspath(output)] if output is not None else [])
     j = _run("dump", args + _options(allow_partial=allow_partial, deadline=deadline, writers=writers,
                                      parent=os.fspath(parent) if parent is not None else None))
@@ -103,6 +111,12 @@ def suspend(pid: int, output: Optional[PathLike] = None, *, verify: bool = False
             deadline: Optional[int] = None, parent: Optional[PathLike] = None) -> SuspendResult:
     """Saves a process's GPU memory and frees it; the process waits until resume(pid). With `parent`, blocks
     unchanged since that image (weights dumped earlier) are left to it."""
+    require_int("pid", pid)
+    require_path("output", output, optional=True)
+    require_bool("verify", verify)
+    require_bool("allow_partial", allow_partial)
+    require_int("deadline", deadline, optional=True)
+    require_path("parent", parent, optional=True)
     args = [str(int(pid))] + (["-o", os.fspath(output)] if output is not None else [])
     j = _run("suspend", args + _options(verify=verify, allow_partial=allow_partial, deadline=deadline,
                                         parent=os.fspath(parent) if parent is not None else None))
@@ -112,6 +126,7 @@ def suspend(pid: int, output: Optional[PathLike] = None, *, verify: bool = False
 
 def resume_process(pid: int) -> ResumeResult:
     """Gives a suspended process its GPU memory back."""
+    require_int("pid", pid)
     j = _run("resume", [str(int(pid))])
     return ResumeResult(pid=int(j["pid"]), bytes=int(j["bytes"]), seconds=float(j["seconds"]), image=str(j["image"]),
                         raw=j)
@@ -119,6 +134,7 @@ def resume_process(pid: int) -> ResumeResult:
 
 def inspect(image: PathLike) -> ImageInfo:
     """An image's manifest (its structure checked, its data not read)."""
+    require_path("image", image)
     j: Dict[str, Any] = _run("inspect", [os.fspath(image)])
     allocations = sum(len(p.get("allocations", [])) for p in j.get("pools", []))
     return ImageInfo(path=os.fspath(image), image_id=str(j.get("image_id", "")), format=int(j.get("format", 0)),
@@ -128,6 +144,7 @@ def inspect(image: PathLike) -> ImageInfo:
 
 def verify(image: PathLike) -> VerifyResult:
     """Checks an image's structure and every checksum; raises ImageDefectError naming the defect."""
+    require_path("image", image)
     try:
         j = _run("verify", [os.fspath(image)])
     except CommandFailedError as e:
@@ -142,6 +159,11 @@ def restore(image: PathLike, command: Sequence[str], *, replay: bool = False, de
     The image is checked first (every checksum unless verify=False): a bad image fails the process with
     exit status 1 before the command starts. Extra keyword arguments go to subprocess.Popen.
     """
+    require_path("image", image)
+    require_command("command", command)
+    require_bool("replay", replay)
+    require_int("device", device, optional=True)
+    require_bool("verify", verify)
     if not command:
         raise UsageError("restore needs a command to start (the program that rebuilds its CPU state)", 2)
     argv = [tool_path(), "restore", os.fspath(image)] + _options(replay=replay, device=device)

@@ -35,7 +35,12 @@ status cuda_failed(CUresult r, const char* what) {
 // One uploading thread's buffers, and its stream and events in each device's context.
 class upload_thread {
  public:
-  upload_thread(const driver_api& d, const address_list& keep) : d_(d), keep_(keep), pages_(2 * piece_bytes) {}
+  // With `spare` (set aside beforehand, big enough), its memory is used instead of new memory, and kept.
+  upload_thread(const driver_api& d, const address_list& keep, host_pages* spare)
+      : d_(d),
+        keep_(keep),
+        own_(usable(spare) ? host_pages() : host_pages(2 * piece_bytes)),
+        pages_(usable(spare) ? *spare : own_) {}
   ~upload_thread() {
     for (auto& [device, q] : queues_) {
       d_.cuCtxSetCurrent(q.context);
@@ -45,6 +50,8 @@ class upload_thread {
     }
     if (pinned_) d_.cuMemHostUnregister(pages_.data());
   }
+  // It has buffers (a thread that could not get memory for them leaves the work to the others).
+  bool ready() const { return pages_.data() != nullptr; }
   upload_thread(const upload_thread&) = delete;
   upload_thread& operator=(const upload_thread&) = delete;
 
@@ -196,7 +203,11 @@ class upload_thread {
 
   const driver_api& d_;
   const address_list& keep_;
-  host_pages pages_;
+  static bool usable(const host_pages* spare) {
+    return spare != nullptr && spare->data() != nullptr && spare->size() >= 2 * piece_bytes;
+  }
+  host_pages own_;
+  host_pages& pages_;  // own_, or the spare memory set aside for this thread
   bool pinned_ = false, tried_pinning_ = false;
   std::map<int, queue> queues_;
   queue* pending_[2] = {nullptr, nullptr};  // the queue whose copy last read each buffer
@@ -205,8 +216,10 @@ class upload_thread {
 
 }  // namespace
 
+std::size_t load_buffer_bytes() noexcept { return 2 * piece_bytes; }
+
 status upload(const driver_api& d, const image::reader& reader, const backed_memory& backed, bool vmm,
-              const upload_progress& progress, const address_list& keep) noexcept {
+              const upload_progress& progress, const address_list& keep, host_pages* spare) noexcept {
   try {
     const image::manifest& m = reader.info();
     // Work by extent: a thread takes the next one, the data files in turn, so the threads share the
@@ -241,12 +254,18 @@ status upload(const driver_api& d, const image::reader& reader, const backed_mem
       std::lock_guard lock(mu);
       if (!failed.exchange(true)) first_failure = std::move(s);
     };
-    auto work = [&]() noexcept {
+    auto work = [&](host_pages* buffers, bool helper) noexcept {
       // The caller's context stays as it was: this thread's own are set per device.
       CUcontext caller = nullptr;
       d.cuCtxGetCurrent(&caller);
       try {
-        upload_thread t(d, keep);
+        upload_thread t(d, keep, buffers);
+        // A helper thread without buffers (host memory short: ulimit -v) leaves the work to the others; the
+        // calling thread's failure is the upload's.
+        if (!t.ready() && helper) {
+          d.cuCtxSetCurrent(caller);
+          return;
+        }
         for (std::size_t k; !failed && (k = next++) < order.size();) {
           const image::pool& p = m.pools[order[k].first];
           const image::extent& e = p.extents[order[k].second];
@@ -265,11 +284,11 @@ status upload(const driver_api& d, const image::reader& reader, const backed_mem
     };
     std::vector<std::thread> pool;
     try {
-      for (unsigned t = 1; t < threads; ++t) pool.emplace_back(work);
+      for (unsigned t = 1; t < threads; ++t) pool.emplace_back(work, nullptr, true);
     } catch (...) {
       // Fewer threads than wanted (out of threads or memory): those started do the work.
     }
-    work();
+    work(spare, false);
     for (auto& t : pool) t.join();
     return first_failure;
   } catch (const std::exception& e) {

@@ -13,6 +13,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -59,7 +60,12 @@ struct activity_scope {
 bool send(int fd, const std::string& payload, const std::vector<int>& fds = {}) {
   protocol::failure error;
   if (protocol::send_frame(fd, payload, fds, reply_timeout_ms, error)) return true;
-  log::warn("control: reply failed: {}", error.text);
+  // A tool that went away (killed, or gave up) is no fault of the program's: said at the info level, so that the
+  // program's stderr (often a file a whole-process image holds at its size) is not written for it.
+  if (error.kind == protocol::failure_kind::connection_closed)
+    log::info("control: reply failed: {}", error.text);
+  else
+    log::warn("control: reply failed: {}", error.text);
   return false;
 }
 
@@ -343,15 +349,21 @@ struct listeners {
   int fd[2] = {-1, -1};
 };
 
-// The next connection on any listener; -1 with errno when accepting failed.
-int accept_next(const listeners& on) {
+// The next connection on any listener; -1 with errno when accepting failed, or with ETIMEDOUT when none came
+// within timeout_ms (-1: no limit).
+int accept_next(const listeners& on, int timeout_ms) {
   pollfd p[2];
   nfds_t n = 0;
   for (int f : on.fd)
     if (f >= 0) p[n++] = {f, POLLIN, 0};
   for (;;) {
-    if (::poll(p, n, -1) < 0) {
+    const int ready = ::poll(p, n, timeout_ms);
+    if (ready < 0) {
       if (errno == EINTR) continue;
+      return -1;
+    }
+    if (ready == 0) {
+      errno = ETIMEDOUT;
       return -1;
     }
     for (nfds_t i = 0; i < n; ++i) {
@@ -369,10 +381,51 @@ int accept_next(const listeners& on) {
   }
 }
 
+// Refused connections, logged at most once a second: the first at once, those that follow within the second
+// as one line with their count when it is over. Another user reconnecting in a loop must neither flood the
+// program's stderr nor slow it down. Only the accepting thread uses it.
+class refusal_log {
+ public:
+  void note(uid_t uid, pid_t pid) {
+    ++unlogged_;
+    uid_ = uid;
+    pid_ = pid;
+    if (clock::now() - last_ >= std::chrono::seconds(1)) flush();
+  }
+  // How long the accepting thread may wait before the refusals counted since the last line are due: -1 (no
+  // limit) when there are none.
+  int wait_ms() const {
+    if (unlogged_ == 0) return -1;
+    const auto due = last_ + std::chrono::seconds(1) - clock::now();
+    return std::max<int>(0, static_cast<int>(std::chrono::ceil<std::chrono::milliseconds>(due).count()));
+  }
+  void flush() {
+    if (unlogged_ == 1)
+      log::warn("control: refused a connection from uid {} (pid {}): only the same user or root may connect", uid_,
+                pid_);
+    else if (unlogged_ > 1)
+      log::warn("control: refused {} connections within a second, the last from uid {} (pid {}): only the same user "
+                "or root may connect", unlogged_, uid_, pid_);
+    unlogged_ = 0;
+    last_ = clock::now();
+  }
+
+ private:
+  unsigned long unlogged_ = 0;
+  uid_t uid_ = 0;
+  pid_t pid_ = 0;
+  clock::time_point last_{};
+};
+
 void serve(const listeners& on) {
+  refusal_log refusals;
   for (;;) {
-    const int fd = accept_next(on);
+    const int fd = accept_next(on, refusals.wait_ms());
     if (fd < 0) {
+      if (errno == ETIMEDOUT) {
+        refusals.flush();
+        continue;
+      }
       if (errno == EINTR || errno == ECONNABORTED) continue;
       if (errno == EMFILE || errno == ENFILE || errno == ENOMEM || errno == ENOBUFS) {
         ::poll(nullptr, 0, 100);  // out of descriptors or memory for now: later
@@ -384,8 +437,8 @@ void serve(const listeners& on) {
     uid_t uid = 0;
     pid_t pid = 0;
     if (!protocol::peer_allowed(fd, uid, pid)) {
-      log::warn("control: refused a connection from uid {} (pid {}): only the same user or root may connect", uid, pid);
       close(fd);
+      refusals.note(uid, pid);
       continue;
     }
     pthread_t thread;

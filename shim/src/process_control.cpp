@@ -28,6 +28,7 @@
 #include "vmmckpt/descriptor_room.hpp"
 #include "vmmckpt/fault_point.hpp"
 #include "vmmckpt/hex_text.hpp"
+#include "vmmckpt/host_pages.hpp"
 #include "vmmckpt/log.hpp"
 #include "vmmckpt/pool_layout.hpp"
 #include "vmmckpt/protocol.hpp"
@@ -43,6 +44,9 @@ using clock = std::chrono::steady_clock;
 
 // Descriptors the driver may open during the exports, beyond those the hold hands over.
 constexpr std::size_t spare_descriptors = 16;
+// Address space a resume needs besides its load buffers: the connection's thread and the streams' (8 MiB of
+// stack each by default) and what the driver maps for them.
+constexpr std::size_t resume_room_bytes = 64ULL << 20;
 
 // Changed only by the connection holding the operation lock (control_server.cpp); read by any.
 std::atomic<bool> g_suspended{false};
@@ -52,6 +56,13 @@ std::string g_suspend_image_id;
 dev_t g_suspend_image_dev = 0;
 ino_t g_suspend_image_ino = 0;
 clock::time_point g_hold_start;
+// Host memory set aside when a suspend is taken for the resume's load buffers, under the operation lock: a
+// program whose address space is nearly full (ulimit -v) would otherwise be suspended for good. Freed by a
+// resume that succeeded. Never destroyed at exit (threads may still run then).
+host_pages& resume_buffers() {
+  static host_pages* pages = new host_pages;
+  return *pages;
+}
 
 std::string suspend_image() {
   std::lock_guard lock(g_image_mutex);
@@ -347,6 +358,21 @@ std::variant<control::suspend_reply, control::failure_reply> suspend_held(const 
                                   "the suspend request arrived after it expired (the program was stopped, or the "
                                   "tool waited too long): the program goes on, not suspended"};
   }
+  // What the resume will need is set aside now, while the suspend can still be refused: after the claim the
+  // program depends on its resume. Its load buffers are kept; room for the threads and streams it starts is
+  // only checked (address space, as `ulimit -v` counts it).
+  if (resume_buffers().data() == nullptr) resume_buffers() = host_pages(restore::load_buffer_bytes());
+  void* room = ::mmap(nullptr, resume_room_bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (room != MAP_FAILED) ::munmap(room, resume_room_bytes);
+  if (resume_buffers().data() == nullptr || room == MAP_FAILED) {
+    resume_buffers() = host_pages();
+    release("no host memory for the resume");
+    return control::failure_reply{
+        control::refusal::failed,
+        "no host memory for what its resume will need (" + std::to_string(restore::load_buffer_bytes() >> 20) +
+            " MiB of buffers and " + std::to_string(resume_room_bytes >> 20) +
+            " MiB for its threads; the address space is limited, ulimit -v?): the program goes on, not suspended"};
+  }
   // The claim decides (suspend_claim.hpp): from here on this program depends on the image, or the
   // tool has withdrawn it and the image goes.
   if (!suspend_claim::take(request.image, suspend_claim::accepted)) {
@@ -435,7 +461,8 @@ std::variant<control::resume_reply, control::failure_reply> resume(const control
       restore::release_pools(backed);
       return refuse(vmm.message());
     }
-    if (const status loaded = restore::upload(*d, reader, pool_memory_backed(), true, progress, vmm_kept_ranges());
+    if (const status loaded = restore::upload(*d, reader, pool_memory_backed(), true, progress, vmm_kept_ranges(),
+                                                    &resume_buffers());
         !loaded.ok()) {
       restore::release_pools(backed);
       vmm_release_physical();
@@ -449,6 +476,7 @@ std::variant<control::resume_reply, control::failure_reply> resume(const control
     return refuse(e.what());
   }
   g_suspended = false;
+  resume_buffers() = host_pages();  // given back: the next suspend sets them aside again
   the_gate().open();
   const double seconds = std::chrono::duration<double>(clock::now() - start).count();
   log::info("control: resumed; {} bytes back from {} in {:.3f} s", bytes, image, seconds);

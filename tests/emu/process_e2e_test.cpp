@@ -11,145 +11,9 @@
 #include <sstream>
 #include <thread>
 
-#include "e2e_support.hpp"
+#include "process_support.hpp"
 
 namespace vmmckpt::test {
-namespace {
-
-const std::string ticker = build_dir + "/tests/programs/emu_ticker";
-
-// CRIU 4 for these tests: $VMMCKPT_CRIU, else the one scripts/provision-criu.sh put in .deps/.
-std::string criu_for_tests() {
-  if (const char* c = std::getenv("VMMCKPT_CRIU"); c != nullptr && *c != '\0') return c;
-  const std::string provisioned = std::string(VMMCKPT_SOURCE_DIR) + "/.deps/criu/bin/criu";
-  return ::access(provisioned.c_str(), X_OK) == 0 ? provisioned : "";
-}
-
-// Why the whole-process tests cannot run here, or "" (then VMMCKPT_CRIU names the CRIU they use).
-std::string criu_skip_reason() {
-  if (::geteuid() != 0) return "CRIU dumps and restores processes as root only";
-  const std::string criu = criu_for_tests();
-  if (criu.empty()) return "no CRIU 4: run scripts/provision-criu.sh, or set VMMCKPT_CRIU";
-  ::setenv("VMMCKPT_CRIU", criu.c_str(), 1);
-  // Processes CRIU restores detached, and the tickers started detached, are reparented to this
-  // process when their parent goes (not to an init that may never reap them): reaped by wait_gone.
-  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
-  return {};
-}
-
-// In a test case's own body: skips it (VMMCKPT_SKIP returns from the test case) when CRIU cannot run.
-#define REQUIRE_CRIU()                                                             \
-  do {                                                                             \
-    if (const std::string why = criu_skip_reason(); !why.empty()) VMMCKPT_SKIP(why); \
-  } while (0)
-
-std::vector<std::string> lines_of(const fs::path& file) {
-  std::ifstream in(file);
-  std::vector<std::string> out;
-  for (std::string line; std::getline(in, line);) out.push_back(line);
-  return out;
-}
-
-std::uint64_t last_tick(const fs::path& log) {
-  std::uint64_t last = 0;
-  for (const auto& line : lines_of(log))
-    if (line.rfind("tick ", 0) == 0) last = std::stoull(line.substr(5));
-  return last;
-}
-
-bool wait_until(const std::function<bool()>& done, int seconds = 30) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return true;
-}
-
-// The process is gone; every process reparented to this subreaper that ended meanwhile is reaped (a
-// zombie keeps its pid taken, and CRIU needs the pids back).
-bool wait_gone(pid_t pid, int seconds = 15) {
-  return wait_until(
-      [&] {
-        while (::waitpid(-1, nullptr, WNOHANG) > 0) {
-        }
-        return ::kill(pid, 0) != 0;
-      },
-      seconds);
-}
-
-// The log's ticks: what is wrong with them, or "". Ticks go up by one; after a restore they start again
-// from the tick after the dump (at or below the last one before), never past a gap; no BAD line.
-std::string tick_problem(const fs::path& log) {
-  std::uint64_t previous = 0;
-  for (const auto& line : lines_of(log)) {
-    if (line.rfind("BAD", 0) == 0) return log.string() + ": " + line;
-    if (line.rfind("tick ", 0) != 0) continue;
-    const std::uint64_t t = std::stoull(line.substr(5));
-    if (t > previous + 1) return log.string() + ": tick " + std::to_string(t) + " after " + std::to_string(previous);
-    previous = t;
-  }
-  return {};
-}
-
-// emu_ticker under the shim, detached from this test's pipes (CRIU takes its stdout, a file, along).
-struct ticker_tree {
-  scratch_dir dir;
-  fs::path log = dir.path / "log";
-  pid_t pid = 0;
-
-  explicit ticker_tree(const std::vector<std::string>& extra = {}) {
-    std::string words;
-    for (const auto& w : extra) words += " " + w;
-    const auto r = run_process({"/bin/sh", "-c",
-                                "setsid " + cuda_ckpt + " run -- " + ticker + " " + log.string() + words + " >" +
-                                    (dir.path / "out").string() + " 2>&1 </dev/null & echo $!"});
-    REQUIRE(r.exit_code == 0);
-    pid = std::stoi(r.out);
-    REQUIRE(wait_until([&] { return last_tick(log) >= 3; }));
-  }
-  ~ticker_tree() {
-    // The root and its children (each names its log, under this scratch directory, on its command line).
-    ::kill(pid, SIGKILL);
-    (void)!::system(("pkill -9 -f " + log.string() + " >/dev/null 2>&1").c_str());
-    wait_gone(pid, 5);
-  }
-  // Has every ticker of the tree log `ticks` more ticks than it has now.
-  bool goes_on(const std::vector<fs::path>& logs, std::uint64_t ticks = 5) {
-    std::vector<std::uint64_t> at;
-    for (const auto& l : logs) at.push_back(last_tick(l));
-    return wait_until([&] {
-      for (std::size_t i = 0; i < logs.size(); ++i)
-        if (last_tick(logs[i]) < at[i] + ticks) return false;
-      return true;
-    });
-  }
-  void stop(const std::vector<fs::path>& logs) {
-    for (const auto& l : logs) std::ofstream(l.string() + ".stop").put('\n');
-    for (const auto& l : logs)
-      REQUIRE(wait_until([&] {
-        for (const auto& line : lines_of(l))
-          if (line.rfind("stopped at", 0) == 0) return true;
-        return false;
-      }));
-  }
-};
-
-process_result tool(const std::vector<std::string>& args, const std::map<std::string, std::string>& env = {}) {
-  std::vector<std::string> argv{cuda_ckpt};
-  argv.insert(argv.end(), args.begin(), args.end());
-  return run_process(argv, env, 120);
-}
-
-bool nothing_named(const fs::path& image) {
-  for (const auto& entry : fs::directory_iterator(image.parent_path()))
-    if (entry.path().filename().string().rfind(image.filename().string(), 0) == 0 &&
-        entry.path().filename().string().find(".partial-") == std::string::npos)
-      return false;
-  return true;
-}
-
-}  // namespace
 
 TEST_CASE("a whole process tree killed after dump --process comes back with restore DIR and goes on",
           "[process]") {
@@ -288,8 +152,8 @@ TEST_CASE("dump --process --parent: GPU parts incremental on a whole-process ima
 TEST_CASE("dump --process killed at each step: cuda-ckpt resume brings the process back, and no image is left",
           "[process][fault]") {
   REQUIRE_CRIU();
-  const char* point =
-      GENERATE("process:suspended", "process:locked", "process:checkpointed", "process:criu-dumped", "process:written");
+  const std::string point = GENERATE("process:suspended", "process:locked", "process:checkpointed", "process:intent",
+                                     "process:criu-dumped", "process:written");
   INFO(point);
   ticker_tree t;
   const fs::path image = t.dir.path / "image";
@@ -297,28 +161,32 @@ TEST_CASE("dump --process killed at each step: cuda-ckpt resume brings the proce
                            {{"VMMCKPT_TEST_FAULT", point}});
   CHECK(killed.signal == SIGKILL);
   CHECK(nothing_named(image));
-  // Until the last step the tool left the process suspended (and from the driver's checkpoint on,
-  // checkpointed by the driver): resume undoes whatever it finds. At the last, it was running again.
-  if (std::string(point) != "process:written") {
-    // gc keeps the unfinished image while the process is suspended on its GPU part.
-    const auto kept = tool({"gc", t.dir.path.string(), "--json"});
-    INFO(describe(kept));
-    CHECK(kept.out.find("an unfinished whole-process image") != std::string::npos);
-    CHECK(kept.out.find("image.partial-") != std::string::npos);
-    const auto resumed = tool({"resume", std::to_string(t.pid)});
-    INFO(describe(resumed));
-    CHECK(resumed.exit_code == 0);
-    if (std::string(point) == "process:locked")
-      CHECK(resumed.out.find("the driver had it locked") != std::string::npos);
-    else if (std::string(point) != "process:suspended")
-      CHECK(resumed.out.find("restored and unlocked") != std::string::npos);
-  }
+  // The tool left the process suspended (from the driver's checkpoint on, checkpointed by the driver; from
+  // CRIU's dump on, stopped by CRIU): resume undoes whatever it finds. gc keeps the unfinished image meanwhile.
+  const auto kept = tool({"gc", t.dir.path.string(), "--json"});
+  INFO(describe(kept));
+  CHECK(kept.out.find("an unfinished whole-process image") != std::string::npos);
+  CHECK(kept.out.find("image.partial-") != std::string::npos);
+  const auto resumed = tool({"resume", std::to_string(t.pid)});
+  INFO(describe(resumed));
+  CHECK(resumed.exit_code == 0);
+  if (point == "process:locked")
+    CHECK(resumed.out.find("the driver had it locked") != std::string::npos);
+  else if (point != "process:suspended")
+    CHECK(resumed.out.find("restored and unlocked") != std::string::npos);
+  if (point == "process:criu-dumped" || point == "process:written")
+    CHECK(resumed.out.find("stopped") != std::string::npos);
   REQUIRE(t.goes_on({t.log}));
   CHECK(tick_problem(t.log).empty());
-  // Nothing depends on what the killed tool left: gc removes it.
+  // Nothing depends on what the killed tool left: gc removes it, or, where CRIU had done its part, completes it
+  // under its name (a good image of the process as it was).
   CHECK(tool({"gc", t.dir.path.string()}).exit_code == 0);
   for (const auto& entry : fs::directory_iterator(t.dir.path))
     CHECK(entry.path().filename().string().find("image.partial-") == std::string::npos);
+  if (point == "process:criu-dumped" || point == "process:written")
+    CHECK(tool({"verify", image.string()}).exit_code == 0);
+  else
+    CHECK(nothing_named(image));
 }
 
 TEST_CASE("dump --process refused or failing leaves the process running and no image", "[process][fault]") {

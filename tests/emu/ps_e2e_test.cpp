@@ -375,3 +375,30 @@ TEST_CASE("A program in namespaces of its own (pid, mount with its own /tmp, net
   REQUIRE(::kill(program, 0) == 0);
   fs::remove_all(shared);
 }
+
+TEST_CASE("ps, ps PID and inspect show a command with escape sequences and newlines escaped, never raw",
+          "[emu][ps][security]") {
+  scratch_dir dir;
+  // argv[0] as a hostile program sets it: clear the screen, then a forged row on a line of its own.
+  const std::string hostile = "\x1b[2J\x1b[H\nFORGED   root     running";
+  background_process p({cuda_ckpt, "run", "--", "/bin/bash", "-c", "exec -a \"$1\" \"$0\" --seconds 60", writer_program,
+                        hostile});
+  REQUIRE(p.wait_for_output("ready\n"));
+  const std::string pid = std::to_string(p.pid());
+  const fs::path image = dir.path / "image";
+  REQUIRE(run_process({cuda_ckpt, "dump", pid, "-o", image.string()}).exit_code == 0);
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{cuda_ckpt, "ps"}, std::vector<std::string>{cuda_ckpt, "ps", pid},
+        std::vector<std::string>{cuda_ckpt, "inspect", image.string()}}) {
+    const auto r = run_process(args);
+    INFO(args[1] << "\n" << describe(r));
+    CHECK(r.exit_code == 0);
+    CHECK(r.out.find('\x1b') == std::string::npos);
+    CHECK(r.out.find("\nFORGED") == std::string::npos);
+    CHECK(r.out.find("\\x1b[2J\\x1b[H\\x0aFORGED") != std::string::npos);
+  }
+  // --json keeps the command exact: JSON escapes it itself.
+  const auto j = ps_entry(p.pid());
+  REQUIRE(j.has_value());
+  CHECK((*j)["command"][0] == hostile);
+}

@@ -5,8 +5,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "e2e_support.hpp"
 #include "vmmckpt/protocol.hpp"
@@ -67,12 +69,69 @@ TEST_CASE("a client of another uid is refused by the program, and the refusal is
   ::chmod(dir_path.c_str(), 0700);
   REQUIRE(WIFEXITED(status));
   REQUIRE(WEXITSTATUS(status) == 0);
-  std::ifstream in(log);
-  std::stringstream text;
-  text << in.rdbuf();
-  INFO(text.str());
-  REQUIRE(text.str().find("refused a connection from uid 65534") != std::string::npos);
-  REQUIRE(text.str().find("refused a connection from uid 65534") != text.str().rfind("refused a connection from uid 65534"));
+  // The first refusal is logged at once, the second (within the same second) on its own line a second later.
+  auto logged = [&] {
+    std::ifstream in(log);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  };
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (logged().find("refused a connection from uid 65534") == logged().rfind("refused a connection from uid 65534") &&
+         std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const std::string text = logged();
+  INFO(text);
+  REQUIRE(text.find("refused a connection from uid 65534") != std::string::npos);
+  REQUIRE(text.find("refused a connection from uid 65534") != text.rfind("refused a connection from uid 65534"));
   // The owner still gets in.
+  REQUIRE(run_process({cuda_ckpt, "check", std::to_string(program.pid())}).exit_code == 0);
+}
+
+TEST_CASE("another uid reconnecting in a loop: refusals are logged at most once a second, with their count",
+          "[emu][security]") {
+  if (::geteuid() != 0) VMMCKPT_SKIP("needs root to become another uid inside the test");
+  scratch_dir dir;
+  const fs::path log = dir.path / "shim.log";
+  background_process program({cuda_ckpt, "run", "--", writer_program, "--seconds", "60"},
+                             {{"VMMCKPT_LOG_FILE", log.string()}, {"VMMCKPT_LOG_LEVEL", "info"}});
+  REQUIRE(program.wait_for_output("ready\n"));
+  constexpr int attempts = 400;
+  const auto start = std::chrono::steady_clock::now();
+  const pid_t child = ::fork();
+  if (child == 0) {
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) _exit(3);
+    // The abstract name, which anyone may connect to: each connection is made, then refused.
+    for (int i = 0; i < attempts; ++i) {
+      vmmckpt::protocol::failure error;
+      const int fd = vmmckpt::protocol::connect_to(vmmckpt::protocol::abstract_address(program.pid()), error);
+      if (fd < 0) _exit(4);
+      std::string payload;
+      std::vector<int> fds;
+      vmmckpt::protocol::recv_frame(fd, payload, fds, 5000, error);  // the refusal: the connection closes
+      ::close(fd);
+    }
+    _exit(0);
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // the last second's count is due by now
+  std::ifstream in(log);
+  int lines = 0, counted = 0;
+  for (std::string line; std::getline(in, line);) {
+    if (line.find("refused a connection from uid 65534") != std::string::npos) {
+      ++lines;
+      ++counted;
+    } else if (const auto at = line.find("refused "); at != std::string::npos && line.find(" connections within a second") != std::string::npos) {
+      ++lines;
+      counted += std::stoi(line.substr(at + 8));
+    }
+  }
+  INFO(lines << " lines for " << attempts << " refusals in " << seconds << " s");
+  CHECK(counted == attempts);  // every refusal is counted
+  CHECK(lines <= static_cast<int>(seconds) + 3);  // at most one line a second (and the first at once)
   REQUIRE(run_process({cuda_ckpt, "check", std::to_string(program.pid())}).exit_code == 0);
 }

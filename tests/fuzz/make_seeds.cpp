@@ -3,8 +3,8 @@
 // Usage: make_seeds OUT_DIR   (scripts/fuzz.sh does not need it: the corpus is committed in
 // tests/fuzz/corpus/; run it again when the format changes:
 //   build-fuzz/bin/make_seeds tests/fuzz/corpus)
-// Writes OUT_DIR/image/NAME (image_fuzzer's input format, see image_fuzzer.cpp) and
-// OUT_DIR/manifest/NAME.json. Everything is deterministic, so re-running gives the same files.
+// Writes OUT_DIR/image/NAME (image_fuzzer's input format, see image_fuzzer.cpp),
+// OUT_DIR/manifest/NAME.json and OUT_DIR/process/NAME (process_image_fuzzer's). Everything is deterministic, so re-running gives the same files.
 #include <unistd.h>
 
 #include <algorithm>
@@ -274,6 +274,111 @@ struct seed_writer {
   }
 };
 
+// process_image_fuzzer's input (tests/fuzz/process_image_fuzzer.cpp): process.json, then each entry of the
+// image's layout as "\n--vmmckpt-entry-- TYPE PATH\n" and its content.
+struct process_entry {
+  char type;  // f, d, l, p
+  std::string path;
+  bytes content;
+};
+bytes process_input(const std::string& manifest, const std::vector<process_entry>& entries) {
+  bytes out = to_bytes(manifest);
+  for (const auto& e : entries) {
+    const bytes header = to_bytes("\n--vmmckpt-entry-- " + std::string(1, e.type) + " " + e.path + "\n");
+    out.insert(out.end(), header.begin(), header.end());
+    out.insert(out.end(), e.content.begin(), e.content.end());
+  }
+  return out;
+}
+
+// CRIU's pstree.img for a root `pid` and its children: the magics, then u32 size + protobuf per entry.
+bytes criu_pstree(const std::vector<std::pair<std::uint32_t, std::uint32_t>>& tasks) {
+  bytes out;
+  auto u32 = [&](bytes& to, std::uint32_t v) {
+    for (int i = 0; i < 4; ++i) to.push_back(static_cast<unsigned char>(v >> (8 * i)));
+  };
+  auto varint = [](bytes& to, std::uint64_t v) {
+    do {
+      to.push_back(static_cast<unsigned char>((v & 0x7f) | (v > 0x7f ? 0x80 : 0)));
+      v >>= 7;
+    } while (v != 0);
+  };
+  u32(out, 0x54564319);
+  u32(out, 0x50273030);
+  for (const auto& [pid, ppid] : tasks) {
+    bytes m;
+    for (const auto& [field, value] : {std::pair{1u, pid}, std::pair{2u, ppid}, std::pair{3u, pid}, std::pair{4u, pid}}) {
+      m.push_back(static_cast<unsigned char>(field << 3));
+      varint(m, value);
+    }
+    u32(out, static_cast<std::uint32_t>(m.size()));
+    out.insert(out.end(), m.begin(), m.end());
+  }
+  return out;
+}
+
+// A whole-process image of process 4242 whose GPU part is `gpu` (an image written above), and near-misses of
+// it: hostile numbers, links, FIFOs, files that do not match process.json.
+void process_seeds(const fs::path& out, const image_files& gpu, const std::string& image_id) {
+  fs::create_directories(out / "process");
+  const bytes pstree = criu_pstree({{4242, 0}, {4243, 4242}});
+  const bytes pages = pattern(3000, 77), inventory = pattern(40, 78);
+  auto criu_file = [](const std::string& name, const bytes& b) {
+    char sum[17];
+    std::snprintf(sum, sizeof sum, "%016llx", static_cast<unsigned long long>(XXH3_64bits(b.data(), b.size())));
+    return ojson{{"name", name}, {"bytes", b.size()}, {"checksum", sum}};
+  };
+  ojson good = {{"format", "vmmckpt-process"}, {"version", 1}, {"tool_version", "0.1.0"},
+                {"created", "2026-11-26T10:00:00Z"}, {"host", "node-7"}, {"root_pid", 4242},
+                {"criu_version", "4.1.1"}, {"gpu_bytes", gpu.decoded.data_bytes}, {"stopped_seconds", 1.25},
+                {"left_running", false}};
+  good["processes"] = ojson::array({ojson{{"pid", 4242}, {"parent", 1}, {"command", {"./train", "--steps", "9"}},
+                                          {"image_id", image_id}, {"driver_checkpointed", true}}});
+  good["criu_files"] = ojson::array({criu_file("inventory.img", inventory), criu_file("pages-1.img", pages),
+                                     criu_file("pstree.img", pstree)});
+  const std::vector<process_entry> layout{{'f', "criu/inventory.img", inventory}, {'f', "criu/pages-1.img", pages},
+                                          {'f', "criu/pstree.img", pstree},       {'d', "gpu/4242", {}},
+                                          {'f', "gpu/4242/manifest.json", gpu.manifest},
+                                          {'f', "gpu/4242/tables.bin", gpu.tables},
+                                          {'f', "gpu/4242/data.bin", gpu.data},
+                                          {'f', "criu-dump.status", to_bytes("0\n")}};
+  auto seed = [&](const std::string& name, const ojson& manifest, std::vector<process_entry> entries) {
+    write_file(out / "process" / name, process_input(manifest.dump(2) + "\n", entries));
+  };
+  seed("good", good, layout);
+  auto edited = [&](const std::string& name, void (*edit)(ojson&)) {
+    ojson j = good;
+    edit(j);
+    seed(name, j, layout);
+  };
+  edited("near-miss-pid-2-32", [](ojson& j) { j["processes"][0]["pid"] = (1ULL << 32) + 4242; });
+  edited("near-miss-root-negative", [](ojson& j) { j["root_pid"] = -4242; });
+  edited("near-miss-bytes-negative", [](ojson& j) { j["criu_files"][1]["bytes"] = -1; });
+  edited("near-miss-bytes-float", [](ojson& j) { j["gpu_bytes"] = 1e30; });
+  edited("near-miss-version-float", [](ojson& j) { j["version"] = 1.5; });
+  edited("near-miss-name-dotdot", [](ojson& j) { j["criu_files"][0]["name"] = "../process.json"; });
+  edited("near-miss-image-id", [](ojson& j) { j["processes"][0]["image_id"] = "another"; });
+  edited("near-miss-root-not-criu", [](ojson& j) { j["root_pid"] = 4244; });
+  auto with_layout = [&](const std::string& name, std::vector<process_entry> entries) { seed(name, good, entries); };
+  auto replaced = [&](std::size_t k, process_entry e) {
+    auto l = layout;
+    l[k] = std::move(e);
+    return l;
+  };
+  with_layout("near-miss-link-kmsg", replaced(1, {'l', "criu/pages-1.img", to_bytes("/proc/kmsg")}));
+  with_layout("near-miss-link-shadow", replaced(1, {'l', "criu/pages-1.img", to_bytes("/etc/shadow")}));
+  with_layout("near-miss-fifo", replaced(0, {'p', "criu/inventory.img", {}}));
+  with_layout("near-miss-gpu-link", replaced(3, {'l', "gpu/4242", to_bytes("/tmp")}));
+  with_layout("near-miss-bigger", replaced(1, {'f', "criu/pages-1.img", pattern(3001, 77)}));
+  auto extra = layout;
+  extra.push_back({'f', "criu/extra.img", to_bytes("x")});
+  with_layout("near-miss-extra-file", extra);
+  // No process.json text: the link is what is there.
+  auto linked_manifest = layout;
+  linked_manifest.push_back({'l', "process.json", to_bytes("/proc/kmsg")});
+  write_file(out / "process" / "near-miss-process-json-link", process_input("", linked_manifest));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -444,6 +549,9 @@ int main(int argc, char** argv) try {
     seeds.manifest("near-miss-deep", to_bytes(deep));
     seeds.image("near-miss-deep", to_bytes(deep), empty.tables, empty.data);
   }
+
+  process_seeds(seeds.out, one, one.decoded.image_id);
+  seeds.count += 16;
 
   std::error_code ec;
   fs::remove_all(scratch, ec);

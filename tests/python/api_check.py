@@ -5,6 +5,7 @@ real cuda-ckpt. One check per invocation:
                                     memory reserved and dump is refused; it resumes and checks its bytes
   api_check.py tool                 ps, dump, inspect, verify, suspend, resume, restore and their exceptions
   api_check.py no_shim              pause() outside the shim raises NotUnderShimError
+  api_check.py types                arguments of the wrong type raise TypeError before anything runs
 
 Environment: VMMCKPT_CUDA_CKPT (the tool; default: the installed package's), VMMCKPT_TEST_PROGRAMS (the test programs' directory), PYTHONPATH
 with python/, LD_LIBRARY_PATH with the emulated libcuda.so.1.
@@ -160,6 +161,34 @@ def check_no_shim():
             fail(f"the message does not say what to do: {e.message}")
 
 
+def check_types():
+    """Arguments of the wrong type raise TypeError before anything runs, never coerced."""
+    def refused(call, what):
+        try:
+            call()
+        except TypeError as e:
+            return str(e)
+        fail(f"{what} was accepted")
+
+    for wrong in (None, "no", 0, 1, "True"):
+        message = refused(lambda: vmmckpt.pause(keep=wrong), f"pause(keep={wrong!r})")
+        if "keep must be a bool" not in message:
+            fail(f"pause(keep={wrong!r}): {message}")
+        refused(lambda: vmmckpt.paused(keep=wrong).__enter__(), f"paused(keep={wrong!r})")
+    refused(lambda: vmmckpt.dump("123"), 'dump("123")')
+    refused(lambda: vmmckpt.dump(12.7), "dump(12.7)")
+    refused(lambda: vmmckpt.dump(True), "dump(True)")
+    refused(lambda: vmmckpt.dump(1, allow_partial="no"), 'dump(allow_partial="no")')
+    refused(lambda: vmmckpt.dump(1, deadline="5"), 'dump(deadline="5")')
+    refused(lambda: vmmckpt.suspend(1, verify=None), "suspend(verify=None)")
+    refused(lambda: vmmckpt.resume("1"), 'resume("1")')
+    refused(lambda: vmmckpt.ps("1"), 'ps("1")')
+    refused(lambda: vmmckpt.inspect(3), "inspect(3)")
+    refused(lambda: vmmckpt.verify(None), "verify(None)")
+    refused(lambda: vmmckpt.restore("img", "python train.py"), "restore(command=str)")
+    refused(lambda: vmmckpt.restore("img", ["x"], replay=1), "restore(replay=1)")
+
+
 def main():
     with tempfile.TemporaryDirectory(prefix="vmmckpt-python-") as tmp:
         work = Path(tmp)
@@ -170,6 +199,8 @@ def main():
             check_tool(work)
         elif what == "no_shim":
             check_no_shim()
+        elif what == "types":
+            check_types()
         else:
             sys.exit(f"unknown check {what}")
     print(f"ok: {' '.join(sys.argv[1:])}")

@@ -39,6 +39,14 @@ for _ in range(3):  # several allocations, so that the pool holds more than one 
 
 assert vmmckpt.under_shim(), "not under the shim"
 assert vmmckpt.state() == "running", vmmckpt.state()
+# keep must be a bool: None would drop every byte (falsy), "no" keep them (truthy). Refused before anything.
+for wrong in (None, "no", 0, 1.0):
+    try:
+        vmmckpt.pause(keep=wrong)
+        sys.exit(f"pause(keep={wrong!r}) was accepted")
+    except TypeError:
+        pass
+    assert vmmckpt.state() == "running", f"pause(keep={wrong!r}) paused: {vmmckpt.state()}"
 stats = vmmckpt.pause(keep=(mode == "keep"))
 assert vmmckpt.state() == "paused", vmmckpt.state()
 assert stats.bytes_released >= 3 * size, stats

@@ -259,6 +259,15 @@ TEST_CASE("chain: a missing, changed or broken parent is refused, naming it and 
     CHECK_THAT(e, Contains("(the parent of " + (s / "inc").string() + ")"));
     CHECK_THAT(e, Contains("extents[1] at 0x200000300000: checksum mismatch in blocks[1]"));
   }
+  SECTION("broken: a block the grandchild takes from two images up damaged: that image is named") {
+    write(s / "inc2", v1, s / "inc");
+    REQUIRE(open_error(s / "inc2") == "accepted");
+    flip_byte(s / "full" / "data.bin", 64 + 4 * MiB + 5);
+    const std::string e = open_error(s / "inc2");
+    CHECK_THAT(e, Contains((s / "full" / "data.bin").string() + " (an ancestor of " + (s / "inc2").string() +
+                           ", 2 images up its chain)"));
+    CHECK_THAT(e, Contains("checksum mismatch in blocks[1]"));
+  }
   SECTION("moved together with its child: found next to it") {
     fs::create_directory(s / "moved");
     fs::rename(s / "full", s / "moved" / "full");

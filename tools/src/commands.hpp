@@ -40,7 +40,7 @@ int dump_command(const dump_command_options& options);
 int dump_process_command(const dump_command_options& options);
 int inspect_process_command(const std::string& image, bool json);
 int verify_process_command(const std::string& image, bool json);
-int restore_process_command(const std::string& image, bool json, bool verify_data,
+int restore_process_command(const std::string& image, bool json, bool verify_data, bool trust_owner,
                             const std::vector<std::string>& criu_args);
 
 struct suspend_command_options {
@@ -65,6 +65,7 @@ struct restore_command_options {
   int device = -1;
   bool verify_first = true;
   bool json = false;                   // whole-process form only
+  bool trust_owner = false;            // whole-process form only: as root, an image root does not own
   std::vector<std::string> criu_args;  // whole-process form only
 };
 // With a command: starts it with the image's GPU memory. Without: restores a whole-process image.

@@ -125,11 +125,19 @@ int dump_series(const dump_command_options& o, ckpt::dump_options options) {
       if (ckpt::process_alive(o.pid)) throw;
       return ended(k);
     }
-    if (o.json)
-      std::cout << result_json(o, result, options.copy.parent).dump() << std::endl;  // one line per image
-    else
-      print_result(o, result, options.copy.parent);
-    chain = options.copy.parent.empty() ? 1 : chain + 1;
+    // The parent actually used: none when the series' last image changed since it was written.
+    const fs::path used = result.manifest.parent ? options.copy.parent : fs::path();
+    if (!result.parent_dropped.empty() && !o.json)
+      std::printf("%s changed since this series wrote it (%s): %s is a full image\n", options.copy.parent.c_str(),
+                  result.parent_dropped.c_str(), options.output.c_str());
+    if (o.json) {
+      auto line = result_json(o, result, used);
+      if (!result.parent_dropped.empty()) line["parent_dropped"] = result.parent_dropped;
+      std::cout << line.dump() << std::endl;  // one line per image
+    } else {
+      print_result(o, result, used);
+    }
+    chain = used.empty() ? 1 : chain + 1;
     parent = options.output;
   }
   if (const int sig = interrupt.load(); sig != 0) {

@@ -19,27 +19,29 @@ int inspect_command(const std::string& path, bool as_json) {
     std::cout << image::to_json(m) << "\n";
     return exit_ok;
   }
-  std::string command;
-  for (const auto& arg : m.command) command += (command.empty() ? "" : " ") + arg;
-  std::printf("image     %s (format %u, written by vmmckpt %s)\n", path.c_str(), m.format, m.tool_version.c_str());
-  std::printf("created   %s on %s\n", m.created.c_str(), m.host.c_str());
+  // What the image says of itself is shown escaped: another user's program chose its command line.
+  const std::string command = shown_command(m.command);
+  std::printf("image     %s (format %u, written by vmmckpt %s)\n", shown(path).c_str(), m.format,
+              shown(m.tool_version).c_str());
+  std::printf("created   %s on %s\n", shown(m.created).c_str(), shown(m.host).c_str());
   std::printf("process   %lld: %s\n", static_cast<long long>(m.pid), command.c_str());
   if (m.parent)
     std::printf("data      %s in this image, %s with its parents; program held %.1f ms\n", human_bytes(m.data_bytes).c_str(),
                 human_bytes(image::restored_bytes(m)).c_str(), m.hold_us / 1000.0);
   else
     std::printf("data      %s; program held %.1f ms\n", human_bytes(m.data_bytes).c_str(), m.hold_us / 1000.0);
-  if (!m.lacking.empty()) std::printf("partial: lacks %s\n", kinds_and_sizes(m.lacking).c_str());
+  if (!m.lacking.empty()) std::printf("partial: lacks %s\n", shown(kinds_and_sizes(m.lacking)).c_str());
   for (const auto& i : m.ipc_imports)
     std::printf("imported  %s of process %lld (its %#llx) at %#llx through CUDA IPC: recorded, not stored\n",
                 human_bytes(i.size).c_str(), static_cast<long long>(i.exporter_pid),
                 static_cast<unsigned long long>(i.exporter_base), static_cast<unsigned long long>(i.addr));
   if (m.parent)
     std::printf("parent    %s (image %s): blocks unchanged since it are read from it; chain %s\n",
-                reader.parent()->dir().c_str(), m.parent->image_id.c_str(), chain_text(reader).c_str());
+                shown(reader.parent()->dir().string()).c_str(), shown(m.parent->image_id).c_str(),
+                shown(chain_text(reader)).c_str());
   for (const auto& d : m.devices)
-    std::printf("device    %d: %s %s (compute capability %d.%d)\n", d.ordinal, d.name.c_str(), d.uuid.c_str(),
-                d.cc_major, d.cc_minor);
+    std::printf("device    %d: %s %s (compute capability %d.%d)\n", d.ordinal, shown(d.name).c_str(),
+                shown(d.uuid).c_str(), d.cc_major, d.cc_minor);
   if (m.vmm) {
     const vmm_layout& l = *m.vmm;
     std::printf("vmm       program-made VMM memory: %zu reservations, %zu handles, %zu mappings (windows at 0x%llx, "

@@ -314,18 +314,24 @@ int main(int argc, char** argv) {
                       "every address is unchanged")
       ->check(CLI::Range(0, 63));
   restore->add_flag("--json", restore_options.json, "Whole process: print the result as JSON");
+  restore->add_flag("--trust-owner", restore_options.trust_owner,
+                    "Whole process, as root: restore an image that someone other than root owns or may have written "
+                    "(refused otherwise, naming the file: the restored processes run what the image holds)");
   restore->add_option("--criu-arg", restore_options.criu_args,
                       "Whole process: one more argument for `criu restore` (repeatable)")
       ->type_name("ARG")->allow_extra_args(false);
   restore->allow_extras();  // a command given without "--" is named in the error, in its order
   restore->footer(
-      "Usage: cuda-ckpt restore DIR [--json]   (a whole-process image, from dump --process)\n"
+      "Usage: cuda-ckpt restore DIR [--json] [--trust-owner]   (a whole-process image, from dump --process)\n"
       "       cuda-ckpt restore IMAGE [--replay] [--device N] -- COMMAND [ARGS...]\n"
-      "Whole process: both parts are checked (every CRIU file's checksum, each GPU part's structure; the GPU\n"
-      "bytes as they load), `criu restore` brings the processes back with their pids, the driver their CUDA\n"
-      "contexts, and each loads its GPU memory at its addresses. The process runs detached; its pid is printed.\n"
-      "A failed restore leaves the image unchanged and says why (the pid in use, CRIU missing or too old, the\n"
-      "driver lacking the checkpoint API, another GPU model, not enough memory).\n"
+      "Whole process: both parts are checked (no link or special file in the image, every CRIU file's size and\n"
+      "checksum, each GPU part's structure, every pid one CRIU restores; the GPU bytes as they load), `criu\n"
+      "restore` brings the processes back with their pids, the driver their CUDA contexts, and each loads its GPU\n"
+      "memory at its addresses. The process runs detached; its pid is printed. As root, an image is restored only\n"
+      "when nobody but root can have written it (--trust-owner: anyway). DIR left unfinished by a dump whose tool\n"
+      "died after CRIU succeeded (DIR.partial-...) is completed and restored. A failed restore leaves the image\n"
+      "unchanged and says why (the pid in use, CRIU missing or too old, the driver lacking the checkpoint API,\n"
+      "another GPU model, not enough memory).\n"
       "With a command:\n"
       "The image is checked (structure and every checksum) before the command starts; a bad image is refused\n"
       "(--no-verify: the structure only, and the restoring process checks each extent as it loads).\n"

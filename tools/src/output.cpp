@@ -8,7 +8,17 @@
 #include <ctime>
 #include <iostream>
 
+#include "vmmckpt/json_fields.hpp"
+
 namespace vmmckpt::tools {
+
+std::string shown(std::string_view text) { return json_fields::printable(text); }
+
+std::string shown_command(const std::vector<std::string>& words) {
+  std::string out;
+  for (const auto& w : words) out += (out.empty() ? "" : " ") + shown(w);
+  return out;
+}
 
 std::string time_stamp() {
   char stamp[32];

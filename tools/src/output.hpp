@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -13,6 +15,13 @@
 namespace vmmckpt::tools {
 
 std::string human_bytes(std::uint64_t bytes);  // "1.50 GiB"
+
+// Text from another process or an image, as a terminal may show it: every byte outside printable ASCII
+// written as \xNN, so that an escape sequence or a newline in a command line cannot clear the screen or
+// forge a row. (--json output needs none of this: JSON escapes control characters itself.)
+std::string shown(std::string_view text);
+// A command line's words, each shown so, joined by spaces.
+std::string shown_command(const std::vector<std::string>& words);
 
 // The local time as default image names carry it: "20261125-014500".
 std::string time_stamp();

@@ -60,7 +60,10 @@ int dump_process_command(const dump_command_options& o) {
 }
 
 int inspect_process_command(const std::string& image, bool json) {
+  // Its structure is checked, as a GPU image's is: the layout and each CRIU file's size (nothing is read).
   const auto d = ckpt::read_process_image(image);
+  ckpt::check_process_layout(image, d);
+  ckpt::verify_criu_files(image, d, false);
   if (json) {
     nlohmann::json out{{"image", image},          {"whole_process", true},          {"root_pid", d.root_pid},
                        {"created", d.created},    {"host", d.host},                 {"tool_version", d.tool_version},
@@ -79,21 +82,21 @@ int inspect_process_command(const std::string& image, bool json) {
   }
   std::uint64_t cpu_bytes = 0;
   for (const auto& f : d.criu_files) cpu_bytes += f.bytes;
-  std::printf("image     %s: a whole-process image (written by vmmckpt %s, CRIU %s)\n", image.c_str(),
-              d.tool_version.c_str(), d.criu_version.c_str());
-  std::printf("created   %s on %s; the process was stopped %.3f s%s\n", d.created.c_str(), d.host.c_str(),
+  // What the image says of itself is shown escaped: a command line is the program's choice, and the image
+  // may be another user's.
+  std::printf("image     %s: a whole-process image (written by vmmckpt %s, CRIU %s)\n", shown(image).c_str(),
+              shown(d.tool_version).c_str(), shown(d.criu_version).c_str());
+  std::printf("created   %s on %s; the process was stopped %.3f s%s\n", shown(d.created).c_str(), shown(d.host).c_str(),
               d.stopped_seconds, d.left_running ? " and went on" : " and ended");
   if (!d.parent.empty())
-    std::printf("parent    %s (its GPU parts are incremental on that image's; it must stay)\n", d.parent.c_str());
+    std::printf("parent    %s (its GPU parts are incremental on that image's; it must stay)\n", shown(d.parent).c_str());
   std::printf("cpu part  %s in %zu CRIU files (%s/)\n", human_bytes(cpu_bytes).c_str(), d.criu_files.size(),
               ckpt::criu_dir_name);
   std::printf("gpu part  %s in %zu process(es); restore with: cuda-ckpt restore %s\n", human_bytes(d.gpu_bytes).c_str(),
-              d.processes.size(), image.c_str());
+              d.processes.size(), shown(image).c_str());
   for (const auto& m : d.processes) {
-    std::string command;
-    for (const auto& arg : m.command) command += (command.empty() ? "" : " ") + arg;
     std::printf("  process %d (parent %d): %s; GPU part %s%s\n", static_cast<int>(m.pid), static_cast<int>(m.parent),
-                command.c_str(), d.gpu_image(image, m.pid).c_str(),
+                shown_command(m.command).c_str(), shown(d.gpu_image(image, m.pid).string()).c_str(),
                 m.driver_checkpointed ? ", context checkpointed by the driver" : "");
   }
   return exit_ok;
@@ -107,7 +110,7 @@ int verify_process_command(const std::string& image, bool json) {
       std::cout << nlohmann::json{{"image", image}, {"ok", true}, {"whole_process", true}}.dump(2) << "\n";
     else
       std::printf("%s: good (a whole-process image: %zu CRIU files and %zu GPU part(s), %s, every checksum matches)\n",
-                  image.c_str(), d.criu_files.size(), d.processes.size(), human_bytes(d.gpu_bytes).c_str());
+                  shown(image).c_str(), d.criu_files.size(), d.processes.size(), human_bytes(d.gpu_bytes).c_str());
     return exit_ok;
   } catch (const image::image_error& e) {
     if (json)
@@ -118,11 +121,12 @@ int verify_process_command(const std::string& image, bool json) {
   }
 }
 
-int restore_process_command(const std::string& image, bool json, bool verify_data,
+int restore_process_command(const std::string& image, bool json, bool verify_data, bool trust_owner,
                             const std::vector<std::string>& criu_args) {
   ckpt::process_restore_options options;
   options.image = image;
   options.verify_data = verify_data;
+  options.trust_owner = trust_owner;
   options.criu_args = criu_args;
   progress_line line("restore", !json);
   const auto r = ckpt::restore_process(options, line.callback());

@@ -12,6 +12,7 @@
 #include "output.hpp"
 #include "vmmckpt/ckpt/control_client.hpp"
 #include "vmmckpt/ckpt/leftovers.hpp"
+#include "vmmckpt/ckpt/process_recovery.hpp"
 #include "vmmckpt/ckpt/processes.hpp"
 
 namespace vmmckpt::tools {
@@ -32,11 +33,15 @@ const char* const ps_help_footer =
     "  no control server  libvmmckpt.so is loaded but no server listens (no CUDA call yet, or a fork() child):\n"
     "                     counted on the last line; listed by `ps PID` and --json\n"
     "  orphaned           an image whose process died: its size and the `cuda-ckpt gc` that removes it follow\n"
+    "  interrupted        a whole-process dump or restore whose tool died midway: what it left, and the one way\n"
+    "                     back (`cuda-ckpt resume PID` while its process lives, `cuda-ckpt restore DIR` once its\n"
+    "                     image is all there is) follow\n"
     "Socket files nobody listens at any more are removed (sockets only).\n"
     "--json: one object per entry with the same keys for all: pid, uid (the owner), status (the STATE\n"
     "above), state (running, suspended or paused as the process says; else the status), command, devices,\n"
-    "pools, not_owned, nccl_bytes (of the owned bytes, NCCL's) when it answered; activity when it answered; problem when it did not; image, image_bytes, why and\n"
-    "remove_with when orphaned.";
+    "pools, not_owned, nccl_bytes (of the owned bytes, NCCL's) when it answered; activity when it answered;\n"
+    "problem when it did not; image, image_bytes, why and remove_with when orphaned; operation (dump or\n"
+    "restore), outcome (resume, restore or ended), image, why and way_back when interrupted.";
 
 namespace {
 
@@ -45,11 +50,6 @@ std::string user_name(uid_t uid) {
   return std::to_string(uid);
 }
 
-std::string joined(const std::vector<std::string>& words) {
-  std::string out;
-  for (const auto& w : words) out += (out.empty() ? "" : " ") + w;
-  return out;
-}
 
 // The same keys for every entry, so that a script reading one kind reads them all.
 nlohmann::json blank_entry(pid_t pid, const std::string& status) {
@@ -97,8 +97,8 @@ void print_process(const ckpt::process_entry& p) {
   const std::string pid = std::to_string(p.pid);
   if (!p.hello) {
     std::printf(row_format, pid.c_str(), user_name(p.uid).c_str(), p.status.c_str(), "-", "-", "-", "-",
-                joined(p.command).c_str());
-    std::printf("%-8s %s\n", "", p.problem.c_str());
+                shown_command(p.command).c_str());
+    std::printf("%-8s %s\n", "", shown(p.problem).c_str());
     return;
   }
   const control::hello_reply& h = *p.hello;
@@ -112,17 +112,81 @@ void print_process(const ckpt::process_entry& p) {
   for (const auto& m : h.not_owned) not_owned += m.bytes;
   std::printf(row_format, pid.c_str(), user_name(p.uid).c_str(), p.status.c_str(),
               devices.empty() ? "-" : devices.c_str(), human_bytes(live).c_str(), human_bytes(backed).c_str(),
-              human_bytes(not_owned).c_str(), joined(h.command).c_str());
-  if (!h.not_owned.empty()) std::printf("%-8s not owned: %s\n", "", kinds_and_sizes(h.not_owned).c_str());
+              human_bytes(not_owned).c_str(), shown_command(h.command).c_str());
+  if (!h.not_owned.empty()) std::printf("%-8s not owned: %s\n", "", shown(kinds_and_sizes(h.not_owned)).c_str());
   if (h.nccl_bytes != 0) std::printf("%-8s NCCL: %s of it\n", "", human_bytes(h.nccl_bytes).c_str());
-  if (h.state == control::process_state::suspended) std::printf("%-8s image %s\n", "", h.image.c_str());
+  if (h.state == control::process_state::suspended)
+    std::printf("%-8s image %s; `cuda-ckpt resume %d` gives its GPU memory back\n", "", shown(h.image).c_str(),
+                static_cast<int>(p.pid));
+}
+
+// A whole-process dump or restore whose tool died, as ps shows it: what is left and the way back; nothing
+// for one under way or one whose processes run on.
+struct interrupted_entry {
+  ckpt::process_transaction t;
+  ckpt::transaction_outcome outcome;
+};
+
+const char* outcome_name(ckpt::transaction_outcome::kind k) {
+  using kind = ckpt::transaction_outcome::kind;
+  return k == kind::resume ? "resume" : k == kind::restore ? "restore" : "ended";
+}
+
+std::vector<interrupted_entry> interrupted_transactions(pid_t only, const std::vector<ckpt::process_entry>& known) {
+  // What ps learnt of each process already answers whether it is suspended (one that did not answer may be);
+  // `ps` lists every process under the shim, so one it did not list is not suspended by it. `ps PID` asks.
+  auto suspended = [&](pid_t pid) {
+    for (const auto& p : known)
+      if (p.pid == pid) return !p.hello || p.hello->state == control::process_state::suspended;
+    return only != 0 && ckpt::asks_suspended(pid);
+  };
+  std::vector<interrupted_entry> out;
+  for (auto& t : ckpt::list_transactions()) {
+    bool concerns = only == 0 || t.root_pid == only;
+    for (const auto& [pid, start] : t.processes) concerns = concerns || pid == only;
+    if (!concerns) continue;
+    auto outcome = ckpt::assess(t, suspended);
+    using kind = ckpt::transaction_outcome::kind;
+    if (outcome.what == kind::under_way || outcome.what == kind::runs_on) continue;
+    out.push_back({std::move(t), std::move(outcome)});
+  }
+  return out;
+}
+
+std::string operation_words(const ckpt::process_transaction& t) {
+  return t.op == ckpt::process_transaction::kind::dump
+             ? "whole-process dump of process " + std::to_string(t.root_pid) + " into " + t.image.string()
+             : "whole-process restore of " + t.image.string();
+}
+
+nlohmann::json interrupted_json(const interrupted_entry& e) {
+  nlohmann::json entry = blank_entry(e.t.root_pid, "interrupted");
+  entry["uid"] = owner_of(e.t.record);
+  entry["operation"] = e.t.op == ckpt::process_transaction::kind::dump ? "dump" : "restore";
+  entry["outcome"] = outcome_name(e.outcome.what);
+  entry["image"] = e.t.image.string();
+  entry["why"] = operation_words(e.t) + ", stopped midway (its tool, process " + std::to_string(e.t.tool_pid) +
+                 ", is gone): " + e.outcome.words;
+  entry["way_back"] = e.outcome.command;
+  return entry;
+}
+
+void print_interrupted(const interrupted_entry& e) {
+  std::printf(row_format, std::to_string(e.t.root_pid).c_str(), user_name(owner_of(e.t.record)).c_str(), "interrupted",
+              "-", "-", "-", "-", "-");
+  std::printf("%-8s %s, stopped midway (its tool, process %d, is gone): %s\n", "", shown(operation_words(e.t)).c_str(),
+              static_cast<int>(e.t.tool_pid), shown(e.outcome.words).c_str());
+  if (e.outcome.command.empty())
+    std::printf("%-8s no way back from this operation: an earlier complete image of the program is its way back\n", "");
+  else
+    std::printf("%-8s way back: %s\n", "", shown(e.outcome.command).c_str());
 }
 
 void print_orphan(const ckpt::orphaned_image& o) {
   std::printf(row_format, o.pid > 0 ? std::to_string(o.pid).c_str() : "-", user_name(owner_of(o.path)).c_str(), "orphaned", "-",
               "-", "-", "-", "-");
-  std::printf("%-8s image %s (%s): %s; `%s` removes it\n", "", o.path.c_str(), human_bytes(o.bytes).c_str(),
-              o.why.c_str(), ckpt::gc_command_for(o.path.parent_path()).c_str());
+  std::printf("%-8s image %s (%s): %s; `%s` removes it\n", "", shown(o.path.string()).c_str(),
+              human_bytes(o.bytes).c_str(), shown(o.why).c_str(), shown(ckpt::gc_command_for(o.path.parent_path())).c_str());
 }
 
 }  // namespace
@@ -135,20 +199,23 @@ int ps_command(pid_t only, bool as_json) {
   for (auto& o : ckpt::find_orphaned_images(ckpt::suspend_dirs_of_all_users()))
     if (only == 0 || o.pid == only) orphans.push_back(std::move(o));
   std::vector<ckpt::process_entry> processes;
+  std::string not_listed;
   try {
     processes = ckpt::list_processes(only);
-  } catch (const ckpt::tool_error&) {
-    // `ps PID` of a process that died: its orphaned images are the answer.
-    if (orphans.empty()) throw;
+  } catch (const ckpt::tool_error& e) {
+    not_listed = e.what();  // `ps PID` of a process that died: its orphaned images, or its dump, may answer
   }
+  const auto interrupted = interrupted_transactions(only, processes);
+  if (!not_listed.empty() && orphans.empty() && interrupted.empty()) throw ckpt::tool_error(not_listed);
   if (as_json) {
     nlohmann::json out = nlohmann::json::array();
     for (const auto& p : processes) out.push_back(entry_json(p));
     for (const auto& o : orphans) out.push_back(orphan_json(o));
+    for (const auto& e : interrupted) out.push_back(interrupted_json(e));
     std::cout << out.dump(2) << "\n";
     return exit_ok;
   }
-  if (processes.empty() && orphans.empty()) {
+  if (processes.empty() && orphans.empty() && interrupted.empty()) {
     std::printf("no process under vmmckpt (looked at %s) and no orphaned image in %s\n",
                 ckpt::where_processes_are_looked_for().c_str(),
                 ::geteuid() == 0 ? "/dev/shm/vmmckpt-*" : ckpt::suspend_dir_of(::geteuid()).c_str());
@@ -169,6 +236,7 @@ int ps_command(pid_t only, bool as_json) {
     print_process(p);
   }
   for (const auto& o : orphans) print_orphan(o);
+  for (const auto& e : interrupted) print_interrupted(e);
   if (without_server > 0)
     std::printf("%zu more with %s loaded but no control server (no CUDA call yet, or a fork() child): %s\n",
                 without_server, std::string(ckpt::shim_file_name).c_str(), without_server_pids.c_str());

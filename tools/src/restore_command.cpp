@@ -21,6 +21,7 @@
 #include "vmmckpt/control_messages.hpp"
 #include "vmmckpt/ckpt/driver.hpp"
 #include "vmmckpt/ckpt/process_image.hpp"
+#include "vmmckpt/ckpt/process_recovery.hpp"
 #include "vmmckpt/image.hpp"
 #include "vmmckpt/restore/handoff.hpp"
 #include "vmmckpt/restore/restore_plan.hpp"
@@ -85,25 +86,30 @@ int start_progress_reporter() {
 
 int restore_command(const restore_command_options& o, const std::vector<std::string>& command) {
   const std::string& path = o.image;
-  const bool whole_process = ckpt::is_process_image(path);
   if (command.empty()) {
-    if (whole_process) {
+    // A whole-process image may be under another of its names: an unfinished dump's, completed here.
+    const std::filesystem::path found = ckpt::find_process_image(path);
+    std::error_code ec;
+    if (!std::filesystem::exists(std::filesystem::symlink_status(found, ec)))
+      return report_failure("restore", o.json, path + " does not exist", exit_failure);
+    if (ckpt::is_process_image(found)) {
       if (o.replay || o.device >= 0)
         return report_failure("restore", o.json, "--replay and --device apply to restoring with a command, not to a "
                               "whole process (its CUDA context comes back on the GPU it had)", exit_usage);
-      return restore_process_command(path, o.json, false, o.criu_args);
+      return restore_process_command(found.string(), o.json, false, o.trust_owner, o.criu_args);
     }
     return report_failure("restore", o.json,
                           path + " holds GPU memory only (no CPU part: it was not made with dump --process), so there is "
                           "no process to bring back: start a command with it, cuda-ckpt restore " + path +
                           " -- COMMAND [ARGS...]", exit_usage);
   }
-  if (whole_process)
+  if (ckpt::is_process_image(path))
     return report_failure("restore", false,
                           path + " is a whole-process image: restore it without a command (cuda-ckpt restore " + path +
                           "); the process comes back as it was", exit_usage);
-  if (o.json || !o.criu_args.empty())
-    return report_failure("restore", false, "--json and --criu-arg apply to whole-process images only", exit_usage);
+  if (o.json || o.trust_owner || !o.criu_args.empty())
+    return report_failure("restore", false, "--json, --trust-owner and --criu-arg apply to whole-process images only",
+                          exit_usage);
   const bool replay = o.replay, verify_first = o.verify_first;
   const int device = o.device;
   // Refuse a bad image before anything starts: the program never sees it. (The restoring

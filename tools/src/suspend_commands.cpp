@@ -16,6 +16,7 @@
 #include "vmmckpt/ckpt/control_client.hpp"
 #include "vmmckpt/ckpt/leftovers.hpp"
 #include "vmmckpt/ckpt/process_checkpoint.hpp"
+#include "vmmckpt/ckpt/process_recovery.hpp"
 #include "vmmckpt/ckpt/suspend.hpp"
 
 namespace vmmckpt::tools {
@@ -78,7 +79,10 @@ int suspend_command(const suspend_command_options& o) {
 }
 
 int resume_command(pid_t pid, bool as_json) {
-  // A whole-process dump stopped midway may have left the driver's lock or checkpoint: undone first.
+  // A whole-process dump stopped midway may have left the process stopped (CRIU's --leave-stopped), and the
+  // driver's lock or checkpoint: undone first, in that order (a stopped process answers nothing).
+  const std::string continued = ckpt::continue_stopped_by_dump(pid);
+  if (!continued.empty() && !as_json) std::printf("process %d: %s\n", static_cast<int>(pid), continued.c_str());
   const std::string recovered = ckpt::recover_driver_state(pid);
   if (!recovered.empty() && !as_json) std::printf("process %d: %s\n", static_cast<int>(pid), recovered.c_str());
   progress_line line("resume", !as_json);
@@ -97,6 +101,9 @@ int resume_command(pid_t pid, bool as_json) {
     std::error_code ec;
     std::filesystem::remove_all(r.image, ec);
   }
+  // The record of a whole-process dump or restore whose tool died has nothing more to say once its
+  // processes run on.
+  ckpt::settle_transactions(false);
   return exit_ok;
 }
 

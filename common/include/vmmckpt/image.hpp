@@ -1,6 +1,8 @@
 // The checkpoint image: a directory holding a versioned manifest and the dumped bytes (docs/image-format.md).
 #pragma once
 
+#include <sys/stat.h>
+
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -297,5 +299,10 @@ metadata_files encode_metadata(const manifest& m);
 // of a format 1 or 2 image holds (a format 3 file keeps the tables apart, in tables.bin).
 std::string to_json(const manifest& m, int indent = 2);
 manifest from_json(const std::string& text);  // that form; structural checks only; throws image_error
+
+// Opens `name` in the directory `dir_fd` for reading as the image readers do: never through a symbolic
+// link, never blocking on a FIFO, a regular file only; image_error naming `path` otherwise. Returns the
+// descriptor (the caller closes it) and its fstat in `st`, for sizes to be checked before anything is read.
+int open_regular_file(int dir_fd, const std::string& name, const std::string& path, struct ::stat& st);
 
 }  // namespace vmmckpt::image

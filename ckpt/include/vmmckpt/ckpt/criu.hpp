@@ -1,8 +1,12 @@
 // CRIU, the CPU side of a whole-process checkpoint: found, its version checked, and run.
 #pragma once
 
+#include <sys/types.h>
+
 #include <filesystem>
+#include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "vmmckpt/ckpt/control_client.hpp"
@@ -24,11 +28,31 @@ struct criu_tool {
 // Finds CRIU 4.0 or later; throws criu_unavailable naming what was found and how to provide it.
 criu_tool find_criu();
 
-// Runs `criu ARGS... --log-file LOG -v2` and waits; its stdout and stderr go to LOG too. Returns
-// CRIU's exit status (or 128 + signal).
-int run_criu(const criu_tool& criu, const std::vector<std::string>& args, const std::filesystem::path& log);
+// Runs `criu ARGS... --log-file LOG -v2` and waits; its stdout and stderr go to LOG.out. Returns
+// CRIU's exit status (or 128 + signal). `started`, when given, is called with CRIU's pid once it runs.
+// With `status_file`, CRIU runs under a shell that writes its exit status there when it ends (as a line,
+// renamed into place), whether or not this process is still there to learn it: what tells a later command
+// that a CRIU left alone by a killed tool succeeded. `started` then gets the shell's pid, which lives as
+// long as CRIU does.
+// CRIU is watched while it runs: stopped (nothing should stop it), it is continued; when `abandon` returns true
+// (polled every 100 ms: what CRIU works on is gone, and a CRIU whose task died may wait for good), it is killed.
+int run_criu(const criu_tool& criu, const std::vector<std::string>& args, const std::filesystem::path& log,
+             const std::function<void(pid_t)>& started = {}, const std::filesystem::path& status_file = {},
+             const std::function<bool()>& abandon = {});
 
 // The lines of a CRIU log worth showing when it failed: its errors, else its last lines.
 std::string criu_log_excerpt(const std::filesystem::path& log);
+
+// The processes a CRIU image brings back, from its pstree.img: pids[0] is the root task (CRIU restores it
+// with this pid and writes it to --pidfile), the others follow their parents. parents[i] is pids[i]'s.
+struct criu_process_tree {
+  std::vector<pid_t> pids;
+  std::vector<pid_t> parents;
+};
+// Reads criu_dir/pstree.img (a regular file, never through a symbolic link, its size bounded first);
+// image::image_error naming it when it is missing or not a process tree CRIU writes.
+criu_process_tree read_criu_pstree(const std::filesystem::path& criu_dir);
+// The same from the file's bytes; `where` names it in errors.
+criu_process_tree parse_criu_pstree(std::string_view bytes, const std::string& where);
 
 }  // namespace vmmckpt::ckpt

@@ -94,6 +94,9 @@ struct image_result {
   } threads;
   // An incremental image: the stored bytes left out because its parent holds them unchanged.
   std::uint64_t unchanged_bytes = 0;
+  // Why the parent asked for was not used, the image being full: the image a series (copy_settings::reuse)
+  // wrote last changed since it was written. Empty when it was used, or none was asked for.
+  std::string parent_dropped;
   // Where the block checksums were computed: "gpu" (by the kernel built into the tool, in the held
   // program's memory and in the snapshot; the writers only write) or "cpu" (the writers hash), and why
   // not on the GPU.

@@ -10,6 +10,10 @@
 
 namespace vmmckpt::ckpt {
 
+// Whether the writer of NAME.partial-PID-RANDOM (an image being written) still runs: the pid in its name, a
+// process of that pid that started after the directory was made being another one (the pid was reused).
+bool partial_writer_alive(const std::filesystem::path& partial);
+
 // A user's default suspend directory, /dev/shm/vmmckpt-UID (not created here).
 std::filesystem::path suspend_dir_of(uid_t uid);
 

@@ -37,17 +37,20 @@ struct process_dump_result {
 };
 
 // Suspends every process under the shim in pid's tree into DIR/gpu/PID, checkpoints what is left of
-// their CUDA contexts with the driver, runs `criu dump` into DIR/criu and writes process.json; DIR
-// appears only once complete and synced. Refused before anything is touched when CRIU (4.0 or later)
-// or the driver's checkpoint API is missing, when a process of the tree uses CUDA without the shim, or
-// when it is a multi-rank NCCL job. On any failure the processes are brought back running and nothing
-// that looks like an image is left. Throws tool_error, criu_unavailable, driver_unavailable,
-// image::image_error or interrupted.
+// their CUDA contexts with the driver, runs `criu dump --leave-stopped` into DIR/criu and writes process.json;
+// DIR appears only once complete and synced, and only then are the processes ended (or, with leave_running,
+// continued). Refused before anything is touched when CRIU (4.0 or later) or the driver's checkpoint API is
+// missing, when a process of the tree uses CUDA without the shim, or when it is a multi-rank NCCL job. On any
+// failure before the image is complete the processes are brought back running and nothing that looks like an
+// image is left; a tool killed midway leaves them alive, stopped or suspended, and recorded
+// (process_recovery.hpp). Throws tool_error, criu_unavailable, driver_unavailable, image::image_error or
+// interrupted.
 process_dump_result dump_process(const process_dump_options& options, const progress_callback& progress = {});
 
 struct process_restore_options {
   std::filesystem::path image;
   bool verify_data = false;            // check every GPU byte's checksum before CRIU starts
+  bool trust_owner = false;            // as root: restore an image someone other than root may have written
   std::vector<std::string> criu_args;  // more arguments for `criu restore`
 };
 
@@ -58,10 +61,12 @@ struct process_restore_result {
   process_phases phases;
 };
 
-// Checks both parts of the image, runs `criu restore` (detached), restores and unlocks each CUDA
-// context with the driver, then has each process load its GPU part from DIR/gpu/PID. The image is
-// never changed. On failure the half-restored processes are killed and the reason is thrown: the
-// pid in use, CRIU missing or too old, the driver lacking the API, another GPU model, not enough memory.
+// Finds the image under any of its names (an unfinished dump's is completed first), refuses as root one that
+// someone else may have written (unless trust_owner), checks both parts and that every pid it names is one
+// CRIU's image restores, runs `criu restore` (detached), restores and unlocks each CUDA context with the
+// driver, then has each process load its GPU part from DIR/gpu/PID. The image is never changed. On failure
+// what CRIU brought back is killed and the reason is thrown: the pid in use, CRIU missing or too old, the
+// driver lacking the API, another GPU model, not enough memory.
 process_restore_result restore_process(const process_restore_options& options,
                                        const progress_callback& progress = {});
 

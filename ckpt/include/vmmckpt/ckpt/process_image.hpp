@@ -4,14 +4,24 @@
 
 #include <sys/types.h>
 
+#include <sys/stat.h>
+
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
 namespace vmmckpt::ckpt {
 
 inline constexpr const char* process_manifest_name = "process.json";
+// Written before CRIU runs, process.json's fields less the CRIU files: what completes an image whose dump's
+// tool died after CRIU succeeded (finish_process_dump). Never in a finished image.
+inline constexpr const char* process_intent_name = "intent.json";
+// CRIU's log of the dump, in the image (for the curious), and its exit status, written by the shell that runs
+// it when it ends: "0" tells a later `restore` or `gc` that CRIU's part is complete although its tool died.
+inline constexpr const char* criu_dump_log_name = "criu-dump.log";
+inline constexpr const char* criu_dump_status_name = "criu-dump.status";
 inline constexpr const char* process_format_name = "vmmckpt-process";
 inline constexpr int process_format_version = 1;
 inline constexpr const char* criu_dir_name = "criu";
@@ -50,22 +60,47 @@ struct process_image {
   }
 };
 
-// DIR holds a whole-process image (its process.json is there).
+// DIR holds a whole-process image: its process.json is there, a regular file (not through a link).
 bool is_process_image(const std::filesystem::path& dir);
 
-// Reads and checks process.json: every field present, of its type, pids positive and unique, file names
-// plain (no "/", "..").  Throws image::image_error naming the defect.
+// Reads and checks process.json: a regular file (never through a symbolic link) of bounded size, every
+// field present and of its type, numbers in range (pids 1 to 4194304, sizes non-negative integers below
+// 2^64, version exactly 1: no float, no negative, nothing coerced), pids unique, file names plain.
+// Throws image::image_error naming the file and the field.
 process_image read_process_image(const std::filesystem::path& dir);
+// The same from text (`where` names it in errors): what the fuzzer drives.
+process_image parse_process_manifest(const std::string& text, const std::string& where);
 
-// Checks both parts: every CRIU file's size and checksum (none missing, none extra), and each GPU
-// part's manifest and image_id (and with `data`, every extent's checksum). Throws image::image_error
-// naming the file or part.
+// The intent record (intent.json) of an unfinished image: process.json's fields less criu_files.
+process_image read_process_intent(const std::filesystem::path& dir);
+process_image parse_process_intent(const std::string& text, const std::string& where);
+
+// Every file and directory under dir, dir first, each with its lstat; no symbolic link is followed (dir
+// itself, as named, is). Throws image::image_error when a directory cannot be read.
+void for_each_entry(const std::filesystem::path& dir,
+                    const std::function<void(const std::filesystem::path&, const struct ::stat&)>& visit);
+
+// The layout: nothing but regular files and directories anywhere in the image (no symbolic link, FIFO,
+// device or socket), gpu/ holding exactly one directory per process of process.json.
+void check_process_layout(const std::filesystem::path& dir, const process_image& p);
+
+// Every CRIU file's size (checked before it is read) and, with `checksums`, its checksum against process.json,
+// none missing, none added. Throws image::image_error naming the file.
+void verify_criu_files(const std::filesystem::path& dir, const process_image& p, bool checksums = true);
+
+// Checks both parts: the layout, the CRIU files, and each GPU part's manifest and image_id (and with
+// `data`, every extent's checksum). Throws image::image_error naming the file or part.
 void verify_process_image(const std::filesystem::path& dir, const process_image& p, bool data);
 
-// Lists and checksums CRIU's files in DIR/criu (fsyncing each), for process.json.
+// Lists and checksums CRIU's files in DIR/criu (regular files only, fsyncing each), for process.json.
 std::vector<process_image::file> describe_criu_files(const std::filesystem::path& dir);
 
-// Writes DIR/process.json and fsyncs it and DIR.
+// Writes DIR/process.json (under a temporary name, synced, renamed) and fsyncs DIR.
 void write_process_manifest(const std::filesystem::path& dir, const process_image& p);
+// Renames a complete image from its staging name to its final one, replacing nothing (image::image_error when
+// the name is taken), and syncs the directory holding it.
+void commit_process_image(const std::filesystem::path& staging, const std::filesystem::path& final_name);
+// Writes DIR/intent.json the same way: p's fields less criu_files.
+void write_process_intent(const std::filesystem::path& dir, const process_image& p);
 
 }  // namespace vmmckpt::ckpt

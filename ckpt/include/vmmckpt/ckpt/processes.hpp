@@ -31,6 +31,9 @@ shim_presence shim_in(pid_t pid);
 // maps cannot be read).
 bool maps_file(pid_t pid, std::string_view prefix);
 
+// The process is stopped by a signal (SIGSTOP, or CRIU's --leave-stopped): state T in /proc/PID/stat.
+bool process_stopped(pid_t pid);
+
 // pid's parent (0 when it cannot be read), and the tree under root: root first, then every descendant
 // after its parent.
 pid_t parent_of(pid_t pid);

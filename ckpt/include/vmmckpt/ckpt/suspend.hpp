@@ -41,7 +41,9 @@ struct resume_result {
   std::string image;
 };
 
-// Gives a suspended program its GPU memory back from its image and lets it go on.
-resume_result resume(pid_t pid, const progress_callback& progress = {});
+// Gives a suspended program its GPU memory back from its image and lets it go on. `image`: where that image is
+// now (a whole-process dump's GPU part, renamed with its image); empty: where its suspend wrote it, else
+// under another of its names (process_recovery.hpp). The program takes only the image its suspend wrote.
+resume_result resume(pid_t pid, const progress_callback& progress = {}, const std::filesystem::path& image = {});
 
 }  // namespace vmmckpt::ckpt

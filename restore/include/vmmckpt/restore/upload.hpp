@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "vmmckpt/driver_api.hpp"
+#include "vmmckpt/host_pages.hpp"
 #include "vmmckpt/image.hpp"
 #include "vmmckpt/status.hpp"
 
@@ -31,8 +32,16 @@ using upload_progress = std::function<void(std::uint64_t done, std::uint64_t tot
 // --replay restore writes them as the program maps them again). The bytes of `keep` (address order,
 // disjoint) are read and checked but not written: memory that stayed in place and may have changed since
 // (host memory a suspend kept mapped).
+// `spare`: host memory set aside beforehand (load_buffer_bytes() of it) for the calling thread's buffers, used
+// instead of new ones and kept: a suspended program reserves it when it takes the suspend, so that its resume
+// does not fail for want of host memory (ulimit -v). Threads that cannot get buffers of their own then leave
+// the work to the others.
 using address_list = std::vector<std::pair<std::uint64_t, std::uint64_t>>;
 status upload(const driver_api& d, const image::reader& reader, const backed_memory& backed = {},
-              bool vmm = true, const upload_progress& progress = {}, const address_list& keep = {}) noexcept;
+              bool vmm = true, const upload_progress& progress = {}, const address_list& keep = {},
+              host_pages* spare = nullptr) noexcept;
+
+// The host memory one uploading thread's buffers take: what a suspend sets aside for its resume.
+std::size_t load_buffer_bytes() noexcept;
 
 }  // namespace vmmckpt::restore
