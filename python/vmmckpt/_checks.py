@@ -6,6 +6,7 @@ string is truthy); `dump("12")` or `dump(12.7)` would dump another process than 
 
 from __future__ import annotations
 
+import errno
 import os
 from typing import Any, Sequence
 
@@ -36,6 +37,16 @@ def require_path(name: str, value: Any, *, optional: bool = False) -> Any:
         raise TypeError(f"{name} must be a path (str or os.PathLike){' or None' if optional else ''}, "
                         f"not {_name(value)}")
     return value
+
+
+def require_readable_directory(path: Any) -> None:
+    """FileNotFoundError or PermissionError for an image directory this user cannot read: not a defect."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), os.fspath(path))
+    if not os.path.isdir(path):
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), os.fspath(path))
+    if not os.access(path, os.R_OK | os.X_OK):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
 
 
 def require_command(name: str, value: Any) -> Sequence[str]:

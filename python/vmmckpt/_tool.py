@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Union
 
-from ._checks import require_bool, require_command, require_int, require_path
+from ._checks import require_bool, require_command, require_int, require_path, require_readable_directory
 from .errors import (CommandFailedError, ImageDefectError, PartialRefusedError, ToolNotFoundError, UsageError,
                      VmmckptError)
 from .results import DumpResult, ImageInfo, Process, ResumeResult, SuspendResult, VerifyResult
@@ -143,8 +143,12 @@ def inspect(image: PathLike) -> ImageInfo:
 
 
 def verify(image: PathLike) -> VerifyResult:
-    """Checks an image's structure and every checksum; raises ImageDefectError naming the defect."""
+    """Checks an image's structure and every checksum; raises ImageDefectError naming the defect.
+
+    A path that does not exist raises FileNotFoundError, one this user cannot read PermissionError: neither
+    is a verdict on an image."""
     require_path("image", image)
+    require_readable_directory(image)
     try:
         j = _run("verify", [os.fspath(image)])
     except CommandFailedError as e:

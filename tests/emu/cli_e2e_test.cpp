@@ -265,6 +265,39 @@ TEST_CASE("cli: with --json a failure is an error object on stdout", "[emu][cli]
   CHECK(contains(plain.err, "cuda-ckpt dump: no process"));
 }
 
+TEST_CASE("cli: verify and restore of a path that cannot be read say so, not that the image is bad or GPU-only",
+          "[emu][cli]") {
+  scratch_dir dir;
+  const fs::path file = dir.path / "a-file";
+  std::ofstream(file) << "not an image\n";
+  for (const fs::path& path : {dir.path / "no-such-image", file}) {
+    const auto verified = run_process({cuda_ckpt, "verify", path.string()});
+    INFO(describe(verified));
+    CHECK(verified.exit_code == 1);
+    CHECK(contains(verified.err, "cuda-ckpt verify: " + path.string() + ": cannot be read ("));
+    CHECK(contains(verified.err, "nothing was checked"));
+    CHECK_FALSE(contains(verified.err, "BAD"));
+    const auto restored = run_process({cuda_ckpt, "restore", path.string()});
+    INFO(describe(restored));
+    CHECK(restored.exit_code == 1);
+    CHECK_FALSE(contains(restored.err, "GPU memory only"));
+  }
+  // As a user who cannot list it (root can list anything: run as nobody where that can be done).
+  const fs::path locked = dir.path / "locked";
+  fs::create_directories(locked / "image");
+  fs::permissions(dir.path, fs::perms::owner_all | fs::perms::others_exec | fs::perms::group_exec);
+  fs::permissions(locked, fs::perms::owner_all | fs::perms::others_exec | fs::perms::group_exec);
+  fs::permissions(locked / "image", fs::perms::owner_all);
+  const auto as_nobody = run_process({"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", cuda_ckpt,
+                                      "verify", (locked / "image").string()});
+  if (as_nobody.exit_code >= 126 || contains(as_nobody.err, "setpriv:"))
+    VMMCKPT_SKIP("cannot run cuda-ckpt as another user here: " + as_nobody.err);
+  INFO(describe(as_nobody));
+  CHECK(as_nobody.exit_code == 1);
+  CHECK(contains(as_nobody.err, "cannot be read (Permission denied)"));
+  CHECK_FALSE(contains(as_nobody.err, "BAD"));
+}
+
 TEST_CASE("cli: CRIU's and cuda-checkpoint's spellings: -t PID, --pid PID, -D DIR", "[emu][cli]") {
   scratch_dir dir;
   auto program = start_writer();

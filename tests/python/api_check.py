@@ -134,6 +134,13 @@ def check_tool(work):
         if not e.defect:
             fail("ImageDefectError without the defect")
     try:
+        vmmckpt.verify(work / "no-such-image")
+        fail("verify of a missing image succeeded")
+    except FileNotFoundError:
+        pass
+    except vmmckpt.ImageDefectError:
+        fail("verify of a missing path raised ImageDefectError, as if an image were damaged")
+    try:
         vmmckpt.inspect(work / "no-such-image")
         fail("inspect of a missing image succeeded")
     except vmmckpt.CommandFailedError:

@@ -5,6 +5,7 @@
 
 #include "commands.hpp"
 #include "exit_codes.hpp"
+#include "image_access.hpp"
 #include "output.hpp"
 #include "vmmckpt/ckpt/process_image.hpp"
 #include "vmmckpt/image.hpp"
@@ -86,6 +87,8 @@ int inspect_command(const std::string& path, bool as_json) {
 }
 
 int verify_command(const std::string& path, bool as_json) {
+  if (const std::string why = unreadable_image_directory(path); !why.empty())
+    return report_failure("verify", as_json, path + ": cannot be read (" + why + "); nothing was checked", exit_failure);
   if (ckpt::is_process_image(path)) return verify_process_command(path, as_json);
   try {
     const auto reader = image::reader::open(path);

@@ -16,6 +16,7 @@
 
 #include "commands.hpp"
 #include "exit_codes.hpp"
+#include "image_access.hpp"
 #include "output.hpp"
 #include "run_command.hpp"
 #include "vmmckpt/control_messages.hpp"
@@ -92,6 +93,8 @@ int restore_command(const restore_command_options& o, const std::vector<std::str
     std::error_code ec;
     if (!std::filesystem::exists(std::filesystem::symlink_status(found, ec)))
       return report_failure("restore", o.json, path + " does not exist", exit_failure);
+    if (const std::string why = unreadable_image_directory(found.string()); !why.empty())
+      return report_failure("restore", o.json, found.string() + " cannot be read (" + why + ")", exit_failure);
     if (ckpt::is_process_image(found)) {
       if (o.replay || o.device >= 0)
         return report_failure("restore", o.json, "--replay and --device apply to restoring with a command, not to a "
