@@ -8,6 +8,7 @@ import argparse
 import json
 import os
 import subprocess
+import threading
 
 SKIP = 77
 
@@ -60,6 +61,26 @@ def failure(result):
         return json.loads(result.stdout)["error"]
     except (ValueError, KeyError, TypeError):
         return result.stderr.strip() or result.stdout.strip()
+
+
+def finish(proc, timeout):
+    """The rest of a started process's stdout and stderr (text; "" for one not piped) once it has exited;
+    subprocess.TimeoutExpired after `timeout` seconds. Popen.communicate(timeout=...) reads the pipes' file
+    descriptors directly and so loses what a loop over proc.stdout had already buffered (a rank's line was lost
+    so); this reads through the same file objects."""
+    parts = {}
+
+    def drain(name, f):
+        parts[name] = f.read() if f is not None else ""
+
+    readers = [threading.Thread(target=drain, args=(name, f), daemon=True)
+               for name, f in (("out", proc.stdout), ("err", proc.stderr))]
+    for r in readers:
+        r.start()
+    proc.wait(timeout=timeout)
+    for r in readers:
+        r.join(timeout=60)
+    return parts.get("out", ""), parts.get("err", "")
 
 
 def skipped(reason):

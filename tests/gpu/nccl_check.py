@@ -110,7 +110,7 @@ def main():
             problems.append(problem)
         if s.returncode == 0:  # refused by design; if it was not, the job still needs its rank back
             subprocess.run([args.cuda_ckpt, "resume", str(pids[0])], capture_output=True, env=env)
-        rest, _ = job.communicate(timeout=300)
+        rest, _ = gpu_checks.finish(job, 300)
         lines += rest.splitlines()
         if job.returncode != 0:
             problems.append(f"the job exited with {job.returncode}")

@@ -111,7 +111,7 @@ def main():
         pids, reserved = field(lines, "pid"), field(lines, "reserved")
         for rank in sorted(pids):
             problems += dump_rank(args, env, rank, pids[rank], reserved.get(rank, 0), work, figures)
-        rest, err = job.communicate(timeout=240)
+        rest, err = gpu_checks.finish(job, 240)
         lines += rest.splitlines()
         if job.returncode != 0:
             problems.append(f"the job exited with {job.returncode}: {err[-3000:]}")

@@ -94,7 +94,7 @@ def main():
         figures["resume_s"] = time.time() - t1
         if res.returncode != 0:
             problems.append(f"resume failed: {gpu_checks.failure(res)}")
-    rest, _ = prog.communicate(timeout=300)
+    rest, _ = gpu_checks.finish(prog, 300)
     lines += rest.splitlines()
     if prog.returncode != 0:
         problems.append(f"the program exited with {prog.returncode}")
