@@ -33,4 +33,8 @@ struct criu_plugin_desc {
 // The images directory of the dump or restore under way, as a descriptor CRIU keeps open.
 int criu_get_image_dir(void);
 
+// CRIU's log (criu-log.h): what a plugin prints there is in CRIU's log file whoever runs CRIU, a container
+// runtime over RPC too (its stderr goes nowhere a user looks). Levels: 1 error, 2 warning, 3 info, 4 debug.
+void print_on_level(unsigned int loglevel, const char* format, ...) __attribute__((format(printf, 2, 3)));
+
 }  // extern "C"

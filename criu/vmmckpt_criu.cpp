@@ -18,10 +18,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -29,6 +32,7 @@
 #include "criu_plugin_abi.hpp"
 #include "vmmckpt/ckpt/dump.hpp"
 #include "vmmckpt/ckpt/gpu_side.hpp"
+#include "vmmckpt/ckpt/processes.hpp"
 #include "vmmckpt/fault_point.hpp"
 
 namespace fs = std::filesystem;
@@ -43,20 +47,68 @@ constexpr int hold_deadline_ms = 120'000;
 // How long a helper waits for CRIU to let a process go before it gives up on it.
 constexpr auto release_wait = std::chrono::minutes(10);
 
-// CRIU's log takes what its plugins print to stderr.
+// Into CRIU's log, as "vmmckpt_criu: ..." (a refusal at error level, the rest at info).
+template <typename... Args>
+void say_at(unsigned level, const char* format, Args... args) {
+  char text[2048];
+  std::snprintf(text, sizeof text, format, args...);
+  print_on_level(level, "vmmckpt_criu: %s\n", text);
+}
 template <typename... Args>
 void say(const char* format, Args... args) {
-  std::fprintf(stderr, "vmmckpt_criu: ");
-  std::fprintf(stderr, format, args...);
-  std::fputc('\n', stderr);
+  say_at(3, format, args...);
 }
 
-// Where the GPU part of `pid` lies in the images directory of the dump or restore under way.
+// The pid of `pid` in its own pid namespace (the last of NSpid in /proc/PID/status): the pid CRIU's image
+// records and restores. CRIU's hooks are given the pid as CRIU sees it, which differs after a restore into a
+// new pid namespace (a container's); in the host's namespace the two are the same.
+int image_pid(int pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("NSpid:", 0) != 0) continue;
+    const auto at = line.find_last_of(" \t");
+    const long inner = at == std::string::npos ? 0 : std::strtol(line.c_str() + at + 1, nullptr, 10);
+    return inner > 0 ? static_cast<int>(inner) : pid;
+  }
+  return pid;
+}
+
+// Where the GPU part of `pid` lies in the images directory of the dump or restore under way, named by its
+// pid in its own namespace, so that a container restored with new pids on the host finds its part.
 fs::path gpu_part(int pid) {
   const int dir = criu_get_image_dir();
   std::error_code ec;
   const fs::path images = fs::read_symlink("/proc/self/fd/" + std::to_string(dir), ec);
-  return images / "vmmckpt" / std::to_string(pid);
+  return images / "vmmckpt" / std::to_string(image_pid(pid));
+}
+
+// The sockets `pid` has open (the targets of /proc/PID/fd that name one).
+std::set<std::string> sockets_of(int pid) {
+  std::set<std::string> out;
+  std::error_code ec;
+  for (fs::directory_iterator it("/proc/" + std::to_string(pid) + "/fd", ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code rc;
+    const std::string target = fs::read_symlink(it->path(), rc).string();
+    if (!rc && target.rfind("socket:", 0) == 0) out.insert(target);
+  }
+  return out;
+}
+
+// Waits until `pid` has closed every socket it holds that is not in `before`: the shim closes its end of a
+// control connection only after ours is closed, and CRIU must not find it open. A connection from the host
+// into a container belongs to the host's network namespace, which CRIU does not dump: it would fail the dump
+// ("Unix socket ... not found"). Gives up after a few seconds (a socket the program opened itself meanwhile).
+void wait_connections_closed(int pid, const std::set<std::string>& before) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  for (;;) {
+    const auto now = sockets_of(pid);
+    if (std::includes(before.begin(), before.end(), now.begin(), now.end())) return;
+    if (std::chrono::steady_clock::now() > until) {
+      say_at(2, "process %d: a socket opened during its suspend is still open; CRIU dumps it as it is", pid);
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
 }
 
 // What /proc says of a process: gone (or a zombie), stopped or traced (CRIU still holds it), or running.
@@ -136,18 +188,32 @@ void fini(int stage, int ret) {
 }
 
 int pause_devices(int pid) {
-  if (g_pre_dump || !vmmckpt::ckpt::has_gpu_side(pid)) return -ENOTSUP;
+  if (g_pre_dump) return -ENOTSUP;
+  const std::set<std::string> sockets_before = sockets_of(pid);  // before the first connection of ours
+  if (!vmmckpt::ckpt::has_gpu_side(pid)) return -ENOTSUP;
   const fs::path part = gpu_part(pid);
   try {
     std::error_code ec;
     fs::create_directories(part.parent_path(), ec);
+    // A part left in this images directory by an earlier dump (Podman checkpoints a container into the same
+    // directory again after a restore that kept it): CRIU overwrites its own images there, and so do we, once
+    // the process runs with its memory (a process that still loads its memory from the part keeps it).
+    if (fs::exists(part, ec)) {
+      const auto entries = vmmckpt::ckpt::list_processes(pid);
+      if (entries.empty() || entries.front().status != "running")
+        throw std::runtime_error(part.string() + " exists and the process is not running with its memory (" +
+                                 (entries.empty() ? std::string("no answer") : entries.front().status) + ")");
+      say("process %d: replacing %s, left by an earlier dump", pid, part.c_str());
+      fs::remove_all(part);
+    }
     const auto s = vmmckpt::ckpt::checkpoint_gpu_side(pid, part, hold_deadline_ms);
+    wait_connections_closed(pid, sockets_before);
     g_paused.push_back(pid);
     say("process %d: %llu bytes of GPU memory suspended into %s, its context checkpointed by the driver", pid,
         static_cast<unsigned long long>(s.manifest.data_bytes), part.c_str());
     return 0;
   } catch (const std::exception& e) {
-    say("process %d: %s", pid, e.what());
+    say_at(1, "process %d: %s", pid, e.what());
     return -1;  // CRIU rolls the dump back; the process runs on with its memory
   }
 }
