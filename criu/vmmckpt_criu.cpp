@@ -190,7 +190,12 @@ void fini(int stage, int ret) {
 int pause_devices(int pid) {
   if (g_pre_dump) return -ENOTSUP;
   const std::set<std::string> sockets_before = sockets_of(pid);  // before the first connection of ours
-  if (!vmmckpt::ckpt::has_gpu_side(pid)) return -ENOTSUP;
+  try {
+    if (!vmmckpt::ckpt::has_gpu_side(pid)) return -ENOTSUP;
+  } catch (const std::exception& e) {
+    say_at(1, "process %d: %s", pid, e.what());
+    return -1;  // CRIU rolls the dump back; the process runs on with its memory
+  }
   const fs::path part = gpu_part(pid);
   try {
     std::error_code ec;

@@ -16,12 +16,16 @@ constexpr unsigned driver_lock_timeout_ms = 10'000;
 
 bool has_gpu_side(pid_t pid) {
   if (shim_in(pid) != shim_presence::loaded) return false;
-  try {
-    const auto entries = list_processes(pid);
-    return !entries.empty() && entries.front().hello.has_value();
-  } catch (const std::exception&) {
-    return false;
-  }
+  // A busy or loaded machine may keep the answer past ps's second: a program of ours is given longer,
+  // since leaving one that did not answer to CRIU alone would lose its GPU memory.
+  const auto entries = list_processes(pid, std::chrono::milliseconds(10'000));
+  if (entries.empty()) return false;
+  const process_entry& e = entries.front();
+  if (e.hello) return true;
+  if (e.status == "no control server") return false;  // no CUDA call yet: nothing of the GPU to keep
+  throw tool_error("process " + std::to_string(pid) + " runs under vmmckpt but did not answer (" + e.status +
+                   (e.problem.empty() ? "" : ": " + e.problem) +
+                   "): its GPU memory cannot be left to CRIU alone, so the dump is refused");
 }
 
 suspend_result checkpoint_gpu_side(pid_t pid, const std::filesystem::path& gpu_image, int hold_deadline_ms) {

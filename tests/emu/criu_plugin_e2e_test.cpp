@@ -184,4 +184,25 @@ TEST_CASE("criu plugin: criu dump --leave-running, and a dump that fails midway:
   CHECK_FALSE(has_bad_line(job.log));
 }
 
+TEST_CASE("criu plugin: a process under the shim that does not answer is refused, never dumped without its GPU side",
+          "[criu_plugin]") {
+  std::string why;
+  const std::string binary = criu_here(why);
+  if (binary.empty()) VMMCKPT_SKIP(why);
+  ticker_job job;
+  const fs::path images = job.dir.path / "images";
+  fs::create_directories(images);
+  // Stopped, it cannot answer the plugin: CRIU alone would dump it (and end it), its GPU memory left out.
+  REQUIRE(::kill(job.pid, SIGSTOP) == 0);
+  const auto refused = criu(binary, {"dump", "-t", std::to_string(job.pid), "-D", images.string(), "--shell-job"},
+                            job.dir.path / "dump.log");
+  INFO(describe(refused) << log_text(job.dir.path / "dump.log"));
+  CHECK(refused.exit_code != 0);
+  CHECK(log_text(job.dir.path / "dump.log").find("did not answer") != std::string::npos);
+  REQUIRE(::kill(job.pid, SIGCONT) == 0);
+  REQUIRE(job.goes_on(job.log));
+  CHECK(listed_state(job.pid).at("state") == "running");
+  CHECK_FALSE(has_bad_line(job.log));
+}
+
 }  // namespace vmmckpt::test

@@ -12,7 +12,9 @@
 
 namespace vmmckpt::ckpt {
 
-// Whether `pid` runs under the shim with its control server up: a process whose GPU side is ours.
+// Whether `pid` runs under the shim with its control server up: a process whose GPU side is ours. False for
+// a process without the shim or without a control server yet (no CUDA call); tool_error for one of ours
+// that does not answer (stopped, or stuck), which must not be dumped without its GPU side.
 bool has_gpu_side(pid_t pid);
 
 // Suspends the process's GPU memory into `gpu_image` (memory the shim does not own stays in its context),
