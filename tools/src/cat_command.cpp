@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_options.hpp"
 #include "commands.hpp"
 #include "exit_codes.hpp"
 #include "vmmckpt/image.hpp"
@@ -90,6 +91,24 @@ int cat_command(const std::string& path, const std::string& addr_text, const std
   reader.read_range(addr, size, [&](const unsigned char* bytes, std::size_t n) { out.write(bytes, n); });
   out.commit();
   return exit_ok;
+}
+
+subcommand add_cat(CLI::App& app) {
+  struct options { std::string image, addr, size, output; };
+  auto o = std::make_shared<options>();
+  auto* command = app.add_subcommand("cat", "Write an image's bytes for an address range, every checksum checked");
+  add_image(command, o->image);
+  command->add_option("addr", o->addr, "First address (0x hex or decimal)")->required()->type_name("ADDR");
+  command->add_option("size", o->size, "Number of bytes (0x hex or decimal, K/M/G/T)")->required()->type_name("SIZE");
+  command->add_option("-o,--output", o->output, "Write to this file (created 0600, only when complete) instead of stdout")
+      ->type_name("FILE");
+  command->footer(
+      "Usage: cuda-ckpt cat IMAGE ADDR SIZE [-o FILE]   (also: cuda-ckpt cat -D IMAGE ADDR SIZE)\n"
+      "Each extent the range touches is read whole and its checksum checked before any of its bytes are written.\n"
+      "Exit status 1, naming it, when a byte of the range is in no extent (nothing is written) or an extent is\n"
+      "damaged (the bytes before it, all checked, may have been written; with -o no file is left).");
+
+  return {command, [o] { return cat_command(o->image, o->addr, o->size, o->output); }};
 }
 
 }  // namespace vmmckpt::tools

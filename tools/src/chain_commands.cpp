@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <system_error>
 
+#include "cli_options.hpp"
 #include "commands.hpp"
 #include "exit_codes.hpp"
 #include "output.hpp"
@@ -123,6 +124,33 @@ int rm_command(const std::string& path, bool force, bool json) {
     for (const auto& c : children) std::printf("%s: now lacks its parent (removed with --force)\n", c.c_str());
   }
   return exit_ok;
+}
+
+subcommand add_merge(CLI::App& app) {
+  struct options { std::string image, output; bool json = false; };
+  auto o = std::make_shared<options>();
+  auto* command = app.add_subcommand("merge", "Write an incremental image and its parents as one full image");
+  add_image(command, o->image);
+  command->add_option("-o,--output", o->output, "The full image to create")->required()->type_name("DIR");
+  command->add_flag("--json", o->json, "Print the result as JSON");
+  command->footer("Usage: cuda-ckpt merge IMAGE -o FULL\n"
+                "Every block is read from wherever the chain holds it and checked; FULL has no parent and appears\n"
+                "only once complete and synced. The chain is left as it was.");
+
+  return {command, [o] { return merge_command(o->image, o->output, o->json); }};
+}
+
+subcommand add_rm(CLI::App& app) {
+  struct options { std::string image; bool force = false, json = false; };
+  auto o = std::make_shared<options>();
+  auto* command = app.add_subcommand("rm", "Delete an image, unless another image in its directory is its child");
+  add_image(command, o->image);
+  command->add_flag("--force", o->force, "Delete it even if incremental images name it as their parent (they break)");
+  command->add_flag("--json", o->json, "Print the result as JSON");
+  command->footer("An image cannot know its children: rm looks for them among the images next to it (the same\n"
+             "directory), where dump --parent leaves them by default. A child kept elsewhere is not seen.");
+
+  return {command, [o] { return rm_command(o->image, o->force, o->json); }};
 }
 
 }  // namespace vmmckpt::tools

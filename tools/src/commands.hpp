@@ -3,15 +3,40 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "vmmckpt/image.hpp"
 
+namespace CLI {
+class App;
+}
+
 namespace vmmckpt::tools {
 
+// A subcommand as its own file registers it: its flags and help on the application, and what runs it once
+// the command line is parsed (returning the exit code).
+struct subcommand {
+  CLI::App* app;
+  std::function<int()> run;
+};
+subcommand add_run(CLI::App& app);
+subcommand add_ps(CLI::App& app);
+subcommand add_check(CLI::App& app);
+subcommand add_dump(CLI::App& app);
+subcommand add_merge(CLI::App& app);
+subcommand add_rm(CLI::App& app);
+subcommand add_inspect(CLI::App& app);
+subcommand add_verify(CLI::App& app);
+subcommand add_cat(CLI::App& app);
+subcommand add_gc(CLI::App& app);
+subcommand add_suspend(CLI::App& app);
+subcommand add_resume(CLI::App& app);
+// `trailing_command`: what followed "--" on the command line, filled in before the subcommand runs.
+subcommand add_restore(CLI::App& app, const std::vector<std::string>& trailing_command);
+
 int ps_command(pid_t only, bool json);  // only: 0 for every process
-extern const char* const ps_help_footer;  // its states and where it looks, for `ps --help`
 int check_command(pid_t pid, bool json);
 
 inline constexpr int default_full_every = 8;

@@ -9,6 +9,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "cli_options.hpp"
 #include "commands.hpp"
 #include "exit_codes.hpp"
 #include "interrupts.hpp"
@@ -195,6 +196,85 @@ int dump_command(const dump_command_options& o) {
   else
     print_result(o, result, o.parent);
   return exit_ok;
+}
+
+subcommand add_dump(CLI::App& app) {
+  auto o = std::make_shared<dump_command_options>();
+  auto* command = app.add_subcommand("dump", "Write a consistent image of a running process's GPU memory");
+  add_pid(command, o->pid, "The process (running under vmmckpt)");
+  command->add_option("-o,--output,-D", o->output,
+                   "Image directory to create (default ./vmmckpt-PID-TIME; also -D DIR)")
+      ->type_name("DIR");
+  command->add_flag("--json", o->json, "Print the result as JSON");
+  command->add_option("--deadline", o->deadline_s,
+                   "Give up after this many whole seconds (1 to 3600), connecting and preparing included; the "
+                   "program is released by then, dump or not")
+      ->capture_default_str()->check(whole_seconds)->type_name("INT");
+  command->add_option("--chunk", o->chunk, "Staging buffer size, 1M to 1G (K/M/G suffixes)")
+      ->capture_default_str()->type_name("SIZE");
+  command->add_option("--staging", o->staging,
+                   "Most pinned host memory for staging (K/M/G/T suffixes); a dump that fits is held only for its "
+                   "copy out of the GPU")
+      ->capture_default_str()->type_name("SIZE");
+  command->add_option("--streams", o->streams, "Copy streams")->capture_default_str()->check(CLI::Range(1, 16));
+  command->add_flag("--no-gpu-snapshot", o->no_gpu_snapshot,
+                 "Hold the program until its memory is on the host, even when the GPU has room for a copy");
+  command->add_flag("--allow-partial", o->allow_partial,
+                 "Write the image even when the process has device memory vmmckpt does not own (managed memory, "
+                 "CUDA arrays, memory pools it created, VMM that passes through): the image is marked partial "
+                 "and lists what it lacks");
+  command->add_option("--parent", o->parent,
+                   "Write an incremental image: blocks unchanged since the image PARENT are left to it (it must "
+                   "stay, or be merged: cuda-ckpt merge). With --process, PARENT is a whole-process image and each "
+                   "process's GPU part is incremental on its part there")
+      ->type_name("IMAGE");
+  command->add_flag("--cpu-checksums", o->cpu_checksums,
+                 "Compute the block checksums on the CPU, as the writers write. By default a kernel built into "
+                 "cuda-ckpt computes them on the GPU: all of them for an incremental dump (which then copies only "
+                 "changed blocks out of the GPU), those of the GPU snapshot for a full one; where it cannot, the "
+                 "CPU does, and --json says why (checksums.why_not_gpu)");
+  command->add_option("--writers", o->writers, "Threads writing the image, one data file each (default: one per core, up to 16)")
+      ->check(CLI::Range(1, 256));
+  command->add_option("--every", o->every_s,
+                   "A series: one dump now and one every SECONDS into DIR/0000, DIR/0001, ..., each incremental on "
+                   "the one before (one line, or with --json one JSON line, per image); ends when the process does, "
+                   "after --count dumps, or at SIGINT/SIGTERM")
+      ->check(CLI::Range(0.001, 1e7))->type_name("SECONDS");
+  command->add_option("--count", o->count, "With --every: stop after this many dumps (default: no limit)")
+      ->check(CLI::Range(1, 1000000));
+  command->add_option("--full-every", o->full_every,
+                   "With --every: a full image after this many incremental ones (bounds the chains restore reads)")
+      ->capture_default_str()->check(CLI::Range(0, 30));
+  command->add_flag("--process", o->process,
+                 "The whole process and its descendants, CPU side too (CRIU 4.0 or later, the driver's checkpoint "
+                 "API): `cuda-ckpt restore DIR` brings it back. The process ends when the dump completes");
+  command->add_flag("--leave-running", o->leave_running,
+                 "With --process: the process goes on afterwards (periodic checkpoints)");
+  command->add_option("--criu-arg", o->criu_args,
+                   "With --process: one more argument for `criu dump` (repeatable; e.g. --criu-arg=--tcp-established)")
+      ->type_name("ARG")->allow_extra_args(false);
+  command->footer(
+      "Usage: cuda-ckpt dump PID [-o DIR]   (also: cuda-ckpt dump -t PID -D DIR)\n"
+      "The program is held (its GPU work stopped and drained) only until its memory is copied: to spare\n"
+      "GPU memory when the device has room for it (a quarter staying free), otherwise out of the GPU;\n"
+      "with room for part of it, the last part is copied on the GPU and the rest out of it. On a terminal\n"
+      "a progress line shows the copy and the writing, and a line says when the program was released.\n"
+      "Exit status 1 with a message when the process does not exist, is not under vmmckpt, belongs to\n"
+      "another user, exits during the dump, or the image cannot be written (full disk).\n"
+      "The image appears under its final name only once complete and synced: a failed or interrupted\n"
+      "(Ctrl-C, SIGTERM) dump leaves none, and the program goes on.\n"
+      "A process with device memory vmmckpt does not own is refused with exit status 3, naming each kind and\n"
+      "its size, unless --allow-partial is given.\n"
+      "\n"
+      "Whole process: cuda-ckpt dump PID --process -o DIR [--leave-running]\n"
+      "Each process of PID's tree under vmmckpt is suspended into DIR/gpu/PID (its GPU memory copied out and\n"
+      "freed), the driver checkpoints what is left of its CUDA context, and `criu dump` writes the CPU side\n"
+      "into DIR/criu; process.json lists and checksums both parts. DIR appears only once complete. A failure at\n"
+      "any step brings the processes back running and leaves no image; if cuda-ckpt itself is killed midway,\n"
+      "`cuda-ckpt resume PID` brings the process back from whatever state it was left in. The time the process\n"
+      "was stopped is reported. CRIU: $VMMCKPT_CRIU, else criu on PATH (scripts/provision-criu.sh).");
+
+  return {command, [o] { return dump_command(*o); }};
 }
 
 }  // namespace vmmckpt::tools

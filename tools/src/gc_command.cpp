@@ -3,6 +3,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "cli_options.hpp"
 #include "commands.hpp"
 #include "exit_codes.hpp"
 #include "vmmckpt/ckpt/leftovers.hpp"
@@ -24,6 +25,24 @@ int gc_command(const std::vector<std::string>& dirs, bool dry_run, bool as_json)
   for (const auto& l : report.kept) std::printf("kept %s: %s\n", l.path.c_str(), l.why.c_str());
   if (report.removed.empty() && report.kept.empty()) std::printf("nothing left behind\n");
   return exit_ok;
+}
+
+subcommand add_gc(CLI::App& app) {
+  struct options { std::vector<std::string> dirs; bool dry_run = false, json = false; };
+  auto o = std::make_shared<options>();
+  auto* command = app.add_subcommand("gc", "Remove what killed tools left behind, when no process depends on it");
+  command->add_option("dirs", o->dirs, "Directories to scan (default: the default suspend directory, /dev/shm/vmmckpt-UID)")
+      ->type_name("DIR");
+  command->add_flag("--dry-run", o->dry_run, "Say what would be removed, remove nothing");
+  command->add_flag("--json", o->json, "Print the result as JSON");
+  command->footer(
+      "Removes unfinished images (NAME.partial-PID-...) whose writer is gone; suspend images nobody depends on\n"
+      "(withdrawn, or whose tool died before the program took them, or whose program is gone or resumed);\n"
+      "and control socket files nobody listens at any more (their process is gone; only sockets, never another\n"
+      "file). A suspend image of a process that does not answer (stopped, busy) stays. `cuda-ckpt ps` lists\n"
+      "the images of processes that died as orphaned, with their size and the gc command that removes them.");
+
+  return {command, [o] { return gc_command(o->dirs, o->dry_run, o->json); }};
 }
 
 }  // namespace vmmckpt::tools

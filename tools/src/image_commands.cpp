@@ -3,6 +3,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "cli_options.hpp"
 #include "commands.hpp"
 #include "exit_codes.hpp"
 #include "image_access.hpp"
@@ -117,6 +118,26 @@ int verify_command(const std::string& path, bool as_json) {
     }
     return exit_failure;
   }
+}
+
+subcommand add_inspect(CLI::App& app) {
+  struct options { std::string image; bool json = false; };
+  auto o = std::make_shared<options>();
+  auto* command = app.add_subcommand("inspect", "Summarize an image and list its allocations");
+  add_image(command, o->image);
+  command->add_flag("--json", o->json, "Print the manifest as JSON");
+
+  return {command, [o] { return inspect_command(o->image, o->json); }};
+}
+
+subcommand add_verify(CLI::App& app) {
+  struct options { std::string image; bool json = false; };
+  auto o = std::make_shared<options>();
+  auto* command = app.add_subcommand("verify", "Check an image's structure and every checksum");
+  add_image(command, o->image);
+  command->add_flag("--json", o->json, "Print the result as JSON");
+
+  return {command, [o] { return verify_command(o->image, o->json); }};
 }
 
 }  // namespace vmmckpt::tools

@@ -7,6 +7,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "cli_options.hpp"
 #include "commands.hpp"
 #include "exit_codes.hpp"
 #include "output.hpp"
@@ -17,6 +18,7 @@
 
 namespace vmmckpt::tools {
 
+// Its states and where it looks, for `ps --help`.
 const char* const ps_help_footer =
     "Finds every process with libvmmckpt.so in /proc/PID/maps or its control socket @vmmckpt/PID in\n"
     "/proc/net/unix (root: every user's), whatever its XDG_RUNTIME_DIR, and asks them all at once; one\n"
@@ -241,6 +243,19 @@ int ps_command(pid_t only, bool as_json) {
     std::printf("%zu more with %s loaded but no control server (no CUDA call yet, or a fork() child): %s\n",
                 without_server, std::string(ckpt::shim_file_name).c_str(), without_server_pids.c_str());
   return exit_ok;
+}
+
+subcommand add_ps(CLI::App& app) {
+  struct options { pid_t pid = 0; bool json = false; };
+  auto o = std::make_shared<options>();
+  auto* command = app.add_subcommand("ps", "List the processes running under vmmckpt, and images of processes that died");
+  command->add_option("pid,-t,--pid", o->pid, "Only this process (an error says why when it is not under vmmckpt)")
+      ->check(process_id)
+      ->type_name("PID");
+  command->add_flag("--json", o->json, "Print JSON");
+  command->footer(ps_help_footer);
+
+  return {command, [o] { return ps_command(o->pid, o->json); }};
 }
 
 }  // namespace vmmckpt::tools

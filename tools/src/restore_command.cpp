@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_options.hpp"
 #include "commands.hpp"
 #include "exit_codes.hpp"
 #include "image_access.hpp"
@@ -155,6 +156,66 @@ int restore_command(const restore_command_options& o, const std::vector<std::str
   const int failed = run_under_shim(command, "restore");
   if (h.progress_fd >= 0) ::close(h.progress_fd);
   return failed;
+}
+
+subcommand add_restore(CLI::App& app, const std::vector<std::string>& trailing_command) {
+  struct options : restore_command_options { bool no_verify = false; };
+  auto o = std::make_shared<options>();
+  auto* command = app.add_subcommand(
+      "restore", "Bring a whole process back from its image, or start a command with an image's GPU memory");
+  add_image(command, o->image);
+  command->add_flag("--replay", o->replay,
+                    "The allocator starts empty with the image's bytes in place: a program that repeats its "
+                    "allocations from the start gets the same addresses and finds its data");
+  command->add_flag("--no-verify", o->no_verify,
+                    "Start the command after checking the image's structure only, without reading it through "
+                    "first; the restoring process still checks every extent as it loads it, and its memory calls "
+                    "fail if one is damaged");
+  command->add_option("--device", o->device,
+                      "Run on this machine's GPU N (migration); the program sees it as the device it had, and "
+                      "every address is unchanged")
+      ->check(CLI::Range(0, 63));
+  command->add_flag("--json", o->json, "Whole process: print the result as JSON");
+  command->add_flag("--trust-owner", o->trust_owner,
+                    "Whole process, as root: restore an image that someone other than root owns or may have written "
+                    "(refused otherwise, naming the file: the restored processes run what the image holds)");
+  command->add_option("--criu-arg", o->criu_args,
+                      "Whole process: one more argument for `criu restore` (repeatable)")
+      ->type_name("ARG")->allow_extra_args(false);
+  command->allow_extras();  // a command given without "--" is named in the error, in its order
+  command->footer(
+      "Usage: cuda-ckpt restore DIR [--json] [--trust-owner]   (a whole-process image, from dump --process)\n"
+      "       cuda-ckpt restore IMAGE [--replay] [--device N] -- COMMAND [ARGS...]\n"
+      "Whole process: both parts are checked (no link or special file in the image, every CRIU file's size and\n"
+      "checksum, each GPU part's structure, every pid one CRIU restores; the GPU bytes as they load), `criu\n"
+      "restore` brings the processes back with their pids, the driver their CUDA contexts, and each loads its GPU\n"
+      "memory at its addresses. The process runs detached; its pid is printed. As root, an image is restored only\n"
+      "when nobody but root can have written it (--trust-owner: anyway). DIR left unfinished by a dump whose tool\n"
+      "died after CRIU succeeded (DIR.partial-...) is completed and restored. A failed restore leaves the image\n"
+      "unchanged and says why (the pid in use, CRIU missing or too old, the driver lacking the checkpoint API,\n"
+      "another GPU model, not enough memory).\n"
+      "With a command:\n"
+      "The image is checked (structure and every checksum) before the command starts; a bad image is refused\n"
+      "(--no-verify: the structure only, and the restoring process checks each extent as it loads).\n"
+      "By default the image's allocations are live in the new process: pointers the program saved stay valid.\n"
+      "On a terminal a progress line shows the program loading its image.");
+
+  return {command, [o, command, &trailing_command] {
+    if (!command->remaining().empty()) {
+      // Words after the image without "--": the command, most likely, or an option misspelt.
+      const auto extra = command->remaining();
+      if (extra.front().rfind("-", 0) == 0)
+        return report_failure("restore", false, "unknown option '" + extra.front() + "'; see cuda-ckpt help restore",
+                              exit_usage);
+      std::string words;
+      for (const auto& w : extra) words += " " + w;
+      return report_failure("restore", false,
+                            "the command to start goes after '--': cuda-ckpt restore " + o->image + " --" + words,
+                            exit_usage);
+    }
+    o->verify_first = !o->no_verify;
+    return restore_command(*o, trailing_command);
+  }};
 }
 
 }  // namespace vmmckpt::tools

@@ -1,4 +1,6 @@
 // `cuda-ckpt run`: start a command with libvmmckpt.so preloaded.
+#include "commands.hpp"
+#include "cli_options.hpp"
 #include "run_command.hpp"
 
 #include <signal.h>
@@ -73,6 +75,18 @@ int run_under_shim(const std::vector<std::string>& command, const char* subcomma
   const int error = errno;
   std::cerr << "cuda-ckpt " << subcommand << ": cannot execute '" << command[0] << "': " << std::strerror(error) << "\n";
   return error == ENOENT ? exit_not_found : exit_cannot_execute;
+}
+
+subcommand add_run(CLI::App& app) {
+  auto* command = app.add_subcommand("run", "Run a command with its device allocations served from the vmmckpt pool");
+  command->footer(
+      "Usage: cuda-ckpt run [--] COMMAND [ARGS...]\n"
+      "Sets LD_PRELOAD to libvmmckpt.so ($VMMCKPT_SHIM, else found in ../lib, the install's library directory\n"
+      "or ../lib/<multiarch> next to cuda-ckpt's real directory) and executes the command.\n"
+      "Example: cuda-ckpt run -- python train.py --epochs 3");
+  command->prefix_command();  // everything after the first word belongs to the command
+
+  return {command, [command] { return run_under_shim(command->remaining()); }};
 }
 
 }  // namespace vmmckpt::tools

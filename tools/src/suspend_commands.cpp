@@ -9,6 +9,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "cli_options.hpp"
 #include "commands.hpp"
 #include "exit_codes.hpp"
 #include "interrupts.hpp"
@@ -105,6 +106,56 @@ int resume_command(pid_t pid, bool as_json) {
   // processes run on.
   ckpt::settle_transactions(false);
   return exit_ok;
+}
+
+subcommand add_suspend(CLI::App& app) {
+  auto o = std::make_shared<suspend_command_options>();
+  auto* command = app.add_subcommand("suspend", "Save a process's GPU memory and free it; the process waits");
+  add_pid(command, o->pid, "The process (running under vmmckpt)");
+  command->add_option("-o,--output,-D", o->output,
+                      "Image directory (default /dev/shm/vmmckpt-UID/suspend-PID-TIME, removed by resume; also -D DIR)")
+      ->type_name("DIR");
+  command->add_flag("--json", o->json, "Print the result as JSON");
+  command->add_option("--deadline", o->deadline_s,
+                      "Give up after this many whole seconds (1 to 3600), connecting and saving included: the "
+                      "program is then released, not suspended")
+      ->capture_default_str()->check(whole_seconds)->type_name("INT");
+  command->add_flag("--verify", o->verify,
+                    "Read the image back and check every checksum before the memory is freed");
+  command->add_flag("--allow-partial", o->allow_partial,
+                    "Suspend even when the process has device memory vmmckpt does not own: the image is marked "
+                    "partial, and that memory stays on the GPU while the process is suspended");
+  command->add_option("--parent", o->parent,
+                      "Write an incremental image: blocks unchanged since the image PARENT (weights saved earlier) "
+                      "are left to it; resume reads them from there")
+      ->type_name("IMAGE");
+  command->add_flag("--cpu-checksums", o->cpu_checksums,
+                    "Compute the block checksums on the CPU (by default on the GPU where it can; see dump)");
+  command->add_option("--writers", o->writers, "Threads writing the image (default: one per core, up to 16)")
+      ->check(CLI::Range(1, 256));
+  command->footer(
+      "Usage: cuda-ckpt suspend PID [-o DIR]   (also: cuda-ckpt suspend -t PID -D DIR)\n"
+      "Nothing is freed unless the image is complete, synced and opens with every rule checked (with --verify:\n"
+      "and reads back with every checksum right). Threads of the program that call CUDA\n"
+      "wait until resume; its CUDA context stays on the GPU. Interrupted (Ctrl-C, SIGTERM) before the\n"
+      "program took the image, the suspend is undone: the image is removed and the program goes on.\n"
+      "A process with device memory vmmckpt does not own is refused with exit status 3 unless\n"
+      "--allow-partial is given.");
+
+  return {command, [o] { return suspend_command(*o); }};
+}
+
+subcommand add_resume(CLI::App& app) {
+  struct options { pid_t pid = 0; bool json = false; };
+  auto o = std::make_shared<options>();
+  auto* command = app.add_subcommand("resume", "Give a suspended process its GPU memory back and let it go on");
+  add_pid(command, o->pid, "The suspended process");
+  command->add_flag("--json", o->json, "Print the result as JSON");
+  command->footer("A resume that cannot complete (not enough GPU memory, a damaged image) leaves the process\n"
+                 "suspended with its image intact; it can be tried again. On a terminal a progress line shows\n"
+                 "the program loading its image.");
+
+  return {command, [o] { return resume_command(o->pid, o->json); }};
 }
 
 }  // namespace vmmckpt::tools

@@ -1,0 +1,38 @@
+#include "cli_options.hpp"
+
+namespace vmmckpt::tools {
+
+const CLI::Validator process_id(
+    [](std::string& text) -> std::string {
+      const bool digits = !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
+      if (!digits || text.size() > 9 || std::stol(text) <= 0) return "a process id is a positive integer, not '" + text + "'";
+      return {};
+    },
+    "");
+
+const CLI::Validator whole_seconds(
+    [](std::string& text) -> std::string {
+      const bool digits = !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
+      if (!digits) return "takes whole seconds (an integer from 1 to 3600), not '" + text + "'";
+      if (text.size() > 4 || std::stoi(text) < 1 || std::stoi(text) > 3600)
+        return "takes whole seconds from 1 to 3600, not " + text;
+      return {};
+    },
+    "INT in [1 - 3600]");
+
+void add_pid(CLI::App* command, pid_t& pid, const std::string& what) {
+  auto* positional = command->add_option("pid", pid, what + "; or -t PID")->check(process_id)->type_name("PID");
+  auto* flag = command->add_option("-t,--pid", pid, "The same, as CRIU and cuda-checkpoint spell it")
+                   ->check(process_id)
+                   ->type_name("PID");
+  command->parse_complete_callback([positional, flag] {
+    if (positional->count() + flag->count() == 0) throw CLI::RequiredError("a process: PID, or -t PID");
+    if (positional->count() + flag->count() > 1) throw CLI::ValidationError("one process: PID, or -t PID, not both");
+  });
+}
+
+CLI::Option* add_image(CLI::App* command, std::string& path) {
+  return command->add_option("image,-D", path, "Image directory")->required()->type_name("DIR");
+}
+
+}  // namespace vmmckpt::tools

@@ -1,0 +1,25 @@
+// The command-line pieces several subcommands share: a process id, whole seconds, the process and image
+// arguments in both spellings (ours, and CRIU's and cuda-checkpoint's).
+#pragma once
+
+#include <sys/types.h>
+
+#include <CLI/CLI.hpp>
+#include <string>
+
+namespace vmmckpt::tools {
+
+// A positive integer (a negative one is a usage error, not a missing process).
+extern const CLI::Validator process_id;
+
+// Whole seconds from 1 to 3600: "1.5" is refused as not a whole number, not as out of range.
+extern const CLI::Validator whole_seconds;
+
+// The process of dump, suspend, resume and check: a positional, or -t/--pid as CRIU and NVIDIA's
+// cuda-checkpoint spell it; one of the two, each listed once in the help.
+void add_pid(CLI::App* command, pid_t& pid, const std::string& what);
+
+// An image directory read by inspect, verify, cat, merge, rm and restore: a positional, or -D DIR.
+CLI::Option* add_image(CLI::App* command, std::string& path);
+
+}  // namespace vmmckpt::tools
