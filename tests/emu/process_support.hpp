@@ -106,7 +106,12 @@ struct ticker_tree {
                                     (dir.path / "out").string() + " 2>&1 </dev/null & echo $!"});
     REQUIRE(r.exit_code == 0);
     pid = std::stoi(r.out);
-    REQUIRE(wait_until([&] { return last_tick(log) >= 3; }));
+    if (!wait_until([&] { return last_tick(log) >= 3; }, 60)) {
+      std::string out;
+      for (const auto& line : lines_of(dir.path / "out")) out += line + "\n";
+      FAIL("the ticker (process " << pid << (::kill(pid, 0) == 0 ? ", alive" : ", gone") << ") did not tick 3 times in 60 s; "
+           << last_tick(log) << " ticks; its output:\n" << out);
+    }
   }
   ~ticker_tree() {
     // The root and its children (each names its log, under this scratch directory, on its command line).
