@@ -64,8 +64,6 @@ suspend_result suspend(const suspend_options& options, const progress_callback& 
   s.describe_process(m);
   held_memory memory(s, held, fds, m);
   result.mark("mapped");
-  bool snapshot_used = false;
-  std::uint64_t snapshot_bytes = 0;
   pipeline.copy(
       m, [&](std::uint64_t addr, std::uint64_t size) { return memory.mapped(addr, size); },
       [&] {
@@ -73,7 +71,7 @@ suspend_result suspend(const suspend_options& options, const progress_callback& 
         memory.release();
         fault_point("writing");
       },
-      progress, result, snapshot_used, snapshot_bytes);
+      progress, result);
 
   // The program gives its memory back only once the image is complete and synced, and opens with
   // every rule checked (headers, sizes, the manifest's and tables' checksums). The checksums of the
