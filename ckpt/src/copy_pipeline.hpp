@@ -10,14 +10,24 @@
 #include <optional>
 #include <thread>
 
-#include "vmmckpt/ckpt/dump.hpp"
-#include "vmmckpt/host_pages.hpp"
-#include "vmmckpt/image.hpp"
+#include "copy_plan.hpp"
+#include "copy_staging.hpp"
 #include "gpu_checksums.hpp"
 #include "parent_blocks.hpp"
+#include "vmmckpt/ckpt/dump.hpp"
+#include "vmmckpt/image.hpp"
 
 namespace vmmckpt::ckpt {
 
+// What copy() did, besides the phases and times it marks in the operation's result.
+struct copy_outcome {
+  bool used_snapshot = false;        // the program was held only for a copy on the GPU (of all or part of its bytes)
+  std::uint64_t snapshot_bytes = 0;  // the bytes copied on the GPU; the rest left it while the program was held
+};
+
+// The stages of a copy, each in a file of its own: the plan of what to copy (copy_plan), the GPU's block
+// checksums (copy_checksums), the copier (chunk_copier: device to staging), the writers (chunk_writers: staging
+// to files), what they share (copy_handoff), and when the program is released (release_policy).
 class copy_pipeline {
  public:
   // Starts faulting in pinned staging sized for `live_estimate` bytes (up to the settings' budget)
@@ -39,10 +49,9 @@ class copy_pipeline {
   // between them where `readable(addr, size)` says that gap is mapped here. `release` is called once, as soon as every byte has
   // left the program's memory (copied to the snapshot or to the host), while writing goes on.
   // Returns when every byte is written (result's "copied" and "written" phases marked, its copy
-  // and thread times filled in). The manifest is not committed.
-  void copy(image::manifest& m, const std::function<bool(std::uint64_t, std::uint64_t)>& readable,
-            const std::function<void()>& release, const progress_callback& progress, image_result& result,
-            bool& used_snapshot, std::uint64_t& snapshot_bytes);
+  // and thread times filled in), saying whether the GPU snapshot was used. The manifest is not committed.
+  copy_outcome copy(image::manifest& m, const readable_fn& readable, const std::function<void()>& release,
+                    const progress_callback& progress, image_result& result);
 
   image::writer& writer() { return *writer_; }
   // After the writer committed m (`manifest_checksum`: what commit returned): a series keeps the image as
@@ -53,13 +62,10 @@ class copy_pipeline {
   void check_interrupted() const;
 
  private:
-  friend struct copy_reuse;
-  struct staging;
-  struct gpu_snapshot;
   copy_settings settings_;
   std::uint64_t live_estimate_;
   int buffers_;
-  std::shared_ptr<staging> staging_;  // reused by the next dump of a series (copy_settings::reuse)
+  std::shared_ptr<copy_staging> staging_;  // reused by the next dump of a series (copy_settings::reuse)
   std::thread reserving_;
   CUcontext context_ = nullptr;
   std::optional<image::writer> writer_;

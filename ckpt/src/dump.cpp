@@ -49,7 +49,7 @@ dump_result dump(const dump_options& options, const progress_callback& progress)
   // holding it leaves the program locked for good (the driver does not release it), and a crashed
   // tool must never hang the program. The shim's gate, which reopens when this connection drops,
   // is the quiesce.
-  pipeline.copy(
+  const copy_outcome copied = pipeline.copy(
       m, [&](std::uint64_t addr, std::uint64_t size) { return memory.mapped(addr, size); },
       [&] {
         try {
@@ -66,7 +66,9 @@ dump_result dump(const dump_options& options, const progress_callback& progress)
         memory.release();
         result.mark("released");
       },
-      progress, result, result.gpu_snapshot, result.snapshot_bytes);
+      progress, result);
+  result.gpu_snapshot = copied.used_snapshot;
+  result.snapshot_bytes = copied.snapshot_bytes;
   m.hold_us = static_cast<std::uint64_t>(result.hold_ms * 1000.0);
   m.image_id = pipeline.writer().image_id();
   pipeline.committed(options.output, m, pipeline.writer().commit(m));

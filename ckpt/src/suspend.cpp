@@ -3,6 +3,9 @@
 
 #include <unistd.h>
 
+#include <optional>
+#include <string>
+
 #include "copy_pipeline.hpp"
 #include "held_memory.hpp"
 #include "session.hpp"
@@ -18,6 +21,47 @@ namespace {
 void remove_image(const std::filesystem::path& image) {
   std::error_code ec;
   std::filesystem::remove_all(image, ec);
+}
+
+// The committed image opens with every rule checked (headers, sizes, the manifest's and tables' checksums),
+// and with --verify its bytes are read back; otherwise it is removed: no request was sent, nobody can depend
+// on it.
+void check_committed(const suspend_options& options) {
+  try {
+    const auto check = image::reader::open(options.output);
+    check.verify_manifest();
+    if (options.verify) check.verify_data();
+  } catch (...) {
+    remove_image(options.output);  // no request was sent: nobody can depend on it
+    throw;
+  }
+}
+
+// Asks the program to take the claim of `image` and free its memory. None (nullopt): it took the claim and
+// did not answer. When it refused, or did not take the claim, the image is removed and this throws.
+std::optional<control::suspend_reply> request_suspend(session& s, const suspend_options& options,
+                                                      const std::string& image, const std::string& image_id) {
+  try {
+    return s.client().suspend(image, image_id);
+  } catch (const control_error& e) {
+    if (e.refused) {
+      // The program did not take the claim: the image is nobody's.
+      remove_image(options.output);
+      if (e.refusal == control::refusal::not_held)
+        throw tool_error("the hold deadline (" + std::to_string(options.hold_deadline_ms / 1000) +
+                         " s, --deadline) passed before the image was complete and checked: the program was "
+                         "released and goes on, not suspended");
+      throw;
+    }
+    // No answer: whether the program took the request is settled by the claim, not guessed.
+    if (suspend_claim::take(image, suspend_claim::cancelled)) {
+      remove_image(options.output);
+      throw tool_error(std::string(e.what()) +
+                       "; the suspend is withdrawn: the program goes on, not suspended, when it continues");
+    }
+    if (!std::filesystem::exists(std::filesystem::path(image) / suspend_claim::accepted)) throw;
+    return std::nullopt;
+  }
 }
 
 }  // namespace
@@ -64,8 +108,6 @@ suspend_result suspend(const suspend_options& options, const progress_callback& 
   s.describe_process(m);
   held_memory memory(s, held, fds, m);
   result.mark("mapped");
-  bool snapshot_used = false;
-  std::uint64_t snapshot_bytes = 0;
   pipeline.copy(
       m, [&](std::uint64_t addr, std::uint64_t size) { return memory.mapped(addr, size); },
       [&] {
@@ -73,7 +115,7 @@ suspend_result suspend(const suspend_options& options, const progress_callback& 
         memory.release();
         fault_point("writing");
       },
-      progress, result, snapshot_used, snapshot_bytes);
+      progress, result);
 
   // The program gives its memory back only once the image is complete and synced, and opens with
   // every rule checked (headers, sizes, the manifest's and tables' checksums). The checksums of the
@@ -82,14 +124,7 @@ suspend_result suspend(const suspend_options& options, const progress_callback& 
   m.image_id = pipeline.writer().image_id();
   pipeline.writer().commit(m);
   result.mark("committed");
-  try {
-    const auto check = image::reader::open(options.output);
-    check.verify_manifest();
-    if (options.verify) check.verify_data();
-  } catch (...) {
-    remove_image(options.output);  // no request was sent: nobody can depend on it
-    throw;
-  }
+  check_committed(options);
   result.mark("verified");
   fault_point("verified");
   // The last moment an interrupt undoes the suspend: no request is out, so nobody depends on the image.
@@ -99,26 +134,9 @@ suspend_result suspend(const suspend_options& options, const progress_callback& 
     remove_image(options.output);
     throw;
   }
-  control::suspend_reply suspended;
-  try {
-    suspended = s.client().suspend(image, pipeline.writer().image_id());
-  } catch (const control_error& e) {
-    if (e.refused) {
-      // The program did not take the claim: the image is nobody's.
-      remove_image(options.output);
-      if (e.refusal == control::refusal::not_held)
-        throw tool_error("the hold deadline (" + std::to_string(options.hold_deadline_ms / 1000) +
-                         " s, --deadline) passed before the image was complete and checked: the program was "
-                         "released and goes on, not suspended");
-      throw;
-    }
-    // No answer: whether the program took the request is settled by the claim, not guessed.
-    if (suspend_claim::take(image, suspend_claim::cancelled)) {
-      remove_image(options.output);
-      throw tool_error(std::string(e.what()) +
-                       "; the suspend is withdrawn: the program goes on, not suspended, when it continues");
-    }
-    if (!std::filesystem::exists(std::filesystem::path(image) / suspend_claim::accepted)) throw;
+  const std::optional<control::suspend_reply> suspended =
+      request_suspend(s, options, image, pipeline.writer().image_id());
+  if (!suspended) {
     // It took the claim and then did not answer (it was stopped, or its answer was lost): it is
     // suspended, or will be when it continues, with this image. Say so; nothing is undone.
     result.late = true;
@@ -129,9 +147,9 @@ suspend_result suspend(const suspend_options& options, const progress_callback& 
   }
   fault_point("suspended");
   result.mark("suspended");
-  result.hold_ms = static_cast<double>(suspended.held_us) / 1000.0;
-  result.freed_bytes = suspended.freed_bytes;
-  for (const auto& d : suspended.devices) result.device_used_after += d.used_bytes_after;
+  result.hold_ms = static_cast<double>(suspended->held_us) / 1000.0;
+  result.freed_bytes = suspended->freed_bytes;
+  for (const auto& d : suspended->devices) result.device_used_after += d.used_bytes_after;
   result.image = options.output;
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - result.start).count();
   return result;

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <thread>
 #include <iostream>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "cli_options.hpp"
@@ -75,69 +76,91 @@ void print_result(const dump_command_options& o, const ckpt::dump_result& result
   std::fflush(stdout);
 }
 
+// The series' directory, made if missing, and the number of its next image: going on from those already there.
+// False when it cannot be made.
+bool series_directory(const fs::path& dir, int& next) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (!fs::is_directory(dir, ec)) return false;
+  next = 0;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!name.empty() && name.size() <= 9 && name.find_first_not_of("0123456789") == std::string::npos)
+      next = std::max(next, std::stoi(name) + 1);
+  }
+  return true;
+}
+
+// Waits until `due`; false when a signal came first.
+bool wait_until(std::chrono::steady_clock::time_point due, const std::atomic<int>& interrupt) {
+  while (std::chrono::steady_clock::now() < due && interrupt.load() == 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  return interrupt.load() == 0;
+}
+
+// One dump of the series; none (nullopt) when the program has ended, or was ending and failed it (its CUDA
+// teardown can take a while: it is given a moment). Any other failure is thrown.
+std::optional<ckpt::dump_result> dump_unless_ended(pid_t pid, const ckpt::dump_options& options) {
+  if (!ckpt::process_alive(pid)) return std::nullopt;
+  try {
+    return ckpt::dump(options);
+  } catch (const ckpt::interrupted&) {
+    throw;
+  } catch (const std::exception&) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (ckpt::process_alive(pid) && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (ckpt::process_alive(pid)) throw;
+    return std::nullopt;
+  }
+}
+
+// One image of the series, reported: a line of JSON, or the summary. `used`: the parent it actually has.
+void report_series_image(const dump_command_options& o, const ckpt::dump_options& options,
+                         const ckpt::dump_result& result, const fs::path& used) {
+  if (!result.parent_dropped.empty() && !o.json)
+    std::printf("%s changed since this series wrote it (%s): %s is a full image\n", options.copy.parent.c_str(),
+                result.parent_dropped.c_str(), options.output.c_str());
+  if (o.json) {
+    auto line = result_json(o, result, used);
+    if (!result.parent_dropped.empty()) line["parent_dropped"] = result.parent_dropped;
+    std::cout << line.dump() << std::endl;  // one line per image
+  } else {
+    print_result(o, result, used);
+  }
+}
+
 // dump --every: one image now and one every `every_s` seconds into DIR/0000, DIR/0001, ... (numbers
 // going on from those already there), each incremental on the one before, a full one after every
 // `full_every` incremental ones. One tool for the whole series: its CUDA context, pinned staging and
 // checksum kernel are made once, so each dump after the first costs only its own copy and writes.
 int dump_series(const dump_command_options& o, ckpt::dump_options options) {
   const fs::path dir = o.output.empty() ? fs::path("vmmckpt-" + std::to_string(o.pid) + "-series") : fs::path(o.output);
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (!fs::is_directory(dir, ec))
-    return report_failure("dump", o.json, dir.string() + ": cannot be created as the series' directory", exit_failure);
   int next = 0;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (!name.empty() && name.size() <= 9 && name.find_first_not_of("0123456789") == std::string::npos)
-      next = std::max(next, std::stoi(name) + 1);
-  }
+  if (!series_directory(dir, next))
+    return report_failure("dump", o.json, dir.string() + ": cannot be created as the series' directory", exit_failure);
   options.copy.reuse = ckpt::make_copy_reuse();
   fs::path parent = o.parent;
   int chain = parent.empty() ? 0 : 1;  // images in the chain the next one would extend
   const std::atomic<int>& interrupt = catch_interrupts();
-  auto ended = [&](int images) {
-    if (!o.json) std::printf("process %d has ended: %d image(s) in %s\n", static_cast<int>(o.pid), images, dir.c_str());
-    return static_cast<int>(exit_ok);
-  };
   const auto start = std::chrono::steady_clock::now();
   for (int k = 0; o.count == 0 || k < o.count; ++k) {
     const auto due = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                  std::chrono::duration<double>(o.every_s * k));
-    while (std::chrono::steady_clock::now() < due && interrupt.load() == 0)
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    if (interrupt.load() != 0) break;
-    if (!ckpt::process_alive(o.pid)) {
-      return ended(k);
-    }
+    if (!wait_until(due, interrupt)) break;
     char name[16];
-    std::snprintf(name, sizeof name, "%04d", next++);
+    std::snprintf(name, sizeof name, "%04d", next);
     options.output = dir / name;
     options.copy.parent = chain > 0 && chain <= o.full_every ? parent : fs::path();
-    ckpt::dump_result result;
-    try {
-      result = ckpt::dump(options);
-    } catch (const ckpt::interrupted&) {
-      throw;
-    } catch (const std::exception&) {
-      // A program that is ending (its CUDA teardown can take a while) fails the dump: give it a moment.
-      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-      while (ckpt::process_alive(o.pid) && std::chrono::steady_clock::now() < until)
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      if (ckpt::process_alive(o.pid)) throw;
-      return ended(k);
+    const auto result = dump_unless_ended(o.pid, options);
+    if (!result) {
+      if (!o.json) std::printf("process %d has ended: %d image(s) in %s\n", static_cast<int>(o.pid), k, dir.c_str());
+      return exit_ok;
     }
+    ++next;
     // The parent actually used: none when the series' last image changed since it was written.
-    const fs::path used = result.manifest.parent ? options.copy.parent : fs::path();
-    if (!result.parent_dropped.empty() && !o.json)
-      std::printf("%s changed since this series wrote it (%s): %s is a full image\n", options.copy.parent.c_str(),
-                  result.parent_dropped.c_str(), options.output.c_str());
-    if (o.json) {
-      auto line = result_json(o, result, used);
-      if (!result.parent_dropped.empty()) line["parent_dropped"] = result.parent_dropped;
-      std::cout << line.dump() << std::endl;  // one line per image
-    } else {
-      print_result(o, result, used);
-    }
+    const fs::path used = result->manifest.parent ? options.copy.parent : fs::path();
+    report_series_image(o, options, *result, used);
     chain = used.empty() ? 1 : chain + 1;
     parent = options.output;
   }
