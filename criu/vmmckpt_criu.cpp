@@ -29,7 +29,7 @@
 #include "criu_plugin_abi.hpp"
 #include "vmmckpt/ckpt/dump.hpp"
 #include "vmmckpt/ckpt/gpu_side.hpp"
-#include "vmmckpt/fault_point.hpp"
+#include "vmmckpt/support/fault_point.hpp"
 
 namespace fs = std::filesystem;
 

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "cuda_check.hpp"
-#include "vmmckpt/fault_point.hpp"
+#include "vmmckpt/support/fault_point.hpp"
 
 namespace vmmckpt::ckpt {
 namespace {

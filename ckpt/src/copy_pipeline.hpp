@@ -11,8 +11,8 @@
 #include <thread>
 
 #include "vmmckpt/ckpt/dump.hpp"
-#include "vmmckpt/host_pages.hpp"
-#include "vmmckpt/image.hpp"
+#include "vmmckpt/support/host_pages.hpp"
+#include "vmmckpt/image/image.hpp"
 #include "gpu_checksums.hpp"
 #include "parent_blocks.hpp"
 

@@ -9,9 +9,9 @@
 
 #include "cuda_check.hpp"
 #include "session.hpp"
-#include "vmmckpt/address_ranges.hpp"
-#include "vmmckpt/exact_reservation.hpp"
-#include "vmmckpt/hex_text.hpp"
+#include "vmmckpt/support/address_ranges.hpp"
+#include "vmmckpt/pool/exact_reservation.hpp"
+#include "vmmckpt/support/hex_text.hpp"
 
 namespace vmmckpt::ckpt {
 

@@ -2,10 +2,10 @@
 #include "session.hpp"
 
 #include "cuda_check.hpp"
-#include "vmmckpt/fault_point.hpp"
-#include "vmmckpt/protocol.hpp"
-#include "vmmckpt/uuid_text.hpp"
-#include "vmmckpt/version.hpp"
+#include "vmmckpt/support/fault_point.hpp"
+#include "vmmckpt/protocol/protocol.hpp"
+#include "vmmckpt/support/uuid_text.hpp"
+#include "vmmckpt/support/version.hpp"
 
 #include <unistd.h>
 

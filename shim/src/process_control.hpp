@@ -7,7 +7,7 @@
 #include <variant>
 #include <vector>
 
-#include "vmmckpt/control_messages.hpp"
+#include "vmmckpt/protocol/control_messages.hpp"
 #include "vmmckpt/restore/upload.hpp"
 
 namespace vmmckpt::detail {

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "vmmckpt/image.hpp"
+#include "vmmckpt/image/image.hpp"
 
 namespace vmmckpt::tools {
 
