@@ -91,7 +91,7 @@ std::uint64_t device_used_bytes(int ordinal) {
 
 // Adds device `ordinal`'s description to `devices` unless it is there already (a device with a pool and
 // program-made VMM memory is described once).
-void describe_once(std::vector<control::device_description>& devices, int ordinal) {
+void describe_once(std::vector<device_description>& devices, int ordinal) {
   for (const auto& dev : devices)
     if (dev.ordinal == ordinal) return;
   devices.push_back(describe_device(ordinal));
@@ -241,8 +241,8 @@ std::variant<control::dump_begin_reply, control::failure_reply> held_contents(do
 
 }  // namespace
 
-control::device_description describe_device(int ordinal) {
-  control::device_description dev;
+device_description describe_device(int ordinal) {
+  device_description dev;
   dev.ordinal = ordinal;
   const driver_api* d = driver();
   CUdevice device;

@@ -119,7 +119,7 @@ detail::manifest_file decode(const json& root, tables how) {
   for (std::size_t i = 0; i < devices.size(); ++i) {
     const std::string p = index("devices", i);
     const json& d = object_at(devices[i], p);
-    device_info info;
+    device_description info;
     info.ordinal = int_of(d, p, "ordinal");
     info.name = string_of(d, p, "name");
     info.uuid = string_of(d, p, "uuid");

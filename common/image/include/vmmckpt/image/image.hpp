@@ -15,6 +15,7 @@
 #include "vmmckpt/pool/alloc_api.hpp"
 #include "vmmckpt/pool/ipc_imports.hpp"
 #include "vmmckpt/pool/vmm_layout.hpp"
+#include "vmmckpt/support/device_description.hpp"
 
 namespace vmmckpt::image {
 
@@ -37,14 +38,6 @@ inline constexpr std::uint32_t max_data_files = 256;
 // Every defect an image can have is reported as this, with a message naming it.
 struct image_error : std::runtime_error {
   using std::runtime_error::runtime_error;
-};
-
-struct device_info {
-  int ordinal = 0;
-  std::string name;
-  std::string uuid;  // "GPU-xxxxxxxx-xxxx-..." form
-  int cc_major = 0, cc_minor = 0;
-  friend bool operator==(const device_info&, const device_info&) = default;
 };
 
 using vmmckpt::allocation;
@@ -136,7 +129,7 @@ struct manifest {
   std::string host;
   std::int64_t pid = 0;
   std::vector<std::string> command;
-  std::vector<device_info> devices;
+  std::vector<device_description> devices;
   std::vector<pool> pools;
   std::uint64_t data_bytes = 0;     // sum of the extents' bytes here (bytes_here) = sum of the data files' payloads
   std::uint64_t block_size = write_block_size;  // format 5 (what the writer writes); 0 before

@@ -17,6 +17,7 @@
 #include "vmmckpt/pool/ipc_imports.hpp"
 #include "vmmckpt/support/json_fields.hpp"
 #include "vmmckpt/pool/vmm_layout.hpp"
+#include "vmmckpt/support/device_description.hpp"
 
 namespace vmmckpt::control {
 
@@ -54,14 +55,6 @@ std::string_view name_of(process_state s);
 // for a dump, suspending (held for a suspend, or freeing memory), or resuming.
 enum class activity { idle, dumping, suspending, resuming };
 std::string_view name_of(activity a);
-
-struct device_description {
-  int ordinal = 0;
-  std::string name;  // empty when the driver did not say
-  std::string uuid;  // "GPU-..." as nvidia-smi writes it; empty when unknown
-  int cc_major = 0, cc_minor = 0;
-  friend bool operator==(const device_description&, const device_description&) = default;
-};
 
 // Live device memory of the program that the shim does not own, so that no image holds it: what a
 // dump must say it lacks. Only kinds with live bytes are listed, named by these strings.
