@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "frag_pattern.hpp"
-#include "vmmckpt/device_pool.hpp"
+#include "vmmckpt/pool/device_pool.hpp"
 
 namespace {
 

@@ -33,7 +33,7 @@
 #include "vmmckpt/ckpt/dump.hpp"
 #include "vmmckpt/ckpt/gpu_side.hpp"
 #include "vmmckpt/ckpt/processes.hpp"
-#include "vmmckpt/fault_point.hpp"
+#include "vmmckpt/support/fault_point.hpp"
 
 namespace fs = std::filesystem;
 

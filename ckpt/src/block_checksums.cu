@@ -5,7 +5,7 @@
 // keeps accumulator L and reads word L of every 64-byte stripe (a group's reads are one 64-byte run), and the
 // word its accumulator also takes (L ^ 1) comes from its neighbour by shuffle. One thread per block left most
 // of the device idle on a few GiB (measured on an H100: 0.27 TB/s on 6 GiB, against 2.4 TB/s this way).
-#include "vmmckpt/xxh3_portable.hpp"
+#include "vmmckpt/image/xxh3_portable.hpp"
 
 namespace {
 

@@ -2,7 +2,7 @@
 #include "chunk_copier.hpp"
 
 #include "cuda_check.hpp"
-#include "vmmckpt/fault_point.hpp"
+#include "vmmckpt/support/fault_point.hpp"
 
 namespace vmmckpt::ckpt {
 

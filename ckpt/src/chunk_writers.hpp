@@ -15,7 +15,7 @@
 #include "copy_plan.hpp"
 #include "copy_staging.hpp"
 #include "parent_blocks.hpp"
-#include "vmmckpt/image.hpp"
+#include "vmmckpt/image/image.hpp"
 
 namespace vmmckpt::ckpt {
 

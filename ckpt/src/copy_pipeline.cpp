@@ -14,7 +14,7 @@
 #include "copy_plan.hpp"
 #include "cuda_check.hpp"
 #include "release_policy.hpp"
-#include "vmmckpt/fault_point.hpp"
+#include "vmmckpt/support/fault_point.hpp"
 
 namespace vmmckpt::ckpt {
 

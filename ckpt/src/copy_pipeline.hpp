@@ -15,7 +15,7 @@
 #include "gpu_checksums.hpp"
 #include "parent_blocks.hpp"
 #include "vmmckpt/ckpt/dump.hpp"
-#include "vmmckpt/image.hpp"
+#include "vmmckpt/image/image.hpp"
 
 namespace vmmckpt::ckpt {
 

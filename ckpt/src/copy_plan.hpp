@@ -11,7 +11,7 @@
 #include <functional>
 #include <vector>
 
-#include "vmmckpt/image.hpp"
+#include "vmmckpt/image/image.hpp"
 
 namespace vmmckpt::ckpt {
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "cuda_check.hpp"
-#include "vmmckpt/host_pages.hpp"
+#include "vmmckpt/support/host_pages.hpp"
 
 namespace vmmckpt::ckpt {
 

@@ -6,8 +6,8 @@
 #include <set>
 
 #include "vmmckpt/ckpt/criu.hpp"
-#include "vmmckpt/image.hpp"
-#include "vmmckpt/little_endian.hpp"
+#include "vmmckpt/image/image.hpp"
+#include "vmmckpt/support/little_endian.hpp"
 
 namespace vmmckpt::ckpt {
 namespace {

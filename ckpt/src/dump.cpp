@@ -5,7 +5,7 @@
 #include "held_memory.hpp"
 #include "session.hpp"
 #include "vmmckpt/ckpt/driver.hpp"
-#include "vmmckpt/fault_point.hpp"
+#include "vmmckpt/support/fault_point.hpp"
 
 namespace vmmckpt::ckpt {
 

@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "cuda_check.hpp"
-#include "vmmckpt/image.hpp"
+#include "vmmckpt/image/image.hpp"
 
 namespace vmmckpt::ckpt {
 

@@ -9,9 +9,9 @@
 
 #include "cuda_check.hpp"
 #include "session.hpp"
-#include "vmmckpt/address_ranges.hpp"
-#include "vmmckpt/exact_reservation.hpp"
-#include "vmmckpt/hex_text.hpp"
+#include "vmmckpt/support/address_ranges.hpp"
+#include "vmmckpt/pool/exact_reservation.hpp"
+#include "vmmckpt/support/hex_text.hpp"
 
 namespace vmmckpt::ckpt {
 
@@ -174,11 +174,11 @@ held_memory::held_memory(session& s, control::dump_begin_reply& held, received_f
   CUdevice copier = 0;  // the device of the tool's context, current since the session opened it
   VMMCKPT_CUDA_TRY(driver().cuCtxGetDevice(&copier));
   for (const auto& p : held.pools) {
-    const control::device_description d = session::describe(p.device, held.devices);
+    const device_description d = session::describe(p.device, held.devices);
     const CUdevice device = s.device_for(d);  // a pool created since hello is found here too
 
-    if (!std::any_of(m.devices.begin(), m.devices.end(), [&](const image::device_info& x) { return x.ordinal == d.ordinal; }))
-      m.devices.push_back({d.ordinal, d.name, d.uuid, d.cc_major, d.cc_minor});
+    if (!std::any_of(m.devices.begin(), m.devices.end(), [&](const device_description& x) { return x.ordinal == d.ordinal; }))
+      m.devices.push_back(d);
 
     image::pool pool;
     pool.device = p.device;

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "vmmckpt/ckpt/control_client.hpp"
-#include "vmmckpt/control_messages.hpp"
-#include "vmmckpt/image.hpp"
+#include "vmmckpt/protocol/control_messages.hpp"
+#include "vmmckpt/image/image.hpp"
 
 namespace vmmckpt::ckpt {
 

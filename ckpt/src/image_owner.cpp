@@ -6,8 +6,8 @@
 #include <unistd.h>
 
 #include "vmmckpt/ckpt/process_image.hpp"
-#include "vmmckpt/image.hpp"
-#include "vmmckpt/json_fields.hpp"
+#include "vmmckpt/image/image.hpp"
+#include "vmmckpt/support/json_fields.hpp"
 
 namespace vmmckpt::ckpt {
 namespace fs = std::filesystem;

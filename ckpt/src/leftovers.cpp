@@ -17,8 +17,8 @@
 #include "vmmckpt/ckpt/process_image.hpp"
 #include "vmmckpt/ckpt/process_recovery.hpp"
 #include "vmmckpt/ckpt/processes.hpp"
-#include "vmmckpt/protocol.hpp"
-#include "vmmckpt/suspend_claim.hpp"
+#include "vmmckpt/protocol/protocol.hpp"
+#include "vmmckpt/protocol/suspend_claim.hpp"
 
 namespace vmmckpt::ckpt {
 namespace fs = std::filesystem;

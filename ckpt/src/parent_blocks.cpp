@@ -9,7 +9,7 @@
 #include <system_error>
 
 #include "vmmckpt/ckpt/process_image.hpp"
-#include "vmmckpt/suspend_claim.hpp"
+#include "vmmckpt/protocol/suspend_claim.hpp"
 
 namespace vmmckpt::ckpt {
 namespace {

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "vmmckpt/image.hpp"
+#include "vmmckpt/image/image.hpp"
 
 namespace vmmckpt::ckpt {
 

@@ -20,10 +20,10 @@
 #include "vmmckpt/ckpt/process_recovery.hpp"
 #include "vmmckpt/ckpt/processes.hpp"
 #include "vmmckpt/ckpt/suspend.hpp"
-#include "vmmckpt/fault_point.hpp"
-#include "vmmckpt/hex_text.hpp"
-#include "vmmckpt/image.hpp"
-#include "vmmckpt/suspend_claim.hpp"
+#include "vmmckpt/support/fault_point.hpp"
+#include "vmmckpt/support/hex_text.hpp"
+#include "vmmckpt/image/image.hpp"
+#include "vmmckpt/protocol/suspend_claim.hpp"
 
 namespace vmmckpt::ckpt {
 namespace fs = std::filesystem;

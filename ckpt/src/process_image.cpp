@@ -15,9 +15,9 @@
 #include <functional>
 #include <set>
 
-#include "vmmckpt/hex_text.hpp"
-#include "vmmckpt/image.hpp"
-#include "vmmckpt/json_fields.hpp"
+#include "vmmckpt/support/hex_text.hpp"
+#include "vmmckpt/image/image.hpp"
+#include "vmmckpt/support/json_fields.hpp"
 
 namespace vmmckpt::ckpt {
 namespace fs = std::filesystem;

@@ -18,10 +18,10 @@
 #include "vmmckpt/ckpt/leftovers.hpp"
 #include "vmmckpt/ckpt/process_image.hpp"
 #include "vmmckpt/ckpt/processes.hpp"
-#include "vmmckpt/hex_text.hpp"
-#include "vmmckpt/image.hpp"
-#include "vmmckpt/json_fields.hpp"
-#include "vmmckpt/suspend_claim.hpp"
+#include "vmmckpt/support/hex_text.hpp"
+#include "vmmckpt/image/image.hpp"
+#include "vmmckpt/support/json_fields.hpp"
+#include "vmmckpt/protocol/suspend_claim.hpp"
 
 namespace vmmckpt::ckpt {
 namespace fs = std::filesystem;

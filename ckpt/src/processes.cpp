@@ -16,8 +16,8 @@
 #include <set>
 
 #include "vmmckpt/ckpt/control_client.hpp"
-#include "vmmckpt/protocol.hpp"
-#include "vmmckpt/suspend_claim.hpp"
+#include "vmmckpt/protocol/protocol.hpp"
+#include "vmmckpt/protocol/suspend_claim.hpp"
 
 namespace vmmckpt::ckpt {
 namespace {

@@ -2,10 +2,10 @@
 #include "session.hpp"
 
 #include "cuda_check.hpp"
-#include "vmmckpt/fault_point.hpp"
-#include "vmmckpt/protocol.hpp"
-#include "vmmckpt/uuid_text.hpp"
-#include "vmmckpt/version.hpp"
+#include "vmmckpt/support/fault_point.hpp"
+#include "vmmckpt/protocol/protocol.hpp"
+#include "vmmckpt/support/uuid_text.hpp"
+#include "vmmckpt/support/version.hpp"
 
 #include <unistd.h>
 
@@ -61,10 +61,10 @@ std::uint64_t session::live_bytes() const {
   return bytes;
 }
 
-control::device_description session::describe(int ordinal, const std::vector<control::device_description>& known) {
+device_description session::describe(int ordinal, const std::vector<device_description>& known) {
   for (const auto& d : known)
     if (d.ordinal == ordinal) return d;
-  control::device_description d;
+  device_description d;
   d.ordinal = ordinal;
   return d;
 }
@@ -81,7 +81,7 @@ CUcontext session::open_context() {
   return context;
 }
 
-CUdevice session::device_for(const control::device_description& d) {
+CUdevice session::device_for(const device_description& d) {
   if (auto it = devices_.find(d.ordinal); it != devices_.end()) return it->second;
   const driver_api& api = driver();
   int count = 0;

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "vmmckpt/ckpt/control_client.hpp"
-#include "vmmckpt/control_messages.hpp"
-#include "vmmckpt/image.hpp"
+#include "vmmckpt/protocol/control_messages.hpp"
+#include "vmmckpt/image/image.hpp"
 
 namespace vmmckpt::ckpt {
 
@@ -36,9 +36,9 @@ class session {
   CUcontext open_context();
   // This tool's device for the program's device `d`: the one with its UUID (ordinals differ when
   // CUDA_VISIBLE_DEVICES does), else the same ordinal.
-  CUdevice device_for(const control::device_description& d);
+  CUdevice device_for(const device_description& d);
   // The description of the program's device `ordinal` in `known`, or one with the ordinal alone.
-  static control::device_description describe(int ordinal, const std::vector<control::device_description>& known);
+  static device_description describe(int ordinal, const std::vector<device_description>& known);
 
  private:
   control_client client_;

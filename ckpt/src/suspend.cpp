@@ -11,8 +11,8 @@
 #include "session.hpp"
 #include "vmmckpt/ckpt/driver.hpp"
 #include "vmmckpt/ckpt/processes.hpp"
-#include "vmmckpt/fault_point.hpp"
-#include "vmmckpt/suspend_claim.hpp"
+#include "vmmckpt/support/fault_point.hpp"
+#include "vmmckpt/protocol/suspend_claim.hpp"
 
 namespace vmmckpt::ckpt {
 namespace {

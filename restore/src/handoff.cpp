@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "vmmckpt/pool_layout.hpp"
+#include "vmmckpt/pool/pool_layout.hpp"
 
 namespace vmmckpt::restore {
 namespace {

@@ -1,9 +1,9 @@
 // An image's allocations back in a process's pools: placed at the start of a restored process, or backed again on resume.
 #include "vmmckpt/restore/pool_restore.hpp"
 
-#include "vmmckpt/alloc_api.hpp"
-#include "vmmckpt/hex_text.hpp"
-#include "vmmckpt/pool_layout.hpp"
+#include "vmmckpt/pool/alloc_api.hpp"
+#include "vmmckpt/support/hex_text.hpp"
+#include "vmmckpt/pool/pool_layout.hpp"
 
 namespace vmmckpt::restore {
 namespace {

@@ -10,8 +10,8 @@
 #include <thread>
 #include <vector>
 
-#include "vmmckpt/hex_text.hpp"
-#include "vmmckpt/host_pages.hpp"
+#include "vmmckpt/support/hex_text.hpp"
+#include "vmmckpt/support/host_pages.hpp"
 
 namespace vmmckpt::restore {
 namespace {

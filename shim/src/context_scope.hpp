@@ -4,7 +4,7 @@
 
 #include <cuda.h>
 
-#include "vmmckpt/driver_api.hpp"
+#include "vmmckpt/support/driver_api.hpp"
 
 namespace vmmckpt::detail {
 

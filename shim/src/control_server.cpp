@@ -26,10 +26,10 @@
 #include "process_control.hpp"
 #include "self_pause.hpp"
 #include "vmm_sharing.hpp"
-#include "vmmckpt/fault_point.hpp"
-#include "vmmckpt/control_messages.hpp"
-#include "vmmckpt/log.hpp"
-#include "vmmckpt/protocol.hpp"
+#include "vmmckpt/support/fault_point.hpp"
+#include "vmmckpt/protocol/control_messages.hpp"
+#include "vmmckpt/support/log.hpp"
+#include "vmmckpt/protocol/protocol.hpp"
 
 namespace vmmckpt::detail {
 namespace {

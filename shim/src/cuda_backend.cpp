@@ -3,9 +3,9 @@
 
 #include "context_scope.hpp"
 #include "gate.hpp"
-#include "vmmckpt/log.hpp"
+#include "vmmckpt/support/log.hpp"
 #include "real_symbols.hpp"
-#include "vmmckpt/pool_layout.hpp"
+#include "vmmckpt/pool/pool_layout.hpp"
 
 namespace vmmckpt::detail {
 

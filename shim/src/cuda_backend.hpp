@@ -6,7 +6,7 @@
 #include <atomic>
 #include <cstdint>
 
-#include "vmmckpt/device_pool.hpp"
+#include "vmmckpt/pool/device_pool.hpp"
 
 namespace vmmckpt::detail {
 

@@ -12,7 +12,7 @@
 #include "program_pools.hpp"
 #include "restore_at_start.hpp"
 #include "vmm_entry_points.hpp"
-#include "vmmckpt/pool_layout.hpp"
+#include "vmmckpt/pool/pool_layout.hpp"
 
 namespace vmmckpt::detail {
 

@@ -6,10 +6,10 @@
 #include <atomic>
 #include <new>
 
-#include "vmmckpt/log.hpp"
+#include "vmmckpt/support/log.hpp"
 #include "pools.hpp"
 #include "real_symbols.hpp"
-#include "vmmckpt/alloc_api.hpp"
+#include "vmmckpt/pool/alloc_api.hpp"
 
 #define VMMCKPT_EXPORT extern "C" __attribute__((visibility("default")))
 

@@ -14,11 +14,11 @@
 #include "pools.hpp"
 #include "process_control.hpp"
 #include "real_symbols.hpp"
-#include "vmmckpt/hex_text.hpp"
-#include "vmmckpt/log.hpp"
-#include "vmmckpt/protocol.hpp"
-#include "vmmckpt/pool_layout.hpp"
-#include "vmmckpt/suspend_claim.hpp"
+#include "vmmckpt/support/hex_text.hpp"
+#include "vmmckpt/support/log.hpp"
+#include "vmmckpt/protocol/protocol.hpp"
+#include "vmmckpt/pool/pool_layout.hpp"
+#include "vmmckpt/protocol/suspend_claim.hpp"
 
 namespace vmmckpt::detail {
 namespace {

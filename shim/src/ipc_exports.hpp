@@ -9,8 +9,8 @@
 #include <variant>
 #include <vector>
 
-#include "vmmckpt/control_messages.hpp"
-#include "vmmckpt/ipc_handle.hpp"
+#include "vmmckpt/protocol/control_messages.hpp"
+#include "vmmckpt/protocol/ipc_handle.hpp"
 
 namespace vmmckpt::detail {
 

@@ -12,12 +12,12 @@
 #include "cuda_backend.hpp"
 #include "peer_requests.hpp"
 #include "real_symbols.hpp"
-#include "vmmckpt/log.hpp"
-#include "vmmckpt/pool_layout.hpp"
-#include "vmmckpt/protocol.hpp"
-#include "vmmckpt/range_allocator.hpp"
-#include "vmmckpt/suspend_claim.hpp"
-#include "vmmckpt/vmm_layout.hpp"
+#include "vmmckpt/support/log.hpp"
+#include "vmmckpt/pool/pool_layout.hpp"
+#include "vmmckpt/protocol/protocol.hpp"
+#include "vmmckpt/pool/range_allocator.hpp"
+#include "vmmckpt/protocol/suspend_claim.hpp"
+#include "vmmckpt/pool/vmm_layout.hpp"
 
 namespace vmmckpt::detail {
 namespace {

@@ -5,8 +5,8 @@
 
 #include <vector>
 
-#include "vmmckpt/control_messages.hpp"
-#include "vmmckpt/ipc_handle.hpp"
+#include "vmmckpt/protocol/control_messages.hpp"
+#include "vmmckpt/protocol/ipc_handle.hpp"
 
 namespace vmmckpt::detail {
 

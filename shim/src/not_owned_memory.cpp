@@ -9,7 +9,7 @@
 #include <unordered_map>
 
 #include "vmm_entry_points.hpp"
-#include "vmmckpt/log.hpp"
+#include "vmmckpt/support/log.hpp"
 
 namespace vmmckpt::detail {
 namespace {

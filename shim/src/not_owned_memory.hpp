@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "vmmckpt/control_messages.hpp"
+#include "vmmckpt/protocol/control_messages.hpp"
 
 namespace vmmckpt::detail {
 

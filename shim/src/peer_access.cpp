@@ -8,7 +8,7 @@
 #include "context_scope.hpp"
 #include "entry_points.hpp"
 #include "gate.hpp"
-#include "vmmckpt/pool_layout.hpp"
+#include "vmmckpt/pool/pool_layout.hpp"
 
 namespace vmmckpt::detail {
 namespace {

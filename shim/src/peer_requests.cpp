@@ -5,8 +5,8 @@
 
 #include <algorithm>
 
-#include "vmmckpt/log.hpp"
-#include "vmmckpt/protocol.hpp"
+#include "vmmckpt/support/log.hpp"
+#include "vmmckpt/protocol/protocol.hpp"
 
 namespace vmmckpt::detail {
 namespace {

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "vmmckpt/control_messages.hpp"
+#include "vmmckpt/protocol/control_messages.hpp"
 
 namespace vmmckpt::detail {
 

@@ -12,11 +12,11 @@
 
 #include "control_server.hpp"
 #include "cuda_backend.hpp"
-#include "vmmckpt/address_ranges.hpp"
-#include "vmmckpt/exact_reservation.hpp"
-#include "vmmckpt/log.hpp"
+#include "vmmckpt/support/address_ranges.hpp"
+#include "vmmckpt/pool/exact_reservation.hpp"
+#include "vmmckpt/support/log.hpp"
 #include "real_symbols.hpp"
-#include "vmmckpt/pool_layout.hpp"
+#include "vmmckpt/pool/pool_layout.hpp"
 
 namespace vmmckpt::detail {
 namespace {

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "vmmckpt/device_pool.hpp"
+#include "vmmckpt/pool/device_pool.hpp"
 #include "vmmckpt/restore/upload.hpp"
 
 namespace vmmckpt::detail {

@@ -25,17 +25,17 @@
 #include "self_pause.hpp"
 #include "vmm_checkpoint.hpp"
 #include "vmm_entry_points.hpp"
-#include "vmmckpt/descriptor_room.hpp"
-#include "vmmckpt/fault_point.hpp"
-#include "vmmckpt/hex_text.hpp"
-#include "vmmckpt/host_pages.hpp"
-#include "vmmckpt/log.hpp"
-#include "vmmckpt/pool_layout.hpp"
-#include "vmmckpt/protocol.hpp"
+#include "vmmckpt/support/descriptor_room.hpp"
+#include "vmmckpt/support/fault_point.hpp"
+#include "vmmckpt/support/hex_text.hpp"
+#include "vmmckpt/support/host_pages.hpp"
+#include "vmmckpt/support/log.hpp"
+#include "vmmckpt/pool/pool_layout.hpp"
+#include "vmmckpt/protocol/protocol.hpp"
 #include "vmmckpt/restore/pool_restore.hpp"
 #include "vmmckpt/restore/upload.hpp"
-#include "vmmckpt/suspend_claim.hpp"
-#include "vmmckpt/uuid_text.hpp"
+#include "vmmckpt/protocol/suspend_claim.hpp"
+#include "vmmckpt/support/uuid_text.hpp"
 
 namespace vmmckpt::detail {
 namespace {
@@ -91,7 +91,7 @@ std::uint64_t device_used_bytes(int ordinal) {
 
 // Adds device `ordinal`'s description to `devices` unless it is there already (a device with a pool and
 // program-made VMM memory is described once).
-void describe_once(std::vector<control::device_description>& devices, int ordinal) {
+void describe_once(std::vector<device_description>& devices, int ordinal) {
   for (const auto& dev : devices)
     if (dev.ordinal == ordinal) return;
   devices.push_back(describe_device(ordinal));
@@ -241,8 +241,8 @@ std::variant<control::dump_begin_reply, control::failure_reply> held_contents(do
 
 }  // namespace
 
-control::device_description describe_device(int ordinal) {
-  control::device_description dev;
+device_description describe_device(int ordinal) {
+  device_description dev;
   dev.ordinal = ordinal;
   const driver_api* d = driver();
   CUdevice device;

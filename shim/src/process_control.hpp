@@ -7,13 +7,13 @@
 #include <variant>
 #include <vector>
 
-#include "vmmckpt/control_messages.hpp"
+#include "vmmckpt/protocol/control_messages.hpp"
 #include "vmmckpt/restore/upload.hpp"
 
 namespace vmmckpt::detail {
 
 // A device as hello and dumps describe it: name, UUID, compute capability (what the driver says).
-control::device_description describe_device(int ordinal);
+device_description describe_device(int ordinal);
 // hello: the process, its devices and its pools.
 control::hello_reply describe_process();
 // check: every pool's placement and physical memory agree.

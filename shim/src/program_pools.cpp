@@ -8,7 +8,7 @@
 #include <unordered_map>
 
 #include "entry_points.hpp"
-#include "vmmckpt/log.hpp"
+#include "vmmckpt/support/log.hpp"
 
 namespace vmmckpt::detail {
 namespace {

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <string>
 
-#include "vmmckpt/log.hpp"
+#include "vmmckpt/support/log.hpp"
 
 // glibc's own dlsym, found by resolvers.cpp at load (or by the first dlsym(RTLD_NEXT, ...)).
 extern "C" {

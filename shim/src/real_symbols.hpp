@@ -3,7 +3,7 @@
 
 #include <atomic>
 
-#include "vmmckpt/driver_api.hpp"
+#include "vmmckpt/support/driver_api.hpp"
 
 namespace vmmckpt::detail {
 

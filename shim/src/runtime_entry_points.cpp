@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "entry_points.hpp"
-#include "vmmckpt/pool_layout.hpp"
+#include "vmmckpt/pool/pool_layout.hpp"
 
 extern "C" {
 cudaError_t CUDARTAPI cudaMallocAsync_ptsz(void** dev_ptr, size_t size, cudaStream_t stream);

@@ -22,8 +22,8 @@
 #include "process_control.hpp"
 #include "real_symbols.hpp"
 #include "vmm_checkpoint.hpp"
-#include "vmmckpt/hex_text.hpp"
-#include "vmmckpt/log.hpp"
+#include "vmmckpt/support/hex_text.hpp"
+#include "vmmckpt/support/log.hpp"
 #include "vmmckpt/restore/pool_restore.hpp"
 #include "vmmckpt/vmmckpt.h"
 

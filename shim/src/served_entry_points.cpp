@@ -4,7 +4,7 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
-#include "vmmckpt/driver_api.hpp"
+#include "vmmckpt/support/driver_api.hpp"
 
 #undef cuGetProcAddress  // cuda.h renames it to _v2; the v1 ABI is served too
 // cudaGetDriverEntryPoint is deprecated, and still called by programs: we serve it.

@@ -10,7 +10,7 @@
 #include "entry_points.hpp"
 #include "vmm_sharing.hpp"
 #include "vmm_state.hpp"
-#include "vmmckpt/hex_text.hpp"
+#include "vmmckpt/support/hex_text.hpp"
 
 namespace vmmckpt::detail {
 namespace {

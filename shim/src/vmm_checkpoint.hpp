@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "vmmckpt/control_messages.hpp"
-#include "vmmckpt/image.hpp"
-#include "vmmckpt/status.hpp"
+#include "vmmckpt/protocol/control_messages.hpp"
+#include "vmmckpt/image/image.hpp"
+#include "vmmckpt/support/status.hpp"
 
 namespace vmmckpt::detail {
 

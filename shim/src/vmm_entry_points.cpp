@@ -22,7 +22,7 @@
 #include "vmm_entry_points.hpp"
 #include "vmm_sharing.hpp"
 #include "vmm_state.hpp"
-#include "vmmckpt/pool_layout.hpp"
+#include "vmmckpt/pool/pool_layout.hpp"
 
 namespace vmmckpt::detail {
 namespace {

@@ -1,7 +1,7 @@
 // What the VMM entry points tell the rest of the shim: the memory that passes through them.
 #pragma once
 
-#include "vmmckpt/vmm_registry.hpp"
+#include "vmmckpt/pool/vmm_registry.hpp"
 
 namespace vmmckpt::detail {
 

@@ -16,10 +16,10 @@
 #include "peer_requests.hpp"
 #include "process_control.hpp"
 #include "vmm_state.hpp"
-#include "vmmckpt/hex_text.hpp"
-#include "vmmckpt/log.hpp"
-#include "vmmckpt/protocol.hpp"
-#include "vmmckpt/suspend_claim.hpp"
+#include "vmmckpt/support/hex_text.hpp"
+#include "vmmckpt/support/log.hpp"
+#include "vmmckpt/protocol/protocol.hpp"
+#include "vmmckpt/protocol/suspend_claim.hpp"
 
 namespace vmmckpt::detail {
 namespace {

@@ -16,8 +16,8 @@
 #include <variant>
 #include <vector>
 
-#include "vmmckpt/control_messages.hpp"
-#include "vmmckpt/vmm_layout.hpp"
+#include "vmmckpt/protocol/control_messages.hpp"
+#include "vmmckpt/pool/vmm_layout.hpp"
 
 namespace vmmckpt::detail {
 

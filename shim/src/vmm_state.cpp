@@ -8,7 +8,7 @@
 #include "control_server.hpp"
 #include "entry_points.hpp"
 #include "vmm_state.hpp"
-#include "vmmckpt/exact_reservation.hpp"
+#include "vmmckpt/pool/exact_reservation.hpp"
 
 namespace vmmckpt::detail {
 namespace {

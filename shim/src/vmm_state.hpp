@@ -10,8 +10,8 @@
 #include <set>
 #include <string>
 
-#include "vmmckpt/pool_layout.hpp"
-#include "vmmckpt/vmm_registry.hpp"
+#include "vmmckpt/pool/pool_layout.hpp"
+#include "vmmckpt/pool/vmm_registry.hpp"
 
 namespace vmmckpt::detail {
 

@@ -18,7 +18,7 @@
 #include <thread>
 
 #include "e2e_support.hpp"
-#include "vmmckpt/protocol.hpp"
+#include "vmmckpt/protocol/protocol.hpp"
 
 using namespace vmmckpt::test;
 

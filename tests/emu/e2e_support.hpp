@@ -15,7 +15,7 @@
 #include "contracts/busy_pattern.hpp"
 #include "process.hpp"
 #include "skip.hpp"
-#include "vmmckpt/image.hpp"
+#include "vmmckpt/image/image.hpp"
 
 namespace vmmckpt::test {
 

@@ -13,8 +13,8 @@
 #include <nlohmann/json.hpp>
 
 #include "e2e_support.hpp"
-#include "vmmckpt/control_messages.hpp"
-#include "vmmckpt/protocol.hpp"
+#include "vmmckpt/protocol/control_messages.hpp"
+#include "vmmckpt/protocol/protocol.hpp"
 
 using namespace vmmckpt::test;
 

@@ -25,7 +25,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-#include "vmmckpt/image.hpp"
+#include "vmmckpt/image/image.hpp"
 
 namespace {
 

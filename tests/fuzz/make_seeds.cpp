@@ -22,7 +22,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-#include "vmmckpt/image.hpp"
+#include "vmmckpt/image/image.hpp"
 
 namespace fs = std::filesystem;
 namespace img = vmmckpt::image;

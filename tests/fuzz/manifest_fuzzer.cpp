@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "vmmckpt/image.hpp"
+#include "vmmckpt/image/image.hpp"
 
 namespace {
 

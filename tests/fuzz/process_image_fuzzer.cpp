@@ -27,7 +27,7 @@
 #include "vmmckpt/ckpt/criu.hpp"
 #include "vmmckpt/ckpt/image_owner.hpp"
 #include "vmmckpt/ckpt/process_image.hpp"
-#include "vmmckpt/image.hpp"
+#include "vmmckpt/image/image.hpp"
 
 namespace {
 

@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "vmmckpt/control_messages.hpp"
+#include "vmmckpt/protocol/control_messages.hpp"
 
 namespace control = vmmckpt::control;
 using nlohmann::json;

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "copy_plan.hpp"
-#include "vmmckpt/image.hpp"
+#include "vmmckpt/image/image.hpp"
 
 using namespace vmmckpt;
 using ckpt::chunk;

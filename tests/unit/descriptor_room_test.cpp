@@ -1,5 +1,5 @@
 // descriptor_room: the descriptor table grown ahead of need, with no descriptor left behind.
-#include "vmmckpt/descriptor_room.hpp"
+#include "vmmckpt/support/descriptor_room.hpp"
 
 #include <fcntl.h>
 #include <sys/resource.h>

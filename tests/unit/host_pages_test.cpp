@@ -1,5 +1,5 @@
 // host_pages: staging memory that is aligned for huge pages and already present, page by page.
-#include "vmmckpt/host_pages.hpp"
+#include "vmmckpt/support/host_pages.hpp"
 
 #include <sys/mman.h>
 #include <unistd.h>

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "image_test_support.hpp"
-#include "vmmckpt/image.hpp"
-#include "vmmckpt/image_chain.hpp"
+#include "vmmckpt/image/image.hpp"
+#include "vmmckpt/image/image_chain.hpp"
 
 namespace fs = std::filesystem;
 namespace img = vmmckpt::image;

@@ -8,7 +8,7 @@
 #include <fstream>
 #include <vector>
 
-#include "vmmckpt/image.hpp"
+#include "vmmckpt/image/image.hpp"
 
 namespace fs = std::filesystem;
 using namespace vmmckpt::image;

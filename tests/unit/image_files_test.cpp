@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "image_test_support.hpp"
-#include "vmmckpt/image.hpp"
+#include "vmmckpt/image/image.hpp"
 
 namespace fs = std::filesystem;
 namespace img = vmmckpt::image;

@@ -27,7 +27,7 @@
 
 #include "skip.hpp"
 #include "image_test_support.hpp"
-#include "vmmckpt/image.hpp"
+#include "vmmckpt/image/image.hpp"
 
 namespace fs = std::filesystem;
 namespace img = vmmckpt::image;

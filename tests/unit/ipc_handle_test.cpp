@@ -3,7 +3,7 @@
 
 #include <cstring>
 
-#include "vmmckpt/ipc_handle.hpp"
+#include "vmmckpt/protocol/ipc_handle.hpp"
 
 using namespace vmmckpt;
 

@@ -8,8 +8,8 @@
 #include <new>
 #include <string>
 
-#include "vmmckpt/log.hpp"
-#include "vmmckpt/status.hpp"
+#include "vmmckpt/support/log.hpp"
+#include "vmmckpt/support/status.hpp"
 
 namespace {
 thread_local bool fail_allocations = false;

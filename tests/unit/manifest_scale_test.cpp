@@ -8,7 +8,7 @@
 #include <chrono>
 #include <string>
 
-#include "vmmckpt/image.hpp"
+#include "vmmckpt/image/image.hpp"
 
 namespace img = vmmckpt::image;
 

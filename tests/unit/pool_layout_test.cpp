@@ -3,7 +3,7 @@
 
 #include <cstdlib>
 
-#include "vmmckpt/pool_layout.hpp"
+#include "vmmckpt/pool/pool_layout.hpp"
 
 using namespace vmmckpt;
 

@@ -17,8 +17,8 @@
 #include "vmmckpt/ckpt/criu.hpp"
 #include "vmmckpt/ckpt/image_owner.hpp"
 #include "vmmckpt/ckpt/process_image.hpp"
-#include "vmmckpt/hex_text.hpp"
-#include "vmmckpt/image.hpp"
+#include "vmmckpt/support/hex_text.hpp"
+#include "vmmckpt/image/image.hpp"
 
 namespace fs = std::filesystem;
 using Catch::Matchers::Contains;

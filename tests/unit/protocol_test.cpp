@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "skip.hpp"
-#include "vmmckpt/protocol.hpp"
+#include "vmmckpt/protocol/protocol.hpp"
 
 namespace proto = vmmckpt::protocol;
 

@@ -6,8 +6,8 @@
 #include <random>
 #include <vector>
 
-#include "vmmckpt/pool_layout.hpp"
-#include "vmmckpt/range_allocator.hpp"
+#include "vmmckpt/pool/pool_layout.hpp"
+#include "vmmckpt/pool/range_allocator.hpp"
 
 using vmmckpt::range_allocator;
 

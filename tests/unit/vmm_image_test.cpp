@@ -4,8 +4,8 @@
 
 #include <functional>
 
-#include "vmmckpt/image.hpp"
-#include "vmmckpt/vmm_registry.hpp"
+#include "vmmckpt/image/image.hpp"
+#include "vmmckpt/pool/vmm_registry.hpp"
 
 using namespace vmmckpt;
 namespace img = vmmckpt::image;

@@ -3,7 +3,7 @@
 
 #include <cstdlib>
 
-#include "vmmckpt/vmm_registry.hpp"
+#include "vmmckpt/pool/vmm_registry.hpp"
 
 using namespace vmmckpt;
 

@@ -9,8 +9,8 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-#include "vmmckpt/image.hpp"
-#include "vmmckpt/xxh3_portable.hpp"
+#include "vmmckpt/image/image.hpp"
+#include "vmmckpt/image/xxh3_portable.hpp"
 
 TEST_CASE("xxh3 portable: the same checksums as xxhash.h and image::block_checksum", "[image][blocks]") {
   std::mt19937_64 rng(5);

@@ -12,8 +12,8 @@
 #include "cli_options.hpp"
 #include "commands.hpp"
 #include "exit_codes.hpp"
-#include "vmmckpt/image.hpp"
-#include "vmmckpt/pool_layout.hpp"
+#include "vmmckpt/image/image.hpp"
+#include "vmmckpt/pool/pool_layout.hpp"
 
 namespace vmmckpt::tools {
 

@@ -11,8 +11,8 @@
 #include "exit_codes.hpp"
 #include "output.hpp"
 #include "vmmckpt/ckpt/process_image.hpp"
-#include "vmmckpt/image.hpp"
-#include "vmmckpt/image_chain.hpp"
+#include "vmmckpt/image/image.hpp"
+#include "vmmckpt/image/image_chain.hpp"
 
 namespace vmmckpt::tools {
 

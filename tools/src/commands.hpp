@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "vmmckpt/image.hpp"
+#include "vmmckpt/image/image.hpp"
 
 namespace CLI {
 class App;

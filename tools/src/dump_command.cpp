@@ -17,7 +17,7 @@
 #include "output.hpp"
 #include "vmmckpt/ckpt/dump.hpp"
 #include "vmmckpt/ckpt/processes.hpp"
-#include "vmmckpt/pool_layout.hpp"
+#include "vmmckpt/pool/pool_layout.hpp"
 
 namespace vmmckpt::tools {
 

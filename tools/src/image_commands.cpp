@@ -9,7 +9,7 @@
 #include "image_access.hpp"
 #include "output.hpp"
 #include "vmmckpt/ckpt/process_image.hpp"
-#include "vmmckpt/image.hpp"
+#include "vmmckpt/image/image.hpp"
 
 namespace vmmckpt::tools {
 

@@ -14,10 +14,10 @@
 #include "run_command.hpp"
 #include "vmmckpt/ckpt/control_client.hpp"
 #include "vmmckpt/ckpt/driver.hpp"
-#include "vmmckpt/descriptor_room.hpp"
-#include "vmmckpt/image.hpp"
-#include "vmmckpt/log.hpp"
-#include "vmmckpt/version.hpp"
+#include "vmmckpt/support/descriptor_room.hpp"
+#include "vmmckpt/image/image.hpp"
+#include "vmmckpt/support/log.hpp"
+#include "vmmckpt/support/version.hpp"
 
 using namespace vmmckpt::tools;
 

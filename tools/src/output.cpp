@@ -8,7 +8,7 @@
 #include <ctime>
 #include <iostream>
 
-#include "vmmckpt/json_fields.hpp"
+#include "vmmckpt/support/json_fields.hpp"
 
 namespace vmmckpt::tools {
 

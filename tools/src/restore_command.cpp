@@ -20,11 +20,11 @@
 #include "image_access.hpp"
 #include "output.hpp"
 #include "run_command.hpp"
-#include "vmmckpt/control_messages.hpp"
+#include "vmmckpt/protocol/control_messages.hpp"
 #include "vmmckpt/ckpt/driver.hpp"
 #include "vmmckpt/ckpt/process_image.hpp"
 #include "vmmckpt/ckpt/process_recovery.hpp"
-#include "vmmckpt/image.hpp"
+#include "vmmckpt/image/image.hpp"
 #include "vmmckpt/restore/handoff.hpp"
 #include "vmmckpt/restore/restore_plan.hpp"
 

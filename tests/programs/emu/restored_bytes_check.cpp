@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "support/cuda_check.hpp"
-#include "vmmckpt/image.hpp"
+#include "vmmckpt/image/image.hpp"
 
 int main(int argc, char** argv) {
   if (argc != 2) {

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "vmmckpt/control_messages.hpp"
-#include "vmmckpt/protocol.hpp"
+#include "vmmckpt/protocol/control_messages.hpp"
+#include "vmmckpt/protocol/protocol.hpp"
 
 namespace vmmckpt::ckpt {
 

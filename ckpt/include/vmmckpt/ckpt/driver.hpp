@@ -4,7 +4,7 @@
 #include <string>
 
 #include "vmmckpt/ckpt/control_client.hpp"
-#include "vmmckpt/driver_api.hpp"
+#include "vmmckpt/support/driver_api.hpp"
 
 namespace vmmckpt::ckpt {
 

@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-#include "vmmckpt/control_messages.hpp"
+#include "vmmckpt/protocol/control_messages.hpp"
 
 namespace vmmckpt::ckpt {
 

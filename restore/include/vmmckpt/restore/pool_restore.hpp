@@ -6,10 +6,10 @@
 #include <functional>
 #include <vector>
 
-#include "vmmckpt/device_pool.hpp"
-#include "vmmckpt/image.hpp"
+#include "vmmckpt/pool/device_pool.hpp"
+#include "vmmckpt/image/image.hpp"
 #include "vmmckpt/restore/handoff.hpp"
-#include "vmmckpt/status.hpp"
+#include "vmmckpt/support/status.hpp"
 
 namespace vmmckpt::restore {
 

@@ -5,7 +5,7 @@
 #include <optional>
 #include <string>
 
-#include "vmmckpt/image.hpp"
+#include "vmmckpt/image/image.hpp"
 
 namespace vmmckpt::restore {
 

@@ -6,10 +6,10 @@
 #include <utility>
 #include <vector>
 
-#include "vmmckpt/driver_api.hpp"
-#include "vmmckpt/host_pages.hpp"
-#include "vmmckpt/image.hpp"
-#include "vmmckpt/status.hpp"
+#include "vmmckpt/support/driver_api.hpp"
+#include "vmmckpt/support/host_pages.hpp"
+#include "vmmckpt/image/image.hpp"
+#include "vmmckpt/support/status.hpp"
 
 namespace vmmckpt::restore {
 

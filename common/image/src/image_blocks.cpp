@@ -1,0 +1,91 @@
+// Format 5's block checksums: the function a block's checksum is, how an extent's checksum combines them, streamed.
+#include <algorithm>
+
+#include "image_detail.hpp"
+#include "vmmckpt/image/image.hpp"
+
+namespace vmmckpt::image {
+
+std::uint64_t block_checksum(const void* data, std::size_t size) {
+  XXH3_state_t state;
+  XXH3_64bits_reset(&state);
+  detail::checksum_update(&state, data, size);
+  return XXH3_64bits_digest(&state);
+}
+
+std::uint64_t combined_checksum(const std::vector<block>& blocks) {
+  std::vector<unsigned char> le(blocks.size() * 8);
+  for (std::size_t k = 0; k < blocks.size(); ++k) put_le(le.data() + 8 * k, blocks[k].checksum, 8);
+  return XXH3_64bits(le.data(), le.size());
+}
+
+std::uint64_t block_count(std::uint64_t stored, std::uint64_t block_bytes) {
+  return block_bytes == 0 ? 0 : stored / block_bytes + (stored % block_bytes != 0);
+}
+
+std::uint64_t bytes_here(const extent& e, std::uint64_t block_bytes) {
+  std::uint64_t here = e.stored;
+  for (std::size_t i = 0; i < e.blocks.size(); ++i)
+    if (e.blocks[i].in_parent) here -= std::min(block_bytes, e.stored - i * block_bytes);
+  return here;
+}
+
+std::uint64_t restored_bytes(const manifest& m) {
+  std::uint64_t total = 0;
+  for (const pool& p : m.pools)
+    for (const extent& e : p.extents) total += e.stored;
+  return total;
+}
+
+struct streaming_checksum::state {
+  XXH3_state_t s;
+  std::uint64_t block_bytes = 0;
+  std::uint64_t in_block = 0;          // bytes of the current block hashed so far
+  std::vector<block> blocks;           // finished blocks (block mode)
+};
+
+streaming_checksum::streaming_checksum(std::uint64_t block_bytes) : state_(std::make_unique<state>()) {
+  XXH3_64bits_reset(&state_->s);
+  state_->block_bytes = block_bytes;
+}
+streaming_checksum::~streaming_checksum() = default;
+
+void streaming_checksum::update(const void* data, std::size_t size) {
+  state& st = *state_;
+  if (st.block_bytes == 0) {
+    detail::checksum_update(&st.s, data, size);
+    return;
+  }
+  auto p = static_cast<const unsigned char*>(data);
+  while (size > 0) {
+    const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(size, st.block_bytes - st.in_block));
+    detail::checksum_update(&st.s, p, n);
+    st.in_block += n;
+    p += n;
+    size -= n;
+    if (st.in_block == st.block_bytes) {
+      st.blocks.push_back({XXH3_64bits_digest(&st.s), false});
+      XXH3_64bits_reset(&st.s);
+      st.in_block = 0;
+    }
+  }
+}
+
+std::uint64_t streaming_checksum::value() const {
+  const state& st = *state_;
+  if (st.block_bytes == 0) return XXH3_64bits_digest(&st.s);
+  return combined_checksum(st.in_block == 0 ? st.blocks : blocks());
+}
+
+void streaming_checksum::add_block(const block& b) { state_->blocks.push_back(b); }
+
+bool streaming_checksum::at_block_boundary() const { return state_->in_block == 0; }
+
+std::vector<block> streaming_checksum::blocks() const {
+  const state& st = *state_;
+  std::vector<block> all = st.blocks;
+  if (st.in_block != 0) all.push_back({XXH3_64bits_digest(&st.s), false});
+  return all;
+}
+
+}  // namespace vmmckpt::image

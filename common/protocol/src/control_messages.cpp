@@ -1,0 +1,688 @@
+// Encoding and strict decoding of every control message (docs/protocol.md), shared by the shim and cuda-ckpt.
+#include "vmmckpt/protocol/control_messages.hpp"
+
+#include <time.h>
+
+#include "vmmckpt/pool/alloc_api.hpp"
+#include "vmmckpt/support/hex_text.hpp"
+#include "vmmckpt/support/little_endian.hpp"
+#include "vmmckpt/protocol/protocol.hpp"
+
+namespace vmmckpt::control {
+namespace {
+
+using namespace json_fields;
+using ojson = nlohmann::ordered_json;  // a stable field order on the wire
+
+// Control messages nest at most seven levels (a VMM layout's access rights); anything deeper is not ours.
+constexpr std::size_t max_depth = 12;
+
+std::string dump(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
+
+template <typename Enum, std::size_t N>
+Enum enum_at(const json& v, const std::string& path, const Enum (&values)[N]) {
+  const std::string text = string_at(v, path);
+  for (Enum e : values)
+    if (name_of(e) == text) return e;
+  throw decode_error(path + ": unknown value \"" + printable(text) + "\"");
+}
+
+constexpr process_state all_states[] = {process_state::running, process_state::suspended, process_state::paused};
+constexpr activity all_activities[] = {activity::idle, activity::dumping, activity::suspending, activity::resuming};
+constexpr refusal all_refusals[] = {refusal::failed,       refusal::bad_request,   refusal::unknown_op,
+                                    refusal::suspended,    refusal::not_suspended, refusal::not_held,
+                                    refusal::not_quiesced, refusal::busy,          refusal::expired,
+                                    refusal::withdrawn};
+
+// ---- pieces shared by several messages ----
+// A pool's "kind": "pool" (the default when absent) or "vmm"; true for vmm.
+bool decode_kind(const json& pool, const std::string& path) {
+  const json* kind = optional_field(pool, "kind");
+  if (kind == nullptr) return false;
+  const std::string k = string_at(*kind, join(path, "kind"));
+  if (k != "pool" && k != "vmm") throw decode_error(join(path, "kind") + ": unknown value \"" + printable(k) + "\"");
+  return k == "vmm";
+}
+
+ojson encode_device(const device_description& d) {
+  ojson j;
+  j["ordinal"] = d.ordinal;
+  j["name"] = d.name;
+  j["uuid"] = d.uuid;
+  j["cc_major"] = d.cc_major;
+  j["cc_minor"] = d.cc_minor;
+  return j;
+}
+
+std::vector<device_description> decode_devices(const json& root) {
+  std::vector<device_description> out;
+  const json& devices = array_of(root, "", "devices");
+  for (std::size_t i = 0; i < devices.size(); ++i) {
+    const std::string p = index("devices", i);
+    const json& d = object_at(devices[i], p);
+    device_description dev;
+    dev.ordinal = int_of(d, p, "ordinal");
+    dev.name = string_of(d, p, "name");
+    dev.uuid = string_of(d, p, "uuid");
+    dev.cc_major = int_of(d, p, "cc_major");
+    dev.cc_minor = int_of(d, p, "cc_minor");
+    out.push_back(std::move(dev));
+  }
+  return out;
+}
+
+ojson encode_devices(const std::vector<device_description>& devices) {
+  ojson out = ojson::array();
+  for (const auto& d : devices) out.push_back(encode_device(d));
+  return out;
+}
+
+ojson encode_not_owned(const std::vector<not_owned_memory>& list) {
+  ojson out = ojson::array();
+  for (const auto& m : list) {
+    ojson mj;
+    mj["kind"] = m.kind;
+    mj["bytes"] = m.bytes;
+    out.push_back(std::move(mj));
+  }
+  return out;
+}
+
+// Optional: a process older than the list sends none, which reads as nothing not owned.
+std::vector<not_owned_memory> decode_not_owned(const json& root) {
+  std::vector<not_owned_memory> out;
+  if (optional_field(root, "not_owned") == nullptr) return out;
+  const json& list = array_of(root, "", "not_owned");
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    const std::string p = index("not_owned", i);
+    const json& m = object_at(list[i], p);
+    not_owned_memory entry{string_of(m, p, "kind"), u64_of(m, p, "bytes")};
+    if (entry.kind.empty()) throw decode_error(join(p, "kind") + ": empty");
+    out.push_back(std::move(entry));
+  }
+  return out;
+}
+
+ojson success() {
+  ojson j;
+  j["ok"] = true;
+  return j;
+}
+
+// The object of a reply that says ok: true, or the failure_reply it holds.
+template <typename Reply, typename Decode>
+std::variant<Reply, failure_reply> decode_reply_with(const std::string& payload, Decode&& decode) {
+  const json root = parse_limited(payload, max_depth);
+  object_at(root, "reply");
+  if (!bool_of(root, "", "ok")) {
+    failure_reply f;
+    f.error = string_of(root, "", "error");
+    // A process that names no code (or one this tool does not know) failed in some other way.
+    const json* code = optional_field(root, "code");
+    f.code = refusal::failed;
+    if (code != nullptr && code->is_string())
+      for (refusal r : all_refusals)
+        if (name_of(r) == code->get_ref<const std::string&>()) f.code = r;
+    return f;
+  }
+  return decode(root);
+}
+
+hello_reply decode_hello(const json& root) {
+  hello_reply r;
+  r.protocol = u32_of(root, "", "protocol");
+  r.pid = i64_of(root, "", "pid");
+  const json& command = array_of(root, "", "command");
+  for (std::size_t i = 0; i < command.size(); ++i) r.command.push_back(string_at(command[i], index("command", i)));
+  r.state = enum_at(field(root, "", "state"), "state", all_states);
+  if (r.state == process_state::suspended) r.image = string_of(root, "", "image");
+  r.devices = decode_devices(root);
+  const json& pools = array_of(root, "", "pools");
+  for (std::size_t i = 0; i < pools.size(); ++i) {
+    const std::string p = index("pools", i);
+    const json& pj = object_at(pools[i], p);
+    pool_summary s;
+    s.device = int_of(pj, p, "device");
+    s.base = address_of(pj, p, "base");
+    s.size = u64_of(pj, p, "size");
+    s.live_bytes = u64_of(pj, p, "live_bytes");
+    s.live_count = u64_of(pj, p, "live_count");
+    s.backed_bytes = u64_of(pj, p, "backed_bytes");
+    s.vmm = decode_kind(pj, p);
+    r.pools.push_back(s);
+  }
+  r.not_owned = decode_not_owned(root);
+  // Optional: a process older than the field is idle as far as this tool can tell.
+  if (const json* a = optional_field(root, "activity")) r.activity = enum_at(*a, "activity", all_activities);
+  if (optional_field(root, "nccl_bytes") != nullptr) r.nccl_bytes = u64_of(root, "", "nccl_bytes");
+  return r;
+}
+
+dump_begin_reply decode_dump_begin(const json& root) {
+  dump_begin_reply r;
+  r.fd_count = u32_of(root, "", "fd_count");
+  r.hold_ms = u32_of(root, "", "hold_ms");
+  r.devices = decode_devices(root);
+  const json& pools = array_of(root, "", "pools");
+  for (std::size_t i = 0; i < pools.size(); ++i) {
+    const std::string p = index("pools", i);
+    const json& pj = object_at(pools[i], p);
+    pool_contents c;
+    c.device = int_of(pj, p, "device");
+    c.base = address_of(pj, p, "base");
+    c.size = u64_of(pj, p, "size");
+    c.granularity = u64_of(pj, p, "granularity");
+    c.allocation_count = u64_of(pj, p, "allocation_count");
+    const std::string sp = join(p, "segments");
+    const json& segments = array_of(pj, p, "segments");
+    c.segments.reserve(segments.size());
+    for (std::size_t k = 0; k < segments.size(); ++k) {
+      const std::string q = index(sp, k);
+      const json& s = object_at(segments[k], q);
+      c.segments.push_back({address_of(s, q, "addr"), u64_of(s, q, "size")});
+    }
+    c.vmm = decode_kind(pj, p);
+    r.pools.push_back(std::move(c));
+  }
+  if (const json* vmm = optional_field(root, "vmm")) r.vmm = vmm_layout_from_json(*vmm, "vmm");
+  r.not_owned = decode_not_owned(root);
+  r.ipc_imports = ipc_imports_from_json(root);  // a process older than the list maps nothing through IPC
+  return r;
+}
+
+suspend_reply decode_suspend(const json& root) {
+  suspend_reply r;
+  r.freed_bytes = u64_of(root, "", "freed_bytes");
+  r.held_us = u64_of(root, "", "held_us");
+  const json& devices = array_of(root, "", "devices");
+  for (std::size_t i = 0; i < devices.size(); ++i) {
+    const std::string p = index("devices", i);
+    const json& d = object_at(devices[i], p);
+    r.devices.push_back({int_of(d, p, "device"), u64_of(d, p, "used_bytes_after")});
+  }
+  return r;
+}
+
+check_reply decode_check(const json& root) {
+  check_reply r;
+  r.consistent = bool_of(root, "", "consistent");
+  const json& problems = array_of(root, "", "problems");
+  for (std::size_t i = 0; i < problems.size(); ++i) r.problems.push_back(string_at(problems[i], index("problems", i)));
+  return r;
+}
+
+}  // namespace
+
+std::string_view name_of(op o) {
+  switch (o) {
+    case op::hello: return "hello";
+    case op::dump_begin: return "dump_begin";
+    case op::dump_end: return "dump_end";
+    case op::suspend: return "suspend";
+    case op::resume: return "resume";
+    case op::check: return "check";
+    case op::ipc_open: return "ipc_open";
+    case op::ipc_close: return "ipc_close";
+    case op::vmm_identify: return "vmm_identify";
+    case op::vmm_share: return "vmm_share";
+    case op::vmm_unshare: return "vmm_unshare";
+  }
+  return "?";
+}
+
+std::string_view name_of(refusal r) {
+  switch (r) {
+    case refusal::failed: return "failed";
+    case refusal::bad_request: return "bad_request";
+    case refusal::unknown_op: return "unknown_op";
+    case refusal::suspended: return "suspended";
+    case refusal::not_suspended: return "not_suspended";
+    case refusal::not_held: return "not_held";
+    case refusal::not_quiesced: return "not_quiesced";
+    case refusal::busy: return "busy";
+    case refusal::expired: return "expired";
+    case refusal::withdrawn: return "withdrawn";
+  }
+  return "failed";
+}
+
+std::int64_t unix_ms_now() noexcept {
+  timespec t{};
+  ::clock_gettime(CLOCK_REALTIME, &t);
+  return static_cast<std::int64_t>(t.tv_sec) * 1000 + t.tv_nsec / 1'000'000;
+}
+
+std::string_view name_of(process_state s) {
+  switch (s) {
+    case process_state::suspended: return "suspended";
+    case process_state::paused: return "paused";
+    default: return "running";
+  }
+}
+
+std::string_view name_of(activity a) {
+  switch (a) {
+    case activity::idle: return "idle";
+    case activity::dumping: return "dumping";
+    case activity::suspending: return "suspending";
+    case activity::resuming: return "resuming";
+  }
+  return "idle";
+}
+
+// ---- encoding ----
+std::string encode(const request& r) {
+  ojson j;
+  std::visit(
+      [&](const auto& req) {
+        using T = std::decay_t<decltype(req)>;
+        if constexpr (std::is_same_v<T, hello_request>) {
+          j["op"] = name_of(op::hello);
+          if (req.prepare_hold) j["prepare_hold"] = true;
+        } else if constexpr (std::is_same_v<T, dump_begin_request>) {
+          j["op"] = name_of(op::dump_begin);
+          j["deadline_ms"] = req.deadline_ms;
+          j["valid_until_ms"] = req.valid_until_ms;
+          j["purpose"] = req.for_suspend ? "suspend" : "dump";
+        } else if constexpr (std::is_same_v<T, dump_end_request>) {
+          j["op"] = name_of(op::dump_end);
+        } else if constexpr (std::is_same_v<T, suspend_request>) {
+          j["op"] = name_of(op::suspend);
+          j["image"] = req.image;
+          j["image_id"] = req.image_id;
+          j["valid_until_ms"] = req.valid_until_ms;
+        } else if constexpr (std::is_same_v<T, resume_request>) {
+          j["op"] = name_of(op::resume);
+          j["valid_until_ms"] = req.valid_until_ms;
+          if (req.progress) j["progress"] = true;
+          if (!req.image.empty()) j["image"] = req.image;
+        } else if constexpr (std::is_same_v<T, ipc_open_request> || std::is_same_v<T, ipc_close_request>) {
+          j["op"] = name_of(std::is_same_v<T, ipc_open_request> ? op::ipc_open : op::ipc_close);
+          j["base"] = hex(req.base);
+          j["generation"] = req.generation;
+        } else if constexpr (std::is_same_v<T, vmm_identify_request>) {
+          j["op"] = name_of(op::vmm_identify);
+        } else if constexpr (std::is_same_v<T, vmm_share_request> || std::is_same_v<T, vmm_unshare_request>) {
+          j["op"] = name_of(std::is_same_v<T, vmm_share_request> ? op::vmm_share : op::vmm_unshare);
+          j["token"] = hex(req.token);
+        } else {
+          static_assert(std::is_same_v<T, check_request>);
+          j["op"] = name_of(op::check);
+        }
+      },
+      r);
+  return dump(j);
+}
+
+std::string encode(const hello_reply& r) {
+  ojson j = success();
+  j["protocol"] = r.protocol;
+  j["pid"] = r.pid;
+  j["command"] = r.command;
+  j["state"] = name_of(r.state);
+  if (r.state == process_state::suspended) j["image"] = r.image;
+  j["devices"] = encode_devices(r.devices);
+  j["pools"] = ojson::array();
+  for (const auto& p : r.pools) {
+    ojson pj;
+    pj["device"] = p.device;
+    pj["base"] = hex(p.base);
+    pj["size"] = p.size;
+    pj["live_bytes"] = p.live_bytes;
+    pj["live_count"] = p.live_count;
+    pj["backed_bytes"] = p.backed_bytes;
+    if (p.vmm) pj["kind"] = "vmm";
+    j["pools"].push_back(std::move(pj));
+  }
+  j["not_owned"] = encode_not_owned(r.not_owned);
+  j["activity"] = name_of(r.activity);
+  j["nccl_bytes"] = r.nccl_bytes;
+  return dump(j);
+}
+
+std::string encode(const dump_begin_reply& r) {
+  ojson j = success();
+  j["fd_count"] = r.fd_count;
+  j["hold_ms"] = r.hold_ms;
+  j["devices"] = encode_devices(r.devices);
+  j["pools"] = ojson::array();
+  for (const auto& p : r.pools) {
+    ojson pj;
+    pj["device"] = p.device;
+    pj["base"] = hex(p.base);
+    pj["size"] = p.size;
+    pj["granularity"] = p.granularity;
+    pj["allocation_count"] = p.allocation_count;
+    pj["segments"] = ojson::array();
+    for (const auto& s : p.segments) {
+      ojson sj;
+      sj["addr"] = hex(s.addr);
+      sj["size"] = s.size;
+      pj["segments"].push_back(std::move(sj));
+    }
+    if (p.vmm) pj["kind"] = "vmm";
+    j["pools"].push_back(std::move(pj));
+  }
+  if (r.vmm) j["vmm"] = to_json(*r.vmm);
+  j["not_owned"] = encode_not_owned(r.not_owned);
+  if (!r.ipc_imports.empty()) j["ipc_imports"] = to_json(r.ipc_imports);
+  return dump(j);
+}
+
+std::string encode(const fds_frame& r) {
+  ojson j;
+  j["op"] = "fds";
+  j["count"] = r.count;
+  return dump(j);
+}
+
+std::string encode(const progress_frame& r) {
+  ojson j;
+  j["op"] = "progress";
+  j["bytes_done"] = r.bytes_done;
+  j["bytes_total"] = r.bytes_total;
+  return dump(j);
+}
+
+std::string encode(const dump_end_reply& r) {
+  ojson j = success();
+  j["held_us"] = r.held_us;
+  return dump(j);
+}
+
+std::string encode(const suspend_reply& r) {
+  ojson j = success();
+  j["freed_bytes"] = r.freed_bytes;
+  j["held_us"] = r.held_us;
+  j["devices"] = ojson::array();
+  for (const auto& d : r.devices) {
+    ojson dj;
+    dj["device"] = d.device;
+    dj["used_bytes_after"] = d.used_bytes_after;
+    j["devices"].push_back(std::move(dj));
+  }
+  return dump(j);
+}
+
+std::string encode(const resume_reply& r) {
+  ojson j = success();
+  j["bytes"] = r.bytes;
+  j["seconds"] = r.seconds;
+  j["image"] = r.image;
+  return dump(j);
+}
+
+std::string encode(const check_reply& r) {
+  ojson j = success();
+  j["consistent"] = r.consistent;
+  j["problems"] = r.problems;
+  return dump(j);
+}
+
+std::string encode(const ipc_open_reply& r) {
+  ojson j = success();
+  j["device_uuid"] = r.device_uuid;
+  j["base_offset"] = r.base_offset;
+  ojson pieces = ojson::array();
+  for (const auto& p : r.pieces) {
+    ojson pj;
+    pj["offset"] = p.offset;
+    pj["size"] = p.size;
+    pieces.push_back(std::move(pj));
+  }
+  j["pieces"] = std::move(pieces);
+  return dump(j);
+}
+
+std::string encode(const ipc_close_reply&) { return dump(success()); }
+
+std::string encode(const vmm_share_reply& r) {
+  ojson j = success();
+  j["token"] = hex(r.token);
+  j["size"] = r.size;
+  j["device_uuid"] = r.device_uuid;
+  return dump(j);
+}
+
+std::string encode(const vmm_unshare_reply&) { return dump(success()); }
+
+std::string encode(const failure_reply& r) {
+  ojson j;
+  j["ok"] = false;
+  j["code"] = name_of(r.code);
+  j["error"] = r.error;
+  return dump(j);
+}
+
+// ---- decoding ----
+std::variant<request, failure_reply> decode_request(const std::string& payload) {
+  try {
+    const json root = parse_limited(payload, max_depth);
+    const std::string name = string_of(object_at(root, "request"), "", "op");
+    if (name == name_of(op::hello)) {
+      hello_request r;
+      if (const auto it = root.find("prepare_hold"); it != root.end()) {
+        if (!it->is_boolean()) throw decode_error("prepare_hold: expected true or false");
+        r.prepare_hold = it->get<bool>();
+      }
+      return request{r};
+    }
+    if (name == name_of(op::dump_begin)) {
+      dump_begin_request r;
+      r.deadline_ms = int_of(root, "", "deadline_ms");
+      r.valid_until_ms = i64_of(root, "", "valid_until_ms");
+      if (optional_field(root, "purpose") != nullptr) {
+        const std::string purpose = string_of(root, "", "purpose");
+        if (purpose != "dump" && purpose != "suspend")
+          throw decode_error("purpose: unknown value \"" + printable(purpose) + "\"");
+        r.for_suspend = purpose == "suspend";
+      }
+      return request{r};
+    }
+    if (name == name_of(op::dump_end)) return request{dump_end_request{}};
+    if (name == name_of(op::suspend))
+      return request{suspend_request{string_of(root, "", "image"), string_of(root, "", "image_id"),
+                                     i64_of(root, "", "valid_until_ms")}};
+    if (name == name_of(op::resume)) {
+      resume_request r;
+      r.valid_until_ms = i64_of(root, "", "valid_until_ms");
+      if (const auto it = root.find("progress"); it != root.end()) {
+        if (!it->is_boolean()) throw decode_error("progress: expected true or false");
+        r.progress = it->get<bool>();
+      }
+      if (root.contains("image")) r.image = string_of(root, "", "image");
+      return request{r};
+    }
+    if (name == name_of(op::check)) return request{check_request{}};
+    if (name == name_of(op::ipc_open))
+      return request{ipc_open_request{address_of(root, "", "base"), u64_of(root, "", "generation")}};
+    if (name == name_of(op::ipc_close))
+      return request{ipc_close_request{address_of(root, "", "base"), u64_of(root, "", "generation")}};
+    if (name == name_of(op::vmm_identify)) return request{vmm_identify_request{}};
+    if (name == name_of(op::vmm_share)) return request{vmm_share_request{address_of(root, "", "token")}};
+    if (name == name_of(op::vmm_unshare)) return request{vmm_unshare_request{address_of(root, "", "token")}};
+    return failure_reply{refusal::unknown_op, "unknown op '" + printable(name) + "'"};
+  } catch (const decode_error& e) {
+    return failure_reply{refusal::bad_request, std::string("malformed request: ") + e.what()};
+  }
+}
+
+template <>
+std::variant<hello_reply, failure_reply> decode_reply<hello_reply>(const std::string& payload) {
+  return decode_reply_with<hello_reply>(payload, decode_hello);
+}
+template <>
+std::variant<dump_begin_reply, failure_reply> decode_reply<dump_begin_reply>(const std::string& payload) {
+  return decode_reply_with<dump_begin_reply>(payload, decode_dump_begin);
+}
+template <>
+std::variant<dump_end_reply, failure_reply> decode_reply<dump_end_reply>(const std::string& payload) {
+  return decode_reply_with<dump_end_reply>(payload, [](const json& root) {
+    return dump_end_reply{u64_of(root, "", "held_us")};
+  });
+}
+template <>
+std::variant<suspend_reply, failure_reply> decode_reply<suspend_reply>(const std::string& payload) {
+  return decode_reply_with<suspend_reply>(payload, decode_suspend);
+}
+template <>
+std::variant<resume_reply, failure_reply> decode_reply<resume_reply>(const std::string& payload) {
+  return decode_reply_with<resume_reply>(payload, [](const json& root) {
+    return resume_reply{u64_of(root, "", "bytes"), number_of(root, "", "seconds"), string_of(root, "", "image")};
+  });
+}
+template <>
+std::variant<check_reply, failure_reply> decode_reply<check_reply>(const std::string& payload) {
+  return decode_reply_with<check_reply>(payload, decode_check);
+}
+
+template <>
+std::variant<ipc_open_reply, failure_reply> decode_reply<ipc_open_reply>(const std::string& payload) {
+  return decode_reply_with<ipc_open_reply>(payload, [](const json& root) {
+    ipc_open_reply r;
+    r.device_uuid = string_of(root, "", "device_uuid");
+    r.base_offset = u64_of(root, "", "base_offset");
+    const json& pieces = array_of(root, "", "pieces");
+    if (pieces.size() > static_cast<std::size_t>(protocol::max_fds_per_message))
+      throw decode_error("pieces: more than one frame's descriptors");
+    for (std::size_t i = 0; i < pieces.size(); ++i) {
+      const std::string p = index("pieces", i);
+      const json& pj = object_at(pieces[i], p);
+      r.pieces.push_back({u64_of(pj, p, "offset"), u64_of(pj, p, "size")});
+    }
+    return r;
+  });
+}
+template <>
+std::variant<ipc_close_reply, failure_reply> decode_reply<ipc_close_reply>(const std::string& payload) {
+  return decode_reply_with<ipc_close_reply>(payload, [](const json&) { return ipc_close_reply{}; });
+}
+
+template <>
+std::variant<vmm_share_reply, failure_reply> decode_reply<vmm_share_reply>(const std::string& payload) {
+  return decode_reply_with<vmm_share_reply>(payload, [](const json& root) {
+    return vmm_share_reply{address_of(root, "", "token"), u64_of(root, "", "size"), string_of(root, "", "device_uuid")};
+  });
+}
+template <>
+std::variant<vmm_unshare_reply, failure_reply> decode_reply<vmm_unshare_reply>(const std::string& payload) {
+  return decode_reply_with<vmm_unshare_reply>(payload, [](const json&) { return vmm_unshare_reply{}; });
+}
+
+fds_frame decode_fds_frame(const std::string& payload) {
+  const json root = parse_limited(payload, max_depth);
+  if (string_of(object_at(root, "frame"), "", "op") != "fds") throw decode_error("op: expected \"fds\"");
+  return fds_frame{u32_of(root, "", "count")};
+}
+
+std::optional<progress_frame> decode_progress_frame(const std::string& payload) {
+  const json root = parse_limited(payload, max_depth);
+  if (!root.is_object()) return std::nullopt;
+  const auto op_field = root.find("op");
+  if (op_field == root.end() || !op_field->is_string() || op_field->get<std::string>() != "progress") return std::nullopt;
+  return progress_frame{u64_of(root, "", "bytes_done"), u64_of(root, "", "bytes_total")};
+}
+
+std::size_t allocation_table_bytes(const dump_begin_reply& r) {
+  std::size_t count = 0;
+  for (const auto& p : r.pools) count += p.allocations.size();
+  return count * allocation_record_size;
+}
+
+void encode_allocation_table(const dump_begin_reply& r, unsigned char* at) {
+  for (const auto& p : r.pools)
+    for (const auto& a : p.allocations) {
+      put_allocation_record(at, {a.addr, a.size, static_cast<std::uint32_t>(a.api), 0});
+      at += allocation_record_size;
+    }
+}
+
+std::string encode_allocation_table(const dump_begin_reply& r) {
+  std::string out(allocation_table_bytes(r), '\0');
+  encode_allocation_table(r, reinterpret_cast<unsigned char*>(out.data()));
+  return out;
+}
+
+void decode_allocation_table(std::string_view table, dump_begin_reply& r) {
+  std::uint64_t count = 0;
+  const std::uint64_t most = table.size() / allocation_record_size;
+  for (const auto& p : r.pools) {
+    if (p.allocation_count > most || count > most) throw decode_error("the allocation table is shorter than the counts");
+    count += p.allocation_count;
+  }
+  if (count * allocation_record_size != table.size())
+    throw decode_error("the allocation table holds " + std::to_string(table.size()) + " bytes, expected " +
+                       std::to_string(count * allocation_record_size) + " (" + std::to_string(count) + " records)");
+  const auto* at = reinterpret_cast<const unsigned char*>(table.data());
+  for (std::size_t i = 0; i < r.pools.size(); ++i) {
+    auto& p = r.pools[i];
+    p.allocations.clear();
+    p.allocations.reserve(p.allocation_count);
+    for (std::uint64_t k = 0; k < p.allocation_count; ++k, at += allocation_record_size) {
+      const allocation_record rec = get_allocation_record(at);
+      const auto api = alloc_api_from_value(rec.api);
+      if (!api || rec.reserved != 0)
+        throw decode_error("pools[" + std::to_string(i) + "].allocations[" + std::to_string(k) +
+                           "]: not a valid allocation record (API " + std::to_string(rec.api) + ")");
+      p.allocations.push_back({rec.addr, rec.size, *api});
+    }
+  }
+}
+
+// ---- examples ----
+std::vector<example> example_messages() {
+  const device_description h200{0, "NVIDIA H200", "GPU-2f6c1d3e-8a41-4b7e-9c55-0d1e2f3a4b5c", 9, 0};
+  hello_reply hello{protocol::version, 4242, {"python", "train.py"}, process_state::suspended,
+                    "/dev/shm/vmmckpt-1000/suspend-4242-20261123-101500", {h200},
+                    {{0, 0x200000000000, 549755813888, 1073741824, 12, 1140850688, false},
+                     {0, 0x300000000000, 2199023255552, 20971520, 1, 20971520, true}},
+                    {{std::string(not_owned_kind::managed), 67108864}}};
+  // A pool of one block, and one VMM mapping of 20 MiB as PyTorch's expandable segments make them.
+  dump_begin_reply held{3, 30'000, {h200},
+                        {{0, 0x200000000000, 549755813888, 2097152, 1,
+                          {{0x200000000000, 4096, vmmckpt::alloc_api::cuda_malloc}}, {{0x200000000000, 67108864}}, false},
+                         {0, 0x300000000000, 2199023255552, 2097152, 1,
+                          {{0x300000000000, 20971520, vmmckpt::alloc_api::cu_mem_map}}, {}, true}},
+                        std::nullopt,
+                        {{std::string(not_owned_kind::managed), 67108864}, {std::string(not_owned_kind::arrays), 1048576}},
+                        {{4243, 0x200004000000, 67108864, 0x500000000000, h200.uuid}}};
+  vmm_layout layout;
+  layout.next_token = 2;
+  layout.reservations = {{0x300000000000, 21474836480, 0}};
+  vmm_handle handle;
+  handle.token = vmm_token_tag | 1;
+  handle.size = 20971520;
+  handle.refs = 1;
+  handle.properties.bytes[0] = 1;  // CU_MEM_ALLOCATION_TYPE_PINNED
+  handle.properties.bytes[4] = 1;  // requestedHandleTypes: POSIX FD
+  handle.properties.bytes[8] = 1;  // CU_MEM_LOCATION_TYPE_DEVICE, id 0
+  layout.handles = {handle};
+  layout.mappings = {{0x300000000000, 20971520, handle.token, 0}};
+  layout.access = {{0x300000000000, 20971520, {{1, 0, 3}}}};
+  held.vmm = layout;
+  return {
+      {op::hello, encode(request{hello_request{true}}), encode(hello)},
+      {op::dump_begin, encode(request{dump_begin_request{30'000, 1795430130000}}), encode(held)},
+      {op::dump_end, encode(request{dump_end_request{}}), encode(dump_end_reply{183000})},
+      {op::suspend,
+       encode(request{suspend_request{"/dev/shm/vmmckpt-1000/suspend-4242-20261123-101500",
+                                      "0123456789abcdef0123456789abcdef", 1795430250000}}),
+       encode(suspend_reply{8657043456, 6200000, {{0, 1107689472}}})},
+      {op::resume, encode(request{resume_request{1795431000000, true, "/images/job1/gpu/4242"}}), encode(resume_reply{8593080320, 3.83, "/dev/shm/vmmckpt-1000/suspend-4242-20261123-101500"})},
+      {op::check, encode(request{check_request{}}), encode(check_reply{false, {"device 0: block at 0x200000000000 has no physical memory"}})},
+      {op::ipc_open, encode(request{ipc_open_request{0x200004000000, 3}}),
+       encode(ipc_open_reply{h200.uuid, 2097152, {{0, 67108864}, {67108864, 4194304}}})},
+      {op::ipc_close, encode(request{ipc_close_request{0x200004000000, 3}}), encode(ipc_close_reply{})},
+      {op::vmm_identify, encode(request{vmm_identify_request{}}),
+       encode(vmm_share_reply{vmm_token_tag | 7, 4194304, h200.uuid})},
+      {op::vmm_share, encode(request{vmm_share_request{vmm_token_tag | 7}}),
+       encode(vmm_share_reply{vmm_token_tag | 7, 4194304, h200.uuid})},
+      {op::vmm_unshare, encode(request{vmm_unshare_request{vmm_token_tag | 7}}), encode(vmm_unshare_reply{})},
+  };
+}
+
+std::string example_failure() { return encode(failure_reply{refusal::not_suspended, "the program is not suspended"}); }
+std::string example_fds_frame() { return encode(fds_frame{250}); }
+std::string example_progress_frame() { return encode(progress_frame{1073741824, 8593080320}); }
+
+}  // namespace vmmckpt::control

@@ -1,0 +1,17 @@
+// One GPU as the program saw it: what the control channel's replies carry (control_messages) and what an
+// image's manifest records (image.hpp), the same struct for both.
+#pragma once
+
+#include <string>
+
+namespace vmmckpt {
+
+struct device_description {
+  int ordinal = 0;
+  std::string name;  // empty when the driver did not say
+  std::string uuid;  // "GPU-xxxxxxxx-xxxx-..." as nvidia-smi writes it (uuid_text.hpp); empty when unknown
+  int cc_major = 0, cc_minor = 0;
+  friend bool operator==(const device_description&, const device_description&) = default;
+};
+
+}  // namespace vmmckpt

@@ -1,0 +1,53 @@
+# The layering of common/ (common/CMakeLists.txt), checked in the sources: what the build cannot tell.
+# The include directories already make an include of a library a target does not link fail to compile; this
+# also fails when
+#   * a library of common/ includes one of its own layer or above it (protocol and image are one layer),
+#   * anything outside common/<library>/ includes that library's detail/ headers,
+#   * anything includes a header at its path before the split (vmmckpt/<name>.hpp; only vmmckpt/vmmckpt.h,
+#     the installed API, and the parts' own vmmckpt/<part>/ folders are at the top).
+# Usage: cmake -DROOT=<source dir> -P check_layering.cmake
+cmake_minimum_required(VERSION 3.25)
+set(layer_support 0)
+set(layer_pool 1)
+set(layer_protocol 2)
+set(layer_image 2)
+set(libraries support pool protocol image)
+
+file(GLOB_RECURSE sources RELATIVE ${ROOT} LIST_DIRECTORIES false
+  ${ROOT}/common/*.[ch]pp ${ROOT}/common/*.cu ${ROOT}/common/*.h ${ROOT}/common/*.in
+  ${ROOT}/shim/*.[ch]pp ${ROOT}/shim/*.h ${ROOT}/shim/*.inc ${ROOT}/ckpt/*.[ch]pp ${ROOT}/ckpt/*.cu
+  ${ROOT}/restore/*.[ch]pp ${ROOT}/tools/*.[ch]pp ${ROOT}/criu/*.[ch]pp ${ROOT}/emu/*.[ch]pp ${ROOT}/demo/*.[ch]pp
+  ${ROOT}/demo/*.cu ${ROOT}/bench/*.[ch]pp ${ROOT}/bench/*.cu ${ROOT}/tests/*.[ch]pp ${ROOT}/tests/*.cu
+  ${ROOT}/python/*.[ch]pp)
+set(problems "")
+foreach(file IN LISTS sources)
+  set(own "")
+  if(file MATCHES "^common/([a-z_]+)/")
+    set(own ${CMAKE_MATCH_1})
+  endif()
+  file(STRINGS ${ROOT}/${file} includes REGEX "^[ \t]*#[ \t]*include[ \t]*[\"<]vmmckpt/")
+  foreach(line IN LISTS includes)
+    string(REGEX REPLACE "^[ \t]*#[ \t]*include[ \t]*[\"<]([^\">]+)[\">].*" "\\1" path "${line}")
+    if(path MATCHES "^vmmckpt/[^/]+$" AND NOT path STREQUAL "vmmckpt/vmmckpt.h")
+      string(APPEND problems "\n  ${file}: ${path} is a path from before the split of common/: now vmmckpt/<library>/<name> (README.md, \"Layout\")")
+    endif()
+    if(NOT path MATCHES "^vmmckpt/([a-z_]+)/")
+      continue()
+    endif()
+    set(lib ${CMAKE_MATCH_1})
+    if(NOT lib IN_LIST libraries)
+      continue()
+    endif()
+    if(path MATCHES "^vmmckpt/${lib}/detail/" AND NOT own STREQUAL lib)
+      string(APPEND problems "\n  ${file}: ${path} is ${lib}'s detail, for common/${lib}/ alone")
+    endif()
+    if(own AND NOT own STREQUAL lib AND NOT layer_${lib} LESS layer_${own})
+      string(APPEND problems "\n  ${file}: ${own} (layer ${layer_${own}}) includes ${path} of ${lib} (layer ${layer_${lib}})")
+    endif()
+  endforeach()
+endforeach()
+list(LENGTH sources count)
+if(problems)
+  message(FATAL_ERROR "the layering of common/ is broken:${problems}")
+endif()
+message(STATUS "${count} files: every include keeps to the layers of common/")
