@@ -332,9 +332,17 @@ TEST_CASE("A program in namespaces of its own (pid, mount with its own /tmp, net
   const bool as_root = run_process({"unshare", "--pid", "--fork", "--mount", "--net", "true"}).exit_code == 0;
   std::vector<std::string> argv{"unshare"};
   if (!as_root) argv.insert(argv.end(), {"--user", "--map-root-user"});
+  // The new /tmp hides the old one: a build under /tmp (a checkout there) is bound back at its path, through
+  // the old /tmp kept at a directory outside it.
+  const fs::path old_tmp = "/dev/shm/vmmckpt-ns-test-" + std::to_string(::getpid());
+  fs::create_directories(old_tmp);
+  const std::unique_ptr<void, std::function<void(void*)>> remove_old_tmp(
+      reinterpret_cast<void*>(1), [old_tmp](void*) { std::error_code ec; fs::remove(old_tmp, ec); });
   argv.insert(argv.end(), {"--pid", "--fork", "--mount", "--net", "sh", "-c",
-                           "mount -t tmpfs none /tmp && exec env -u XDG_RUNTIME_DIR \"$0\" run -- \"$1\" --seconds 120",
-                           cuda_ckpt, writer_program});
+                           "mount --bind /tmp \"$3\" && mount -t tmpfs none /tmp && "
+                           "case \"$2\" in /tmp/*) mkdir -p \"$2\" && mount --bind \"$3${2#/tmp}\" \"$2\";; esac && "
+                           "exec env -u XDG_RUNTIME_DIR \"$0\" run -- \"$1\" --seconds 120",
+                           cuda_ckpt, writer_program, std::string(build_dir), old_tmp.string()});
   background_process outer(argv);
   REQUIRE(outer.wait_for_output("ready\n"));
   const pid_t program = first_child(outer.pid());
