@@ -7,8 +7,8 @@ source scripts/lib/setup.sh
 
 vmmckpt_install_packages
 vmmckpt_check_cuda_toolkit
-# Only what the demo runs: the shim, the tool, the demo program and the emulated driver (115 of the project's
-# 244 build steps; minutes the first time on two cores, seconds after: README.md). The tests are built by
+# Only what the demo runs: the shim, the tool, the demo program and the emulated driver (127 of the project's
+# 265 build steps; about 9 minutes the first time on two cores, seconds after: README.md). The tests are built by
 # scripts/test.sh.
 targets=(vmmckpt cuda-ckpt vmmckpt-demo-app)
 vmmckpt_has_gpu || targets+=(vmmckpt_emu)
