@@ -59,27 +59,13 @@ void say(const char* format, Args... args) {
   say_at(3, format, args...);
 }
 
-// The pid of `pid` in its own pid namespace (the last of NSpid in /proc/PID/status): the pid CRIU's image
-// records and restores. CRIU's hooks are given the pid as CRIU sees it, which differs after a restore into a
-// new pid namespace (a container's); in the host's namespace the two are the same.
-int image_pid(int pid) {
-  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
-  for (std::string line; std::getline(status, line);) {
-    if (line.rfind("NSpid:", 0) != 0) continue;
-    const auto at = line.find_last_of(" \t");
-    const long inner = at == std::string::npos ? 0 : std::strtol(line.c_str() + at + 1, nullptr, 10);
-    return inner > 0 ? static_cast<int>(inner) : pid;
-  }
-  return pid;
-}
-
 // Where the GPU part of `pid` lies in the images directory of the dump or restore under way, named by its
 // pid in its own namespace, so that a container restored with new pids on the host finds its part.
 fs::path gpu_part(int pid) {
   const int dir = criu_get_image_dir();
   std::error_code ec;
   const fs::path images = fs::read_symlink("/proc/self/fd/" + std::to_string(dir), ec);
-  return images / "vmmckpt" / std::to_string(image_pid(pid));
+  return images / "vmmckpt" / std::to_string(vmmckpt::ckpt::pid_in_own_namespace(pid));
 }
 
 // The sockets `pid` has open (the targets of /proc/PID/fd that name one).

@@ -190,14 +190,13 @@ shim_presence shim_in(pid_t pid) {
   return read_any ? shim_presence::absent : shim_presence::unknown;
 }
 
-// The process's pid in its own pid namespace (the last of NSpid in /proc/PID/status): what its shim names its
-// socket by. `pid` itself where the kernel does not say.
 pid_t pid_in_own_namespace(pid_t pid) {
   std::ifstream in(proc_dir(pid) + "/status");
   for (std::string line; std::getline(in, line);) {
     if (line.rfind("NSpid:", 0) != 0) continue;
     const auto last = line.find_last_of(" \t");
-    return last == std::string::npos ? pid : static_cast<pid_t>(std::strtol(line.c_str() + last + 1, nullptr, 10));
+    const long inner = last == std::string::npos ? 0 : std::strtol(line.c_str() + last + 1, nullptr, 10);
+    return inner > 0 ? static_cast<pid_t>(inner) : pid;
   }
   return pid;
 }

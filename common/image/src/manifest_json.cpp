@@ -114,19 +114,7 @@ detail::manifest_file decode(const json& root, tables how) {
   m.command.reserve(command.size());
   for (std::size_t i = 0; i < command.size(); ++i) m.command.push_back(string_at(command[i], index("command", i)));
 
-  const json& devices = array_of(root, "", "devices");
-  m.devices.reserve(devices.size());
-  for (std::size_t i = 0; i < devices.size(); ++i) {
-    const std::string p = index("devices", i);
-    const json& d = object_at(devices[i], p);
-    device_description info;
-    info.ordinal = int_of(d, p, "ordinal");
-    info.name = string_of(d, p, "name");
-    info.uuid = string_of(d, p, "uuid");
-    info.cc_major = int_of(d, p, "cc_major");
-    info.cc_minor = int_of(d, p, "cc_minor");
-    m.devices.push_back(std::move(info));
-  }
+  m.devices = decode_devices(root);
 
   const json& pools = array_of(root, "", "pools");
   m.pools.reserve(pools.size());
@@ -200,16 +188,7 @@ ojson encode_head(const manifest& m) {
   j["host"] = m.host;
   j["pid"] = m.pid;
   j["command"] = m.command;
-  j["devices"] = ojson::array();
-  for (const auto& d : m.devices) {
-    ojson dj;
-    dj["ordinal"] = d.ordinal;
-    dj["name"] = d.name;
-    dj["uuid"] = d.uuid;
-    dj["cc_major"] = d.cc_major;
-    dj["cc_minor"] = d.cc_minor;
-    j["devices"].push_back(std::move(dj));
-  }
+  j["devices"] = encode_devices(m.devices);
   return j;
 }
 

@@ -44,39 +44,6 @@ bool decode_kind(const json& pool, const std::string& path) {
   return k == "vmm";
 }
 
-ojson encode_device(const device_description& d) {
-  ojson j;
-  j["ordinal"] = d.ordinal;
-  j["name"] = d.name;
-  j["uuid"] = d.uuid;
-  j["cc_major"] = d.cc_major;
-  j["cc_minor"] = d.cc_minor;
-  return j;
-}
-
-std::vector<device_description> decode_devices(const json& root) {
-  std::vector<device_description> out;
-  const json& devices = array_of(root, "", "devices");
-  for (std::size_t i = 0; i < devices.size(); ++i) {
-    const std::string p = index("devices", i);
-    const json& d = object_at(devices[i], p);
-    device_description dev;
-    dev.ordinal = int_of(d, p, "ordinal");
-    dev.name = string_of(d, p, "name");
-    dev.uuid = string_of(d, p, "uuid");
-    dev.cc_major = int_of(d, p, "cc_major");
-    dev.cc_minor = int_of(d, p, "cc_minor");
-    out.push_back(std::move(dev));
-  }
-  return out;
-}
-
-ojson encode_devices(const std::vector<device_description>& devices) {
-  ojson out = ojson::array();
-  for (const auto& d : devices) out.push_back(encode_device(d));
-  return out;
-}
-
 ojson encode_not_owned(const std::vector<not_owned_memory>& list) {
   ojson out = ojson::array();
   for (const auto& m : list) {

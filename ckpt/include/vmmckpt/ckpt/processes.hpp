@@ -47,6 +47,10 @@ std::string short_name_of(pid_t pid);
 // name (last: anyone may bind that first and never answer). Duplicates left out.
 std::vector<std::string> control_addresses(pid_t pid);
 
+// The process's pid in its own pid namespace (the last of NSpid in /proc/PID/status): what its shim names its
+// socket by, and the pid CRIU's image records. `pid` itself where the kernel does not say.
+pid_t pid_in_own_namespace(pid_t pid);
+
 // Whether pid sees the directory `dir` (or, when that does not exist yet, its nearest existing ancestor) as the
 // same directory we do. False only when it runs in a mount namespace of its own (a container) where that path is
 // another directory or none; true when that cannot be told (another user's process).
