@@ -43,7 +43,7 @@ namespace {
 std::vector<int> g_paused;
 bool g_pre_dump = false;
 
-constexpr int hold_deadline_ms = 120'000;
+constexpr auto hold_deadline = std::chrono::milliseconds(120'000);
 // How long a helper waits for CRIU to let a process go before it gives up on it.
 constexpr auto release_wait = std::chrono::minutes(10);
 
@@ -197,7 +197,7 @@ int pause_devices(int pid) {
       say("process %d: replacing %s, left by an earlier dump", pid, part.c_str());
       fs::remove_all(part);
     }
-    const auto s = vmmckpt::ckpt::checkpoint_gpu_side(pid, part, hold_deadline_ms);
+    const auto s = vmmckpt::ckpt::checkpoint_gpu_side(pid, part, hold_deadline);
     wait_connections_closed(pid, sockets_before);
     g_paused.push_back(pid);
     say("process %d: %llu bytes of GPU memory suspended into %s, its context checkpointed by the driver", pid,

@@ -259,7 +259,8 @@ control::hello_reply control_client::hello(bool prepare_hold) {
   return call<control::hello_reply>(control::hello_request{prepare_hold});
 }
 
-control::dump_begin_reply control_client::dump_begin(int hold_ms, received_fds& fds, bool for_suspend) {
+control::dump_begin_reply control_client::dump_begin(std::chrono::milliseconds hold_deadline, received_fds& fds,
+                                                     bool for_suspend) {
   std::vector<int> got;
   struct close_on_failure {
     std::vector<int>& fds;
@@ -270,9 +271,9 @@ control::dump_begin_reply control_client::dump_begin(int hold_ms, received_fds& 
   } guard{got};
   // The reply comes once the program is quiet, which takes at most the hold's deadline: the tool
   // waits a little longer than that for it.
-  deadline_ = std::max(deadline_, clock::now() + std::chrono::milliseconds(hold_ms) + std::chrono::seconds(5));
+  deadline_ = std::max(deadline_, clock::now() + hold_deadline + std::chrono::seconds(5));
   auto reply = call<control::dump_begin_reply>(
-      control::dump_begin_request{hold_ms, control::unix_ms_now() + hold_ms, for_suspend}, &got);
+      control::dump_begin_request{hold_deadline, control::unix_ms_now() + hold_deadline.count(), for_suspend}, &got);
   // More descriptors than one frame carries follow in fds frames.
   while (got.size() < reply.fd_count) {
     const std::string payload = receive(&got, remaining_ms());

@@ -1,8 +1,8 @@
 // cuda-ckpt dump: hold the program only until its memory is copied out, then write and commit the image.
 #include "vmmckpt/ckpt/dump.hpp"
 
-#include "copy_pipeline.hpp"
-#include "held_memory.hpp"
+#include "copy/copy_pipeline.hpp"
+#include "copy/held_memory.hpp"
 #include "session.hpp"
 #include "vmmckpt/ckpt/driver.hpp"
 #include "vmmckpt/support/fault_point.hpp"
@@ -14,7 +14,7 @@ dump_result dump(const dump_options& options, const progress_callback& progress)
   driver();  // no driver here: say so before the program is touched
   // The deadline covers everything up to the release: connecting, preparing and the hold.
   session s(options.pid, session::expect::running, "dump",
-            result.start + std::chrono::milliseconds(options.hold_deadline_ms));
+            result.start + options.hold_deadline);
   result.mark("connected");
 
   // Everything that can be prepared is prepared before the program is held: the destination (fail
@@ -32,7 +32,7 @@ dump_result dump(const dump_options& options, const progress_callback& progress)
   // Ctrl-C while the program drains, or while dump_end is answered: the connection closes, and the
   // program is released.
   s.client().while_waiting([&] { pipeline.check_interrupted(); });
-  auto held = s.client().dump_begin(hold_budget_ms(s, options.hold_deadline_ms), fds);
+  auto held = s.client().dump_begin(hold_budget(s, options.hold_deadline), fds);
   // From here the program is held, until dump_end or this connection closes (an exception on the
   // way, an interrupt included, closes it).
   fault_point("held");
@@ -56,7 +56,7 @@ dump_result dump(const dump_options& options, const progress_callback& progress)
           result.hold_ms = static_cast<double>(s.client().dump_end().held_us) / 1000.0;
         } catch (const control_error& e) {
           if (e.refused && e.refusal == control::refusal::not_held)
-            throw tool_error("the hold deadline passed (" + std::to_string(options.hold_deadline_ms / 1000) +
+            throw tool_error("the hold deadline passed (" + std::to_string(std::chrono::duration_cast<std::chrono::seconds>(options.hold_deadline).count()) +
                              " s, --deadline) before the program's memory was copied: the program was released, "
                              "and the copy may be inconsistent, so no image is written");
           throw;

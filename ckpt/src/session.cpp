@@ -1,7 +1,7 @@
 // One connection to a process under the shim, for one operation: its hello, and this tool's CUDA view of its devices.
 #include "session.hpp"
 
-#include "cuda_check.hpp"
+#include "copy/cuda_check.hpp"
 #include "vmmckpt/support/fault_point.hpp"
 #include "vmmckpt/protocol/protocol.hpp"
 #include "vmmckpt/support/uuid_text.hpp"
@@ -117,13 +117,14 @@ void record_memory_not_held(const session& s, const control::dump_begin_reply& h
   m.lacking = std::move(lacking);
 }
 
-int hold_budget_ms(session& s, int deadline_ms) {
+std::chrono::milliseconds hold_budget(session& s, std::chrono::milliseconds hold_deadline) {
   constexpr int least_ms = 100;
   const int left = s.client().remaining_ms();
   if (left < least_ms)
-    throw tool_error("the deadline (" + std::to_string(deadline_ms / 1000) + " s, --deadline) passed while preparing " +
-                     "(connecting, making the CUDA context, pinning staging memory): the program was not held");
-  return left;
+    throw tool_error("the deadline (" + std::to_string(std::chrono::duration_cast<std::chrono::seconds>(hold_deadline).count()) +
+                     " s, --deadline) passed while preparing (connecting, making the CUDA context, pinning staging "
+                     "memory): the program was not held");
+  return std::chrono::milliseconds(left);
 }
 
 }  // namespace vmmckpt::ckpt

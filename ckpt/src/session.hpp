@@ -55,6 +55,6 @@ void record_memory_not_held(const session& s, const control::dump_begin_reply& h
 
 // What is left of the operation's deadline for holding the program; a tool_error when preparing
 // took (almost) all of it, so that the program is not held for a hold that cannot succeed.
-int hold_budget_ms(session& s, int deadline_ms);
+std::chrono::milliseconds hold_budget(session& s, std::chrono::milliseconds hold_deadline);
 
 }  // namespace vmmckpt::ckpt

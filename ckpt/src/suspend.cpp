@@ -6,8 +6,8 @@
 #include <optional>
 #include <string>
 
-#include "copy_pipeline.hpp"
-#include "held_memory.hpp"
+#include "copy/copy_pipeline.hpp"
+#include "copy/held_memory.hpp"
 #include "session.hpp"
 #include "vmmckpt/ckpt/driver.hpp"
 #include "vmmckpt/ckpt/processes.hpp"
@@ -48,7 +48,7 @@ std::optional<control::suspend_reply> request_suspend(session& s, const suspend_
       // The program did not take the claim: the image is nobody's.
       remove_image(options.output);
       if (e.refusal == control::refusal::not_held)
-        throw tool_error("the hold deadline (" + std::to_string(options.hold_deadline_ms / 1000) +
+        throw tool_error("the hold deadline (" + std::to_string(std::chrono::duration_cast<std::chrono::seconds>(options.hold_deadline).count()) +
                          " s, --deadline) passed before the image was complete and checked: the program was "
                          "released and goes on, not suspended");
       throw;
@@ -71,7 +71,7 @@ suspend_result suspend(const suspend_options& options, const progress_callback& 
   driver();  // no driver here: say so before the program is touched
   // The deadline covers everything up to the program's memory being freed.
   session s(options.pid, session::expect::running, "suspend",
-            result.start + std::chrono::milliseconds(options.hold_deadline_ms));
+            result.start + options.hold_deadline);
   result.mark("connected");
   // The program reads its image back on resume, at the path this tool gives it.
   if (!sees_directory(options.pid, options.output))
@@ -97,7 +97,7 @@ suspend_result suspend(const suspend_options& options, const progress_callback& 
   if (progress) progress({copy_progress::stage::holding});
   received_fds fds;
   s.client().while_waiting([&] { pipeline.check_interrupted(); });  // Ctrl-C while the program drains
-  auto held = s.client().dump_begin(hold_budget_ms(s, options.hold_deadline_ms), fds, /*for_suspend=*/true);
+  auto held = s.client().dump_begin(hold_budget(s, options.hold_deadline), fds, /*for_suspend=*/true);
   s.client().while_waiting({});  // from the suspend request on, an interrupt must not abandon the answer
   fault_point("held");
   result.mark("held");

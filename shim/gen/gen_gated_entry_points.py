@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Generates shim/src/gated_entry_points.inc: every driver entry point that submits GPU work.
+"""Generates shim/src/entry/gated_entry_points.inc: every driver entry point that submits GPU work.
 
 The shim gates these (docs/protocol.md, quiescing). The list is the driver's own exported names
 (from the toolkit's stub libcuda.so) in the families that launch work, copy or set memory; the
 signatures come from cuda.h, preprocessed both ways so that legacy and per-thread-stream ABIs are
 all declared. Run it again when the CUDA toolkit gains entry points:
-    python3 shim/gen/gen_gated_entry_points.py /usr/local/cuda > shim/src/gated_entry_points.inc
+    python3 shim/gen/gen_gated_entry_points.py /usr/local/cuda > shim/src/entry/gated_entry_points.inc
 """
 import re
 import subprocess

@@ -77,14 +77,14 @@ void wait_until_state(pid_t pid, const std::string& state, int seconds = 10) {
 TEST_CASE("a hold asks for up to an hour and gets it; beyond is refused, not cut", "[emu][reliability]") {
   auto program = start_writer();
   const auto long_hold = nlohmann::json::parse(raw_request(
-      program->pid(), R"({"op":"dump_begin","deadline_ms":700000,"valid_until_ms":)" +
+      program->pid(), R"({"op":"dump_begin","hold_deadline_ms":700000,"valid_until_ms":)" +
                           std::to_string(vmmckpt::control::unix_ms_now() + 60'000) + "}"));
   INFO(long_hold.dump());
   REQUIRE(long_hold.at("ok") == true);
-  REQUIRE(long_hold.at("hold_ms") == 700000);  // was cut to 60 s without a word
+  REQUIRE(long_hold.at("hold_deadline_ms") == 700000);  // was cut to 60 s without a word
   // (The connection closed with the request: the program is released.)
   const auto too_long = nlohmann::json::parse(raw_request(
-      program->pid(), R"({"op":"dump_begin","deadline_ms":4000000,"valid_until_ms":)" +
+      program->pid(), R"({"op":"dump_begin","hold_deadline_ms":4000000,"valid_until_ms":)" +
                           std::to_string(vmmckpt::control::unix_ms_now() + 60'000) + "}"));
   REQUIRE(too_long.at("ok") == false);
   REQUIRE(too_long.at("code") == "bad_request");
@@ -95,7 +95,7 @@ TEST_CASE("a hold asks for up to an hour and gets it; beyond is refused, not cut
 TEST_CASE("a request that arrives after it expired is refused, not acted on", "[emu][reliability]") {
   auto program = start_writer();
   const auto late = nlohmann::json::parse(raw_request(
-      program->pid(), R"({"op":"dump_begin","deadline_ms":5000,"valid_until_ms":)" +
+      program->pid(), R"({"op":"dump_begin","hold_deadline_ms":5000,"valid_until_ms":)" +
                           std::to_string(vmmckpt::control::unix_ms_now() - 1) + "}"));
   REQUIRE(late.at("ok") == false);
   REQUIRE(late.at("code") == "expired");

@@ -1,4 +1,4 @@
-// Unit tests of the copy's plan (ckpt/src/copy_plan.hpp): chunks, spans and pieces from a manifest, packing,
+// Unit tests of the copy's plan (ckpt/src/copy/copy_plan.hpp): chunks, spans and pieces from a manifest, packing,
 // runs of blocks, the GPU snapshot's layout and the runs that leave the program's memory. No GPU.
 #include <catch2/catch.hpp>
 
@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "copy_plan.hpp"
+#include "copy/copy_plan.hpp"
 #include "vmmckpt/image/image.hpp"
 
 using namespace vmmckpt;

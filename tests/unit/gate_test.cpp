@@ -1,4 +1,4 @@
-// The shim's work gate (shim/src/gate.cpp): closing holds new calls, waits for calls inside, gives up
+// The shim's work gate (shim/src/core/gate.cpp): closing holds new calls, waits for calls inside, gives up
 // at its deadline; the count of returned work survives threads that exit and threads beyond the slots;
 // a child of fork() can still close it.
 #include <atomic>
@@ -12,7 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "gate.hpp"
+#include "core/gate.hpp"
 
 using vmmckpt::detail::gate_scope;
 using vmmckpt::detail::the_gate;

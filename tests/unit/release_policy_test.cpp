@@ -1,7 +1,7 @@
-// Unit tests of when the held program is released (ckpt/src/release_policy.hpp).
+// Unit tests of when the held program is released (ckpt/src/copy/release_policy.hpp).
 #include <catch2/catch.hpp>
 
-#include "release_policy.hpp"
+#include "copy/release_policy.hpp"
 
 using vmmckpt::ckpt::plan_release;
 using vmmckpt::ckpt::release_plan;

@@ -10,6 +10,8 @@ const CLI::Validator process_id(
     },
     "");
 
+namespace {
+
 const CLI::Validator whole_seconds(
     [](std::string& text) -> std::string {
       const bool digits = !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
@@ -19,6 +21,17 @@ const CLI::Validator whole_seconds(
       return {};
     },
     "INT in [1 - 3600]");
+
+}  // namespace
+
+CLI::Option* add_hold_deadline(CLI::App* command, std::chrono::seconds& hold_deadline, const std::string& help) {
+  return command
+      ->add_option_function<int>(
+          "--deadline", [&hold_deadline](int seconds) { hold_deadline = std::chrono::seconds(seconds); }, help)
+      ->default_str(std::to_string(hold_deadline.count()))
+      ->check(whole_seconds)
+      ->type_name("INT");
+}
 
 void add_pid(CLI::App* command, pid_t& pid, const std::string& what) {
   auto* positional = command->add_option("pid", pid, what + "; or -t PID")->check(process_id)->type_name("PID");

@@ -5,6 +5,7 @@
 #include <sys/types.h>
 
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <string>
 
 namespace vmmckpt::tools {
@@ -12,8 +13,9 @@ namespace vmmckpt::tools {
 // A positive integer (a negative one is a usage error, not a missing process).
 extern const CLI::Validator process_id;
 
-// Whole seconds from 1 to 3600: "1.5" is refused as not a whole number, not as out of range.
-extern const CLI::Validator whole_seconds;
+// --deadline: the hold's deadline in whole seconds from 1 to 3600 ("1.5" is refused as not a whole number,
+// not as out of range), into `hold_deadline` (its default shown in the help).
+CLI::Option* add_hold_deadline(CLI::App* command, std::chrono::seconds& hold_deadline, const std::string& help);
 
 // The process of dump, suspend, resume and check: a positional, or -t/--pid as CRIU and NVIDIA's
 // cuda-checkpoint spell it; one of the two, each listed once in the help.

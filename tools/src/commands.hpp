@@ -45,7 +45,7 @@ struct dump_command_options {
   pid_t pid = 0;
   std::string output;  // empty: ./vmmckpt-<pid>-<time>
   bool json = false;
-  int deadline_s = 60;
+  std::chrono::seconds hold_deadline{60};
   std::string chunk = "32M";
   std::string staging = "1G";
   int streams = 2;
@@ -72,7 +72,7 @@ struct suspend_command_options {
   pid_t pid = 0;
   std::string output;  // empty: /dev/shm/vmmckpt-<uid>/suspend-<pid>-<time>
   bool json = false;
-  int deadline_s = 120;
+  std::chrono::seconds hold_deadline{120};
   int writers = 0;  // 0: ckpt::default_writers()
   bool verify = false;
   bool allow_partial = false;

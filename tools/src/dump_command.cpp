@@ -206,7 +206,7 @@ int dump_command(const dump_command_options& o) {
   options.allow_partial = o.allow_partial;
   options.copy.parent = o.parent;
   options.copy.gpu_checksums = !o.cpu_checksums;
-  options.hold_deadline_ms = o.deadline_s * 1000;
+  options.hold_deadline = o.hold_deadline;
 
   options.copy.interrupt = &catch_interrupts();
   if (o.every_s > 0) return dump_series(o, options);
@@ -229,10 +229,9 @@ subcommand add_dump(CLI::App& app) {
                    "Image directory to create (default ./vmmckpt-PID-TIME; also -D DIR)")
       ->type_name("DIR");
   command->add_flag("--json", o->json, "Print the result as JSON");
-  command->add_option("--deadline", o->deadline_s,
-                   "Give up after this many whole seconds (1 to 3600), connecting and preparing included; the "
-                   "program is released by then, dump or not")
-      ->capture_default_str()->check(whole_seconds)->type_name("INT");
+  add_hold_deadline(command, o->hold_deadline,
+                    "Give up after this many whole seconds (1 to 3600), connecting and preparing included; the "
+                    "program is released by then, dump or not");
   command->add_option("--chunk", o->chunk, "Staging buffer size, 1M to 1G (K/M/G suffixes)")
       ->capture_default_str()->type_name("SIZE");
   command->add_option("--staging", o->staging,

@@ -29,7 +29,7 @@ int dump_process_command(const dump_command_options& o) {
   }
   options.leave_running = o.leave_running;
   options.criu_args = o.criu_args;
-  options.hold_deadline_ms = o.deadline_s * 1000;
+  options.hold_deadline = o.hold_deadline;
   if (o.writers > 0) options.copy.writers = o.writers;
   options.copy.gpu_checksums = !o.cpu_checksums;
   options.parent = o.parent;

@@ -25,7 +25,7 @@ namespace vmmckpt::tools {
 int suspend_command(const suspend_command_options& o) {
   ckpt::suspend_options options;
   options.pid = o.pid;
-  options.hold_deadline_ms = o.deadline_s * 1000;
+  options.hold_deadline = o.hold_deadline;
   if (o.writers > 0) options.copy.writers = o.writers;
   options.verify = o.verify;
   options.allow_partial = o.allow_partial;
@@ -116,10 +116,9 @@ subcommand add_suspend(CLI::App& app) {
                       "Image directory (default /dev/shm/vmmckpt-UID/suspend-PID-TIME, removed by resume; also -D DIR)")
       ->type_name("DIR");
   command->add_flag("--json", o->json, "Print the result as JSON");
-  command->add_option("--deadline", o->deadline_s,
-                      "Give up after this many whole seconds (1 to 3600), connecting and saving included: the "
-                      "program is then released, not suspended")
-      ->capture_default_str()->check(whole_seconds)->type_name("INT");
+  add_hold_deadline(command, o->hold_deadline,
+                    "Give up after this many whole seconds (1 to 3600), connecting and saving included: the "
+                    "program is then released, not suspended");
   command->add_flag("--verify", o->verify,
                     "Read the image back and check every checksum before the memory is freed");
   command->add_flag("--allow-partial", o->allow_partial,

@@ -128,7 +128,7 @@ hello_reply decode_hello(const json& root) {
 dump_begin_reply decode_dump_begin(const json& root) {
   dump_begin_reply r;
   r.fd_count = u32_of(root, "", "fd_count");
-  r.hold_ms = u32_of(root, "", "hold_ms");
+  r.hold_deadline = std::chrono::milliseconds(u32_of(root, "", "hold_deadline_ms"));
   r.devices = decode_devices(root);
   const json& pools = array_of(root, "", "pools");
   for (std::size_t i = 0; i < pools.size(); ++i) {
@@ -248,7 +248,7 @@ std::string encode(const request& r) {
           if (req.prepare_hold) j["prepare_hold"] = true;
         } else if constexpr (std::is_same_v<T, dump_begin_request>) {
           j["op"] = name_of(op::dump_begin);
-          j["deadline_ms"] = req.deadline_ms;
+          j["hold_deadline_ms"] = req.hold_deadline.count();
           j["valid_until_ms"] = req.valid_until_ms;
           j["purpose"] = req.for_suspend ? "suspend" : "dump";
         } else if constexpr (std::is_same_v<T, dump_end_request>) {
@@ -310,7 +310,7 @@ std::string encode(const hello_reply& r) {
 std::string encode(const dump_begin_reply& r) {
   ojson j = success();
   j["fd_count"] = r.fd_count;
-  j["hold_ms"] = r.hold_ms;
+  j["hold_deadline_ms"] = r.hold_deadline.count();
   j["devices"] = encode_devices(r.devices);
   j["pools"] = ojson::array();
   for (const auto& p : r.pools) {
@@ -436,7 +436,7 @@ std::variant<request, failure_reply> decode_request(const std::string& payload) 
     }
     if (name == name_of(op::dump_begin)) {
       dump_begin_request r;
-      r.deadline_ms = int_of(root, "", "deadline_ms");
+      r.hold_deadline = std::chrono::milliseconds(int_of(root, "", "hold_deadline_ms"));
       r.valid_until_ms = i64_of(root, "", "valid_until_ms");
       if (optional_field(root, "purpose") != nullptr) {
         const std::string purpose = string_of(root, "", "purpose");
@@ -605,7 +605,7 @@ std::vector<example> example_messages() {
                      {0, 0x300000000000, 2199023255552, 20971520, 1, 20971520, true}},
                     {{std::string(not_owned_kind::managed), 67108864}}};
   // A pool of one block, and one VMM mapping of 20 MiB as PyTorch's expandable segments make them.
-  dump_begin_reply held{3, 30'000, {h200},
+  dump_begin_reply held{3, std::chrono::milliseconds(30'000), {h200},
                         {{0, 0x200000000000, 549755813888, 2097152, 1,
                           {{0x200000000000, 4096, vmmckpt::alloc_api::cuda_malloc}}, {{0x200000000000, 67108864}}, false},
                          {0, 0x300000000000, 2199023255552, 2097152, 1,
@@ -629,7 +629,7 @@ std::vector<example> example_messages() {
   held.vmm = layout;
   return {
       {op::hello, encode(request{hello_request{true}}), encode(hello)},
-      {op::dump_begin, encode(request{dump_begin_request{30'000, 1795430130000}}), encode(held)},
+      {op::dump_begin, encode(request{dump_begin_request{std::chrono::milliseconds(30'000), 1795430130000}}), encode(held)},
       {op::dump_end, encode(request{dump_end_request{}}), encode(dump_end_reply{183000})},
       {op::suspend,
        encode(request{suspend_request{"/dev/shm/vmmckpt-1000/suspend-4242-20261123-101500",

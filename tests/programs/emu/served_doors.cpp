@@ -29,14 +29,14 @@ struct served {
 const served served_entries[] = {
 #define VMMCKPT_SERVED_DRIVER(symbol, proc_name, since, twin) {#symbol, proc_name, since, twin, true},
 #define VMMCKPT_SERVED_RUNTIME(symbol) {#symbol, nullptr, 0, nullptr, false},
-#include "served_entry_points.inc"  // NOLINT: the shim's own list
+#include "entry/served_entry_points.inc"  // NOLINT: the shim's own list
 #undef VMMCKPT_SERVED_DRIVER
 #undef VMMCKPT_SERVED_RUNTIME
 };
 
 const char* const gated_entries[] = {
 #define VMMCKPT_GATED(name, params, args) #name,
-#include "gated_entry_points.inc"
+#include "entry/gated_entry_points.inc"
 #undef VMMCKPT_GATED
 };
 

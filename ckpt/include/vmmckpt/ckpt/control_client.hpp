@@ -91,7 +91,8 @@ class control_client {
   control::hello_reply hello(bool prepare_hold = false);
   // Holds the program for at most hold_ms; its pool memory arrives as one descriptor per segment.
   // for_suspend: the program says "suspending" rather than "dumping" to ps meanwhile.
-  control::dump_begin_reply dump_begin(int hold_ms, received_fds& fds, bool for_suspend = false);
+  control::dump_begin_reply dump_begin(std::chrono::milliseconds hold_deadline, received_fds& fds,
+                                       bool for_suspend = false);
   control::dump_end_reply dump_end();
   control::suspend_reply suspend(const std::string& image, const std::string& image_id);
   // With `progress`, the process is asked for progress frames as it loads (an older one sends none).

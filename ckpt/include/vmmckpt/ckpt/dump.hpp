@@ -22,7 +22,7 @@ namespace vmmckpt::ckpt {
 int default_writers();
 
 // How the program's memory is copied out and written: the same for dump and suspend.
-struct copy_reuse;  // ckpt/src/copy_pipeline.cpp
+struct copy_reuse;  // ckpt/src/copy/copy_pipeline.cpp
 
 struct copy_settings {
   std::size_t chunk_bytes = 32ULL << 20;     // one staging buffer
@@ -117,7 +117,7 @@ struct dump_options {
   pid_t pid = 0;
   std::filesystem::path output;  // the image directory to create
   copy_settings copy;
-  int hold_deadline_ms = 60'000;
+  std::chrono::milliseconds hold_deadline{60'000};
   // Hold the program only while its memory is copied to spare GPU memory, when the device has
   // that much to spare (and a quarter of it stays free); otherwise while it is copied to the host.
   bool gpu_snapshot = true;

@@ -21,7 +21,7 @@ bool has_gpu_side(pid_t pid);
 // then has the driver lock and checkpoint its context. Refused for a process that maps another's memory
 // (its mapping would be in the driver's checkpoint, that memory not in the image). On failure what was
 // done is undone (the process runs on, its memory back) and tool_error or driver_unavailable is thrown.
-suspend_result checkpoint_gpu_side(pid_t pid, const std::filesystem::path& gpu_image, int hold_deadline_ms);
+suspend_result checkpoint_gpu_side(pid_t pid, const std::filesystem::path& gpu_image, std::chrono::milliseconds hold_deadline);
 
 // Back: the driver restores and unlocks its context when it left it checkpointed (or unlocks it when
 // locked), then the process loads its GPU memory from `gpu_image` (where it is now; the image must be the

@@ -15,7 +15,7 @@ struct suspend_options {
   pid_t pid = 0;
   std::filesystem::path output;  // the image directory to create
   copy_settings copy;
-  int hold_deadline_ms = 120'000;  // released, not suspended, when saving takes longer
+  std::chrono::milliseconds hold_deadline{120'000};  // released, not suspended, when saving takes longer
   // Read the whole image back and check every checksum before the memory is freed.
   bool verify = false;
   // As dump_options::allow_partial. The memory vmmckpt does not own stays on the GPU while suspended.

@@ -1,6 +1,6 @@
 // What the shim knows of the VMM memory a program maps itself: its reservations (placed in windows of
 // ours), handle tokens, mappings and access rights. Pure bookkeeping, kept apart from CUDA so that it is
-// tested without a GPU; shim/src/vmm_entry_points.cpp makes the driver calls (docs/vmm.md).
+// tested without a GPU; shim/src/entry/vmm_entry_points.cpp makes the driver calls (docs/vmm.md).
 //
 // Not thread-safe: the shim holds one mutex around every call.
 #pragma once

@@ -6,6 +6,7 @@
 // peer adds are ignored, as docs/protocol.md promises.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -84,7 +85,7 @@ struct hello_request {
 // Unix epoch (a clock the tool and the program share even across PID and time namespaces): a request
 // that waited in the socket while the program was stopped is refused, not acted on late.
 struct dump_begin_request {
-  int deadline_ms = 60'000;  // the longest the program may be held (1 to 3 600 000)
+  std::chrono::milliseconds hold_deadline{60'000};  // the longest the program may be held (1 ms to 1 h)
   std::int64_t valid_until_ms = 0;
   bool for_suspend = false;  // "purpose" on the wire: what the program reports while held (optional; dump)
   friend bool operator==(const dump_begin_request&, const dump_begin_request&) = default;
@@ -193,7 +194,7 @@ struct dump_begin_reply {
   // Descriptors in all, this frame's and those of the fds frames after it: one per segment, in
   // order across pools, then one per handle of `vmm` (its POSIX FD), then one for the allocation table.
   std::uint32_t fd_count = 0;
-  std::uint32_t hold_ms = 0;  // how long the program is held at most, from the hold's start
+  std::chrono::milliseconds hold_deadline{0};  // how long the program is held at most, from the hold's start
   std::vector<device_description> devices;
   std::vector<pool_contents> pools;
   // The program-made VMM memory the shim owns, when there is any: its bytes are the pools of kind vmm.

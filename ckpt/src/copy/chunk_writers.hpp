@@ -1,0 +1,55 @@
+// The writers of a copy (staging → files): one thread per data file, each taking the next copied chunk,
+// whichever it is, and appending its extents to its own file, so that a writer that falls behind holds up no
+// other, nor the copies, and the file system takes several files at once (it serializes writes to one file).
+#pragma once
+
+#include <cuda.h>
+
+#include <atomic>
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+#include "copy/copy_checksums.hpp"
+#include "copy/copy_handoff.hpp"
+#include "copy/copy_plan.hpp"
+#include "copy/copy_staging.hpp"
+#include "copy/parent_blocks.hpp"
+#include "vmmckpt/image/image.hpp"
+
+namespace vmmckpt::ckpt {
+
+class chunk_writers {
+ public:
+  // What the writers work from: all of it outlives them.
+  struct job {
+    CUcontext context;  // made current on each writer's thread
+    copy_staging& staging;
+    const std::vector<chunk>& chunks;
+    const parent_blocks* parent;  // an incremental image's: its unchanged blocks are inherited, not written
+    const copy_checksums& sums;
+    const std::atomic<int>* interrupt;  // checked before each chunk
+    image::writer& writer;
+    image::manifest& manifest;  // its extents, as written
+    chunk_handoff& handoff;
+    copy_progress_line& line;
+    image_result& result;  // the writers' waits and the unchanged bytes
+  };
+  // Starts a writer for each of `files` data files.
+  chunk_writers(const job& j, std::uint32_t files);
+  // Tells the writers the copy is over, and waits for them.
+  ~chunk_writers();
+  chunk_writers(const chunk_writers&) = delete;
+  chunk_writers& operator=(const chunk_writers&) = delete;
+
+  // Waits for every chunk to be written; throws what a writer threw.
+  void join();
+
+ private:
+  void write_file(std::uint32_t file);
+  std::uint64_t write_chunk(std::uint32_t file, std::size_t c, std::size_t b, std::uint64_t& unchanged);
+  job job_;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace vmmckpt::ckpt

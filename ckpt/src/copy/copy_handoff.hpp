@@ -1,0 +1,137 @@
+// What the copier and the writers of one copy share: which chunks are copied (or need no copy) and in which
+// staging buffer, which buffers are free, the writers' failure, and the progress line.
+#pragma once
+
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "copy/copy_plan.hpp"
+#include "vmmckpt/ckpt/dump.hpp"
+
+namespace vmmckpt::ckpt {
+
+// Throws interrupted when `interrupt` (copy_settings::interrupt) is set.
+inline void throw_if_interrupted(const std::atomic<int>* interrupt) {
+  if (interrupt == nullptr) return;
+  if (const int sig = interrupt->load(std::memory_order_relaxed); sig != 0)
+    throw interrupted(std::string("interrupted by ") + (sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal"),
+                      sig);
+}
+
+// The copier hands chunks to the writers in order, each in a staging buffer (or in none: every block
+// unchanged), and the writers hand the buffers back. One mutex and one condition for all of it.
+struct chunk_handoff {
+  using clock = std::chrono::steady_clock;
+
+  chunk_handoff(std::size_t chunks, int buffers) : count(chunks), chunk_buffer(chunks) {
+    for (int b = buffers - 1; b >= 0; --b) free_buffers.push_back(static_cast<std::size_t>(b));
+  }
+
+  const std::size_t count;
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::size_t issued = 0;  // chunks [0, issued) are copied or in flight
+  std::size_t taken = 0;   // chunks [0, taken) are taken by a writer
+  std::vector<std::size_t> chunk_buffer;  // the staging buffer each chunk is copied into
+  std::vector<std::size_t> free_buffers;
+  bool stop = false;  // the copy is over (done or failed): writers leave
+  std::exception_ptr writer_error;
+  std::uint64_t written = 0;
+
+  // The copier: a free staging buffer for chunk c, waiting for one (the wait added to `waiting`); false when
+  // a writer failed.
+  bool take_buffer(std::size_t c, double& waiting, std::size_t& b) {
+    const auto wait_start = clock::now();
+    std::unique_lock lock(mutex);
+    changed.wait(lock, [&] { return !free_buffers.empty() || writer_error; });
+    waiting += std::chrono::duration<double>(clock::now() - wait_start).count();
+    if (writer_error) return false;
+    b = free_buffers.back();
+    free_buffers.pop_back();
+    chunk_buffer[c] = b;
+    return true;
+  }
+  // The copier: chunk c needs no copy. No writer reads chunk_buffer[c] before `issued` passes c.
+  void uncopied(std::size_t c) { chunk_buffer[c] = no_buffer; }
+  // The copier: chunks [0, n) are copied or on their way.
+  void issue(std::size_t n) {
+    {
+      std::lock_guard lock(mutex);
+      issued = n;
+    }
+    changed.notify_all();
+  }
+  std::uint64_t written_so_far() {
+    std::lock_guard lock(mutex);
+    return written;
+  }
+  void rethrow_writer_error() {
+    std::lock_guard lock(mutex);
+    if (writer_error) std::rethrow_exception(writer_error);
+  }
+  // The copy is over: the writers leave.
+  void finish() {
+    {
+      std::lock_guard lock(mutex);
+      stop = true;
+    }
+    changed.notify_all();
+  }
+
+  // A writer: the next chunk handed over and its buffer; false when there is none left to take, the copy
+  // is over or another writer failed.
+  bool take_chunk(std::size_t& c, std::size_t& b) {
+    std::unique_lock lock(mutex);
+    changed.wait(lock, [&] { return taken < issued || taken == count || stop || writer_error; });
+    if (stop || writer_error || taken == issued) return false;
+    c = taken++;
+    b = chunk_buffer[c];
+    return true;
+  }
+  // A writer: chunk in buffer b (or no_buffer) is written, `bytes` of it. Returns the bytes written so far.
+  std::uint64_t written_chunk(std::size_t b, std::uint64_t bytes) {
+    std::uint64_t done;
+    bool wake;  // the copying thread, for a freed buffer; the other writers, to leave after the last chunk
+    const bool copied = b != no_buffer;
+    {
+      std::lock_guard lock(mutex);
+      if (copied) free_buffers.push_back(b);
+      done = written += bytes;
+      wake = copied || taken == count;
+    }
+    if (wake) changed.notify_all();
+    return done;
+  }
+  void writer_failed(std::exception_ptr e) {
+    std::lock_guard lock(mutex);
+    if (!writer_error) writer_error = e;
+    changed.notify_all();
+  }
+
+};
+
+// The progress line, from the copier and the writers, one at a time. While the program is held it shows the
+// copy out of its memory; once it goes on, the writing.
+struct copy_progress_line {
+  copy_progress_line(const progress_callback& p, std::uint64_t bytes) : progress(p), total(bytes) {}
+  const progress_callback& progress;
+  const std::uint64_t total;
+  std::mutex mutex;
+  std::atomic<bool> writing_shown{false};
+
+  void report(copy_progress::stage at, std::uint64_t done) {
+    if (!progress) return;
+    std::lock_guard lock(mutex);
+    progress({at, done, total, 0});
+  }
+};
+
+}  // namespace vmmckpt::ckpt

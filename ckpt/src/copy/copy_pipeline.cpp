@@ -1,0 +1,256 @@
+// The copy pipeline of dump and suspend: the program's live bytes through pinned staging (or a GPU snapshot) into the image's data files.
+#include "copy/copy_pipeline.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <utility>
+#include <vector>
+
+#include "copy/chunk_copier.hpp"
+#include "copy/chunk_writers.hpp"
+#include "copy/copy_checksums.hpp"
+#include "copy/copy_handoff.hpp"
+#include "copy/copy_plan.hpp"
+#include "copy/cuda_check.hpp"
+#include "copy/release_policy.hpp"
+#include "vmmckpt/support/fault_point.hpp"
+
+namespace vmmckpt::ckpt {
+
+void copy_pipeline::check_interrupted() const { throw_if_interrupted(settings_.interrupt); }
+
+int default_writers() { return static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 16u)); }
+
+// What a series of dumps by one tool (dump --every) makes once: the pinned staging with its streams, and
+// the checksum kernel; and the image each dump commits, the next one's parent. (The CUDA context is the
+// device's primary one, which the tool keeps.)
+struct copy_reuse {
+  std::shared_ptr<copy_staging> staging;
+  int buffers = 0;
+  std::size_t chunk_bytes = 0;
+  std::shared_ptr<gpu_checksums> kernel;
+  std::shared_ptr<const parent_blocks> last_image;
+};
+
+std::shared_ptr<copy_reuse> make_copy_reuse() { return std::make_shared<copy_reuse>(); }
+
+copy_pipeline::copy_pipeline(const copy_settings& settings, std::uint64_t live_estimate)
+    : settings_(settings), live_estimate_(live_estimate) {
+  // Enough buffers to take the whole copy when it fits the staging budget, so the program is
+  // held only for the copy out of the GPU, not for the writes.
+  const std::uint64_t wanted = (live_estimate + settings.chunk_bytes - 1) / settings.chunk_bytes;
+  const std::uint64_t budget = std::max<std::uint64_t>(2, settings.staging_bytes / settings.chunk_bytes);
+  buffers_ = static_cast<int>(std::clamp<std::uint64_t>(wanted, 2, budget));
+  if (copy_reuse* r = settings_.reuse.get();
+      r != nullptr && r->staging && r->buffers == buffers_ && r->chunk_bytes == settings_.chunk_bytes) {
+    staging_ = r->staging;  // made by an earlier dump of the series, idle since
+    return;
+  }
+  staging_ = std::make_shared<copy_staging>();
+  reserving_ = std::thread([this] { staging_->reserve(buffers_, settings_.chunk_bytes); });
+}
+
+copy_pipeline::~copy_pipeline() {
+  if (reserving_.joinable()) reserving_.join();
+  snapshot_.reset();
+  // Before the writer goes, no copy may still be filling a buffer.
+  if (copy_reuse* r = settings_.reuse.get(); r != nullptr && !staging_->streams.empty()) {
+    const driver_api& d = driver();  // loaded: it made the streams
+    bool idle = true;
+    for (CUstream s : staging_->streams) idle = d.cuStreamSynchronize(s) == CUDA_SUCCESS && idle;
+    if (idle) {
+      r->staging = staging_;
+      r->buffers = buffers_;
+      r->chunk_bytes = settings_.chunk_bytes;
+    }
+  }
+  staging_.reset();
+}
+
+void copy_pipeline::prepare(const std::filesystem::path& output, CUcontext context, bool snapshot_allowed,
+                            image_result& result) {
+  context_ = context;
+  if (!settings_.parent.empty()) {
+    const copy_reuse* r = settings_.reuse.get();
+    if (r != nullptr && r->last_image && r->last_image->is_at(settings_.parent)) {
+      // The image this series wrote last: its blocks are taken as written, or not at all. One changed since
+      // (edited in place, even to the same size and modification time) is no parent: this image is full.
+      result.parent_dropped = r->last_image->changed();
+      // A chain at the most a reader follows is opened again, and refused there, saying why.
+      if (result.parent_dropped.empty())
+        parent_ = r->last_image->chain_full() ? std::make_shared<const parent_blocks>(settings_.parent) : r->last_image;
+    } else {
+      parent_ = std::make_shared<const parent_blocks>(settings_.parent);
+    }
+  }
+  // One data file per writer thread, fewer for a small image.
+  const std::uint64_t chunks_estimate =
+      std::max<std::uint64_t>(1, (live_estimate_ + settings_.chunk_bytes - 1) / settings_.chunk_bytes);
+  const int writers = std::clamp(settings_.writers, 1, int(image::max_data_files));
+  writer_.emplace(output, static_cast<std::uint32_t>(std::clamp<std::uint64_t>(chunks_estimate, 1, writers)));
+
+  const driver_api& d = driver();
+  if (reserving_.joinable()) {  // not reused: made for this dump
+    reserving_.join();
+    result.mark("reserved");  // the staging's pages are in (faulted in while the context was made)
+    staging_->allocate(buffers_, settings_.chunk_bytes);
+  }
+  while (staging_->streams.size() < static_cast<std::size_t>(std::max(1, settings_.streams))) {
+    CUstream s;
+    VMMCKPT_CUDA_TRY(d.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    staging_->streams.push_back(s);
+  }
+  result.mark("staged");
+  // Loading the checksum kernel here keeps its cost (loading the module, a self-test) out of the hold.
+  if (settings_.gpu_checksums) {
+    copy_reuse* r = settings_.reuse.get();
+    gpu_sums_ = r != nullptr && r->kernel ? r->kernel : std::make_shared<gpu_checksums>();
+    if (r != nullptr) r->kernel = gpu_sums_;
+    if (gpu_sums_->available() && staging_->checksum_stream == nullptr) {
+      VMMCKPT_CUDA_TRY(d.cuStreamCreate(&staging_->checksum_stream, CU_STREAM_NON_BLOCKING));
+      VMMCKPT_CUDA_TRY(d.cuEventCreate(&staging_->snapshot_copied, CU_EVENT_DISABLE_TIMING));
+    }
+    result.mark("kernel");
+  }
+  // With room on the GPU for a second copy of the live bytes, the program is held only while
+  // they are copied there (at device speed, about 2 TB/s), then written out from the copy. With
+  // room for part of them, the last chunks go there and the first straight out of the GPU. An
+  // incremental dump whose checksums the GPU computes first learns in the hold how few bytes
+  // changed: its snapshot, if the staging cannot take them all, is made then, of their size.
+  snapshot_ = std::make_unique<gpu_snapshot>();
+  snapshot_later_ = snapshot_allowed && parent_ && gpu_sums_ && gpu_sums_->available();
+  if (snapshot_allowed && !snapshot_later_)
+    snapshot_->try_allocate(live_estimate_ + live_estimate_ / 8 + (64ULL << 20), settings_.chunk_bytes);
+}
+
+void copy_pipeline::committed(const std::filesystem::path& image, const image::manifest& m,
+                              std::uint64_t manifest_checksum) noexcept {
+  copy_reuse* r = settings_.reuse.get();
+  if (r == nullptr) return;
+  try {
+    r->last_image = std::make_shared<const parent_blocks>(image, m, manifest_checksum, parent_.get());
+  } catch (...) {
+    r->last_image.reset();  // out of memory: the next dump opens its parent from disk
+  }
+}
+
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+double seconds_since(clock::time_point start) { return std::chrono::duration<double>(clock::now() - start).count(); }
+
+// Lets the held program go on, once: every byte is out of its memory (in the snapshot or on the host).
+struct program_release {
+  const std::function<void()>& release;
+  const copy_checksums& sums;
+  const std::atomic<int>* interrupt;
+  chunk_handoff& handoff;
+  copy_progress_line& line;
+  bool done = false;
+
+  void now() {
+    sums.wait_in_place();  // the kernel reads the program's memory until it is done
+    fault_point("releasing");
+    throw_if_interrupted(interrupt);  // the last moment a signal stops the copy: the program is still held
+    release();
+    done = true;
+    const std::uint64_t written = handoff.written_so_far();
+    line.writing_shown = true;
+    line.report(copy_progress::stage::writing, written);
+  }
+};
+
+}  // namespace
+
+copy_outcome copy_pipeline::copy(image::manifest& m, const readable_fn& readable, const std::function<void()>& release,
+                                 const progress_callback& progress, image_result& result) {
+  copy_outcome out;
+  copy_staging& st = *staging_;
+  // This thread copies the chunks in order into whichever staging buffer is free (chunk_copier), and each
+  // writer thread (one data file each, chunk_writers) takes the next copied chunk and appends it, so PCIe
+  // and storage overlap and the file system takes several files at once (it serializes writes to one file).
+  const auto chunks = plan_chunks(m, settings_.chunk_bytes, writer_->files(), readable);
+  if (parent_) m.parent = parent_->ref(settings_.parent_recorded_as);
+  result.mark("planned");
+  const std::uint64_t total = stored_bytes(chunks);
+  copy_checksums sums(chunks, gpu_sums_.get(), st.checksum_stream);  // set before the first chunk is handed over
+  chunk_handoff handoff(chunks.size(), buffers_);
+  copy_progress_line line(progress, total);
+  chunk_writers writers({context_, st, chunks, parent_.get(), sums, settings_.interrupt, *writer_, m, handoff, line, result},
+                        m.data_files);
+
+  // The chunks that fit in the snapshot, counted from the end; those before them are copied out of
+  // the GPU while the program is held (all of them when the program grew past the snapshot).
+  gpu_snapshot& snapshot = *snapshot_;
+  std::size_t first = first_in_snapshot(chunks.size(), snapshot.bytes, [&](std::size_t c) { return chunks[c].bytes; });
+  if (first == chunks.size()) snapshot.release();
+  const std::vector<CUdeviceptr> snapshot_at = snapshot_places(chunks, first, snapshot.ptr);
+  const auto copy_start = clock::now();
+  line.report(copy_progress::stage::copying, 0);  // the program is held from here: the copy's rate counts from now
+  program_release released{release, sums, settings_.interrupt, handoff, line};
+  // The block checksums on the GPU:
+  // - the chunks copied straight out of the program's memory are hashed in place while it is held, before
+  //   their copy, and so are all chunks with a parent: a block the parent holds unchanged then never
+  //   leaves the program's memory, and the hold shrinks to the changed blocks;
+  // - without a parent, the snapshot's chunks are hashed there once their copy is done, after the release.
+  const std::size_t hashed_in_place = parent_ ? chunks.size() : first;
+  sums.hash_in_place(hashed_in_place, result);
+  // What of each chunk leaves the program's memory, worked out once, before the first copy (waiting, with a
+  // parent, for the kernel).
+  copy_runs runs = plan_copy_runs(chunks, snapshot_at, [&](std::size_t c, std::size_t k) {
+    const span& sp = chunks[c].spans[k];
+    const std::uint64_t* s = parent_ ? sums.of(c, k) : nullptr;
+    return std::pair{s, s ? parent_->same_extent(sp.addr, sp.size, sp.stored) : nullptr};
+  });
+  result.uncopied_bytes += runs.uncopied_bytes;
+  result.mark("compared");  // what to copy is known: with a parent, once the GPU's checksums are in
+  // An incremental dump's snapshot, made now that the changed bytes are known, when they take more staging
+  // buffers (one per chunk with a changed block) than there are: their runs packed one after the other, of
+  // the chunks that fit counted from the end.
+  if (snapshot_later_ && runs.changed_chunks > static_cast<std::size_t>(buffers_)) {
+    snapshot.try_allocate(runs.changed_bytes, settings_.chunk_bytes);
+    first = first_in_snapshot(first, snapshot.bytes, [&](std::size_t c) { return runs.bytes_of(c); });
+    runs.place_in_snapshot(first, snapshot.ptr);
+    if (first == chunks.size()) snapshot.release();
+  }
+  chunk_copier copier({st, chunks, runs, snapshot_at, parent_ != nullptr, settings_.interrupt, handoff, line, result});
+  if (snapshot.ptr != 0) {
+    const bool hash_there = sums.on_gpu() && hashed_in_place < chunks.size();
+    out.snapshot_bytes = copier.to_snapshot(first, hash_there);
+    if (hash_there) sums.hash_in_snapshot(hashed_in_place, snapshot_at);
+  }
+  copier.to_staging(plan_release(snapshot.ptr != 0, first, chunks.size()), [&] {
+    copier.wait();
+    line.report(copy_progress::stage::copying, total);
+    result.copy_seconds = seconds_since(copy_start);
+    out.used_snapshot = true;
+    released.now();
+  });
+  result.mark("issued");  // every copy is queued
+  // Every byte is out of the GPU once the copies are done: release the program now, while the
+  // last buffers are still being written.
+  copier.wait();
+  if (!out.used_snapshot) result.copy_seconds = seconds_since(copy_start);
+  handoff.rethrow_writer_error();
+  result.mark("copied");
+  if (!released.done) {
+    line.report(copy_progress::stage::copying, total);
+    released.now();
+  }
+
+  writers.join();
+  sums.summarize(result);
+  result.threads.writers = static_cast<int>(m.data_files);
+  for (std::uint32_t f = 0; f < m.data_files; ++f) {
+    result.threads.hashing += writer_->times(f).hashing;
+    result.threads.writing += writer_->times(f).writing;
+  }
+  line.report(copy_progress::stage::writing, total);
+  m.data_bytes = total - result.unchanged_bytes;  // what the data files hold
+  result.mark("written");
+  return out;
+}
+
+}  // namespace vmmckpt::ckpt

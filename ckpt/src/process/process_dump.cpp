@@ -1,0 +1,408 @@
+// cuda-ckpt dump --process: suspend (the shim), checkpoint what is left of each context (the driver), then
+// `criu dump --leave-stopped`, into one whole-process image; a transaction that cannot lose the program.
+//
+// The program is never ended by CRIU: CRIU leaves it stopped, and only once the image is complete, synced and
+// under its name does this tool end it (or, with --leave-running, let it go on). Until then every failure is
+// undone (the program continued, its context restored, its GPU memory given back), and a tool killed at any
+// moment leaves the program alive, stopped or suspended, with a record that `cuda-ckpt ps` and `resume` read
+// (process_recovery.hpp). The image's intent record, written before CRIU runs, completes the image should the
+// program be lost afterwards anyway (killed by someone while stopped).
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+
+#include "process/driver_checkpoint.hpp"
+#include "vmmckpt/ckpt/criu.hpp"
+#include "vmmckpt/ckpt/driver.hpp"
+#include "vmmckpt/ckpt/process_checkpoint.hpp"
+#include "vmmckpt/ckpt/process_recovery.hpp"
+#include "vmmckpt/ckpt/processes.hpp"
+#include "vmmckpt/ckpt/suspend.hpp"
+#include "vmmckpt/support/fault_point.hpp"
+#include "vmmckpt/support/hex_text.hpp"
+#include "vmmckpt/image/image.hpp"
+#include "vmmckpt/protocol/suspend_claim.hpp"
+
+namespace vmmckpt::ckpt {
+namespace fs = std::filesystem;
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+// The driver's lock waits for CUDA calls under way to return; the shim's gate has stopped new ones.
+constexpr unsigned driver_lock_timeout_ms = 10'000;
+
+std::string who(pid_t pid) {
+  const std::string name = short_name_of(pid);
+  return "process " + std::to_string(pid) + (name.empty() ? "" : " (" + name + ")");
+}
+
+struct tree_member {
+  pid_t pid = 0;
+  pid_t parent = 0;
+  std::vector<std::string> command;
+};
+
+// The processes under the shim in root's tree (each gets a GPU part), after refusing a tree whose GPU
+// state cannot be captured: a process that uses CUDA without the shim, or a multi-rank NCCL job.
+std::vector<tree_member> gpu_members_of(pid_t root) {
+  if (!process_exists(root)) throw tool_error("no process " + std::to_string(root));
+  std::vector<tree_member> members;
+  int nccl = 0;
+  for (const pid_t pid : process_tree(root)) {
+    if (shim_in(pid) != shim_presence::loaded) {
+      if (maps_file(pid, "libcuda.so"))
+        throw tool_error(who(pid) + ", in the tree of process " + std::to_string(root) +
+                         ", uses CUDA without vmmckpt: its GPU memory cannot be checkpointed. Run it under vmmckpt "
+                         "(cuda-ckpt run, or LD_PRELOAD=libvmmckpt.so) too");
+      continue;  // CPU only: CRIU takes it whole
+    }
+    const auto entry = list_processes(pid).front();
+    if (!entry.hello) {
+      // The shim stepped aside (a fork() child) or has not started its server (no CUDA call yet):
+      // no GPU state of the shim's; CRIU takes the rest, or says what it cannot.
+      if (entry.status == "no control server") continue;
+      throw tool_error(who(pid) + " is " + entry.status + ": " + entry.problem);
+    }
+    if (maps_file(pid, "libnccl")) ++nccl;
+    members.push_back({pid, parent_of(pid), entry.hello->command});
+  }
+  if (nccl > 1)
+    throw tool_error("process " + std::to_string(root) + "'s tree is a multi-rank NCCL job (" + std::to_string(nccl) +
+                     " processes load NCCL): whole-process checkpoints of NCCL peers are not supported (the driver's "
+                     "checkpoint does not cover NCCL's peer connections); dump each rank's GPU memory instead");
+  if (members.empty())
+    throw tool_error("no process in the tree of process " + std::to_string(root) +
+                     " runs under vmmckpt with CUDA in use: nothing of the GPU to checkpoint (use criu alone)");
+  return members;
+}
+
+void check_interrupted(const copy_settings& copy) {
+  if (copy.interrupt == nullptr) return;
+  if (const int sig = copy.interrupt->load(); sig != 0) throw interrupted("interrupted", sig);
+}
+
+// The parent of an incremental image: a whole-process image checked whole, CPU part included (each CRIU file's
+// checksum, each GPU part's chain as the image it names), before anything is touched.
+process_image checked_parent(const fs::path& given, fs::path& parent) {
+  parent = fs::absolute(given).lexically_normal();
+  if (!parent.has_filename()) parent = parent.parent_path();
+  if (!is_process_image(parent))
+    throw image::image_error(given.string() + ": not a whole-process image (no " + process_manifest_name +
+                             "); the parent of dump --process is an image written by dump --process");
+  process_image d = read_process_image(parent);
+  verify_process_image(parent, d, false);
+  return d;
+}
+
+// One dump --process, step by step; what it did is undone in reverse when a step before the commit fails.
+class process_dump {
+ public:
+  process_dump(const process_dump_options& o, const progress_callback& progress, process_dump_result& r)
+      : o_(o), progress_(progress), r_(r), d_(r.description) {}
+
+  void check_and_prepare();
+  void suspend_all();
+  void checkpoint_contexts();
+  void criu_dump();
+  void commit();
+  void finish();
+  // After a failure before the commit: the processes back running, the unfinished image removed. What could
+  // not be undone, in words ("" when everything was).
+  std::string undo();
+  double elapsed() const { return seconds_since(start_); }
+
+  void mark(const char* step) { r_.phases.emplace_back(step, seconds_since(start_)); }
+  static double seconds_since(clock::time_point t) {
+    return std::chrono::duration<double>(clock::now() - t).count();
+  }
+
+ private:
+  void suspend_one(const tree_member& m);
+  void continue_stopped();
+
+  const process_dump_options& o_;
+  const progress_callback& progress_;
+  process_dump_result& r_;
+  process_image& d_;
+  const clock::time_point start_ = clock::now();
+  criu_tool criu_;
+  std::vector<tree_member> members_;
+  fs::path output_, staging_, parent_;
+  process_image parent_description_;
+  process_transaction record_;
+  std::vector<pid_t> suspended_, locked_, checkpointed_;
+  std::vector<pid_t> dumped_;  // the tasks CRIU dumped and left stopped (its pstree.img)
+  bool stopped_ = false;       // CRIU left them stopped
+  bool committed_ = false;
+  double stopped_from_ = -1;   // when the first process was held, in seconds from the start
+};
+
+void process_dump::check_and_prepare() {
+  // Everything that can refuse does so before a process is touched.
+  criu_ = find_criu();
+  if (const std::string missing = driver_checkpoint_missing(); !missing.empty())
+    throw tool_error(missing + ": whole-process checkpoints need it (dump, suspend and restore with a command work "
+                               "without it)");
+  members_ = gpu_members_of(o_.pid);
+  for (const auto& m : members_)
+    if (const auto state = driver_process_state(m.pid); state != CU_PROCESS_STATE_RUNNING)
+      throw tool_error(who(m.pid) + " is " + process_state_name(state) +
+                       " for the driver: another checkpoint is under way, or one stopped midway (`cuda-ckpt resume " +
+                       std::to_string(m.pid) + "` brings it back)");
+  output_ = fs::absolute(o_.output).lexically_normal();
+  if (output_.filename().empty()) throw tool_error("the image needs a directory name, not " + o_.output.string());
+  if (!o_.parent.empty()) parent_description_ = checked_parent(o_.parent, parent_);
+  std::error_code ec;
+  if (fs::symlink_status(output_, ec).type() != fs::file_type::not_found)
+    throw image::image_error(output_.string() + " already exists");
+
+  // The record first: from here on a killed tool's processes can be found and brought back.
+  record_.op = process_transaction::kind::dump;
+  record_.root_pid = o_.pid;
+  for (const pid_t pid : process_tree(o_.pid)) record_.processes.emplace_back(pid, suspend_claim::start_time(pid));
+  for (const auto& m : members_) record_.gpu_pids.push_back(m.pid);
+  record_.image = output_;
+  record_.leave_running = o_.leave_running;
+  settle_transactions(false);  // older records that need nothing more go, so that ps shows only what matters
+  // The parts are written under this name, next to the final one (renamed in one step at the end);
+  // `cuda-ckpt gc` knows the .partial- form.
+  staging_ = output_.parent_path() /
+             (output_.filename().string() + ".partial-" + std::to_string(::getpid()) + "-" + random_hex16());
+  record_.staging = staging_;
+  record_.write();
+  if (!fs::create_directories(staging_ / gpu_dir_name, ec) || ec) {
+    record_.remove();
+    throw image::image_error(staging_.string() + ": cannot be created: " + ec.message());
+  }
+  ::chmod(staging_.c_str(), 0700);
+  mark("checked");
+
+  d_.root_pid = o_.pid;
+  d_.criu_version = criu_.version;
+  d_.left_running = o_.leave_running;
+  if (!parent_.empty()) d_.parent = parent_.lexically_relative(output_.parent_path()).string();
+}
+
+void process_dump::suspend_one(const tree_member& m) {
+  suspend_options so;
+  so.pid = m.pid;
+  so.output = d_.gpu_image(staging_, m.pid);
+  so.copy = o_.copy;
+  for (const auto& p : parent_description_.processes)
+    if (p.pid == m.pid) {
+      so.copy.parent = parent_description_.gpu_image(parent_, m.pid);
+      // Named from gpu/ of this image (and of its staging name, a sibling): moved together, both hold.
+      so.copy.parent_recorded_as = so.copy.parent.lexically_relative(output_ / gpu_dir_name);
+    }
+  so.hold_deadline = o_.hold_deadline;
+  so.allow_partial = true;  // what the shim does not own stays in the context: the driver checkpoints it
+  const auto called = clock::now();
+  const auto s = suspend(so, progress_);
+  suspended_.push_back(m.pid);
+  if (s.late) throw tool_error(who(m.pid) + " took the suspend but did not answer in time (stopped?)");
+  // Its mapping of another process's memory would be in the driver's checkpoint of it, and that memory
+  // is not in the image: not supported (docs/ipc.md).
+  if (!s.manifest.ipc_imports.empty())
+    throw tool_error(who(m.pid) + " maps GPU memory of process " +
+                     std::to_string(s.manifest.ipc_imports.front().exporter_pid) +
+                     " through CUDA IPC: whole-process images of processes that share memory that way are not supported");
+  if (d_.created.empty()) {
+    d_.tool_version = s.manifest.tool_version;
+    d_.created = s.manifest.created;
+    d_.host = s.manifest.host;
+  }
+  // The suspend's own steps, on this dump's clock: where the time of the GPU part went.
+  const double offset = std::chrono::duration<double>(called - start_).count();
+  for (const auto& [step, at] : s.phases) {
+    r_.phases.emplace_back("suspend " + std::to_string(m.pid) + " " + step, offset + at);
+    if (step == "held" && stopped_from_ < 0) stopped_from_ = offset + at;
+  }
+  d_.gpu_bytes += s.manifest.data_bytes;
+  d_.processes.push_back({m.pid, m.parent, m.command, s.manifest.image_id, false});
+}
+
+void process_dump::suspend_all() {
+  // 1. The shim copies each process's GPU memory out and frees it; each stays held.
+  for (const auto& m : members_) suspend_one(m);
+  mark("suspended");
+  fault_point("process:suspended");
+  check_interrupted(o_.copy);
+}
+
+void process_dump::checkpoint_contexts() {
+  // 2. The driver checkpoints what is left of each context, and closes its device files.
+  for (auto& m : d_.processes) {
+    driver_lock(m.pid, driver_lock_timeout_ms);
+    locked_.push_back(m.pid);
+    fault_point("process:locked");
+    driver_checkpoint(m.pid);
+    checkpointed_.push_back(m.pid);
+    m.driver_checkpointed = true;
+  }
+  mark("driver checkpointed");
+  fault_point("process:checkpointed");
+  check_interrupted(o_.copy);
+}
+
+void process_dump::criu_dump() {
+  // 3. The intent record, then CRIU: the CPU side of the whole tree, left stopped (never ended by CRIU).
+  write_process_intent(staging_, d_);
+  fault_point("process:intent");
+  fs::create_directory(staging_ / criu_dir_name);
+  std::vector<std::string> args{"dump", "-t", std::to_string(o_.pid), "-D", (staging_ / criu_dir_name).string(),
+                                "--shell-job", "--leave-stopped"};
+  args.insert(args.end(), o_.criu_args.begin(), o_.criu_args.end());
+  fault_point("process:criu");
+  // Its exit status is written into the image by the shell that runs it, tool or no tool: "0" tells a later
+  // `restore` or `gc` that CRIU's part is complete.
+  const fs::path log = staging_ / criu_dump_log_name;
+  // A CRIU whose process died under it can wait for good: 5 s after the root is gone it is ended.
+  auto gone_since = clock::time_point::max();
+  const int status = run_criu(
+      criu_, args, log,
+      [&](pid_t criu) {
+        record_.note_criu(criu);
+        fault_point("process:criu-running");
+      },
+      staging_ / criu_dump_status_name,
+      [&] {
+        if (process_alive(o_.pid)) return false;
+        if (gone_since == clock::time_point::max()) gone_since = clock::now();
+        return clock::now() - gone_since > std::chrono::seconds(5);
+      });
+  // Stopped or not, CRIU has let go of them: whatever follows must continue them (or end them).
+  stopped_ = true;
+  if (status != 0)
+    throw tool_error("criu dump failed (exit " + std::to_string(status) + "):" + criu_log_excerpt(log));
+  dumped_ = read_criu_pstree(staging_ / criu_dir_name).pids;
+  d_.stopped_seconds = seconds_since(start_) - stopped_from_;
+  mark("criu dumped");
+  fault_point("process:criu-dumped");
+  check_interrupted(o_.copy);
+}
+
+void process_dump::commit() {
+  // 4. The manifest over both parts; the image appears under its name in one step.
+  d_.criu_files = describe_criu_files(staging_);
+  write_process_manifest(staging_, d_);
+  fault_point("process:written");
+  std::error_code ec;
+  fs::remove(staging_ / process_intent_name, ec);
+  commit_process_image(staging_, output_);
+  committed_ = true;
+  mark("committed");
+  fault_point("process:committed");
+}
+
+void process_dump::continue_stopped() {
+  if (!stopped_) return;
+  for (const auto& [pid, start] : record_.processes)
+    if (suspend_claim::alive(pid, start)) ::kill(pid, SIGCONT);
+  stopped_ = false;
+}
+
+void process_dump::finish() {
+  // 5. The image is complete: the processes end, as with `criu dump`, or with --leave-running go on, each
+  // with its context back, then its GPU memory.
+  if (!o_.leave_running) {
+    // Descendants first and the root last, each seen dead before the next (as CRIU would end them): when the
+    // root is seen gone, so is the tree, and a restore right after finds every pid free once they are reaped.
+    for (auto it = dumped_.rbegin(); it != dumped_.rend(); ++it) {
+      ::kill(*it, SIGKILL);
+      for (int i = 0; i < 200 && process_alive(*it); ++i) ::usleep(10'000);
+    }
+    stopped_ = false;
+    suspended_.clear();
+    locked_.clear();
+    checkpointed_.clear();
+    record_.remove();
+    return;
+  }
+  continue_stopped();
+  try {
+    for (auto it = d_.processes.rbegin(); it != d_.processes.rend(); ++it) {
+      driver_restore(it->pid);
+      checkpointed_.pop_back();
+      driver_unlock(it->pid);
+      locked_.pop_back();
+      resume(it->pid, progress_, d_.gpu_image(output_, it->pid));  // its part, renamed with the image
+      suspended_.pop_back();
+    }
+  } catch (const std::exception& e) {
+    // The record stays: `cuda-ckpt ps` names the way back, and `resume` or `restore` takes it.
+    const pid_t pid = suspended_.empty() ? o_.pid : suspended_.back();
+    if (!process_alive(pid))
+      throw tool_error(std::string(e.what()) + "; the image " + output_.string() + " is complete, and process " +
+                       std::to_string(pid) + " ended meanwhile (killed?): `cuda-ckpt restore " + output_.string() +
+                       "` brings it back");
+    throw tool_error(std::string(e.what()) + "; the image " + output_.string() +
+                     " is complete, but the process did not come back: `cuda-ckpt resume " + std::to_string(pid) +
+                     "` brings it back");
+  }
+  record_.remove();
+  d_.stopped_seconds = seconds_since(start_) - stopped_from_;
+  mark("resumed");
+}
+
+std::string process_dump::undo() {
+  std::string problems;
+  bool needed = false;  // a process lives that could not be brought back: the record and the parts stay for it
+  auto attempt = [&](pid_t pid, auto&& step) {
+    if (!process_alive(pid)) return;  // said below
+    try {
+      step();
+    } catch (const std::exception& e) {
+      if (!process_alive(pid)) return;  // it ended meanwhile: said below
+      needed = true;
+      problems += "; " + std::string(e.what()) + " (run `cuda-ckpt resume " + std::to_string(pid) + "`)";
+    }
+  };
+  continue_stopped();
+  for (auto it = checkpointed_.rbegin(); it != checkpointed_.rend(); ++it) attempt(*it, [&] { driver_restore(*it); });
+  for (auto it = locked_.rbegin(); it != locked_.rend(); ++it) attempt(*it, [&] { driver_unlock(*it); });
+  for (auto it = suspended_.rbegin(); it != suspended_.rend(); ++it) attempt(*it, [&] { resume(*it); });
+  // A process that ended meanwhile has nothing to come back to from this dump. CRIU killed while its code was
+  // in the process (injecting or removing it) ends it with SIGTRAP: only its last complete image brings it back.
+  for (const auto& [pid, start] : record_.processes)
+    if (start != 0 && !suspend_claim::alive(pid, start))
+      problems += "; process " + std::to_string(pid) + " ended during the dump (killed, or CRIU was killed while its "
+                  "code was in it): nothing of this dump can bring it back, its last complete image can";
+  std::error_code ec;
+  if (!needed) {
+    fs::remove_all(staging_, ec);
+    record_.remove();  // nothing is left to come back to
+  }
+  return problems;
+}
+
+}  // namespace
+
+process_dump_result dump_process(const process_dump_options& o, const progress_callback& progress) {
+  process_dump_result r;
+  process_dump dump(o, progress, r);
+  dump.check_and_prepare();
+  try {
+    dump.suspend_all();
+    dump.checkpoint_contexts();
+    dump.criu_dump();
+    dump.commit();
+  } catch (const std::exception& e) {
+    const std::string problems = dump.undo();
+    if (const auto* i = dynamic_cast<const interrupted*>(&e)) {
+      if (problems.empty()) throw;
+      throw interrupted(std::string(i->what()) + problems, i->signal);
+    }
+    if (problems.empty())
+      throw tool_error(std::string(e.what()) + "; nothing was written, and the process goes on as before");
+    throw tool_error(std::string(e.what()) + problems);
+  }
+  dump.finish();
+  r.image = fs::absolute(o.output).lexically_normal();
+  r.seconds = dump.elapsed();
+  return r;
+}
+
+}  // namespace vmmckpt::ckpt

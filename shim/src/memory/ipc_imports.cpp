@@ -1,0 +1,243 @@
+// Legacy CUDA IPC, the importing side. The exporter's control server hands over the physical memory under
+// the allocation as POSIX FDs; it is mapped here in an import window apart from the pools, the way the
+// driver maps an IPC handle apart from the importer's own allocations (docs/ipc.md).
+#include "memory/ipc_imports.hpp"
+
+#include <unistd.h>
+
+#include <map>
+#include <mutex>
+#include <optional>
+
+#include "memory/cuda_backend.hpp"
+#include "memory/peer_requests.hpp"
+#include "core/real_symbols.hpp"
+#include "vmmckpt/support/log.hpp"
+#include "vmmckpt/pool/pool_layout.hpp"
+#include "vmmckpt/protocol/protocol.hpp"
+#include "vmmckpt/pool/range_allocator.hpp"
+#include "vmmckpt/protocol/suspend_claim.hpp"
+#include "vmmckpt/pool/vmm_layout.hpp"
+
+namespace vmmckpt::detail {
+namespace {
+
+// The exporter answers after its operation lock, which a dump holds for up to its hold's length.
+constexpr int open_timeout_ms = 60'000;
+constexpr int close_timeout_ms = 2'000;
+
+struct import_record {
+  ipc_handle handle;
+  std::string device_uuid;
+  std::uint64_t window = 0;  // the mapping's start: the exporter's first handle under the allocation
+  std::uint64_t window_size = 0;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> pieces;  // mapped (addr, size)
+  std::uint32_t refs = 0;
+};
+
+struct import_table {
+  // Held for lookups and mapping, never while the exporter is asked (which may wait for its dump to end): a
+  // dump of this process lists its imports meanwhile.
+  std::mutex mutex;
+  std::map<std::uint64_t, import_record> by_pointer;  // keyed by the pointer cuIpcOpenMemHandle returned
+  range_allocator window{default_ipc_import_base, default_ipc_import_size};
+};
+
+import_table& table() {
+  static import_table* t = new import_table;  // never destroyed: closes may come at exit
+  return *t;
+}
+
+std::optional<std::string> ask_exporter(const ipc_handle& h, const control::request& request, int timeout_ms,
+                                        std::vector<int>& fds, bool& gone) {
+  return ask_process(static_cast<pid_t>(h.exporter_pid), request, {}, timeout_ms, fds, gone);
+}
+
+void tell_exporter_closed(const ipc_handle& h) {
+  std::vector<int> fds;
+  bool gone = false;
+  ask_exporter(h, control::ipc_close_request{h.base, h.generation}, close_timeout_ms, fds, gone);
+  protocol::close_all(fds);
+}
+
+void unmap(const driver_api& d, import_table& t, const import_record& r) {
+  for (const auto& [addr, size] : r.pieces) d.cuMemUnmap(addr, size);
+  d.cuMemAddressFree(r.window, r.window_size);
+  if (t.window.retire(r.window)) t.window.reclaim_retired();
+}
+
+// Maps the pieces of an ipc_open reply; CUDA_SUCCESS with `r` filled, or the error (nothing left mapped).
+CUresult map_import(const driver_api& d, import_table& t, const control::ipc_open_reply& reply, std::vector<int>& fds,
+                    CUdevice device, import_record& r) {
+  std::uint64_t size = 0;
+  for (const auto& p : reply.pieces) size = std::max(size, p.offset + p.size);
+  if (reply.pieces.size() != fds.size() || size == 0 || size % vmm_granularity != 0 || reply.base_offset >= size)
+    return CUDA_ERROR_MAP_FAILED;
+  r.window_size = size;
+  const std::optional<std::uint64_t> hint = t.window.allocate(size);
+  CUdeviceptr window = 0;
+  CUresult e = d.cuMemAddressReserve(&window, size, vmm_granularity, hint.value_or(0), 0);
+  if (e != CUDA_SUCCESS) {
+    if (hint && t.window.retire(*hint)) t.window.reclaim_retired();
+    return e == CUDA_ERROR_OUT_OF_MEMORY ? e : CUDA_ERROR_MAP_FAILED;
+  }
+  if (hint && window != *hint && t.window.retire(*hint)) t.window.reclaim_retired();
+  r.window = window;
+  for (std::size_t i = 0; i < reply.pieces.size() && e == CUDA_SUCCESS; ++i) {
+    const auto& p = reply.pieces[i];
+    CUmemGenericAllocationHandle h = 0;
+    e = d.cuMemImportFromShareableHandle(&h, reinterpret_cast<void*>(static_cast<std::intptr_t>(fds[i])),
+                                         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    if (e != CUDA_SUCCESS) break;
+    e = d.cuMemMap(window + p.offset, p.size, 0, h, 0);
+    d.cuMemRelease(h);  // the mapping keeps the memory
+    if (e == CUDA_SUCCESS) r.pieces.emplace_back(window + p.offset, p.size);
+  }
+  if (e == CUDA_SUCCESS) {
+    const CUmemAccessDesc access = cuda_backend::read_write_from(device);
+    e = d.cuMemSetAccess(window, size, &access, 1);
+  }
+  protocol::close_all(fds);
+  if (e != CUDA_SUCCESS) {
+    log::warn("ipc: mapping {} imported bytes failed: CUDA error {}", size, static_cast<int>(e));
+    unmap(d, t, r);
+    return e == CUDA_ERROR_OUT_OF_MEMORY ? e : CUDA_ERROR_MAP_FAILED;
+  }
+  r.device_uuid = reply.device_uuid;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+bool open_import(const unsigned char (&bytes)[ipc_handle_size], unsigned int flags, CUdeviceptr* out,
+                 CUresult& result) {
+  const std::optional<ipc_handle> decoded = decode_ipc_handle(bytes);
+  if (!decoded) return false;
+  const ipc_handle& h = *decoded;
+  const driver_api* d = driver();
+  // The driver's own answers, measured on an H100 (docs/ipc.md): bad flags or no out pointer, the
+  // exporter's own handle, an exporter gone, an allocation freed.
+  if (d == nullptr) {
+    result = CUDA_ERROR_NOT_INITIALIZED;
+    return true;
+  }
+  if (out == nullptr || flags != CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) {
+    result = CUDA_ERROR_INVALID_VALUE;
+    return true;
+  }
+  CUdevice device = 0;
+  if (const CUresult e = d->cuCtxGetDevice(&device); e != CUDA_SUCCESS) {
+    result = e;
+    return true;
+  }
+  if (h.exporter_pid == ::getpid()) {
+    result = CUDA_ERROR_INVALID_CONTEXT;
+    return true;
+  }
+  import_table& t = table();
+  // A handle opened already: one more reference to the same pointer.
+  const auto opened_already = [&] {
+    for (auto& [pointer, r] : t.by_pointer)
+      if (r.handle == h) {
+        ++r.refs;
+        *out = pointer;
+        return true;
+      }
+    return false;
+  };
+  {
+    std::lock_guard lock(t.mutex);
+    if (opened_already()) {
+      result = CUDA_SUCCESS;
+      return true;
+    }
+  }
+  if (!suspend_claim::alive(h.exporter_pid, h.exporter_start)) {
+    result = CUDA_ERROR_INVALID_HANDLE;
+    return true;
+  }
+  std::vector<int> fds;
+  bool gone = false;
+  const auto payload = ask_exporter(h, control::ipc_open_request{h.base, h.generation}, open_timeout_ms, fds, gone);
+  if (!payload) {
+    protocol::close_all(fds);
+    result = gone ? CUDA_ERROR_INVALID_HANDLE : CUDA_ERROR_MAP_FAILED;
+    return true;
+  }
+  std::variant<control::ipc_open_reply, control::failure_reply> reply;
+  try {
+    reply = control::decode_reply<control::ipc_open_reply>(*payload);
+  } catch (const std::exception& e) {
+    protocol::close_all(fds);
+    log::warn("ipc: process {} answered what is not an ipc_open reply: {}", h.exporter_pid, e.what());
+    result = CUDA_ERROR_MAP_FAILED;
+    return true;
+  }
+  if (const auto* refused = std::get_if<control::failure_reply>(&reply)) {
+    protocol::close_all(fds);
+    log::info("ipc: process {} refused the handle: {}", h.exporter_pid, refused->error);
+    result = CUDA_ERROR_INVALID_VALUE;
+    return true;
+  }
+  std::unique_lock lock(t.mutex);
+  if (opened_already()) {  // by another thread while the exporter answered this one: its open is undone
+    lock.unlock();
+    protocol::close_all(fds);
+    tell_exporter_closed(h);
+    result = CUDA_SUCCESS;
+    return true;
+  }
+  import_record r;
+  r.handle = h;
+  result = map_import(*d, t, std::get<control::ipc_open_reply>(reply), fds, device, r);
+  if (result != CUDA_SUCCESS) {
+    lock.unlock();
+    tell_exporter_closed(h);
+    return true;
+  }
+  r.refs = 1;
+  const std::uint64_t pointer = r.window + std::get<control::ipc_open_reply>(reply).base_offset;
+  log::info("ipc: mapped {} bytes of process {} (its {:#x}) at {:#x}", h.size, h.exporter_pid, h.base, pointer);
+  t.by_pointer.emplace(pointer, std::move(r));
+  *out = pointer;
+  return true;
+}
+
+bool close_import(CUdeviceptr ptr, CUresult& result) {
+  const driver_api* d = driver();
+  if (d == nullptr) return false;
+  import_table& t = table();
+  std::optional<ipc_handle> closed;
+  {
+    std::lock_guard lock(t.mutex);
+    const auto it = t.by_pointer.find(ptr);
+    if (it == t.by_pointer.end()) {
+      for (const auto& [pointer, r] : t.by_pointer)
+        if (ptr >= r.window && ptr < r.window + r.window_size) {
+          result = CUDA_ERROR_INVALID_VALUE;  // an interior pointer, as the driver answers
+          return true;
+        }
+      return false;
+    }
+    result = CUDA_SUCCESS;
+    if (--it->second.refs > 0) return true;
+    // Work already submitted may still read the memory; the driver's close waits for it too.
+    d->cuCtxSynchronize();
+    unmap(*d, t, it->second);
+    closed = it->second.handle;
+    t.by_pointer.erase(it);
+  }
+  tell_exporter_closed(*closed);
+  return true;
+}
+
+std::vector<ipc_import> current_imports() {
+  import_table& t = table();
+  std::vector<ipc_import> out;
+  std::lock_guard lock(t.mutex);
+  for (const auto& [pointer, r] : t.by_pointer)
+    out.push_back({r.handle.exporter_pid, r.handle.base, r.handle.size, pointer, r.device_uuid});
+  return out;
+}
+
+}  // namespace vmmckpt::detail

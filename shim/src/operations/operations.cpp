@@ -1,0 +1,288 @@
+// In-process operations: the lock they share, the state they leave the process in, and the sequence of each
+// request cuda-ckpt (or another process under the shim) makes: a hold and what ends it (dump_end, suspend,
+// the deadline, the client's going), a resume, the IPC and VMM sharing requests, hello and check.
+#include "operations/operations.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <string>
+
+#include "memory/ipc_exports.hpp"
+#include "memory/vmm_sharing.hpp"
+#include "operations/process_control.hpp"
+#include "operations/restore.hpp"
+#include "vmmckpt/support/fault_point.hpp"
+#include "vmmckpt/support/log.hpp"
+
+namespace vmmckpt::detail {
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+constexpr auto max_hold_deadline = std::chrono::hours(1);  // the longest hold a tool may ask for
+// An IPC open waits for a dump in progress to end; the importer waits a little longer (ipc_imports.cpp).
+constexpr auto ipc_open_wait = std::chrono::seconds(50);
+// Resume's progress frames are best effort: each gets this long to leave.
+constexpr auto progress_send_wait = std::chrono::milliseconds(200);
+
+std::atomic<process_state> g_state{process_state::running};
+// What the request that holds operation_lock() is doing, for hello to report without waiting for it.
+std::atomic<control::activity> g_activity{control::activity::idle};
+
+// Sets g_activity for a scope: the operation's, under operation_lock().
+struct activity_scope {
+  explicit activity_scope(control::activity a) { g_activity.store(a); }
+  void change(control::activity a) { g_activity.store(a); }
+  ~activity_scope() { g_activity.store(control::activity::idle); }
+  activity_scope(const activity_scope&) = delete;
+  activity_scope& operator=(const activity_scope&) = delete;
+};
+
+bool refuse(client_channel& client, control::refusal code, const std::string& why) {
+  return client.send(control::encode(control::failure_reply{code, why}));
+}
+
+// Sends the hold's reply and the exported handles, in as many frames as the descriptors need.
+bool send_held(client_channel& client, const control::dump_begin_reply& reply, const std::vector<int>& fds) {
+  const std::size_t first = std::min<std::size_t>(fds.size(), protocol::max_fds_per_message);
+  bool sent = client.send(control::encode(reply), {fds.begin(), fds.begin() + static_cast<long>(first)});
+  for (std::size_t i = first; sent && i < fds.size(); i += protocol::max_fds_per_message) {
+    const std::size_t n = std::min<std::size_t>(fds.size() - i, protocol::max_fds_per_message);
+    sent = client.send(control::encode(control::fds_frame{static_cast<std::uint32_t>(n)}),
+                {fds.begin() + static_cast<long>(i), fds.begin() + static_cast<long>(i + n)});
+  }
+  return sent;
+}
+
+// The operation lock, waited for until the request is void; false (and a reply saying so) when
+// another operation kept it that long.
+bool take_operation(client_channel& client, std::unique_lock<std::timed_mutex>& lock, std::int64_t valid_until_ms) {
+  const std::int64_t left_ms = valid_until_ms - control::unix_ms_now();
+  if (left_ms > 0 && lock.try_lock_for(std::chrono::milliseconds(left_ms))) return true;
+  refuse(client, left_ms > 0 ? control::refusal::busy : control::refusal::expired,
+         left_ms > 0 ? "another operation (a dump, suspend or resume) kept the program busy until the request's deadline"
+                     : "the request arrived after it expired; nothing was done");
+  return false;
+}
+
+// dump_begin: the program is held until the client says dump_end (or suspend), goes away, or the
+// deadline passes; the gate is open again in every case but suspend.
+void serve_hold(client_channel& client, const control::dump_begin_request& request) {
+  if (request.hold_deadline <= std::chrono::milliseconds(0) || request.hold_deadline > max_hold_deadline) {
+    refuse(client, control::refusal::bad_request,
+           "hold_deadline_ms " + std::to_string(request.hold_deadline.count()) + " is out of range (1 to " +
+               std::to_string(std::chrono::milliseconds(max_hold_deadline).count()) + ")");
+    return;
+  }
+  std::unique_lock operation(operation_lock(), std::defer_lock);
+  if (!take_operation(client, operation, request.valid_until_ms)) return;
+  if (request.for_suspend) {
+    // Their mappings keep the physical memory a suspend would give back, and they would not see what resume
+    // loads: refused (docs/ipc.md). Checked under the operation lock, which an IPC open takes too.
+    if (const auto importers = live_importers(); !importers.empty()) {
+      std::string pids;
+      for (pid_t p : importers) pids += (pids.empty() ? "" : ", ") + std::to_string(p);
+      refuse(client, control::refusal::failed,
+             "other processes map this program's GPU memory through CUDA IPC (pid " + pids +
+                 "); a suspend would take it from under them. Suspend or stop them first, or have them close "
+                 "their handles (cudaIpcCloseMemHandle)");
+      return;
+    }
+    if (const auto importers = vmm_importers(); !importers.empty()) {
+      std::string pids;
+      for (pid_t p : importers) pids += (pids.empty() ? "" : ", ") + std::to_string(p);
+      refuse(client, control::refusal::failed,
+             "other processes map this program's VMM memory, imported from POSIX FDs it exported (pid " + pids +
+                 "; NCCL's P2P and SHM transports do this between the ranks of a job); a suspend would take it "
+                 "from under them. Stop them first, or checkpoint the job with dump instead");
+      return;
+    }
+  }
+  activity_scope busy(request.for_suspend ? control::activity::suspending : control::activity::dumping);
+  // The hold lasts hold_deadline from now, whatever time the request spent waiting.
+  const auto hold_deadline_at = clock::now() + request.hold_deadline;
+  std::vector<int> fds;
+  auto held = hold(hold_deadline_at, fds);
+  if (auto* reply = std::get_if<control::dump_begin_reply>(&held)) reply->hold_deadline = request.hold_deadline;
+  if (auto* refused = std::get_if<control::failure_reply>(&held)) {
+    protocol::close_all(fds);
+    client.send(control::encode(*refused));
+    return;
+  }
+  // From here the program is held: however this function leaves (an exception included), it is
+  // released, or suspended on purpose.
+  struct held_guard {
+    bool settled = false;
+    ~held_guard() {
+      if (!settled && current_state() != process_state::suspended) release("a request failed unexpectedly");
+    }
+  } guard;
+  const bool sent = send_held(client, std::get<control::dump_begin_reply>(held), fds);
+  protocol::close_all(fds);  // the client has its own copies now
+  fault_point("program:held");
+  if (!sent) {
+    guard.settled = true;
+    release("client gone before the handles were sent");
+    return;
+  }
+
+  // Held until the client is done copying out of the GPU.
+  std::string payload;
+  std::vector<int> ignored;
+  protocol::failure error;
+  const auto left = std::max(std::chrono::milliseconds(0),
+                             std::chrono::duration_cast<std::chrono::milliseconds>(hold_deadline_at - clock::now()));
+  const bool received = client.receive(payload, ignored, left, error);
+  protocol::close_all(ignored);
+  if (!received) {
+    guard.settled = true;
+    release(error.kind == protocol::failure_kind::timed_out ? "deadline passed" : "client went away");
+    return;
+  }
+  const auto decoded = control::decode_request(payload);
+  const auto* next = std::get_if<control::request>(&decoded);
+  if (next != nullptr) {
+    if (const auto* s = std::get_if<control::suspend_request>(next)) {
+      // Accepted, the gate stays closed: threads that call CUDA wait until resume. (suspend_held
+      // releases the program itself when it does not suspend it.)
+      busy.change(control::activity::suspending);
+      const auto outcome = suspend_held(*s);
+      guard.settled = true;
+      std::visit([&](const auto& reply) { client.send(control::encode(reply)); }, outcome);
+      return;
+    }
+    if (std::holds_alternative<control::dump_end_request>(*next)) {
+      guard.settled = true;
+      client.send(control::encode(control::dump_end_reply{release("dump finished")}));
+      return;
+    }
+  }
+  guard.settled = true;
+  release("the client sent something else than dump_end or suspend");
+  refuse(client, control::refusal::bad_request, "expected dump_end or suspend");
+}
+
+void serve_resume(client_channel& client, const control::resume_request& request) {
+  std::unique_lock operation(operation_lock(), std::defer_lock);
+  if (!take_operation(client, operation, request.valid_until_ms)) return;
+  activity_scope busy(control::activity::resuming);
+  // Progress frames are best effort (upload() reports at most ten a second): each is given a short
+  // while to leave, and none follows one that could not (a tool that stopped reading must not slow
+  // the load).
+  bool sending = true;
+  restore::upload_progress progress;
+  if (request.progress)
+    progress = [&](std::uint64_t done, std::uint64_t total) {
+      if (!sending) return;
+      sending = client.send_within(control::encode(control::progress_frame{done, total}), progress_send_wait);
+    };
+  std::visit([&](const auto& reply) { client.send(control::encode(reply)); }, resume(request, progress));
+}
+
+// ipc_open: the physical memory under an exported allocation, to the process that opens its handle.
+void serve_ipc_open(client_channel& client, const control::ipc_open_request& request) {
+  const pid_t importer = client.peer_pid();
+  if (importer == 0) {
+    refuse(client, control::refusal::failed, "cannot tell which process asks");
+    return;
+  }
+  // Not while a dump holds the program or a suspend gives its memory back.
+  std::unique_lock operation(operation_lock(), std::defer_lock);
+  if (!operation.try_lock_for(ipc_open_wait)) {
+    refuse(client, control::refusal::busy, "another operation (a dump, suspend or resume) kept the program busy");
+    return;
+  }
+  if (const process_state now = current_state(); now == process_state::suspended || now == process_state::paused) {
+    refuse(client, control::refusal::suspended, "the program's GPU memory is given back (suspended or paused)");
+    return;
+  }
+  std::vector<int> fds;
+  const auto outcome = open_export(request, importer, fds);
+  std::visit([&](const auto& reply) { client.send(control::encode(reply), fds); }, outcome);
+  protocol::close_all(fds);
+}
+
+// vmm_identify: which handle of this process the FD the request carried is (vmm_sharing.hpp).
+bool serve_vmm_identify(client_channel& client, const std::vector<int>& fds) {
+  if (fds.size() != 1)
+    return refuse(client, control::refusal::bad_request, "vmm_identify carries one descriptor, the FD imported");
+  return std::visit([&](const auto& reply) { return client.send(control::encode(reply)); }, identify_export(fds[0], client.peer_pid()));
+}
+
+// vmm_share: a new FD of a handle, for a restored importer. Not while a suspend gives the memory back.
+bool serve_vmm_share(client_channel& client, const control::vmm_share_request& request) {
+  std::unique_lock operation(operation_lock(), std::defer_lock);
+  if (!operation.try_lock_for(ipc_open_wait))
+    return refuse(client, control::refusal::busy, "another operation (a dump, suspend or resume) kept the program busy");
+  std::vector<int> fds;
+  const auto outcome = share_handle(request.token, client.peer_pid(), fds);
+  const bool sent = std::visit([&](const auto& reply) { return client.send(control::encode(reply), fds); }, outcome);
+  protocol::close_all(fds);
+  return sent;
+}
+
+}  // namespace
+
+bool answer(client_channel& client, const control::request& request, const std::vector<int>& fds) {
+  return std::visit(
+      [&](const auto& r) -> bool {
+        using T = std::decay_t<decltype(r)>;
+        if constexpr (std::is_same_v<T, control::hello_request>) {
+          control::hello_reply reply = describe_process();
+          reply.activity = g_activity.load();
+          if (!client.send(control::encode(reply))) return false;
+          // After the answer: the tool prepares its side meanwhile.
+          if (r.prepare_hold && current_state() == process_state::running) prepare_hold();
+          return true;
+        } else if constexpr (std::is_same_v<T, control::check_request>) {
+          return client.send(control::encode(check_pools()));
+        } else if constexpr (std::is_same_v<T, control::dump_begin_request>) {
+          serve_hold(client, r);
+          return true;
+        } else if constexpr (std::is_same_v<T, control::resume_request>) {
+          serve_resume(client, r);
+          return true;
+        } else if constexpr (std::is_same_v<T, control::ipc_open_request>) {
+          serve_ipc_open(client, r);
+          return true;
+        } else if constexpr (std::is_same_v<T, control::ipc_close_request>) {
+          if (const pid_t importer = client.peer_pid(); importer != 0) close_export(r, importer);
+          return client.send(control::encode(control::ipc_close_reply{}));
+        } else if constexpr (std::is_same_v<T, control::vmm_identify_request>) {
+          return serve_vmm_identify(client, fds);
+        } else if constexpr (std::is_same_v<T, control::vmm_share_request>) {
+          return serve_vmm_share(client, r);
+        } else if constexpr (std::is_same_v<T, control::vmm_unshare_request>) {
+          unshare_handle(r.token, client.peer_pid());
+          return client.send(control::encode(control::vmm_unshare_reply{}));
+        } else {
+          // dump_end or suspend with no hold in progress.
+          static_assert(std::is_same_v<T, control::dump_end_request> || std::is_same_v<T, control::suspend_request>);
+          return refuse(client, control::refusal::not_held,
+                        "no dump in progress: the program was already released (the hold deadline passed)");
+        }
+      },
+      request);
+}
+
+process_state current_state() noexcept { return g_state.load(std::memory_order_acquire); }
+
+void enter_state(process_state next) noexcept { g_state.store(next, std::memory_order_release); }
+
+const char* name_of(process_state s) noexcept {
+  switch (s) {
+    case process_state::running: return "running";
+    case process_state::holding: return "holding";
+    case process_state::suspended: return "suspended";
+    case process_state::paused: return "paused";
+    case process_state::restoring: return "restoring";
+  }
+  return "unknown";
+}
+
+std::timed_mutex& operation_lock() {
+  static std::timed_mutex* lock = new std::timed_mutex;  // never destroyed: threads may call at exit
+  return *lock;
+}
+
+}  // namespace vmmckpt::detail

@@ -1,0 +1,403 @@
+// What cuda-ckpt asks of this process: describe it, check its pools, hold it, suspend it.
+#include "operations/process_control.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstring>
+
+#include <atomic>
+#include <fstream>
+#include <memory>
+#include <mutex>
+
+#include "core/context_scope.hpp"
+#include "memory/devices.hpp"
+#include "core/gate.hpp"
+#include "memory/ipc_imports.hpp"
+#include "memory/not_owned_memory.hpp"
+#include "memory/pools.hpp"
+#include "memory/program_pools.hpp"
+#include "core/real_symbols.hpp"
+#include "operations/operations.hpp"
+#include "memory/vmm_checkpoint.hpp"
+#include "memory/vmm_state.hpp"
+#include "vmmckpt/support/descriptor_room.hpp"
+#include "vmmckpt/support/fault_point.hpp"
+#include "vmmckpt/support/hex_text.hpp"
+#include "vmmckpt/support/host_pages.hpp"
+#include "vmmckpt/support/log.hpp"
+#include "vmmckpt/pool/pool_layout.hpp"
+#include "vmmckpt/protocol/protocol.hpp"
+#include "vmmckpt/restore/pool_restore.hpp"
+#include "vmmckpt/restore/upload.hpp"
+#include "vmmckpt/protocol/suspend_claim.hpp"
+#include "vmmckpt/support/uuid_text.hpp"
+
+namespace vmmckpt::detail {
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+// Descriptors the driver may open during the exports, beyond those the hold hands over.
+constexpr std::size_t spare_descriptors = 16;
+// Address space a resume needs besides its load buffers: the connection's thread and the streams' (8 MiB of
+// stack each by default) and what the driver maps for them.
+constexpr std::size_t resume_room_bytes = 64ULL << 20;
+
+std::mutex g_image_mutex;  // g_suspend_image, which hello reads
+suspend_record g_suspend_image;
+clock::time_point g_hold_start;
+
+// The state hello reports: a resume in progress is still suspended, a hold still running.
+control::process_state reported_state() {
+  switch (current_state()) {
+    case process_state::suspended: return control::process_state::suspended;
+    case process_state::paused: return control::process_state::paused;
+    case process_state::restoring:
+      return suspended_image().image.empty() ? control::process_state::running : control::process_state::suspended;
+    case process_state::running:
+    case process_state::holding: break;
+  }
+  return control::process_state::running;
+}
+
+std::string suspend_image() {
+  std::lock_guard lock(g_image_mutex);
+  return g_suspend_image.image;
+}
+
+std::vector<std::string> command_line() {
+  std::vector<std::string> args;
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::string arg;
+  while (std::getline(in, arg, '\0')) args.push_back(arg);
+  return args;
+}
+
+
+// Bytes in use on the device now, the program's context and unserved memory included (and other
+// processes' too: the driver counts the whole device).
+std::uint64_t device_used_bytes(int ordinal) {
+  const driver_api* d = driver();
+  if (d == nullptr) return 0;
+  primary_context_scope scope(*d, ordinal);  // the pool holds its own reference
+  std::size_t free_bytes = 0, total = 0;
+  if (scope.active()) d->cuMemGetInfo_v2(&free_bytes, &total);
+  return total - free_bytes;
+}
+
+// Adds device `ordinal`'s description to `devices` unless it is there already (a device with a pool and
+// program-made VMM memory is described once).
+void describe_once(std::vector<device_description>& devices, int ordinal) {
+  for (const auto& dev : devices)
+    if (dev.ordinal == ordinal) return;
+  devices.push_back(describe_device(ordinal));
+}
+
+// The reply's allocation table in a sealed memfd (it can no longer change), or -1 with errno set.
+// Encoded straight into the file's mapped pages: a million allocations are 24 MB.
+int allocation_table_memfd(const control::dump_begin_reply& r) {
+  const int fd = ::memfd_create("vmmckpt-allocation-table", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return -1;
+  const std::size_t bytes = control::allocation_table_bytes(r);
+  auto fail = [fd] {
+    const int err = errno;
+    ::close(fd);
+    errno = err;
+    return -1;
+  };
+  if (bytes > 0) {
+    if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) return fail();
+    void* at = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (at == MAP_FAILED) return fail();
+    control::encode_allocation_table(r, static_cast<unsigned char*>(at));
+    ::munmap(at, bytes);  // before sealing: a writable mapping would refuse F_SEAL_WRITE
+  }
+  if (::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0) return fail();
+  return fd;
+}
+
+double us_since(clock::time_point t) { return std::chrono::duration<double, std::micro>(clock::now() - t).count(); }
+
+std::uint64_t held_us() {
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - g_hold_start).count());
+}
+
+// A hold's allocation table made ahead of the hold (prepare_hold), while the program runs on:
+// listing 200 000 blocks and writing their table takes tens of milliseconds. The hold takes it
+// only when no pool allocated or freed a block since, which the pools' change counts tell.
+struct prepared_table {
+  std::vector<std::pair<device_pool*, std::uint64_t>> changes;  // each pool and its count when listed
+  std::vector<std::vector<allocation>> allocations;             // each pool's, in the same order
+  int fd = -1;                                                  // the table's sealed memfd
+  ~prepared_table() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+std::mutex g_prepared_mutex;
+std::unique_ptr<prepared_table> g_prepared;
+
+// The prepared table if it is still true of every pool (each listed, in order, none changed).
+std::unique_ptr<prepared_table> take_prepared(const std::vector<active_pool>& pools) {
+  std::unique_ptr<prepared_table> prepared;
+  {
+    std::lock_guard lock(g_prepared_mutex);
+    prepared = std::move(g_prepared);
+  }
+  if (!prepared || prepared->changes.size() != pools.size()) return nullptr;
+  for (std::size_t i = 0; i < pools.size(); ++i)
+    if (prepared->changes[i].first != pools[i].pool || prepared->changes[i].second != pools[i].pool->changes())
+      return nullptr;
+  return prepared;
+}
+
+// The held program's pools: each one's blocks, its segments exported (one descriptor each in `fds`),
+// and the allocation table's descriptor last (on a failure the caller closes those sent so far).
+// Throws only for want of memory.
+std::variant<control::dump_begin_reply, control::failure_reply> held_contents(double quiesce_us, std::vector<int>& fds) {
+  const driver_api* d = driver();
+  const auto pools = active_pools();
+  control::dump_begin_reply r;
+  // Where the hold's time goes, in the log: with a million allocations each part shows.
+  double sync_us = 0, list_us = 0, export_us = 0;
+  std::size_t blocks = 0, segments = 0;
+  for (const auto& p : pools) {
+    const auto t = clock::now();
+    p.pool->synchronize();
+    sync_us += us_since(t);
+  }
+  {
+    const auto t = clock::now();
+    vmm_synchronize();  // kernels may still write program-made VMM memory on devices without a pool
+    sync_us += us_since(t);
+  }
+  auto t = clock::now();
+  std::unique_ptr<prepared_table> prepared = take_prepared(pools);
+  for (std::size_t i = 0; i < pools.size(); ++i) {
+    control::pool_contents c{pools[i].ordinal, pools[i].pool->base(), pools[i].pool->size(), large_alignment, 0, {}, {}};
+    c.allocations = prepared ? std::move(prepared->allocations[i]) : pools[i].pool->live_allocations();
+    c.allocation_count = c.allocations.size();
+    blocks += c.allocations.size();
+    r.pools.push_back(std::move(c));
+  }
+  list_us = us_since(t);
+  t = clock::now();
+  for (std::size_t i = 0; i < pools.size(); ++i) {
+    for (const auto& s : pools[i].pool->segments()) {
+      int exported = -1;
+      const CUresult e = d->cuMemExportToShareableHandle(&exported, s.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+      if (e != CUDA_SUCCESS) {
+        release("export failed");
+        return control::failure_reply{control::refusal::failed, "exporting pool memory at " + hex(s.addr) +
+                                                                    " failed: CUDA error " + std::to_string(e)};
+      }
+      fds.push_back(exported);
+      r.pools[i].segments.push_back({s.addr, s.size});
+      ++segments;
+    }
+    r.devices.push_back(describe_device(pools[i].ordinal));
+  }
+  // Program-made VMM memory: its pools follow the pool's, its handles' descriptors the segments'.
+  const std::size_t before_vmm = r.pools.size();
+  if (std::string why = vmm_hold_contents(r, fds); !why.empty()) {
+    release("export failed");
+    return control::failure_reply{control::refusal::failed, why};
+  }
+  for (std::size_t i = before_vmm; i < r.pools.size(); ++i) describe_once(r.devices, r.pools[i].device);
+  if (r.pools.size() > before_vmm && prepared) {
+    ::close(prepared->fd);  // made without the VMM pools: made again below
+    prepared->fd = -1;
+    prepared.reset();
+  }
+  export_us = us_since(t);
+  t = clock::now();
+  int table = -1;
+  if (prepared) {
+    table = prepared->fd;  // handed over: closed with the others once sent
+    prepared->fd = -1;
+  } else {
+    table = allocation_table_memfd(r);
+  }
+  if (table < 0) {
+    const int err = errno;
+    release("the allocation table could not be made");
+    return control::failure_reply{control::refusal::failed,
+                                  "cannot make the allocation table: " + std::string(std::strerror(err))};
+  }
+  fds.push_back(table);
+  r.fd_count = static_cast<std::uint32_t>(fds.size());
+  r.not_owned = not_owned_memory();
+  r.ipc_imports = current_imports();
+  log::info("control: held; quiesced in {:.0f} us, synchronized in {:.0f} us, {} blocks {} in {:.0f} us, {} segments "
+            "exported in {:.0f} us, the table {} in {:.0f} us",
+            quiesce_us, sync_us, blocks, prepared ? "listed beforehand, unchanged, taken" : "listed", list_us, segments,
+            export_us, prepared ? "taken" : "made", us_since(t));
+  return r;
+}
+
+}  // namespace
+
+suspend_record suspended_image() {
+  std::lock_guard lock(g_image_mutex);
+  return g_suspend_image;
+}
+
+host_pages& resume_buffers() {
+  static host_pages* pages = new host_pages;
+  return *pages;
+}
+
+control::hello_reply describe_process() {
+  control::hello_reply r;
+  r.protocol = protocol::version;
+  r.pid = getpid();
+  r.command = command_line();
+  r.state = reported_state();
+  if (r.state == control::process_state::suspended) r.image = suspend_image();
+  for (const auto& p : active_pools()) {
+    r.devices.push_back(describe_device(p.ordinal));
+    const pool_stats s = p.pool->stats();
+    r.pools.push_back({p.ordinal, p.pool->base(), p.pool->size(), s.live_bytes, s.live_count, s.backed_bytes});
+  }
+  for (control::pool_summary& v : vmm_summaries()) {
+    describe_once(r.devices, v.device);
+    r.pools.push_back(v);
+  }
+  r.not_owned = not_owned_memory();
+  r.nccl_bytes = nccl_vmm_bytes() + nccl_pool_bytes();
+  return r;
+}
+
+control::check_reply check_pools() {
+  control::check_reply r;
+  for (const auto& p : active_pools())
+    if (std::string why = p.pool->check_invariants(); !why.empty())
+      r.problems.push_back("device " + std::to_string(p.ordinal) + ": " + why);
+  r.consistent = r.problems.empty();
+  return r;
+}
+
+std::variant<control::dump_begin_reply, control::failure_reply> hold(clock::time_point hold_deadline_at, std::vector<int>& fds) {
+  const process_state now = current_state();
+  if (now == process_state::suspended || now == process_state::restoring)
+    return control::failure_reply{control::refusal::suspended,
+                                  "the program is suspended (image " + suspend_image() + "); resume it first"};
+  if (now == process_state::paused)
+    return control::failure_reply{control::refusal::suspended,
+                                  "the program has paused its own GPU memory (vmmckpt_pause); it resumes it itself"};
+  g_hold_start = clock::now();
+  enter_state(process_state::holding);
+  fault_point("program:holding");  // the tests make the program slow to drain here
+  if (!the_gate().close(hold_deadline_at)) {
+    enter_state(process_state::running);
+    return control::failure_reply{
+        control::refusal::not_quiesced,
+        "the program did not quiesce within " +
+            std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(hold_deadline_at - g_hold_start).count()) +
+            " ms"};
+  }
+  try {
+    return held_contents(us_since(g_hold_start), fds);
+  } catch (const std::exception& e) {
+    // Out of memory: nothing is handed over (the caller closes `fds`), and the program goes on.
+    release("the hold could not be described");
+    return control::failure_reply{control::refusal::failed, std::string("cannot describe the held memory: ") + e.what()};
+  }
+}
+
+void prepare_hold() noexcept {
+  try {
+    // The hold exports a descriptor per segment and per VMM handle, and the table's: room for them now,
+    // since a table grown in the hold makes it wait for an RCU grace period (descriptor_room.hpp).
+    std::size_t exported = 1 + vmm_handle_count();
+    for (const auto& p : active_pools()) exported += p.pool->segments().size();
+    make_room_for_descriptors(static_cast<int>(std::min<std::size_t>(exported + spare_descriptors, INT_MAX)));
+    auto prepared = std::make_unique<prepared_table>();
+    control::dump_begin_reply r;
+    for (const auto& p : active_pools()) {
+      const std::uint64_t before = p.pool->changes();
+      control::pool_contents c{p.ordinal, p.pool->base(), p.pool->size(), large_alignment, 0, {}, {}};
+      c.allocations = p.pool->live_allocations_unlocked();
+      if (p.pool->changes() != before) return;  // allocating meanwhile: the hold lists for itself
+      c.allocation_count = c.allocations.size();
+      prepared->changes.push_back({p.pool, before});
+      r.pools.push_back(std::move(c));
+    }
+    prepared->fd = allocation_table_memfd(r);
+    if (prepared->fd < 0) return;
+    for (auto& c : r.pools) prepared->allocations.push_back(std::move(c.allocations));
+    std::lock_guard lock(g_prepared_mutex);
+    g_prepared = std::move(prepared);
+  } catch (...) {
+    // Out of memory: the hold lists for itself.
+  }
+}
+
+std::uint64_t release(const char* why) {
+  enter_state(process_state::running);
+  the_gate().open();
+  const std::uint64_t held = held_us();
+  log::info("control: program released after {} us ({})", held, why);
+  return held;
+}
+
+std::variant<control::suspend_reply, control::failure_reply> suspend_held(const control::suspend_request& request) {
+  fault_point("program:suspend-received");  // the reliability tests stop the program here, and below
+  if (control::unix_ms_now() > request.valid_until_ms) {
+    release("the suspend request arrived after it expired");
+    return control::failure_reply{control::refusal::expired,
+                                  "the suspend request arrived after it expired (the program was stopped, or the "
+                                  "tool waited too long): the program goes on, not suspended"};
+  }
+  // What the resume will need is set aside now, while the suspend can still be refused: after the claim the
+  // program depends on its resume. Its load buffers are kept; room for the threads and streams it starts is
+  // only checked (address space, as `ulimit -v` counts it).
+  if (resume_buffers().data() == nullptr) resume_buffers() = host_pages(restore::load_buffer_bytes());
+  void* room = ::mmap(nullptr, resume_room_bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (room != MAP_FAILED) ::munmap(room, resume_room_bytes);
+  if (resume_buffers().data() == nullptr || room == MAP_FAILED) {
+    resume_buffers() = host_pages();
+    release("no host memory for the resume");
+    return control::failure_reply{
+        control::refusal::failed,
+        "no host memory for what its resume will need (" + std::to_string(restore::load_buffer_bytes() >> 20) +
+            " MiB of buffers and " + std::to_string(resume_room_bytes >> 20) +
+            " MiB for its threads; the address space is limited, ulimit -v?): the program goes on, not suspended"};
+  }
+  // The claim decides (suspend_claim.hpp): from here on this program depends on the image, or the
+  // tool has withdrawn it and the image goes.
+  if (!suspend_claim::take(request.image, suspend_claim::accepted)) {
+    release("the suspend was withdrawn");
+    return control::failure_reply{control::refusal::withdrawn,
+                                  "the suspend was withdrawn (" + request.image + " has no pending claim): the "
+                                  "program goes on, not suspended"};
+  }
+  fault_point("program:claimed");
+  struct stat st{};
+  ::stat(request.image.c_str(), &st);
+  control::suspend_reply r;
+  for (const auto& p : active_pools()) r.freed_bytes += p.pool->release_all_physical();
+  r.freed_bytes += vmm_release_physical();
+  try {
+    for (const auto& dev : describe_process().devices) r.devices.push_back({dev.ordinal, device_used_bytes(dev.ordinal)});
+  } catch (...) {
+    // Out of memory: the reply goes without the devices' figures; the suspend itself is done.
+  }
+  {
+    std::lock_guard lock(g_image_mutex);
+    g_suspend_image = {request.image, request.image_id, st.st_dev, st.st_ino};
+  }
+  enter_state(process_state::suspended);
+  fault_point("program:suspended");
+  r.held_us = held_us();
+  log::info("control: suspended; {} bytes of GPU memory given back; image {}", r.freed_bytes, request.image);
+  return r;
+}
+
+}  // namespace vmmckpt::detail
