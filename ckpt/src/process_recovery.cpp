@@ -248,7 +248,12 @@ void process_transaction::write() {
 void process_transaction::note_criu(pid_t pid) noexcept {
   criu_pid = pid;
   criu_start = suspend_claim::start_time(pid);
-  if (!record.empty()) save(*this);
+  if (record.empty()) return;
+  try {
+    save(*this);
+  } catch (const std::exception&) {
+    // Not encoded (out of memory, say): the record keeps what it said, as when it cannot be written.
+  }
 }
 
 void process_transaction::remove() const noexcept {
