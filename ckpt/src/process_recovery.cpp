@@ -342,7 +342,7 @@ bool finishable(const fs::path& partial, std::string& why_not) {
 
 fs::path finish_process_dump(const fs::path& partial) {
   // One command completes it at a time (a restore and a gc may meet here): the others find it done.
-  const fs::path final_name = final_name_of(partial);
+  fs::path final_name = final_name_of(partial);
   const int lock = ::open(partial.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (lock < 0 && is_process_image(final_name)) return final_name;
   struct unlocker {
