@@ -171,7 +171,7 @@ void collect_in(const fs::path& dir, bool dry_run, leftovers_report& report) {
     return;
   }
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const fs::path path = entry.path();
+    const fs::path& path = entry.path();
     judgement j = judge(entry);
     switch (j.what) {
       case judgement::not_an_image:
@@ -345,7 +345,7 @@ void remove_stale_sockets(bool dry_run, leftovers_report& report) {
 fs::path suspend_dir_of(uid_t uid) { return "/dev/shm/vmmckpt-" + std::to_string(uid); }
 
 fs::path default_suspend_dir() {
-  const fs::path dir = suspend_dir_of(::geteuid());
+  fs::path dir = suspend_dir_of(::geteuid());
   if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
     throw tool_error("cannot create " + dir.string() + ": " + std::strerror(errno));
   struct stat st{};

@@ -276,6 +276,7 @@ std::vector<process_entry> list_processes(pid_t only, std::chrono::milliseconds 
   // All at once, so that the list takes `wait` however many do not answer.
   const auto deadline = control_client::clock::now() + wait;
   std::vector<std::future<process_entry>> asked;
+  asked.reserve(candidates.size());
   for (pid_t pid : candidates) asked.push_back(std::async(std::launch::async, ask, pid, deadline));
   std::vector<process_entry> out;
   for (auto& f : asked) {

@@ -51,15 +51,17 @@ vmmckpt_check_cuda_toolkit() {
 }
 
 # vmmckpt_configure BUILD_DIR [extra cmake args...]
+# VMMCKPT_WERROR=ON in the environment (.ci/run sets it) builds with -Werror.
 vmmckpt_configure() {
   local dir="$1"
   shift
-  local generator=()
+  local generator=() werror=()
   command -v ninja >/dev/null && generator=(-G Ninja)
+  [ -n "${VMMCKPT_WERROR:-}" ] && werror=(-DVMMCKPT_WERROR="$VMMCKPT_WERROR")
   if [ ! -f "$dir/CMakeCache.txt" ]; then
-    cmake -S . -B "$dir" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@"
+    cmake -S . -B "$dir" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo "${werror[@]}" "$@"
   else
-    cmake -S . -B "$dir" "$@" >/dev/null
+    cmake -S . -B "$dir" "${werror[@]}" "$@" >/dev/null
   fi
 }
 

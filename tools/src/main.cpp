@@ -113,9 +113,8 @@ int run_parsed(const std::vector<subcommand>& commands, const std::string& comma
   return exit_usage;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// The program; main() makes sure that nothing it throws ends in std::terminate.
+int cuda_ckpt(int argc, char** argv) {
   ignore_file_size_signal();
   // A dump receives a descriptor per exported piece of memory in the hold and keeps its parents' data
   // files open: the table grows now, while this process has one thread and growing costs nothing.
@@ -169,4 +168,19 @@ int main(int argc, char** argv) {
     return report_failure(command, json, std::string(e.what()) + (json ? "" : "; see " + help), exit_usage);
   }
   return run_parsed(commands, command, json);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // What escapes the commands' own handling (setting up or parsing the command line) is a failure like any other,
+  // not an abort.
+  try {
+    return cuda_ckpt(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "cuda-ckpt: unexpected error: " << e.what() << "\n";
+  } catch (...) {
+    std::cerr << "cuda-ckpt: unexpected error\n";
+  }
+  return exit_failure;
 }

@@ -204,7 +204,7 @@ subcommand add_restore(CLI::App& app, const std::vector<std::string>& trailing_c
     if (!command->remaining().empty()) {
       // Words after the image without "--": the command, most likely, or an option misspelt.
       const auto extra = command->remaining();
-      if (extra.front().rfind("-", 0) == 0)
+      if (extra.front().rfind('-', 0) == 0)
         return report_failure("restore", false, "unknown option '" + extra.front() + "'; see cuda-ckpt help restore",
                               exit_usage);
       std::string words;

@@ -112,7 +112,7 @@ struct chunk_handoff {
   }
   void writer_failed(std::exception_ptr e) {
     std::lock_guard lock(mutex);
-    if (!writer_error) writer_error = e;
+    if (!writer_error) writer_error = std::move(e);
     changed.notify_all();
   }
 

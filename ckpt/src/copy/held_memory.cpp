@@ -173,7 +173,7 @@ held_memory::held_memory(session& s, control::dump_begin_reply& held, received_f
   std::size_t next_fd = 0;
   CUdevice copier = 0;  // the device of the tool's context, current since the session opened it
   VMMCKPT_CUDA_TRY(driver().cuCtxGetDevice(&copier));
-  for (const auto& p : held.pools) {
+  for (auto& p : held.pools) {  // not const: each pool's allocations move into the manifest
     const device_description d = session::describe(p.device, held.devices);
     const CUdevice device = s.device_for(d);  // a pool created since hello is found here too
 

@@ -27,7 +27,7 @@ std::string find_on_path(const std::string& name) {
   const char* path = std::getenv("PATH");
   std::stringstream dirs(path != nullptr ? path : "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
   for (std::string dir; std::getline(dirs, dir, ':');) {
-    const std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + name;
+    std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + name;
     if (::access(candidate.c_str(), X_OK) == 0) return candidate;
   }
   return {};
@@ -84,6 +84,7 @@ int spawn_and_wait(const std::vector<std::string>& argv, const std::string& outp
   posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, output.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
   posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
   std::vector<char*> args;
+  args.reserve(argv.size() + 1);
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   // A process group of its own: Ctrl-C at the terminal reaches cuda-ckpt, which stops between steps, and

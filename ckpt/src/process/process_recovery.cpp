@@ -248,7 +248,12 @@ void process_transaction::write() {
 void process_transaction::note_criu(pid_t pid) noexcept {
   criu_pid = pid;
   criu_start = suspend_claim::start_time(pid);
-  if (!record.empty()) save(*this);
+  if (record.empty()) return;
+  try {
+    save(*this);
+  } catch (const std::exception&) {
+    // Not encoded (out of memory, say): the record keeps what it said, as when it cannot be written.
+  }
 }
 
 void process_transaction::remove() const noexcept {
@@ -337,7 +342,7 @@ bool finishable(const fs::path& partial, std::string& why_not) {
 
 fs::path finish_process_dump(const fs::path& partial) {
   // One command completes it at a time (a restore and a gc may meet here): the others find it done.
-  const fs::path final_name = final_name_of(partial);
+  fs::path final_name = final_name_of(partial);
   const int lock = ::open(partial.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (lock < 0 && is_process_image(final_name)) return final_name;
   struct unlocker {

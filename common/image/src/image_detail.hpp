@@ -118,7 +118,8 @@ struct hash_waiter {
   ~hash_waiter() { h.wait(); }
 };
 
-[[noreturn]] inline void fail(std::string message) { throw image_error(std::move(message)); }
+// By reference: std::runtime_error copies the message whatever it is given.
+[[noreturn]] inline void fail(const std::string& message) { throw image_error(message); }
 
 inline std::string errno_text(int err) {
   char buf[256];

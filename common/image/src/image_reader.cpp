@@ -498,14 +498,14 @@ std::vector<std::pair<std::size_t, std::size_t>> reader::extents_across_files() 
   std::vector<std::pair<std::size_t, std::size_t>> runs;  // each file's [begin, end) in by_place
   const auto& places = impl_->by_place;
   for (std::size_t i = 0; i < places.size(); ++i)
-    if (i == 0 || places[i].file != places[i - 1].file) runs.push_back({i, i});
+    if (i == 0 || places[i].file != places[i - 1].file) runs.emplace_back(i, i);
   for (std::size_t r = 0; r < runs.size(); ++r) runs[r].second = r + 1 < runs.size() ? runs[r + 1].first : places.size();
   std::vector<std::pair<std::size_t, std::size_t>> order;
   order.reserve(places.size());
   while (order.size() < places.size())
     for (auto& [at, end] : runs)
       if (at < end) {
-        order.push_back({places[at].pool, places[at].index});
+        order.emplace_back(places[at].pool, places[at].index);
         ++at;
       }
   return order;

@@ -57,7 +57,7 @@ void decode_allocations(const json& pj, const std::string& p, pool& pl) {
     const auto known = alloc_api_from_name(api);
     if (!known) fail(join(q, "api") + " \"" + printable(api) + "\" is not an allocation API vmmckpt records");
     al.api = *known;
-    pl.allocations.push_back(std::move(al));
+    pl.allocations.push_back(al);
   }
 }
 

@@ -166,7 +166,7 @@ std::string device_pool::check_invariants() const {
     ~unlock() { pool->unlock_everything(); }
   } unlock_at_end{this};
   if (const char* why = ranges_.check_invariants(); *why != '\0') return std::string("placement: ") + why;
-  if (const std::string why = check_caches_locked(); !why.empty()) return why;
+  if (std::string why = check_caches_locked(); !why.empty()) return why;
   std::uint64_t backed = 0, idle = 0, prev_end = 0;
   for (const auto& [addr, seg] : segments_) {
     if (addr < prev_end) return "physical memory: segments overlap";

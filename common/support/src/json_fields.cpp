@@ -9,7 +9,7 @@
 namespace vmmckpt::json_fields {
 namespace {
 
-[[noreturn]] void fail(std::string message) { throw decode_error(std::move(message)); }
+[[noreturn]] void fail(const std::string& message) { throw decode_error(message); }
 
 std::string at_path(const std::string& path, const std::string& what) { return path.empty() ? what : path + ": " + what; }
 

@@ -33,6 +33,8 @@ void* load_real(std::atomic<void*>& slot, const char* name) noexcept {
 }  // namespace
 }  // namespace vmmckpt::detail
 
+// `name` is declared, `params` and `args` are parenthesized lists already: none is an expression to parenthesize.
+// NOLINTBEGIN(bugprone-macro-parentheses)
 #define VMMCKPT_GATED(name, params, args)                                                    \
   namespace vmmckpt::detail::real {                                                        \
   std::atomic<void*> name{nullptr};                                                        \
@@ -49,6 +51,7 @@ void* load_real(std::atomic<void*>& slot, const char* name) noexcept {
       return vmmckpt_real args;                                                            \
     });                                                                                    \
   }
+// NOLINTEND(bugprone-macro-parentheses)
 #include "entry/gated_entry_points.inc"
 #undef VMMCKPT_GATED
 

@@ -146,6 +146,7 @@ std::vector<control::pool_summary> vmm_summaries() {
   for (const vmm_handle& h : s->registry.handles())
     if (auto it = by_window.find(h.device); it != by_window.end()) it->second.backed_bytes += h.size;
   std::vector<control::pool_summary> out;
+  out.reserve(by_window.size());
   for (auto& [device, p] : by_window) out.push_back(p);
   return out;
 }

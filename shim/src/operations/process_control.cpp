@@ -326,7 +326,7 @@ void prepare_hold() noexcept {
       c.allocations = p.pool->live_allocations_unlocked();
       if (p.pool->changes() != before) return;  // allocating meanwhile: the hold lists for itself
       c.allocation_count = c.allocations.size();
-      prepared->changes.push_back({p.pool, before});
+      prepared->changes.emplace_back(p.pool, before);
       r.pools.push_back(std::move(c));
     }
     prepared->fd = allocation_table_memfd(r);

@@ -53,6 +53,7 @@ namespace vmmckpt {
 using get_proc_address_v1_fn = CUresult(CUDAAPI*)(const char*, void**, int, cuuint64_t);
 
 struct driver_api {
+// NOLINTNEXTLINE(bugprone-macro-parentheses): `name` is a declarator here, which parentheses would not fit.
 #define VMMCKPT_DECLARE(name) decltype(&::name) name = nullptr;
   VMMCKPT_DRIVER_FUNCTIONS(VMMCKPT_DECLARE)
   VMMCKPT_OPTIONAL_DRIVER_FUNCTIONS(VMMCKPT_DECLARE)
