@@ -138,6 +138,23 @@ bool suspended_some(const fs::path& staging) {
   return false;
 }
 
+// The transaction's processes under the shim that are alive and stopped or suspended: each needs a resume.
+std::vector<pid_t> waiting_for_gpu(const process_transaction& t, const std::vector<pid_t>& alive,
+                                   const std::function<bool(pid_t)>& suspended) {
+  std::vector<pid_t> waiting;
+  for (pid_t p : t.gpu_pids)
+    if (std::find(alive.begin(), alive.end(), p) != alive.end() && (process_stopped(p) || suspended(p)))
+      waiting.push_back(p);
+  return waiting;
+}
+
+// "cuda-ckpt resume 12; cuda-ckpt resume 34": the way back for each.
+std::string resume_commands(const std::vector<pid_t>& waiting) {
+  std::string command;
+  for (pid_t p : waiting) command += (command.empty() ? "" : "; ") + std::string("cuda-ckpt resume ") + std::to_string(p);
+  return command;
+}
+
 transaction_outcome assess_dump(const process_transaction& t, const std::vector<pid_t>& alive,
                                 const std::function<bool(pid_t)>& suspended) {
   using kind = transaction_outcome::kind;
@@ -156,10 +173,7 @@ transaction_outcome assess_dump(const process_transaction& t, const std::vector<
   if (!alive.empty()) {
     // CRIU stops the whole tree: one resume continues it all. Each process under the shim that is stopped or
     // suspended needs its own resume for its GPU memory.
-    std::vector<pid_t> waiting;
-    for (pid_t p : t.gpu_pids)
-      if (std::find(alive.begin(), alive.end(), p) != alive.end() && (process_stopped(p) || suspended(p)))
-        waiting.push_back(p);
+    std::vector<pid_t> waiting = waiting_for_gpu(t, alive, suspended);
     bool stopped = false;
     for (pid_t p : alive) stopped = stopped || process_stopped(p);
     if (waiting.empty() && stopped) waiting.push_back(t.gpu_pids.empty() ? t.root_pid : t.gpu_pids.front());
@@ -171,7 +185,7 @@ transaction_outcome assess_dump(const process_transaction& t, const std::vector<
     o.what = kind::resume;
     o.words = "process " + pids_text(waiting) + " is stopped or suspended by the dump" +
               (is_process_image(t.image) ? " (its image " + image + " is complete)" : "");
-    for (pid_t p : waiting) o.command += (o.command.empty() ? "" : "; ") + std::string("cuda-ckpt resume ") + std::to_string(p);
+    o.command = resume_commands(waiting);
     return o;
   }
   std::string why_not;
@@ -206,10 +220,7 @@ transaction_outcome assess_restore(const process_transaction& t, const std::vect
     o.command = "cuda-ckpt restore " + t.image.string();
     return o;
   }
-  std::vector<pid_t> waiting;
-  for (pid_t p : t.gpu_pids)
-    if (std::find(alive.begin(), alive.end(), p) != alive.end() && (process_stopped(p) || suspended(p)))
-      waiting.push_back(p);
+  const std::vector<pid_t> waiting = waiting_for_gpu(t, alive, suspended);
   if (waiting.empty()) {
     o.what = kind::runs_on;
     o.words = "its processes run on";
@@ -218,7 +229,7 @@ transaction_outcome assess_restore(const process_transaction& t, const std::vect
   o.what = kind::resume;
   o.words = "process " + pids_text(waiting) + " is back but waits for its GPU memory (from " +
             jf::printable(t.image.string()) + ")";
-  for (pid_t p : waiting) o.command += (o.command.empty() ? "" : "; ") + std::string("cuda-ckpt resume ") + std::to_string(p);
+  o.command = resume_commands(waiting);
   return o;
 }
 

@@ -35,24 +35,20 @@ constexpr int reply_timeout_ms = 10'000;           // a client that reads nothin
 constexpr int max_connections = 32;                // served at once; more are answered `busy`
 std::atomic<int> g_connections{0};
 
-bool send(int fd, const std::string& payload, const std::vector<int>& fds = {}) {
-  protocol::failure error;
-  if (protocol::send_frame(fd, payload, fds, reply_timeout_ms, error)) return true;
-  // A tool that went away (killed, or gave up) is no fault of the program's: said at the info level, so that the
-  // program's stderr (often a file a whole-process image holds at its size) is not written for it.
-  if (error.kind == protocol::failure_kind::connection_closed)
-    log::info("control: reply failed: {}", error.text);
-  else
-    log::warn("control: reply failed: {}", error.text);
-  return false;
-}
-
 // A connection's channel: frames with the transport's own limits, failures logged at the level they deserve.
 class connection final : public client_channel {
  public:
   explicit connection(int fd) : fd_(fd) {}
-  bool send(const std::string& payload, const std::vector<int>& fds) override {
-    return vmmckpt::detail::send(fd_, payload, fds);
+  bool send(const std::string& payload, const std::vector<int>& fds = {}) override {
+    protocol::failure error;
+    if (protocol::send_frame(fd_, payload, fds, reply_timeout_ms, error)) return true;
+    // A tool that went away (killed, or gave up) is no fault of the program's: said at the info level, so that
+    // the program's stderr (often a file a whole-process image holds at its size) is not written for it.
+    if (error.kind == protocol::failure_kind::connection_closed)
+      log::info("control: reply failed: {}", error.text);
+    else
+      log::warn("control: reply failed: {}", error.text);
+    return false;
   }
   bool send_within(const std::string& payload, std::chrono::milliseconds wait) override {
     protocol::failure error;
@@ -90,7 +86,7 @@ void serve_client(int fd) {
     } close_them{fds};
     const auto decoded = control::decode_request(payload);
     if (const auto* refused = std::get_if<control::failure_reply>(&decoded)) {
-      if (!send(fd, control::encode(*refused))) return;
+      if (!client.send(control::encode(*refused))) return;
       continue;
     }
     if (!answer(client, std::get<control::request>(decoded), fds)) return;

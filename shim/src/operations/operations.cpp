@@ -65,6 +65,18 @@ bool take_operation(client_channel& client, std::unique_lock<std::timed_mutex>& 
   return false;
 }
 
+// "12, 34": the processes a refusal names.
+std::string pid_list(const std::vector<pid_t>& pids) {
+  std::string text;
+  for (pid_t p : pids) text += (text.empty() ? "" : ", ") + std::to_string(p);
+  return text;
+}
+
+// An IPC open or a VMM share that waited ipc_open_wait for another operation to end.
+bool refuse_busy(client_channel& client) {
+  return refuse(client, control::refusal::busy, "another operation (a dump, suspend or resume) kept the program busy");
+}
+
 // dump_begin: the program is held until the client says dump_end (or suspend), goes away, or the
 // deadline passes; the gate is open again in every case but suspend.
 void serve_hold(client_channel& client, const control::dump_begin_request& request) {
@@ -80,19 +92,16 @@ void serve_hold(client_channel& client, const control::dump_begin_request& reque
     // Their mappings keep the physical memory a suspend would give back, and they would not see what resume
     // loads: refused (docs/ipc.md). Checked under the operation lock, which an IPC open takes too.
     if (const auto importers = live_importers(); !importers.empty()) {
-      std::string pids;
-      for (pid_t p : importers) pids += (pids.empty() ? "" : ", ") + std::to_string(p);
       refuse(client, control::refusal::failed,
-             "other processes map this program's GPU memory through CUDA IPC (pid " + pids +
+             "other processes map this program's GPU memory through CUDA IPC (pid " + pid_list(importers) +
                  "); a suspend would take it from under them. Suspend or stop them first, or have them close "
                  "their handles (cudaIpcCloseMemHandle)");
       return;
     }
     if (const auto importers = vmm_importers(); !importers.empty()) {
-      std::string pids;
-      for (pid_t p : importers) pids += (pids.empty() ? "" : ", ") + std::to_string(p);
       refuse(client, control::refusal::failed,
-             "other processes map this program's VMM memory, imported from POSIX FDs it exported (pid " + pids +
+             "other processes map this program's VMM memory, imported from POSIX FDs it exported (pid " +
+                 pid_list(importers) +
                  "; NCCL's P2P and SHM transports do this between the ranks of a job); a suspend would take it "
                  "from under them. Stop them first, or checkpoint the job with dump instead");
       return;
@@ -189,7 +198,7 @@ void serve_ipc_open(client_channel& client, const control::ipc_open_request& req
   // Not while a dump holds the program or a suspend gives its memory back.
   std::unique_lock operation(operation_lock(), std::defer_lock);
   if (!operation.try_lock_for(ipc_open_wait)) {
-    refuse(client, control::refusal::busy, "another operation (a dump, suspend or resume) kept the program busy");
+    refuse_busy(client);
     return;
   }
   if (const process_state now = current_state(); now == process_state::suspended || now == process_state::paused) {
@@ -212,8 +221,7 @@ bool serve_vmm_identify(client_channel& client, const std::vector<int>& fds) {
 // vmm_share: a new FD of a handle, for a restored importer. Not while a suspend gives the memory back.
 bool serve_vmm_share(client_channel& client, const control::vmm_share_request& request) {
   std::unique_lock operation(operation_lock(), std::defer_lock);
-  if (!operation.try_lock_for(ipc_open_wait))
-    return refuse(client, control::refusal::busy, "another operation (a dump, suspend or resume) kept the program busy");
+  if (!operation.try_lock_for(ipc_open_wait)) return refuse_busy(client);
   std::vector<int> fds;
   const auto outcome = share_handle(request.token, client.peer_pid(), fds);
   const bool sent = std::visit([&](const auto& reply) { return client.send(control::encode(reply), fds); }, outcome);

@@ -66,11 +66,6 @@ control::process_state reported_state() {
   return control::process_state::running;
 }
 
-std::string suspend_image() {
-  std::lock_guard lock(g_image_mutex);
-  return g_suspend_image.image;
-}
-
 std::vector<std::string> command_line() {
   std::vector<std::string> args;
   std::ifstream in("/proc/self/cmdline", std::ios::binary);
@@ -259,7 +254,7 @@ control::hello_reply describe_process() {
   r.pid = getpid();
   r.command = command_line();
   r.state = reported_state();
-  if (r.state == control::process_state::suspended) r.image = suspend_image();
+  if (r.state == control::process_state::suspended) r.image = suspended_image().image;
   for (const auto& p : active_pools()) {
     r.devices.push_back(describe_device(p.ordinal));
     const pool_stats s = p.pool->stats();
@@ -285,9 +280,12 @@ control::check_reply check_pools() {
 
 std::variant<control::dump_begin_reply, control::failure_reply> hold(clock::time_point hold_deadline_at, std::vector<int>& fds) {
   const process_state now = current_state();
-  if (now == process_state::suspended || now == process_state::restoring)
+  if (now == process_state::suspended)
     return control::failure_reply{control::refusal::suspended,
-                                  "the program is suspended (image " + suspend_image() + "); resume it first"};
+                                  "the program is suspended (image " + suspended_image().image + "); resume it first"};
+  if (now == process_state::restoring)  // only a restore at start: a resume holds the operation lock
+    return control::failure_reply{control::refusal::suspended,
+                                  "the program's memory is being restored from its image; try again once it runs"};
   if (now == process_state::paused)
     return control::failure_reply{control::refusal::suspended,
                                   "the program has paused its own GPU memory (vmmckpt_pause); it resumes it itself"};

@@ -47,14 +47,15 @@ struct kept_range {
   void* host = nullptr;  // mmap'd: given back to the system as soon as resume has written it
 };
 
-struct pause_state {
+// What a pause kept for its resume (whether the process is paused is operations.hpp's process_state).
+struct pause_record {
   std::mutex mutex;  // one pause or resume at a time
   bool discard = false;
   std::vector<kept_range> ranges;
 };
 
-pause_state& state() {
-  static pause_state* s = new pause_state;  // never destroyed: threads may call at exit
+pause_record& the_pause() {
+  static pause_record* s = new pause_record;  // never destroyed: threads may call at exit
   return *s;
 }
 
@@ -157,7 +158,7 @@ int pause_self(unsigned flags, vmmckpt_stats* stats) {
   if (!shim_active()) return fail(VMMCKPT_E_STATE, "vmmckpt_pause: the shim stepped aside in this forked child");
   const driver_api* d = driver();
   if (d == nullptr) return fail(VMMCKPT_E_DRIVER, "vmmckpt_pause: no CUDA driver");
-  pause_state& s = state();
+  pause_record& s = the_pause();
   std::lock_guard self_lock(s.mutex);
   if (current_state() == process_state::paused) return fail(VMMCKPT_E_STATE, "vmmckpt_pause: already paused");
   // cuda-ckpt's operations take the same lock: a pause waits for none of them and never runs inside one.
@@ -211,7 +212,7 @@ int resume_self(vmmckpt_stats* stats) {
   const auto start = clock::now();
   if (!shim_active()) return fail(VMMCKPT_E_STATE, "vmmckpt_resume: the shim stepped aside in this forked child");
   const driver_api* d = driver();
-  pause_state& s = state();
+  pause_record& s = the_pause();
   std::lock_guard self_lock(s.mutex);
   if (current_state() != process_state::paused) return fail(VMMCKPT_E_STATE, "vmmckpt_resume: not paused");
   if (d == nullptr) return fail(VMMCKPT_E_DRIVER, "vmmckpt_resume: no CUDA driver");
