@@ -32,6 +32,7 @@
 #include "criu_plugin_abi.hpp"
 #include "vmmckpt/ckpt/dump.hpp"
 #include "vmmckpt/ckpt/gpu_side.hpp"
+#include "vmmckpt/restore/tool/process_restore.hpp"
 #include "vmmckpt/ckpt/processes.hpp"
 #include "vmmckpt/support/fault_point.hpp"
 
@@ -144,7 +145,7 @@ void bring_back_later(const std::vector<int>& pids, const std::vector<fs::path>&
     std::string why = t == task::held ? "CRIU still holds it after 10 minutes" : "";
     if (why.empty()) {
       try {
-        vmmckpt::ckpt::restore_gpu_side(pids[i], parts[i]);
+        vmmckpt::restore::restore_gpu_side(pids[i], parts[i]);
         continue;
       } catch (const std::exception& e) {
         why = e.what();

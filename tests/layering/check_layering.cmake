@@ -6,7 +6,9 @@
 #   * anything includes a header at its path before the split (vmmckpt/<name>.hpp; only vmmckpt/vmmckpt.h,
 #     the installed API, and the parts' own vmmckpt/<part>/ folders are at the top),
 #   * a file of the shim includes one of a floor above its own (shim/CMakeLists.txt: entry/ over
-#     operations/ over memory/ over core/), or one of shim/src at no floor.
+#     operations/ over memory/ over core/), or one of shim/src at no floor,
+#   * ckpt/ includes restore/tool's headers (the restores are built on ckpt, not under it), or the restore
+#     engine (restore/src, linked into the shim) includes the tool's side, ckpt's or restore/tool's.
 # Usage: cmake -DROOT=<source dir> -P check_layering.cmake
 cmake_minimum_required(VERSION 3.25)
 set(layer_support 0)
@@ -37,6 +39,12 @@ foreach(file IN LISTS sources)
     string(REGEX REPLACE "^[ \t]*#[ \t]*include[ \t]*[\"<]([^\">]+)[\">].*" "\\1" path "${line}")
     if(path MATCHES "^vmmckpt/[^/]+$" AND NOT path STREQUAL "vmmckpt/vmmckpt.h")
       string(APPEND problems "\n  ${file}: ${path} is a path from before the split of common/: now vmmckpt/<library>/<name> (README.md, \"Layout\")")
+    endif()
+    if(file MATCHES "^ckpt/" AND path MATCHES "^vmmckpt/restore/tool/")
+      string(APPEND problems "\n  ${file}: ckpt includes ${path}: restore/tool is built on ckpt")
+    endif()
+    if(file MATCHES "^restore/(src|include)/" AND path MATCHES "^vmmckpt/(ckpt|restore/tool)/")
+      string(APPEND problems "\n  ${file}: the restore engine (linked into the shim) includes ${path} of the tool's side")
     endif()
     if(NOT path MATCHES "^vmmckpt/([a-z_]+)/")
       continue()

@@ -8,6 +8,7 @@
 #include "interrupts.hpp"
 #include "output.hpp"
 #include "vmmckpt/ckpt/process_checkpoint.hpp"
+#include "vmmckpt/restore/tool/process_restore.hpp"
 
 namespace vmmckpt::tools {
 namespace {
@@ -123,13 +124,13 @@ int verify_process_command(const std::string& image, bool json) {
 
 int restore_process_command(const std::string& image, bool json, bool verify_data, bool trust_owner,
                             const std::vector<std::string>& criu_args) {
-  ckpt::process_restore_options options;
+  restore::process_restore_options options;
   options.image = image;
   options.verify_data = verify_data;
   options.trust_owner = trust_owner;
   options.criu_args = criu_args;
   progress_line line("restore", !json);
-  const auto r = ckpt::restore_process(options, line.callback());
+  const auto r = restore::restore_process(options, line.callback());
   line.finish();
   if (json) {
     std::cout << nlohmann::json{{"pid", r.pid},

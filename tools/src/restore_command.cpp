@@ -21,12 +21,10 @@
 #include "output.hpp"
 #include "run_command.hpp"
 #include "vmmckpt/protocol/control_messages.hpp"
-#include "vmmckpt/ckpt/driver.hpp"
 #include "vmmckpt/ckpt/process_image.hpp"
 #include "vmmckpt/ckpt/process_recovery.hpp"
-#include "vmmckpt/image/image.hpp"
 #include "vmmckpt/restore/handoff.hpp"
-#include "vmmckpt/restore/restore_plan.hpp"
+#include "vmmckpt/restore/tool/new_process.hpp"
 
 namespace vmmckpt::tools {
 namespace {
@@ -114,42 +112,20 @@ int restore_command(const restore_command_options& o, const std::vector<std::str
   if (o.json || o.trust_owner || !o.criu_args.empty())
     return report_failure("restore", false, "--json, --trust-owner and --criu-arg apply to whole-process images only",
                           exit_usage);
-  const bool replay = o.replay, verify_first = o.verify_first;
-  const int device = o.device;
-  // Refuse a bad image before anything starts: the program never sees it. (The restoring
-  // process checks every extent again as it loads: the image may change in between.)
-  const auto reader = image::reader::open(path);
-  if (verify_first)
-    reader.verify_data();
-  else
-    reader.verify_manifest();
-  if (const auto& lacking = reader.info().lacking; !lacking.empty())
+  restore::new_process_options plan;
+  plan.image = path;
+  plan.replay = o.replay;
+  plan.verify_data = o.verify_first;
+  plan.device = o.device;
+  auto start = restore::prepare_new_process(plan);
+  if (const auto& lacking = start.manifest.lacking; !lacking.empty())
     std::cerr << "cuda-ckpt restore: warning: " << path << " is a partial image: it lacks " << kinds_and_sizes(lacking)
               << " (memory vmmckpt did not own); the program gets back only its pool memory\n";
-  if (const auto& imports = reader.info().ipc_imports; !imports.empty())
+  if (const auto& imports = start.manifest.ipc_imports; !imports.empty())
     std::cerr << "cuda-ckpt restore: warning: the program had " << imports.size()
               << " allocation(s) of other processes mapped through CUDA IPC (process " << imports.front().exporter_pid
               << " first); they are not in the image and not mapped again: the program must open its handles again\n";
-  // The new process places its pools exactly where the image's were.
-  const auto plan = restore::plan_restore(reader.info(), path, device >= 0);
-  if (device >= 0) {
-    // Migration: the program's device becomes this machine's GPU `device`.
-    const driver_api& d = ckpt::driver();
-    if (d.cuInit(0) != CUDA_SUCCESS) throw image::image_error("--device: the CUDA driver finds no GPU here");
-    int count = 0;
-    d.cuDeviceGetCount(&count);
-    const std::string visible =
-        restore::visible_devices_for(plan.device, device, count, std::getenv("CUDA_VISIBLE_DEVICES"));
-    ::setenv("CUDA_VISIBLE_DEVICES", visible.c_str(), 1);
-  }
-  restore::handoff h;
-  h.image = std::filesystem::absolute(path).string();
-  h.how = replay ? restore::mode::replay : restore::mode::live;
-  h.pid = ::getpid();  // exec keeps the pid
-  h.pool_base = plan.pool_base;
-  h.pool_size = plan.pool_size;
-  h.vmm_base = plan.vmm_base;
-  h.vmm_window = plan.vmm_window;
+  restore::handoff& h = start.how;
   h.progress_fd = start_progress_reporter();
   if (struct stat st{}; h.progress_fd >= 0 && ::fstat(h.progress_fd, &st) == 0) h.progress_inode = st.st_ino;
   restore::export_to_environment(h);

@@ -16,9 +16,10 @@
 #include "output.hpp"
 #include "vmmckpt/ckpt/control_client.hpp"
 #include "vmmckpt/ckpt/leftovers.hpp"
-#include "vmmckpt/ckpt/process_checkpoint.hpp"
+#include "vmmckpt/ckpt/driver_checkpoint.hpp"
 #include "vmmckpt/ckpt/process_recovery.hpp"
 #include "vmmckpt/ckpt/suspend.hpp"
+#include "vmmckpt/restore/tool/resume.hpp"
 
 namespace vmmckpt::tools {
 
@@ -87,7 +88,7 @@ int resume_command(pid_t pid, bool as_json) {
   const std::string recovered = ckpt::recover_driver_state(pid);
   if (!recovered.empty() && !as_json) std::printf("process %d: %s\n", static_cast<int>(pid), recovered.c_str());
   progress_line line("resume", !as_json);
-  const auto r = ckpt::resume(pid, line.callback());
+  const auto r = restore::resume(pid, line.callback());
   line.finish();
   if (as_json) {
     std::cout << nlohmann::json{{"pid", pid}, {"bytes", r.bytes}, {"seconds", r.seconds}, {"image", r.image}}.dump(2)

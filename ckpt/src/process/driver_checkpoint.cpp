@@ -1,5 +1,5 @@
 // The driver's process checkpoint API for one process: each call, its failure said with the process and the error.
-#include "process/driver_checkpoint.hpp"
+#include "vmmckpt/ckpt/driver_checkpoint.hpp"
 
 #include <unistd.h>
 

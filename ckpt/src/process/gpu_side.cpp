@@ -1,10 +1,11 @@
-// One process's GPU side of a whole-process checkpoint run by CRIU: suspend, driver checkpoint, and back.
+// One process's GPU side of a whole-process checkpoint run by CRIU: suspend and driver checkpoint (the way
+// back is restore/tool's restore_gpu_side).
 #include "vmmckpt/ckpt/gpu_side.hpp"
 
 #include <chrono>
 
-#include "process/driver_checkpoint.hpp"
-#include "session.hpp"
+#include "vmmckpt/ckpt/control_client.hpp"
+#include "vmmckpt/ckpt/driver_checkpoint.hpp"
 #include "vmmckpt/ckpt/process_checkpoint.hpp"
 #include "vmmckpt/ckpt/processes.hpp"
 
@@ -49,16 +50,10 @@ suspend_result checkpoint_gpu_side(pid_t pid, const std::filesystem::path& gpu_i
     driver_checkpoint(pid);
   } catch (...) {
     if (locked) driver_unlock(pid);
-    resume(pid);
+    request_resume(pid, {});
     throw;
   }
   return s;
-}
-
-void restore_gpu_side(pid_t pid, const std::filesystem::path& gpu_image) {
-  recover_driver_state(pid);
-  session s(pid, session::expect::suspended, "resume", std::chrono::steady_clock::now() + std::chrono::minutes(10));
-  s.client().resume({}, gpu_image.string());
 }
 
 }  // namespace vmmckpt::ckpt

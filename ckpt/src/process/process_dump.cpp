@@ -13,7 +13,7 @@
 
 #include <chrono>
 
-#include "process/driver_checkpoint.hpp"
+#include "vmmckpt/ckpt/driver_checkpoint.hpp"
 #include "vmmckpt/ckpt/criu.hpp"
 #include "vmmckpt/ckpt/driver.hpp"
 #include "vmmckpt/ckpt/process_checkpoint.hpp"
@@ -328,7 +328,7 @@ void process_dump::finish() {
       checkpointed_.pop_back();
       driver_unlock(it->pid);
       locked_.pop_back();
-      resume(it->pid, progress_, d_.gpu_image(output_, it->pid));  // its part, renamed with the image
+      request_resume(it->pid, d_.gpu_image(output_, it->pid), progress_);  // its part, renamed with the image
       suspended_.pop_back();
     }
   } catch (const std::exception& e) {
@@ -363,7 +363,7 @@ std::string process_dump::undo() {
   continue_stopped();
   for (auto it = checkpointed_.rbegin(); it != checkpointed_.rend(); ++it) attempt(*it, [&] { driver_restore(*it); });
   for (auto it = locked_.rbegin(); it != locked_.rend(); ++it) attempt(*it, [&] { driver_unlock(*it); });
-  for (auto it = suspended_.rbegin(); it != suspended_.rend(); ++it) attempt(*it, [&] { resume(*it); });
+  for (auto it = suspended_.rbegin(); it != suspended_.rend(); ++it) attempt(*it, [&] { request_resume(*it, {}); });
   // A process that ended meanwhile has nothing to come back to from this dump. CRIU killed while its code was
   // in the process (injecting or removing it) ends it with SIGTRAP: only its last complete image brings it back.
   for (const auto& [pid, start] : record_.processes)

@@ -1,6 +1,6 @@
 // One process's GPU side of a whole-process checkpoint that CRIU runs itself, through the CRIU plugin
 // (criu/): its GPU memory suspended into a part of CRIU's image, what is left of its context checkpointed by
-// the driver, and back (docs/containers.md).
+// the driver. The way back is restore/tool's restore_gpu_side (docs/containers.md).
 #pragma once
 
 #include <sys/types.h>
@@ -22,10 +22,5 @@ bool has_gpu_side(pid_t pid);
 // (its mapping would be in the driver's checkpoint, that memory not in the image). On failure what was
 // done is undone (the process runs on, its memory back) and tool_error or driver_unavailable is thrown.
 suspend_result checkpoint_gpu_side(pid_t pid, const std::filesystem::path& gpu_image, std::chrono::milliseconds hold_deadline);
-
-// Back: the driver restores and unlocks its context when it left it checkpointed (or unlocks it when
-// locked), then the process loads its GPU memory from `gpu_image` (where it is now; the image must be the
-// one its suspend wrote). Throws tool_error.
-void restore_gpu_side(pid_t pid, const std::filesystem::path& gpu_image);
 
 }  // namespace vmmckpt::ckpt

@@ -1,5 +1,5 @@
-// Whole-process checkpoint and restart: the shim's suspend for the GPU memory, the driver's checkpoint
-// API for what is left of each CUDA context, and CRIU for the CPU side (docs/whole-process.md).
+// Whole-process checkpoint: the shim's suspend for the GPU memory, the driver's checkpoint API for what is
+// left of each CUDA context, and CRIU for the CPU side (docs/whole-process.md). The restore is restore/tool's.
 #pragma once
 
 #include <sys/types.h>
@@ -46,33 +46,5 @@ struct process_dump_result {
 // (process_recovery.hpp). Throws tool_error, criu_unavailable, driver_unavailable, image::image_error or
 // interrupted.
 process_dump_result dump_process(const process_dump_options& options, const progress_callback& progress = {});
-
-struct process_restore_options {
-  std::filesystem::path image;
-  bool verify_data = false;            // check every GPU byte's checksum before CRIU starts
-  bool trust_owner = false;            // as root: restore an image someone other than root may have written
-  std::vector<std::string> criu_args;  // more arguments for `criu restore`
-};
-
-struct process_restore_result {
-  pid_t pid = 0;  // the restored root process, running detached
-  process_image description;
-  double seconds = 0;
-  process_phases phases;
-};
-
-// Finds the image under any of its names (an unfinished dump's is completed first), refuses as root one that
-// someone else may have written (unless trust_owner), checks both parts and that every pid it names is one
-// CRIU's image restores, runs `criu restore` (detached), restores and unlocks each CUDA context with the
-// driver, then has each process load its GPU part from DIR/gpu/PID. The image is never changed. On failure
-// what CRIU brought back is killed and the reason is thrown: the pid in use, CRIU missing or too old, the
-// driver lacking the API, another GPU model, not enough memory.
-process_restore_result restore_process(const process_restore_options& options,
-                                       const progress_callback& progress = {});
-
-// For `cuda-ckpt resume PID` after a whole-process dump was stopped midway: a process the driver left
-// CHECKPOINTED is restored and unlocked, one left LOCKED unlocked. Returns what was done in words, or
-// "" when the process was RUNNING for the driver (or the driver or its API is not there).
-std::string recover_driver_state(pid_t pid);
 
 }  // namespace vmmckpt::ckpt

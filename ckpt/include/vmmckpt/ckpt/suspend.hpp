@@ -1,4 +1,4 @@
-// Suspend (save a live process's GPU memory, then free it) and resume (give it back).
+// Suspend (save a live process's GPU memory, then free it) and the request that gives it back.
 #pragma once
 
 #include <sys/types.h>
@@ -41,9 +41,12 @@ struct resume_result {
   std::string image;
 };
 
-// Gives a suspended program its GPU memory back from its image and lets it go on. `image`: where that image is
-// now (a whole-process dump's GPU part, renamed with its image); empty: where its suspend wrote it, else
-// under another of its names (process_recovery.hpp). The program takes only the image its suspend wrote.
-resume_result resume(pid_t pid, const progress_callback& progress = {}, const std::filesystem::path& image = {});
+// The request that ends a suspend: asks the suspended program to take its GPU memory back from `image` (empty:
+// where its suspend wrote it) and waits while it loads. `verb` names the command in messages; `recorded`, when
+// given, receives where the suspend wrote its image (from the program's hello) before the request goes out.
+// The program takes only the image its suspend wrote, and refuses another (control_error). The resume users
+// run, which also looks for an image renamed since, is restore/tool's (vmmckpt/restore/tool/resume.hpp).
+resume_result request_resume(pid_t pid, const std::filesystem::path& image, const progress_callback& progress = {},
+                             const char* verb = "resume", std::filesystem::path* recorded = nullptr);
 
 }  // namespace vmmckpt::ckpt

@@ -20,4 +20,9 @@ void driver_checkpoint(pid_t pid);
 void driver_restore(pid_t pid);
 void driver_unlock(pid_t pid);
 
+// For `cuda-ckpt resume PID` after a whole-process dump was stopped midway: a process the driver left
+// CHECKPOINTED is restored and unlocked, one left LOCKED unlocked. Returns what was done in words, or
+// "" when the process was RUNNING for the driver (or the driver or its API is not there).
+std::string recover_driver_state(pid_t pid);
+
 }  // namespace vmmckpt::ckpt

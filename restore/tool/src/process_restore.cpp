@@ -11,20 +11,22 @@
 #include <future>
 #include <thread>
 
-#include "process/driver_checkpoint.hpp"
-#include "session.hpp"
+#include "vmmckpt/restore/tool/process_restore.hpp"
+
 #include "vmmckpt/ckpt/criu.hpp"
+#include "vmmckpt/ckpt/driver_checkpoint.hpp"
 #include "vmmckpt/ckpt/driver.hpp"
 #include "vmmckpt/ckpt/image_owner.hpp"
-#include "vmmckpt/ckpt/process_checkpoint.hpp"
 #include "vmmckpt/ckpt/process_recovery.hpp"
 #include "vmmckpt/ckpt/processes.hpp"
+#include "vmmckpt/ckpt/suspend.hpp"
 #include "vmmckpt/support/fault_point.hpp"
 #include "vmmckpt/support/hex_text.hpp"
 #include "vmmckpt/image/image.hpp"
 #include "vmmckpt/protocol/suspend_claim.hpp"
 
-namespace vmmckpt::ckpt {
+namespace vmmckpt::restore {
+using namespace ckpt;  // this file is the restore of what ckpt dumped: its names throughout
 namespace fs = std::filesystem;
 namespace {
 
@@ -133,15 +135,7 @@ void bring_back_gpu_state(const fs::path& image, const process_image& d, const p
   }
   mark("driver restored");
   fault_point("restore:driver-restored");
-  for (const auto& m : d.processes) {
-    session s(m.pid, session::expect::suspended, "restore", clock::now() + std::chrono::minutes(10));
-    control_client::progress_handler loading;
-    if (progress)
-      loading = [&](const control::progress_frame& f) {
-        progress({copy_progress::stage::loading, f.bytes_done, f.bytes_total, 0});
-      };
-    s.client().resume(loading, d.gpu_image(image, m.pid).string());
-  }
+  for (const auto& m : d.processes) request_resume(m.pid, d.gpu_image(image, m.pid), progress, "restore");
   mark("resumed");
 }
 
@@ -231,4 +225,9 @@ process_restore_result restore_process(const process_restore_options& o, const p
   return r;
 }
 
-}  // namespace vmmckpt::ckpt
+void restore_gpu_side(pid_t pid, const std::filesystem::path& gpu_image) {
+  recover_driver_state(pid);
+  request_resume(pid, gpu_image);
+}
+
+}  // namespace vmmckpt::restore

@@ -1,0 +1,24 @@
+// The resume request: a suspended program loads its image itself; the tool only asks and waits.
+#include <chrono>
+#include <filesystem>
+
+#include "session.hpp"
+#include "vmmckpt/ckpt/suspend.hpp"
+
+namespace vmmckpt::ckpt {
+
+resume_result request_resume(pid_t pid, const std::filesystem::path& image, const progress_callback& progress,
+                             const char* verb, std::filesystem::path* recorded) {
+  // A long wait: tens of GiB from a slow disk take minutes.
+  session s(pid, session::expect::suspended, verb, std::chrono::steady_clock::now() + std::chrono::minutes(10));
+  if (recorded != nullptr) *recorded = s.hello().image;
+  control_client::progress_handler loading;
+  if (progress)
+    loading = [&](const control::progress_frame& f) {
+      progress({copy_progress::stage::loading, f.bytes_done, f.bytes_total, 0});
+    };
+  const auto r = s.client().resume(loading, image.string());
+  return {r.bytes, r.seconds, r.image};
+}
+
+}  // namespace vmmckpt::ckpt
