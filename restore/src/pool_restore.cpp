@@ -28,9 +28,8 @@ status place_allocations(const image::manifest& m, mode how, const pool_for_devi
     for (const image::pool& p : m.pools) {
       if (p.kind == image::pool_kind::vmm) continue;  // the shim's VMM registry rebuilds those
       device_pool* pool = nullptr;
-      if (const CUresult e = pool_for(p.device, pool); e != CUDA_SUCCESS)
-        return failure(e, "restore: no pool on device {} (CUDA error {}); see the error above", p.device,
-                       static_cast<int>(e));
+      if (const status got = pool_for(p.device, pool); !got.ok())
+        return failure(got.code(), "restore: no pool on device {}: {}", p.device, got.message());
       if (pool->base() != p.base || pool->size() != p.size)
         return failure(CUDA_ERROR_INVALID_VALUE, "restore: the image's pool is [{}, +{}) but this process's is [{}, +{})",
                        hex(p.base), p.size, hex(pool->base()), pool->size());

@@ -48,4 +48,12 @@ CLI::Option* add_image(CLI::App* command, std::string& path) {
   return command->add_option("image,-D", path, "Image directory")->required()->type_name("DIR");
 }
 
+void add_held_image(CLI::App* command, held_image_options& o, const std::string& output_help,
+                    const std::string& deadline_help) {
+  add_pid(command, o.pid, "The process (running under vmmckpt)");
+  command->add_option("-o,--output,-D", o.output, output_help)->type_name("DIR");
+  command->add_flag("--json", o.json, "Print the result as JSON");
+  add_hold_deadline(command, o.hold_deadline, deadline_help);
+}
+
 }  // namespace vmmckpt::tools

@@ -21,6 +21,18 @@ CLI::Option* add_hold_deadline(CLI::App* command, std::chrono::seconds& hold_dea
 // cuda-checkpoint spell it; one of the two, each listed once in the help.
 void add_pid(CLI::App* command, pid_t& pid, const std::string& what);
 
+// What every command that holds a program and writes its image takes (dump, suspend).
+struct held_image_options {
+  pid_t pid = 0;
+  std::string output;  // empty: the command's default place
+  bool json = false;
+  std::chrono::seconds hold_deadline{60};
+};
+
+// Registers the process, -o/--output/-D DIR, --json and --deadline, each with its command's words.
+void add_held_image(CLI::App* command, held_image_options& o, const std::string& output_help,
+                    const std::string& deadline_help);
+
 // An image directory read by inspect, verify, cat, merge, rm and restore: a positional, or -D DIR.
 CLI::Option* add_image(CLI::App* command, std::string& path);
 

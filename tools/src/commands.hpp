@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_options.hpp"
 #include "vmmckpt/image/image.hpp"
 
 namespace CLI {
@@ -41,11 +42,7 @@ int check_command(pid_t pid, bool json);
 
 inline constexpr int default_full_every = 8;
 
-struct dump_command_options {
-  pid_t pid = 0;
-  std::string output;  // empty: ./vmmckpt-<pid>-<time>
-  bool json = false;
-  std::chrono::seconds hold_deadline{60};
+struct dump_command_options : held_image_options {  // output empty: ./vmmckpt-<pid>-<time>
   std::string chunk = "32M";
   std::string staging = "1G";
   int streams = 2;
@@ -68,11 +65,9 @@ int verify_process_command(const std::string& image, bool json);
 int restore_process_command(const std::string& image, bool json, bool verify_data, bool trust_owner,
                             const std::vector<std::string>& criu_args);
 
-struct suspend_command_options {
-  pid_t pid = 0;
-  std::string output;  // empty: /dev/shm/vmmckpt-<uid>/suspend-<pid>-<time>
-  bool json = false;
-  std::chrono::seconds hold_deadline{120};
+struct suspend_command_options : held_image_options {
+  // output empty: /dev/shm/vmmckpt-<uid>/suspend-<pid>-<time>
+  suspend_command_options() { hold_deadline = std::chrono::seconds(120); }
   int writers = 0;  // 0: ckpt::default_writers()
   bool verify = false;
   bool allow_partial = false;

@@ -224,14 +224,9 @@ int dump_command(const dump_command_options& o) {
 subcommand add_dump(CLI::App& app) {
   auto o = std::make_shared<dump_command_options>();
   auto* command = app.add_subcommand("dump", "Write a consistent image of a running process's GPU memory");
-  add_pid(command, o->pid, "The process (running under vmmckpt)");
-  command->add_option("-o,--output,-D", o->output,
-                   "Image directory to create (default ./vmmckpt-PID-TIME; also -D DIR)")
-      ->type_name("DIR");
-  command->add_flag("--json", o->json, "Print the result as JSON");
-  add_hold_deadline(command, o->hold_deadline,
-                    "Give up after this many whole seconds (1 to 3600), connecting and preparing included; the "
-                    "program is released by then, dump or not");
+  add_held_image(command, *o, "Image directory to create (default ./vmmckpt-PID-TIME; also -D DIR)",
+                 "Give up after this many whole seconds (1 to 3600), connecting and preparing included; the "
+                 "program is released by then, dump or not");
   command->add_option("--chunk", o->chunk, "Staging buffer size, 1M to 1G (K/M/G suffixes)")
       ->capture_default_str()->type_name("SIZE");
   command->add_option("--staging", o->staging,

@@ -112,14 +112,10 @@ int resume_command(pid_t pid, bool as_json) {
 subcommand add_suspend(CLI::App& app) {
   auto o = std::make_shared<suspend_command_options>();
   auto* command = app.add_subcommand("suspend", "Save a process's GPU memory and free it; the process waits");
-  add_pid(command, o->pid, "The process (running under vmmckpt)");
-  command->add_option("-o,--output,-D", o->output,
-                      "Image directory (default /dev/shm/vmmckpt-UID/suspend-PID-TIME, removed by resume; also -D DIR)")
-      ->type_name("DIR");
-  command->add_flag("--json", o->json, "Print the result as JSON");
-  add_hold_deadline(command, o->hold_deadline,
-                    "Give up after this many whole seconds (1 to 3600), connecting and saving included: the "
-                    "program is then released, not suspended");
+  add_held_image(command, *o,
+                 "Image directory (default /dev/shm/vmmckpt-UID/suspend-PID-TIME, removed by resume; also -D DIR)",
+                 "Give up after this many whole seconds (1 to 3600), connecting and saving included: the "
+                 "program is then released, not suspended");
   command->add_flag("--verify", o->verify,
                     "Read the image back and check every checksum before the memory is freed");
   command->add_flag("--allow-partial", o->allow_partial,

@@ -25,13 +25,10 @@ nlohmann::ordered_json to_json(const std::vector<ipc_import>& imports) {
 std::vector<ipc_import> ipc_imports_from_json(const json& root) {
   std::vector<ipc_import> out;
   if (optional_field(root, "ipc_imports") == nullptr) return out;
-  const json& list = array_of(root, "", "ipc_imports");
-  for (std::size_t i = 0; i < list.size(); ++i) {
-    const std::string p = index("ipc_imports", i);
-    const json& j = object_at(list[i], p);
+  for_each_object(root, "", "ipc_imports", [&](const json& j, const std::string& p) {
     out.push_back({i64_of(j, p, "exporter_pid"), address_of(j, p, "exporter_base"), u64_of(j, p, "size"),
                    address_of(j, p, "addr"), string_of(j, p, "device_uuid")});
-  }
+  });
   return out;
 }
 

@@ -241,16 +241,10 @@ vmm_layout vmm_layout_from_json(const json& j, const std::string& path) {
   l.windows.base = address_of(j, path, "window_base");
   l.windows.window = u64_of(j, path, "window_size");
   l.next_token = u64_of(j, path, "next_token");
-  const json& reservations = array_of(j, path, "reservations");
-  for (std::size_t i = 0; i < reservations.size(); ++i) {
-    const std::string p = at(path, "reservations", i);
-    const json& o = object_at(reservations[i], p);
+  for_each_object(j, path, "reservations", [&](const json& o, const std::string& p) {
     l.reservations.push_back({address_of(o, p, "addr"), u64_of(o, p, "size"), int_of(o, p, "device")});
-  }
-  const json& handles = array_of(j, path, "handles");
-  for (std::size_t i = 0; i < handles.size(); ++i) {
-    const std::string p = at(path, "handles", i);
-    const json& o = object_at(handles[i], p);
+  });
+  for_each_object(j, path, "handles", [&](const json& o, const std::string& p) {
     vmm_handle h;
     h.token = address_of(o, p, "token");
     h.size = u64_of(o, p, "size");
@@ -259,31 +253,19 @@ vmm_layout vmm_layout_from_json(const json& j, const std::string& path) {
     h.refs = u32_of(o, p, "refs");
     h.properties = properties_at(field(o, p, "properties"), join(p, "properties"));
     l.handles.push_back(h);
-  }
-  const json& mappings = array_of(j, path, "mappings");
-  for (std::size_t i = 0; i < mappings.size(); ++i) {
-    const std::string p = at(path, "mappings", i);
-    const json& o = object_at(mappings[i], p);
+  });
+  for_each_object(j, path, "mappings", [&](const json& o, const std::string& p) {
     l.mappings.push_back({address_of(o, p, "addr"), u64_of(o, p, "size"), address_of(o, p, "token"), u64_of(o, p, "offset")});
-  }
-  const json& access = array_of(j, path, "access");
-  for (std::size_t i = 0; i < access.size(); ++i) {
-    const std::string p = at(path, "access", i);
-    const json& o = object_at(access[i], p);
+  });
+  for_each_object(j, path, "access", [&](const json& o, const std::string& p) {
     vmm_access_range a{address_of(o, p, "addr"), u64_of(o, p, "size"), {}};
-    const json& rights = array_of(o, p, "rights");
-    for (std::size_t k = 0; k < rights.size(); ++k) {
-      const std::string q = index(join(p, "rights"), k);
-      const json& x = object_at(rights[k], q);
+    for_each_object(o, p, "rights", [&](const json& x, const std::string& q) {
       a.access.push_back({int_of(x, q, "type"), int_of(x, q, "id"), u64_of(x, q, "flags")});
-    }
+    });
     l.access.push_back(std::move(a));
-  }
+  });
   if (optional_field(j, "imports") != nullptr) {
-    const json& imports = array_of(j, path, "imports");
-    for (std::size_t i = 0; i < imports.size(); ++i) {
-      const std::string p = at(path, "imports", i);
-      const json& o = object_at(imports[i], p);
+    for_each_object(j, path, "imports", [&](const json& o, const std::string& p) {
       vmm_import x;
       x.addr = address_of(o, p, "addr");
       x.size = u64_of(o, p, "size");
@@ -294,7 +276,7 @@ vmm_layout vmm_layout_from_json(const json& j, const std::string& path) {
       x.handle_size = u64_of(o, p, "handle_size");
       x.device_uuid = string_of(o, p, "device_uuid");
       l.imports.push_back(std::move(x));
-    }
+    });
   }
   return l;
 }

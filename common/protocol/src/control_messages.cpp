@@ -59,14 +59,11 @@ ojson encode_not_owned(const std::vector<not_owned_memory>& list) {
 std::vector<not_owned_memory> decode_not_owned(const json& root) {
   std::vector<not_owned_memory> out;
   if (optional_field(root, "not_owned") == nullptr) return out;
-  const json& list = array_of(root, "", "not_owned");
-  for (std::size_t i = 0; i < list.size(); ++i) {
-    const std::string p = index("not_owned", i);
-    const json& m = object_at(list[i], p);
+  for_each_object(root, "", "not_owned", [&](const json& m, const std::string& p) {
     not_owned_memory entry{string_of(m, p, "kind"), u64_of(m, p, "bytes")};
     if (entry.kind.empty()) throw decode_error(join(p, "kind") + ": empty");
     out.push_back(std::move(entry));
-  }
+  });
   return out;
 }
 
@@ -104,10 +101,7 @@ hello_reply decode_hello(const json& root) {
   r.state = enum_at(field(root, "", "state"), "state", all_states);
   if (r.state == process_state::suspended) r.image = string_of(root, "", "image");
   r.devices = decode_devices(root);
-  const json& pools = array_of(root, "", "pools");
-  for (std::size_t i = 0; i < pools.size(); ++i) {
-    const std::string p = index("pools", i);
-    const json& pj = object_at(pools[i], p);
+  for_each_object(root, "", "pools", [&](const json& pj, const std::string& p) {
     pool_summary s;
     s.device = int_of(pj, p, "device");
     s.base = address_of(pj, p, "base");
@@ -117,7 +111,7 @@ hello_reply decode_hello(const json& root) {
     s.backed_bytes = u64_of(pj, p, "backed_bytes");
     s.vmm = decode_kind(pj, p);
     r.pools.push_back(s);
-  }
+  });
   r.not_owned = decode_not_owned(root);
   // Optional: a process older than the field is idle as far as this tool can tell.
   if (const json* a = optional_field(root, "activity")) r.activity = enum_at(*a, "activity", all_activities);
@@ -130,10 +124,7 @@ dump_begin_reply decode_dump_begin(const json& root) {
   r.fd_count = u32_of(root, "", "fd_count");
   r.hold_deadline = std::chrono::milliseconds(u32_of(root, "", "hold_deadline_ms"));
   r.devices = decode_devices(root);
-  const json& pools = array_of(root, "", "pools");
-  for (std::size_t i = 0; i < pools.size(); ++i) {
-    const std::string p = index("pools", i);
-    const json& pj = object_at(pools[i], p);
+  for_each_object(root, "", "pools", [&](const json& pj, const std::string& p) {
     pool_contents c;
     c.device = int_of(pj, p, "device");
     c.base = address_of(pj, p, "base");
@@ -150,7 +141,7 @@ dump_begin_reply decode_dump_begin(const json& root) {
     }
     c.vmm = decode_kind(pj, p);
     r.pools.push_back(std::move(c));
-  }
+  });
   if (const json* vmm = optional_field(root, "vmm")) r.vmm = vmm_layout_from_json(*vmm, "vmm");
   r.not_owned = decode_not_owned(root);
   r.ipc_imports = ipc_imports_from_json(root);  // a process older than the list maps nothing through IPC
@@ -161,12 +152,9 @@ suspend_reply decode_suspend(const json& root) {
   suspend_reply r;
   r.freed_bytes = u64_of(root, "", "freed_bytes");
   r.held_us = u64_of(root, "", "held_us");
-  const json& devices = array_of(root, "", "devices");
-  for (std::size_t i = 0; i < devices.size(); ++i) {
-    const std::string p = index("devices", i);
-    const json& d = object_at(devices[i], p);
+  for_each_object(root, "", "devices", [&](const json& d, const std::string& p) {
     r.devices.push_back({int_of(d, p, "device"), u64_of(d, p, "used_bytes_after")});
-  }
+  });
   return r;
 }
 

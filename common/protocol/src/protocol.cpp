@@ -91,29 +91,24 @@ class deadline {
   clock::time_point end_;
 };
 
-enum class wait_result { ready, timed_out, failed };
-
-// Waits until fd is ready for `events` or the deadline passes. The socket calls themselves
-// use MSG_DONTWAIT, so a spurious wake-up only costs another turn of the caller's loop.
-wait_result wait_for(int fd, short events, const deadline& until, int& err) noexcept {
+// Waits until fd is ready for `events` or the deadline passes; false, with `error` set (timed out, or poll
+// failed), when it is not ready. The socket calls themselves use MSG_DONTWAIT, so a spurious wake-up only costs
+// another turn of the caller's loop.
+bool wait_for(int fd, short events, const deadline& until, failure& error) noexcept {
   for (;;) {
     pollfd p{fd, events, 0};
     int r = ::poll(&p, 1, until.poll_ms());
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      err = errno;
-      return wait_result::failed;
+    if (r < 0 && errno == EINTR) continue;
+    const int err = r < 0 ? errno : (p.revents & POLLNVAL) != 0 ? EBADF : 0;
+    if (err != 0) {
+      set_error(error, failure_kind::system, {"poll failed: ", errno_text(err)});
+      return false;
     }
-    if (r == 0) {
-      if (until.passed()) return wait_result::timed_out;
-      continue;
+    if (r > 0) return true;  // POLLERR / POLLHUP: the send or recv that follows reports what happened
+    if (until.passed()) {
+      set_error(error, failure_kind::timed_out, {"timed out"});
+      return false;
     }
-    if (p.revents & POLLNVAL) {
-      err = EBADF;
-      return wait_result::failed;
-    }
-    // POLLERR / POLLHUP: the send or recv that follows reports what happened.
-    return wait_result::ready;
   }
 }
 
@@ -184,17 +179,7 @@ bool read_exact(int fd, unsigned char* buf, std::size_t length, received_fds& rx
                 std::size_t frame_done, std::size_t frame_total, failure& error) noexcept {
   std::size_t done = 0;
   while (done < length) {
-    int err = 0;
-    switch (wait_for(fd, POLLIN, until, err)) {
-      case wait_result::ready:
-        break;
-      case wait_result::timed_out:
-        set_error(error, failure_kind::timed_out, {"timed out"});
-        return false;
-      case wait_result::failed:
-        set_error(error, failure_kind::system, {"poll failed: ", errno_text(err)});
-        return false;
-    }
+    if (!wait_for(fd, POLLIN, until, error)) return false;
     alignas(cmsghdr) unsigned char control[recv_control_size];
     iovec v{buf + done, length - done};
     msghdr msg{};
@@ -204,7 +189,7 @@ bool read_exact(int fd, unsigned char* buf, std::size_t length, received_fds& rx
     msg.msg_controllen = sizeof control;
     ssize_t r = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
     if (r < 0) {
-      err = errno;
+      const int err = errno;
       if (err == EINTR || err == EAGAIN || err == EWOULDBLOCK) continue;
       if (err == ECONNRESET || err == EPIPE) {
         set_error(error, failure_kind::connection_closed, {"connection closed"});
@@ -557,17 +542,8 @@ bool send_frame(int fd, const std::string& payload, const std::vector<int>& fds,
     int err = r == 0 ? EPIPE : errno;
     if (err == EINTR) continue;
     if (err == EAGAIN || err == EWOULDBLOCK) {
-      int poll_err = 0;
-      switch (wait_for(fd, POLLOUT, until, poll_err)) {
-        case wait_result::ready:
-          continue;
-        case wait_result::timed_out:
-          set_error(error, failure_kind::timed_out, {"timed out"});
-          return false;
-        case wait_result::failed:
-          set_error(error, failure_kind::system, {"poll failed: ", errno_text(poll_err)});
-          return false;
-      }
+      if (!wait_for(fd, POLLOUT, until, error)) return false;
+      continue;
     }
     if (err == EPIPE || err == ECONNRESET) {
       set_error(error, failure_kind::connection_closed, {"connection closed"});

@@ -40,7 +40,7 @@ CUresult stream_device(CUstream stream, int& ordinal) {
 
 CUresult pool_allocate(int ordinal, std::size_t size, alloc_api api, CUdeviceptr& out) {
   if (!restore_ready()) return CUDA_ERROR_OUT_OF_MEMORY;
-  return allocate_in_pool(ordinal, size, api, out);
+  return allocate_in_pool(ordinal, size, api, out).code();
 }
 
 bool pool_free(CUdeviceptr addr, CUresult& result) {

@@ -105,6 +105,23 @@ namespace {
 // every memory call fails, as the pool's do.
 bool restore_failed() noexcept { return shim_active() && !restore_ready(); }
 
+// The start every recording VMM entry point shares: the driver there, no failed restore, and this process's
+// VMM state when the shim records and the call is `ours` (else the driver's own call, `pass`). `body` runs with
+// the gate open for no work and the state locked.
+template <typename Pass, typename Body>
+CUresult with_recorded_state(bool ours, Pass&& pass, Body&& body) noexcept {
+  return guarded(CUDA_ERROR_UNKNOWN, [&] {
+    const driver_api* d = driver();
+    if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+    if (restore_failed()) return CUDA_ERROR_OUT_OF_MEMORY;
+    vmm_state* s = ours && shim_active() ? existing_state() : nullptr;
+    if (s == nullptr) return pass(d);
+    gate_scope scope(gate_scope::no_work);
+    std::unique_lock lock(s->mutex);
+    return body(d, s, lock);
+  });
+}
+
 }  // namespace
 
 VMMCKPT_EXPORT CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment, CUdeviceptr addr,
@@ -128,7 +145,7 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr* ptr, size_t siz
     }
     gate_scope scope(gate_scope::no_work);
     std::lock_guard lock(s.mutex);
-    if (reserve_windows(s, device) != CUDA_SUCCESS) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!reserve_windows(s, device).ok()) return CUDA_ERROR_OUT_OF_MEMORY;
     std::uint64_t ours = 0;
     const vmm_status placed = s.registry.reserve(device, size, alignment, addr, ours);
     if (placed == vmm_status::invalid_value) return CUDA_ERROR_INVALID_VALUE;
@@ -154,14 +171,8 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr* ptr, size_t siz
 }
 
 VMMCKPT_EXPORT CUresult CUDAAPI cuMemAddressFree(CUdeviceptr ptr, size_t size) {
-  return guarded(CUDA_ERROR_UNKNOWN, [&] {
-    const driver_api* d = driver();
-    if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-    if (restore_failed()) return CUDA_ERROR_OUT_OF_MEMORY;
-    vmm_state* s = shim_active() ? existing_state() : nullptr;
-    if (s == nullptr) return d->cuMemAddressFree(ptr, size);
-    gate_scope scope(gate_scope::no_work);
-    std::unique_lock lock(s->mutex);
+  return with_recorded_state(true, [&](const driver_api* d) { return d->cuMemAddressFree(ptr, size); },
+                             [&](const driver_api* d, vmm_state* s, std::unique_lock<std::mutex>& lock) {
     const vmm_status st = s->registry.check_free(ptr, size);
     if (st == vmm_status::not_found) return d->cuMemAddressFree(ptr, size);
     if (st != vmm_status::ok) return CUDA_ERROR_INVALID_VALUE;
@@ -236,14 +247,8 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* handle
 }
 
 VMMCKPT_EXPORT CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle) {
-  return guarded(CUDA_ERROR_UNKNOWN, [&] {
-    const driver_api* d = driver();
-    if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-    if (restore_failed()) return CUDA_ERROR_OUT_OF_MEMORY;
-    vmm_state* s = shim_active() ? existing_state() : nullptr;
-    if (s == nullptr) return d->cuMemRelease(handle);
-    gate_scope scope(gate_scope::no_work);
-    std::unique_lock lock(s->mutex);
+  return with_recorded_state(true, [&](const driver_api* d) { return d->cuMemRelease(handle); },
+                             [&](const driver_api* d, vmm_state* s, std::unique_lock<std::mutex>& lock) {
     if (looks_like_vmm_token(handle)) {
       std::vector<std::uint64_t> released;
       const vmm_status st = s->registry.release(handle, released);
@@ -262,14 +267,8 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle
 
 VMMCKPT_EXPORT CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
                                          unsigned long long flags) {
-  return guarded(CUDA_ERROR_UNKNOWN, [&] {
-    const driver_api* d = driver();
-    if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-    if (restore_failed()) return CUDA_ERROR_OUT_OF_MEMORY;
-    vmm_state* s = shim_active() ? existing_state() : nullptr;
-    if (s == nullptr) return d->cuMemMap(ptr, size, offset, handle, flags);
-    gate_scope scope(gate_scope::no_work);
-    std::lock_guard lock(s->mutex);
+  return with_recorded_state(true, [&](const driver_api* d) { return d->cuMemMap(ptr, size, offset, handle, flags); },
+                             [&](const driver_api* d, vmm_state* s, std::unique_lock<std::mutex>&) {
     if (dead_token(*s, handle)) return CUDA_ERROR_INVALID_VALUE;
     const CUresult e = d->cuMemMap(ptr, size, offset, real_handle(*s, handle), flags);
     if (e != CUDA_SUCCESS) return e;
@@ -288,14 +287,8 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t of
 }
 
 VMMCKPT_EXPORT CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
-  return guarded(CUDA_ERROR_UNKNOWN, [&] {
-    const driver_api* d = driver();
-    if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-    if (restore_failed()) return CUDA_ERROR_OUT_OF_MEMORY;
-    vmm_state* s = shim_active() ? existing_state() : nullptr;
-    if (s == nullptr) return d->cuMemUnmap(ptr, size);
-    gate_scope scope(gate_scope::no_work);
-    std::unique_lock lock(s->mutex);
+  return with_recorded_state(true, [&](const driver_api* d) { return d->cuMemUnmap(ptr, size); },
+                             [&](const driver_api* d, vmm_state* s, std::unique_lock<std::mutex>& lock) {
     const CUresult e = d->cuMemUnmap(ptr, size);
     if (e != CUDA_SUCCESS) return e;
     std::vector<std::uint64_t> released;
@@ -307,14 +300,8 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
 }
 
 VMMCKPT_EXPORT CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count) {
-  return guarded(CUDA_ERROR_UNKNOWN, [&] {
-    const driver_api* d = driver();
-    if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-    if (restore_failed()) return CUDA_ERROR_OUT_OF_MEMORY;
-    vmm_state* s = shim_active() ? existing_state() : nullptr;
-    if (s == nullptr) return d->cuMemSetAccess(ptr, size, desc, count);
-    gate_scope scope(gate_scope::no_work);
-    std::lock_guard lock(s->mutex);
+  return with_recorded_state(true, [&](const driver_api* d) { return d->cuMemSetAccess(ptr, size, desc, count); },
+                             [&](const driver_api* d, vmm_state* s, std::unique_lock<std::mutex>&) {
     const CUresult e = d->cuMemSetAccess(ptr, size, desc, count);
     if (e != CUDA_SUCCESS || desc == nullptr || count == 0) return e;
     try {
@@ -363,14 +350,9 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemRetainAllocationHandle(CUmemGenericAllocati
 
 VMMCKPT_EXPORT CUresult CUDAAPI cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop,
                                                                        CUmemGenericAllocationHandle handle) {
-  return guarded(CUDA_ERROR_UNKNOWN, [&] {
-    const driver_api* d = driver();
-    if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-    if (restore_failed()) return CUDA_ERROR_OUT_OF_MEMORY;
-    vmm_state* s = shim_active() && looks_like_vmm_token(handle) ? existing_state() : nullptr;
-    if (s == nullptr) return d->cuMemGetAllocationPropertiesFromHandle(prop, handle);
-    gate_scope scope(gate_scope::no_work);  // a suspended program's handles have no driver handle under them
-    std::lock_guard lock(s->mutex);
+  return with_recorded_state(looks_like_vmm_token(handle), [&](const driver_api* d) { return d->cuMemGetAllocationPropertiesFromHandle(prop, handle); },
+                             [&](const driver_api* d, vmm_state* s, std::unique_lock<std::mutex>&) {
+    // a suspended program's handles have no driver handle under them
     const vmm_handle* h = s->registry.live_handle(handle);
     if (h == nullptr) return CUDA_ERROR_INVALID_VALUE;  // dead_token(): never the driver's
     const CUresult e = d->cuMemGetAllocationPropertiesFromHandle(prop, h->real);
@@ -382,14 +364,9 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemGetAllocationPropertiesFromHandle(CUmemAllo
 
 VMMCKPT_EXPORT CUresult CUDAAPI cuMemExportToShareableHandle(void* shareable, CUmemGenericAllocationHandle handle,
                                                              CUmemAllocationHandleType type, unsigned long long flags) {
-  return guarded(CUDA_ERROR_UNKNOWN, [&] {
-    const driver_api* d = driver();
-    if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-    if (restore_failed()) return CUDA_ERROR_OUT_OF_MEMORY;
-    vmm_state* s = shim_active() && looks_like_vmm_token(handle) ? existing_state() : nullptr;
-    if (s == nullptr) return d->cuMemExportToShareableHandle(shareable, handle, type, flags);
-    gate_scope scope(gate_scope::no_work);  // a suspended program's handles have no driver handle under them
-    std::lock_guard lock(s->mutex);
+  return with_recorded_state(looks_like_vmm_token(handle), [&](const driver_api* d) { return d->cuMemExportToShareableHandle(shareable, handle, type, flags); },
+                             [&](const driver_api* d, vmm_state* s, std::unique_lock<std::mutex>&) {
+    // a suspended program's handles have no driver handle under them
     const vmm_handle* h = s->registry.live_handle(handle);
     if (h == nullptr) return CUDA_ERROR_INVALID_VALUE;  // dead_token(): never the driver's
     // A type the program did not ask for is refused, as the driver refuses it (the FD is ours).

@@ -13,6 +13,7 @@
 #include "memory/peer_requests.hpp"
 #include "core/real_symbols.hpp"
 #include "vmmckpt/support/log.hpp"
+#include "vmmckpt/support/status.hpp"
 #include "vmmckpt/pool/pool_layout.hpp"
 #include "vmmckpt/protocol/protocol.hpp"
 #include "vmmckpt/pool/range_allocator.hpp"
@@ -66,20 +67,21 @@ void unmap(const driver_api& d, import_table& t, const import_record& r) {
   if (t.window.retire(r.window)) t.window.reclaim_retired();
 }
 
-// Maps the pieces of an ipc_open reply; CUDA_SUCCESS with `r` filled, or the error (nothing left mapped).
-CUresult map_import(const driver_api& d, import_table& t, const control::ipc_open_reply& reply, std::vector<int>& fds,
+// Maps the pieces of an ipc_open reply, filling `r`; or why not (nothing left mapped).
+status map_import(const driver_api& d, import_table& t, const control::ipc_open_reply& reply, std::vector<int>& fds,
                     CUdevice device, import_record& r) {
   std::uint64_t size = 0;
   for (const auto& p : reply.pieces) size = std::max(size, p.offset + p.size);
   if (reply.pieces.size() != fds.size() || size == 0 || size % vmm_granularity != 0 || reply.base_offset >= size)
-    return CUDA_ERROR_MAP_FAILED;
+    return failure(CUDA_ERROR_MAP_FAILED, "ipc: the exporter's answer describes no memory to map");
   r.window_size = size;
   const std::optional<std::uint64_t> hint = t.window.allocate(size);
   CUdeviceptr window = 0;
   CUresult e = d.cuMemAddressReserve(&window, size, vmm_granularity, hint.value_or(0), 0);
   if (e != CUDA_SUCCESS) {
     if (hint && t.window.retire(*hint)) t.window.reclaim_retired();
-    return e == CUDA_ERROR_OUT_OF_MEMORY ? e : CUDA_ERROR_MAP_FAILED;
+    return failure(e == CUDA_ERROR_OUT_OF_MEMORY ? e : CUDA_ERROR_MAP_FAILED,
+                   "ipc: reserving {} bytes for imported memory failed: CUDA error {}", size, static_cast<int>(e));
   }
   if (hint && window != *hint && t.window.retire(*hint)) t.window.reclaim_retired();
   r.window = window;
@@ -99,12 +101,12 @@ CUresult map_import(const driver_api& d, import_table& t, const control::ipc_ope
   }
   protocol::close_all(fds);
   if (e != CUDA_SUCCESS) {
-    log::warn("ipc: mapping {} imported bytes failed: CUDA error {}", size, static_cast<int>(e));
     unmap(d, t, r);
-    return e == CUDA_ERROR_OUT_OF_MEMORY ? e : CUDA_ERROR_MAP_FAILED;
+    return failure(e == CUDA_ERROR_OUT_OF_MEMORY ? e : CUDA_ERROR_MAP_FAILED,
+                   "ipc: mapping {} imported bytes failed: CUDA error {}", size, static_cast<int>(e));
   }
   r.device_uuid = reply.device_uuid;
-  return CUDA_SUCCESS;
+  return {};
 }
 
 }  // namespace
@@ -189,7 +191,7 @@ bool open_import(const unsigned char (&bytes)[ipc_handle_size], unsigned int fla
   }
   import_record r;
   r.handle = h;
-  result = map_import(*d, t, std::get<control::ipc_open_reply>(reply), fds, device, r);
+  result = map_import(*d, t, std::get<control::ipc_open_reply>(reply), fds, device, r).code();
   if (result != CUDA_SUCCESS) {
     lock.unlock();
     tell_exporter_closed(h);

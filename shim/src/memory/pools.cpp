@@ -76,43 +76,39 @@ void after_fork_in_child() {
 }
 
 // `lasting`: the failure will not go away by trying again (the range is taken, the device unsuitable).
-CUresult create_pool(registry& r, int ordinal, device_slot& slot, bool& lasting) {
+// The driver not ready (no cuInit, no device) is no news: the caller sees that error, and it is not logged.
+status create_pool(registry& r, int ordinal, device_slot& slot, bool& lasting) {
   const driver_api* d = driver();
-  if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (d == nullptr) return status(CUDA_ERROR_NOT_INITIALIZED, "no CUDA driver");
   const pool_config& cfg = r.config;
   CUresult e = d->cuInit(0);
-  if (e != CUDA_SUCCESS) return e;
+  if (e != CUDA_SUCCESS) return status(e, "cuInit failed");
   CUdevice device;
-  if ((e = d->cuDeviceGet(&device, ordinal)) != CUDA_SUCCESS) return e;
+  if ((e = d->cuDeviceGet(&device, ordinal)) != CUDA_SUCCESS) return status(e, "no such device");
   CUcontext primary;
-  if ((e = d->cuDevicePrimaryCtxRetain(&primary, device)) != CUDA_SUCCESS) return e;
+  if ((e = d->cuDevicePrimaryCtxRetain(&primary, device)) != CUDA_SUCCESS) return status(e, "no primary context");
 
   const CUmemAllocationProp prop = cuda_backend::allocation_properties(device);
   size_t granularity = 0;
   e = d->cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
-  if (e != CUDA_SUCCESS) {
-    log::error("device {}: cannot read the VMM granularity (error {}); no pool", ordinal, static_cast<int>(e));
-    return e;
-  }
-  if (granularity == 0 || large_alignment % granularity != 0 || cfg.size % granularity != 0) {
-    log::error("device {}: VMM granularity {} does not divide 2 MiB; no pool", ordinal, granularity);
-    return CUDA_ERROR_NOT_SUPPORTED;
-  }
+  if (e != CUDA_SUCCESS)
+    return failure(e, "device {}: cannot read the VMM granularity (error {}); no pool", ordinal, static_cast<int>(e));
+  if (granularity == 0 || large_alignment % granularity != 0 || cfg.size % granularity != 0)
+    return failure(CUDA_ERROR_NOT_SUPPORTED, "device {}: VMM granularity {} does not divide 2 MiB; no pool", ordinal,
+                   granularity);
 
   const std::uint64_t base = cfg.device_base(ordinal);
   std::uint64_t moved_to = 0;
   e = reserve_exactly(*d, base, cfg.size, granularity, moved_to);
-  if (moved_to != 0) {
-    log::error("device {}: the pool range [{:#x}, {:#x}) is taken in this process (the driver offered {:#x}); "
-               "set VMMCKPT_POOL_BASE to a free range. Allocations on this device will fail.",
-               ordinal, base, base + cfg.size, moved_to);
-    return CUDA_ERROR_OUT_OF_MEMORY;
-  }
-  if (e != CUDA_SUCCESS) {
-    log::error("device {}: reserving the pool [{:#x}, {:#x}) failed (error {}); allocations will fail",
-               ordinal, base, base + cfg.size, static_cast<int>(e));
-    return CUDA_ERROR_OUT_OF_MEMORY;
-  }
+  if (moved_to != 0)
+    return failure(CUDA_ERROR_OUT_OF_MEMORY,
+                   "device {}: the pool range [{:#x}, {:#x}) is taken in this process (the driver offered {:#x}); "
+                   "set VMMCKPT_POOL_BASE to a free range. Allocations on this device will fail.",
+                   ordinal, base, base + cfg.size, moved_to);
+  if (e != CUDA_SUCCESS)
+    return failure(CUDA_ERROR_OUT_OF_MEMORY,
+                   "device {}: reserving the pool [{:#x}, {:#x}) failed (error {}); allocations will fail", ordinal,
+                   base, base + cfg.size, static_cast<int>(e));
 
   pool_policy policy;
   policy.granularity = granularity;
@@ -127,13 +123,13 @@ CUresult create_pool(registry& r, int ordinal, device_slot& slot, bool& lasting)
     slot.owner.reset();
     slot.backend.reset();
     d->cuMemAddressFree(base, cfg.size);
-    log::warn("device {}: no memory for the pool's bookkeeping; the allocation fails", ordinal);
     lasting = false;
-    return CUDA_ERROR_OUT_OF_MEMORY;
+    return failure(CUDA_ERROR_OUT_OF_MEMORY, "device {}: no memory for the pool's bookkeeping; the allocation fails",
+                   ordinal);
   }
   slot.pool.store(slot.owner.get(), std::memory_order_release);
   log::info("device {}: pool of {} GiB reserved at {:#x}", ordinal, cfg.size >> 30, base);
-  return CUDA_SUCCESS;
+  return {};
 }
 
 }  // namespace
@@ -142,18 +138,16 @@ bool shim_active() { return !the_registry().forked_child.load(std::memory_order_
 
 void step_aside_in_child() { the_registry().forked_child.store(true); }
 
-CUresult acquire_pool(int ordinal, device_pool*& pool) {
+status acquire_pool(int ordinal, device_pool*& pool) {
   registry& r = the_registry();
-  if (ordinal < 0 || ordinal >= max_devices) {
-    log::error("device {}: vmmckpt serves devices 0 to {}", ordinal, max_devices - 1);
-    return CUDA_ERROR_INVALID_DEVICE;
-  }
+  if (ordinal < 0 || ordinal >= max_devices)
+    return failure(CUDA_ERROR_INVALID_DEVICE, "device {}: vmmckpt serves devices 0 to {}", ordinal, max_devices - 1);
   device_slot& slot = r.slots[ordinal];
-  if ((pool = slot.pool.load(std::memory_order_acquire)) != nullptr) return CUDA_SUCCESS;
+  if ((pool = slot.pool.load(std::memory_order_acquire)) != nullptr) return {};
 
   std::lock_guard lock(r.mutex);
-  if ((pool = slot.pool.load(std::memory_order_acquire)) != nullptr) return CUDA_SUCCESS;
-  if (slot.failure != CUDA_SUCCESS) return slot.failure;
+  if ((pool = slot.pool.load(std::memory_order_acquire)) != nullptr) return {};
+  if (slot.failure != CUDA_SUCCESS) return status(slot.failure, "device " + std::to_string(ordinal) + ": no pool (said before)");
   if (!r.config_read) {
     r.config = pool_config_from_env(r.config_error);
     r.config_read = true;
@@ -162,22 +156,22 @@ CUresult acquire_pool(int ordinal, device_pool*& pool) {
     std::call_once(fork_handlers, [] { pthread_atfork(before_fork, after_fork_in_parent, after_fork_in_child); });
   }
   if (!r.config_error.empty()) {
-    log::error("{}; no pool, allocations will fail", r.config_error);
     slot.failure = CUDA_ERROR_OUT_OF_MEMORY;
-    return slot.failure;
+    return failure(slot.failure, "{}; no pool, allocations will fail", r.config_error);
   }
   bool lasting = true;
-  const CUresult e = create_pool(r, ordinal, slot, lasting);
-  if (e != CUDA_SUCCESS) {
+  status made = create_pool(r, ordinal, slot, lasting);
+  if (!made.ok()) {
     // Driver not ready yet (no cuInit, no device) is the caller's error to see
     // again next time; a pool that cannot be placed stays refused.
-    if (lasting && (e == CUDA_ERROR_OUT_OF_MEMORY || e == CUDA_ERROR_NOT_SUPPORTED)) slot.failure = e;
-    return e;
+    if (lasting && (made.code() == CUDA_ERROR_OUT_OF_MEMORY || made.code() == CUDA_ERROR_NOT_SUPPORTED))
+      slot.failure = made.code();
+    return made;
   }
   pool = slot.pool.load();
   if (active_pools().size() > 1) several_pools_exist.store(true, std::memory_order_relaxed);
   note_served_memory();  // first CUDA use: from now on cuda-ckpt can reach this process
-  return CUDA_SUCCESS;
+  return {};
 }
 
 int pool_device_containing(std::uint64_t addr) {
@@ -200,29 +194,26 @@ std::uint32_t pool_peers(int ordinal) {
   return the_registry().slots[ordinal].granted.load(std::memory_order_acquire);
 }
 
-CUresult grant_pool_access(int owner, int device) {
+status grant_pool_access(int owner, int device) {
   if (owner < 0 || owner >= max_devices || device < 0 || device >= max_devices || owner == device)
-    return CUDA_ERROR_INVALID_DEVICE;
+    return status(CUDA_ERROR_INVALID_DEVICE, "no such pair of devices");
   registry& r = the_registry();
   device_slot& slot = r.slots[owner];
   const std::uint32_t bit = 1U << device;
-  if ((slot.granted.load(std::memory_order_acquire) & bit) != 0) return CUDA_SUCCESS;
+  if ((slot.granted.load(std::memory_order_acquire) & bit) != 0) return {};
   std::lock_guard lock(r.grant_mutex);
-  if ((slot.granted.load(std::memory_order_acquire) & bit) != 0) return CUDA_SUCCESS;
+  if ((slot.granted.load(std::memory_order_acquire) & bit) != 0) return {};
   // Segments mapped from now on get the access; then those mapped before. A mapping runs under the
   // pool's lock, which the walk takes after the store: each segment is either in the walk or mapped
   // after the store, seeing it.
   slot.mapped_for.fetch_or(bit, std::memory_order_acq_rel);
-  CUresult e = CUDA_SUCCESS;
   if (device_pool* pool = slot.pool.load(std::memory_order_acquire))
-    e = slot.backend->grant_existing(*pool, static_cast<CUdevice>(device));
-  if (e != CUDA_SUCCESS) {
-    log::warn("device {}: giving device {} access to the pool failed (error {})", owner, device, static_cast<int>(e));
-    return e;
-  }
+    if (const CUresult e = slot.backend->grant_existing(*pool, static_cast<CUdevice>(device)); e != CUDA_SUCCESS)
+      return failure(e, "device {}: giving device {} access to the pool failed (error {})", owner, device,
+                     static_cast<int>(e));
   slot.granted.fetch_or(bit, std::memory_order_release);
   log::info("device {}: pool memory accessible from device {} too", owner, device);
-  return CUDA_SUCCESS;
+  return {};
 }
 
 std::vector<active_pool> active_pools() {
@@ -264,23 +255,23 @@ CUresult to_cuda_result(pool_status status, int backend_error) {
   return CUDA_ERROR_UNKNOWN;
 }
 
-CUresult allocate_in_pool(int ordinal, std::size_t size, alloc_api api, CUdeviceptr& out) {
+status allocate_in_pool(int ordinal, std::size_t size, alloc_api api, CUdeviceptr& out) {
   // The allocation table must not change while a dump holds the program; no GPU work is submitted.
   gate_scope scope(gate_scope::no_work);
   device_pool* pool = nullptr;
-  CUresult e = acquire_pool(ordinal, pool);
-  if (e != CUDA_SUCCESS) return e;
+  VMMCKPT_TRY(acquire_pool(ordinal, pool));
   std::uint64_t addr = 0;
   int backend_error = 0;
-  const pool_status status = pool->allocate(size, api, addr, &backend_error);
-  if (status != pool_status::ok) {
-    e = to_cuda_result(status, backend_error);
+  const pool_status result = pool->allocate(size, api, addr, &backend_error);
+  if (result != pool_status::ok) {
+    // Running out is the program's business (PyTorch frees its cache and tries again): said at info, not warn.
+    const CUresult e = to_cuda_result(result, backend_error);
     log::info("{} of {} bytes on device {} failed: error {}", name_of(api), size, ordinal, static_cast<int>(e));
-    return e;
+    return status(e, "out of pool memory");
   }
   out = addr;
   log::at(log::level::trace, "{} {} bytes -> {:#x}", name_of(api), size, addr);
-  return CUDA_SUCCESS;
+  return {};
 }
 
 void free_in_pool(CUdeviceptr addr) noexcept {

@@ -9,6 +9,7 @@
 
 #include "vmmckpt/pool/device_pool.hpp"
 #include "vmmckpt/restore/upload.hpp"
+#include "vmmckpt/support/status.hpp"
 
 namespace vmmckpt::detail {
 
@@ -19,16 +20,15 @@ bool shim_active();
 // aside just as it does when the parent had pools.
 void step_aside_in_child();
 
-// The pool of a device ordinal, created on first use. CUDA_SUCCESS with the
-// pool, or the error to give the caller (the reason is logged once).
-CUresult acquire_pool(int ordinal, device_pool*& pool);
+// The pool of a device ordinal, created on first use; or why not (logged once where it arose).
+status acquire_pool(int ordinal, device_pool*& pool);
 
 // The pool whose address range holds addr, if that pool exists.
 device_pool* pool_containing(std::uint64_t addr);
 
 // An allocation from device `ordinal`'s pool, as every door into the pool makes it: not while a dump holds
 // the program (the gate), logged. The entry points' pool_allocate restores an image first (entry_points.hpp).
-CUresult allocate_in_pool(int ordinal, std::size_t size, alloc_api api, CUdeviceptr& out);
+status allocate_in_pool(int ordinal, std::size_t size, alloc_api api, CUdeviceptr& out);
 // Gives back an allocation nothing else knows of yet (one whose record could not be made).
 void free_in_pool(CUdeviceptr addr) noexcept;
 // The device of that pool, or -1.
@@ -45,7 +45,7 @@ inline std::atomic<bool> several_pools_exist{false};
 std::uint32_t pool_peers(int ordinal);
 // Gives `device` access to the pool of `owner`, now or whenever that pool comes to exist; the caller
 // knows the pair can access each other. Access once given stays.
-CUresult grant_pool_access(int owner, int device);
+status grant_pool_access(int owner, int device);
 
 // Bytes the program could still allocate from pools of this device without
 // new physical memory (backed but not live): added to the driver's free figure.
@@ -62,7 +62,7 @@ std::vector<active_pool> active_pools();
 // when this is called: for an upload, during which nothing maps or unmaps.
 restore::backed_memory pool_memory_backed();
 
-// CUresult for a pool_status.
+// The CUDA error a pool_status stands for, at the exported edge.
 CUresult to_cuda_result(pool_status status, int backend_error);
 
 }  // namespace vmmckpt::detail

@@ -84,8 +84,9 @@ std::optional<CUresult> allocate_from_program_pool(CUdeviceptr* dptr, std::size_
   }
   // Memory from the shim's pool is valid at once, which satisfies stream order too.
   CUdeviceptr got = 0;
-  const CUresult e = allocate_in_pool(device, bytes, alloc_api::cu_mem_alloc_from_pool_async, got);
-  if (e != CUDA_SUCCESS) return e;
+  if (const status allocated = allocate_in_pool(device, bytes, alloc_api::cu_mem_alloc_from_pool_async, got);
+      !allocated.ok())
+    return allocated.code();
   try {
     std::lock_guard lock(t.mutex);
     served_pool& p = t.pools.at(pool);  // a destroy meanwhile leaves the record while this is live
@@ -155,7 +156,7 @@ void program_pool_access(CUmemoryPool pool, const CUmemAccessDesc* desc, std::si
   for (std::size_t i = 0; i < count; ++i)
     if (desc[i].location.type == CU_MEM_LOCATION_TYPE_DEVICE && desc[i].location.id != owner &&
         desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE)
-      grant_pool_access(owner, desc[i].location.id);
+      (void)grant_pool_access(owner, desc[i].location.id);  // a failure is logged
 } catch (...) {
   // No memory for the table: no pool is served.
 }

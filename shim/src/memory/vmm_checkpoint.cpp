@@ -99,13 +99,11 @@ status rebuild_locked(const driver_api& d, vmm_state& s) noexcept {
 void map_imports_again(const driver_api& d, vmm_state& s, const std::vector<vmm_import>& imports) {
   for (const vmm_import& x : imports) {
     CUmemGenericAllocationHandle real = 0;
-    std::string why;
-    CUresult e = import_again(x, real, why);
-    if (e == CUDA_SUCCESS) {
-      e = d.cuMemMap(x.addr, x.size, x.offset, real, 0);
-      if (e != CUDA_SUCCESS) why = "mapping it failed: CUDA error " + std::to_string(e);
-    }
-    if (e == CUDA_SUCCESS) {
+    status mapped = import_again(x, real);
+    if (mapped.ok())
+      if (const CUresult e = d.cuMemMap(x.addr, x.size, x.offset, real, 0); e != CUDA_SUCCESS)
+        mapped = status(e, "mapping it failed: CUDA error " + std::to_string(e));
+    if (mapped.ok()) {
       s.registry.add_import(real, x);  // the one reference, as the program's import had
       s.registry.map(x.addr, x.size, x.offset, real);
       log::info("restore: {} bytes of process {}'s VMM handle {} mapped again at {}", x.size, x.exporter_pid,
@@ -116,7 +114,7 @@ void map_imports_again(const driver_api& d, vmm_state& s, const std::vector<vmm_
     std::vector<std::uint64_t> none;
     s.registry.unmap(x.addr, x.size, none);  // its access rights go with it
     log::warn("restore: process {}'s VMM memory that the image maps at {} ({} bytes) is not mapped again: {}",
-              x.exporter_pid, hex(x.addr), x.size, why);
+              x.exporter_pid, hex(x.addr), x.size, mapped.message());
   }
 }
 
@@ -290,9 +288,9 @@ status vmm_restore_layout(const image::manifest& m) noexcept {
     // The reservations are carved out of the windows, as the program's own are: only the windows are the
     // driver's to reserve.
     for (const vmm_reservation& r : l.reservations)
-      if (const CUresult e = reserve_windows(s, r.device); e != CUDA_SUCCESS)
-        return failure(e, "restore: device {}'s VMM window at {} cannot be reserved in this process (CUDA error {})",
-                       r.device, hex(s.config.device_base(r.device)), static_cast<int>(e));
+      if (const status reserved = reserve_windows(s, r.device); !reserved.ok())
+        return failure(reserved.code(), "restore: {} at {} in this process", reserved.message(),
+                       hex(s.config.device_base(r.device)));
     if (!s.registry.load(l))
       return failure(CUDA_ERROR_INVALID_VALUE,
                      "restore: the image's VMM windows (base {}, window {}) are not this process's (base {}, window {})",

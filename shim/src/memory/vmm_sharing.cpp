@@ -244,37 +244,33 @@ void tell_unshared(const std::vector<vmm_import>& dropped) noexcept {
   }
 }
 
-CUresult import_again(const vmm_import& x, CUmemGenericAllocationHandle& real, std::string& why) noexcept {
+status import_again(const vmm_import& x, CUmemGenericAllocationHandle& real) noexcept {
   try {
     const driver_api* d = driver();
-    if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+    if (d == nullptr) return status(CUDA_ERROR_NOT_INITIALIZED, "no CUDA driver");
     const auto pid = static_cast<pid_t>(x.exporter_pid);
-    if (!suspend_claim::alive(pid, x.exporter_start)) {
-      why = "process " + std::to_string(pid) + " that exported it is gone";
-      return CUDA_ERROR_INVALID_HANDLE;
-    }
+    if (!suspend_claim::alive(pid, x.exporter_start))
+      return status(CUDA_ERROR_INVALID_HANDLE, "process " + std::to_string(pid) + " that exported it is gone");
     std::vector<int> fds;
     bool gone = false;
     const auto payload = ask_process(pid, control::vmm_share_request{x.token}, {}, identify_timeout_ms, fds, gone);
     if (!payload) {
       protocol::close_all(fds);
-      why = "process " + std::to_string(pid) + " did not answer";
-      return CUDA_ERROR_INVALID_HANDLE;
+      return status(CUDA_ERROR_INVALID_HANDLE, "process " + std::to_string(pid) + " did not answer");
     }
     const auto reply = control::decode_reply<control::vmm_share_reply>(*payload);
     if (const auto* refused = std::get_if<control::failure_reply>(&reply); refused != nullptr || fds.size() != 1) {
       protocol::close_all(fds);
-      why = "process " + std::to_string(pid) + " refused: " + (refused ? refused->error : "no descriptor sent");
-      return CUDA_ERROR_INVALID_HANDLE;
+      return status(CUDA_ERROR_INVALID_HANDLE,
+                    "process " + std::to_string(pid) + " refused: " + (refused ? refused->error : "no descriptor sent"));
     }
     const CUresult e = d->cuMemImportFromShareableHandle(
         &real, reinterpret_cast<void*>(static_cast<std::intptr_t>(fds[0])), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
     protocol::close_all(fds);
-    if (e != CUDA_SUCCESS) why = "importing it failed: CUDA error " + std::to_string(e);
-    return e;
+    if (e != CUDA_SUCCESS) return status(e, "importing it failed: CUDA error " + std::to_string(e));
+    return {};
   } catch (const std::exception& e) {
-    why = e.what();
-    return CUDA_ERROR_OUT_OF_MEMORY;
+    return status(CUDA_ERROR_OUT_OF_MEMORY, e.what());
   }
 }
 

@@ -18,6 +18,7 @@
 
 #include "vmmckpt/protocol/control_messages.hpp"
 #include "vmmckpt/pool/vmm_layout.hpp"
+#include "vmmckpt/support/status.hpp"
 
 namespace vmmckpt::detail {
 
@@ -40,8 +41,8 @@ std::vector<pid_t> vmm_importers();
 std::optional<vmm_import> identify_import(int fd) noexcept;
 // Tells each exporter that this process maps those handles no more.
 void tell_unshared(const std::vector<vmm_import>& dropped) noexcept;
-// A restore: the exporter's handle imported again (a new FD asked for by vmm_share). CUDA_SUCCESS with the
-// driver's handle in `real`, or why not in `why`.
-CUresult import_again(const vmm_import& x, CUmemGenericAllocationHandle& real, std::string& why) noexcept;
+// A restore: the exporter's handle imported again (a new FD asked for by vmm_share), the driver's handle in
+// `real`; or why not (not logged: the caller says what it leaves unmapped).
+status import_again(const vmm_import& x, CUmemGenericAllocationHandle& real) noexcept;
 
 }  // namespace vmmckpt::detail

@@ -31,9 +31,9 @@ std::atomic<vmm_state*> g_state{nullptr};
 
 }  // namespace
 
-CUresult reserve_windows(vmm_state& s, int device) {
+status reserve_windows(vmm_state& s, int device) {
   const driver_api* d = driver();
-  if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (d == nullptr) return status(CUDA_ERROR_NOT_INITIALIZED, "no CUDA driver");
   if (s.windows[0] == CUDA_ERROR_NOT_INITIALIZED) {
     int count = 0;
     if (d->cuDeviceGetCount == nullptr || d->cuDeviceGetCount(&count) != CUDA_SUCCESS || count <= 0) count = device + 1;
@@ -57,13 +57,17 @@ CUresult reserve_windows(vmm_state& s, int device) {
                    i, base, base + s.config.window, static_cast<int>(s.windows[i]), i);
     }
   }
-  if (device < 0 || device >= max_devices) return CUDA_ERROR_INVALID_DEVICE;
+  if (device < 0 || device >= max_devices)
+    return status(CUDA_ERROR_INVALID_DEVICE, "device " + std::to_string(device) + " is no device vmmckpt serves");
   if (s.windows[device] == CUDA_ERROR_INVALID_DEVICE) {
     // A device cuDeviceGetCount did not count (it can change with CUDA_VISIBLE_DEVICES only before cuInit).
     std::uint64_t moved_to = 0;
     s.windows[device] = reserve_exactly(*d, s.config.device_base(device), s.config.window, vmm_granularity, moved_to);
   }
-  return s.windows[device];
+  if (s.windows[device] == CUDA_SUCCESS) return {};
+  // Logged when it was tried: the status only names it.
+  return status(s.windows[device], "device " + std::to_string(device) + "'s VMM window is not reserved (CUDA error " +
+                                       std::to_string(static_cast<int>(s.windows[device])) + ")");
 }
 
 vmm_state& vmm_state_for_recording() {

@@ -12,6 +12,7 @@
 
 #include "vmmckpt/pool/pool_layout.hpp"
 #include "vmmckpt/pool/vmm_registry.hpp"
+#include "vmmckpt/support/status.hpp"
 
 namespace vmmckpt::detail {
 
@@ -35,9 +36,9 @@ struct vmm_state {
 };
 
 // Under the state's mutex: every device's window reserved from the driver, the first time (all at once, so
-// that no range the driver places for itself meanwhile lands in a later one). CUDA_SUCCESS when `device`'s
+// that no range the driver places for itself meanwhile lands in a later one). Success when `device`'s
 // window is reserved; a window that cannot be had is logged once, naming the range and VMMCKPT_VMM_BASE.
-CUresult reserve_windows(vmm_state& s, int device);
+status reserve_windows(vmm_state& s, int device);
 
 // Created by the first call that records something (the windows read from the environment then);
 // never destroyed (threads may call at exit).

@@ -14,7 +14,7 @@
 namespace vmmckpt::restore {
 
 // The pool of a device ordinal in this process, created on first use (the shim's acquire_pool).
-using pool_for_device = std::function<CUresult(int ordinal, device_pool*& pool)>;
+using pool_for_device = std::function<status(int ordinal, device_pool*& pool)>;
 // The pool that starts at base in this process, or null.
 using pool_at_base = std::function<device_pool*(std::uint64_t base)>;
 

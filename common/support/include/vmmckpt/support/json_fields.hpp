@@ -77,4 +77,16 @@ inline const json& object_of(const json& o, const std::string& path, const char*
   return object_at(field(o, path, key), join(path, key));
 }
 
+// Calls each(object, its path) for every element of the array `key` of `o`, each of which must be an object:
+// the readers' walk over a list, with the path ("pools[3]") that an error names.
+template <typename Each>
+void for_each_object(const json& o, const std::string& path, const char* key, Each&& each) {
+  const json& list = array_of(o, path, key);
+  const std::string list_path = join(path, key);
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    const std::string p = index(list_path, i);
+    each(object_at(list[i], p), p);
+  }
+}
+
 }  // namespace vmmckpt::json_fields
