@@ -65,10 +65,14 @@ int main(int argc, char** argv) {
   std::vector<std::uint64_t> thread_counts = {1, 8};
   double scale = 1.0;
   bench::parse_options(argc, argv, [&](const std::string& a, const std::string& v) {
-    if (a == "--sizes") sizes = bench::parse_u64_list(v);
-    else if (a == "--threads") thread_counts = bench::parse_u64_list(v);
-    else if (a == "--scale") scale = std::strtod(v.c_str(), nullptr);
-    else return false;
+    if (a == "--sizes")
+      sizes = bench::parse_u64_list(v);
+    else if (a == "--threads")
+      thread_counts = bench::parse_u64_list(v);
+    else if (a == "--scale")
+      scale = std::strtod(v.c_str(), nullptr);
+    else
+      return false;
     return true;
   });
   if (sizes.empty() || thread_counts.empty() || !(scale > 0)) bench::usage_error(argv[0], "empty list or bad --scale");

@@ -83,8 +83,7 @@ void fragmentation() {
 
 // Every thread's per-pair latencies in nanoseconds, all threads starting together on one pool.
 // wall_s: from the start (all threads released together) until the last thread finished.
-std::vector<double> time_pairs(vmmckpt::device_pool& pool, std::uint64_t size, int threads, int pairs,
-                               double& wall_s) {
+std::vector<double> time_pairs(vmmckpt::device_pool& pool, std::uint64_t size, int threads, int pairs, double& wall_s) {
   std::vector<std::vector<double>> per_thread(threads);
   std::chrono::steady_clock::time_point started;
   std::barrier start(threads, [&]() noexcept { started = std::chrono::steady_clock::now(); });

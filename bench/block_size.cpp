@@ -37,8 +37,8 @@ int main(int argc, char** argv) {
     const std::uint64_t changes = live / (100ULL << 20);
     std::printf("%9lluK %12.2f %14llu %13.1fM %15.1fM%s\n", static_cast<unsigned long long>(block >> 10),
                 static_cast<double>(data.size()) / best / 1e9, static_cast<unsigned long long>(blocks),
-                static_cast<double>(blocks * 16) / (1 << 20),
-                static_cast<double>(changes * block) / (1 << 20), sink == 42 ? " " : "");
+                static_cast<double>(blocks * 16) / (1 << 20), static_cast<double>(changes * block) / (1 << 20),
+                sink == 42 ? " " : "");
   }
   return 0;
 }

@@ -76,13 +76,18 @@ int main(int argc, char** argv) {
   int batches = 1000;
   std::size_t bytes = 256;
   bench::parse_options(argc, argv, [&](const std::string& a, const std::string& v) {
-    if (a == "--calls") calls = std::strtol(v.c_str(), nullptr, 0);
-    else if (a == "--batches") batches = std::atoi(v.c_str());
-    else if (a == "--bytes") bytes = std::strtoull(v.c_str(), nullptr, 0);
-    else return false;
+    if (a == "--calls")
+      calls = std::strtol(v.c_str(), nullptr, 0);
+    else if (a == "--batches")
+      batches = std::atoi(v.c_str());
+    else if (a == "--bytes")
+      bytes = std::strtoull(v.c_str(), nullptr, 0);
+    else
+      return false;
     return true;
   });
-  if (calls <= 0 || batches <= 0 || bytes == 0) bench::usage_error(argv[0], "--calls, --batches and --bytes must be positive");
+  if (calls <= 0 || batches <= 0 || bytes == 0)
+    bench::usage_error(argv[0], "--calls, --batches and --bytes must be positive");
 
   VMMCKPT_CHECK(cuInit(0));
   CUdevice dev;

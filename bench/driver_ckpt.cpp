@@ -40,8 +40,8 @@ const char* state_name(CUprocessState s) {
 [[noreturn]] void fail(int pid, const char* what, CUresult r) {
   CUprocessState state = CU_PROCESS_STATE_RUNNING;
   const bool known = cuCheckpointProcessGetState(pid, &state) == CUDA_SUCCESS;
-  std::fprintf(stderr, "vmmckpt_bench_driver_ckpt: %s(%d) failed: %s (process state: %s)\n", what, pid,
-               error_name(r), known ? state_name(state) : "unknown");
+  std::fprintf(stderr, "vmmckpt_bench_driver_ckpt: %s(%d) failed: %s (process state: %s)\n", what, pid, error_name(r),
+               known ? state_name(state) : "unknown");
   if (known && state == CU_PROCESS_STATE_LOCKED) {
     CUcheckpointUnlockArgs unlock{};
     cuCheckpointProcessUnlock(pid, &unlock);
@@ -75,7 +75,8 @@ int main(int argc, char** argv) {
     CUcheckpointLockArgs lock{};
     lock.timeoutMs = 0;  // wait as long as it takes: the caller's own timeout bounds the run
     auto t = bench::clock_type::now();
-    if (const CUresult r = cuCheckpointProcessLock(pid, &lock); r != CUDA_SUCCESS) fail(pid, "cuCheckpointProcessLock", r);
+    if (const CUresult r = cuCheckpointProcessLock(pid, &lock); r != CUDA_SUCCESS)
+      fail(pid, "cuCheckpointProcessLock", r);
     lock_s = bench::seconds_since(t);
 
     CUcheckpointCheckpointArgs checkpoint{};

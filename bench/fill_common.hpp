@@ -63,16 +63,23 @@ inline fill_options parse_fill_options(int argc, char** argv) {
       if (i + 1 >= argc) usage_error(argv[0], a + " needs a value");
       return argv[++i];
     };
-    if (a == "--gib") o.bytes = static_cast<std::uint64_t>(std::strtod(value().c_str(), nullptr) * (1ULL << 30));
-    else if (a == "--mib") o.bytes = std::strtoull(value().c_str(), nullptr, 0) << 20;
-    else if (a == "--piece-mib") o.piece_bytes = std::strtoull(value().c_str(), nullptr, 0) << 20;
-    else if (a == "--piece-bytes") o.piece_bytes = std::strtoull(value().c_str(), nullptr, 0);
-    else if (a == "--pointers") o.pointers = value();
-    else if (a == "--until") o.until = value();
+    if (a == "--gib")
+      o.bytes = static_cast<std::uint64_t>(std::strtod(value().c_str(), nullptr) * (1ULL << 30));
+    else if (a == "--mib")
+      o.bytes = std::strtoull(value().c_str(), nullptr, 0) << 20;
+    else if (a == "--piece-mib")
+      o.piece_bytes = std::strtoull(value().c_str(), nullptr, 0) << 20;
+    else if (a == "--piece-bytes")
+      o.piece_bytes = std::strtoull(value().c_str(), nullptr, 0);
+    else if (a == "--pointers")
+      o.pointers = value();
+    else if (a == "--until")
+      o.until = value();
     else if (a == "--verify-pointers") {
       o.pointers = value();
       o.verify_only = true;
-    } else usage_error(argv[0], "unknown option " + a);
+    } else
+      usage_error(argv[0], "unknown option " + a);
   }
   if (o.pointers.empty()) usage_error(argv[0], "--pointers FILE or --verify-pointers FILE is required");
   if (o.bytes == 0 || o.piece_bytes == 0 || o.bytes % 8 != 0 || o.piece_bytes % 8 != 0)
@@ -121,8 +128,10 @@ inline std::vector<piece> read_pointers(const std::string& path) {
 }
 
 inline bool report_check(std::uint64_t mismatches) {
-  if (mismatches == 0) std::printf("check ok\n");
-  else std::printf("check FAILED %llu\n", static_cast<unsigned long long>(mismatches));
+  if (mismatches == 0)
+    std::printf("check ok\n");
+  else
+    std::printf("check FAILED %llu\n", static_cast<unsigned long long>(mismatches));
   std::fflush(stdout);
   return mismatches == 0;
 }

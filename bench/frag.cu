@@ -35,7 +35,8 @@ class device_memory {
     void* lib = ::dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
     if (lib == nullptr) return;
     auto init = reinterpret_cast<int (*)()>(::dlsym(lib, "nvmlInit_v2"));
-    auto by_bus = reinterpret_cast<int (*)(const char*, nvml_device*)>(::dlsym(lib, "nvmlDeviceGetHandleByPciBusId_v2"));
+    auto by_bus =
+        reinterpret_cast<int (*)(const char*, nvml_device*)>(::dlsym(lib, "nvmlDeviceGetHandleByPciBusId_v2"));
     get_info_ = reinterpret_cast<int (*)(nvml_device, nvml_memory*)>(::dlsym(lib, "nvmlDeviceGetMemoryInfo"));
     char bus_id[64] = {};
     if (init == nullptr || by_bus == nullptr || get_info_ == nullptr || init() != 0 ||
@@ -69,10 +70,14 @@ int main(int argc, char** argv) {
   long steps = 20000;
   std::uint64_t seed = 42;
   bench::parse_options(argc, argv, [&](const std::string& a, const std::string& v) {
-    if (a == "--live-gib") live_gib = std::strtod(v.c_str(), nullptr);
-    else if (a == "--steps") steps = std::strtol(v.c_str(), nullptr, 0);
-    else if (a == "--seed") seed = std::strtoull(v.c_str(), nullptr, 0);
-    else return false;
+    if (a == "--live-gib")
+      live_gib = std::strtod(v.c_str(), nullptr);
+    else if (a == "--steps")
+      steps = std::strtol(v.c_str(), nullptr, 0);
+    else if (a == "--seed")
+      seed = std::strtoull(v.c_str(), nullptr, 0);
+    else
+      return false;
     return true;
   });
   if (!(live_gib > 0) || steps < 0) bench::usage_error(argv[0], "bad --live-gib or --steps");

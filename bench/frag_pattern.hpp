@@ -29,8 +29,8 @@ struct frag_rng {
 // allocates a new one. allocate(size) returns a handle, release(handle) frees it; sample() is called
 // after the rise and every 500 steps. Returns the live bytes at the end; `live` holds what is left.
 template <typename Handle, typename Allocate, typename Release, typename Sample>
-std::uint64_t run_frag_pattern(std::uint64_t target, long steps, std::uint64_t seed, Allocate allocate,
-                               Release release, Sample sample, std::vector<std::pair<Handle, std::uint64_t>>& live) {
+std::uint64_t run_frag_pattern(std::uint64_t target, long steps, std::uint64_t seed, Allocate allocate, Release release,
+                               Sample sample, std::vector<std::pair<Handle, std::uint64_t>>& live) {
   frag_rng r{seed};
   std::uint64_t live_bytes = 0;
   auto add = [&] {

@@ -27,9 +27,7 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-double seconds_since(clock_type::time_point t) {
-  return std::chrono::duration<double>(clock_type::now() - t).count();
-}
+double seconds_since(clock_type::time_point t) { return std::chrono::duration<double>(clock_type::now() - t).count(); }
 
 [[noreturn]] void die(const std::string& what) {
   std::fprintf(stderr, "vmmckpt_bench_limits: %s\n", what.c_str());
@@ -123,7 +121,8 @@ void bench_file_write(const options& o, const char* src, bool one_file) {
       // Reading the same files back into memory (the page cache when on tmpfs or cached).
       std::vector<char> sink(io_piece * t);
       const double r = parallel(t, [&](int k) {
-        for (std::uint64_t at = 0; at < share; at += io_piece) pread_all(fds[k], sink.data() + k * io_piece, io_piece, at);
+        for (std::uint64_t at = 0; at < share; at += io_piece)
+          pread_all(fds[k], sink.data() + k * io_piece, io_piece, at);
       });
       emit("read_files", share * t, t, r);
       // The same bytes through a mapping of each file instead of read(): no system call per piece,
@@ -156,7 +155,8 @@ void bench_direct(const options& o) {
   CUcontext ctx;
   check(cuCtxGetCurrent(&ctx), "cuCtxGetCurrent");
   std::vector<std::string> paths(t);
-  for (int k = 0; k < t; ++k) paths[k] = o.dir + "/vmmckpt-limits-direct-" + std::to_string(::getpid()) + "-" + std::to_string(k);
+  for (int k = 0; k < t; ++k)
+    paths[k] = o.dir + "/vmmckpt-limits-direct-" + std::to_string(::getpid()) + "-" + std::to_string(k);
   std::vector<double> size_s(t), reg_s(t), copy_s(t), hash_s(t);
   auto phases = [&](const char* name, double total) {
     auto most = [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); };
@@ -169,7 +169,8 @@ void bench_direct(const options& o) {
     const double s = parallel(t, [&](int k) {
       cuCtxSetCurrent(ctx);
       auto t0 = clock_type::now();
-      const int fd = ::open(paths[k].c_str(), dir == 0 ? O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC : O_RDWR | O_CLOEXEC, 0600);
+      const int fd =
+          ::open(paths[k].c_str(), dir == 0 ? O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC : O_RDWR | O_CLOEXEC, 0600);
       if (fd < 0 || (dir == 0 && ::fallocate(fd, 0, 0, static_cast<off_t>(share)) != 0)) {
         failed = true;
         if (fd >= 0) ::close(fd);
@@ -193,8 +194,10 @@ void bench_direct(const options& o) {
       cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING);
       auto copy = [&] {
         const auto c0 = clock_type::now();
-        if (dir == 0) cuMemcpyDtoHAsync(map, d + k * share, share, stream);
-        else cuMemcpyHtoDAsync(d + k * share, map, share, stream);
+        if (dir == 0)
+          cuMemcpyDtoHAsync(map, d + k * share, share, stream);
+        else
+          cuMemcpyHtoDAsync(d + k * share, map, share, stream);
         cuStreamSynchronize(stream);
         copy_s[k] = seconds_since(c0);
       };
@@ -204,7 +207,13 @@ void bench_direct(const options& o) {
         (void)sink;
         hash_s[k] = seconds_since(h0);
       };
-      if (dir == 0) { copy(); hash(); } else { hash(); copy(); }
+      if (dir == 0) {
+        copy();
+        hash();
+      } else {
+        hash();
+        copy();
+      }
       cuStreamDestroy(stream);
       cuMemHostUnregister(map);
       ::munmap(map, share);
@@ -368,14 +377,19 @@ int main(int argc, char** argv) {
       if (i + 1 >= argc) die(a + " needs a value");
       return argv[++i];
     };
-    if (a == "--dir") o.dir = value();
-    else if (a == "--bytes") o.bytes = std::strtoull(value().c_str(), nullptr, 0);
-    else if (a == "--threads") o.threads = parse_list(value());
-    else if (a == "--no-gpu") o.gpu = false;
+    if (a == "--dir")
+      o.dir = value();
+    else if (a == "--bytes")
+      o.bytes = std::strtoull(value().c_str(), nullptr, 0);
+    else if (a == "--threads")
+      o.threads = parse_list(value());
+    else if (a == "--no-gpu")
+      o.gpu = false;
     else if (a == "--only") {
       std::stringstream in(value());
       for (std::string item; std::getline(in, item, ',');) o.only.insert(item);
-    } else die("unknown option " + a + " (see the comment at the top of bench/host_limits.cpp)");
+    } else
+      die("unknown option " + a + " (see the comment at the top of bench/host_limits.cpp)");
   }
   if (o.bytes < io_piece * 16) die("--bytes must be at least 512 MiB");
 

@@ -33,9 +33,12 @@ int main(int argc, char** argv) {
   long launches = 1000000;
   int reps = 3;
   bench::parse_options(argc, argv, [&](const std::string& a, const std::string& v) {
-    if (a == "--launches") launches = std::strtol(v.c_str(), nullptr, 0);
-    else if (a == "--reps") reps = std::atoi(v.c_str());
-    else return false;
+    if (a == "--launches")
+      launches = std::strtol(v.c_str(), nullptr, 0);
+    else if (a == "--reps")
+      reps = std::atoi(v.c_str());
+    else
+      return false;
     return true;
   });
   if (launches <= 0 || reps <= 0) bench::usage_error(argv[0], "--launches and --reps must be positive");

@@ -51,9 +51,12 @@ int main(int argc, char** argv) {
   long launches = 500;
   int batches = 1000;
   bench::parse_options(argc, argv, [&](const std::string& a, const std::string& v) {
-    if (a == "--launches") launches = std::strtol(v.c_str(), nullptr, 0);
-    else if (a == "--batches") batches = std::atoi(v.c_str());
-    else return false;
+    if (a == "--launches")
+      launches = std::strtol(v.c_str(), nullptr, 0);
+    else if (a == "--batches")
+      batches = std::atoi(v.c_str());
+    else
+      return false;
     return true;
   });
   if (launches <= 0 || batches <= 0) bench::usage_error(argv[0], "--launches and --batches must be positive");

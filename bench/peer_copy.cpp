@@ -99,10 +99,14 @@ int main(int argc, char** argv) {
   std::size_t bytes = std::size_t{1} << 30;
   int reps = 20, warmup = 3;
   bench::parse_options(argc, argv, [&](const std::string& a, const std::string& v) {
-    if (a == "--bytes") bytes = std::strtoull(v.c_str(), nullptr, 0);
-    else if (a == "--reps") reps = std::atoi(v.c_str());
-    else if (a == "--warmup") warmup = std::atoi(v.c_str());
-    else return false;
+    if (a == "--bytes")
+      bytes = std::strtoull(v.c_str(), nullptr, 0);
+    else if (a == "--reps")
+      reps = std::atoi(v.c_str());
+    else if (a == "--warmup")
+      warmup = std::atoi(v.c_str());
+    else
+      return false;
     return true;
   });
   if (bytes < 4 || bytes % 4 != 0 || reps <= 0 || warmup < 0)
@@ -155,7 +159,7 @@ int main(int argc, char** argv) {
               "\"no_peer_ms\":%.4f,\"no_peer_min_ms\":%.4f,\"no_peer_event_ms\":%.4f,\"no_peer_gb_per_s\":%.2f,"
               "\"peer_ms\":%.4f,\"peer_min_ms\":%.4f,\"peer_event_ms\":%.4f,\"peer_gb_per_s\":%.2f}\n",
               bytes, reps, static_cast<unsigned long long>(g.src), static_cast<unsigned long long>(g.dst),
-              no_peer.median_ms, no_peer.min_ms, no_peer.event_ms, rate(no_peer.median_ms), peer.median_ms,
-              peer.min_ms, peer.event_ms, rate(peer.median_ms));
+              no_peer.median_ms, no_peer.min_ms, no_peer.event_ms, rate(no_peer.median_ms), peer.median_ms, peer.min_ms,
+              peer.event_ms, rate(peer.median_ms));
   return 0;
 }

@@ -33,7 +33,8 @@ struct vmm_api {
 };
 
 vmm_api handed() {
-  return {&cuMemAddressReserve, &cuMemAddressFree, &cuMemCreate, &cuMemRelease, &cuMemMap, &cuMemUnmap, &cuMemSetAccess};
+  return {&cuMemAddressReserve, &cuMemAddressFree, &cuMemCreate, &cuMemRelease, &cuMemMap,
+          &cuMemUnmap,          &cuMemSetAccess};
 }
 
 template <typename F>
@@ -44,9 +45,12 @@ F own(const char* name) {
 }
 
 vmm_api driver() {
-  return {own<decltype(&cuMemAddressReserve)>("cuMemAddressReserve"), own<decltype(&cuMemAddressFree)>("cuMemAddressFree"),
-          own<decltype(&cuMemCreate)>("cuMemCreate"),                 own<decltype(&cuMemRelease)>("cuMemRelease"),
-          own<decltype(&cuMemMap)>("cuMemMap"),                       own<decltype(&cuMemUnmap)>("cuMemUnmap"),
+  return {own<decltype(&cuMemAddressReserve)>("cuMemAddressReserve"),
+          own<decltype(&cuMemAddressFree)>("cuMemAddressFree"),
+          own<decltype(&cuMemCreate)>("cuMemCreate"),
+          own<decltype(&cuMemRelease)>("cuMemRelease"),
+          own<decltype(&cuMemMap)>("cuMemMap"),
+          own<decltype(&cuMemUnmap)>("cuMemUnmap"),
           own<decltype(&cuMemSetAccess)>("cuMemSetAccess")};
 }
 
@@ -84,10 +88,14 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   std::size_t size_mib = 20, count = 64, rounds = 40;
   bench::parse_options(argc, argv, [&](const std::string& name, const std::string& value) {
-    if (name == "--size-mib") size_mib = std::stoul(value);
-    else if (name == "--count") count = std::stoul(value);
-    else if (name == "--rounds") rounds = std::stoul(value);
-    else return false;
+    if (name == "--size-mib")
+      size_mib = std::stoul(value);
+    else if (name == "--count")
+      count = std::stoul(value);
+    else if (name == "--rounds")
+      rounds = std::stoul(value);
+    else
+      return false;
     return true;
   });
   VMMCKPT_CHECK(cuInit(0));

@@ -38,7 +38,7 @@ bool api_disabled() {
 unsigned long state_address(int pid) {
   Dl_info info{};
   if (::dladdr(const_cast<int*>(&g_process_state), &info) == 0 || info.dli_fname == nullptr) return 0;
-  struct stat self{};
+  struct stat self {};
   if (::stat(info.dli_fname, &self) != 0) return 0;
   const unsigned long offset =
       reinterpret_cast<unsigned long>(&g_process_state) - reinterpret_cast<unsigned long>(info.dli_fbase);
@@ -51,7 +51,8 @@ unsigned long state_address(int pid) {
   while (base == 0 && std::fgets(line, sizeof line, maps) != nullptr) {
     unsigned long start = 0, end = 0, file_offset = 0, inode = 0;
     unsigned dev_major = 0, dev_minor = 0;
-    if (std::sscanf(line, "%lx-%lx %*4s %lx %x:%x %lu", &start, &end, &file_offset, &dev_major, &dev_minor, &inode) != 6)
+    if (std::sscanf(line, "%lx-%lx %*4s %lx %x:%x %lu", &start, &end, &file_offset, &dev_major, &dev_minor, &inode) !=
+        6)
       continue;
     if (file_offset == 0 && inode == self.st_ino && makedev(dev_major, dev_minor) == self.st_dev) base = start;
   }
@@ -72,8 +73,8 @@ CUresult access_state(int pid, int& state, bool write) {
   const unsigned long at = state_address(pid);
   if (at == 0) return CUDA_ERROR_INVALID_VALUE;
   iovec local{&state, sizeof state}, remote{reinterpret_cast<void*>(at), sizeof state};
-  const ssize_t n = write ? ::process_vm_writev(pid, &local, 1, &remote, 1, 0)
-                          : ::process_vm_readv(pid, &local, 1, &remote, 1, 0);
+  const ssize_t n =
+      write ? ::process_vm_writev(pid, &local, 1, &remote, 1, 0) : ::process_vm_readv(pid, &local, 1, &remote, 1, 0);
   return n == sizeof state ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 

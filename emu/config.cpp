@@ -18,10 +18,26 @@ bool parse_size(const char* text, std::uint64_t& out) {
   unsigned shift = 0;
   switch (*end) {
     case '\0': break;
-    case 'k': case 'K': shift = 10; ++end; break;
-    case 'm': case 'M': shift = 20; ++end; break;
-    case 'g': case 'G': shift = 30; ++end; break;
-    case 't': case 'T': shift = 40; ++end; break;
+    case 'k':
+    case 'K':
+      shift = 10;
+      ++end;
+      break;
+    case 'm':
+    case 'M':
+      shift = 20;
+      ++end;
+      break;
+    case 'g':
+    case 'G':
+      shift = 30;
+      ++end;
+      break;
+    case 't':
+    case 'T':
+      shift = 40;
+      ++end;
+      break;
     default: return false;
   }
   // Accept "16G", "16GB" and "16GiB" alike: people write all three.

@@ -12,7 +12,7 @@ inline constexpr int max_devices = 8;
 inline constexpr std::size_t granularity = std::size_t{2} << 20;
 
 struct config {
-  int device_count = 1;          // devices the process sees (after CUDA_VISIBLE_DEVICES)
+  int device_count = 1;  // devices the process sees (after CUDA_VISIBLE_DEVICES)
   int physical[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};  // visible ordinal -> emulated device
   std::uint64_t device_memory = std::uint64_t{16} << 30;
   bool peer_to_peer = true;  // VMMCKPT_EMU_NO_P2P=1: no pair of devices can access each other

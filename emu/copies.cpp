@@ -99,7 +99,8 @@ CUresult copy_any(CUdeviceptr dst, CUdeviceptr src, std::size_t n, CUstream h, m
   if (CUresult rc = check_any_range(src, n, access_need::read, devices); rc != CUDA_SUCCESS) return rc;
   const bool pageable = check_device_range(dst, n, access_need::write) != CUDA_SUCCESS ||
                         check_device_range(src, n, access_need::read) != CUDA_SUCCESS;
-  return run(t, m, pageable, [=] { std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), n); });
+  return run(t, m, pageable,
+             [=] { std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), n); });
 }
 
 template <typename T>
@@ -151,9 +152,7 @@ CUresult locate(const copy_side& side, const copy_extent& e, std::uintptr_t& sta
     case CU_MEMORYTYPE_HOST: base = addr(side.host); break;
     case CU_MEMORYTYPE_DEVICE:
     case CU_MEMORYTYPE_UNIFIED: base = side.device; break;
-    default:
-      trace("cuMemcpy2D/3D: CUDA arrays are not emulated");
-      return CUDA_ERROR_NOT_SUPPORTED;
+    default: trace("cuMemcpy2D/3D: CUDA arrays are not emulated"); return CUDA_ERROR_NOT_SUPPORTED;
   }
   if (base == 0) return CUDA_ERROR_INVALID_VALUE;
   if ((e.height > 1 || e.depth > 1) && side.pitch < e.width) return CUDA_ERROR_INVALID_VALUE;

@@ -11,8 +11,7 @@
 
 // Defines an alias symbol (e.g. the _ptsz variant) for an already-defined exported C function.
 // The emulator treats the per-thread default stream as the legacy stream (docs/emulator.md).
-#define VMMCKPT_EMU_ALIAS(alias_name, target)                                                    \
-  extern "C" __attribute__((alias(#target))) decltype(target) alias_name;
+#define VMMCKPT_EMU_ALIAS(alias_name, target) extern "C" __attribute__((alias(#target))) decltype(target) alias_name;
 
 namespace vmmckpt::emu {
 

@@ -39,7 +39,8 @@ const char* description_of(CUresult code) {
     case CUDA_ERROR_NOT_FOUND: return "named symbol not found";
     case CUDA_ERROR_NOT_READY: return "device not ready";
     case CUDA_ERROR_ILLEGAL_ADDRESS: return "an illegal memory access was encountered";
-    case CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED: return "part or all of the requested memory range is already mapped";
+    case CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED:
+      return "part or all of the requested memory range is already mapped";
     case CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED: return "pointer does not correspond to a registered memory region";
     case CUDA_ERROR_NOT_SUPPORTED: return "operation not supported";
     case CUDA_ERROR_NOT_PERMITTED: return "operation not permitted";

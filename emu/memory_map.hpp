@@ -17,17 +17,17 @@ enum class region_kind { native_device, host_pinned, host_registered, vmm_mappin
 
 struct region {
   std::uintptr_t base = 0;
-  std::size_t size = 0;      // bytes the caller asked for (native) or mapped (vmm)
-  std::size_t mapped = 0;    // bytes actually mmap'd (native/pinned: page-rounded)
+  std::size_t size = 0;    // bytes the caller asked for (native) or mapped (vmm)
+  std::size_t mapped = 0;  // bytes actually mmap'd (native/pinned: page-rounded)
   region_kind kind = region_kind::native_device;
   int device = 0;
-  unsigned host_flags = 0;   // cuMemHostAlloc / cuMemHostRegister flags
+  unsigned host_flags = 0;  // cuMemHostAlloc / cuMemHostRegister flags
   // VMM mappings only.
   std::uint64_t handle = 0;
   std::size_t offset = 0;
   std::array<unsigned char, max_devices> access{};  // CUmemAccess_flags per device
-  unsigned char host_access = 0;                     // CUmemAccess_flags of the host (HOST_NUMA) location
-  bool host_located = false;                         // a handle created on a host location: host memory
+  unsigned char host_access = 0;                    // CUmemAccess_flags of the host (HOST_NUMA) location
+  bool host_located = false;                        // a handle created on a host location: host memory
   std::uint64_t buffer_id = 0;
 
   std::uintptr_t end() const { return base + size; }

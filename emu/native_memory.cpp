@@ -156,7 +156,8 @@ CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigned int flag
     if (dptr == nullptr || bytesize == 0 || (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST))
       return CUDA_ERROR_INVALID_VALUE;
     std::uintptr_t p = 0;
-    if (CUresult rc = map_region(bytesize, region_kind::native_device, ctx->device, 0, p); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = map_region(bytesize, region_kind::native_device, ctx->device, 0, p); rc != CUDA_SUCCESS)
+      return rc;
     *dptr = p;
     return CUDA_SUCCESS;
   });
@@ -271,7 +272,8 @@ static CUresult pointer_attribute(void* data, CUpointer_attribute attribute, CUd
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_CONTEXT:
       if (r == nullptr) return CUDA_ERROR_INVALID_VALUE;
-      *static_cast<CUcontext*>(data) = r->kind == region_kind::vmm_mapping ? nullptr : to_handle(primary_context(r->device));
+      *static_cast<CUcontext*>(data) =
+          r->kind == region_kind::vmm_mapping ? nullptr : to_handle(primary_context(r->device));
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
       if (r == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -291,15 +293,11 @@ static CUresult pointer_attribute(void* data, CUpointer_attribute attribute, CUd
       if (r == nullptr) return CUDA_ERROR_INVALID_VALUE;
       *static_cast<unsigned long long*>(data) = r->buffer_id;
       return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_MAPPED:
-      *static_cast<int*>(data) = r != nullptr ? 1 : 0;
-      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MAPPED: *static_cast<int*>(data) = r != nullptr ? 1 : 0; return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_IS_MANAGED:
     case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS:
     case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
-    case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE:
-      *static_cast<int*>(data) = 0;
-      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE: *static_cast<int*>(data) = 0; return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
       *static_cast<unsigned long long*>(data) =
           r != nullptr && r->kind == region_kind::vmm_mapping ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : 0;
@@ -307,9 +305,7 @@ static CUresult pointer_attribute(void* data, CUpointer_attribute attribute, CUd
     case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS:
       *static_cast<unsigned*>(data) = CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE;
       return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
-      *static_cast<CUmemoryPool*>(data) = nullptr;
-      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE: *static_cast<CUmemoryPool*>(data) = nullptr; return CUDA_SUCCESS;
     default:
       trace("cuPointerGetAttribute: attribute %d is not emulated", static_cast<int>(attribute));
       return CUDA_ERROR_INVALID_VALUE;

@@ -45,7 +45,7 @@ struct entry {
 // The PFN typedef both checks the signature at compile time and names the version the ABI
 // appeared in, so a wrong version or a mismatched signature fails to build.
 #define E(base, version, symbol) \
-  entry { #base, version, reinterpret_cast<void*>(static_cast<PFN_##base##_v##version>(&symbol)) }
+  entry { #base, version, reinterpret_cast < void*>(static_cast <PFN_##base##_v##version>(&symbol)) }
 
 const entry implemented[] = {
     E(cuGetErrorString, 6000, cuGetErrorString),
@@ -264,7 +264,8 @@ CUresult lookup(const char* symbol, void** pfn, int cuda_version, cuuint64_t fla
   };
   if (symbol == nullptr || pfn == nullptr) return CUDA_ERROR_INVALID_VALUE;
   constexpr cuuint64_t valid_flags = CU_GET_PROC_ADDRESS_LEGACY_STREAM | CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
-  if ((flags & ~valid_flags) != 0) return report(CUDA_ERROR_INVALID_VALUE, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND, nullptr);
+  if ((flags & ~valid_flags) != 0)
+    return report(CUDA_ERROR_INVALID_VALUE, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND, nullptr);
   const std::string_view name(symbol);
 
   // The newest ABI the real driver has for this name within the requested version.

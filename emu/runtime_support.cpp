@@ -62,8 +62,8 @@ CUresult cuGetExportTable(const void** ppExportTable, const CUuuid* pExportTable
   // The driver's private interfaces are undocumented; the emulator has none.
   char id[48];
   const auto* b = reinterpret_cast<const unsigned char*>(pExportTableId->bytes);
-  std::snprintf(id, sizeof id, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
-                b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+  std::snprintf(id, sizeof id, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2],
+                b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
   trace("cuGetExportTable(%s): not emulated", id);
   *ppExportTable = nullptr;
   return CUDA_ERROR_INVALID_VALUE;

@@ -134,8 +134,8 @@ bool is_live_context(CUcontext handle) {
   auto& r = regs();
   {
     std::lock_guard lock(r.mutex);
-    const bool known = r.user_contexts.contains(ctx) ||
-                       std::find(r.primaries.begin(), r.primaries.end(), ctx) != r.primaries.end();
+    const bool known =
+        r.user_contexts.contains(ctx) || std::find(r.primaries.begin(), r.primaries.end(), ctx) != r.primaries.end();
     if (!known) return false;
   }
   std::lock_guard lock(ctx->mutex);

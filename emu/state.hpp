@@ -26,7 +26,7 @@ struct context {
   std::uint64_t id = 0;
   std::size_t limits[CU_LIMIT_MAX] = {1024, 1 << 20, 8 << 20, 2, 2048, 64, 0, 0, 0, 0};
   CUfunc_cache cache_config = CU_FUNC_CACHE_PREFER_NONE;
-  std::shared_ptr<stream_engine> legacy;                 // created with the context, thread on first use
+  std::shared_ptr<stream_engine> legacy;                // created with the context, thread on first use
   std::vector<std::shared_ptr<stream_engine>> streams;  // user streams with a live handle
   std::vector<std::shared_ptr<stream_engine>> retired;  // destroyed streams that may still be draining
   std::vector<context*> peers;  // contexts this one has enabled peer access to (cuCtxEnablePeerAccess)

@@ -290,8 +290,8 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
     if (res == nullptr || ptr + size > res->base + res->size) return CUDA_ERROR_INVALID_VALUE;
     if (t.overlaps(ptr, size)) return CUDA_ERROR_INVALID_VALUE;
     // PROT_NONE until cuMemSetAccess: a mapped range is not accessible by anyone yet.
-    void* got = mmap(reinterpret_cast<void*>(ptr), size, PROT_NONE, MAP_SHARED | MAP_FIXED, p.fd,
-                     static_cast<off_t>(offset));
+    void* got =
+        mmap(reinterpret_cast<void*>(ptr), size, PROT_NONE, MAP_SHARED | MAP_FIXED, p.fd, static_cast<off_t>(offset));
     if (got == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
     region r;
     r.base = ptr;
@@ -378,7 +378,7 @@ CUresult cuMemGetAccess(unsigned long long* flags, const CUmemLocation* location
     region* r = t.find(ptr);
     if (r == nullptr || r->kind != region_kind::vmm_mapping) return CUDA_ERROR_INVALID_VALUE;
     *flags = location->type == CU_MEM_LOCATION_TYPE_HOST_NUMA ? r->host_access
-                                                             : r->access[static_cast<std::size_t>(location->id)];
+                                                              : r->access[static_cast<std::size_t>(location->id)];
     return CUDA_SUCCESS;
   });
 }

@@ -42,7 +42,7 @@ struct mapped_table {
     // Unsealed, the file could shrink under the mapping, and reading it would fault.
     const int seals = ::fcntl(fd, F_GET_SEALS);
     if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) return;
-    struct stat st{};
+    struct stat st {};
     if (::fstat(fd, &st) != 0 || st.st_size < 0 || static_cast<std::uint64_t>(st.st_size) > (4ULL << 30)) return;
     size = static_cast<std::size_t>(st.st_size);
     ok = true;
@@ -69,7 +69,9 @@ std::string why_silent(pid_t pid) {
   const std::string status = read_small_file(proc + "/status");
   if (const auto at = status.find("\nState:\t"); at != std::string::npos) {
     const char state = status[at + 8];
-    if (state == 'T') return "it is stopped (SIGSTOP, Ctrl-Z or a job scheduler's suspend): `kill -CONT " + std::to_string(pid) + "` lets it go on";
+    if (state == 'T')
+      return "it is stopped (SIGSTOP, Ctrl-Z or a job scheduler's suspend): `kill -CONT " + std::to_string(pid) +
+             "` lets it go on";
     if (state == 't') return "it is stopped by a debugger";
   }
   // cgroup v2: the process's cgroup says whether it is frozen.
@@ -107,9 +109,8 @@ int received_fds::take(std::size_t i) {
 control_client::control_client(pid_t pid, clock::time_point deadline) : pid_(pid), deadline_(deadline) {
   const std::string proc = "/proc/" + std::to_string(pid);
   const std::string who = "process " + std::to_string(pid);
-  struct stat st{};
-  if (pid <= 0 || ::stat(proc.c_str(), &st) != 0)
-    throw tool_error("no process " + std::to_string(pid));
+  struct stat st {};
+  if (pid <= 0 || ::stat(proc.c_str(), &st) != 0) throw tool_error("no process " + std::to_string(pid));
   if (st.st_uid != ::geteuid() && ::geteuid() != 0)
     throw tool_error(who + " belongs to another user (uid " + std::to_string(st.st_uid) +
                      "); only its owner or root may checkpoint it");
@@ -138,8 +139,8 @@ control_client::control_client(pid_t pid, clock::time_point deadline) : pid_(pid
     }
     ::close(fd);
     nothing_listens = false;
-    tried += (tried.empty() ? "" : "; ") + shown + " is served by process " + std::to_string(server_pid) +
-             " (uid " + std::to_string(server_uid) + "), not by " + who;
+    tried += (tried.empty() ? "" : "; ") + shown + " is served by process " + std::to_string(server_pid) + " (uid " +
+             std::to_string(server_uid) + "), not by " + who;
   }
   std::string comm = read_small_file(proc + "/comm");
   while (!comm.empty() && comm.back() == '\n') comm.pop_back();
@@ -155,11 +156,11 @@ control_client::control_client(pid_t pid, clock::time_point deadline) : pid_(pid
       if (nothing_listens)
         throw no_control_server(named + " runs under vmmckpt (" + std::string(shim_file_name) +
                                 " is loaded) but has no control server: it starts at the program's first CUDA "
-                                "call, and a child made by fork() has none (tried " + tried + ")");
+                                "call, and a child made by fork() has none (tried " +
+                                tried + ")");
       throw tool_error(named + " runs under vmmckpt (" + std::string(shim_file_name) +
                        " is loaded) but its control server cannot be reached: " + tried);
-    case shim_presence::unknown:
-      break;
+    case shim_presence::unknown: break;
   }
   throw tool_error("cannot reach " + named + " (" + tried + "), and its /proc/" + std::to_string(pid) +
                    "/maps cannot be read to tell whether it runs under vmmckpt");
@@ -224,12 +225,14 @@ template <typename Reply>
 Reply control_client::call(const control::request& r, std::vector<int>* fds, const progress_handler& progress) {
   send(r);
   // Tests stop or kill the tool here: the request is out, its answer not read yet.
-  std::visit([](const auto& req) {
-    using T = std::decay_t<decltype(req)>;
-    if constexpr (std::is_same_v<T, control::resume_request>) fault_point("requested:resume");
-    if constexpr (std::is_same_v<T, control::suspend_request>) fault_point("requested:suspend");
-    if constexpr (std::is_same_v<T, control::dump_begin_request>) fault_point("requested:dump_begin");
-  }, r);
+  std::visit(
+      [](const auto& req) {
+        using T = std::decay_t<decltype(req)>;
+        if constexpr (std::is_same_v<T, control::resume_request>) fault_point("requested:resume");
+        if constexpr (std::is_same_v<T, control::suspend_request>) fault_point("requested:suspend");
+        if constexpr (std::is_same_v<T, control::dump_begin_request>) fault_point("requested:dump_begin");
+      },
+      r);
   std::vector<int> mine;
   std::string payload = receive(&mine, remaining_ms());
   try {
@@ -245,8 +248,10 @@ Reply control_client::call(const control::request& r, std::vector<int>* fds, con
       protocol::close_all(mine);
       throw control_error("process " + std::to_string(pid_) + ": " + refused->error, refused->code);
     }
-    if (fds != nullptr) *fds = std::move(mine);
-    else protocol::close_all(mine);
+    if (fds != nullptr)
+      *fds = std::move(mine);
+    else
+      protocol::close_all(mine);
     return std::get<Reply>(std::move(decoded));
   } catch (const control::decode_error& e) {
     protocol::close_all(mine);

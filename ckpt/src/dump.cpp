@@ -13,8 +13,7 @@ dump_result dump(const dump_options& options, const progress_callback& progress)
   dump_result result;
   driver();  // no driver here: say so before the program is touched
   // The deadline covers everything up to the release: connecting, preparing and the hold.
-  session s(options.pid, session::expect::running, "dump",
-            result.start + options.hold_deadline);
+  session s(options.pid, session::expect::running, "dump", result.start + options.hold_deadline);
   result.mark("connected");
 
   // Everything that can be prepared is prepared before the program is held: the destination (fail
@@ -56,9 +55,11 @@ dump_result dump(const dump_options& options, const progress_callback& progress)
           result.hold_ms = static_cast<double>(s.client().dump_end().held_us) / 1000.0;
         } catch (const control_error& e) {
           if (e.refused && e.refusal == control::refusal::not_held)
-            throw tool_error("the hold deadline passed (" + std::to_string(std::chrono::duration_cast<std::chrono::seconds>(options.hold_deadline).count()) +
-                             " s, --deadline) before the program's memory was copied: the program was released, "
-                             "and the copy may be inconsistent, so no image is written");
+            throw tool_error(
+                "the hold deadline passed (" +
+                std::to_string(std::chrono::duration_cast<std::chrono::seconds>(options.hold_deadline).count()) +
+                " s, --deadline) before the program's memory was copied: the program was released, "
+                "and the copy may be inconsistent, so no image is written");
           throw;
         }
         if (progress) progress({copy_progress::stage::released, 0, 0, result.hold_ms / 1000.0});

@@ -59,7 +59,7 @@ fs::path process_image_of_parts(const fs::path& dir) {
   if (!d.has_filename()) d = d.parent_path();
   if (d.filename() != gpu_dir_name) return {};
   const fs::path image = d.parent_path();
-  struct stat st{};
+  struct stat st {};
   const bool marked = is_process_image(image) || ::lstat((image / process_intent_name).c_str(), &st) == 0 ||
                       ::lstat((image / criu_dir_name).c_str(), &st) == 0 ||
                       image.filename().string().find(".partial-") != std::string::npos;
@@ -95,16 +95,16 @@ void remove(const fs::path& path, const std::string& why, bool dry_run, leftover
 // touching it or asking any process: gc acts on it, ps lists the orphans.
 struct judgement {
   enum kind {
-    not_an_image,     // a file, a symlink, or an image that is no suspend image
-    partial_live,     // an unfinished image whose writer is still at it
-    partial_orphan,   // an unfinished image whose writer is gone
-    partial_complete, // an unfinished whole-process image that can be completed (CRIU's part is done)
-    withdrawn,        // a suspend image its tool withdrew
-    pending_live,     // a suspend under way (its tool lives)
-    pending_orphan,   // a suspend image whose tool died before its program took it
-    accepted_orphan,  // a suspend image whose program is gone
-    accepted_live,    // a suspend image whose program lives: it may need it (ask it)
-    unreadable,       // its claim file cannot be read
+    not_an_image,      // a file, a symlink, or an image that is no suspend image
+    partial_live,      // an unfinished image whose writer is still at it
+    partial_orphan,    // an unfinished image whose writer is gone
+    partial_complete,  // an unfinished whole-process image that can be completed (CRIU's part is done)
+    withdrawn,         // a suspend image its tool withdrew
+    pending_live,      // a suspend under way (its tool lives)
+    pending_orphan,    // a suspend image whose tool died before its program took it
+    accepted_orphan,   // a suspend image whose program is gone
+    accepted_live,     // a suspend image whose program lives: it may need it (ask it)
+    unreadable,        // its claim file cannot be read
   } what = not_an_image;
   suspend_claim::parties parties;
   pid_t pid = 0;  // whose it was: the writer of a partial image, else the program of a suspend image
@@ -119,7 +119,7 @@ judgement judge(const fs::directory_entry& entry) {
   if (const auto at = name.find(".partial-"); at != std::string::npos) {
     j.pid = static_cast<pid_t>(std::strtol(name.c_str() + at + 9, nullptr, 10));
     std::string why_not;
-    j.what = partial_writer_alive(path) ? judgement::partial_live
+    j.what = partial_writer_alive(path)  ? judgement::partial_live
              : finishable(path, why_not) ? judgement::partial_complete
                                          : judgement::partial_orphan;
     return j;
@@ -167,7 +167,8 @@ void collect_in(const fs::path& dir, bool dry_run, leftovers_report& report) {
   if (const fs::path whole = process_image_of_parts(dir); !whole.empty()) {
     for (const auto& entry : fs::directory_iterator(dir, ec))
       report.kept.push_back({entry.path(), "the GPU part of the whole-process image " + whole.string() +
-                                               ": it goes only with the image (`cuda-ckpt rm " + whole.string() + "`)"});
+                                               ": it goes only with the image (`cuda-ckpt rm " + whole.string() +
+                                               "`)"});
     return;
   }
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
@@ -175,8 +176,7 @@ void collect_in(const fs::path& dir, bool dry_run, leftovers_report& report) {
     judgement j = judge(entry);
     switch (j.what) {
       case judgement::not_an_image:
-      case judgement::partial_live:
-        break;
+      case judgement::partial_live: break;
       case judgement::partial_complete:
         // A complete snapshot whose dump's tool died after CRIU succeeded: its processes may still be stopped
         // or suspended on it (then it stays as it is), else it is completed, never removed: once they are
@@ -199,9 +199,7 @@ void collect_in(const fs::path& dir, bool dry_run, leftovers_report& report) {
                                            e.what() + "): `cuda-ckpt restore " + path.string() + "` does it"});
         }
         break;
-      case judgement::unreadable:
-        report.kept.push_back({path, "its claim file cannot be read"});
-        break;
+      case judgement::unreadable: report.kept.push_back({path, "its claim file cannot be read"}); break;
       case judgement::pending_live:
         report.kept.push_back({path, "its suspend is under way (tool " + std::to_string(j.parties.tool_pid) + ")"});
         break;
@@ -234,9 +232,7 @@ void collect_in(const fs::path& dir, bool dry_run, leftovers_report& report) {
         }
         remove(path, orphan_reason(j), dry_run, report);
         break;
-      case judgement::withdrawn:
-        remove(path, orphan_reason(j), dry_run, report);
-        break;
+      case judgement::withdrawn: remove(path, orphan_reason(j), dry_run, report); break;
     }
   }
 }
@@ -247,8 +243,9 @@ std::uint64_t bytes_in(const fs::path& dir) {
   std::error_code ec;
   for (auto it = fs::recursive_directory_iterator(dir, fs::directory_options::skip_permission_denied, ec);
        !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
-    struct stat st{};
-    if (::lstat(it->path().c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) bytes += static_cast<std::uint64_t>(st.st_blocks) * 512;
+    struct stat st {};
+    if (::lstat(it->path().c_str(), &st) == 0 && !S_ISDIR(st.st_mode))
+      bytes += static_cast<std::uint64_t>(st.st_blocks) * 512;
   }
   return bytes;
 }
@@ -256,7 +253,7 @@ std::uint64_t bytes_in(const fs::path& dir) {
 // Whether the socket file at `path` is one nobody listens at any more: its connection is refused.
 // Never anything but a socket, and never one a process answers (or may answer: busy, stopped).
 bool stale_socket(const fs::path& path, ino_t& inode) {
-  struct stat st{};
+  struct stat st {};
   if (::lstat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) return false;
   inode = st.st_ino;
   protocol::failure error;
@@ -276,7 +273,8 @@ bool partial_writer_alive(const fs::path& partial) {
   if (at == std::string::npos) return false;
   const pid_t pid = static_cast<pid_t>(std::strtol(name.c_str() + at + 9, nullptr, 10));
   if (!process_exists(pid)) return false;
-  struct stat dir{}, proc{};
+  struct stat dir {
+  }, proc{};
   if (::stat(partial.c_str(), &dir) != 0 || ::stat(("/proc/" + std::to_string(pid)).c_str(), &proc) != 0) return true;
   return proc.st_mtime <= dir.st_mtime + 1;  // /proc/PID's time is its process's start
 }
@@ -292,12 +290,12 @@ std::vector<fs::path> suspend_dirs_of_all_users() {
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator("/dev/shm", ec)) {
     const std::string name = entry.path().filename().string();
-    if (name.rfind("vmmckpt-", 0) != 0 || name.find_first_not_of("0123456789", 8) != std::string::npos || name.size() == 8)
+    if (name.rfind("vmmckpt-", 0) != 0 || name.find_first_not_of("0123456789", 8) != std::string::npos ||
+        name.size() == 8)
       continue;
-    struct stat st{};
+    struct stat st {};
     // Only a user's own directory: the uid in its name owns it.
-    if (::lstat(entry.path().c_str(), &st) == 0 && S_ISDIR(st.st_mode) &&
-        std::to_string(st.st_uid) == name.substr(8))
+    if (::lstat(entry.path().c_str(), &st) == 0 && S_ISDIR(st.st_mode) && std::to_string(st.st_uid) == name.substr(8))
       out.push_back(entry.path());
   }
   std::sort(out.begin(), out.end());
@@ -336,7 +334,7 @@ void remove_stale_sockets(bool dry_run, leftovers_report& report) {
     ino_t inode = 0;
     if (!stale_socket(entry.path(), inode)) continue;
     // A new process of that pid replaces the file with its own socket: leave that one be.
-    struct stat now{};
+    struct stat now {};
     if (::lstat(entry.path().c_str(), &now) == 0 && S_ISSOCK(now.st_mode) && now.st_ino == inode)
       remove(entry.path(), "the socket of a process that is gone", dry_run, report);
   }
@@ -348,7 +346,7 @@ fs::path default_suspend_dir() {
   fs::path dir = suspend_dir_of(::geteuid());
   if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
     throw tool_error("cannot create " + dir.string() + ": " + std::strerror(errno));
-  struct stat st{};
+  struct stat st {};
   if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 077) != 0)
     throw tool_error(dir.string() + " is not a private directory of ours; use -o DIR");
   return dir;

@@ -84,7 +84,7 @@ std::vector<pid_t> pids_of_abstract_names() {
 }
 
 uid_t owner_of(pid_t pid) {
-  struct stat st{};
+  struct stat st {};
   return ::stat(proc_dir(pid).c_str(), &st) == 0 ? st.st_uid : static_cast<uid_t>(-1);
 }
 
@@ -101,8 +101,8 @@ process_entry ask(pid_t pid, control_client::clock::time_point deadline) {
   } catch (const control_error& err) {
     // Took no connection or sent no answer in time (stopped, frozen, or swamped), or turned the
     // connection away as busy: it is there, just not answering.
-    const bool silent = err.channel == protocol::failure_kind::timed_out ||
-                        (err.refused && err.refusal == control::refusal::busy);
+    const bool silent =
+        err.channel == protocol::failure_kind::timed_out || (err.refused && err.refusal == control::refusal::busy);
     e.status = silent ? "not responding" : "unreachable";
     e.problem = err.what();
   } catch (const no_control_server& err) {
@@ -223,7 +223,8 @@ std::vector<std::string> control_addresses(pid_t pid) {
     if (const auto xdg = environment_value(pid, "XDG_RUNTIME_DIR"); xdg && !xdg->empty())
       out.push_back(root + *xdg + "/vmmckpt/" + file);
     const uid_t uid = owner_of(pid);
-    if (uid != static_cast<uid_t>(-1) && uid != 0) out.push_back(root + "/tmp/vmmckpt-" + std::to_string(uid) + "/" + file);
+    if (uid != static_cast<uid_t>(-1) && uid != 0)
+      out.push_back(root + "/tmp/vmmckpt-" + std::to_string(uid) + "/" + file);
     out.push_back(root + "/tmp/vmmckpt-0/" + file);  // root, or root of a user namespace of its own
     return out;
   }

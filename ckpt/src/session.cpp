@@ -72,10 +72,10 @@ device_description session::describe(int ordinal, const std::vector<device_descr
 CUcontext session::open_context() {
   const driver_api& d = driver();
   VMMCKPT_CUDA_TRY(d.cuInit(0));
-  if (hello_.pools.empty())
-    throw tool_error("process " + std::to_string(pid()) + " has no GPU memory in the pool yet");
+  if (hello_.pools.empty()) throw tool_error("process " + std::to_string(pid()) + " has no GPU memory in the pool yet");
   CUcontext context = nullptr;
-  VMMCKPT_CUDA_TRY(d.cuDevicePrimaryCtxRetain(&context, device_for(describe(hello_.pools.front().device, hello_.devices))));
+  VMMCKPT_CUDA_TRY(
+      d.cuDevicePrimaryCtxRetain(&context, device_for(describe(hello_.pools.front().device, hello_.devices))));
   VMMCKPT_CUDA_TRY(d.cuCtxSetCurrent(context));
   for (const auto& p : hello_.pools) device_for(describe(p.device, hello_.devices));
   return context;
@@ -121,7 +121,8 @@ std::chrono::milliseconds hold_budget(session& s, std::chrono::milliseconds hold
   constexpr int least_ms = 100;
   const int left = s.client().remaining_ms();
   if (left < least_ms)
-    throw tool_error("the deadline (" + std::to_string(std::chrono::duration_cast<std::chrono::seconds>(hold_deadline).count()) +
+    throw tool_error("the deadline (" +
+                     std::to_string(std::chrono::duration_cast<std::chrono::seconds>(hold_deadline).count()) +
                      " s, --deadline) passed while preparing (connecting, making the CUDA context, pinning staging "
                      "memory): the program was not held");
   return std::chrono::milliseconds(left);

@@ -48,9 +48,11 @@ std::optional<control::suspend_reply> request_suspend(session& s, const suspend_
       // The program did not take the claim: the image is nobody's.
       remove_image(options.output);
       if (e.refusal == control::refusal::not_held)
-        throw tool_error("the hold deadline (" + std::to_string(std::chrono::duration_cast<std::chrono::seconds>(options.hold_deadline).count()) +
-                         " s, --deadline) passed before the image was complete and checked: the program was "
-                         "released and goes on, not suspended");
+        throw tool_error(
+            "the hold deadline (" +
+            std::to_string(std::chrono::duration_cast<std::chrono::seconds>(options.hold_deadline).count()) +
+            " s, --deadline) passed before the image was complete and checked: the program was "
+            "released and goes on, not suspended");
       throw;
     }
     // No answer: whether the program took the request is settled by the claim, not guessed.
@@ -70,13 +72,14 @@ suspend_result suspend(const suspend_options& options, const progress_callback& 
   suspend_result result;
   driver();  // no driver here: say so before the program is touched
   // The deadline covers everything up to the program's memory being freed.
-  session s(options.pid, session::expect::running, "suspend",
-            result.start + options.hold_deadline);
+  session s(options.pid, session::expect::running, "suspend", result.start + options.hold_deadline);
   result.mark("connected");
   // The program reads its image back on resume, at the path this tool gives it.
   if (!sees_directory(options.pid, options.output))
-    throw tool_error("process " + std::to_string(options.pid) + " runs in a mount namespace of its own (a container) "
-                     "that does not see " + std::filesystem::absolute(options.output).parent_path().string() +
+    throw tool_error("process " + std::to_string(options.pid) +
+                     " runs in a mount namespace of its own (a container) "
+                     "that does not see " +
+                     std::filesystem::absolute(options.output).parent_path().string() +
                      " as this tool does: it reads its image back from there on resume. Give -o a directory "
                      "mounted into it at the same path");
   copy_pipeline pipeline(options.copy, s.live_bytes());

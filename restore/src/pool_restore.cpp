@@ -31,16 +31,16 @@ status place_allocations(const image::manifest& m, mode how, const pool_for_devi
       if (const status got = pool_for(p.device, pool); !got.ok())
         return failure(got.code(), "restore: no pool on device {}: {}", p.device, got.message());
       if (pool->base() != p.base || pool->size() != p.size)
-        return failure(CUDA_ERROR_INVALID_VALUE, "restore: the image's pool is [{}, +{}) but this process's is [{}, +{})",
-                       hex(p.base), p.size, hex(pool->base()), pool->size());
+        return failure(CUDA_ERROR_INVALID_VALUE,
+                       "restore: the image's pool is [{}, +{}) but this process's is [{}, +{})", hex(p.base), p.size,
+                       hex(pool->base()), pool->size());
       for (const image::allocation& a : p.allocations) {
         int backend_error = 0;
         // The image's rules admit only known API names (image::validate).
         const alloc_api api = a.api;
-        const pool_status s = how == mode::replay
-                                  ? pool->prefill(align_down(a.addr, small_alignment), align_up(a.size, small_alignment),
-                                                  &backend_error)
-                                  : pool->restore_block(a.addr, a.size, api, &backend_error);
+        const pool_status s = how == mode::replay ? pool->prefill(align_down(a.addr, small_alignment),
+                                                                  align_up(a.size, small_alignment), &backend_error)
+                                                  : pool->restore_block(a.addr, a.size, api, &backend_error);
         if (s != pool_status::ok)
           return failure(cuda_result(s, backend_error), "restore: cannot place the allocation at {} ({} bytes): {}",
                          hex(a.addr), a.size, why(s));

@@ -39,8 +39,10 @@ restore_plan plan_restore(const image::manifest& m, const std::string& image_nam
   if (moving)
     for (const image::pool& p : m.pools)
       if (p.device != plan.device)
-        throw image::image_error(image_name + ": --device moves single-device images only (this one has memory on "
-                                 "devices " + std::to_string(plan.device) + " and " + std::to_string(p.device) + ")");
+        throw image::image_error(image_name +
+                                 ": --device moves single-device images only (this one has memory on "
+                                 "devices " +
+                                 std::to_string(plan.device) + " and " + std::to_string(p.device) + ")");
   return plan;
 }
 

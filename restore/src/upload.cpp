@@ -26,10 +26,9 @@ status cuda_failed(CUresult r, const char* what) {
   return failure(r, "restore: {} failed (CUDA error {})", what, static_cast<int>(r));
 }
 
-#define VMMCKPT_CUDA_STEP(call, what)                                  \
-  do {                                                                 \
-    if (const CUresult vmmckpt_r_ = (call); vmmckpt_r_ != CUDA_SUCCESS) \
-      return cuda_failed(vmmckpt_r_, what);                            \
+#define VMMCKPT_CUDA_STEP(call, what)                                                                         \
+  do {                                                                                                        \
+    if (const CUresult vmmckpt_r_ = (call); vmmckpt_r_ != CUDA_SUCCESS) return cuda_failed(vmmckpt_r_, what); \
   } while (0)
 
 // One uploading thread's buffers, and its stream and events in each device's context.
@@ -57,7 +56,8 @@ class upload_thread {
 
   status upload(const image::reader& reader, const image::pool& pool, const image::extent& e,
                 const backed_memory& backed) {
-    if (pages_.data() == nullptr) return failure(CUDA_ERROR_OUT_OF_MEMORY, "restore: no host memory for the load buffers");
+    if (pages_.data() == nullptr)
+      return failure(CUDA_ERROR_OUT_OF_MEMORY, "restore: no host memory for the load buffers");
     queue* q = nullptr;
     VMMCKPT_TRY(queue_for(pool.device, q));
     if (!tried_pinning_) {
@@ -88,8 +88,8 @@ class upload_thread {
       const std::uint64_t start = runs[i].addr;
       std::uint64_t end = runs[i].addr + runs[i].size, stored = runs[i].size;
       std::size_t j = i + 1;
-      for (; j < runs.size() && runs[j].addr + runs[j].size - start <= piece_bytes &&
-             backed && backed(pool.device, end, runs[j].addr - end);
+      for (; j < runs.size() && runs[j].addr + runs[j].size - start <= piece_bytes && backed &&
+             backed(pool.device, end, runs[j].addr - end);
            ++j) {
         end = runs[j].addr + runs[j].size;
         stored += runs[j].size;
@@ -225,8 +225,7 @@ status upload(const driver_api& d, const image::reader& reader, const backed_mem
     // Work by extent: a thread takes the next one, the data files in turn, so the threads share the
     // work evenly however the bytes fall into files.
     auto order = reader.extents_across_files();
-    if (!vmm)
-      std::erase_if(order, [&](const auto& at) { return m.pools[at.first].kind == image::pool_kind::vmm; });
+    if (!vmm) std::erase_if(order, [&](const auto& at) { return m.pools[at.first].kind == image::pool_kind::vmm; });
     const unsigned threads = static_cast<unsigned>(std::max<std::size_t>(
         1, std::min<std::size_t>({order.size(), std::thread::hardware_concurrency(), max_threads})));
 
@@ -234,7 +233,7 @@ status upload(const driver_api& d, const image::reader& reader, const backed_mem
     std::atomic<bool> failed{false};
     std::mutex mu;
     status first_failure;
-    std::uint64_t total = 0, done = 0;  // stored bytes, under mu
+    std::uint64_t total = 0, done = 0;                 // stored bytes, under mu
     std::chrono::steady_clock::time_point reported{};  // under mu
     for (const auto& [p, e] : order) total += m.pools[p].extents[e].stored;
     auto loaded = [&](std::uint64_t bytes) noexcept {

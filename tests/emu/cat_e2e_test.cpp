@@ -38,15 +38,15 @@ struct busy_image {
   fs::path image = dir.path / "image";
   std::vector<vmmckpt::image::allocation> buffers;
   std::vector<vmmckpt::image::extent> extents;  // every extent, by address
-  vmmckpt::image::pool pool;                     // the pool that holds them (the test program has one)
+  vmmckpt::image::pool pool;                    // the pool that holds them (the test program has one)
 
   busy_image() {
     {
       background_process writer({cuda_ckpt, "run", "--", writer_program, "--size", std::to_string(buffer_size)});
       REQUIRE(writer.wait_for_output("ready\n"));
-      const auto dumped = run_process({cuda_ckpt, "dump", std::to_string(writer.pid()), "-o", image.string(),
-                                       "--chunk", "1M", "--writers", "3"},
-                                      {}, 120);
+      const auto dumped = run_process(
+          {cuda_ckpt, "dump", std::to_string(writer.pid()), "-o", image.string(), "--chunk", "1M", "--writers", "3"},
+          {}, 120);
       INFO(describe(dumped));
       REQUIRE(dumped.exit_code == 0);
     }
@@ -132,7 +132,7 @@ TEST_CASE("cat: a range's bytes are the image's, across extents and data files",
   REQUIRE(to_file.exit_code == 0);
   REQUIRE(to_file.out.empty());
   REQUIRE(read_text(file) == whole.out);
-  struct stat st{};
+  struct stat st {};
   REQUIRE(::stat(file.c_str(), &st) == 0);
   REQUIRE((st.st_mode & 0777) == 0600);
   REQUIRE(std::distance(fs::directory_iterator(img.dir.path), fs::directory_iterator()) == 2);  // image, bytes

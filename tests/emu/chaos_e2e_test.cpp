@@ -119,9 +119,7 @@ class chaos_round {
         tool(rng, argv);
         break;
       }
-      default:
-        tool(rng, {cuda_ckpt, "resume", pid});
-        break;
+      default: tool(rng, {cuda_ckpt, "resume", pid}); break;
     }
   }
 
@@ -195,8 +193,8 @@ class chaos_round {
           fail(entry.path().string() + " passes verify but " + problem);
         if (restores < 2) {
           ++restores;
-          const auto r = run_process({cuda_ckpt, "restore", entry.path().string(), "--", restored_check,
-                                      entry.path().string()}, {}, 120);
+          const auto r = run_process(
+              {cuda_ckpt, "restore", entry.path().string(), "--", restored_check, entry.path().string()}, {}, 120);
           if (r.exit_code != 0 || r.out.find("all equal") == std::string::npos)
             fail(entry.path().string() + " passes verify but does not restore: " + describe(r));
           else
@@ -211,7 +209,8 @@ class chaos_round {
     const auto gc_default = run_process({cuda_ckpt, "gc", "--json"});
     if (gc.exit_code != 0 || gc_default.exit_code != 0) fail("gc failed: " + describe(gc) + describe(gc_default));
     for (const auto* g : {&gc, &gc_default})
-      if (g->exit_code == 0) figures_.leftovers_removed += static_cast<int>(nlohmann::json::parse(g->out).at("removed").size());
+      if (g->exit_code == 0)
+        figures_.leftovers_removed += static_cast<int>(nlohmann::json::parse(g->out).at("removed").size());
     for (const fs::path& where : {dir_, dir_ / "small", fs::path("/dev/shm/vmmckpt-" + std::to_string(::geteuid()))}) {
       std::error_code ec;
       for (const auto& entry : fs::directory_iterator(where, ec)) {

@@ -42,8 +42,8 @@ struct terminal_result {
 
 // Runs argv with stdout and stderr on a pseudo-terminal, as a person at a terminal would, and
 // collects everything written there until every writer has closed it.
-terminal_result run_in_terminal(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env = {},
-                                int timeout_s = 120) {
+terminal_result run_in_terminal(const std::vector<std::string>& argv,
+                                const std::map<std::string, std::string>& env = {}, int timeout_s = 120) {
   int master = -1;
   const pid_t pid = ::forkpty(&master, nullptr, nullptr, nullptr);
   REQUIRE(pid >= 0);
@@ -58,7 +58,8 @@ terminal_result run_in_terminal(const std::vector<std::string>& argv, const std:
   terminal_result r;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
   for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
       ::kill(pid, SIGKILL);
       break;
@@ -339,8 +340,8 @@ TEST_CASE("cli: an unknown VMMCKPT_LOG_LEVEL is said once, and breaks nothing", 
   CHECK(tool.exit_code == 0);
   CHECK(count_of(tool.err, "VMMCKPT_LOG_LEVEL='verbose' is not a level") == 1);
   // Inside the shim too: the program runs, and hears of it once.
-  const auto program = run_process({cuda_ckpt, "run", "--", writer_program, "--seconds", "1"},
-                                   {{"VMMCKPT_LOG_LEVEL", "verbose"}}, 120);
+  const auto program =
+      run_process({cuda_ckpt, "run", "--", writer_program, "--seconds", "1"}, {{"VMMCKPT_LOG_LEVEL", "verbose"}}, 120);
   INFO(describe(program));
   CHECK(program.exit_code == 0);
   CHECK(count_of(program.err, "VMMCKPT_LOG_LEVEL='verbose' is not a level") == 1);
@@ -355,7 +356,8 @@ TEST_CASE("cli: dump, suspend, resume and restore show progress on a terminal, a
   const std::string pid = std::to_string(program->pid());
 
   // A dump held until its memory is on the host, so that the copy is drawn while held.
-  const auto dumped = run_in_terminal({cuda_ckpt, "dump", pid, "-o", (dir.path / "image").string(), "--no-gpu-snapshot"});
+  const auto dumped =
+      run_in_terminal({cuda_ckpt, "dump", pid, "-o", (dir.path / "image").string(), "--no-gpu-snapshot"});
   INFO(dumped.text);
   REQUIRE(dumped.exit_code == 0);
   CHECK(contains(dumped.text, "dump: copying, program held ["));
@@ -402,8 +404,8 @@ TEST_CASE("cli: dump, suspend, resume and restore show progress on a terminal, a
   CHECK(contains(restored.text, "restore: "));
   CHECK(contains(restored.text, " loaded, "));
   CHECK(contains(restored.text, "\r\033[K"));
-  const auto restored_piped =
-      run_process({cuda_ckpt, "restore", (dir.path / "image").string(), "--", writer_program, "--seconds", "1"}, {}, 120);
+  const auto restored_piped = run_process(
+      {cuda_ckpt, "restore", (dir.path / "image").string(), "--", writer_program, "--seconds", "1"}, {}, 120);
   INFO(describe(restored_piped));
   REQUIRE(restored_piped.exit_code == 0);
   CHECK_FALSE(contains(restored_piped.err, "loading ["));

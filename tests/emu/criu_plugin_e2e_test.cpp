@@ -101,7 +101,8 @@ struct ticker_job {
 process_result criu(const std::string& binary, std::vector<std::string> args, const fs::path& log,
                     const std::map<std::string, std::string>& env = {}) {
   args.insert(args.begin(), binary);
-  for (const std::string& a : {std::string("--libdir"), plugin_dir, std::string("-v4"), std::string("-o"), log.string()})
+  for (const std::string& a :
+       {std::string("--libdir"), plugin_dir, std::string("-v4"), std::string("-o"), log.string()})
     args.push_back(a);
   // CRIU starts through its own loader, which ignores LD_LIBRARY_PATH: the plugin is told where the driver is.
   std::map<std::string, std::string> all{{"VMMCKPT_LIBCUDA", build_dir + "/lib/emu/libcuda.so.1"}};
@@ -143,8 +144,8 @@ TEST_CASE("criu plugin: a plain criu dump of a process tree under the shim, kill
   CHECK(std::distance(fs::directory_iterator(images / "vmmckpt"), fs::directory_iterator{}) == 2);
   const std::uint64_t at_dump = last_tick(job.log);
 
-  const auto restored = criu(binary, {"restore", "-D", images.string(), "--shell-job", "-d"},
-                             job.dir.path / "restore.log");
+  const auto restored =
+      criu(binary, {"restore", "-D", images.string(), "--shell-job", "-d"}, job.dir.path / "restore.log");
   INFO(describe(restored) << log_text(job.dir.path / "restore.log"));
   REQUIRE(restored.exit_code == 0);
   // The ticks go on once the GPU memory is back, every buffer matching the counter (the ticker checks).
@@ -163,9 +164,9 @@ TEST_CASE("criu plugin: criu dump --leave-running, and a dump that fails midway:
   ticker_job job;
   const fs::path images = job.dir.path / "images";
   fs::create_directories(images);
-  const auto kept = criu(binary, {"dump", "-t", std::to_string(job.pid), "-D", images.string(), "--shell-job",
-                                  "--leave-running"},
-                         job.dir.path / "dump.log");
+  const auto kept =
+      criu(binary, {"dump", "-t", std::to_string(job.pid), "-D", images.string(), "--shell-job", "--leave-running"},
+           job.dir.path / "dump.log");
   INFO(describe(kept) << log_text(job.dir.path / "dump.log"));
   REQUIRE(kept.exit_code == 0);
   REQUIRE(job.goes_on(job.log));

@@ -59,7 +59,7 @@ TEST_CASE("a busy program dumped many times: every image verifies and holds no t
     REQUIRE(verified.exit_code == 0);
     require_untorn(out);
     // Images hold program memory: owner-only.
-    struct stat st{};
+    struct stat st {};
     REQUIRE(::stat((out / "data.bin").c_str(), &st) == 0);
     REQUIRE((st.st_mode & 0777) == 0600);
   }
@@ -163,8 +163,9 @@ TEST_CASE("a program that exits during the dump: a clear error and no image", "[
   const fs::path out = dir.path / "image";
   const pid_t pid = program->pid();
   // The tool pauses while it holds the program; the program dies meanwhile.
-  background_process tool({"sh", "-c", "exec '" + cuda_ckpt + "' dump " + std::to_string(pid) + " -o '" +
-                           out.string() + "' 2>" + (dir.path / "tool.err").string()},
+  background_process tool({"sh", "-c",
+                           "exec '" + cuda_ckpt + "' dump " + std::to_string(pid) + " -o '" + out.string() + "' 2>" +
+                               (dir.path / "tool.err").string()},
                           {{"VMMCKPT_TEST_FAULT", "releasing=pause:1500"}});
   usleep(500'000);
   kill(pid, SIGKILL);

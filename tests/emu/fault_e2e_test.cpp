@@ -44,7 +44,7 @@ process_result killed_at(const std::string& phase, const std::vector<std::string
   const auto r = run_process(argv, {{"VMMCKPT_TEST_FAULT", phase}}, 120);
   INFO(describe(r));
   REQUIRE(r.signal == SIGKILL);  // it really died at that point
-  usleep(100'000);              // the program notices the closed connection
+  usleep(100'000);               // the program notices the closed connection
   return r;
 }
 

@@ -71,9 +71,9 @@ TEST_CASE("the shim exports exactly the intercepted symbols", "[emu][hygiene]") 
 }
 
 TEST_CASE("the shim links neither libcuda, libcudart, spdlog nor fmt", "[emu][hygiene]") {
-  const std::set<std::string> allowed = {"libc.so.6", "libstdc++.so.6", "libgcc_s.so.1", "libm.so.6",
-                                         "ld-linux-x86-64.so.2", "ld-linux-aarch64.so.1", "libdl.so.2",
-                                         "libpthread.so.0"};
+  const std::set<std::string> allowed = {"libc.so.6",  "libstdc++.so.6",       "libgcc_s.so.1",
+                                         "libm.so.6",  "ld-linux-x86-64.so.2", "ld-linux-aarch64.so.1",
+                                         "libdl.so.2", "libpthread.so.0"};
   const auto needed = needed_libraries(shim);
   REQUIRE_FALSE(needed.empty());
   for (const auto& lib : needed) {
@@ -96,8 +96,9 @@ TEST_CASE("cuda-ckpt links no libcuda", "[emu][hygiene]") {
     REQUIRE(lib.find("libnvidia") == std::string::npos);
   }
   // And no CUDA symbol waits for a library to provide it.
-  const auto undefined = run_process({"sh", "-c", "nm -D --undefined-only '" + std::string(VMMCKPT_BUILD_DIR) +
-                                                      "/bin/cuda-ckpt' | grep -c ' cu[A-Z]' || true"});
+  const auto undefined = run_process(
+      {"sh", "-c",
+       "nm -D --undefined-only '" + std::string(VMMCKPT_BUILD_DIR) + "/bin/cuda-ckpt' | grep -c ' cu[A-Z]' || true"});
   REQUIRE(undefined.out == "0\n");
 }
 

@@ -74,7 +74,8 @@ TEST_CASE("incremental: full, 1 % changed, nothing changed; restore from the cha
     CHECK(c.inc1_json["checksums"]["where"] == "gpu");
     CHECK(c.inc1_json["checksums"]["not_copied_bytes"] == c.inc1_json["unchanged_bytes"]);
   } else {
-    CHECK_THAT(c.full_json["checksums"]["why_not_gpu"].get<std::string>(), Catch::Matchers::Contains("no cuModuleLoadData"));
+    CHECK_THAT(c.full_json["checksums"]["why_not_gpu"].get<std::string>(),
+               Catch::Matchers::Contains("no cuModuleLoadData"));
     CHECK(c.inc1_json["checksums"]["where"] == "cpu");
   }
   CHECK(c.inc2_json["checksums"]["where"] == "cpu");
@@ -101,7 +102,8 @@ TEST_CASE("incremental: full, 1 % changed, nothing changed; restore from the cha
   check_restore(c.inc2, c.dir.path / "live-1");
 
   // merge: a full image of the same bytes, which needs nothing else.
-  const auto merged = run_process({cuda_ckpt, "merge", c.inc2.string(), "-o", (c.dir.path / "merged").string(), "--json"});
+  const auto merged =
+      run_process({cuda_ckpt, "merge", c.inc2.string(), "-o", (c.dir.path / "merged").string(), "--json"});
   INFO(describe(merged));
   REQUIRE(merged.exit_code == 0);
   CHECK(nlohmann::json::parse(merged.out)["bytes"] == live_bytes);
@@ -110,7 +112,8 @@ TEST_CASE("incremental: full, 1 % changed, nothing changed; restore from the cha
   fs::rename(c.dir.path / "gone", c.full);
 
   // cat reads across the chain too.
-  const auto cat = run_process({cuda_ckpt, "cat", c.inc2.string(), "0x200000000000", "16", "-o", (c.dir.path / "head").string()});
+  const auto cat =
+      run_process({cuda_ckpt, "cat", c.inc2.string(), "0x200000000000", "16", "-o", (c.dir.path / "head").string()});
   INFO(describe(cat));
   CHECK(cat.exit_code == 0);
 }
@@ -151,7 +154,8 @@ TEST_CASE("incremental: a missing, changed or broken parent is refused by verify
     INFO(describe(v));
     CHECK(v.exit_code == 1);
     CHECK_THAT(v.err, Catch::Matchers::Contains(what));
-    const auto r = run_process({cuda_ckpt, "restore", c.inc2.string(), "--", program, "check", (c.dir.path / "live-1").string()});
+    const auto r =
+        run_process({cuda_ckpt, "restore", c.inc2.string(), "--", program, "check", (c.dir.path / "live-1").string()});
     INFO(describe(r));
     CHECK(r.exit_code == 1);
     CHECK_THAT(r.err, Catch::Matchers::Contains(what));
@@ -211,16 +215,16 @@ TEST_CASE("incremental: rm refuses to delete a parent, --force breaks the child 
 TEST_CASE("incremental: suspend --parent, and resume follows the chain", "[emu][incremental]") {
   chain c;
   const fs::path image = c.dir.path / "suspended";
-  const auto s = run_process({cuda_ckpt, "suspend", std::to_string(c.p->pid()), "-o", image.string(), "--parent",
-                              c.inc2.string(), "--json"});
+  const auto s = run_process(
+      {cuda_ckpt, "suspend", std::to_string(c.p->pid()), "-o", image.string(), "--parent", c.inc2.string(), "--json"});
   INFO(describe(s));
   REQUIRE(s.exit_code == 0);
   const auto r = run_process({cuda_ckpt, "resume", std::to_string(c.p->pid())});
   INFO(describe(r));
   REQUIRE(r.exit_code == 0);
   // A suspend image is deleted by resume and gc: it cannot be a parent.
-  const auto refused = run_process({cuda_ckpt, "dump", std::to_string(c.p->pid()), "-o", (c.dir.path / "x").string(),
-                                    "--parent", image.string()});
+  const auto refused = run_process(
+      {cuda_ckpt, "dump", std::to_string(c.p->pid()), "-o", (c.dir.path / "x").string(), "--parent", image.string()});
   INFO(describe(refused));
   CHECK(refused.exit_code == 1);
   CHECK_THAT(refused.err, Catch::Matchers::Contains("a suspend image cannot be a parent"));

@@ -30,7 +30,9 @@ bool says(const background_process& p, const std::string& line) {
 
 }  // namespace
 
-TEST_CASE("ipc: pool memory shared between two processes, with the driver's answers to every misuse; dumps and suspends of both", "[emu][ipc]") {
+TEST_CASE("ipc: pool memory shared between two processes, with the driver's answers to every misuse; dumps and "
+          "suspends of both",
+          "[emu][ipc]") {
   scratch_dir dir;
   auto exporter = start("export", dir.path, "ready\n");
   INFO("exporter:\n" << exporter->output());

@@ -78,7 +78,8 @@ TEST_CASE("a rank that maps all of its memory itself is reachable, dumped whole,
 
   ask(rank, dir.path, 0, "finish", "done 0\n");
   REQUIRE(rank.wait() == 0);
-  background_process restored({cuda_ckpt, "restore", image.string(), "--", rank_program, dir.path.string(), "--restored"});
+  background_process restored(
+      {cuda_ckpt, "restore", image.string(), "--", rank_program, dir.path.string(), "--restored"});
   REQUIRE(restored.wait_for_output("restored 0"));
   ask(restored, dir.path, 0, "check", "ok 0 1\n");
   ask(restored, dir.path, 0, "finish", "done 0\n");

@@ -15,7 +15,7 @@ const std::string emulated_driver = build_dir + "/lib/emu/libcuda.so.1";
 // No driver to be found: VMMCKPT_LIBCUDA names a library that does not exist, and LD_LIBRARY_PATH (which
 // the emu tests point at the emulated driver) is unset, so nothing but the tool's own libraries loads.
 const std::map<std::string, std::string> no_driver = {{"VMMCKPT_LIBCUDA", "/nonexistent/libcuda.so.1"},
-                                                        {"LD_LIBRARY_PATH", ""}};
+                                                      {"LD_LIBRARY_PATH", ""}};
 
 std::string hex(std::uint64_t v) {
   char text[24];
@@ -63,8 +63,8 @@ TEST_CASE("without a driver, cuda-ckpt reads images and lists processes; dump sa
       if (a.size == writer_buffer_size) buffer = a.addr;
     REQUIRE(buffer != 0);
     const fs::path bytes = scratch.path / "bytes";
-    const auto cat = run_process({cuda_ckpt, "cat", image.string(), hex(buffer), "4096", "-o", bytes.string()},
-                                 no_driver);
+    const auto cat =
+        run_process({cuda_ckpt, "cat", image.string(), hex(buffer), "4096", "-o", bytes.string()}, no_driver);
     INFO(describe(cat));
     REQUIRE(cat.exit_code == 0);
     REQUIRE(fs::file_size(bytes) == 4096);
@@ -90,7 +90,8 @@ TEST_CASE("without a driver, cuda-ckpt reads images and lists processes; dump sa
       INFO(describe(r));
       REQUIRE(r.exit_code == 1);
       REQUIRE(r.signal == 0);
-      REQUIRE(contains(r.err, "cuda-ckpt " + command + ": the CUDA driver (/nonexistent/libcuda.so.1) cannot be loaded"));
+      REQUIRE(
+          contains(r.err, "cuda-ckpt " + command + ": the CUDA driver (/nonexistent/libcuda.so.1) cannot be loaded"));
       REQUIRE(contains(r.err, command + " needs it; inspect, verify, cat, ps and gc do not"));
       REQUIRE_FALSE(fs::exists(out));
     }

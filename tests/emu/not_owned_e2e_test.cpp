@@ -65,7 +65,8 @@ TEST_CASE("not owned: ps counts each kind; dump refuses naming them, leaves noth
   REQUIRE(listed_not_owned(program->pid()) == all_three);
   const auto human_ps = run_tool({"ps"});
   REQUIRE(human_ps.out.find("NOT OWNED") != std::string::npos);
-  REQUIRE(human_ps.out.find("not owned: managed 64.00 MiB, arrays 1.00 MiB, memory pools 2.00 MiB") != std::string::npos);
+  REQUIRE(human_ps.out.find("not owned: managed 64.00 MiB, arrays 1.00 MiB, memory pools 2.00 MiB") !=
+          std::string::npos);
 
   const fs::path out = dir.path / "image";
   const auto refused = run_tool({"dump", std::to_string(program->pid()), "-o", out.string()});
@@ -90,7 +91,8 @@ TEST_CASE("not owned: dump --allow-partial writes an image that says what it lac
   scratch_dir dir;
   auto program = start_not_owned({"managed"});
   const fs::path out = dir.path / "image";
-  const auto dumped = run_tool({"dump", std::to_string(program->pid()), "-o", out.string(), "--allow-partial", "--json"});
+  const auto dumped =
+      run_tool({"dump", std::to_string(program->pid()), "-o", out.string(), "--allow-partial", "--json"});
   INFO(describe(dumped));
   REQUIRE(dumped.exit_code == 0);
   REQUIRE(nlohmann::json::parse(dumped.out).at("lacking") ==

@@ -133,8 +133,8 @@ TEST_CASE("peer access survives a dump and a suspend/resume, and the two-device 
   // Segments mapped anew on resume carry the peer's access again: every cross-device form still works.
   round(3);
   // A new process from the image: its pointers hold their bytes and copy across devices, peer access or not.
-  const auto restored = run_process({cuda_ckpt, "restore", image.string(), "--", peer_program, "restored", a0, a1},
-                                    two_gpus);
+  const auto restored =
+      run_process({cuda_ckpt, "restore", image.string(), "--", peer_program, "restored", a0, a1}, two_gpus);
   INFO(describe(restored));
   REQUIRE(restored.exit_code == 0);
   REQUIRE(restored.out.find("restored ok") != std::string::npos);

@@ -25,12 +25,14 @@ pid_t start(const std::vector<std::string>& argv, const std::map<std::string, st
   dup2(out_fd, 1);
   if (err_fd >= 0) dup2(err_fd, 2);
   for (const auto& [key, value] : env) {
-    if (value.empty()) unsetenv(key.c_str());
-    else setenv(key.c_str(), value.c_str(), 1);
+    if (value.empty())
+      unsetenv(key.c_str());
+    else
+      setenv(key.c_str(), value.c_str(), 1);
   }
   // scripts/sanitize.sh: the ASan runtime must come before an instrumented shim we preload.
-  if (const char* first = getenv("VMMCKPT_TEST_PRELOAD_FIRST"); first && *first && env.count("LD_PRELOAD") &&
-      !env.at("LD_PRELOAD").empty())
+  if (const char* first = getenv("VMMCKPT_TEST_PRELOAD_FIRST");
+      first && *first && env.count("LD_PRELOAD") && !env.at("LD_PRELOAD").empty())
     setenv("LD_PRELOAD", (std::string(first) + ":" + env.at("LD_PRELOAD")).c_str(), 1);
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
@@ -55,7 +57,8 @@ process_result run_process(const std::vector<std::string>& argv, const std::map<
   int open_fds = 2;
   bool killed = false;
   while (open_fds > 0) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0 && !killed) {
       kill(pid, SIGKILL);
       killed = true;
@@ -101,7 +104,8 @@ background_process::~background_process() {
 bool background_process::wait_for_output(const std::string& text, int timeout_s) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
   while (out_.find(text) == std::string::npos) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) return false;
     pollfd pfd{out_fd_, POLLIN, 0};
     if (poll(&pfd, 1, static_cast<int>(left.count())) <= 0) return false;

@@ -18,8 +18,8 @@ struct process_chaos_figures {
   int rounds = 0, operations = 0, dumps_complete = 0, restores_complete = 0;
   int tool_kills = 0, criu_kills = 0, program_kills = 0, full_disk_failures = 0;
   int followed_resume = 0, followed_restore = 0;  // ways back ps named, followed
-  int restored_after_dump = 0;       // ended by a complete dump (as asked), brought back from that image
-  int restored_after_kill = 0;       // killed by the test, brought back from its last complete image
+  int restored_after_dump = 0;                    // ended by a complete dump (as asked), brought back from that image
+  int restored_after_kill = 0;                    // killed by the test, brought back from its last complete image
   int restored_after_criu_kill = 0;  // ended by CRIU killed while its code was in it, back from its last image
   int ended_without_image = 0;       // killed before any image of it existed: not vmmckpt's to keep
   int images_checked = 0;            // complete images that verify accepted
@@ -57,7 +57,8 @@ class process_chaos_round {
     small_ = t.dir.path / "small";
     fs::create_directory(small_);
     const std::string size = std::to_string(4 + rng_() % 28) + "m";
-    mounted_ = ::mount("vmmckpt-process-chaos", small_.c_str(), "tmpfs", 0, ("size=" + size + ",mode=0700").c_str()) == 0;
+    mounted_ =
+        ::mount("vmmckpt-process-chaos", small_.c_str(), "tmpfs", 0, ("size=" + size + ",mode=0700").c_str()) == 0;
     // A first checkpoint, left alone, as a job checkpointed periodically has: what the program comes back from
     // should CRIU be killed while its code is in it (the one thing the transaction cannot undo).
     dump(0, false);
@@ -96,8 +97,8 @@ class process_chaos_round {
     const std::string out((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     f_.failures.push_back("round with program " + std::to_string(t_->pid) + ": " + what +
                           (out.empty() ? "" : "\n(its output: " + out + ")") +
-                          (program_end_.empty() ? "" : "\n(the program " + program_end_ + ")") + "\n(operations: " +
-                          history_ + ")\n(records:" + records() + ")");
+                          (program_end_.empty() ? "" : "\n(the program " + program_end_ + ")") +
+                          "\n(operations: " + history_ + ")\n(records:" + records() + ")");
     gave_up_ = true;
   }
 
@@ -120,7 +121,11 @@ class process_chaos_round {
     argv.insert(argv.end(), args.begin(), args.end());
     background_process p(argv);
     const int fate = chaos ? static_cast<int>(rng_() % 20) : 19;
-    history_ += (history_.empty() ? "" : ", ") + args[0] + (fate < 5 ? " (tool killed)" : fate < 9 ? " (CRIU killed)" : fate < 10 ? " (program killed)" : "");
+    history_ += (history_.empty() ? "" : ", ") + args[0] +
+                (fate < 5    ? " (tool killed)"
+                 : fate < 9  ? " (CRIU killed)"
+                 : fate < 10 ? " (program killed)"
+                             : "");
     // A dump or restore of the test's small tree takes about half a second: the kills fall within it.
     if (fate < 5) {  // the tool, at any moment
       usleep(static_cast<useconds_t>(rng_() % 700'000));
@@ -257,8 +262,8 @@ class process_chaos_round {
             std::ifstream stat("/proc/" + std::to_string(t_->pid) + "/stat");
             std::string line;
             std::getline(stat, line);
-            return fail("the way back ps named failed: " + command + "\n" + describe(r) + "\nps said: " +
-                        interrupted.dump() + "\nthe pid: " + line.substr(0, 300));
+            return fail("the way back ps named failed: " + command + "\n" + describe(r) +
+                        "\nps said: " + interrupted.dump() + "\nthe pid: " + line.substr(0, 300));
           }
         }
         ++(outcome == "resume" ? f_.followed_resume : f_.followed_restore);
@@ -285,7 +290,9 @@ class process_chaos_round {
       }
       const auto r = tool({"restore", complete_.back().string()});
       if (r.exit_code != 0) return fail("its last complete image does not restore: " + describe(r));
-      ++(ended_by_dump_ ? f_.restored_after_dump : killed_by_test_ ? f_.restored_after_kill : f_.restored_after_criu_kill);
+      ++(ended_by_dump_    ? f_.restored_after_dump
+         : killed_by_test_ ? f_.restored_after_kill
+                           : f_.restored_after_criu_kill);
       ended_by_dump_ = killed_by_test_ = criu_killed_ = false;
     }
   }
@@ -362,9 +369,8 @@ TEST_CASE("chaos, whole process: dumps and restores with the tool, CRIU or the p
                               << " resume, " << f.followed_restore << " restore; brought back from their last "
                               << "image: " << f.restored_after_dump << " ended by a complete dump, "
                               << f.restored_after_kill << " killed by the test, " << f.restored_after_criu_kill
-                              << " ended by a killed CRIU; " << f.ended_without_image
-                              << " ended before any image; " << f.images_checked
-                              << " complete images verified; " << f.failures.size() << " failures");
+                              << " ended by a killed CRIU; " << f.ended_without_image << " ended before any image; "
+                              << f.images_checked << " complete images verified; " << f.failures.size() << " failures");
   for (const auto& failure : f.failures) FAIL_CHECK(failure);
   REQUIRE(f.failures.empty());
   REQUIRE(f.rounds > 0);

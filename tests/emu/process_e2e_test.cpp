@@ -15,8 +15,7 @@
 
 namespace vmmckpt::test {
 
-TEST_CASE("a whole process tree killed after dump --process comes back with restore DIR and goes on",
-          "[process]") {
+TEST_CASE("a whole process tree killed after dump --process comes back with restore DIR and goes on", "[process]") {
   REQUIRE_CRIU();
   ticker_tree t({"--children", "1"});
   const fs::path child_log = t.log.string() + ".1";
@@ -91,7 +90,8 @@ TEST_CASE("dump --process --parent: GPU parts incremental on a whole-process ima
   const fs::path family = t.dir.path / "images";
   fs::create_directories(family);
   const fs::path full = family / "full", inc = family / "inc";
-  const auto first = tool({"dump", std::to_string(t.pid), "--process", "--leave-running", "-o", full.string(), "--json"});
+  const auto first =
+      tool({"dump", std::to_string(t.pid), "--process", "--leave-running", "-o", full.string(), "--json"});
   INFO(describe(first));
   REQUIRE(first.exit_code == 0);
   const auto full_bytes = nlohmann::json::parse(first.out)["gpu_bytes"].get<std::uint64_t>();
@@ -108,8 +108,8 @@ TEST_CASE("dump --process --parent: GPU parts incremental on a whole-process ima
   CHECK(nothing_named(family / "bad"));
   REQUIRE(t.goes_on({t.log}));
 
-  const auto second = tool({"dump", std::to_string(t.pid), "--process", "--parent", full.string(), "-o",
-                            inc.string(), "--json"});
+  const auto second =
+      tool({"dump", std::to_string(t.pid), "--process", "--parent", full.string(), "-o", inc.string(), "--json"});
   INFO(describe(second));
   REQUIRE(second.exit_code == 0);
   const auto out = nlohmann::json::parse(second.out);
@@ -216,8 +216,8 @@ TEST_CASE("dump --process refused or failing leaves the process running and no i
     const fs::path old_criu = t.dir.path / "old-criu";
     std::ofstream(old_criu) << "#!/bin/sh\necho 'Version: 3.17.1'\n";
     fs::permissions(old_criu, fs::perms::owner_all);
-    const auto r = tool({"dump", std::to_string(t.pid), "--process", "-o", image.string()},
-                        {{"VMMCKPT_CRIU", old_criu.string()}});
+    const auto r =
+        tool({"dump", std::to_string(t.pid), "--process", "-o", image.string()}, {{"VMMCKPT_CRIU", old_criu.string()}});
     CHECK(r.exit_code == 1);
     CHECK(r.err.find("is CRIU 3.17.1, too old") != std::string::npos);
   }
@@ -282,7 +282,7 @@ TEST_CASE("restore DIR refuses a damaged CPU part and the wrong forms, and chang
   const auto refused = tool({"restore", image.string()});
   CHECK(refused.exit_code == 1);
   CHECK(refused.err.find("the CPU part is damaged") != std::string::npos);
-  CHECK(::kill(t.pid, 0) != 0);  // nothing was started
+  CHECK(::kill(t.pid, 0) != 0);                    // nothing was started
   flip_byte(biggest, fs::file_size(biggest) / 2);  // repaired: the image was not changed otherwise
   CHECK(tool({"verify", image.string()}).exit_code == 0);
 }
@@ -298,8 +298,8 @@ TEST_CASE("the Slurm recipe: the warning signal dumps the job whole, the next al
   const fs::path log = dir.path / "log", images = dir.path / "ckpt";
   const std::string script = std::string(VMMCKPT_SOURCE_DIR) + "/scripts/slurm-preempt.sh";
   const std::map<std::string, std::string> env{{"CUDA_CKPT", cuda_ckpt}, {"SLURM_JOB_ID", ""}};
-  const std::string job = "exec " + script + " --image-dir " + images.string() + " -- " + ticker + " " + log.string() +
-                          " 2>&1";
+  const std::string job =
+      "exec " + script + " --image-dir " + images.string() + " -- " + ticker + " " + log.string() + " 2>&1";
 
   // First allocation: the job starts; Slurm's warning (here sent by hand) checkpoints it.
   pid_t program = 0;

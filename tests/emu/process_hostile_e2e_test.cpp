@@ -83,9 +83,9 @@ TEST_CASE("a whole-process image with a link or special file in it is refused at
     INFO(v.what);
     const fs::path image = d.copy("hostile-" + std::to_string(k++));
     v.make(image);
-    for (const std::vector<std::string>& args : {std::vector<std::string>{"verify", image.string()},
-                                                 std::vector<std::string>{"inspect", image.string()},
-                                                 std::vector<std::string>{"restore", image.string()}}) {
+    for (const std::vector<std::string>& args :
+         {std::vector<std::string>{"verify", image.string()}, std::vector<std::string>{"inspect", image.string()},
+          std::vector<std::string>{"restore", image.string()}}) {
       INFO(args[0]);
       const auto r = bounded(args);
       INFO(describe(r));
@@ -111,7 +111,8 @@ TEST_CASE("numbers in process.json that do not fit are refused, not coerced", "[
   const pid_t pid = d.t.pid;
   const std::vector<variant> variants{
       {"root_pid", [&](nlohmann::json& j) { j["root_pid"] = (1ULL << 32) + static_cast<std::uint64_t>(pid); }},
-      {"processes[0].pid", [&](nlohmann::json& j) { j["processes"][0]["pid"] = (1ULL << 32) + static_cast<std::uint64_t>(pid); }},
+      {"processes[0].pid",
+       [&](nlohmann::json& j) { j["processes"][0]["pid"] = (1ULL << 32) + static_cast<std::uint64_t>(pid); }},
       {"criu_files[0].bytes", [](nlohmann::json& j) { j["criu_files"][0]["bytes"] = -1; }},
       {"gpu_bytes", [](nlohmann::json& j) { j["gpu_bytes"] = 1e30; }},
       {"version", [](nlohmann::json& j) { j["version"] = 1.5; }},

@@ -38,8 +38,8 @@ inline std::string criu_skip_reason() {
 }
 
 // In a test case's own body: skips it (VMMCKPT_SKIP returns from the test case) when CRIU cannot run.
-#define REQUIRE_CRIU()                                                             \
-  do {                                                                             \
+#define REQUIRE_CRIU()                                                               \
+  do {                                                                               \
     if (const std::string why = criu_skip_reason(); !why.empty()) VMMCKPT_SKIP(why); \
   } while (0)
 
@@ -109,8 +109,9 @@ struct ticker_tree {
     if (!wait_until([&] { return last_tick(log) >= 3; }, 60)) {
       std::string out;
       for (const auto& line : lines_of(dir.path / "out")) out += line + "\n";
-      FAIL("the ticker (process " << pid << (::kill(pid, 0) == 0 ? ", alive" : ", gone") << ") did not tick 3 times in 60 s; "
-           << last_tick(log) << " ticks; its output:\n" << out);
+      FAIL("the ticker (process " << pid << (::kill(pid, 0) == 0 ? ", alive" : ", gone")
+                                  << ") did not tick 3 times in 60 s; " << last_tick(log) << " ticks; its output:\n"
+                                  << out);
     }
   }
   ~ticker_tree() {

@@ -19,23 +19,27 @@ fs::path partial_of(const fs::path& image) {
 
 // CRIU's dump, run on after its tool was killed, has ended (its exit status is in the unfinished image).
 bool criu_dump_ended(const fs::path& image) {
-  return wait_until([&] {
-    const fs::path partial = partial_of(image);
-    return !partial.empty() && fs::exists(partial / "criu-dump.status");
-  }, 60);
+  return wait_until(
+      [&] {
+        const fs::path partial = partial_of(image);
+        return !partial.empty() && fs::exists(partial / "criu-dump.status");
+      },
+      60);
 }
 
 // What `ps --json` says of the interrupted operation on `pid`: its entry, or null. Waits up to `seconds` for
 // one (CRIU may still run for a killed tool a moment after its work is visible: ps says nothing until it ends).
 nlohmann::json interrupted_entry(pid_t pid, int seconds = 0) {
   nlohmann::json found = nullptr;
-  wait_until([&] {
-    const auto r = tool({"ps", "--json"});
-    if (r.exit_code == 0)
-      for (const auto& e : nlohmann::json::parse(r.out))
-        if (e.value("status", "") == "interrupted" && e.value("pid", 0) == pid) found = e;
-    return found.is_object() || seconds == 0;
-  }, seconds);
+  wait_until(
+      [&] {
+        const auto r = tool({"ps", "--json"});
+        if (r.exit_code == 0)
+          for (const auto& e : nlohmann::json::parse(r.out))
+            if (e.value("status", "") == "interrupted" && e.value("pid", 0) == pid) found = e;
+        return found.is_object() || seconds == 0;
+      },
+      seconds);
   return found;
 }
 
@@ -119,9 +123,10 @@ TEST_CASE("dump --process killed after CRIU and its program killed: restore DIR 
   t.stop({t.log});
 }
 
-TEST_CASE("dump --process into a file system some inodes short: it fails before the image or completes, and the program "
-          "is never lost",
-          "[process][transaction]") {
+TEST_CASE(
+    "dump --process into a file system some inodes short: it fails before the image or completes, and the program "
+    "is never lost",
+    "[process][transaction]") {
   REQUIRE_CRIU();
   ticker_tree t;
   const fs::path small = t.dir.path / "small";
@@ -134,7 +139,7 @@ TEST_CASE("dump --process into a file system some inodes short: it fails before 
   // What a complete image takes, in inodes (the file system's root is one).
   REQUIRE(tool({"dump", std::to_string(t.pid), "--process", "--leave-running", "-o", (small / "probe").string()})
               .exit_code == 0);
-  struct statvfs v{};
+  struct statvfs v {};
   REQUIRE(::statvfs(small.c_str(), &v) == 0);
   const int used = static_cast<int>(v.f_files - v.f_ffree);
   ::umount2(small.c_str(), MNT_DETACH);
@@ -182,8 +187,8 @@ TEST_CASE("restore DIR killed while criu restore runs: the process waits, ps nam
   const auto killed = tool({"restore", image.string()}, {{"VMMCKPT_TEST_FAULT", "restore:criu-running"}});
   CHECK(killed.signal == SIGKILL);
   // CRIU goes on alone and brings the process back; its GPU memory is not loaded: it waits, suspended.
-  REQUIRE(wait_until([&] { return ::kill(t.pid, 0) == 0 && listed_state(t.pid).value("state", "") == "suspended"; },
-                     60));
+  REQUIRE(
+      wait_until([&] { return ::kill(t.pid, 0) == 0 && listed_state(t.pid).value("state", "") == "suspended"; }, 60));
   const auto entry = interrupted_entry(t.pid, 30);
   INFO(entry.dump());
   REQUIRE(entry.is_object());

@@ -321,7 +321,8 @@ pid_t first_child(pid_t parent) {
 
 }  // namespace
 
-TEST_CASE("A program in namespaces of its own (pid, mount with its own /tmp, network) is found, dumped, suspended and resumed",
+TEST_CASE("A program in namespaces of its own (pid, mount with its own /tmp, network) is found, dumped, suspended and "
+          "resumed",
           "[emu][ps][namespace]") {
   // As a container runs it: it names its socket by the pid it sees (1), in a /tmp only its mount namespace has,
   // and its abstract name lives in a network namespace of its own. The tool reaches it through /proc/PID/root.
@@ -336,8 +337,10 @@ TEST_CASE("A program in namespaces of its own (pid, mount with its own /tmp, net
   // the old /tmp kept at a directory outside it.
   const fs::path old_tmp = "/dev/shm/vmmckpt-ns-test-" + std::to_string(::getpid());
   fs::create_directories(old_tmp);
-  const std::unique_ptr<void, std::function<void(void*)>> remove_old_tmp(
-      reinterpret_cast<void*>(1), [old_tmp](void*) { std::error_code ec; fs::remove(old_tmp, ec); });
+  const std::unique_ptr<void, std::function<void(void*)>> remove_old_tmp(reinterpret_cast<void*>(1), [old_tmp](void*) {
+    std::error_code ec;
+    fs::remove(old_tmp, ec);
+  });
   argv.insert(argv.end(), {"--pid", "--fork", "--mount", "--net", "sh", "-c",
                            "mount --bind /tmp \"$3\" && mount -t tmpfs none /tmp && "
                            "case \"$2\" in /tmp/*) mkdir -p \"$2\" && mount --bind \"$3${2#/tmp}\" \"$2\";; esac && "
@@ -349,7 +352,7 @@ TEST_CASE("A program in namespaces of its own (pid, mount with its own /tmp, net
   REQUIRE(program > 0);
   // Killing unshare leaves its child running; the child is the namespace's init, and takes the rest with it.
   const std::unique_ptr<void, std::function<void(void*)>> end_namespace(reinterpret_cast<void*>(1),
-                                                                          [program](void*) { ::kill(program, SIGKILL); });
+                                                                        [program](void*) { ::kill(program, SIGKILL); });
   const std::string pid = std::to_string(program);
 
   const auto entry = ps_entry(program);
@@ -389,8 +392,8 @@ TEST_CASE("ps, ps PID and inspect show a command with escape sequences and newli
   scratch_dir dir;
   // argv[0] as a hostile program sets it: clear the screen, then a forged row on a line of its own.
   const std::string hostile = "\x1b[2J\x1b[H\nFORGED   root     running";
-  background_process p({cuda_ckpt, "run", "--", "/bin/bash", "-c", "exec -a \"$1\" \"$0\" --seconds 60", writer_program,
-                        hostile});
+  background_process p(
+      {cuda_ckpt, "run", "--", "/bin/bash", "-c", "exec -a \"$1\" \"$0\" --seconds 60", writer_program, hostile});
   REQUIRE(p.wait_for_output("ready\n"));
   const std::string pid = std::to_string(p.pid());
   const fs::path image = dir.path / "image";

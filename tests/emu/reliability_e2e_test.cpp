@@ -34,8 +34,8 @@ TEST_CASE("a fork child that exits through exit() leaves its parent's control so
 
 TEST_CASE("cuda-ckpt ignores SIGXFSZ for itself, not for the command it runs", "[emu][reliability]") {
   // SIGXFSZ is signal 25: bit 24 of the SigIgn mask in /proc/PID/status.
-  const auto r = run_process({"sh", "-c", "trap - XFSZ; exec '" + cuda_ckpt +
-                                              "' run -- sh -c 'grep SigIgn /proc/self/status'"});
+  const auto r =
+      run_process({"sh", "-c", "trap - XFSZ; exec '" + cuda_ckpt + "' run -- sh -c 'grep SigIgn /proc/self/status'"});
   INFO(describe(r));
   REQUIRE(r.exit_code == 0);
   const auto at = r.out.find("SigIgn:");
@@ -76,16 +76,16 @@ void wait_until_state(pid_t pid, const std::string& state, int seconds = 10) {
 
 TEST_CASE("a hold asks for up to an hour and gets it; beyond is refused, not cut", "[emu][reliability]") {
   auto program = start_writer();
-  const auto long_hold = nlohmann::json::parse(raw_request(
-      program->pid(), R"({"op":"dump_begin","hold_deadline_ms":700000,"valid_until_ms":)" +
-                          std::to_string(vmmckpt::control::unix_ms_now() + 60'000) + "}"));
+  const auto long_hold = nlohmann::json::parse(
+      raw_request(program->pid(), R"({"op":"dump_begin","hold_deadline_ms":700000,"valid_until_ms":)" +
+                                      std::to_string(vmmckpt::control::unix_ms_now() + 60'000) + "}"));
   INFO(long_hold.dump());
   REQUIRE(long_hold.at("ok") == true);
   REQUIRE(long_hold.at("hold_deadline_ms") == 700000);  // was cut to 60 s without a word
   // (The connection closed with the request: the program is released.)
-  const auto too_long = nlohmann::json::parse(raw_request(
-      program->pid(), R"({"op":"dump_begin","hold_deadline_ms":4000000,"valid_until_ms":)" +
-                          std::to_string(vmmckpt::control::unix_ms_now() + 60'000) + "}"));
+  const auto too_long = nlohmann::json::parse(
+      raw_request(program->pid(), R"({"op":"dump_begin","hold_deadline_ms":4000000,"valid_until_ms":)" +
+                                      std::to_string(vmmckpt::control::unix_ms_now() + 60'000) + "}"));
   REQUIRE(too_long.at("ok") == false);
   REQUIRE(too_long.at("code") == "bad_request");
   REQUIRE(too_long.at("error").get<std::string>().find("out of range") != std::string::npos);
@@ -94,9 +94,9 @@ TEST_CASE("a hold asks for up to an hour and gets it; beyond is refused, not cut
 
 TEST_CASE("a request that arrives after it expired is refused, not acted on", "[emu][reliability]") {
   auto program = start_writer();
-  const auto late = nlohmann::json::parse(raw_request(
-      program->pid(), R"({"op":"dump_begin","hold_deadline_ms":5000,"valid_until_ms":)" +
-                          std::to_string(vmmckpt::control::unix_ms_now() - 1) + "}"));
+  const auto late = nlohmann::json::parse(
+      raw_request(program->pid(), R"({"op":"dump_begin","hold_deadline_ms":5000,"valid_until_ms":)" +
+                                      std::to_string(vmmckpt::control::unix_ms_now() - 1) + "}"));
   REQUIRE(late.at("ok") == false);
   REQUIRE(late.at("code") == "expired");
   REQUIRE(state_name(program->pid()) == "running");
@@ -135,8 +135,8 @@ TEST_CASE("a dump's deadline covers connecting to a stopped program, and says it
   scratch_dir dir;
   REQUIRE(::kill(program->pid(), SIGSTOP) == 0);
   const auto start = std::chrono::steady_clock::now();
-  const auto r = run_process({cuda_ckpt, "dump", std::to_string(program->pid()), "-o", (dir.path / "img").string(),
-                              "--deadline", "2"});
+  const auto r = run_process(
+      {cuda_ckpt, "dump", std::to_string(program->pid()), "-o", (dir.path / "img").string(), "--deadline", "2"});
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ::kill(program->pid(), SIGCONT);
   INFO(describe(r));
@@ -152,8 +152,9 @@ TEST_CASE("a suspend whose deadline passes says so, and leaves the program runni
   auto program = start_writer();
   scratch_dir dir;
   const fs::path image = dir.path / "img";
-  const auto r = run_process({cuda_ckpt, "suspend", std::to_string(program->pid()), "-o", image.string(), "--deadline", "2"},
-                             {{"VMMCKPT_TEST_FAULT", "verified=pause:3000"}});
+  const auto r =
+      run_process({cuda_ckpt, "suspend", std::to_string(program->pid()), "-o", image.string(), "--deadline", "2"},
+                  {{"VMMCKPT_TEST_FAULT", "verified=pause:3000"}});
   INFO(describe(r));
   REQUIRE(r.exit_code == 1);
   REQUIRE(r.err.find("unknown op") == std::string::npos);
@@ -166,7 +167,8 @@ TEST_CASE("a suspend whose deadline passes says so, and leaves the program runni
 // Stops of the program at each phase of a suspend (SIGSTOP at a fault point, SIGCONT after the
 // tool gave up): the tool and the program agree on one outcome, and no program is ever suspended
 // without its image, or its image deleted while it depends on it.
-TEST_CASE("a program stopped at any phase of a suspend ends with one outcome both sides agree on", "[emu][reliability]") {
+TEST_CASE("a program stopped at any phase of a suspend ends with one outcome both sides agree on",
+          "[emu][reliability]") {
   for (const std::string point : {"program:held", "program:suspend-received", "program:claimed", "program:suspended"}) {
     DYNAMIC_SECTION("stopped at " << point) {
       scratch_dir dir;
@@ -211,9 +213,9 @@ TEST_CASE("a tool stopped at any phase of a suspend leaves one agreed outcome", 
       scratch_dir dir;
       auto program = start_writer();
       const fs::path image = dir.path / "img";
-      background_process tool({cuda_ckpt, "suspend", std::to_string(program->pid()), "-o", image.string(),
-                               "--deadline", "2"},
-                              {{"VMMCKPT_TEST_FAULT", point + "=stop"}});
+      background_process tool(
+          {cuda_ckpt, "suspend", std::to_string(program->pid()), "-o", image.string(), "--deadline", "2"},
+          {{"VMMCKPT_TEST_FAULT", point + "=stop"}});
       usleep(3'500'000);  // past the deadline: the program's hold has ended by now
       ::kill(tool.pid(), SIGCONT);
       const int status = tool.wait();
@@ -294,7 +296,8 @@ TEST_CASE("gc removes what killed tools left behind, and keeps what a process de
   REQUIRE(gc.exit_code == 0);
   const auto report = nlohmann::json::parse(gc.out);
   std::set<std::string> removed;
-  for (const auto& r : report.at("removed")) removed.insert(fs::path(r.at("path").get<std::string>()).filename().string());
+  for (const auto& r : report.at("removed"))
+    removed.insert(fs::path(r.at("path").get<std::string>()).filename().string());
   REQUIRE(removed.count("pending") == 1);
   REQUIRE(std::count_if(removed.begin(), removed.end(),
                         [](const std::string& n) { return n.rfind("partial.partial-", 0) == 0; }) == 1);

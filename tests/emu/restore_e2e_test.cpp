@@ -179,8 +179,7 @@ TEST_CASE("restore --no-verify starts at once; the restoring process still refus
   REQUIRE_FALSE(has_line(r.out, "walked " + std::to_string(node_count) + " nodes"));
 }
 
-TEST_CASE("restore into a process whose pool base is taken: every memory call refused, no crash",
-          "[emu][restore]") {
+TEST_CASE("restore into a process whose pool base is taken: every memory call refused, no crash", "[emu][restore]") {
   scratch_dir dir;
   const auto img = make_list_image(dir);
   // walk-occupied maps 2 MiB at the image's base before CUDA starts.
@@ -225,10 +224,10 @@ TEST_CASE("restore --device N: the program runs on another GPU, as the device it
                 .exit_code == 0);
   }
   // The program's device 0 becomes emulated GPU 1 (and GPU 0 its device 1); its pointers still work.
-  const auto moved = restore(made, {"--device", "1"},
-                             {"sh", "-c", "echo visible=$CUDA_VISIBLE_DEVICES; exec '" + list_program + "' walk '" +
-                                              made.list.string() + "'"},
-                             two_gpus);
+  const auto moved = restore(
+      made, {"--device", "1"},
+      {"sh", "-c", "echo visible=$CUDA_VISIBLE_DEVICES; exec '" + list_program + "' walk '" + made.list.string() + "'"},
+      two_gpus);
   require_walked(moved);
   REQUIRE(has_line(moved.out, "visible=1,0"));
   const auto no_such_gpu = restore(made, {"--device", "5"}, {"true"}, two_gpus);

@@ -18,7 +18,7 @@ using namespace vmmckpt::test;
 TEST_CASE("the control directory is 0700 and the socket 0600", "[emu][security]") {
   auto program = start_writer();
   const std::string path = vmmckpt::protocol::socket_path(program->pid());
-  struct stat st{};
+  struct stat st {};
   REQUIRE(::stat(path.c_str(), &st) == 0);
   REQUIRE(S_ISSOCK(st.st_mode));
   REQUIRE((st.st_mode & 0777) == 0600);
@@ -35,9 +35,9 @@ TEST_CASE("a client of another uid is refused by the program, and the refusal is
   // (tests run in parallel) sets the shared one back to 0700, closing the door opened below.
   const fs::path xdg = dir.path / "xdg";
   fs::create_directory(xdg);
-  background_process program({cuda_ckpt, "run", "--", writer_program, "--seconds", "60"},
-                             {{"VMMCKPT_LOG_FILE", log.string()}, {"VMMCKPT_LOG_LEVEL", "info"},
-                              {"XDG_RUNTIME_DIR", xdg.string()}});
+  background_process program(
+      {cuda_ckpt, "run", "--", writer_program, "--seconds", "60"},
+      {{"VMMCKPT_LOG_FILE", log.string()}, {"VMMCKPT_LOG_LEVEL", "info"}, {"XDG_RUNTIME_DIR", xdg.string()}});
   REQUIRE(program.wait_for_output("ready\n"));
   const std::string dir_path = (xdg / "vmmckpt").string();
   const std::string path = dir_path + "/" + std::to_string(program.pid()) + ".sock";
@@ -77,7 +77,8 @@ TEST_CASE("a client of another uid is refused by the program, and the refusal is
     return text.str();
   };
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  while (logged().find("refused a connection from uid 65534") == logged().rfind("refused a connection from uid 65534") &&
+  while (logged().find("refused a connection from uid 65534") ==
+             logged().rfind("refused a connection from uid 65534") &&
          std::chrono::steady_clock::now() < until)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   const std::string text = logged();
@@ -125,13 +126,14 @@ TEST_CASE("another uid reconnecting in a loop: refusals are logged at most once 
     if (line.find("refused a connection from uid 65534") != std::string::npos) {
       ++lines;
       ++counted;
-    } else if (const auto at = line.find("refused "); at != std::string::npos && line.find(" connections within a second") != std::string::npos) {
+    } else if (const auto at = line.find("refused ");
+               at != std::string::npos && line.find(" connections within a second") != std::string::npos) {
       ++lines;
       counted += std::stoi(line.substr(at + 8));
     }
   }
   INFO(lines << " lines for " << attempts << " refusals in " << seconds << " s");
-  CHECK(counted == attempts);  // every refusal is counted
+  CHECK(counted == attempts);                     // every refusal is counted
   CHECK(lines <= static_cast<int>(seconds) + 3);  // at most one line a second (and the first at once)
   REQUIRE(run_process({cuda_ckpt, "check", std::to_string(program.pid())}).exit_code == 0);
 }

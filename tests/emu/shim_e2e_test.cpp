@@ -143,7 +143,8 @@ TEST_CASE("running out of device memory is an error the program can handle", "[e
   const auto r = run_process({programs + "emu_driver_alloc", "--exhaust"}, shim_env({{"VMMCKPT_EMU_MEM", "1G"}}));
   INFO(describe(r));
   REQUIRE(r.exit_code == 0);
-  REQUIRE(r.out.find("exhausted after 4 blocks: CUDA_ERROR_OUT_OF_MEMORY") != std::string::npos);  // 4 x 256 MiB = 1 GiB
+  REQUIRE(r.out.find("exhausted after 4 blocks: CUDA_ERROR_OUT_OF_MEMORY") !=
+          std::string::npos);  // 4 x 256 MiB = 1 GiB
   require_in_pool(parse_ptrs(r.out));
 }
 
@@ -167,7 +168,8 @@ TEST_CASE("fork: a child of a CUDA-free parent gets the pool; a child after CUDA
 TEST_CASE("processes that never use CUDA are untouched", "[emu][shim]") {
   const std::string dir = temp_dir();
   const std::string log = dir + "/log";
-  REQUIRE(run_process({"/bin/true"}, shim_env({{"VMMCKPT_LOG_FILE", log}, {"VMMCKPT_LOG_LEVEL", "trace"}})).exit_code == 0);
+  REQUIRE(run_process({"/bin/true"}, shim_env({{"VMMCKPT_LOG_FILE", log}, {"VMMCKPT_LOG_LEVEL", "trace"}})).exit_code ==
+          0);
   // A shell lists its own threads and open files: the same with and without the shim.
   const std::string probe = "ls /proc/$$/task | wc -l; ls /proc/$$/fd; echo ok";
   const auto plain = run_process({"/bin/sh", "-c", probe});
@@ -200,8 +202,9 @@ TEST_CASE("logging goes to VMMCKPT_LOG_FILE at VMMCKPT_LOG_LEVEL", "[emu][shim]"
   REQUIRE(text.str().find("pool of 512 GiB reserved at 0x200000000000") != std::string::npos);
   REQUIRE(text.str().find("mapped") != std::string::npos);
   // An unwritable log file is no reason to fail the program.
-  const auto unwritable = run_process({programs + "emu_driver_alloc"},
-                                      shim_env({{"VMMCKPT_LOG_FILE", "/proc/no/such/dir/log"}, {"VMMCKPT_LOG_LEVEL", "debug"}}));
+  const auto unwritable =
+      run_process({programs + "emu_driver_alloc"},
+                  shim_env({{"VMMCKPT_LOG_FILE", "/proc/no/such/dir/log"}, {"VMMCKPT_LOG_LEVEL", "debug"}}));
   REQUIRE(unwritable.exit_code == 0);
   std::filesystem::remove_all(dir);
 }

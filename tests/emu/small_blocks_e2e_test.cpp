@@ -32,7 +32,8 @@ std::string check_blocks(background_process& program, std::size_t blocks) {
   ::kill(program.pid(), SIGUSR2);
   program.wait_for_output(expected, 60);
   const std::string& out = program.output();
-  return out.find("check bad") != std::string::npos ? out.substr(out.find("check bad")) : out.substr(out.rfind("check"));
+  return out.find("check bad") != std::string::npos ? out.substr(out.find("check bad"))
+                                                    : out.substr(out.rfind("check"));
 }
 
 // `cuda-ckpt dump` of the program into `image`, which must then read back whole.
@@ -47,10 +48,12 @@ vmmckpt::image::reader dump_and_verify(const background_process& program, const 
 
 }  // namespace
 
-TEST_CASE("many small blocks: few extents, and dump, restore, suspend and resume bring every byte back", "[emu][small]") {
+TEST_CASE("many small blocks: few extents, and dump, restore, suspend and resume bring every byte back",
+          "[emu][small]") {
   scratch_dir dir;
   constexpr std::size_t blocks = 3000;
-  background_process program({cuda_ckpt, "run", "--", small_blocks, "--count", std::to_string(blocks), "--size", "200"});
+  background_process program(
+      {cuda_ckpt, "run", "--", small_blocks, "--count", std::to_string(blocks), "--size", "200"});
   REQUIRE(program.wait_for_output("ready\n"));
 
   const fs::path image = dir.path / "image";
@@ -64,7 +67,8 @@ TEST_CASE("many small blocks: few extents, and dump, restore, suspend and resume
     CHECK(reader.info().data_bytes == blocks * 200);
   }
   // A new process: each block where it was, with its bytes.
-  const auto restored = run_process({cuda_ckpt, "restore", image.string(), "--", restored_check, image.string()}, {}, 120);
+  const auto restored =
+      run_process({cuda_ckpt, "restore", image.string(), "--", restored_check, image.string()}, {}, 120);
   INFO(describe(restored));
   REQUIRE(restored.exit_code == 0);
   REQUIRE(restored.out.find("restored 3000 allocations, 600000 bytes, all equal") != std::string::npos);
@@ -80,8 +84,9 @@ TEST_CASE("many small blocks: few extents, and dump, restore, suspend and resume
   REQUIRE(check_blocks(program, blocks) == "check ok 3000\n");
 }
 
-TEST_CASE("large allocations are never joined: each starts an extent of its own, whose blocks the GPU can hash in place",
-          "[emu][small]") {
+TEST_CASE(
+    "large allocations are never joined: each starts an extent of its own, whose blocks the GPU can hash in place",
+    "[emu][small]") {
   scratch_dir dir;
   // Small blocks, then three of 2 MiB: the pool puts the large ones side by side, close enough to be joined
   // if size did not count.

@@ -116,8 +116,9 @@ TEST_CASE("a suspend whose tool dies before the image is complete frees nothing"
   REQUIRE(state.at("state") == "running");
   REQUIRE(state.at("pools").at(0).at("backed_bytes").get<std::uint64_t>() > 0);
   REQUIRE_FALSE(fs::exists(image));
-  REQUIRE(run_process({cuda_ckpt, "dump", std::to_string(program->pid()), "-o", (dir.path / "after").string()})
-              .exit_code == 0);
+  REQUIRE(
+      run_process({cuda_ckpt, "dump", std::to_string(program->pid()), "-o", (dir.path / "after").string()}).exit_code ==
+      0);
 }
 
 TEST_CASE("the default suspend image lives on /dev/shm and resume removes it", "[emu][suspend]") {

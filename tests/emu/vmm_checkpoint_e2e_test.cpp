@@ -77,7 +77,8 @@ TEST_CASE("a dump holds program-made VMM memory; a new process restored from it 
   // The program ends; a new one restored from the image checks everything, then uses and frees it all.
   ask(program, dir.path, "finish", "done\n");
   REQUIRE(program.wait() == 0);
-  background_process restored({cuda_ckpt, "restore", image.string(), "--", vmm_program, dir.path.string(), "--restored"});
+  background_process restored(
+      {cuda_ckpt, "restore", image.string(), "--", vmm_program, dir.path.string(), "--restored"});
   INFO(restored.output());
   REQUIRE(restored.wait_for_output("restored\n"));
   ask(restored, dir.path, "check", "ok 1\n");
@@ -141,8 +142,7 @@ TEST_CASE("restore --device moves program-made VMM memory to another GPU at the 
   {
     background_process program({cuda_ckpt, "run", "--", vmm_program, dir.path.string()}, two_gpus);
     REQUIRE(program.wait_for_output("ready\n"));
-    const auto dumped =
-        run_process({cuda_ckpt, "dump", std::to_string(program.pid()), "-o", image.string()}, two_gpus);
+    const auto dumped = run_process({cuda_ckpt, "dump", std::to_string(program.pid()), "-o", image.string()}, two_gpus);
     INFO(describe(dumped));
     REQUIRE(dumped.exit_code == 0);
   }
@@ -217,8 +217,8 @@ TEST_CASE("a --replay restore of damaged VMM bytes fails before the program uses
   }
   const file_byte damaged = vmm_byte(image, true, 100);
   flip_byte(damaged.file, damaged.offset);
-  const auto replayed =
-      run_process({cuda_ckpt, "restore", image.string(), "--replay", "--", vmm_program, dir.path.string(), "--replayed"});
+  const auto replayed = run_process(
+      {cuda_ckpt, "restore", image.string(), "--replay", "--", vmm_program, dir.path.string(), "--replayed"});
   INFO(describe(replayed));
   CHECK(replayed.exit_code != 0);
   CHECK_THAT(replayed.err, Catch::Contains("checksum mismatch"));

@@ -90,12 +90,12 @@ vmm_lines require_deterministic_in_window(const std::string& program) {
 
 }  // namespace
 
-TEST_CASE("vmm: PyTorch's expandable segments get window addresses and tokens, the same in two runs",
-          "[emu][vmm]") {
+TEST_CASE("vmm: PyTorch's expandable segments get window addresses and tokens, the same in two runs", "[emu][vmm]") {
   const vmm_lines lines = require_deterministic_in_window("emu_vmm_expandable");
   // Two segments of 1.125 x device memory, the second right after the first; 10 handles, counted 1 to 10.
   REQUIRE(lines.reservations.size() == 2);
-  REQUIRE(lines.reservations[1].addr == window_base + (lines.reservations[0].size + (2 << 20) - 1) / (2 << 20) * (2 << 20));
+  REQUIRE(lines.reservations[1].addr ==
+          window_base + (lines.reservations[0].size + (2 << 20) - 1) / (2 << 20) * (2 << 20));
   REQUIRE(lines.tokens.size() == 10);
   for (std::size_t i = 0; i < lines.tokens.size(); ++i) REQUIRE((lines.tokens[i] & 0xffffffffffULL) == i + 1);
 }
@@ -160,8 +160,7 @@ TEST_CASE("vmm: a forked child steps aside: the parent's tokens reach the driver
   REQUIRE(parse(r.out).reservations.front().addr == window_base);
 }
 
-TEST_CASE("vmm: segments grown and emptied by 8 threads at once all succeed and give every handle back",
-          "[emu][vmm]") {
+TEST_CASE("vmm: segments grown and emptied by 8 threads at once all succeed and give every handle back", "[emu][vmm]") {
   const auto r = run_under_shim({programs + "emu_vmm_expandable", "--threads"});
   INFO(describe(r));
   REQUIRE(r.exit_code == 0);

@@ -50,7 +50,8 @@ int main(int argc, char** argv) {
     return fail("init");
   }
   CUdeviceptr va = 0;
-  if (cuMemAddressReserve(&va, size, 0, want, 0) != CUDA_SUCCESS || va != want) return fail("reserve at the owner's address");
+  if (cuMemAddressReserve(&va, size, 0, want, 0) != CUDA_SUCCESS || va != want)
+    return fail("reserve at the owner's address");
   CUmemGenericAllocationHandle h = 0;
   if (cuMemImportFromShareableHandle(&h, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd)),
                                      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != CUDA_SUCCESS) {
@@ -58,7 +59,8 @@ int main(int argc, char** argv) {
   }
   close(fd);
   CUmemAllocationProp prop{};
-  if (cuMemGetAllocationPropertiesFromHandle(&prop, h) != CUDA_SUCCESS || prop.location.id != 0) return fail("properties");
+  if (cuMemGetAllocationPropertiesFromHandle(&prop, h) != CUDA_SUCCESS || prop.location.id != 0)
+    return fail("properties");
   if (cuMemMap(va, size, 0, h, 0) != CUDA_SUCCESS) return fail("map");
   CUmemAccessDesc desc{};
   desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;

@@ -50,7 +50,8 @@ TEST_CASE("calls before cuInit and without a context fail like the real driver",
   REQUIRE_CU(cuCtxSynchronize());
   REQUIRE(thread_count() == before);
   int flag = 0;
-  REQUIRE_CU(cuLaunchHostFunc(nullptr, [](void* f) { *static_cast<int*>(f) = 1; }, &flag));
+  REQUIRE_CU(cuLaunchHostFunc(
+      nullptr, [](void* f) { *static_cast<int*>(f) = 1; }, &flag));
   REQUIRE_CU(cuCtxSynchronize());
   REQUIRE(flag == 1);
   REQUIRE(thread_count() == before + 1);

@@ -39,8 +39,7 @@ TEST_CASE("cuGetProcAddress maps base names and versions to the right ABI", "[re
   REQUIRE(resolve("cuCtxSynchronize", 13000) == exported("cuCtxSynchronize_v2"));
   REQUIRE(resolve("cuDeviceGetUuid", 11040) == exported("cuDeviceGetUuid_v2"));
   REQUIRE(resolve("cuMemCreate", 13000) == exported("cuMemCreate"));
-  REQUIRE(resolve("cuStreamGetDevice", 12000, CUDA_SUCCESS, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT) ==
-          nullptr);
+  REQUIRE(resolve("cuStreamGetDevice", 12000, CUDA_SUCCESS, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT) == nullptr);
   REQUIRE(resolve("cuNoSuchFunction", 13000, CUDA_SUCCESS, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND) == nullptr);
 
   // Per-thread-default-stream lookups get the same functions (legacy semantics on the emulator).

@@ -55,13 +55,14 @@ TEST_CASE("granularity is 2 MiB and unaligned sizes are refused", "[vmm]") {
   REQUIRE_CU(cuMemCreate(&h, 2 * granularity, &prop, 0));
   REQUIRE_CU(cuMemAddressReserve(&va, 4 * granularity, 0, 0, 0));
   REQUIRE(va % granularity == 0);
-  REQUIRE(cuMemMap(va + 4096, granularity, 0, h, 0) == CUDA_ERROR_INVALID_VALUE);           // address
-  REQUIRE(cuMemMap(va, granularity + 4096, 0, h, 0) == CUDA_ERROR_INVALID_VALUE);           // size
-  REQUIRE(cuMemMap(va, granularity, 4096, h, 0) == CUDA_ERROR_INVALID_VALUE);               // offset
-  REQUIRE(cuMemMap(va, granularity, 2 * granularity, h, 0) == CUDA_ERROR_INVALID_VALUE);    // past the handle
-  REQUIRE(cuMemMap(va + 3 * granularity, 2 * granularity, 0, h, 0) == CUDA_ERROR_INVALID_VALUE);  // past the reservation
+  REQUIRE(cuMemMap(va + 4096, granularity, 0, h, 0) == CUDA_ERROR_INVALID_VALUE);         // address
+  REQUIRE(cuMemMap(va, granularity + 4096, 0, h, 0) == CUDA_ERROR_INVALID_VALUE);         // size
+  REQUIRE(cuMemMap(va, granularity, 4096, h, 0) == CUDA_ERROR_INVALID_VALUE);             // offset
+  REQUIRE(cuMemMap(va, granularity, 2 * granularity, h, 0) == CUDA_ERROR_INVALID_VALUE);  // past the handle
+  REQUIRE(cuMemMap(va + 3 * granularity, 2 * granularity, 0, h, 0) ==
+          CUDA_ERROR_INVALID_VALUE);  // past the reservation
 
-  REQUIRE_CU(cuMemMap(va, granularity, granularity, h, 0));  // second half of the handle
+  REQUIRE_CU(cuMemMap(va, granularity, granularity, h, 0));                 // second half of the handle
   REQUIRE(cuMemMap(va, granularity, 0, h, 0) == CUDA_ERROR_INVALID_VALUE);  // already mapped
   CUmemAccessDesc desc = read_write();
   REQUIRE(cuMemSetAccess(va, granularity / 2, &desc, 1) == CUDA_ERROR_INVALID_VALUE);
@@ -140,9 +141,9 @@ TEST_CASE("a small reservation is placed by the driver whatever its hint, as on 
   };
   // Measured with driver 580.159.04 (docs/vmm.md): under 32 MiB the hint is ignored, unless 8 or 16 MiB
   // aligned to its size.
-  for (const ask a : {ask{granularity, 0, false}, ask{4 * granularity, 0, false}, ask{4 * granularity, 8 * granularity, true},
-                      ask{8 * granularity, 0, false}, ask{8 * granularity, 16 * granularity, true},
-                      ask{16 * granularity, 0, true}}) {
+  for (const ask a :
+       {ask{granularity, 0, false}, ask{4 * granularity, 0, false}, ask{4 * granularity, 8 * granularity, true},
+        ask{8 * granularity, 0, false}, ask{8 * granularity, 16 * granularity, true}, ask{16 * granularity, 0, true}}) {
     INFO("size " << a.size << " alignment " << a.alignment);
     CUdeviceptr got = 0;
     REQUIRE_CU(cuMemAddressReserve(&got, a.size, a.alignment, hint, 0));
@@ -351,7 +352,8 @@ TEST_CASE("only handles created exportable can be exported", "[vmm]") {
   CUmemGenericAllocationHandle h = 0;
   REQUIRE_CU(cuMemCreate(&h, granularity, &prop, 0));
   int fd = -1;
-  REQUIRE(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) == CUDA_ERROR_INVALID_VALUE);
+  REQUIRE(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) ==
+          CUDA_ERROR_INVALID_VALUE);
   REQUIRE_CU(cuMemRelease(h));
   // A descriptor that is not emulator memory is refused on import.
   int pipe_fds[2];

@@ -254,7 +254,8 @@ void check_image(const std::filesystem::path& dir, const written_image& image, c
   }
   if (!skipped && data_good != (all_read && manifest_matches)) {
     std::fprintf(stderr, "image_fuzzer: verify_data says %s but reading every extent %s and the manifest checksum %s\n",
-                 data_good ? "good" : "bad", all_read ? "succeeded" : "failed", manifest_matches ? "matches" : "differs");
+                 data_good ? "good" : "bad", all_read ? "succeeded" : "failed",
+                 manifest_matches ? "matches" : "differs");
     std::abort();
   }
 

@@ -158,7 +158,8 @@ image_files write_image(const fs::path& scratch, const std::string& name, img::m
   }
   const img::reader r = img::reader::open(dir);
   r.verify_data();
-  image_files out{read_file(dir / "manifest.json"), read_file(dir / "tables.bin"), read_file(dir / "data.bin"), r.info()};
+  image_files out{read_file(dir / "manifest.json"), read_file(dir / "tables.bin"), read_file(dir / "data.bin"),
+                  r.info()};
   for (std::uint32_t k = 1; k < files; ++k) {
     out.data.insert(out.data.end(), file_separator.begin(), file_separator.end());
     const bytes more = read_file(dir / ("data." + std::to_string(k) + ".bin"));
@@ -173,8 +174,10 @@ image_files write_image(const fs::path& scratch, const std::string& name, img::m
 bytes with_headers_for(bytes data, const bytes& manifest_text, std::uint32_t format) {
   const std::uint64_t sum = XXH3_64bits(manifest_text.data(), manifest_text.size());
   for (const std::size_t start : file_starts(data)) {
-    for (int i = 0; i < 4; ++i) data[start + 12 + static_cast<std::size_t>(i)] = static_cast<unsigned char>(format >> (8 * i));
-    for (int i = 0; i < 8; ++i) data[start + 24 + static_cast<std::size_t>(i)] = static_cast<unsigned char>(sum >> (8 * i));
+    for (int i = 0; i < 4; ++i)
+      data[start + 12 + static_cast<std::size_t>(i)] = static_cast<unsigned char>(format >> (8 * i));
+    for (int i = 0; i < 8; ++i)
+      data[start + 24 + static_cast<std::size_t>(i)] = static_cast<unsigned char>(sum >> (8 * i));
   }
   return data;
 }
@@ -266,7 +269,8 @@ struct seed_writer {
     edit(tables);
     ojson j = ojson::parse(good.manifest.begin(), good.manifest.end());
     char sum[17];
-    std::snprintf(sum, sizeof sum, "%016llx", static_cast<unsigned long long>(XXH3_64bits(tables.data(), tables.size())));
+    std::snprintf(sum, sizeof sum, "%016llx",
+                  static_cast<unsigned long long>(XXH3_64bits(tables.data(), tables.size())));
     j["tables"]["checksum"] = sum;
     j["tables"]["bytes"] = tables.size();
     const bytes text = to_bytes(j.dump(2) + "\n");
@@ -307,7 +311,8 @@ bytes criu_pstree(const std::vector<std::pair<std::uint32_t, std::uint32_t>>& ta
   u32(out, 0x50273030);
   for (const auto& [pid, ppid] : tasks) {
     bytes m;
-    for (const auto& [field, value] : {std::pair{1u, pid}, std::pair{2u, ppid}, std::pair{3u, pid}, std::pair{4u, pid}}) {
+    for (const auto& [field, value] :
+         {std::pair{1u, pid}, std::pair{2u, ppid}, std::pair{3u, pid}, std::pair{4u, pid}}) {
       m.push_back(static_cast<unsigned char>(field << 3));
       varint(m, value);
     }
@@ -328,16 +333,27 @@ void process_seeds(const fs::path& out, const image_files& gpu, const std::strin
     std::snprintf(sum, sizeof sum, "%016llx", static_cast<unsigned long long>(XXH3_64bits(b.data(), b.size())));
     return ojson{{"name", name}, {"bytes", b.size()}, {"checksum", sum}};
   };
-  ojson good = {{"format", "vmmckpt-process"}, {"version", 1}, {"tool_version", "0.1.0"},
-                {"created", "2026-11-26T10:00:00Z"}, {"host", "node-7"}, {"root_pid", 4242},
-                {"criu_version", "4.1.1"}, {"gpu_bytes", gpu.decoded.data_bytes}, {"stopped_seconds", 1.25},
+  ojson good = {{"format", "vmmckpt-process"},
+                {"version", 1},
+                {"tool_version", "0.1.0"},
+                {"created", "2026-11-26T10:00:00Z"},
+                {"host", "node-7"},
+                {"root_pid", 4242},
+                {"criu_version", "4.1.1"},
+                {"gpu_bytes", gpu.decoded.data_bytes},
+                {"stopped_seconds", 1.25},
                 {"left_running", false}};
-  good["processes"] = ojson::array({ojson{{"pid", 4242}, {"parent", 1}, {"command", {"./train", "--steps", "9"}},
-                                          {"image_id", image_id}, {"driver_checkpointed", true}}});
-  good["criu_files"] = ojson::array({criu_file("inventory.img", inventory), criu_file("pages-1.img", pages),
-                                     criu_file("pstree.img", pstree)});
-  const std::vector<process_entry> layout{{'f', "criu/inventory.img", inventory}, {'f', "criu/pages-1.img", pages},
-                                          {'f', "criu/pstree.img", pstree},       {'d', "gpu/4242", {}},
+  good["processes"] = ojson::array({ojson{{"pid", 4242},
+                                          {"parent", 1},
+                                          {"command", {"./train", "--steps", "9"}},
+                                          {"image_id", image_id},
+                                          {"driver_checkpointed", true}}});
+  good["criu_files"] = ojson::array(
+      {criu_file("inventory.img", inventory), criu_file("pages-1.img", pages), criu_file("pstree.img", pstree)});
+  const std::vector<process_entry> layout{{'f', "criu/inventory.img", inventory},
+                                          {'f', "criu/pages-1.img", pages},
+                                          {'f', "criu/pstree.img", pstree},
+                                          {'d', "gpu/4242", {}},
                                           {'f', "gpu/4242/manifest.json", gpu.manifest},
                                           {'f', "gpu/4242/tables.bin", gpu.tables},
                                           {'f', "gpu/4242/data.bin", gpu.data},
@@ -395,49 +411,72 @@ int main(int argc, char** argv) try {
 
   // Valid images, from the smallest to one with several pools, allocations and extents.
   const image_files empty = write_image(scratch, "empty", base_manifest({"./app"}, 1), {});
-  const image_files one = write_image(
-      scratch, "one", base_manifest({"./app", "--steps", "100"}, 1),
-      {{0, base0, 512 * gran, {{base0, 4096, vmmckpt::alloc_api::cuda_malloc}}, {{base0, 4096}}}});
+  const image_files one =
+      write_image(scratch, "one", base_manifest({"./app", "--steps", "100"}, 1),
+                  {{0, base0, 512 * gran, {{base0, 4096, vmmckpt::alloc_api::cuda_malloc}}, {{base0, 4096}}}});
   // Pools lie as a process's do, device d's at base0 + d * size (image::validate), and every allocation
   // is wholly in the image.
   constexpr std::uint64_t size = 512 * gran;
-  const image_files two_pools = write_image(
-      scratch, "two-pools", base_manifest({"python3", "train.py", "--lr=3e-4"}, 2),
-      {{0, base0, size,
-        {{base0, 3000, vmmckpt::alloc_api::cuda_malloc}, {base0 + gran, 5000, vmmckpt::alloc_api::cu_mem_alloc}, {base0 + 2 * gran, 100, vmmckpt::alloc_api::cuda_malloc_async}},
-        {{base0, 1000}, {base0 + 1000, 2000}, {base0 + gran, 5000}, {base0 + 2 * gran, 100}}},
-       {1, base0 + size, size,
-        {{base0 + size, 1, vmmckpt::alloc_api::cuda_malloc}, {base0 + size + gran, 8192, vmmckpt::alloc_api::cuda_malloc_pitch}},
-        {{base0 + size, 1}, {base0 + size + gran, 8192}}}});
+  const image_files two_pools =
+      write_image(scratch, "two-pools", base_manifest({"python3", "train.py", "--lr=3e-4"}, 2),
+                  {{0,
+                    base0,
+                    size,
+                    {{base0, 3000, vmmckpt::alloc_api::cuda_malloc},
+                     {base0 + gran, 5000, vmmckpt::alloc_api::cu_mem_alloc},
+                     {base0 + 2 * gran, 100, vmmckpt::alloc_api::cuda_malloc_async}},
+                    {{base0, 1000}, {base0 + 1000, 2000}, {base0 + gran, 5000}, {base0 + 2 * gran, 100}}},
+                   {1,
+                    base0 + size,
+                    size,
+                    {{base0 + size, 1, vmmckpt::alloc_api::cuda_malloc},
+                     {base0 + size + gran, 8192, vmmckpt::alloc_api::cuda_malloc_pitch}},
+                    {{base0 + size, 1}, {base0 + size + gran, 8192}}}});
   // A device without a pool, pools not in device order, odd command bytes.
   const image_files sparse = write_image(
       scratch, "sparse", base_manifest({"./app", "caf\xc3\xa9", "", "\xe2\x82\xac"}, 3),
-      {{2, base0 + 2 * size, size,
-        {{base0 + 2 * size, gran, vmmckpt::alloc_api::cuda_malloc}, {base0 + 2 * size + gran, 2 * gran, vmmckpt::alloc_api::cuda_malloc}},
+      {{2,
+        base0 + 2 * size,
+        size,
+        {{base0 + 2 * size, gran, vmmckpt::alloc_api::cuda_malloc},
+         {base0 + 2 * size + gran, 2 * gran, vmmckpt::alloc_api::cuda_malloc}},
         {{base0 + 2 * size, gran}, {base0 + 2 * size + gran, 777}, {base0 + 2 * size + gran + 777, 2 * gran - 777}}},
        {0, base0, size, {{base0, 64, vmmckpt::alloc_api::cuda_malloc}}, {{base0, 64}}}});
 
   // The same two pools, their extents spread over three data files, as parallel dumps write them.
-  const image_files striped = write_image(
-      scratch, "striped", base_manifest({"python3", "train.py"}, 2),
-      {{0, base0, size,
-        {{base0, 3000, vmmckpt::alloc_api::cuda_malloc}, {base0 + gran, 5000, vmmckpt::alloc_api::cu_mem_alloc}, {base0 + 2 * gran, 100, vmmckpt::alloc_api::cuda_malloc_async}},
-        {{base0, 1000}, {base0 + 1000, 2000}, {base0 + gran, 5000}, {base0 + 2 * gran, 100}}},
-       {1, base0 + size, size,
-        {{base0 + size, 1, vmmckpt::alloc_api::cuda_malloc}, {base0 + size + gran, 8192, vmmckpt::alloc_api::cuda_malloc_pitch}},
-        {{base0 + size, 1}, {base0 + size + gran, 8192}}}},
-      3);
+  const image_files striped =
+      write_image(scratch, "striped", base_manifest({"python3", "train.py"}, 2),
+                  {{0,
+                    base0,
+                    size,
+                    {{base0, 3000, vmmckpt::alloc_api::cuda_malloc},
+                     {base0 + gran, 5000, vmmckpt::alloc_api::cu_mem_alloc},
+                     {base0 + 2 * gran, 100, vmmckpt::alloc_api::cuda_malloc_async}},
+                    {{base0, 1000}, {base0 + 1000, 2000}, {base0 + gran, 5000}, {base0 + 2 * gran, 100}}},
+                   {1,
+                    base0 + size,
+                    size,
+                    {{base0 + size, 1, vmmckpt::alloc_api::cuda_malloc},
+                     {base0 + size + gran, 8192, vmmckpt::alloc_api::cuda_malloc_pitch}},
+                    {{base0 + size, 1}, {base0 + size + gran, 8192}}}},
+                  3);
 
   // Small allocations with gaps between them, stored as one extent, as dumps store them.
-  const image_files packed = write_image(
-      scratch, "packed", base_manifest({"./many-small"}, 1),
-      {{0, base0, size,
-        {{base0, 100, vmmckpt::alloc_api::cuda_malloc}, {base0 + 512, 300, vmmckpt::alloc_api::cuda_malloc},
-         {base0 + 4096, 2000, vmmckpt::alloc_api::cu_mem_alloc}},
-        {{base0, 4096 + 2000, 2400}}}});
+  const image_files packed = write_image(scratch, "packed", base_manifest({"./many-small"}, 1),
+                                         {{0,
+                                           base0,
+                                           size,
+                                           {{base0, 100, vmmckpt::alloc_api::cuda_malloc},
+                                            {base0 + 512, 300, vmmckpt::alloc_api::cuda_malloc},
+                                            {base0 + 4096, 2000, vmmckpt::alloc_api::cu_mem_alloc}},
+                                           {{base0, 4096 + 2000, 2400}}}});
 
-  for (const auto& [name, f] : {std::pair{"empty", &empty}, {"one", &one}, {"two-pools", &two_pools}, {"sparse", &sparse},
-                                {"striped", &striped}, {"packed", &packed}}) {
+  for (const auto& [name, f] : {std::pair{"empty", &empty},
+                                {"one", &one},
+                                {"two-pools", &two_pools},
+                                {"sparse", &sparse},
+                                {"striped", &striped},
+                                {"packed", &packed}}) {
     seeds.image(name, f->manifest, f->tables, f->data);
     seeds.manifest(name, to_bytes(img::to_json(f->decoded) + "\n"));
   }
@@ -446,7 +485,9 @@ int main(int argc, char** argv) try {
   // replaced, edited, or damaged where the child reads it.
   {
     const std::vector<planned_pool> chain_pools = {
-        {0, base0, size,
+        {0,
+         base0,
+         size,
          {{base0, 3000, vmmckpt::alloc_api::cuda_malloc}, {base0 + gran, 5000, vmmckpt::alloc_api::cu_mem_alloc}},
          {{base0, 1000}, {base0 + 1000, 2000}, {base0 + gran, 5000}}},
         {1, base0 + size, size, {{base0 + size, 700, vmmckpt::alloc_api::cuda_malloc}}, {{base0 + size, 700}}}};
@@ -454,7 +495,8 @@ int main(int argc, char** argv) try {
     const image_files child = write_child(scratch, "child", base_manifest({"./train"}, 2), chain_pools, 1);
     write_file(seeds.out / "image" / "chain", chain_input(child, parent));
     seeds.manifest("chain", to_bytes(img::to_json(child.decoded) + "\n"));
-    write_file(seeds.out / "image" / "near-miss-chain-parent-missing", fuzz_input(child.manifest, child.tables, child.data));
+    write_file(seeds.out / "image" / "near-miss-chain-parent-missing",
+               fuzz_input(child.manifest, child.tables, child.data));
     write_file(seeds.out / "image" / "near-miss-chain-parent-replaced", chain_input(child, one));
     image_files edited = parent;
     {
@@ -525,20 +567,23 @@ int main(int argc, char** argv) try {
     seeds.image("near-miss-files-swapped", striped.manifest, striped.tables, d);
     // A data file missing.
     seeds.image("near-miss-file-missing", striped.manifest, striped.tables,
-                bytes(striped.data.begin(), striped.data.begin() + static_cast<std::ptrdiff_t>(starts[2] - file_separator.size())));
+                bytes(striped.data.begin(),
+                      striped.data.begin() + static_cast<std::ptrdiff_t>(starts[2] - file_separator.size())));
   }
-  seeds.edited_tables("near-miss-checksum", two_pools, [](ojson& j) { j["pools"][0]["extents"][1]["checksum"] = "0123456789abcdef"; });
-  seeds.edited_tables("near-miss-overlap", two_pools, [](ojson& j) { j["pools"][0]["extents"][1]["addr"] = "0x2000000003e7"; });
+  seeds.edited_tables("near-miss-checksum", two_pools,
+                      [](ojson& j) { j["pools"][0]["extents"][1]["checksum"] = "0123456789abcdef"; });
+  seeds.edited_tables("near-miss-overlap", two_pools,
+                      [](ojson& j) { j["pools"][0]["extents"][1]["addr"] = "0x2000000003e7"; });
   seeds.edited_tables("near-miss-offset", two_pools, [](ojson& j) { j["pools"][1]["extents"][0]["offset"] = 7099; });
-  seeds.edited_tables("near-miss-two-allocations", two_pools, [](ojson& j) { j["pools"][0]["extents"][3]["size"] = 2 * gran; });
+  seeds.edited_tables("near-miss-two-allocations", two_pools,
+                      [](ojson& j) { j["pools"][0]["extents"][3]["size"] = 2 * gran; });
   seeds.edited("near-miss-address-17-digits", one, [](ojson& j) { j["pools"][0]["base"] = "0x10000000000000000"; });
   seeds.edited_tables("near-miss-negative-size", one, [](ojson& j) { j["pools"][0]["allocations"][0]["size"] = -1; });
   seeds.edited_tables("near-miss-float-size", one, [](ojson& j) { j["pools"][0]["extents"][0]["size"] = 4096.0; });
-  seeds.edited("near-miss-pool-overflow", one, [](ojson& j) {
-    j["pools"][0]["base"] = "0xffffffffffe00000";
-  });
+  seeds.edited("near-miss-pool-overflow", one, [](ojson& j) { j["pools"][0]["base"] = "0xffffffffffe00000"; });
   seeds.edited("near-miss-unknown-device", sparse, [](ojson& j) { j["pools"][1]["device"] = 9; });
-  seeds.edited_tables("near-miss-missing-field", two_pools, [](ojson& j) { j["pools"][1]["extents"][1].erase("checksum"); });
+  seeds.edited_tables("near-miss-missing-field", two_pools,
+                      [](ojson& j) { j["pools"][1]["extents"][1].erase("checksum"); });
   seeds.edited("near-miss-data-bytes", two_pools, [](ojson& j) { j["data_bytes"] = 18446744073709551615ULL; });
   {
     // Nesting one level past the limit, in an ignored field.

@@ -88,7 +88,7 @@ void write_file(const fs::path& path, std::string_view bytes) {
   // reader); a name taken by another entry (a directory, a link, a FIFO) is skipped.
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
   if (fd < 0) return;
-  struct stat st{};
+  struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
     return;
@@ -130,7 +130,8 @@ void lay_out(const fs::path& dir, std::string_view input) {
   for (std::size_t n = 0; at != std::string_view::npos && n < max_entries; ++n) {
     const std::size_t start = at + entry_separator.size();
     const std::size_t next = input.find(entry_separator, start);
-    const std::string_view entry = input.substr(start, next == std::string_view::npos ? std::string_view::npos : next - start);
+    const std::string_view entry =
+        input.substr(start, next == std::string_view::npos ? std::string_view::npos : next - start);
     at = next;
     const std::size_t newline = entry.find('\n');
     const std::string_view header = entry.substr(0, newline);

@@ -14,8 +14,8 @@ void note_skip(const std::string& reason);
 }  // namespace vmmckpt::test
 
 // Only in a test case's own body, outside any SECTION: a skip covers a whole test case.
-#define VMMCKPT_SKIP(reason)                  \
-  do {                                        \
-    ::vmmckpt::test::note_skip(reason);       \
-    return;                                   \
+#define VMMCKPT_SKIP(reason)            \
+  do {                                  \
+    ::vmmckpt::test::note_skip(reason); \
+    return;                             \
   } while (0)

@@ -127,12 +127,12 @@ TEST_CASE("requests that are not ours are answered, not acted on", "[control]") 
   CHECK(refusal_of(R"({"op":"fly"})").error == "unknown op 'fly'");
   // A reply quotes the request printably: it goes back as JSON and into logs.
   CHECK(refusal_of("{\"op\":\"fl\xc3\xbf\\u0001\"}").error == "unknown op 'fl\\xc3\\xbf\\x01'");
-  for (const char* bad : {R"({"op":5})", R"({"op":null})", R"({})", R"([1,2])", "not json", "",
-                          R"({"op":"dump_begin"})", R"({"op":"dump_begin","hold_deadline_ms":"5"})",
-                          R"({"op":"dump_begin","hold_deadline_ms":1e99})", R"({"op":"dump_begin","hold_deadline_ms":5})",
-                          R"({"op":"suspend"})", R"({"op":"resume"})",
-                          R"({"op":"suspend","image":7})", R"({"op":"hello","prepare_hold":1})",
-                          "[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]"}) {
+  for (const char* bad :
+       {R"({"op":5})", R"({"op":null})", R"({})", R"([1,2])", "not json", "", R"({"op":"dump_begin"})",
+        R"({"op":"dump_begin","hold_deadline_ms":"5"})", R"({"op":"dump_begin","hold_deadline_ms":1e99})",
+        R"({"op":"dump_begin","hold_deadline_ms":5})", R"({"op":"suspend"})", R"({"op":"resume"})",
+        R"({"op":"suspend","image":7})", R"({"op":"hello","prepare_hold":1})",
+        "[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]"}) {
     INFO(bad);
     const auto r = refusal_of(bad);
     CHECK(r.code == control::refusal::bad_request);
@@ -147,7 +147,8 @@ TEST_CASE("requests that are not ours are answered, not acted on", "[control]") 
   const auto newer =
       control::decode_request(R"({"op":"dump_begin","hold_deadline_ms":1000,"valid_until_ms":5,"colour":"blue"})");
   REQUIRE(std::holds_alternative<control::request>(newer));
-  REQUIRE(std::get<control::dump_begin_request>(std::get<control::request>(newer)).hold_deadline == std::chrono::milliseconds(1000));
+  REQUIRE(std::get<control::dump_begin_request>(std::get<control::request>(newer)).hold_deadline ==
+          std::chrono::milliseconds(1000));
 }
 
 TEST_CASE("replies are decoded strictly, naming the field at fault", "[control]") {
@@ -162,7 +163,8 @@ TEST_CASE("replies are decoded strictly, naming the field at fault", "[control]"
   const json good = json::parse(control::example_messages()[1].reply);
   json j = good;
   j["pools"][0]["segments"][0]["addr"] = "0x" + std::string(17, 'f');
-  CHECK(error_of(j.dump()) == "pools[0].segments[0].addr: expected an address as a \"0x\" hex string of at most 16 digits");
+  CHECK(error_of(j.dump()) ==
+        "pools[0].segments[0].addr: expected an address as a \"0x\" hex string of at most 16 digits");
   j = good;
   j["pools"][0]["base"] = "200000000000";  // no 0x: not read as decimal or anything else
   CHECK(error_of(j.dump()).rfind("pools[0].base: ", 0) == 0);
@@ -195,9 +197,12 @@ TEST_CASE("hello's activity and dump_begin's purpose: optional, and refused when
   auto begin = [](const std::string& payload) {
     return std::get<control::dump_begin_request>(std::get<control::request>(control::decode_request(payload)));
   };
-  REQUIRE(begin(control::encode(control::request{control::dump_begin_request{std::chrono::milliseconds(1000), 5, true}})).for_suspend);
+  REQUIRE(
+      begin(control::encode(control::request{control::dump_begin_request{std::chrono::milliseconds(1000), 5, true}}))
+          .for_suspend);
   REQUIRE_FALSE(begin(R"({"op":"dump_begin","hold_deadline_ms":1000,"valid_until_ms":5})").for_suspend);
-  const auto bad = control::decode_request(R"({"op":"dump_begin","hold_deadline_ms":1000,"valid_until_ms":5,"purpose":"x"})");
+  const auto bad =
+      control::decode_request(R"({"op":"dump_begin","hold_deadline_ms":1000,"valid_until_ms":5,"purpose":"x"})");
   REQUIRE(std::get<control::failure_reply>(bad).code == control::refusal::bad_request);
 }
 

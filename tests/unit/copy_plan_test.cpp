@@ -130,15 +130,19 @@ TEST_CASE("block runs: the longest runs of unchanged and changed blocks", "[copy
   const std::uint64_t sums[] = {1, 9, 9, 4};
   std::vector<std::tuple<std::size_t, std::size_t, bool, std::uint64_t, std::uint64_t>> runs;
   const std::uint64_t stored = 3 * bs + 100;
-  ckpt::for_each_block_run(sums, &old, stored, [&](std::size_t first, std::size_t end, bool same, std::uint64_t from,
-                                                   std::uint64_t to) { runs.emplace_back(first, end, same, from, to); });
+  ckpt::for_each_block_run(sums, &old, stored,
+                           [&](std::size_t first, std::size_t end, bool same, std::uint64_t from, std::uint64_t to) {
+                             runs.emplace_back(first, end, same, from, to);
+                           });
   REQUIRE(runs.size() == 3);
   CHECK(runs[0] == std::tuple{std::size_t{0}, std::size_t{1}, true, std::uint64_t{0}, bs});
   CHECK(runs[1] == std::tuple{std::size_t{1}, std::size_t{3}, false, bs, 3 * bs});
   CHECK(runs[2] == std::tuple{std::size_t{3}, std::size_t{4}, true, 3 * bs, stored});
   runs.clear();
-  ckpt::for_each_block_run(sums, nullptr, stored, [&](std::size_t first, std::size_t end, bool same, std::uint64_t from,
-                                                      std::uint64_t to) { runs.emplace_back(first, end, same, from, to); });
+  ckpt::for_each_block_run(sums, nullptr, stored,
+                           [&](std::size_t first, std::size_t end, bool same, std::uint64_t from, std::uint64_t to) {
+                             runs.emplace_back(first, end, same, from, to);
+                           });
   REQUIRE(runs.size() == 1);  // without a parent every block differs
   CHECK(runs[0] == std::tuple{std::size_t{0}, std::size_t{4}, false, std::uint64_t{0}, stored});
 }

@@ -23,8 +23,8 @@ namespace {
 // when it overlaps a block already there.
 bool record_disjoint(std::map<std::uint64_t, std::uint64_t>& owners, std::uint64_t addr, std::uint64_t size) {
   const auto next = owners.lower_bound(addr);
-  const bool overlaps = (next != owners.end() && next->first < addr + size) ||
-                        (next != owners.begin() && std::prev(next)->second > addr);
+  const bool overlaps =
+      (next != owners.end() && next->first < addr + size) || (next != owners.begin() && std::prev(next)->second > addr);
   owners[addr] = addr + size;
   return !overlaps;
 }
@@ -373,7 +373,7 @@ TEST_CASE("suspend gives every handle back; resume rebuilds memory under every l
   REQUIRE(must_allocate(pool, 3000) == b);  // from the cache: the suspend's synchronize covered it
   REQUIRE(backend.syncs == resumed_syncs);
   REQUIRE(pool.free(b) == pool_status::ok);
-  pool.trim();  // a's and b's ranges are free again
+  pool.trim();                                            // a's and b's ranges are free again
   REQUIRE(must_allocate(pool, 1000) == base + 64 * MiB);  // b's small-block chunk
   REQUIRE(must_allocate(pool, 10 * MiB) == base);         // a's range
 
@@ -525,7 +525,7 @@ TEST_CASE("a cached block is not live: a second free, its interior and its range
   const auto a = must_allocate(pool, 4096);
   const auto b = must_allocate(pool, 5000);
   REQUIRE(pool.free(a) == pool_status::ok);
-  REQUIRE(pool.stats().cached_count == 1);  // it is in this thread's cache...
+  REQUIRE(pool.stats().cached_count == 1);              // it is in this thread's cache...
   REQUIRE(pool.free(a) == pool_status::invalid_value);  // ...and no longer an allocation
   REQUIRE(pool.free(a + 512) == pool_status::invalid_value);
   std::uint64_t start = 0, size = 0;
@@ -599,7 +599,7 @@ TEST_CASE("a cached block is reused only after a synchronize when work was submi
   REQUIRE(pool.free(a) == pool_status::ok);
   REQUIRE(backend.syncs == 0);
   REQUIRE(must_allocate(pool, 4096) == a);
-  REQUIRE(backend.syncs == 1);  // waited before handing it out again
+  REQUIRE(backend.syncs == 1);               // waited before handing it out again
   REQUIRE(pool.free(a) == pool_status::ok);  // no work since that synchronize began
   REQUIRE(must_allocate(pool, 4096) == a);
   REQUIRE(backend.syncs == 1);
@@ -810,8 +810,7 @@ std::vector<std::uint64_t> scripted_run(bool work_before_frees) {
 
 }  // namespace
 
-TEST_CASE("placement is a function of the calls and their order, not of when the GPU is waited for",
-          "[pool][cache]") {
+TEST_CASE("placement is a function of the calls and their order, not of when the GPU is waited for", "[pool][cache]") {
   const auto first = scripted_run(false);
   REQUIRE(scripted_run(false) == first);
   REQUIRE(scripted_run(true) == first);

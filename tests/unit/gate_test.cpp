@@ -91,7 +91,8 @@ TEST_CASE("a close that meets its deadline gives up and leaves the gate open", "
   the_gate().open();
 }
 
-TEST_CASE("the work count takes every returned work call, from threads beyond the slots and after they exit", "[gate]") {
+TEST_CASE("the work count takes every returned work call, from threads beyond the slots and after they exit",
+          "[gate]") {
   constexpr int threads = vmmckpt::detail::work_gate::slot_count + 44;  // some share the last slot
   constexpr int calls = 20;
   const std::uint64_t before = the_gate().submitted();
@@ -116,9 +117,7 @@ TEST_CASE("the work count takes every returned work call, from threads beyond th
   CHECK(after - before == std::uint64_t{threads} * calls);
 
   // Slots given back at exit are taken again; the count goes on from where it stood.
-  std::thread again([] {
-    gate_scope work;
-  });
+  std::thread again([] { gate_scope work; });
   again.join();
   CHECK(the_gate().submitted() == after + 1);
   REQUIRE(the_gate().close(in(10s)));  // no slot was left marked inside

@@ -23,9 +23,9 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-using vmmckpt::test::scratch;
-using vmmckpt::test::pattern;
 using vmmckpt::test::flip_byte;
+using vmmckpt::test::pattern;
+using vmmckpt::test::scratch;
 
 constexpr std::uint64_t MiB = 1ULL << 20;
 constexpr std::uint64_t GiB = 1ULL << 30;
@@ -192,7 +192,8 @@ TEST_CASE("image: a run of blocks written at once makes the image written block 
   {
     img::writer w(s / "count");
     w.begin_extent(0, base0, 3 * MiB + 5, 3 * MiB + 5);
-    CHECK_THROWS_WITH(w.write_blocks(0, bytes.data(), 2 * MiB, sums.data(), 3), Contains("3 checksums for 2097152 bytes"));
+    CHECK_THROWS_WITH(w.write_blocks(0, bytes.data(), 2 * MiB, sums.data(), 3),
+                      Contains("3 checksums for 2097152 bytes"));
   }
   {
     img::writer w(s / "single");
@@ -296,17 +297,24 @@ TEST_CASE("chain: a parent reference is checked like every field", "[image][chai
   CHECK(refused([](img::manifest&) {}) == "accepted");
   CHECK_THAT(refused([](img::manifest& x) { x.pools[0].extents[0].blocks[0].in_parent = true; }),
              Contains("pools[0].extents[0].blocks[0] is in the parent, but the image has none"));
-  CHECK_THAT(refused([](img::manifest& x) { x.parent = img::parent_ref{"nothex", 1, "/x"}; }),
+  CHECK_THAT(refused([](img::manifest& x) {
+               x.parent = img::parent_ref{"nothex", 1, "/x"};
+             }),
              Contains("parent.image_id \"nothex\" is not 32 lowercase hex digits"));
-  CHECK_THAT(refused([&](img::manifest& x) { x.parent = img::parent_ref{m.image_id, 1, "/x"}; }),
+  CHECK_THAT(refused([&](img::manifest& x) {
+               x.parent = img::parent_ref{m.image_id, 1, "/x"};
+             }),
              Contains("parent.image_id is the image's own image_id"));
-  CHECK_THAT(refused([](img::manifest& x) { x.parent = img::parent_ref{std::string(32, 'a'), 1, ""}; }),
+  CHECK_THAT(refused([](img::manifest& x) {
+               x.parent = img::parent_ref{std::string(32, 'a'), 1, ""};
+             }),
              Contains("parent.path is empty"));
   CHECK_THAT(refused([](img::manifest& x) { x.pools[0].extents[0].blocks.pop_back(); }),
              Contains("pools[0].extents[0] has 2 blocks, expected 3"));
   CHECK_THAT(refused([](img::manifest& x) { x.pools[0].extents[1].blocks[0].checksum ^= 1; }),
              Contains("pools[0].extents[1].checksum"));
-  CHECK_THAT(refused([](img::manifest& x) { x.block_size = 3 * MiB; }), Contains("block_size 3145728 is not a power of two"));
+  CHECK_THAT(refused([](img::manifest& x) { x.block_size = 3 * MiB; }),
+             Contains("block_size 3145728 is not a power of two"));
   // In JSON, and back.
   img::manifest with_parent = m;
   with_parent.parent = img::parent_ref{std::string(32, 'b'), 0x1234, "/images/full"};

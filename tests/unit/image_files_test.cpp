@@ -21,8 +21,8 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-using vmmckpt::test::scratch;
 using vmmckpt::test::pattern;
+using vmmckpt::test::scratch;
 
 constexpr std::uint64_t MiB = 1ULL << 20;
 constexpr std::uint64_t base0 = 0x200000000000ULL;
@@ -87,7 +87,8 @@ TEST_CASE("extents written to several data files from several threads read back 
   scratch s;
   const fs::path dir = s.dir / "img";
   const auto m = write_striped(dir, 4, 10, 3 * MiB + 5);
-  for (std::uint32_t f = 0; f < 4; ++f) CHECK(fs::exists(dir / (f == 0 ? "data.bin" : "data." + std::to_string(f) + ".bin")));
+  for (std::uint32_t f = 0; f < 4; ++f)
+    CHECK(fs::exists(dir / (f == 0 ? "data.bin" : "data." + std::to_string(f) + ".bin")));
   CHECK_FALSE(fs::exists(dir / "data.4.bin"));
   const auto r = img::reader::open(dir);
   CHECK(r.info() == m);
@@ -144,7 +145,8 @@ TEST_CASE("a damaged byte in any data file is found and named") {
   write_striped(dir, 3, 6, MiB);
   flip_byte(dir / "data.2.bin", 64 + MiB + 17);  // the second extent of file 2
   const auto r = img::reader::open(dir);
-  CHECK_THROWS_WITH(r.verify_data(), Contains("data.2.bin") && Contains("pools[0].extents[5]") && Contains("checksum mismatch"));
+  CHECK_THROWS_WITH(r.verify_data(),
+                    Contains("data.2.bin") && Contains("pools[0].extents[5]") && Contains("checksum mismatch"));
 }
 
 TEST_CASE("a data file that is missing, swapped, or extra in the manifest is refused") {

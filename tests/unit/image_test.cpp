@@ -35,8 +35,8 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-using vmmckpt::test::scratch;
 using vmmckpt::test::pattern;
+using vmmckpt::test::scratch;
 
 constexpr std::uint64_t KiB = 1ULL << 10;
 constexpr std::uint64_t MiB = 1ULL << 20;
@@ -118,11 +118,15 @@ img::pool make_pool(int device, std::uint64_t base, std::uint64_t size, std::vec
 sample big_image(const fs::path& dir) {
   std::vector<img::pool> pools = {
       make_pool(0, base0, 512 * GiB,
-                {{base0, 4 * MiB, vmmckpt::alloc_api::cuda_malloc}, {base0 + 4 * MiB, 100, vmmckpt::alloc_api::cuda_malloc}, {base0 + 8 * MiB, 20 * MiB, vmmckpt::alloc_api::cu_mem_alloc}}),
+                {{base0, 4 * MiB, vmmckpt::alloc_api::cuda_malloc},
+                 {base0 + 4 * MiB, 100, vmmckpt::alloc_api::cuda_malloc},
+                 {base0 + 8 * MiB, 20 * MiB, vmmckpt::alloc_api::cu_mem_alloc}}),
       make_pool(1, base1, 512 * GiB, {{base1 + 256, 4096, vmmckpt::alloc_api::cuda_malloc_async}}),
   };
   std::vector<std::vector<planned_extent>> plan = {
-      {{base0, {MiB, MiB, MiB, MiB}}, {base0 + 4 * MiB, {100}}, {base0 + 8 * MiB, {3 * MiB, 9 * MiB, 5 * MiB, 3 * MiB}}},
+      {{base0, {MiB, MiB, MiB, MiB}},
+       {base0 + 4 * MiB, {100}},
+       {base0 + 8 * MiB, {3 * MiB, 9 * MiB, 5 * MiB, 3 * MiB}}},
       {{base1 + 256, {4096}}},
   };
   return write_image(dir, pools, plan);
@@ -134,7 +138,9 @@ sample big_image(const fs::path& dir) {
 sample small_image(const fs::path& dir) {
   std::vector<img::pool> pools = {
       make_pool(0, base0, 512 * GiB,
-                {{base0, 4 * KiB, vmmckpt::alloc_api::cuda_malloc}, {base0 + 8 * KiB, 1000, vmmckpt::alloc_api::cuda_malloc}, {base0 + 2 * MiB, 6 * KiB, vmmckpt::alloc_api::cuda_malloc}}),
+                {{base0, 4 * KiB, vmmckpt::alloc_api::cuda_malloc},
+                 {base0 + 8 * KiB, 1000, vmmckpt::alloc_api::cuda_malloc},
+                 {base0 + 2 * MiB, 6 * KiB, vmmckpt::alloc_api::cuda_malloc}}),
       make_pool(1, base1, 512 * GiB, {{base1 + 512, 300, vmmckpt::alloc_api::cu_mem_alloc}}),
   };
   std::vector<std::vector<planned_extent>> plan = {
@@ -265,14 +271,15 @@ TEST_CASE("image: an extent's checksum is the XXH3-64 of its blocks' checksums h
   const std::uint64_t expected = XXH3_64bits(sums.data(), sums.size());
   img::writer w(s / "img");
   w.begin_extent(base0, data.size());
-  w.write(data.data(), 5);                     // buffered
-  w.write(data.data() + 5, data.size() - 5);   // big: hashed and written piece by piece
+  w.write(data.data(), 5);                    // buffered
+  w.write(data.data() + 5, data.size() - 5);  // big: hashed and written piece by piece
   const img::extent e = w.end_extent();
   CHECK(e.checksum == expected);
   REQUIRE(e.blocks.size() == 10);
   for (std::size_t b = 0; b < e.blocks.size(); ++b) {
     CHECK(e.blocks[b].checksum == block_sums[b]);
-    CHECK(e.blocks[b].checksum == img::block_checksum(data.data() + b * MiB, std::min<std::size_t>(MiB, data.size() - b * MiB)));
+    CHECK(e.blocks[b].checksum ==
+          img::block_checksum(data.data() + b * MiB, std::min<std::size_t>(MiB, data.size() - b * MiB)));
     CHECK_FALSE(e.blocks[b].in_parent);
   }
   CHECK(img::combined_checksum(e.blocks) == expected);
@@ -408,8 +415,9 @@ TEST_CASE("image: reader refuses tables that are not the manifest's", "[image][v
   auto with_tables = [&](std::string tables) {
     return open_error(image_with_manifest_text(s, files.manifest_json, &tables));
   };
-  CHECK_THAT(with_tables(files.tables + "x"), Contains("tables.bin: " + std::to_string(files.tables.size() + 1) +
-                                                        " bytes, the manifest says " + std::to_string(files.tables.size())));
+  CHECK_THAT(with_tables(files.tables + "x"),
+             Contains("tables.bin: " + std::to_string(files.tables.size() + 1) + " bytes, the manifest says " +
+                      std::to_string(files.tables.size())));
   std::string flipped = files.tables;
   flipped[64 + 3] ^= 1;
   CHECK_THAT(with_tables(flipped), Contains("tables.bin: checksum mismatch"));
@@ -424,7 +432,8 @@ TEST_CASE("image: reader refuses tables that are not the manifest's", "[image][v
     std::string text = files.manifest_json;
     const std::string old_sum = nlohmann::json::parse(text)["tables"]["checksum"];
     char sum[17];
-    std::snprintf(sum, sizeof sum, "%016llx", static_cast<unsigned long long>(XXH3_64bits(tables.data(), tables.size())));
+    std::snprintf(sum, sizeof sum, "%016llx",
+                  static_cast<unsigned long long>(XXH3_64bits(tables.data(), tables.size())));
     text.replace(text.find(old_sum), old_sum.size(), sum);
     return open_error(image_with_manifest_text(s, text, &tables));
   };
@@ -478,7 +487,8 @@ TEST_CASE("image: the writer refuses an existing final directory and an unusable
 }
 
 TEST_CASE("image: the writer refuses a parent it cannot write to", "[image]") {
-  if (::geteuid() == 0) VMMCKPT_SKIP("running as root: an unwritable parent directory cannot be simulated with permissions");
+  if (::geteuid() == 0)
+    VMMCKPT_SKIP("running as root: an unwritable parent directory cannot be simulated with permissions");
   scratch s;
   fs::create_directory(s / "ro");
   fs::permissions(s / "ro", fs::perms::owner_read | fs::perms::owner_exec);
@@ -562,17 +572,17 @@ TEST_CASE("image: writer misuse is refused", "[image]") {
 
 // ---- Validation: one case per rule, each naming the defect. ----
 
-#define REFUSES(name, expected, body)                                            \
-  TEST_CASE("image: reader refuses " name, "[image][validation]") {              \
-    CHECK_THAT(refusal([](img::manifest & m) { body; }), Contains(expected));    \
+#define REFUSES(name, expected, body)                                        \
+  TEST_CASE("image: reader refuses " name, "[image][validation]") {          \
+    CHECK_THAT(refusal([](img::manifest& m) { body; }), Contains(expected)); \
   }
-#define REFUSES_JSON(name, expected, body)                                       \
-  TEST_CASE("image: reader refuses " name, "[image][validation]") {              \
-    CHECK_THAT(json_refusal([](nlohmann::json & j) { body; }), Contains(expected)); \
+#define REFUSES_JSON(name, expected, body)                                         \
+  TEST_CASE("image: reader refuses " name, "[image][validation]") {                \
+    CHECK_THAT(json_refusal([](nlohmann::json& j) { body; }), Contains(expected)); \
   }
-#define REFUSES_FORMAT2_JSON(name, expected, body)                                       \
-  TEST_CASE("image: reader refuses in format 2 " name, "[image][validation]") {          \
-    CHECK_THAT(format2_json_refusal([](nlohmann::json & j) { body; }), Contains(expected)); \
+#define REFUSES_FORMAT2_JSON(name, expected, body)                                         \
+  TEST_CASE("image: reader refuses in format 2 " name, "[image][validation]") {            \
+    CHECK_THAT(format2_json_refusal([](nlohmann::json& j) { body; }), Contains(expected)); \
   }
 
 TEST_CASE("image: the unspoilt small image is accepted", "[image][validation]") {
@@ -609,8 +619,8 @@ TEST_CASE("image: reader refuses a manifest that is not an object", "[image][val
 
 REFUSES_JSON("a missing magic", "manifest.json: missing field 'magic'", j.erase("magic"))
 REFUSES_JSON("a wrong magic", "manifest.json: magic is \"criu\"", j["magic"] = "criu")
-REFUSES_JSON("a newer format", "manifest.json: format 6 is newer than this tool understands (5)",
-             j["format"] = 6; j["pools"] = "whatever a future format holds")
+REFUSES_JSON("a newer format", "manifest.json: format 6 is newer than this tool understands (5)", j["format"] = 6;
+             j["pools"] = "whatever a future format holds")
 REFUSES_JSON("an unknown older format", "manifest.json: format 0 is not a known format", j["format"] = 0)
 REFUSES_JSON("a format that is not a number", "manifest.json: format: expected an integer", j["format"] = "1")
 REFUSES_JSON("a missing top-level field", "manifest.json: missing field 'pools'", j.erase("pools"))
@@ -618,14 +628,15 @@ REFUSES_JSON("a missing nested field", "manifest.json: pools[1]: missing field '
              j["pools"][1].erase("extent_count"))
 REFUSES_FORMAT2_JSON("a missing nested field", "manifest.json: pools[1].extents[0]: missing field 'checksum'",
                      j["pools"][1]["extents"][0].erase("checksum"))
-REFUSES_JSON("a string where a number belongs", "manifest.json: pid: expected a 64-bit signed integer", j["pid"] = "4242")
+REFUSES_JSON("a string where a number belongs", "manifest.json: pid: expected a 64-bit signed integer",
+             j["pid"] = "4242")
 REFUSES_FORMAT2_JSON("a negative size", "manifest.json: pools[0].extents[2].size: expected a non-negative integer",
                      j["pools"][0]["extents"][2]["size"] = -512)
 REFUSES_JSON("a negative count", "manifest.json: pools[0].allocation_count: expected a non-negative integer",
              j["pools"][0]["allocation_count"] = -1)
-REFUSES_JSON("a fractional size", "manifest.json: pools[0].size: expected a non-negative integer", j["pools"][0]["size"] = 1.5)
-REFUSES_JSON("a size beyond 2^64", "manifest.json: data_bytes: expected a non-negative integer",
-             j["data_bytes"] = 1e30)
+REFUSES_JSON("a fractional size", "manifest.json: pools[0].size: expected a non-negative integer",
+             j["pools"][0]["size"] = 1.5)
+REFUSES_JSON("a size beyond 2^64", "manifest.json: data_bytes: expected a non-negative integer", j["data_bytes"] = 1e30)
 REFUSES_JSON("an address that is not hex", "manifest.json: pools[0].base: expected an address",
              j["pools"][0]["base"] = "0x20000000000g")
 REFUSES_FORMAT2_JSON("an address as a number", "manifest.json: pools[0].allocations[1].addr: expected an address",
@@ -663,23 +674,29 @@ REFUSES("a pid of zero", "manifest.json: pid 0 is not a valid process id", m.pid
 REFUSES("a pid beyond pid_t", "manifest.json: pid 4294967296 is not a valid process id", m.pid = 1LL << 32)
 REFUSES("a negative device ordinal", "manifest.json: devices[0].ordinal -1 is out of range", m.devices[0].ordinal = -1)
 REFUSES("a repeated device ordinal", "manifest.json: devices[1].ordinal 0 repeats devices[0]", m.devices[1].ordinal = 0)
-REFUSES("a negative compute capability", "manifest.json: devices[1]: negative compute capability", m.devices[1].cc_minor = -2)
-REFUSES("a pool on an unlisted device", "manifest.json: pools[1].device 7 is not listed in devices", m.pools[1].device = 7)
+REFUSES("a negative compute capability", "manifest.json: devices[1]: negative compute capability",
+        m.devices[1].cc_minor = -2)
+REFUSES("a pool on an unlisted device", "manifest.json: pools[1].device 7 is not listed in devices",
+        m.pools[1].device = 7)
 REFUSES("two pools on one device", "manifest.json: pools[1].device 0 already has pools[0]", m.pools[1].device = 0)
 REFUSES("a zero pool base", "manifest.json: pools[0].base is zero", m.pools[0].base = 0)
 REFUSES("a zero pool size", "manifest.json: pools[1].size is zero", m.pools[1].size = 0)
 REFUSES("a zero granularity", "manifest.json: pools[0].granularity is zero", m.pools[0].granularity = 0)
-REFUSES("a base off the granularity", "manifest.json: pools[0].base 0x200000001000 is not a multiple of the granularity",
-        m.pools[0].base += 4096)
+REFUSES("a base off the granularity",
+        "manifest.json: pools[0].base 0x200000001000 is not a multiple of the granularity", m.pools[0].base += 4096)
 REFUSES("a size off the granularity", "manifest.json: pools[1].size 549755817984 is not a multiple of the granularity",
         m.pools[1].size += 4096)
-REFUSES("a pool past the end of the address space", "manifest.json: pools[1]: base 0xffffffffffe00000 + size 549755813888 overflows",
+REFUSES("a pool past the end of the address space",
+        "manifest.json: pools[1]: base 0xffffffffffe00000 + size 549755813888 overflows",
         m.pools[1].base = 0xffffffffffe00000ULL)
 REFUSES("overlapping pools", "manifest.json: pools[1] overlaps pools[0]", m.pools[1].base = base0 + 32 * MiB)
-REFUSES("an empty allocation", "manifest.json: pools[0].allocations[1] has size zero", m.pools[0].allocations[1].size = 0)
-REFUSES("an allocation outside its pool", "manifest.json: pools[1].allocations[0] (0x1fffffe00000+300) is outside the pool",
+REFUSES("an empty allocation", "manifest.json: pools[0].allocations[1] has size zero",
+        m.pools[0].allocations[1].size = 0)
+REFUSES("an allocation outside its pool",
+        "manifest.json: pools[1].allocations[0] (0x1fffffe00000+300) is outside the pool",
         m.pools[1].allocations[0].addr = base0 - 2 * MiB)
-REFUSES("an allocation running past its pool", "manifest.json: pools[0].allocations[2] (0x200000200000+18446744073709551615) is outside",
+REFUSES("an allocation running past its pool",
+        "manifest.json: pools[0].allocations[2] (0x200000200000+18446744073709551615) is outside",
         m.pools[0].allocations[2].size = ~0ULL)
 REFUSES("unsorted allocations", "manifest.json: pools[0].allocations[1] at 0x200000000000 is out of order",
         std::swap(m.pools[0].allocations[0], m.pools[0].allocations[1]))
@@ -688,42 +705,58 @@ REFUSES("overlapping allocations", "manifest.json: pools[0].allocations[1] overl
 REFUSES("an empty extent", "manifest.json: pools[0].extents[1] is empty", m.pools[0].extents[1].size = 0)
 REFUSES("an extent outside its pool", "manifest.json: pools[1].extents[0] (0x100+300) is outside the pool",
         m.pools[1].extents[0].addr = 0x100)
-REFUSES("an extent running past the end of the address space", "manifest.json: pools[0].extents[3] (0x200000201000+18446744073709551615) is outside",
+REFUSES("an extent running past the end of the address space",
+        "manifest.json: pools[0].extents[3] (0x200000201000+18446744073709551615) is outside",
         m.pools[0].extents[3].size = ~0ULL)
 REFUSES("unsorted extents", "manifest.json: pools[0].extents[3] at 0x200000000000 is out of order (below extents[2]",
         m.pools[0].extents[3].addr = base0)
 REFUSES("overlapping extents", "manifest.json: pools[0].extents[3] overlaps extents[2]",
         m.pools[0].extents[3].addr = m.pools[0].extents[2].addr + 100)
-REFUSES("an extent outside every allocation", "manifest.json: pools[0].extents[1] (0x200000001000+1000) does not begin inside an allocation",
+REFUSES("an extent outside every allocation",
+        "manifest.json: pools[0].extents[1] (0x200000001000+1000) does not begin inside an allocation",
         m.pools[0].extents[1].addr = base0 + 4 * KiB)
-REFUSES("an extent before the first allocation", "manifest.json: pools[1].extents[0] (0x208000000200+300) does not begin inside an allocation",
+REFUSES("an extent before the first allocation",
+        "manifest.json: pools[1].extents[0] (0x208000000200+300) does not begin inside an allocation",
         m.pools[1].allocations[0].addr += 2 * MiB)
-REFUSES("an extent crossing an allocation's end", "manifest.json: pools[0].extents[1] (0x200000002000+1000) does not end inside an allocation",
+REFUSES("an extent crossing an allocation's end",
+        "manifest.json: pools[0].extents[1] (0x200000002000+1000) does not end inside an allocation",
         m.pools[0].allocations[1].size = 999)
-REFUSES("an extent that stores other than its allocations' bytes", "manifest.json: pools[0].extents[1].stored is 999 but the allocations in its range hold 1000 bytes",
+REFUSES("an extent that stores other than its allocations' bytes",
+        "manifest.json: pools[0].extents[1].stored is 999 but the allocations in its range hold 1000 bytes",
         m.pools[0].extents[1].stored = 999)
 REFUSES("an extent offset out of sequence", "manifest.json: pools[0].extents[2].offset is 5095, expected 5096",
         m.pools[0].extents[2].offset -= 1)
-REFUSES("an extent offset out of sequence across pools", "manifest.json: pools[1].extents[0].offset is 0, expected 11240",
-        m.pools[1].extents[0].offset = 0)
-REFUSES("data_bytes other than the extents' sum", "manifest.json: data_bytes is 11541 but the extents store 11540 bytes",
-        m.data_bytes += 1)
-REFUSES("a huge data_bytes", "manifest.json: data_bytes is 18446744073709551615 but the extents store", m.data_bytes = ~0ULL)
+REFUSES("an extent offset out of sequence across pools",
+        "manifest.json: pools[1].extents[0].offset is 0, expected 11240", m.pools[1].extents[0].offset = 0)
+REFUSES("data_bytes other than the extents' sum",
+        "manifest.json: data_bytes is 11541 but the extents store 11540 bytes", m.data_bytes += 1)
+REFUSES("a huge data_bytes", "manifest.json: data_bytes is 18446744073709551615 but the extents store",
+        m.data_bytes = ~0ULL)
 
 // What a restore relies on (docs/image-format.md, rule 7).
-REFUSES("a pool in kernel space", "manifest.json: the pools' layout (base 0xffff800000000000",
-        m.pools.resize(1); m.pools[0].base = 0xffff800000000000ULL; for (auto& a : m.pools[0].allocations) a.addr += 0xffff800000000000ULL - base0;
-        for (auto& e : m.pools[0].extents) e.addr += 0xffff800000000000ULL - base0; m.data_bytes = 11240)
+REFUSES("a pool in kernel space", "manifest.json: the pools' layout (base 0xffff800000000000", m.pools.resize(1);
+        m.pools[0].base = 0xffff800000000000ULL; for (auto& a
+                                                      : m.pools[0].allocations) a.addr += 0xffff800000000000ULL - base0;
+        for (auto& e
+             : m.pools[0].extents) e.addr += 0xffff800000000000ULL - base0;
+        m.data_bytes = 11240)
 REFUSES("a device the shim does not serve", "manifest.json: pools[1].device 1000 is beyond the devices vmmckpt serves",
-        m.devices[1].ordinal = 1000; m.pools[1].device = 1000)
-REFUSES("pools that follow no one layout", "manifest.json: pools[1].base 0x208000200000 is not where pools[0]'s layout puts its device",
-        m.pools[1].base += 2 * MiB; m.pools[1].allocations[0].addr += 2 * MiB; m.pools[1].extents[0].addr += 2 * MiB)
+        m.devices[1].ordinal = 1000;
+        m.pools[1].device = 1000)
+REFUSES("pools that follow no one layout",
+        "manifest.json: pools[1].base 0x208000200000 is not where pools[0]'s layout puts its device",
+        m.pools[1].base += 2 * MiB;
+        m.pools[1].allocations[0].addr += 2 * MiB; m.pools[1].extents[0].addr += 2 * MiB)
 REFUSES("pools of different sizes", "manifest.json: pools[1].size 549753716736 differs from pools[0]'s",
         m.pools[1].size -= 2 * MiB)
-REFUSES("an allocation not wholly in the image", "manifest.json: pools[0].allocations[2] (0x200000200000+420000000000) is not wholly in the image",
+REFUSES("an allocation not wholly in the image",
+        "manifest.json: pools[0].allocations[2] (0x200000200000+420000000000) is not wholly in the image",
         m.pools[0].allocations[2].size = 420000000000ULL)
-REFUSES("an allocation with a hole in its extents", "manifest.json: pools[0].allocations[2] (0x200000200000+6144) is not wholly in the image: its bytes from 0x200000201000",
-        m.pools[0].extents.erase(m.pools[0].extents.begin() + 3); m.pools[1].extents[0].offset -= 2048; m.data_bytes -= 2048)
+REFUSES("an allocation with a hole in its extents",
+        "manifest.json: pools[0].allocations[2] (0x200000200000+6144) is not wholly in the image: its bytes from "
+        "0x200000201000",
+        m.pools[0].extents.erase(m.pools[0].extents.begin() + 3);
+        m.pools[1].extents[0].offset -= 2048; m.data_bytes -= 2048)
 
 // ---- The data file. ----
 
@@ -748,7 +781,9 @@ TEST_CASE("image: reader refuses a damaged data header", "[image][data]") {
   patch(fresh(), 12, std::string("\x01\0\0\0", 4));
   CHECK_THAT(open_error(s / "img"), Contains("data.bin: format 1 does not match the manifest's format 5"));
   patch(fresh(), 16, std::string("\x01\0\0\0", 4));
-  CHECK_THAT(open_error(s / "img"), Contains("data.bin: header gives a payload of 1 bytes but the manifest's extents in this file hold 11540"));
+  CHECK_THAT(
+      open_error(s / "img"),
+      Contains("data.bin: header gives a payload of 1 bytes but the manifest's extents in this file hold 11540"));
   patch(fresh(), 32, "\x01");
   CHECK_THAT(open_error(s / "img"), Contains("data.bin: header says it is data file 1 of 1, expected 0 of 1"));
   patch(fresh(), 40, "\x01");

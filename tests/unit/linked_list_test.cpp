@@ -86,8 +86,7 @@ TEST_CASE("linked list: each kind of damage is named at its node", "[contracts]"
   // Resealed, as a restore that moved a node and its pointers consistently would leave them.
   SECTION("a pointer that leads nowhere") {
     set_next(1, list.file.addrs[third] + 8, true);
-    CHECK_THAT(list.problem(), Contains("bad node: step 2 of the list, node ?") &&
-                                   Contains("not a node of the file"));
+    CHECK_THAT(list.problem(), Contains("bad node: step 2 of the list, node ?") && Contains("not a node of the file"));
   }
   SECTION("a pointer to the wrong node") {
     set_next(1, list.file.addrs[order[5]], true);

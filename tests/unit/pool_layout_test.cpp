@@ -25,7 +25,8 @@ TEST_CASE("sizes parse in hex, decimal and binary units", "[config]") {
   REQUIRE(v == 3 * 1024);
   REQUIRE(parse_size("0", v));
   REQUIRE(v == 0);
-  for (const char* bad : {"", "x", "0x", "12Q", "1GiBx", "1Gb2", "K", "0x1G", "1G2", "-5", "0xfffffffffffffffff", "99999999999999999999", "20000000T"})
+  for (const char* bad : {"", "x", "0x", "12Q", "1GiBx", "1Gb2", "K", "0x1G", "1G2", "-5", "0xfffffffffffffffff",
+                          "99999999999999999999", "20000000T"})
     REQUIRE_FALSE(parse_size(bad, v));
 }
 

@@ -140,7 +140,8 @@ bool round_trip(const std::string& payload, const std::vector<int>& fds, std::st
 void check_same_pipes(const pipes& p, const std::vector<int>& got) {
   REQUIRE(got.size() == p.read_ends.size());
   for (std::size_t i = 0; i < got.size(); ++i) {
-    struct stat a {}, b {};
+    struct stat a {
+    }, b{};
     REQUIRE(::fstat(got[i], &a) == 0);
     REQUIRE(::fstat(p.read_ends[i], &b) == 0);
     REQUIRE(a.st_ino == b.st_ino);
@@ -213,8 +214,8 @@ void check_rejected(std::uint32_t magic, std::uint32_t version, std::uint32_t le
 }  // namespace
 
 TEST_CASE("frames round-trip small and large payloads", "[protocol]") {
-  for (std::size_t size : {std::size_t{0}, std::size_t{1}, std::size_t{100}, std::size_t{8} << 20,
-                           std::size_t{proto::max_payload}}) {
+  for (std::size_t size :
+       {std::size_t{0}, std::size_t{1}, std::size_t{100}, std::size_t{8} << 20, std::size_t{proto::max_payload}}) {
     INFO("payload size " << size);
     const std::string payload = pattern(size);
     std::string got = "stale";
@@ -284,12 +285,11 @@ TEST_CASE("send_frame refuses more than 250 descriptors and oversized payloads",
 
 TEST_CASE("malformed frames are refused without leaking descriptors", "[protocol]") {
   const std::string body = "{}";
-  SECTION("bad magic") {
-    check_rejected(0x12345678, proto::version, 2, 1, body, 1, false, "magic");
-  }
+  SECTION("bad magic") { check_rejected(0x12345678, proto::version, 2, 1, body, 1, false, "magic"); }
   SECTION("another protocol version") {
-    check_rejected(proto::frame_magic, proto::version + 1, 2, 1, body, 1, false,
-                   "protocol version " + std::to_string(proto::version + 1) + ", expected " + std::to_string(proto::version));
+    check_rejected(
+        proto::frame_magic, proto::version + 1, 2, 1, body, 1, false,
+        "protocol version " + std::to_string(proto::version + 1) + ", expected " + std::to_string(proto::version));
   }
   SECTION("oversized payload length") {
     check_rejected(proto::frame_magic, proto::version, proto::max_payload + 1, 1, body, 1, false, "over the limit");
@@ -314,7 +314,7 @@ TEST_CASE("malformed frames are refused without leaking descriptors", "[protocol
       REQUIRE(::send(sp.a, "VMCK1234", 8, MSG_NOSIGNAL) == 8);
       sp.close_a();
       std::string payload;
-    proto::failure error;
+      proto::failure error;
       std::vector<int> fds;
       REQUIRE_FALSE(proto::recv_frame(sp.b, payload, fds, 1000, error));
       REQUIRE(error.kind == proto::failure_kind::connection_closed);
@@ -325,7 +325,7 @@ TEST_CASE("malformed frames are refused without leaking descriptors", "[protocol
 
 TEST_CASE("a closed connection and a silent peer are told apart", "[protocol]") {
   std::string payload;
-    proto::failure error;
+  proto::failure error;
   std::vector<int> fds;
   {
     socket_pair sp;

@@ -96,9 +96,9 @@ TEST_CASE("best fit picks the smallest hole that fits", "[allocator]") {
   for (int i = 0; i < 8; ++i) blocks.push_back(*a.allocate(64 * 1024));
   auto small_hole_neighbour = a.allocate(512);  // keeps the holes apart
   (void)small_hole_neighbour;
-  a.release(blocks[1]);                 // 64 KiB hole
+  a.release(blocks[1]);  // 64 KiB hole
   a.release(blocks[4]);
-  a.release(blocks[5]);                 // 128 KiB hole
+  a.release(blocks[5]);  // 128 KiB hole
   REQUIRE(a.allocate(60 * 1024) == blocks[1]);
   REQUIRE(a.allocate(100 * 1024) == blocks[4]);
   REQUIRE(std::string(a.check_invariants()).empty());
@@ -120,9 +120,9 @@ TEST_CASE("fragmentation: a large block needs a large aligned hole", "[allocator
   range_allocator a(base, 16 * MiB);
   std::vector<std::uint64_t> smalls;
   for (int i = 0; i < 16; ++i) smalls.push_back(*a.allocate(1 * MiB - 512));  // fill with near-1MiB blocks
-  for (std::size_t i = 0; i < smalls.size(); i += 2) a.release(smalls[i]);  // half the space, in 1 MiB holes
-  REQUIRE_FALSE(a.allocate(2 * MiB));  // no 2 MiB hole anywhere
-  REQUIRE(a.allocate(512 * 1024));      // small ones still fit
+  for (std::size_t i = 0; i < smalls.size(); i += 2) a.release(smalls[i]);    // half the space, in 1 MiB holes
+  REQUIRE_FALSE(a.allocate(2 * MiB));                                         // no 2 MiB hole anywhere
+  REQUIRE(a.allocate(512 * 1024));                                            // small ones still fit
   REQUIRE(std::string(a.check_invariants()).empty());
 }
 
@@ -130,14 +130,14 @@ TEST_CASE("retire keeps a range out of reuse until reclaimed", "[allocator]") {
   range_allocator a(base, 64 * MiB);
   auto x = *a.allocate(4096);
   REQUIRE(a.retire(x));
-  REQUIRE_FALSE(a.retire(x));          // double free
-  REQUIRE_FALSE(a.retire(x + 512));    // interior pointer
+  REQUIRE_FALSE(a.retire(x));                // double free
+  REQUIRE_FALSE(a.retire(x + 512));          // interior pointer
   REQUIRE_FALSE(a.retire(base + 32 * MiB));  // never allocated
   REQUIRE(a.find(x) == nullptr);
   auto y = *a.allocate(4096);
-  REQUIRE(y != x);                     // quarantined range not handed out
+  REQUIRE(y != x);  // quarantined range not handed out
   a.reclaim_retired();
-  REQUIRE(a.allocate(4096) == x);      // same as if it had been freed at once
+  REQUIRE(a.allocate(4096) == x);  // same as if it had been freed at once
   REQUIRE(std::string(a.check_invariants()).empty());
 }
 
@@ -155,15 +155,22 @@ TEST_CASE("find returns the block containing an interior address", "[allocator]"
 
 TEST_CASE("a replayed allocation log lands exactly where it did", "[allocator]") {
   // A log as a program would produce: sizes and frees by index.
-  struct step { bool alloc; std::uint64_t size_or_index; };
-  const std::vector<step> log = {{true, 4 << 20}, {true, 512}, {true, 100 << 20}, {false, 1},
-                                 {true, 256},     {true, 3 << 20}, {false, 0},    {true, 1 << 20}};
+  struct step {
+    bool alloc;
+    std::uint64_t size_or_index;
+  };
+  const std::vector<step> log = {{true, 4 << 20}, {true, 512},     {true, 100 << 20}, {false, 1},
+                                 {true, 256},     {true, 3 << 20}, {false, 0},        {true, 1 << 20}};
   auto run = [&] {
     range_allocator a(base, 1ULL << 30);
     std::vector<std::uint64_t> addrs;
     for (const auto& s : log) {
-      if (s.alloc) addrs.push_back(*a.allocate(s.size_or_index));
-      else { a.retire(addrs[s.size_or_index]); a.reclaim_retired(); }
+      if (s.alloc)
+        addrs.push_back(*a.allocate(s.size_or_index));
+      else {
+        a.retire(addrs[s.size_or_index]);
+        a.reclaim_retired();
+      }
     }
     return addrs;
   };
@@ -182,9 +189,9 @@ TEST_CASE("claim places a block exactly where an image says, and placement goes 
   REQUIRE_FALSE(a.claim(base + 100, 10));            // misaligned
   REQUIRE_FALSE(a.claim(base + 64 * MiB, 10));       // outside the pool
   REQUIRE(a.find(base + 4 * MiB + 999)->tag == 7);
-  REQUIRE(a.allocate(1000) == base);                 // new blocks never overlap it
+  REQUIRE(a.allocate(1000) == base);  // new blocks never overlap it
   REQUIRE(a.allocate(4 * MiB) == base + 6 * MiB);
-  REQUIRE(a.release(base + 4 * MiB));                // freeing a claimed block works
+  REQUIRE(a.release(base + 4 * MiB));  // freeing a claimed block works
   REQUIRE(std::string(a.check_invariants()).empty());
 }
 
@@ -211,7 +218,7 @@ TEST_CASE("small blocks share chunks, larger blocks stay outside them", "[alloca
   REQUIRE(a.small_chunk_count() == 1);
   REQUIRE(a.allocate(64 * MiB) == base + 66 * MiB);  // reaching into what was the second chunk
   for (auto p : smalls) REQUIRE(a.release(p));
-  REQUIRE(a.small_chunk_count() == 1);  // the 30 KiB block still holds the first chunk...
+  REQUIRE(a.small_chunk_count() == 1);                // the 30 KiB block still holds the first chunk...
   REQUIRE(a.allocate(62 * MiB) == base + 130 * MiB);  // ...so its free 63.9 MiB are not for large blocks
   REQUIRE(std::string(a.check_invariants()).empty());
 }
@@ -236,7 +243,10 @@ TEST_CASE("placement depends only on the live blocks: claiming them again gives 
   std::mt19937 rng(5);
   auto random_size = [&] {
     const auto r = rng() % 10;
-    return r < 5 ? rng() % 100000 + 1 : r < 8 ? rng() % (2 * MiB) + 1 : r < 9 ? rng() % (4 * MiB) + 1 : rng() % (40 * MiB) + 1;
+    return r < 5   ? rng() % 100000 + 1
+           : r < 8 ? rng() % (2 * MiB) + 1
+           : r < 9 ? rng() % (4 * MiB) + 1
+                   : rng() % (40 * MiB) + 1;
   };
   range_allocator original(base, 16ULL << 30);
   std::vector<std::uint64_t> live;

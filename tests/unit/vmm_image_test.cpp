@@ -93,16 +93,16 @@ TEST_CASE("vmm image: the layout's rules refuse what a restore could not rebuild
              Contains("vmm.mappings[1] reaches past the end of its handle"));
   CHECK_THAT(refusal([](img::manifest& m) { m.vmm->reservations[0].size = 4 * MiB; }),
              Contains("vmm.mappings[0] (0x300000000000+8388608) is not inside one reservation"));
-  CHECK_THAT(refusal([](img::manifest& m) { m.vmm->handles[1].refs = 0, m.vmm->mappings.pop_back(),
-                                                m.pools[0].allocations.pop_back(), m.pools[0].extents.pop_back(),
-                                                m.data_bytes -= 8 * MiB, m.vmm->access[0].size = 8 * MiB; }),
+  CHECK_THAT(refusal([](img::manifest& m) {
+               m.vmm->handles[1].refs = 0, m.vmm->mappings.pop_back(), m.pools[0].allocations.pop_back(),
+               m.pools[0].extents.pop_back(), m.data_bytes -= 8 * MiB, m.vmm->access[0].size = 8 * MiB;
+             }),
              Contains("vmm.handles[1] has neither a reference nor a mapping"));
   CHECK_THAT(refusal([](img::manifest& m) { m.vmm->access[0].size = 32 * MiB; }),
              Contains("vmm.access[0] (0x300000000000+33554432) is not wholly mapped"));
   CHECK_THAT(refusal([](img::manifest& m) { m.vmm->reservations[1].addr = base + 32 * MiB; }),
              Contains("vmm.reservations[1] overlaps"));
-  CHECK_THAT(refusal([](img::manifest& m) { m.vmm->reservations[0].device = 1; }),
-             Contains("vmm.reservations[0]"));
+  CHECK_THAT(refusal([](img::manifest& m) { m.vmm->reservations[0].device = 1; }), Contains("vmm.reservations[0]"));
   CHECK_THAT(refusal([](img::manifest& m) { m.vmm->handles[0].token = 7; }), Contains("vmm.handles[0].token 0x7"));
   CHECK_THAT(refusal([](img::manifest& m) { m.vmm->next_token = 2; }),
              Contains("vmm.handles[1].token 0x766d6d0000000002 is not a token this layout handed out"));
@@ -112,7 +112,9 @@ TEST_CASE("vmm image: the layout's rules refuse what a restore could not rebuild
              Contains("pools[0].allocations[0].api cudaMalloc is not a VMM mapping, in a pool of kind vmm"));
   CHECK_THAT(refusal([](img::manifest& m) { m.vmm.reset(); }),
              Contains("pools[0] is of kind vmm, but the image has no vmm layout"));
-  CHECK_THAT(refusal([](img::manifest& m) { m.vmm->mappings.push_back({base + 16 * MiB, 2 * MiB, token2, 0}); }),
+  CHECK_THAT(refusal([](img::manifest& m) {
+               m.vmm->mappings.push_back({base + 16 * MiB, 2 * MiB, token2, 0});
+             }),
              Contains("vmm.mappings has 3 entries but the pools of kind vmm store 2"));
   CHECK_THAT(refusal([](img::manifest& m) { m.format = 3; }), Contains("a vmm layout in a format 3 image"));
 }
@@ -172,7 +174,7 @@ TEST_CASE("vmm registry: its layout is what a new process's registry takes back,
   REQUIRE(fresh.release(t2, released) == vmm_status::ok);  // the image's reference
   CHECK(released.empty());                                 // still mapped
   fresh.unmap(a + 8 * MiB, 8 * MiB, released);
-  CHECK(released.size() == 1);                             // now it goes
+  CHECK(released.size() == 1);  // now it goes
   vmm_registry elsewhere(base + default_vmm_window * 8, default_vmm_window);
   CHECK_FALSE(elsewhere.load(l));  // other windows
 }
@@ -196,9 +198,13 @@ TEST_CASE("vmm registry: the layout gives access rights over owned mappings only
 }
 
 TEST_CASE("vmm image: access rights must list each location once, in order", "[image][vmm]") {
-  CHECK_THAT(refusal([](img::manifest& m) { m.vmm->access[0].access = {{1, 1, 3}, {1, 0, 3}}; }),
+  CHECK_THAT(refusal([](img::manifest& m) {
+               m.vmm->access[0].access = {{1, 1, 3}, {1, 0, 3}};
+             }),
              Contains("vmm.access[0].rights[1] is out of order or repeats a location"));
-  CHECK_THAT(refusal([](img::manifest& m) { m.vmm->access[0].access = {{1, 0, 3}, {1, 0, 1}}; }),
+  CHECK_THAT(refusal([](img::manifest& m) {
+               m.vmm->access[0].access = {{1, 0, 3}, {1, 0, 1}};
+             }),
              Contains("vmm.access[0].rights[1] is out of order or repeats a location"));
 }
 

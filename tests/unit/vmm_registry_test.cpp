@@ -54,10 +54,10 @@ TEST_CASE("vmm: the same calls give the same addresses and tokens", "[vmm]") {
   const auto first = scripted_run();
   const auto second = scripted_run();
   REQUIRE(first == second);
-  REQUIRE(first[0] == base);                         // the first reservation opens device 0's window
+  REQUIRE(first[0] == base);  // the first reservation opens device 0's window
   REQUIRE(looks_like_vmm_token(first[1]));
-  REQUIRE(first[1] == (vmm_token_tag | 1));          // the n-th create gets counter n
-  REQUIRE(first[9] == base + 90 * GiB);              // right after the big one, which ends 8 MiB-aligned
+  REQUIRE(first[1] == (vmm_token_tag | 1));  // the n-th create gets counter n
+  REQUIRE(first[9] == base + 90 * GiB);      // right after the big one, which ends 8 MiB-aligned
 }
 
 TEST_CASE("vmm: placement is lowest-address first fit with the alignment honoured", "[vmm]") {
@@ -213,11 +213,11 @@ TEST_CASE("vmm: a handle lives while referenced or mapped", "[vmm]") {
   std::vector<std::uint64_t> released;
   REQUIRE(r.release(t, released) == vmm_status::ok);
   REQUIRE(r.release(t, released) == vmm_status::ok);
-  REQUIRE(released.empty());  // still mapped: the token stays valid for that memory
+  REQUIRE(released.empty());                                     // still mapped: the token stays valid for that memory
   REQUIRE(r.release(t, released) == vmm_status::invalid_value);  // a third release: no reference left
   REQUIRE(r.live_handle(t) == nullptr);
   REQUIRE(r.map(va + 20 * MiB, 20 * MiB, 0, t) == vmm_status::not_found);  // a released token maps nothing
-  REQUIRE(r.retain_at(va + 1, got) == vmm_status::ok);  // retained again through its mapping
+  REQUIRE(r.retain_at(va + 1, got) == vmm_status::ok);                     // retained again through its mapping
   REQUIRE(r.live_handle(t) != nullptr);
   REQUIRE(r.replace_real(t, 1234));
   REQUIRE(r.release(t, released) == vmm_status::ok);

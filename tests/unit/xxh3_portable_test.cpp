@@ -20,8 +20,8 @@ TEST_CASE("xxh3 portable: the same checksums as xxhash.h and image::block_checks
     INFO("length " << len);
     REQUIRE(vmmckpt::xxh3::hash64(data.data() + 3, len) == XXH3_64bits(data.data() + 3, len));
   }
-  for (const std::size_t len : {std::size_t{4096}, std::size_t{65536} + 1, std::size_t{vmmckpt::image::write_block_size},
-                                data.size()}) {
+  for (const std::size_t len :
+       {std::size_t{4096}, std::size_t{65536} + 1, std::size_t{vmmckpt::image::write_block_size}, data.size()}) {
     INFO("length " << len);
     CHECK(vmmckpt::xxh3::hash64(data.data(), len) == XXH3_64bits(data.data(), len));
     CHECK(vmmckpt::xxh3::hash64(data.data(), len) == vmmckpt::image::block_checksum(data.data(), len));

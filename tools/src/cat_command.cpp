@@ -94,13 +94,16 @@ int cat_command(const std::string& path, const std::string& addr_text, const std
 }
 
 subcommand add_cat(CLI::App& app) {
-  struct options { std::string image, addr, size, output; };
+  struct options {
+    std::string image, addr, size, output;
+  };
   auto o = std::make_shared<options>();
   auto* command = app.add_subcommand("cat", "Write an image's bytes for an address range, every checksum checked");
   add_image(command, o->image);
   command->add_option("addr", o->addr, "First address (0x hex or decimal)")->required()->type_name("ADDR");
   command->add_option("size", o->size, "Number of bytes (0x hex or decimal, K/M/G/T)")->required()->type_name("SIZE");
-  command->add_option("-o,--output", o->output, "Write to this file (created 0600, only when complete) instead of stdout")
+  command
+      ->add_option("-o,--output", o->output, "Write to this file (created 0600, only when complete) instead of stdout")
       ->type_name("FILE");
   command->footer(
       "Usage: cuda-ckpt cat IMAGE ADDR SIZE [-o FILE]   (also: cuda-ckpt cat -D IMAGE ADDR SIZE)\n"

@@ -33,8 +33,11 @@ int merge_command(const std::string& path, const std::string& output, bool json)
   const auto chain = image::reader::open(path);
   const auto m = image::merge(chain, output, std::max<std::uint32_t>(1, chain.info().data_files));
   if (json) {
-    std::cout << nlohmann::json{{"image", output}, {"from", path}, {"chain", chain_length(chain)},
-                                {"image_id", m.image_id}, {"bytes", m.data_bytes}}
+    std::cout << nlohmann::json{{"image", output},
+                                {"from", path},
+                                {"chain", chain_length(chain)},
+                                {"image_id", m.image_id},
+                                {"bytes", m.data_bytes}}
                      .dump(2)
               << "\n";
   } else {
@@ -77,7 +80,8 @@ int rm_command(const std::string& path, bool force, bool json) {
   const bool whole_process = ckpt::is_process_image(dir);
   if (std::filesystem::is_symlink(dir, ec) ||
       (!whole_process && !std::filesystem::is_regular_file(dir / "manifest.json", ec)))
-    return report_failure("rm", json, path + ": not an image directory (no manifest.json or process.json); nothing removed",
+    return report_failure("rm", json,
+                          path + ": not an image directory (no manifest.json or process.json); nothing removed",
                           exit_failure);
   std::vector<std::filesystem::path> children;
   if (whole_process) {
@@ -96,8 +100,9 @@ int rm_command(const std::string& path, bool force, bool json) {
       image_id = j["image_id"].get<std::string>();
     if (image_id.empty() && !force)
       return report_failure("rm", json,
-                            path + ": its manifest.json names no image (not an image of format 3 or later, or damaged); "
-                                   "nothing removed (--force removes it anyway)",
+                            path +
+                                ": its manifest.json names no image (not an image of format 3 or later, or damaged); "
+                                "nothing removed (--force removes it anyway)",
                             exit_failure);
     if (!image_id.empty())
       children = image::children_in(std::filesystem::absolute(dir).lexically_normal().parent_path(), image_id);
@@ -107,7 +112,8 @@ int rm_command(const std::string& path, bool force, bool json) {
     for (const auto& c : children) names += (names.empty() ? "" : ", ") + c.string();
     // A whole-process chain cannot be merged: each GPU part's image_id is the one its suspended process
     // waits for, and a merged image has one of its own.
-    const std::string way_out = whole_process ? "Remove them first" : "Merge them first (cuda-ckpt merge CHILD -o FULL)";
+    const std::string way_out =
+        whole_process ? "Remove them first" : "Merge them first (cuda-ckpt merge CHILD -o FULL)";
     return report_failure("rm", json,
                           path + " is the parent of " + names + ": they need its blocks. " + way_out +
                               ", or pass --force to delete it and break them",
@@ -127,28 +133,34 @@ int rm_command(const std::string& path, bool force, bool json) {
 }
 
 subcommand add_merge(CLI::App& app) {
-  struct options { std::string image, output; bool json = false; };
+  struct options {
+    std::string image, output;
+    bool json = false;
+  };
   auto o = std::make_shared<options>();
   auto* command = app.add_subcommand("merge", "Write an incremental image and its parents as one full image");
   add_image(command, o->image);
   command->add_option("-o,--output", o->output, "The full image to create")->required()->type_name("DIR");
   command->add_flag("--json", o->json, "Print the result as JSON");
   command->footer("Usage: cuda-ckpt merge IMAGE -o FULL\n"
-                "Every block is read from wherever the chain holds it and checked; FULL has no parent and appears\n"
-                "only once complete and synced. The chain is left as it was.");
+                  "Every block is read from wherever the chain holds it and checked; FULL has no parent and appears\n"
+                  "only once complete and synced. The chain is left as it was.");
 
   return {command, [o] { return merge_command(o->image, o->output, o->json); }};
 }
 
 subcommand add_rm(CLI::App& app) {
-  struct options { std::string image; bool force = false, json = false; };
+  struct options {
+    std::string image;
+    bool force = false, json = false;
+  };
   auto o = std::make_shared<options>();
   auto* command = app.add_subcommand("rm", "Delete an image, unless another image in its directory is its child");
   add_image(command, o->image);
   command->add_flag("--force", o->force, "Delete it even if incremental images name it as their parent (they break)");
   command->add_flag("--json", o->json, "Print the result as JSON");
   command->footer("An image cannot know its children: rm looks for them among the images next to it (the same\n"
-             "directory), where dump --parent leaves them by default. A child kept elsewhere is not seen.");
+                  "directory), where dump --parent leaves them by default. A child kept elsewhere is not seen.");
 
   return {command, [o] { return rm_command(o->image, o->force, o->json); }};
 }

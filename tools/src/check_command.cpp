@@ -24,7 +24,10 @@ int check_command(pid_t pid, bool as_json) {
 }
 
 subcommand add_check(CLI::App& app) {
-  struct options { pid_t pid = 0; bool json = false; };
+  struct options {
+    pid_t pid = 0;
+    bool json = false;
+  };
   auto o = std::make_shared<options>();
   auto* command = app.add_subcommand("check", "Check a process's pool: placement and physical memory agree");
   add_pid(command, o->pid, "The process (running under vmmckpt)");

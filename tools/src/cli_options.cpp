@@ -5,7 +5,8 @@ namespace vmmckpt::tools {
 const CLI::Validator process_id(
     [](std::string& text) -> std::string {
       const bool digits = !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
-      if (!digits || text.size() > 9 || std::stol(text) <= 0) return "a process id is a positive integer, not '" + text + "'";
+      if (!digits || text.size() > 9 || std::stol(text) <= 0)
+        return "a process id is a positive integer, not '" + text + "'";
       return {};
     },
     "");

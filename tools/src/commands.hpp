@@ -49,14 +49,14 @@ struct dump_command_options : held_image_options {  // output empty: ./vmmckpt-<
   int writers = 0;  // 0: ckpt::default_writers()
   bool no_gpu_snapshot = false;
   bool allow_partial = false;
-  std::string parent;  // an incremental image: the image to compare with
+  std::string parent;          // an incremental image: the image to compare with
   bool cpu_checksums = false;  // block checksums on the CPU even where the GPU can compute them
   bool process = false;        // the whole process, CPU side through CRIU (process_commands.cpp)
   bool leave_running = false;  // with process: it goes on afterwards
   std::vector<std::string> criu_args;
-  double every_s = 0;                    // > 0: a series of dumps, one every so many seconds
-  int count = 0;                         // with every_s: this many dumps (0: until the process ends or a signal)
-  int full_every = default_full_every;   // with every_s: a full image after this many incremental ones
+  double every_s = 0;                   // > 0: a series of dumps, one every so many seconds
+  int count = 0;                        // with every_s: this many dumps (0: until the process ends or a signal)
+  int full_every = default_full_every;  // with every_s: a full image after this many incremental ones
 };
 int dump_command(const dump_command_options& options);
 int dump_process_command(const dump_command_options& options);

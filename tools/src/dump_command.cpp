@@ -44,11 +44,16 @@ dump_figures figures_of(const ckpt::dump_result& result) {
 
 nlohmann::json result_json(const dump_command_options& o, const ckpt::dump_result& result, const fs::path& parent) {
   const dump_figures f = figures_of(result);
-  nlohmann::json out = {{"image", result.image.string()},  {"pid", o.pid},
-                        {"bytes", result.manifest.data_bytes}, {"allocations", f.allocations},
-                        {"seconds", result.seconds},        {"gb_per_s", f.gbps},
-                        {"copy_seconds", result.copy_seconds}, {"copy_gb_per_s", f.copy_gbps},
-                        {"hold_ms", result.hold_ms},        {"gpu_snapshot", result.gpu_snapshot},
+  nlohmann::json out = {{"image", result.image.string()},
+                        {"pid", o.pid},
+                        {"bytes", result.manifest.data_bytes},
+                        {"allocations", f.allocations},
+                        {"seconds", result.seconds},
+                        {"gb_per_s", f.gbps},
+                        {"copy_seconds", result.copy_seconds},
+                        {"copy_gb_per_s", f.copy_gbps},
+                        {"hold_ms", result.hold_ms},
+                        {"gpu_snapshot", result.gpu_snapshot},
                         {"gpu_snapshot_bytes", result.snapshot_bytes},
                         {"data_files", result.manifest.data_files},
                         {"parent", parent.empty() ? nlohmann::json(nullptr) : nlohmann::json(parent.string())},
@@ -62,11 +67,13 @@ void print_result(const dump_command_options& o, const ckpt::dump_result& result
   const dump_figures f = figures_of(result);
   std::printf("dumped %s in %zu allocations of process %d to %s\n", human_bytes(result.manifest.data_bytes).c_str(),
               f.allocations, static_cast<int>(o.pid), result.image.c_str());
-  std::printf("  %.3f s in all (%.2f GB/s); program held %.1f ms while its memory was copied %s in %.3f s (%.2f GB/s)\n",
-              result.seconds, f.gbps, result.hold_ms, !result.gpu_snapshot ? "out of the GPU"
-              : result.snapshot_bytes < result.manifest.data_bytes ? "partly to spare GPU memory, partly out of the GPU"
-                                                                   : "to spare GPU memory",
-              result.copy_seconds, f.copy_gbps);
+  std::printf(
+      "  %.3f s in all (%.2f GB/s); program held %.1f ms while its memory was copied %s in %.3f s (%.2f GB/s)\n",
+      result.seconds, f.gbps, result.hold_ms,
+      !result.gpu_snapshot                                 ? "out of the GPU"
+      : result.snapshot_bytes < result.manifest.data_bytes ? "partly to spare GPU memory, partly out of the GPU"
+                                                           : "to spare GPU memory",
+      result.copy_seconds, f.copy_gbps);
   if (!parent.empty())
     std::printf("  incremental: %s unchanged since %s, left to it\n", human_bytes(result.unchanged_bytes).c_str(),
                 parent.c_str());
@@ -165,8 +172,9 @@ int dump_series(const dump_command_options& o, ckpt::dump_options options) {
     parent = options.output;
   }
   if (const int sig = interrupt.load(); sig != 0) {
-    if (!o.json) std::printf("stopped by %s between dumps; the images in %s are complete\n",
-                             sig == SIGINT ? "SIGINT" : "SIGTERM", dir.c_str());
+    if (!o.json)
+      std::printf("stopped by %s between dumps; the images in %s are complete\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
+                  dir.c_str());
     return 128 + sig;
   }
   return exit_ok;
@@ -176,7 +184,8 @@ int dump_series(const dump_command_options& o, ckpt::dump_options options) {
 
 int dump_command(const dump_command_options& o) {
   if (o.process) {
-    if (o.every_s > 0) return report_failure("dump", o.json, "--every does not apply to whole-process dumps (--process)", exit_usage);
+    if (o.every_s > 0)
+      return report_failure("dump", o.json, "--every does not apply to whole-process dumps (--process)", exit_usage);
     return dump_process_command(o);
   }
   if (o.leave_running || !o.criu_args.empty())
@@ -228,48 +237,60 @@ subcommand add_dump(CLI::App& app) {
                  "Give up after this many whole seconds (1 to 3600), connecting and preparing included; the "
                  "program is released by then, dump or not");
   command->add_option("--chunk", o->chunk, "Staging buffer size, 1M to 1G (K/M/G suffixes)")
-      ->capture_default_str()->type_name("SIZE");
-  command->add_option("--staging", o->staging,
+      ->capture_default_str()
+      ->type_name("SIZE");
+  command
+      ->add_option("--staging", o->staging,
                    "Most pinned host memory for staging (K/M/G/T suffixes); a dump that fits is held only for its "
                    "copy out of the GPU")
-      ->capture_default_str()->type_name("SIZE");
+      ->capture_default_str()
+      ->type_name("SIZE");
   command->add_option("--streams", o->streams, "Copy streams")->capture_default_str()->check(CLI::Range(1, 16));
   command->add_flag("--no-gpu-snapshot", o->no_gpu_snapshot,
-                 "Hold the program until its memory is on the host, even when the GPU has room for a copy");
+                    "Hold the program until its memory is on the host, even when the GPU has room for a copy");
   command->add_flag("--allow-partial", o->allow_partial,
-                 "Write the image even when the process has device memory vmmckpt does not own (managed memory, "
-                 "CUDA arrays, memory pools it created, VMM that passes through): the image is marked partial "
-                 "and lists what it lacks");
-  command->add_option("--parent", o->parent,
+                    "Write the image even when the process has device memory vmmckpt does not own (managed memory, "
+                    "CUDA arrays, memory pools it created, VMM that passes through): the image is marked partial "
+                    "and lists what it lacks");
+  command
+      ->add_option("--parent", o->parent,
                    "Write an incremental image: blocks unchanged since the image PARENT are left to it (it must "
                    "stay, or be merged: cuda-ckpt merge). With --process, PARENT is a whole-process image and each "
                    "process's GPU part is incremental on its part there")
       ->type_name("IMAGE");
   command->add_flag("--cpu-checksums", o->cpu_checksums,
-                 "Compute the block checksums on the CPU, as the writers write. By default a kernel built into "
-                 "cuda-ckpt computes them on the GPU: all of them for an incremental dump (which then copies only "
-                 "changed blocks out of the GPU), those of the GPU snapshot for a full one; where it cannot, the "
-                 "CPU does, and --json says why (checksums.why_not_gpu)");
-  command->add_option("--writers", o->writers, "Threads writing the image, one data file each (default: one per core, up to 16)")
+                    "Compute the block checksums on the CPU, as the writers write. By default a kernel built into "
+                    "cuda-ckpt computes them on the GPU: all of them for an incremental dump (which then copies only "
+                    "changed blocks out of the GPU), those of the GPU snapshot for a full one; where it cannot, the "
+                    "CPU does, and --json says why (checksums.why_not_gpu)");
+  command
+      ->add_option("--writers", o->writers,
+                   "Threads writing the image, one data file each (default: one per core, up to 16)")
       ->check(CLI::Range(1, 256));
-  command->add_option("--every", o->every_s,
+  command
+      ->add_option("--every", o->every_s,
                    "A series: one dump now and one every SECONDS into DIR/0000, DIR/0001, ..., each incremental on "
                    "the one before (one line, or with --json one JSON line, per image); ends when the process does, "
                    "after --count dumps, or at SIGINT/SIGTERM")
-      ->check(CLI::Range(0.001, 1e7))->type_name("SECONDS");
+      ->check(CLI::Range(0.001, 1e7))
+      ->type_name("SECONDS");
   command->add_option("--count", o->count, "With --every: stop after this many dumps (default: no limit)")
       ->check(CLI::Range(1, 1000000));
-  command->add_option("--full-every", o->full_every,
+  command
+      ->add_option("--full-every", o->full_every,
                    "With --every: a full image after this many incremental ones (bounds the chains restore reads)")
-      ->capture_default_str()->check(CLI::Range(0, 30));
+      ->capture_default_str()
+      ->check(CLI::Range(0, 30));
   command->add_flag("--process", o->process,
-                 "The whole process and its descendants, CPU side too (CRIU 4.0 or later, the driver's checkpoint "
-                 "API): `cuda-ckpt restore DIR` brings it back. The process ends when the dump completes");
+                    "The whole process and its descendants, CPU side too (CRIU 4.0 or later, the driver's checkpoint "
+                    "API): `cuda-ckpt restore DIR` brings it back. The process ends when the dump completes");
   command->add_flag("--leave-running", o->leave_running,
-                 "With --process: the process goes on afterwards (periodic checkpoints)");
-  command->add_option("--criu-arg", o->criu_args,
+                    "With --process: the process goes on afterwards (periodic checkpoints)");
+  command
+      ->add_option("--criu-arg", o->criu_args,
                    "With --process: one more argument for `criu dump` (repeatable; e.g. --criu-arg=--tcp-established)")
-      ->type_name("ARG")->allow_extra_args(false);
+      ->type_name("ARG")
+      ->allow_extra_args(false);
   command->footer(
       "Usage: cuda-ckpt dump PID [-o DIR]   (also: cuda-ckpt dump -t PID -D DIR)\n"
       "The program is held (its GPU work stopped and drained) only until its memory is copied: to spare\n"

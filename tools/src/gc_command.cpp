@@ -14,7 +14,8 @@ int gc_command(const std::vector<std::string>& dirs, bool dry_run, bool as_json)
   std::vector<std::filesystem::path> paths(dirs.begin(), dirs.end());
   const auto report = ckpt::collect_leftovers(paths, dry_run);
   if (as_json) {
-    nlohmann::json out = {{"removed", nlohmann::json::array()}, {"kept", nlohmann::json::array()}, {"dry_run", dry_run}};
+    nlohmann::json out = {
+        {"removed", nlohmann::json::array()}, {"kept", nlohmann::json::array()}, {"dry_run", dry_run}};
     for (const auto& l : report.removed) out["removed"].push_back({{"path", l.path.string()}, {"why", l.why}});
     for (const auto& l : report.kept) out["kept"].push_back({{"path", l.path.string()}, {"why", l.why}});
     std::cout << out.dump(2) << "\n";
@@ -28,10 +29,15 @@ int gc_command(const std::vector<std::string>& dirs, bool dry_run, bool as_json)
 }
 
 subcommand add_gc(CLI::App& app) {
-  struct options { std::vector<std::string> dirs; bool dry_run = false, json = false; };
+  struct options {
+    std::vector<std::string> dirs;
+    bool dry_run = false, json = false;
+  };
   auto o = std::make_shared<options>();
   auto* command = app.add_subcommand("gc", "Remove what killed tools left behind, when no process depends on it");
-  command->add_option("dirs", o->dirs, "Directories to scan (default: the default suspend directory, /dev/shm/vmmckpt-UID)")
+  command
+      ->add_option("dirs", o->dirs,
+                   "Directories to scan (default: the default suspend directory, /dev/shm/vmmckpt-UID)")
       ->type_name("DIR");
   command->add_flag("--dry-run", o->dry_run, "Say what would be removed, remove nothing");
   command->add_flag("--json", o->json, "Print the result as JSON");

@@ -28,8 +28,8 @@ int inspect_command(const std::string& path, bool as_json) {
   std::printf("created   %s on %s\n", shown(m.created).c_str(), shown(m.host).c_str());
   std::printf("process   %lld: %s\n", static_cast<long long>(m.pid), command.c_str());
   if (m.parent)
-    std::printf("data      %s in this image, %s with its parents; program held %.1f ms\n", human_bytes(m.data_bytes).c_str(),
-                human_bytes(image::restored_bytes(m)).c_str(), m.hold_us / 1000.0);
+    std::printf("data      %s in this image, %s with its parents; program held %.1f ms\n",
+                human_bytes(m.data_bytes).c_str(), human_bytes(image::restored_bytes(m)).c_str(), m.hold_us / 1000.0);
   else
     std::printf("data      %s; program held %.1f ms\n", human_bytes(m.data_bytes).c_str(), m.hold_us / 1000.0);
   if (!m.lacking.empty()) std::printf("partial: lacks %s\n", shown(kinds_and_sizes(m.lacking)).c_str());
@@ -64,10 +64,10 @@ int inspect_command(const std::string& path, bool as_json) {
                   static_cast<unsigned long long>(x.size), static_cast<unsigned long long>(x.token),
                   static_cast<unsigned long long>(x.offset));
     for (const auto& x : l.imports)
-      std::printf("imported  %s of process %lld (its handle 0x%llx, %s) at 0x%llx: recorded, not stored\n",
-                  human_bytes(x.size).c_str(), static_cast<long long>(x.exporter_pid),
-                  static_cast<unsigned long long>(x.token), x.device_uuid.empty() ? "host memory" : x.device_uuid.c_str(),
-                  static_cast<unsigned long long>(x.addr));
+      std::printf(
+          "imported  %s of process %lld (its handle 0x%llx, %s) at 0x%llx: recorded, not stored\n",
+          human_bytes(x.size).c_str(), static_cast<long long>(x.exporter_pid), static_cast<unsigned long long>(x.token),
+          x.device_uuid.empty() ? "host memory" : x.device_uuid.c_str(), static_cast<unsigned long long>(x.addr));
   }
   for (const auto& p : m.pools) {
     std::printf("%s device %d at 0x%llx, %s reserved, %zu allocations\n",
@@ -89,20 +89,24 @@ int inspect_command(const std::string& path, bool as_json) {
 
 int verify_command(const std::string& path, bool as_json) {
   if (const std::string why = unreadable_image_directory(path); !why.empty())
-    return report_failure("verify", as_json, path + ": cannot be read (" + why + "); nothing was checked", exit_failure);
+    return report_failure("verify", as_json, path + ": cannot be read (" + why + "); nothing was checked",
+                          exit_failure);
   if (ckpt::is_process_image(path)) return verify_process_command(path, as_json);
   try {
     const auto reader = image::reader::open(path);
     reader.verify_data();
     const auto& lacking = reader.info().lacking;
     if (as_json) {
-      std::cout << nlohmann::json{{"image", path}, {"ok", true}, {"partial", !lacking.empty()},
+      std::cout << nlohmann::json{{"image", path},
+                                  {"ok", true},
+                                  {"partial", !lacking.empty()},
                                   {"chain", chain_length(reader)},
                                   {"lacking", kinds_and_sizes_json(lacking)}}
                        .dump(2)
                 << "\n";
     } else {
-      std::printf("%s: good (%s, every checksum matches)\n", path.c_str(), human_bytes(image::restored_bytes(reader.info())).c_str());
+      std::printf("%s: good (%s, every checksum matches)\n", path.c_str(),
+                  human_bytes(image::restored_bytes(reader.info())).c_str());
       if (reader.parent() != nullptr)
         std::printf("%s: incremental: its unchanged blocks were checked in its parents too: %s\n", path.c_str(),
                     chain_text(reader).c_str());
@@ -121,7 +125,10 @@ int verify_command(const std::string& path, bool as_json) {
 }
 
 subcommand add_inspect(CLI::App& app) {
-  struct options { std::string image; bool json = false; };
+  struct options {
+    std::string image;
+    bool json = false;
+  };
   auto o = std::make_shared<options>();
   auto* command = app.add_subcommand("inspect", "Summarize an image and list its allocations");
   add_image(command, o->image);
@@ -131,7 +138,10 @@ subcommand add_inspect(CLI::App& app) {
 }
 
 subcommand add_verify(CLI::App& app) {
-  struct options { std::string image; bool json = false; };
+  struct options {
+    std::string image;
+    bool json = false;
+  };
   auto o = std::make_shared<options>();
   auto* command = app.add_subcommand("verify", "Check an image's structure and every checksum");
   add_image(command, o->image);

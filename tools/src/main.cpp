@@ -67,12 +67,14 @@ std::optional<int> answer_help_or_unknown(CLI::App& app, int argc, char** argv, 
       } catch (const CLI::OptionNotFound&) {
       }
       if (command == nullptr)
-        return report_failure("", false, std::string("unknown command '") + argv[2] + "'; see cuda-ckpt --help", exit_usage);
+        return report_failure("", false, std::string("unknown command '") + argv[2] + "'; see cuda-ckpt --help",
+                              exit_usage);
       std::cout << command->help(app.get_name());
       return exit_ok;
     }
     bool known = false;
-    for (const auto* command : app.get_subcommands([](CLI::App*) { return true; })) known |= command->get_name() == word;
+    for (const auto* command : app.get_subcommands([](CLI::App*) { return true; }))
+      known |= command->get_name() == word;
     if (!known) return report_failure("", json, "unknown command '" + word + "'; see cuda-ckpt --help", exit_usage);
   }
   return std::nullopt;
@@ -90,13 +92,13 @@ int run_parsed(const std::vector<subcommand>& commands, const std::string& comma
                               (command == "suspend" ? ", not suspended" : ""),
                           128 + e.signal);
   } catch (const vmmckpt::ckpt::partial_refused& e) {
-    return report_failure(command, json,
-                          "process " + std::to_string(e.pid) +
-                              " has device memory that vmmckpt does not own, which no image would hold: " +
-                              kinds_and_sizes(e.not_owned) +
-                              ". Nothing was written and the process goes on. Pass --allow-partial to write an image "
-                              "marked partial that lacks it.",
-                          exit_partial_refused);
+    return report_failure(
+        command, json,
+        "process " + std::to_string(e.pid) +
+            " has device memory that vmmckpt does not own, which no image would hold: " + kinds_and_sizes(e.not_owned) +
+            ". Nothing was written and the process goes on. Pass --allow-partial to write an image "
+            "marked partial that lacks it.",
+        exit_partial_refused);
   } catch (const vmmckpt::ckpt::driver_unavailable& e) {
     return report_failure(command, json,
                           std::string(e.what()) + ". " + command +
@@ -126,10 +128,19 @@ int cuda_ckpt(int argc, char** argv) {
 
   // The command of restore is everything after its first "--": CLI11 parses only what comes before.
   std::vector<std::string> trailing_command;
-  const std::vector<subcommand> commands{
-      add_run(app),     add_ps(app),      add_check(app), add_dump(app),    add_merge(app), add_rm(app),
-      add_inspect(app), add_verify(app),  add_cat(app),   add_gc(app),      add_suspend(app), add_resume(app),
-      add_restore(app, trailing_command)};
+  const std::vector<subcommand> commands{add_run(app),
+                                         add_ps(app),
+                                         add_check(app),
+                                         add_dump(app),
+                                         add_merge(app),
+                                         add_rm(app),
+                                         add_inspect(app),
+                                         add_verify(app),
+                                         add_cat(app),
+                                         add_gc(app),
+                                         add_suspend(app),
+                                         add_resume(app),
+                                         add_restore(app, trailing_command)};
 
   // Every command's help ends with the exit codes, as the program's does.
   for (auto* command : app.get_subcommands([](CLI::App*) { return true; })) {

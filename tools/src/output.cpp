@@ -85,7 +85,8 @@ void progress_line::show(const ckpt::copy_progress& p) {
   // Until a rate is known (the stage's first event), it and the time left show as dashes.
   char rate_text[48] = " --.-- GB/s  -:-- left";
   if (rate > 0) {
-    const int left = static_cast<int>(static_cast<double>(p.bytes_total - std::min(p.bytes_done, p.bytes_total)) / rate);
+    const int left =
+        static_cast<int>(static_cast<double>(p.bytes_total - std::min(p.bytes_done, p.bytes_total)) / rate);
     std::snprintf(rate_text, sizeof rate_text, " %.2f GB/s  %d:%02d left", rate / 1e9, left / 60, left % 60);
   }
   char line[256];
@@ -106,7 +107,8 @@ void progress_line::finish() {
 
 int report_failure(const std::string& command, bool json, const std::string& message, int exit_code) {
   if (json)
-    std::cout << nlohmann::json{{"ok", false}, {"command", command}, {"error", message}, {"exit_code", exit_code}}.dump(2)
+    std::cout << nlohmann::json{{"ok", false}, {"command", command}, {"error", message}, {"exit_code", exit_code}}.dump(
+                     2)
               << "\n";
   else
     std::cerr << "cuda-ckpt" << (command.empty() ? "" : " " + command) << ": " << message << "\n";

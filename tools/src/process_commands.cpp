@@ -40,11 +40,16 @@ int dump_process_command(const dump_command_options& o) {
   line.finish();
   const auto& d = r.description;
   if (o.json) {
-    std::cout << nlohmann::json{{"image", r.image.string()},          {"pid", o.pid},
-                                {"processes", pids_json(d)},          {"gpu_bytes", d.gpu_bytes},
-                                {"left_running", d.left_running},     {"stopped_seconds", d.stopped_seconds},
-                                {"seconds", r.seconds},               {"criu_version", d.criu_version},
-                                {"phases", phases_json(r.phases)},    {"parent", d.parent}}
+    std::cout << nlohmann::json{{"image", r.image.string()},
+                                {"pid", o.pid},
+                                {"processes", pids_json(d)},
+                                {"gpu_bytes", d.gpu_bytes},
+                                {"left_running", d.left_running},
+                                {"stopped_seconds", d.stopped_seconds},
+                                {"seconds", r.seconds},
+                                {"criu_version", d.criu_version},
+                                {"phases", phases_json(r.phases)},
+                                {"parent", d.parent}}
                      .dump(2)
               << "\n";
   } else {
@@ -66,13 +71,22 @@ int inspect_process_command(const std::string& image, bool json) {
   ckpt::check_process_layout(image, d);
   ckpt::verify_criu_files(image, d, false);
   if (json) {
-    nlohmann::json out{{"image", image},          {"whole_process", true},          {"root_pid", d.root_pid},
-                       {"created", d.created},    {"host", d.host},                 {"tool_version", d.tool_version},
-                       {"criu_version", d.criu_version}, {"gpu_bytes", d.gpu_bytes}, {"left_running", d.left_running},
-                       {"stopped_seconds", d.stopped_seconds}, {"parent", d.parent}};
+    nlohmann::json out{{"image", image},
+                       {"whole_process", true},
+                       {"root_pid", d.root_pid},
+                       {"created", d.created},
+                       {"host", d.host},
+                       {"tool_version", d.tool_version},
+                       {"criu_version", d.criu_version},
+                       {"gpu_bytes", d.gpu_bytes},
+                       {"left_running", d.left_running},
+                       {"stopped_seconds", d.stopped_seconds},
+                       {"parent", d.parent}};
     out["processes"] = nlohmann::json::array();
     for (const auto& m : d.processes)
-      out["processes"].push_back({{"pid", m.pid}, {"parent", m.parent}, {"command", m.command},
+      out["processes"].push_back({{"pid", m.pid},
+                                  {"parent", m.parent},
+                                  {"command", m.command},
                                   {"gpu_image", d.gpu_image(image, m.pid).string()},
                                   {"driver_checkpointed", m.driver_checkpointed}});
     std::uint64_t cpu_bytes = 0;
@@ -90,7 +104,8 @@ int inspect_process_command(const std::string& image, bool json) {
   std::printf("created   %s on %s; the process was stopped %.3f s%s\n", shown(d.created).c_str(), shown(d.host).c_str(),
               d.stopped_seconds, d.left_running ? " and went on" : " and ended");
   if (!d.parent.empty())
-    std::printf("parent    %s (its GPU parts are incremental on that image's; it must stay)\n", shown(d.parent).c_str());
+    std::printf("parent    %s (its GPU parts are incremental on that image's; it must stay)\n",
+                shown(d.parent).c_str());
   std::printf("cpu part  %s in %zu CRIU files (%s/)\n", human_bytes(cpu_bytes).c_str(), d.criu_files.size(),
               ckpt::criu_dir_name);
   std::printf("gpu part  %s in %zu process(es); restore with: cuda-ckpt restore %s\n", human_bytes(d.gpu_bytes).c_str(),

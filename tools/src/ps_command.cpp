@@ -55,8 +55,12 @@ std::string user_name(uid_t uid) {
 
 // The same keys for every entry, so that a script reading one kind reads them all.
 nlohmann::json blank_entry(pid_t pid, const std::string& status) {
-  return {{"pid", pid},         {"command", nlohmann::json::array()}, {"state", status},
-          {"status", status},   {"devices", nlohmann::json::array()}, {"pools", nlohmann::json::array()},
+  return {{"pid", pid},
+          {"command", nlohmann::json::array()},
+          {"state", status},
+          {"status", status},
+          {"devices", nlohmann::json::array()},
+          {"pools", nlohmann::json::array()},
           {"not_owned", nlohmann::json::array()}};
 }
 
@@ -79,7 +83,7 @@ nlohmann::json entry_json(const ckpt::process_entry& p) {
 
 // Whose an image is: its directory's owner.
 uid_t owner_of(const std::filesystem::path& image) {
-  struct stat st{};
+  struct stat st {};
   return ::stat(image.c_str(), &st) == 0 ? st.st_uid : ::geteuid();
 }
 
@@ -185,10 +189,11 @@ void print_interrupted(const interrupted_entry& e) {
 }
 
 void print_orphan(const ckpt::orphaned_image& o) {
-  std::printf(row_format, o.pid > 0 ? std::to_string(o.pid).c_str() : "-", user_name(owner_of(o.path)).c_str(), "orphaned", "-",
-              "-", "-", "-", "-");
+  std::printf(row_format, o.pid > 0 ? std::to_string(o.pid).c_str() : "-", user_name(owner_of(o.path)).c_str(),
+              "orphaned", "-", "-", "-", "-", "-");
   std::printf("%-8s image %s (%s): %s; `%s` removes it\n", "", shown(o.path.string()).c_str(),
-              human_bytes(o.bytes).c_str(), shown(o.why).c_str(), shown(ckpt::gc_command_for(o.path.parent_path())).c_str());
+              human_bytes(o.bytes).c_str(), shown(o.why).c_str(),
+              shown(ckpt::gc_command_for(o.path.parent_path())).c_str());
 }
 
 }  // namespace
@@ -246,9 +251,13 @@ int ps_command(pid_t only, bool as_json) {
 }
 
 subcommand add_ps(CLI::App& app) {
-  struct options { pid_t pid = 0; bool json = false; };
+  struct options {
+    pid_t pid = 0;
+    bool json = false;
+  };
   auto o = std::make_shared<options>();
-  auto* command = app.add_subcommand("ps", "List the processes running under vmmckpt, and images of processes that died");
+  auto* command =
+      app.add_subcommand("ps", "List the processes running under vmmckpt, and images of processes that died");
   command->add_option("pid,-t,--pid", o->pid, "Only this process (an error says why when it is not under vmmckpt)")
       ->check(process_id)
       ->type_name("PID");

@@ -70,8 +70,8 @@ int start_progress_reporter() {
     line.finish();
     if (last.bytes_total != 0 && last.bytes_done == last.bytes_total) {
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      std::fprintf(stderr, "restore: %s loaded, %.2f s after the command started\n", human_bytes(last.bytes_done).c_str(),
-                   seconds);
+      std::fprintf(stderr, "restore: %s loaded, %.2f s after the command started\n",
+                   human_bytes(last.bytes_done).c_str(), seconds);
     }
     ::_exit(0);
   }
@@ -96,19 +96,24 @@ int restore_command(const restore_command_options& o, const std::vector<std::str
       return report_failure("restore", o.json, found.string() + " cannot be read (" + why + ")", exit_failure);
     if (ckpt::is_process_image(found)) {
       if (o.replay || o.device >= 0)
-        return report_failure("restore", o.json, "--replay and --device apply to restoring with a command, not to a "
-                              "whole process (its CUDA context comes back on the GPU it had)", exit_usage);
+        return report_failure("restore", o.json,
+                              "--replay and --device apply to restoring with a command, not to a "
+                              "whole process (its CUDA context comes back on the GPU it had)",
+                              exit_usage);
       return restore_process_command(found.string(), o.json, false, o.trust_owner, o.criu_args);
     }
     return report_failure("restore", o.json,
-                          path + " holds GPU memory only (no CPU part: it was not made with dump --process), so there is "
-                          "no process to bring back: start a command with it, cuda-ckpt restore " + path +
-                          " -- COMMAND [ARGS...]", exit_usage);
+                          path +
+                              " holds GPU memory only (no CPU part: it was not made with dump --process), so there is "
+                              "no process to bring back: start a command with it, cuda-ckpt restore " +
+                              path + " -- COMMAND [ARGS...]",
+                          exit_usage);
   }
   if (ckpt::is_process_image(path))
     return report_failure("restore", false,
                           path + " is a whole-process image: restore it without a command (cuda-ckpt restore " + path +
-                          "); the process comes back as it was", exit_usage);
+                              "); the process comes back as it was",
+                          exit_usage);
   if (o.json || o.trust_owner || !o.criu_args.empty())
     return report_failure("restore", false, "--json, --trust-owner and --criu-arg apply to whole-process images only",
                           exit_usage);
@@ -135,7 +140,9 @@ int restore_command(const restore_command_options& o, const std::vector<std::str
 }
 
 subcommand add_restore(CLI::App& app, const std::vector<std::string>& trailing_command) {
-  struct options : restore_command_options { bool no_verify = false; };
+  struct options : restore_command_options {
+    bool no_verify = false;
+  };
   auto o = std::make_shared<options>();
   auto* command = app.add_subcommand(
       "restore", "Bring a whole process back from its image, or start a command with an image's GPU memory");
@@ -147,17 +154,18 @@ subcommand add_restore(CLI::App& app, const std::vector<std::string>& trailing_c
                     "Start the command after checking the image's structure only, without reading it through "
                     "first; the restoring process still checks every extent as it loads it, and its memory calls "
                     "fail if one is damaged");
-  command->add_option("--device", o->device,
-                      "Run on this machine's GPU N (migration); the program sees it as the device it had, and "
-                      "every address is unchanged")
+  command
+      ->add_option("--device", o->device,
+                   "Run on this machine's GPU N (migration); the program sees it as the device it had, and "
+                   "every address is unchanged")
       ->check(CLI::Range(0, 63));
   command->add_flag("--json", o->json, "Whole process: print the result as JSON");
   command->add_flag("--trust-owner", o->trust_owner,
                     "Whole process, as root: restore an image that someone other than root owns or may have written "
                     "(refused otherwise, naming the file: the restored processes run what the image holds)");
-  command->add_option("--criu-arg", o->criu_args,
-                      "Whole process: one more argument for `criu restore` (repeatable)")
-      ->type_name("ARG")->allow_extra_args(false);
+  command->add_option("--criu-arg", o->criu_args, "Whole process: one more argument for `criu restore` (repeatable)")
+      ->type_name("ARG")
+      ->allow_extra_args(false);
   command->allow_extras();  // a command given without "--" is named in the error, in its order
   command->footer(
       "Usage: cuda-ckpt restore DIR [--json] [--trust-owner]   (a whole-process image, from dump --process)\n"
@@ -177,21 +185,21 @@ subcommand add_restore(CLI::App& app, const std::vector<std::string>& trailing_c
       "On a terminal a progress line shows the program loading its image.");
 
   return {command, [o, command, &trailing_command] {
-    if (!command->remaining().empty()) {
-      // Words after the image without "--": the command, most likely, or an option misspelt.
-      const auto extra = command->remaining();
-      if (extra.front().rfind('-', 0) == 0)
-        return report_failure("restore", false, "unknown option '" + extra.front() + "'; see cuda-ckpt help restore",
-                              exit_usage);
-      std::string words;
-      for (const auto& w : extra) words += " " + w;
-      return report_failure("restore", false,
-                            "the command to start goes after '--': cuda-ckpt restore " + o->image + " --" + words,
-                            exit_usage);
-    }
-    o->verify_first = !o->no_verify;
-    return restore_command(*o, trailing_command);
-  }};
+            if (!command->remaining().empty()) {
+              // Words after the image without "--": the command, most likely, or an option misspelt.
+              const auto extra = command->remaining();
+              if (extra.front().rfind('-', 0) == 0)
+                return report_failure("restore", false,
+                                      "unknown option '" + extra.front() + "'; see cuda-ckpt help restore", exit_usage);
+              std::string words;
+              for (const auto& w : extra) words += " " + w;
+              return report_failure(
+                  "restore", false,
+                  "the command to start goes after '--': cuda-ckpt restore " + o->image + " --" + words, exit_usage);
+            }
+            o->verify_first = !o->no_verify;
+            return restore_command(*o, trailing_command);
+          }};
 }
 
 }  // namespace vmmckpt::tools

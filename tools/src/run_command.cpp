@@ -73,7 +73,8 @@ int run_under_shim(const std::vector<std::string>& command, const char* subcomma
   argv.push_back(nullptr);
   ::execvp(argv[0], argv.data());
   const int error = errno;
-  std::cerr << "cuda-ckpt " << subcommand << ": cannot execute '" << command[0] << "': " << std::strerror(error) << "\n";
+  std::cerr << "cuda-ckpt " << subcommand << ": cannot execute '" << command[0] << "': " << std::strerror(error)
+            << "\n";
   return error == ENOENT ? exit_not_found : exit_cannot_execute;
 }
 

@@ -45,8 +45,9 @@ int suspend_command(const suspend_command_options& o) {
   if (r.late) {
     // Suspended, but its answer never came: the figures are unknown, the state is not.
     if (o.json) {
-      std::cout << nlohmann::json{{"pid", o.pid}, {"image", r.image.string()}, {"late", true}, {"seconds", seconds}}.dump(2)
-                << "\n";
+      std::cout
+          << nlohmann::json{{"pid", o.pid}, {"image", r.image.string()}, {"late", true}, {"seconds", seconds}}.dump(2)
+          << "\n";
     } else {
       std::printf("process %d took the suspend but did not answer in time (it is stopped, or was stopped right "
                   "after): it is suspended with image %s, or will be when it continues\n",
@@ -116,14 +117,14 @@ subcommand add_suspend(CLI::App& app) {
                  "Image directory (default /dev/shm/vmmckpt-UID/suspend-PID-TIME, removed by resume; also -D DIR)",
                  "Give up after this many whole seconds (1 to 3600), connecting and saving included: the "
                  "program is then released, not suspended");
-  command->add_flag("--verify", o->verify,
-                    "Read the image back and check every checksum before the memory is freed");
+  command->add_flag("--verify", o->verify, "Read the image back and check every checksum before the memory is freed");
   command->add_flag("--allow-partial", o->allow_partial,
                     "Suspend even when the process has device memory vmmckpt does not own: the image is marked "
                     "partial, and that memory stays on the GPU while the process is suspended");
-  command->add_option("--parent", o->parent,
-                      "Write an incremental image: blocks unchanged since the image PARENT (weights saved earlier) "
-                      "are left to it; resume reads them from there")
+  command
+      ->add_option("--parent", o->parent,
+                   "Write an incremental image: blocks unchanged since the image PARENT (weights saved earlier) "
+                   "are left to it; resume reads them from there")
       ->type_name("IMAGE");
   command->add_flag("--cpu-checksums", o->cpu_checksums,
                     "Compute the block checksums on the CPU (by default on the GPU where it can; see dump)");
@@ -142,14 +143,17 @@ subcommand add_suspend(CLI::App& app) {
 }
 
 subcommand add_resume(CLI::App& app) {
-  struct options { pid_t pid = 0; bool json = false; };
+  struct options {
+    pid_t pid = 0;
+    bool json = false;
+  };
   auto o = std::make_shared<options>();
   auto* command = app.add_subcommand("resume", "Give a suspended process its GPU memory back and let it go on");
   add_pid(command, o->pid, "The suspended process");
   command->add_flag("--json", o->json, "Print the result as JSON");
   command->footer("A resume that cannot complete (not enough GPU memory, a damaged image) leaves the process\n"
-                 "suspended with its image intact; it can be tried again. On a terminal a progress line shows\n"
-                 "the program loading its image.");
+                  "suspended with its image intact; it can be tried again. On a terminal a progress line shows\n"
+                  "the program loading its image.");
 
   return {command, [o] { return resume_command(o->pid, o->json); }};
 }

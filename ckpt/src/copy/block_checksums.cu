@@ -51,11 +51,13 @@ __device__ u64 hash_long_by_eight(const unsigned char* p, u64 len, unsigned lane
   }
   const u64 stripes = ((len - 1) - block_len * blocks) / stripe;
   for (u64 s = 0; s < stripes; ++s)
-    acc = accumulate(acc, x::read64(p + blocks * block_len + s * stripe + 8 * lane), x::secret64(s * 8 + 8 * lane), group);
+    acc = accumulate(acc, x::read64(p + blocks * block_len + s * stripe + 8 * lane), x::secret64(s * 8 + 8 * lane),
+                     group);
   acc = accumulate(acc, x::read64(p + len - stripe + 8 * lane), x::secret64(x::secret_size - 64 - 7 + 8 * lane), group);
   // The merge: accumulators 2i and 2i+1 folded together, the four folds summed.
   const u64 odd = __shfl_xor_sync(group, acc, 1);
-  u64 fold = (lane & 1) == 0 ? x::mul128_fold64(acc ^ x::secret64(11 + 8 * lane), odd ^ x::secret64(11 + 8 * lane + 8)) : 0;
+  u64 fold =
+      (lane & 1) == 0 ? x::mul128_fold64(acc ^ x::secret64(11 + 8 * lane), odd ^ x::secret64(11 + 8 * lane + 8)) : 0;
   fold += __shfl_xor_sync(group, fold, 2);
   fold += __shfl_xor_sync(group, fold, 4);
   return x::avalanche(len * x::prime64_1 + fold);
@@ -79,7 +81,10 @@ extern "C" __global__ void vmmckpt_block_checksums(const vmmckpt_span* spans, un
   unsigned long long lo = 0, hi = span_count;  // the span whose blocks include block i
   while (hi - lo > 1) {
     const unsigned long long mid = (lo + hi) / 2;
-    if (spans[mid].first <= i) lo = mid; else hi = mid;
+    if (spans[mid].first <= i)
+      lo = mid;
+    else
+      hi = mid;
   }
   const vmmckpt_span s = spans[lo];
   const unsigned long long at = (i - s.first) * block_bytes;

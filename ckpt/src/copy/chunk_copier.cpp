@@ -31,8 +31,8 @@ void chunk_copier::copy_chunk(std::size_t c, std::size_t b) {
     VMMCKPT_CUDA_TRY(d.cuMemcpyDtoHAsync_v2(st.buffers[b], job_.snapshot_at[c], job_.chunks[c].bytes, s));
   } else {
     for (const copy_run& r : job_.runs.of[c])
-      VMMCKPT_CUDA_TRY(d.cuMemcpyDtoHAsync_v2(st.buffers[b] + r.offset, r.in_snapshot != 0 ? r.in_snapshot : r.addr,
-                                              r.bytes, s));
+      VMMCKPT_CUDA_TRY(
+          d.cuMemcpyDtoHAsync_v2(st.buffers[b] + r.offset, r.in_snapshot != 0 ? r.in_snapshot : r.addr, r.bytes, s));
   }
   VMMCKPT_CUDA_TRY(d.cuEventRecord(st.events[b], s));
 }

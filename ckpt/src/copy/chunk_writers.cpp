@@ -22,18 +22,18 @@ std::uint64_t write_changed_blocks(image::writer& writer, std::uint32_t file, co
   if (given == nullptr) computed = block_checksums(bytes, stored);
   const std::uint64_t* sums = given != nullptr ? given : computed.data();
   std::uint64_t unchanged = 0;
-  for_each_block_run(sums, old, stored, [&](std::size_t first, std::size_t end, bool same, std::uint64_t from,
-                                            std::uint64_t to) {
-    if (!same) {
-      writer.write_blocks(file, bytes + from, static_cast<std::size_t>(to - from), sums + first, end - first);
-      return;
-    }
-    for (std::size_t k = first; k < end; ++k) {
-      const std::uint64_t at = k * image::write_block_size;
-      writer.inherit_block(file, static_cast<std::size_t>(std::min(image::write_block_size, stored - at)), sums[k]);
-    }
-    unchanged += to - from;
-  });
+  for_each_block_run(
+      sums, old, stored, [&](std::size_t first, std::size_t end, bool same, std::uint64_t from, std::uint64_t to) {
+        if (!same) {
+          writer.write_blocks(file, bytes + from, static_cast<std::size_t>(to - from), sums + first, end - first);
+          return;
+        }
+        for (std::size_t k = first; k < end; ++k) {
+          const std::uint64_t at = k * image::write_block_size;
+          writer.inherit_block(file, static_cast<std::size_t>(std::min(image::write_block_size, stored - at)), sums[k]);
+        }
+        unchanged += to - from;
+      });
   return unchanged;
 }
 

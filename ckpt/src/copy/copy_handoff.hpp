@@ -22,7 +22,9 @@ namespace vmmckpt::ckpt {
 inline void throw_if_interrupted(const std::atomic<int>* interrupt) {
   if (interrupt == nullptr) return;
   if (const int sig = interrupt->load(std::memory_order_relaxed); sig != 0)
-    throw interrupted(std::string("interrupted by ") + (sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal"),
+    throw interrupted(std::string("interrupted by ") + (sig == SIGINT    ? "SIGINT"
+                                                        : sig == SIGTERM ? "SIGTERM"
+                                                                         : "a signal"),
                       sig);
 }
 
@@ -38,8 +40,8 @@ struct chunk_handoff {
   const std::size_t count;
   std::mutex mutex;
   std::condition_variable changed;
-  std::size_t issued = 0;  // chunks [0, issued) are copied or in flight
-  std::size_t taken = 0;   // chunks [0, taken) are taken by a writer
+  std::size_t issued = 0;                 // chunks [0, issued) are copied or in flight
+  std::size_t taken = 0;                  // chunks [0, taken) are taken by a writer
   std::vector<std::size_t> chunk_buffer;  // the staging buffer each chunk is copied into
   std::vector<std::size_t> free_buffers;
   bool stop = false;  // the copy is over (done or failed): writers leave
@@ -115,7 +117,6 @@ struct chunk_handoff {
     if (!writer_error) writer_error = std::move(e);
     changed.notify_all();
   }
-
 };
 
 // The progress line, from the copier and the writers, one at a time. While the program is held it shows the

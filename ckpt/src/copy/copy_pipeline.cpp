@@ -178,8 +178,9 @@ copy_outcome copy_pipeline::copy(image::manifest& m, const readable_fn& readable
   copy_checksums sums(chunks, gpu_sums_.get(), st.checksum_stream);  // set before the first chunk is handed over
   chunk_handoff handoff(chunks.size(), buffers_);
   copy_progress_line line(progress, total);
-  chunk_writers writers({context_, st, chunks, parent_.get(), sums, settings_.interrupt, *writer_, m, handoff, line, result},
-                        m.data_files);
+  chunk_writers writers(
+      {context_, st, chunks, parent_.get(), sums, settings_.interrupt, *writer_, m, handoff, line, result},
+      m.data_files);
 
   // The chunks that fit in the snapshot, counted from the end; those before them are copied out of
   // the GPU while the program is held (all of them when the program grew past the snapshot).

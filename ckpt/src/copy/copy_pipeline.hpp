@@ -56,7 +56,8 @@ class copy_pipeline {
   image::writer& writer() { return *writer_; }
   // After the writer committed m (`manifest_checksum`: what commit returned): a series keeps the image as
   // its next dump's parent.
-  void committed(const std::filesystem::path& image, const image::manifest& m, std::uint64_t manifest_checksum) noexcept;
+  void committed(const std::filesystem::path& image, const image::manifest& m,
+                 std::uint64_t manifest_checksum) noexcept;
   // Throws interrupted when the settings' interrupt flag is set: called between chunks, and by the
   // operations between their steps.
   void check_interrupted() const;

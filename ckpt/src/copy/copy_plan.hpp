@@ -29,8 +29,8 @@ struct piece {
 // pieces is not contiguous on the GPU, so its blocks are hashed by the CPU after a copy, even when
 // nothing in it changed since the parent.
 struct span {
-  std::size_t pool;      // index into the manifest's pools
-  std::size_t extent;    // index into that pool's extents
+  std::size_t pool;    // index into the manifest's pools
+  std::size_t extent;  // index into that pool's extents
   std::uint64_t addr;
   std::uint64_t size;
   std::uint64_t offset;  // in the chunk's buffer
@@ -153,12 +153,13 @@ copy_runs plan_copy_runs(const std::vector<chunk>& chunks, const std::vector<CUd
         add(sp.addr, sp.offset, sp.size);
         continue;
       }
-      for_each_block_run(sums, old, sp.stored, [&](std::size_t, std::size_t, bool same, std::uint64_t from, std::uint64_t to) {
-        if (same)
-          out.uncopied_bytes += to - from;
-        else
-          add(sp.addr + from, sp.offset + from, to - from);
-      });
+      for_each_block_run(sums, old, sp.stored,
+                         [&](std::size_t, std::size_t, bool same, std::uint64_t from, std::uint64_t to) {
+                           if (same)
+                             out.uncopied_bytes += to - from;
+                           else
+                             add(sp.addr + from, sp.offset + from, to - from);
+                         });
     }
     if (!runs.empty()) ++out.changed_chunks;
   }

@@ -55,7 +55,7 @@ struct copy_staging {
   }
   ~copy_staging() {
     if (!registered && allocated.empty() && events.empty() && streams.empty()) return;  // no driver needed
-    const driver_api& d = driver();  // loaded: it made them
+    const driver_api& d = driver();                                                     // loaded: it made them
     if (checksum_stream != nullptr) streams.push_back(checksum_stream);
     for (CUstream s : streams) d.cuStreamSynchronize(s);
     if (snapshot_copied != nullptr) d.cuEventDestroy_v2(snapshot_copied);

@@ -21,9 +21,9 @@ namespace vmmckpt::ckpt::detail {
 
 }  // namespace vmmckpt::ckpt::detail
 
-#define VMMCKPT_CUDA_TRY(call)                                                           \
-  do {                                                                                  \
-    const CUresult vmmckpt_result_ = (call);                                            \
-    if (vmmckpt_result_ != CUDA_SUCCESS)                                                \
+#define VMMCKPT_CUDA_TRY(call)                                                               \
+  do {                                                                                       \
+    const CUresult vmmckpt_result_ = (call);                                                 \
+    if (vmmckpt_result_ != CUDA_SUCCESS)                                                     \
       ::vmmckpt::ckpt::detail::throw_cuda_error(vmmckpt_result_, #call, __FILE__, __LINE__); \
   } while (0)

@@ -65,7 +65,8 @@ gpu_checksums::gpu_checksums() {
     x ^= x << 17;
     b = static_cast<unsigned char>(x);
   }
-  const std::vector<std::pair<std::uint64_t, std::uint64_t>> cases = {  // offset, length
+  const std::vector<std::pair<std::uint64_t, std::uint64_t>> cases = {
+      // offset, length
       {0, bytes.size()}, {3, 100}, {8, 240}, {5, 241}, {16, 1024}, {1, 1025}, {24, 1088 + 7}, {7, 4096 + 63}};
   CUdeviceptr test = 0;
   try {
@@ -77,7 +78,8 @@ gpu_checksums::gpu_checksums() {
     for (const auto& [offset, length] : cases) {
       spans.push_back({test + offset, length});
       for (std::uint64_t at = 0; at < length; at += image::write_block_size)
-        want.push_back(image::block_checksum(bytes.data() + offset + at, std::min(image::write_block_size, length - at)));
+        want.push_back(
+            image::block_checksum(bytes.data() + offset + at, std::min(image::write_block_size, length - at)));
     }
     if (compute(spans, nullptr) != want) {
       function_ = nullptr;
@@ -119,7 +121,8 @@ const std::uint64_t* gpu_checksums::batch::wait() {
   return failed_ ? nullptr : host_ != nullptr ? host_ : &none;
 }
 
-std::unique_ptr<gpu_checksums::batch> gpu_checksums::launch(const std::vector<device_span>& spans, CUstream stream) const {
+std::unique_ptr<gpu_checksums::batch> gpu_checksums::launch(const std::vector<device_span>& spans,
+                                                            CUstream stream) const {
   const driver_api& d = driver();
   auto b = std::make_unique<batch>();
   b->launched_at_ = seconds_now();
@@ -145,7 +148,8 @@ std::unique_ptr<gpu_checksums::batch> gpu_checksums::launch(const std::vector<de
   if (const CUresult r = d.cuMemHostAlloc(&host, blocks * sizeof(std::uint64_t), 0); r != CUDA_SUCCESS)
     return fail(r, "cuMemHostAlloc");
   b->host_ = static_cast<std::uint64_t*>(host);
-  if (const CUresult r = d.cuEventCreate(&b->done_, CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC); r != CUDA_SUCCESS) {
+  if (const CUresult r = d.cuEventCreate(&b->done_, CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC);
+      r != CUDA_SUCCESS) {
     b->done_ = nullptr;
     return fail(r, "cuEventCreate");
   }
@@ -156,7 +160,8 @@ std::unique_ptr<gpu_checksums::batch> gpu_checksums::launch(const std::vector<de
   void* args[] = {&b->table_, &count, &total, &block_bytes, &b->sums_};
   constexpr unsigned threads = 256;  // eight per block
   const auto grid = static_cast<unsigned>((blocks * 8 + threads - 1) / threads);
-  if (const CUresult r = d.cuLaunchKernel(function_, grid, 1, 1, threads, 1, 1, 0, stream, args, nullptr); r != CUDA_SUCCESS)
+  if (const CUresult r = d.cuLaunchKernel(function_, grid, 1, 1, threads, 1, 1, 0, stream, args, nullptr);
+      r != CUDA_SUCCESS)
     return fail(r, "cuLaunchKernel");
   if (const CUresult r = d.cuMemcpyDtoHAsync_v2(b->host_, b->sums_, blocks * sizeof(std::uint64_t), stream);
       r != CUDA_SUCCESS)

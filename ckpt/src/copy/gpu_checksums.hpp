@@ -41,8 +41,8 @@ class gpu_checksums {
     // kernel is done; null when it failed (the CPU computes them instead). From any thread; every call
     // gives what the first gave.
     const std::uint64_t* wait();
-    const std::string& why() const { return why_; }  // after a wait that gave null
-    double seconds() const { return seconds_; }      // from the launch to the first wait's return
+    const std::string& why() const { return why_; }   // after a wait that gave null
+    double seconds() const { return seconds_; }       // from the launch to the first wait's return
     std::uint64_t blocks() const { return blocks_; }  // how many checksums wait() gives
 
    private:

@@ -27,8 +27,8 @@ std::vector<CUmemAccessDesc> access_for(const driver_api& d, CUdevice device, CU
   access[0].location.id = device;
   access[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   int can = 0;
-  if (copier != device && d.cuDeviceCanAccessPeer != nullptr && d.cuDeviceCanAccessPeer(&can, copier, device) == CUDA_SUCCESS &&
-      can != 0) {
+  if (copier != device && d.cuDeviceCanAccessPeer != nullptr &&
+      d.cuDeviceCanAccessPeer(&can, copier, device) == CUDA_SUCCESS && can != 0) {
     access.push_back(access[0]);
     access[1].location.id = copier;
   }
@@ -138,7 +138,8 @@ class held_memory::vmm_mapping {
   }
   void map(const vmmckpt::vmm_mapping& m) {
     const auto it = handles_.find(m.token);
-    if (it == handles_.end()) throw tool_error("the program mapped VMM handle " + hex(m.token) + " but did not send it");
+    if (it == handles_.end())
+      throw tool_error("the program mapped VMM handle " + hex(m.token) + " but did not send it");
     VMMCKPT_CUDA_TRY(d_.cuMemMap(m.addr, m.size, m.offset, it->second, 0));
     mapped_.emplace_back(m.addr, m.size);
     // Worked out once per device: a program maps hundreds of segments, and this runs while it is held.
@@ -177,7 +178,8 @@ held_memory::held_memory(session& s, control::dump_begin_reply& held, received_f
     const device_description d = session::describe(p.device, held.devices);
     const CUdevice device = s.device_for(d);  // a pool created since hello is found here too
 
-    if (!std::any_of(m.devices.begin(), m.devices.end(), [&](const device_description& x) { return x.ordinal == d.ordinal; }))
+    if (!std::any_of(m.devices.begin(), m.devices.end(),
+                     [&](const device_description& x) { return x.ordinal == d.ordinal; }))
       m.devices.push_back(d);
 
     image::pool pool;
@@ -220,7 +222,8 @@ held_memory::held_memory(session& s, control::dump_begin_reply& held, received_f
     for (const auto& p : m.pools)
       if (p.kind == image::pool_kind::vmm)
         for (const auto& a : p.allocations)
-          if (!vmm_->covers(a.addr, a.size)) throw tool_error("VMM mapping at " + hex(a.addr) + " is not backed by the handles sent");
+          if (!vmm_->covers(a.addr, a.size))
+            throw tool_error("VMM mapping at " + hex(a.addr) + " is not backed by the handles sent");
     m.vmm = l;
   }
 }

@@ -73,7 +73,8 @@ parent_blocks::parent_blocks(const std::filesystem::path& image, const image::ma
 void parent_blocks::index_extents() {
   for (const auto& p : manifest_->pools)
     for (const auto& e : p.extents) by_addr_.push_back(&e);
-  std::sort(by_addr_.begin(), by_addr_.end(), [](const image::extent* a, const image::extent* b) { return a->addr < b->addr; });
+  std::sort(by_addr_.begin(), by_addr_.end(),
+            [](const image::extent* a, const image::extent* b) { return a->addr < b->addr; });
 }
 
 std::vector<parent_blocks::file_identity> parent_blocks::identities(const std::vector<std::filesystem::path>& dirs) {
@@ -101,13 +102,14 @@ bool parent_blocks::chain_full() const { return chain_dirs_.size() >= image::max
 
 std::string parent_blocks::changed() const {
   if (identities(chain_dirs_) != files_)
-    return "a file of " + path_.string() + " or of its parents changed since it was written (inode, size, or "
+    return "a file of " + path_.string() +
+           " or of its parents changed since it was written (inode, size, or "
            "modification or change time)";
   // The manifest's content: the checksum a child records for its parent (XXH3-64 of manifest.json, as the
   // reader takes it), read again, never through a link.
   const std::string manifest = (path_ / "manifest.json").string();
   const int fd = ::open(manifest.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-  struct stat st{};
+  struct stat st {};
   std::string text;
   if (fd >= 0 && ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size < (64 << 20)) {
     text.resize(static_cast<std::size_t>(st.st_size));

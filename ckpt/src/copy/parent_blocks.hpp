@@ -62,7 +62,7 @@ class parent_blocks {
   std::filesystem::path path_;
   std::vector<std::filesystem::path> chain_dirs_;  // this image's directory, then its parents'
   std::vector<file_identity> files_;               // of every image of the chain
-  std::vector<const image::extent*> by_addr_;  // every extent of every pool, sorted by address
+  std::vector<const image::extent*> by_addr_;      // every extent of every pool, sorted by address
 };
 
 // The block checksums of an extent's stored bytes, hashed on the CPU once they are on the host: where

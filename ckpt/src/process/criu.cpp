@@ -129,8 +129,8 @@ criu_tool find_criu() {
   ::unlink(scratch);
   const auto at = text.find("Version: ");
   if (status != 0 || at == std::string::npos)
-    throw criu_unavailable(criu.path + " --version failed (exit " + std::to_string(status) + "): " +
-                           text.substr(0, 200) + "; " + how_to_get);
+    throw criu_unavailable(criu.path + " --version failed (exit " + std::to_string(status) +
+                           "): " + text.substr(0, 200) + "; " + how_to_get);
   criu.version = text.substr(at + 9, text.find('\n', at) - at - 9);
   if (std::atoi(criu.version.c_str()) < criu_min_major)
     throw criu_unavailable(criu.path + " is CRIU " + criu.version + ", too old; " + how_to_get);

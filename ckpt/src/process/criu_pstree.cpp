@@ -37,8 +37,7 @@ bool varint(const unsigned char*& p, const unsigned char* end, std::uint64_t& ou
 
 // One pstree_entry (images/pstree.proto: pid = 1, ppid = 2, pgid = 3, sid = 4, threads = 5); only pid and
 // ppid are kept, every field is skipped by its wire type.
-void decode_entry(const unsigned char* p, const unsigned char* end, const std::string& where, pid_t& pid,
-                  pid_t& ppid) {
+void decode_entry(const unsigned char* p, const unsigned char* end, const std::string& where, pid_t& pid, pid_t& ppid) {
   bool have_pid = false, have_ppid = false;
   while (p < end) {
     std::uint64_t key = 0, value = 0;
@@ -82,7 +81,8 @@ criu_process_tree parse_criu_pstree(std::string_view bytes, const std::string& w
     if (end - p < 4) fail(where, "a truncated entry size");
     const std::uint32_t size = static_cast<std::uint32_t>(get_le(p, 4));
     p += 4;
-    if (size > max_entry_bytes || size > static_cast<std::uint64_t>(end - p)) fail(where, "an entry past the file's end");
+    if (size > max_entry_bytes || size > static_cast<std::uint64_t>(end - p))
+      fail(where, "an entry past the file's end");
     pid_t pid = 0, ppid = 0;
     decode_entry(p, p + size, where, pid, ppid);
     p += size;
@@ -100,7 +100,7 @@ criu_process_tree read_criu_pstree(const std::filesystem::path& criu_dir) {
   const std::string path = (criu_dir / "pstree.img").string();
   const int dir = ::open(criu_dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (dir < 0) throw image::image_error(criu_dir.string() + ": cannot open CRIU's directory: " + std::strerror(errno));
-  struct stat st{};
+  struct stat st {};
   int fd = -1;
   try {
     fd = image::open_regular_file(dir, "pstree.img", path, st);

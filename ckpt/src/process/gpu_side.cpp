@@ -29,7 +29,8 @@ bool has_gpu_side(pid_t pid) {
                    "): its GPU memory cannot be left to CRIU alone, so the dump is refused");
 }
 
-suspend_result checkpoint_gpu_side(pid_t pid, const std::filesystem::path& gpu_image, std::chrono::milliseconds hold_deadline) {
+suspend_result checkpoint_gpu_side(pid_t pid, const std::filesystem::path& gpu_image,
+                                   std::chrono::milliseconds hold_deadline) {
   if (const std::string missing = driver_checkpoint_missing(); !missing.empty())
     throw tool_error(missing + ": a whole-process checkpoint needs it");
   suspend_options so;

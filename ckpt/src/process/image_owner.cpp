@@ -32,7 +32,7 @@ std::string writable_by_others(const fs::path& path, const struct stat& st, uid_
 // entry's owner rename it.
 std::string above(const fs::path& dir, uid_t owner) {
   for (fs::path p = dir.parent_path(); !p.empty(); p = p.parent_path()) {
-    struct stat st{};
+    struct stat st {};
     if (::lstat(p.c_str(), &st) != 0) return json_fields::printable(p.string()) + " cannot be read";
     if (st.st_uid != owner && st.st_uid != 0)
       return json_fields::printable(p.string()) + ", a directory above the image, is owned by " + user_of(st.st_uid);

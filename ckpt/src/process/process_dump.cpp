@@ -115,9 +115,7 @@ class process_dump {
   double elapsed() const { return seconds_since(start_); }
 
   void mark(const char* step) { r_.phases.emplace_back(step, seconds_since(start_)); }
-  static double seconds_since(clock::time_point t) {
-    return std::chrono::duration<double>(clock::now() - t).count();
-  }
+  static double seconds_since(clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); }
 
  private:
   void suspend_one(const tree_member& m);
@@ -137,7 +135,7 @@ class process_dump {
   std::vector<pid_t> dumped_;  // the tasks CRIU dumped and left stopped (its pstree.img)
   bool stopped_ = false;       // CRIU left them stopped
   bool committed_ = false;
-  double stopped_from_ = -1;   // when the first process was held, in seconds from the start
+  double stopped_from_ = -1;  // when the first process was held, in seconds from the start
 };
 
 void process_dump::check_and_prepare() {
@@ -206,9 +204,9 @@ void process_dump::suspend_one(const tree_member& m) {
   // Its mapping of another process's memory would be in the driver's checkpoint of it, and that memory
   // is not in the image: not supported (docs/ipc.md).
   if (!s.manifest.ipc_imports.empty())
-    throw tool_error(who(m.pid) + " maps GPU memory of process " +
-                     std::to_string(s.manifest.ipc_imports.front().exporter_pid) +
-                     " through CUDA IPC: whole-process images of processes that share memory that way are not supported");
+    throw tool_error(
+        who(m.pid) + " maps GPU memory of process " + std::to_string(s.manifest.ipc_imports.front().exporter_pid) +
+        " through CUDA IPC: whole-process images of processes that share memory that way are not supported");
   if (d_.created.empty()) {
     d_.tool_version = s.manifest.tool_version;
     d_.created = s.manifest.created;
@@ -252,8 +250,9 @@ void process_dump::criu_dump() {
   write_process_intent(staging_, d_);
   fault_point("process:intent");
   fs::create_directory(staging_ / criu_dir_name);
-  std::vector<std::string> args{"dump", "-t", std::to_string(o_.pid), "-D", (staging_ / criu_dir_name).string(),
-                                "--shell-job", "--leave-stopped"};
+  std::vector<std::string> args{
+      "dump",           "-t", std::to_string(o_.pid), "-D", (staging_ / criu_dir_name).string(), "--shell-job",
+      "--leave-stopped"};
   args.insert(args.end(), o_.criu_args.begin(), o_.criu_args.end());
   fault_point("process:criu");
   // Its exit status is written into the image by the shell that runs it, tool or no tool: "0" tells a later
@@ -275,8 +274,7 @@ void process_dump::criu_dump() {
       });
   // Stopped or not, CRIU has let go of them: whatever follows must continue them (or end them).
   stopped_ = true;
-  if (status != 0)
-    throw tool_error("criu dump failed (exit " + std::to_string(status) + "):" + criu_log_excerpt(log));
+  if (status != 0) throw tool_error("criu dump failed (exit " + std::to_string(status) + "):" + criu_log_excerpt(log));
   dumped_ = read_criu_pstree(staging_ / criu_dir_name).pids;
   d_.stopped_seconds = seconds_since(start_) - stopped_from_;
   mark("criu dumped");
@@ -368,7 +366,8 @@ std::string process_dump::undo() {
   // in the process (injecting or removing it) ends it with SIGTRAP: only its last complete image brings it back.
   for (const auto& [pid, start] : record_.processes)
     if (start != 0 && !suspend_claim::alive(pid, start))
-      problems += "; process " + std::to_string(pid) + " ended during the dump (killed, or CRIU was killed while its "
+      problems += "; process " + std::to_string(pid) +
+                  " ended during the dump (killed, or CRIU was killed while its "
                   "code was in it): nothing of this dump can bring it back, its last complete image can";
   std::error_code ec;
   if (!needed) {

@@ -87,7 +87,7 @@ std::vector<std::string> names_in(int dir_fd, const fs::path& path) {
 
 // The bytes of a small regular file, its size checked before any is read.
 std::string read_small_file(int dir_fd, const std::string& name, const fs::path& path, std::uint64_t limit) {
-  struct stat st{};
+  struct stat st {};
   fd_guard fd(image::open_regular_file(dir_fd, name, path.string(), st));
   if (static_cast<std::uint64_t>(st.st_size) > limit)
     fail(path.string() + ": " + std::to_string(st.st_size) + " bytes, more than the " + std::to_string(limit) +
@@ -136,10 +136,11 @@ void fsync_path(const fs::path& path, bool directory) {
 }
 
 // Walks the tree under dir_fd: every entry's lstat to `visit`, directories entered (never a link).
-void walk(int dir_fd, const fs::path& path, int depth, const std::function<void(const fs::path&, const struct stat&)>& visit) {
+void walk(int dir_fd, const fs::path& path, int depth,
+          const std::function<void(const fs::path&, const struct stat&)>& visit) {
   if (depth > max_depth) fail(path.string() + ": directories nested deeper than an image's");
   for (const auto& name : names_in(dir_fd, path)) {
-    struct stat st{};
+    struct stat st {};
     if (::fstatat(dir_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0)
       fail((path / name).string() + ": cannot stat: " + errno_text(errno));
     visit(path / name, st);
@@ -154,7 +155,8 @@ void walk(int dir_fd, const fs::path& path, int depth, const std::function<void(
 pid_t pid_at(const jf::json& v, const std::string& path, std::int64_t lowest) {
   const std::int64_t x = jf::i64_at(v, path);
   if (x < lowest || x > pid_limit)
-    fail(path + ": " + std::to_string(x) + " is no pid (" + std::to_string(lowest) + " to " + std::to_string(pid_limit) + ")");
+    fail(path + ": " + std::to_string(x) + " is no pid (" + std::to_string(lowest) + " to " +
+         std::to_string(pid_limit) + ")");
   return static_cast<pid_t>(x);
 }
 
@@ -176,7 +178,8 @@ process_image::file decode_file(const jf::json& j, const std::string& path) {
   jf::object_at(j, path);
   process_image::file f;
   f.name = jf::string_of(j, path, "name");
-  if (!plain_name(f.name)) fail(jf::join(path, "name") + ": \"" + jf::printable(f.name) + "\" is not a plain file name");
+  if (!plain_name(f.name))
+    fail(jf::join(path, "name") + ": \"" + jf::printable(f.name) + "\" is not a plain file name");
   f.bytes = jf::u64_of(j, path, "bytes");
   f.checksum = jf::hex16_at(jf::field(j, path, "checksum"), jf::join(path, "checksum"));
   return f;
@@ -225,7 +228,7 @@ jf::json parse_text(const std::string& text) {
 }  // namespace
 
 bool is_process_image(const fs::path& dir) {
-  struct stat st{};
+  struct stat st {};
   return ::lstat((dir / process_manifest_name).c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
@@ -275,7 +278,7 @@ process_image read_process_intent(const fs::path& dir) {
 
 void for_each_entry(const fs::path& dir, const std::function<void(const fs::path&, const struct stat&)>& visit) {
   fd_guard dir_fd(open_image_dir(dir));
-  struct stat st{};
+  struct stat st {};
   if (::fstat(dir_fd.fd, &st) != 0) fail(dir.string() + ": cannot stat: " + errno_text(errno));
   visit(dir, st);
   walk(dir_fd.fd, dir, 0, visit);
@@ -307,12 +310,13 @@ void verify_criu_files(const fs::path& dir, const process_image& p, bool checksu
   for (const auto& f : p.criu_files) {
     listed.insert(f.name);
     const std::string path = (criu / f.name).string();
-    struct stat st{};
+    struct stat st {};
     int fd = -1;
     try {
       fd = image::open_regular_file(criu_fd.fd, f.name, path, st);
     } catch (const image::image_error& e) {
-      if (std::string(e.what()).find("missing") != std::string::npos) fail(path + ": missing (the CPU part is incomplete)");
+      if (std::string(e.what()).find("missing") != std::string::npos)
+        fail(path + ": missing (the CPU part is incomplete)");
       throw;
     }
     fd_guard file(fd);
@@ -353,7 +357,7 @@ std::vector<process_image::file> describe_criu_files(const fs::path& dir) {
   for (const auto& name : names_in(criu_fd.fd, criu)) {
     process_image::file f;
     f.name = name;
-    struct stat st{};
+    struct stat st {};
     fd_guard fd(image::open_regular_file(criu_fd.fd, name, (criu / name).string(), st));
     f.bytes = static_cast<std::uint64_t>(st.st_size);
     f.checksum = checksum_of(fd.fd, f.bytes, (criu / name).string());
@@ -368,16 +372,24 @@ std::vector<process_image::file> describe_criu_files(const fs::path& dir) {
 namespace {
 
 nlohmann::json description_json(const process_image& p) {
-  nlohmann::json j = {{"format", process_format_name}, {"version", process_format_version},
-                      {"tool_version", p.tool_version}, {"created", p.created},
-                      {"host", p.host}, {"root_pid", p.root_pid},
-                      {"criu_version", p.criu_version}, {"gpu_bytes", p.gpu_bytes},
-                      {"stopped_seconds", p.stopped_seconds}, {"left_running", p.left_running}};
+  nlohmann::json j = {{"format", process_format_name},
+                      {"version", process_format_version},
+                      {"tool_version", p.tool_version},
+                      {"created", p.created},
+                      {"host", p.host},
+                      {"root_pid", p.root_pid},
+                      {"criu_version", p.criu_version},
+                      {"gpu_bytes", p.gpu_bytes},
+                      {"stopped_seconds", p.stopped_seconds},
+                      {"left_running", p.left_running}};
   if (!p.parent.empty()) j["parent"] = p.parent;
   j["processes"] = nlohmann::json::array();
   for (const auto& m : p.processes)
-    j["processes"].push_back({{"pid", m.pid}, {"parent", m.parent}, {"command", m.command},
-                              {"image_id", m.image_id}, {"driver_checkpointed", m.driver_checkpointed}});
+    j["processes"].push_back({{"pid", m.pid},
+                              {"parent", m.parent},
+                              {"command", m.command},
+                              {"image_id", m.image_id},
+                              {"driver_checkpointed", m.driver_checkpointed}});
   return j;
 }
 
@@ -394,8 +406,10 @@ void write_synced(const fs::path& dir, const std::string& name, const std::strin
   while (done < text.size() && error == 0) {
     const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) error = n < 0 ? errno : ENOSPC;
-    else done += static_cast<std::size_t>(n);
+    if (n <= 0)
+      error = n < 0 ? errno : ENOSPC;
+    else
+      done += static_cast<std::size_t>(n);
   }
   if (error == 0 && ::fsync(fd) != 0) error = errno;
   ::close(fd);

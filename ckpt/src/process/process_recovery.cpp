@@ -79,7 +79,7 @@ process_transaction decode(const std::string& text) {
 std::string read_plain(const fs::path& path, std::uint64_t limit, std::uint64_t tail = 0) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) return {};
-  struct stat st{};
+  struct stat st {};
   std::string text;
   if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
     const auto size = static_cast<std::uint64_t>(st.st_size);
@@ -132,7 +132,7 @@ fs::path final_name_of(const fs::path& partial) {
 bool suspended_some(const fs::path& staging) {
   std::error_code ec;
   for (const auto& part : fs::directory_iterator(staging / gpu_dir_name, ec)) {
-    struct stat st{};
+    struct stat st {};
     if (::lstat((part.path() / suspend_claim::accepted).c_str(), &st) == 0) return true;
   }
   return false;
@@ -151,7 +151,8 @@ std::vector<pid_t> waiting_for_gpu(const process_transaction& t, const std::vect
 // "cuda-ckpt resume 12; cuda-ckpt resume 34": the way back for each.
 std::string resume_commands(const std::vector<pid_t>& waiting) {
   std::string command;
-  for (pid_t p : waiting) command += (command.empty() ? "" : "; ") + std::string("cuda-ckpt resume ") + std::to_string(p);
+  for (pid_t p : waiting)
+    command += (command.empty() ? "" : "; ") + std::string("cuda-ckpt resume ") + std::to_string(p);
   return command;
 }
 
@@ -200,12 +201,14 @@ transaction_outcome assess_dump(const process_transaction& t, const std::vector<
     o.what = kind::restore;
     o.words = is_process_image(t.image) ? "its processes have ended and the image " + image + " is complete"
                                         : "its processes have ended and the image is complete but for its last "
-                                          "step, under " + jf::printable(t.staging.string());
+                                          "step, under " +
+                                              jf::printable(t.staging.string());
     o.command = "cuda-ckpt restore " + t.image.string();
     return o;
   }
   o.what = kind::ended;
-  o.words = "its processes ended before the image was complete (" + why_not + "; killed, or CRIU killed while "
+  o.words = "its processes ended before the image was complete (" + why_not +
+            "; killed, or CRIU killed while "
             "its code was in them): nothing of this dump brings them back, an earlier complete image does";
   return o;
 }
@@ -252,7 +255,8 @@ void process_transaction::write() {
                   std::to_string(tool_pid) + ".json");
   if (!save(*this))
     throw tool_error("cannot record the " + std::string(op_name(op)) + " in " + dir.string() + " (" +
-                     std::strerror(errno) + "): without the record a killed tool's processes could not be found "
+                     std::strerror(errno) +
+                     "): without the record a killed tool's processes could not be found "
                      "again; nothing was done");
 }
 
@@ -286,7 +290,7 @@ std::vector<process_transaction> list_transactions() {
   // an image to complete, which root must never take from another user's file.
   std::vector<process_transaction> out;
   const fs::path dir = suspend_dir_of(::geteuid());
-  struct stat dir_st{};
+  struct stat dir_st {};
   if (::lstat(dir.c_str(), &dir_st) != 0 || !S_ISDIR(dir_st.st_mode) || dir_st.st_uid != ::geteuid()) return out;
   {
     std::error_code ec;
@@ -294,7 +298,7 @@ std::vector<process_transaction> list_transactions() {
       const std::string name = entry.path().filename().string();
       if (name.rfind(record_prefix, 0) != 0 || name.size() < 5 || name.compare(name.size() - 5, 5, ".json") != 0)
         continue;
-      struct stat st{};
+      struct stat st {};
       if (::lstat(entry.path().c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) continue;
       try {
         process_transaction t = decode(read_plain(entry.path(), max_record_bytes));
@@ -328,7 +332,7 @@ bool finishable(const fs::path& partial, std::string& why_not) {
     why_not = "no unfinished image";
     return false;
   }
-  struct stat st{};
+  struct stat st {};
   if (::lstat(partial.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
     why_not = "its unfinished image is gone";
     return false;
@@ -363,7 +367,7 @@ fs::path finish_process_dump(const fs::path& partial) {
     }
   } held{lock};
   if (lock >= 0) ::flock(lock, LOCK_EX);
-  struct stat st{};
+  struct stat st {};
   if (::lstat(partial.c_str(), &st) != 0 && is_process_image(final_name)) return final_name;
   std::string why_not;
   if (!finishable(partial, why_not)) throw tool_error(partial.string() + " cannot be completed: " + why_not);
@@ -383,7 +387,7 @@ fs::path finish_process_dump(const fs::path& partial) {
     commit_process_image(partial, final_name);
   } catch (const std::exception&) {
     // Another command (a gc, a restore) completed it at the same time: it is there under its name.
-    struct stat st{};
+    struct stat st {};
     if (::lstat(partial.c_str(), &st) != 0 && is_process_image(final_name)) return final_name;
     throw;
   }
@@ -413,18 +417,20 @@ std::vector<fs::path> moved_gpu_parts(pid_t pid, const fs::path& recorded) {
     if (t.op == process_transaction::kind::dump && t.staging == staging)
       candidates.push_back(t.image / gpu_dir_name / recorded.filename());
   // Restores that were bringing the process back, the latest first.
-  std::sort(transactions.begin(), transactions.end(), [](const auto& a, const auto& b) { return a.tool_start > b.tool_start; });
+  std::sort(transactions.begin(), transactions.end(),
+            [](const auto& a, const auto& b) { return a.tool_start > b.tool_start; });
   for (const auto& t : transactions) {
     bool listed = false;
     for (const auto& [p, start] : t.processes) listed = listed || p == pid;
-    if (t.op == process_transaction::kind::restore && listed) candidates.push_back(t.image / gpu_dir_name / std::to_string(pid));
+    if (t.op == process_transaction::kind::restore && listed)
+      candidates.push_back(t.image / gpu_dir_name / std::to_string(pid));
   }
   // IMAGE.partial-X/gpu/PID, renamed to IMAGE when the dump completed.
   if (const fs::path image = final_name_of(staging); !image.empty())
     candidates.push_back(image / gpu_dir_name / recorded.filename());
   std::vector<fs::path> out;
   for (const auto& c : candidates) {
-    struct stat st{};
+    struct stat st {};
     if (c != recorded && ::lstat(c.c_str(), &st) == 0 && S_ISDIR(st.st_mode) &&
         std::find(out.begin(), out.end(), c) == out.end())
       out.push_back(c);
@@ -459,9 +465,7 @@ std::vector<std::pair<fs::path, std::string>> settle_transactions(bool dry_run) 
     std::string why;
     switch (o.what) {
       case transaction_outcome::kind::runs_on:
-      case transaction_outcome::kind::ended:
-        why = o.words;
-        break;
+      case transaction_outcome::kind::ended: why = o.words; break;
       case transaction_outcome::kind::restore:
         // Its image is all that is left: completed where the dump's tool could not (a good image under its
         // name). The record stays: ps goes on naming the restore the program is waiting for, until it runs again.
@@ -473,11 +477,11 @@ std::vector<std::pair<fs::path, std::string>> settle_transactions(bool dry_run) 
           }
         }
         continue;
-      default:
-        continue;
+      default: continue;
     }
     if (!dry_run) t.remove();
-    out.emplace_back(t.record, "the record of a whole-process " + std::string(op_name(t.op)) + " whose tool died: " + why);
+    out.emplace_back(t.record,
+                     "the record of a whole-process " + std::string(op_name(t.op)) + " whose tool died: " + why);
   }
   return out;
 }

@@ -4,6 +4,8 @@
 
 namespace vmmckpt::image::detail {
 
-void checksum_update_avx2(XXH3_state_t* state, const void* data, std::size_t size) { XXH3_64bits_update(state, data, size); }
+void checksum_update_avx2(XXH3_state_t* state, const void* data, std::size_t size) {
+  XXH3_64bits_update(state, data, size);
+}
 
 }  // namespace vmmckpt::image::detail

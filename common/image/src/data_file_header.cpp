@@ -28,8 +28,7 @@ std::uint64_t header_manifest_checksum(const header_bytes& h) { return get_le(h,
 
 std::string check_data_header(const header_bytes& h, std::uint64_t expected_payload, std::uint32_t format,
                               std::uint32_t file, std::uint32_t files) {
-  if (std::memcmp(h.data(), data_magic.data(), data_magic.size()) != 0)
-    return "bad magic (not a vmmckpt data file)";
+  if (std::memcmp(h.data(), data_magic.data(), data_magic.size()) != 0) return "bad magic (not a vmmckpt data file)";
   const auto version = static_cast<std::uint32_t>(get_le(h, 12, 4));
   if (version > data_version)
     return "format " + std::to_string(version) + " is newer than this tool understands (" +
@@ -38,13 +37,13 @@ std::string check_data_header(const header_bytes& h, std::uint64_t expected_payl
     return "format " + std::to_string(version) + " does not match the manifest's format " + std::to_string(format);
   const std::uint64_t payload = get_le(h, 16, 8);
   if (payload != expected_payload)
-    return "header gives a payload of " + std::to_string(payload) + " bytes but the manifest's extents in this file hold " +
-           std::to_string(expected_payload);
+    return "header gives a payload of " + std::to_string(payload) +
+           " bytes but the manifest's extents in this file hold " + std::to_string(expected_payload);
   std::size_t reserved_from = 32;
   if (version >= 2) {
     if (get_le(h, 32, 4) != file || get_le(h, 36, 4) != files)
-      return "header says it is data file " + std::to_string(get_le(h, 32, 4)) + " of " + std::to_string(get_le(h, 36, 4)) +
-             ", expected " + std::to_string(file) + " of " + std::to_string(files);
+      return "header says it is data file " + std::to_string(get_le(h, 32, 4)) + " of " +
+             std::to_string(get_le(h, 36, 4)) + ", expected " + std::to_string(file) + " of " + std::to_string(files);
     reserved_from = 40;
   }
   for (std::size_t i = reserved_from; i < h.size(); ++i)

@@ -40,8 +40,8 @@ std::uint64_t restored_bytes(const manifest& m) {
 struct streaming_checksum::state {
   XXH3_state_t s;
   std::uint64_t block_bytes = 0;
-  std::uint64_t in_block = 0;          // bytes of the current block hashed so far
-  std::vector<block> blocks;           // finished blocks (block mode)
+  std::uint64_t in_block = 0;  // bytes of the current block hashed so far
+  std::vector<block> blocks;   // finished blocks (block mode)
 };
 
 streaming_checksum::streaming_checksum(std::uint64_t block_bytes) : state_(std::make_unique<state>()) {

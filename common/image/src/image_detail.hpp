@@ -23,7 +23,7 @@ namespace vmmckpt::image::detail {
 
 inline constexpr std::string_view manifest_name = "manifest.json";
 inline constexpr std::string_view tables_name = "tables.bin";  // format 3: the allocation and extent tables
-inline constexpr std::string_view data_name = "data.bin";  // data file 0; file k > 0 is "data.k.bin"
+inline constexpr std::string_view data_name = "data.bin";      // data file 0; file k > 0 is "data.k.bin"
 std::string data_file_name(std::uint32_t file);
 
 // Data file header: magic (12 bytes, NUL included), u32 version, u64 payload size, u64 manifest
@@ -63,7 +63,7 @@ void decode_tables(const std::string& bytes, const std::vector<std::uint64_t>& a
 // The manifest file of a format 3 image: everything but the tables, which it counts and checksums.
 std::string encode_manifest_file(const manifest& m, std::uint64_t tables_bytes, std::uint64_t tables_checksum);
 struct manifest_file {
-  manifest m;               // format 3: pools without their allocations and extents, which tables.bin holds
+  manifest m;                 // format 3: pools without their allocations and extents, which tables.bin holds
   bool tables_apart = false;  // format 3
   std::vector<std::uint64_t> allocation_counts, extent_counts;  // format 3, pool by pool
   std::uint64_t tables_bytes = 0, tables_checksum = 0;          // format 3
@@ -80,8 +80,8 @@ header_bytes encode_data_header(std::uint64_t payload_bytes, std::uint64_t manif
 std::uint64_t header_manifest_checksum(const header_bytes& h);
 // Returns an empty string when the header is right for file `file` of `files` of an image of
 // manifest format `format`, otherwise what is wrong with it.
-std::string check_data_header(const header_bytes& h, std::uint64_t expected_payload, std::uint32_t format = data_version,
-                              std::uint32_t file = 0, std::uint32_t files = 1);
+std::string check_data_header(const header_bytes& h, std::uint64_t expected_payload,
+                              std::uint32_t format = data_version, std::uint32_t file = 0, std::uint32_t files = 1);
 
 // XXH3_64bits_update with the CPU's widest vector unit (AVX2 where present): the same result.
 void checksum_update(XXH3_state_t* state, const void* data, std::size_t size);

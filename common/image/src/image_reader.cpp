@@ -58,9 +58,9 @@ void pread_all(int fd, void* dst, std::size_t size, std::uint64_t offset, const 
 struct reader::impl {
   std::filesystem::path dir;
   manifest info;
-  std::vector<int> data_fds;             // one per data file
+  std::vector<int> data_fds;  // one per data file
   std::vector<std::string> data_paths;
-  std::uint64_t manifest_checksum = 0;   // of manifest.json as read
+  std::uint64_t manifest_checksum = 0;                     // of manifest.json as read
   std::vector<std::uint64_t> recorded_manifest_checksums;  // as each data file's header records it
   struct located {
     std::uint32_t file;
@@ -87,7 +87,8 @@ struct reader::impl {
     auto it = std::lower_bound(by_place.begin(), by_place.end(), key);
     if (it != by_place.end() && it->file == e.file && it->offset == e.offset && it->addr == e.addr) {
       const extent& mine = info.pools[it->pool].extents[it->index];
-      if (mine.addr == e.addr && mine.size == e.size && mine.stored == e.stored && mine.checksum == e.checksum) return *it;
+      if (mine.addr == e.addr && mine.size == e.size && mine.stored == e.stored && mine.checksum == e.checksum)
+        return *it;
     }
     fail(dir.string() + ": the extent at " + hex(e.addr) + " (data file " + std::to_string(e.file) + ", offset " +
          std::to_string(e.offset) + ") is not an extent of this image");
@@ -158,9 +159,8 @@ struct reader::impl {
           const std::uint64_t got = XXH3_64bits_digest(&state);
           if (got != e.blocks[b].checksum)
             fail(block_holder(l, b) + ": " + detail::extent_name(l.pool, l.index) + " at " + hex(e.addr) +
-                 ": checksum mismatch in blocks[" +
-                 std::to_string(b) + "] (stored bytes from " + std::to_string(b * bs) + "; manifest " +
-                 hex16(e.blocks[b].checksum) + ", data " + hex16(got) + ")");
+                 ": checksum mismatch in blocks[" + std::to_string(b) + "] (stored bytes from " +
+                 std::to_string(b * bs) + "; manifest " + hex16(e.blocks[b].checksum) + ", data " + hex16(got) + ")");
           XXH3_64bits_reset(&state);
           in_block = 0;
           ++b;
@@ -181,9 +181,9 @@ struct reader::impl {
       const extent& e = at->info.pools[here.pool].extents[here.index];
       if (!e.blocks[b].in_parent || at->parent == nullptr || at->parent_extent.empty()) {
         if (up == 0) return at->data_paths[e.file];
-        return at->data_paths[e.file] + (up == 1 ? " (the parent of " + dir.string() + ")"
-                                                 : " (an ancestor of " + dir.string() + ", " + std::to_string(up) +
-                                                       " images up its chain)");
+        return at->data_paths[e.file] +
+               (up == 1 ? " (the parent of " + dir.string() + ")"
+                        : " (an ancestor of " + dir.string() + ", " + std::to_string(up) + " images up its chain)");
       }
       const extent* in_parent = at->parent_extent[here.pool][here.index];
       at = at->parent->impl_.get();
@@ -200,8 +200,8 @@ struct reader::impl {
     const std::string wanted = "its parent " + ref.path + " (image " + ref.image_id + ")";
     children.push_back(me + " (image " + info.image_id + ")");
     if (children.size() >= max_chain_length)
-      fail(me + ": the chain of parents is longer than " + std::to_string(max_chain_length) + " images: " +
-           "merge it (cuda-ckpt merge) into a full image");
+      fail(me + ": the chain of parents is longer than " + std::to_string(max_chain_length) +
+           " images: " + "merge it (cuda-ckpt merge) into a full image");
     for (std::size_t k = 0; k + 1 < children.size(); ++k)
       if (children[k].find("(image " + ref.image_id + ")") != std::string::npos)
         fail(me + ": " + wanted + " is also its own descendant " + children[k] + ": a cycle of parents");
@@ -368,8 +368,8 @@ reader reader::open_link(const std::filesystem::path& dir, std::vector<std::stri
     if (!tables.empty()) pread_all(tfd.fd, tables.data(), tables.size(), 0, tables_path);
     const std::uint64_t checksum = XXH3_64bits(tables.data(), tables.size());
     if (checksum != decoded.tables_checksum)
-      fail(tables_path + ": checksum mismatch (manifest " + hex16(decoded.tables_checksum) + ", file " + hex16(checksum) +
-           "): the tables were changed after the image was written");
+      fail(tables_path + ": checksum mismatch (manifest " + hex16(decoded.tables_checksum) + ", file " +
+           hex16(checksum) + "): the tables were changed after the image was written");
     try {
       detail::decode_tables(tables, decoded.allocation_counts, decoded.extent_counts, decoded.m);
     } catch (const image_error& e) {
@@ -386,7 +386,9 @@ reader reader::open_link(const std::filesystem::path& dir, std::vector<std::stri
   // Each data file: header first, then its exact size.
   std::vector<std::uint64_t> payloads(r->info.data_files, 0);
   for (const pool& p : r->info.pools)
-    for (const extent& e : p.extents) payloads[e.file] += r->info.format >= 5 ? bytes_here(e, r->info.block_size) : e.stored;  // validate() keeps these from overflowing
+    for (const extent& e : p.extents)
+      payloads[e.file] += r->info.format >= 5 ? bytes_here(e, r->info.block_size)
+                                              : e.stored;  // validate() keeps these from overflowing
   for (std::uint32_t k = 0; k < r->info.data_files; ++k) {
     const std::string file_name = detail::data_file_name(k);
     r->data_paths.push_back((dir / file_name).string());
@@ -499,7 +501,8 @@ std::vector<std::pair<std::size_t, std::size_t>> reader::extents_across_files() 
   const auto& places = impl_->by_place;
   for (std::size_t i = 0; i < places.size(); ++i)
     if (i == 0 || places[i].file != places[i - 1].file) runs.emplace_back(i, i);
-  for (std::size_t r = 0; r < runs.size(); ++r) runs[r].second = r + 1 < runs.size() ? runs[r + 1].first : places.size();
+  for (std::size_t r = 0; r < runs.size(); ++r)
+    runs[r].second = r + 1 < runs.size() ? runs[r + 1].first : places.size();
   std::vector<std::pair<std::size_t, std::size_t>> order;
   order.reserve(places.size());
   while (order.size() < places.size())

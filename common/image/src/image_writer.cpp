@@ -93,7 +93,7 @@ struct data_file {
   std::uint64_t payload = 0;  // bytes of extents accepted so far (written or buffered)
   bool in_extent = false;
   extent current;
-  std::uint64_t current_written = 0;  // stored bytes of the current extent accepted (written or inherited)
+  std::uint64_t current_written = 0;      // stored bytes of the current extent accepted (written or inherited)
   std::optional<streaming_checksum> sum;  // the current extent's blocks (image_blocks.cpp: the one definition)
   std::vector<extent> written;
   writer::file_times times;
@@ -102,13 +102,15 @@ struct data_file {
   // last, shorter, block), or with `run` any number of whole blocks, the last one shorter only at the end.
   void check_blocks(const char* op, std::size_t size, bool run) const {
     if (!in_extent) fail(std::string(op) + ": no extent was begun");
-    if (!sum->at_block_boundary()) fail(std::string(op) + ": the extent at " + hex(current.addr) + " is inside a block");
+    if (!sum->at_block_boundary())
+      fail(std::string(op) + ": the extent at " + hex(current.addr) + " is inside a block");
     const std::uint64_t left = current.stored - current_written;
-    const bool fits = run ? size <= left && (size % write_block_size == 0 || size == left)
-                          : size == std::min(left, write_block_size);
+    const bool fits =
+        run ? size <= left && (size % write_block_size == 0 || size == left) : size == std::min(left, write_block_size);
     if (!fits || size == 0)
-      fail(std::string(op) + ": " + std::to_string(size) + " bytes are not " + (run ? "whole blocks" : "the next block") +
-           " of the extent at " + hex(current.addr) + " (" + std::to_string(left) + " bytes left)");
+      fail(std::string(op) + ": " + std::to_string(size) + " bytes are not " +
+           (run ? "whole blocks" : "the next block") + " of the extent at " + hex(current.addr) + " (" +
+           std::to_string(left) + " bytes left)");
   }
 
   void flush() {
@@ -231,7 +233,8 @@ struct writer::impl {
   data_file& file(const char* op, std::uint32_t k) {
     usable(op);
     if (k >= files.size())
-      fail(std::string(op) + ": data file " + std::to_string(k) + " of " + std::to_string(files.size()) + " does not exist");
+      fail(std::string(op) + ": data file " + std::to_string(k) + " of " + std::to_string(files.size()) +
+           " does not exist");
     return *files[k];
   }
 
@@ -305,7 +308,8 @@ struct writer::impl {
     for (std::uint32_t k = 0; k < files.size(); ++k) {
       data_file& d = *files[k];
       d.flush();
-      const auto header = detail::encode_data_header(d.payload, manifest_checksum, k, static_cast<std::uint32_t>(files.size()));
+      const auto header =
+          detail::encode_data_header(d.payload, manifest_checksum, k, static_cast<std::uint32_t>(files.size()));
       pwrite_all(d.fd, header.data(), header.size(), 0, d.path);
       fsync_or_fail(d.fd, d.path);
       close_or_fail(d.fd, d.path);
@@ -324,7 +328,9 @@ struct writer::impl {
   }
 
   void rename_into_place() {
-    const auto exists_error = [&] { fail(final_dir.string() + ": already exists (it appeared while the image was written)"); };
+    const auto exists_error = [&] {
+      fail(final_dir.string() + ": already exists (it appeared while the image was written)");
+    };
 #ifdef RENAME_NOREPLACE
     if (::renameat2(parent_fd, temp_name.c_str(), parent_fd, final_name.c_str(), RENAME_NOREPLACE) == 0) return;
     if (errno == EEXIST) exists_error();
@@ -378,7 +384,8 @@ void writer::add_file(const std::string& name, const std::string& contents) {
 metadata_files encode_metadata(const manifest& m) {
   metadata_files out;
   out.tables = detail::encode_tables(m);
-  out.manifest_json = detail::encode_manifest_file(m, out.tables.size(), XXH3_64bits(out.tables.data(), out.tables.size()));
+  out.manifest_json =
+      detail::encode_manifest_file(m, out.tables.size(), XXH3_64bits(out.tables.data(), out.tables.size()));
   return out;
 }
 
@@ -466,8 +473,8 @@ extent writer::end_extent(std::uint32_t file) {
   try {
     if (!f.in_extent) fail("end_extent: no extent was begun");
     if (f.current_written != f.current.stored)
-      fail("end_extent: the extent at " + hex(f.current.addr) + " got " + std::to_string(f.current_written) + " of its " +
-           std::to_string(f.current.stored) + " bytes");
+      fail("end_extent: the extent at " + hex(f.current.addr) + " got " + std::to_string(f.current_written) +
+           " of its " + std::to_string(f.current.stored) + " bytes");
     f.current.blocks = f.sum->blocks();
     f.current.checksum = combined_checksum(f.current.blocks);
     f.in_extent = false;

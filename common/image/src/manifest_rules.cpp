@@ -21,9 +21,7 @@ bool inside(std::uint64_t addr, std::uint64_t size, std::uint64_t lo, std::uint6
   return addr >= lo && addr <= end && size <= end - addr;
 }
 
-std::string range_text(std::uint64_t addr, std::uint64_t size) {
-  return hex(addr) + "+" + std::to_string(size);
-}
+std::string range_text(std::uint64_t addr, std::uint64_t size) { return hex(addr) + "+" + std::to_string(size); }
 // What a restore relies on beyond the image's own consistency, so that verify refuses what restore
 // cannot use, by the same rules (pool_layout's for the pools, the shim's for the devices).
 void check_pool_layout(const manifest& m, const std::vector<const pool*>& pools);
@@ -59,8 +57,8 @@ void check_vmm(const manifest& m) {
   if (m.format < 4) fail("a vmm layout in a format " + std::to_string(m.format) + " image");
   if (const std::string why = check(*m.vmm, "vmm"); !why.empty()) fail(why);
   if (vmm_allocations != m.vmm->mappings.size())
-    fail("vmm.mappings has " + std::to_string(m.vmm->mappings.size()) +
-         " entries but the pools of kind vmm store " + std::to_string(vmm_allocations));
+    fail("vmm.mappings has " + std::to_string(m.vmm->mappings.size()) + " entries but the pools of kind vmm store " +
+         std::to_string(vmm_allocations));
 }
 
 void check_restorable(const manifest& m) {
@@ -86,8 +84,9 @@ void check_restorable(const manifest& m) {
       for (std::uint64_t covered = a.addr; covered < a.addr + a.size;) {
         while (e < p.extents.size() && p.extents[e].addr + p.extents[e].size <= covered) ++e;
         if (e == p.extents.size() || p.extents[e].addr > covered)
-          fail("pools[" + std::to_string(i) + "].allocations[" + std::to_string(k) + "] (" + range_text(a.addr, a.size) +
-               ") is not wholly in the image: its bytes from " + hex(covered) + " are in no extent");
+          fail("pools[" + std::to_string(i) + "].allocations[" + std::to_string(k) + "] (" +
+               range_text(a.addr, a.size) + ") is not wholly in the image: its bytes from " + hex(covered) +
+               " are in no extent");
         covered = std::min(a.addr + a.size, p.extents[e].addr + p.extents[e].size);
       }
     }
@@ -106,12 +105,14 @@ void check_pool_layout(const manifest& m, const std::vector<const pool*>& pools)
       fail(name + ".device " + std::to_string(p.device) + " is beyond the devices vmmckpt serves (0 to " +
            std::to_string(max_devices - 1) + ")");
     if (p.size != first.size)
-      fail(name + ".size " + std::to_string(p.size) + " differs from pools[" + std::to_string(pools.front() - m.pools.data()) + "]'s " + std::to_string(first.size) +
+      fail(name + ".size " + std::to_string(p.size) + " differs from pools[" +
+           std::to_string(pools.front() - m.pools.data()) + "]'s " + std::to_string(first.size) +
            ": the pools follow no one layout (base + device * size)");
   }
   const std::uint64_t stride = first.size;
   if (static_cast<std::uint64_t>(first.device) * stride > first.base)
-    fail("pools[" + std::to_string(pools.front() - m.pools.data()) + "]: its base " + hex(first.base) + " is below its device's place in any layout (base + device * size)");
+    fail("pools[" + std::to_string(pools.front() - m.pools.data()) + "]: its base " + hex(first.base) +
+         " is below its device's place in any layout (base + device * size)");
   pool_config layout;
   layout.base = first.base - static_cast<std::uint64_t>(first.device) * stride;
   layout.size = stride;
@@ -135,9 +136,10 @@ void check_blocks_and_parent(const manifest& m) {
     if (m.parent) fail("a parent in a format " + std::to_string(m.format) + " image");
     return;
   }
-  if (m.block_size < detail::min_block_size || m.block_size > detail::max_block_size || (m.block_size & (m.block_size - 1)) != 0)
-    fail("block_size " + std::to_string(m.block_size) + " is not a power of two from " + std::to_string(detail::min_block_size) +
-         " to " + std::to_string(detail::max_block_size));
+  if (m.block_size < detail::min_block_size || m.block_size > detail::max_block_size ||
+      (m.block_size & (m.block_size - 1)) != 0)
+    fail("block_size " + std::to_string(m.block_size) + " is not a power of two from " +
+         std::to_string(detail::min_block_size) + " to " + std::to_string(detail::max_block_size));
   if (m.parent) {
     const std::string& id = m.parent->image_id;
     if (id.size() != 32 || id.find_first_not_of("0123456789abcdef") != std::string::npos)
@@ -152,11 +154,12 @@ void check_blocks_and_parent(const manifest& m) {
 void check_extent_blocks(const manifest& m, const extent& e, const std::string& name) {
   if (e.blocks.size() != block_count(e.stored, m.block_size))
     fail(name + " has " + std::to_string(e.blocks.size()) + " blocks, expected " +
-         std::to_string(block_count(e.stored, m.block_size)) + " (" + std::to_string(e.stored) + " stored bytes in blocks of " +
-         std::to_string(m.block_size) + ")");
+         std::to_string(block_count(e.stored, m.block_size)) + " (" + std::to_string(e.stored) +
+         " stored bytes in blocks of " + std::to_string(m.block_size) + ")");
   if (!m.parent)
     for (std::size_t b = 0; b < e.blocks.size(); ++b)
-      if (e.blocks[b].in_parent) fail(name + ".blocks[" + std::to_string(b) + "] is in the parent, but the image has none");
+      if (e.blocks[b].in_parent)
+        fail(name + ".blocks[" + std::to_string(b) + "] is in the parent, but the image has none");
   if (combined_checksum(e.blocks) != e.checksum)
     fail(name + ".checksum " + hex16(e.checksum) + " is not the combined checksum of its blocks (" +
          hex16(combined_checksum(e.blocks)) + ")");
@@ -171,11 +174,13 @@ void check_identity(const manifest& m) {
     fail("format " + std::to_string(m.format) + " is newer than this tool understands (" +
          std::to_string(format_version) + ")");
   if (m.format < 1) fail("format " + std::to_string(m.format) + " is not a known format");
-  if (m.format >= 3 && (m.image_id.size() != 32 || m.image_id.find_first_not_of("0123456789abcdef") != std::string::npos))
+  if (m.format >= 3 &&
+      (m.image_id.size() != 32 || m.image_id.find_first_not_of("0123456789abcdef") != std::string::npos))
     fail("image_id \"" + json_fields::printable(m.image_id) + "\" is not 32 lowercase hex digits");
   if (m.data_files == 0 || m.data_files > max_data_files)
     fail("data_files is " + std::to_string(m.data_files) + ", expected 1 to " + std::to_string(max_data_files));
-  if (m.format == 1 && m.data_files != 1) fail("data_files is " + std::to_string(m.data_files) + " in a format 1 image");
+  if (m.format == 1 && m.data_files != 1)
+    fail("data_files is " + std::to_string(m.data_files) + " in a format 1 image");
 }
 
 // Rule 5, Process and devices. Returns, for each ordinal, the index of its entry in devices (-1: none).
@@ -198,9 +203,11 @@ std::vector<int> check_process_and_devices(const manifest& m) {
     const auto& d = m.devices[i];
     const std::string p = "devices[" + std::to_string(i) + "]";
     if (d.ordinal < 0 || d.ordinal >= max_listed_devices)
-      fail(p + ".ordinal " + std::to_string(d.ordinal) + " is out of range (0.." + std::to_string(max_listed_devices - 1) + ")");
+      fail(p + ".ordinal " + std::to_string(d.ordinal) + " is out of range (0.." +
+           std::to_string(max_listed_devices - 1) + ")");
     if (device_index[d.ordinal] >= 0)
-      fail(p + ".ordinal " + std::to_string(d.ordinal) + " repeats devices[" + std::to_string(device_index[d.ordinal]) + "]");
+      fail(p + ".ordinal " + std::to_string(d.ordinal) + " repeats devices[" + std::to_string(device_index[d.ordinal]) +
+           "]");
     device_index[d.ordinal] = static_cast<int>(i);
     if (d.cc_major < 0 || d.cc_minor < 0) fail(p + ": negative compute capability");
   }
@@ -226,7 +233,8 @@ void check_pool_place(const manifest& m, std::size_t i, const std::vector<int>& 
   if (pl.base % pl.granularity != 0)
     fail(p + ".base " + hex(pl.base) + " is not a multiple of the granularity " + std::to_string(pl.granularity));
   if (pl.size % pl.granularity != 0)
-    fail(p + ".size " + std::to_string(pl.size) + " is not a multiple of the granularity " + std::to_string(pl.granularity));
+    fail(p + ".size " + std::to_string(pl.size) + " is not a multiple of the granularity " +
+         std::to_string(pl.granularity));
   if (pl.base > std::numeric_limits<std::uint64_t>::max() - pl.size)
     fail(p + ": base " + hex(pl.base) + " + size " + std::to_string(pl.size) + " overflows the address space");
   for (std::size_t k = 0; k < i; ++k) {
@@ -253,7 +261,8 @@ void check_allocations(const pool& pl, const std::string& p) {
       if (a.addr < prev.addr)
         fail(allocation_name(k) + " at " + hex(a.addr) + " is out of order (below allocations[" +
              std::to_string(k - 1) + "] at " + hex(prev.addr) + ")");
-      if (a.addr < prev.addr + prev.size) fail(allocation_name(k) + " overlaps allocations[" + std::to_string(k - 1) + "]");
+      if (a.addr < prev.addr + prev.size)
+        fail(allocation_name(k) + " overlaps allocations[" + std::to_string(k - 1) + "]");
     }
   }
 }

@@ -83,19 +83,21 @@ void check_tables_header(const std::string& bytes, const std::vector<std::uint64
   // against the extents' stored bytes as they are read.
   const std::uint64_t blocks = m.format >= 5 ? get(bytes, 40, 8) : 0;
   if (blocks > bytes.size() / block_record_size) fail("the header counts more block records than the file can hold");
-  const std::uint64_t expected = tables_header_size + allocations * allocation_record_size + extents * extent_record_size +
-                                 blocks * block_record_size;
+  const std::uint64_t expected = tables_header_size + allocations * allocation_record_size +
+                                 extents * extent_record_size + blocks * block_record_size;
   if (bytes.size() != expected)
     fail(std::to_string(bytes.size()) + " bytes, expected " + std::to_string(expected) + " (a 64-byte header, " +
          std::to_string(allocations) + " allocation, " + std::to_string(extents) + " extent and " +
          std::to_string(blocks) + " block records)");
   if (std::memcmp(bytes.data(), tables_magic.data(), tables_magic.size()) != 0) fail("bad magic (not vmmckpt tables)");
   if (get(bytes, 12, 4) != m.format)
-    fail("version " + std::to_string(get(bytes, 12, 4)) + " does not match the manifest's format " + std::to_string(m.format));
+    fail("version " + std::to_string(get(bytes, 12, 4)) + " does not match the manifest's format " +
+         std::to_string(m.format));
   if (get(bytes, 16, 8) != allocations || get(bytes, 24, 8) != extents || get(bytes, 32, 8) != m.pools.size())
-    fail("the header counts " + std::to_string(get(bytes, 16, 8)) + " allocations, " + std::to_string(get(bytes, 24, 8)) +
-         " extents and " + std::to_string(get(bytes, 32, 8)) + " pools; the manifest " + std::to_string(allocations) +
-         ", " + std::to_string(extents) + " and " + std::to_string(m.pools.size()));
+    fail("the header counts " + std::to_string(get(bytes, 16, 8)) + " allocations, " +
+         std::to_string(get(bytes, 24, 8)) + " extents and " + std::to_string(get(bytes, 32, 8)) +
+         " pools; the manifest " + std::to_string(allocations) + ", " + std::to_string(extents) + " and " +
+         std::to_string(m.pools.size()));
   for (std::size_t i = m.format >= 5 ? 48 : 40; i < tables_header_size; ++i)
     if (bytes[i] != 0) fail("reserved header byte " + std::to_string(i) + " is not zero");
 }
@@ -137,12 +139,14 @@ void read_blocks(const std::string& bytes, std::size_t& at, std::size_t p, pool&
     extent& e = pl.extents[k];
     const std::uint64_t n = block_count(e.stored, block_size);
     if (n > (bytes.size() - at) / block_record_size)
-      fail(extent_name(p, k) + ": its " + std::to_string(e.stored) + " stored bytes need more block records than remain");
+      fail(extent_name(p, k) + ": its " + std::to_string(e.stored) +
+           " stored bytes need more block records than remain");
     e.blocks.resize(n);
     for (auto& b : e.blocks) {
       b.checksum = get(bytes, at, 8);
       const std::uint64_t where = get(bytes, at + 8, 4);
-      if (where > 1) fail(extent_name(p, k) + ": a block record's place is " + std::to_string(where) + ", expected 0 or 1");
+      if (where > 1)
+        fail(extent_name(p, k) + ": a block record's place is " + std::to_string(where) + ", expected 0 or 1");
       b.in_parent = where == 1;
       if (get(bytes, at + 12, 4) != 0) fail(extent_name(p, k) + ": a block record's reserved bytes are not zero");
       at += block_record_size;

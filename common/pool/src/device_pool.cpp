@@ -15,8 +15,7 @@ device_pool::device_pool(std::uint64_t base, std::uint64_t size, const pool_poli
     : base_(base), size_(size), policy_(policy), backend_(backend), ranges_(base, size), id_(next_pool_id++) {}
 
 // Placement and physical memory under the pool's lock: what every allocation the caches cannot serve takes.
-pool_status device_pool::allocate_locked(std::uint64_t size, alloc_api api, std::uint64_t& addr,
-                                         int* backend_error) {
+pool_status device_pool::allocate_locked(std::uint64_t size, alloc_api api, std::uint64_t& addr, int* backend_error) {
   std::lock_guard lock(mutex_);
   reclaim_locked();
   const auto placed = ranges_.allocate(size, static_cast<std::uint32_t>(api));
@@ -399,8 +398,9 @@ int device_pool::map_gaps(std::uint64_t cursor, std::uint64_t want_end, bool sma
     // the block lives.
     const std::uint64_t step = align_up(policy_.growth_step, granule);
     const std::uint64_t grown_end =
-        !small || grow_exactly_ ? needed_end
-               : std::min({gap_end, std::max(needed_end, std::min(cursor + step, ranges_.chunk_end(cursor)))});
+        !small || grow_exactly_
+            ? needed_end
+            : std::min({gap_end, std::max(needed_end, std::min(cursor + step, ranges_.chunk_end(cursor)))});
     std::uint64_t handle = 0;
     std::uint64_t seg_end = grown_end;
     int error = backend_.map_segment(cursor, seg_end - cursor, handle);
@@ -458,7 +458,7 @@ void device_pool::release_aged_locked() {
 }
 
 device_pool::segment_map::iterator device_pool::add_segment(std::uint64_t addr, std::uint64_t size,
-                                                           std::uint64_t handle) {
+                                                            std::uint64_t handle) {
   // Idle until count_live puts a block in it.
   backed_bytes_ += size;
   idle_bytes_ += size;

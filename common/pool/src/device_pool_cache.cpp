@@ -282,7 +282,8 @@ std::string device_pool::check_caches_locked() const {
     for (const cached_block& b : cache->blocks) {
       if (b.node.empty()) return "thread cache: a cached block has no index node";
       if (!cacheable(b.size) && !cacheable(b.node.mapped().requested)) return "thread cache: a block too large";
-      if (!held.emplace(b.node.key(), b.size).second) return "thread cache: a cached block is also live or cached twice";
+      if (!held.emplace(b.node.key(), b.size).second)
+        return "thread cache: a cached block is also live or cached twice";
       bytes += b.size;
     }
     if (bytes != cache->bytes) return "thread cache: the byte count is wrong";

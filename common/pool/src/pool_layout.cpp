@@ -14,10 +14,14 @@ bool parse_hex(std::string_view digits, std::uint64_t& out) {
   std::uint64_t value = 0;
   for (const char c : digits) {
     unsigned digit;
-    if (c >= '0' && c <= '9') digit = c - '0';
-    else if (c >= 'a' && c <= 'f') digit = c - 'a' + 10;
-    else if (c >= 'A' && c <= 'F') digit = c - 'A' + 10;
-    else return false;
+    if (c >= '0' && c <= '9')
+      digit = c - '0';
+    else if (c >= 'a' && c <= 'f')
+      digit = c - 'a' + 10;
+    else if (c >= 'A' && c <= 'F')
+      digit = c - 'A' + 10;
+    else
+      return false;
     if (value > (std::numeric_limits<std::uint64_t>::max() >> 4)) return false;
     value = value << 4 | digit;
   }
@@ -31,10 +35,14 @@ int unit_shift(std::string_view unit) {
   if (unit.empty()) return 0;
   int shift;
   switch (unit[0]) {
-    case 'k': case 'K': shift = 10; break;
-    case 'm': case 'M': shift = 20; break;
-    case 'g': case 'G': shift = 30; break;
-    case 't': case 'T': shift = 40; break;
+    case 'k':
+    case 'K': shift = 10; break;
+    case 'm':
+    case 'M': shift = 20; break;
+    case 'g':
+    case 'G': shift = 30; break;
+    case 't':
+    case 'T': shift = 40; break;
     default: return -1;
   }
   unit.remove_prefix(1);
@@ -80,8 +88,7 @@ std::string validate(const pool_config& config) {
   if (config.size == 0 || config.size % large_alignment != 0)
     return "VMMCKPT_POOL_SIZE must be a non-zero multiple of 2 MiB";
   if (config.base == 0) return "VMMCKPT_POOL_BASE must not be 0";
-  if (config.size > user_space_end / max_devices ||
-      config.base > user_space_end - config.size * max_devices)
+  if (config.size > user_space_end / max_devices || config.base > user_space_end - config.size * max_devices)
     return "VMMCKPT_POOL_BASE + 16 * VMMCKPT_POOL_SIZE must stay below 128 TiB (user address space)";
   if (config.growth_step == 0) return "VMMCKPT_GROWTH_STEP must be non-zero";
   return {};
@@ -97,8 +104,8 @@ std::string validate(const vmm_config& config, const pool_config& pools) {
     return "VMMCKPT_VMM_BASE + 16 * VMMCKPT_VMM_WINDOW must stay below 128 TiB (user address space)";
   // Bounded above (and by validate(pools) for the pools, when they are valid): no overflow.
   const std::uint64_t windows_end = config.base + config.window * max_devices;
-  const bool pools_fit = pools.size <= user_space_end / max_devices &&
-                         pools.base <= user_space_end - pools.size * max_devices;
+  const bool pools_fit =
+      pools.size <= user_space_end / max_devices && pools.base <= user_space_end - pools.size * max_devices;
   const std::uint64_t pools_end = pools_fit ? pools.base + pools.size * max_devices : user_space_end;
   if (config.base < pools_end && pools.base < windows_end)
     return "the VMM windows [VMMCKPT_VMM_BASE, + 16 * VMMCKPT_VMM_WINDOW) overlap the pools [VMMCKPT_POOL_BASE, "

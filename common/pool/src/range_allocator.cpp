@@ -325,7 +325,8 @@ const char* range_allocator::check_invariants() const {
   if (const char* why = check_free_ranges(free_bytes); *why != '\0') return why;
   std::map<std::uint64_t, std::uint32_t> small_counts;
   if (const char* why = check_blocks(small_counts); *why != '\0') return why;
-  if (free_bytes + live_bytes_ + retired_bytes_ != size_) return "free + live + retired bytes do not add up to the pool";
+  if (free_bytes + live_bytes_ + retired_bytes_ != size_)
+    return "free + live + retired bytes do not add up to the pool";
   if (small_counts != small_chunks_) return "small-block chunks do not match the small blocks";
   return "";
 }

@@ -31,7 +31,8 @@ std::string properties_hex(const vmm_properties& p) {
 vmm_properties properties_at(const json& v, const std::string& path) {
   const std::string text = string_at(v, path);
   vmm_properties p;
-  if (text.size() != 2 * p.bytes.size()) throw decode_error(path + ": expected " + std::to_string(2 * p.bytes.size()) + " hex digits");
+  if (text.size() != 2 * p.bytes.size())
+    throw decode_error(path + ": expected " + std::to_string(2 * p.bytes.size()) + " hex digits");
   auto digit = [&](char c) -> int {
     if (c >= '0' && c <= '9') return c - '0';
     if (c >= 'a' && c <= 'f') return c - 'a' + 10;
@@ -106,7 +107,8 @@ std::string check_handles(const vmm_layout& l, const std::string& path) {
       return p + ".token " + hex(h.token) + " is not a token this layout handed out";
     if (i > 0 && h.token <= l.handles[i - 1].token) return p + ".token is out of order or repeated";
     if (h.size == 0 || h.size % vmm_granularity != 0)
-      return p + ".size " + std::to_string(h.size) + " is not a positive multiple of " + std::to_string(vmm_granularity);
+      return p + ".size " + std::to_string(h.size) + " is not a positive multiple of " +
+             std::to_string(vmm_granularity);
     if (h.device < 0 || h.device >= max_devices) return p + ".device " + std::to_string(h.device) + " is out of range";
   }
   return {};
@@ -164,9 +166,11 @@ std::string check_access(const vmm_layout& l, const std::string& path) {
     // Wholly mapped: the mappings from the one holding its start cover it without a hole.
     while (m < mapped_ranges.size() && mapped_ranges[m].first + mapped_ranges[m].second <= a.addr) ++m;
     std::uint64_t covered = a.addr;
-    for (std::size_t k = m; k < mapped_ranges.size() && mapped_ranges[k].first <= covered && covered < a.addr + a.size; ++k)
+    for (std::size_t k = m; k < mapped_ranges.size() && mapped_ranges[k].first <= covered && covered < a.addr + a.size;
+         ++k)
       covered = mapped_ranges[k].first + mapped_ranges[k].second;
-    if (covered < a.addr + a.size) return p + " (" + hex(a.addr) + "+" + std::to_string(a.size) + ") is not wholly mapped";
+    if (covered < a.addr + a.size)
+      return p + " (" + hex(a.addr) + "+" + std::to_string(a.size) + ") is not wholly mapped";
   }
   return {};
 }
@@ -191,7 +195,8 @@ bool vmm_layout::operator==(const vmm_layout& o) const {
 
 std::string check(const vmm_layout& l, const std::string& path) {
   // In this order: each rule relies on those before it (the mappings on sorted handles and reservations).
-  for (const auto rule : {check_windows, check_reservations, check_handles, check_mappings, check_imports, check_access})
+  for (const auto rule :
+       {check_windows, check_reservations, check_handles, check_mappings, check_imports, check_access})
     if (std::string why = rule(l, path); !why.empty()) return why;
   return {};
 }
@@ -202,7 +207,8 @@ ojson to_json(const vmm_layout& l) {
   j["window_size"] = l.windows.window;
   j["next_token"] = l.next_token;
   j["reservations"] = ojson::array();
-  for (const auto& r : l.reservations) j["reservations"].push_back({{"addr", hex(r.addr)}, {"size", r.size}, {"device", r.device}});
+  for (const auto& r : l.reservations)
+    j["reservations"].push_back({{"addr", hex(r.addr)}, {"size", r.size}, {"device", r.device}});
   j["handles"] = ojson::array();
   for (const auto& h : l.handles)
     j["handles"].push_back({{"token", hex(h.token)},
@@ -217,7 +223,8 @@ ojson to_json(const vmm_layout& l) {
   j["access"] = ojson::array();
   for (const auto& a : l.access) {
     ojson list = ojson::array();
-    for (const auto& x : a.access) list.push_back({{"type", x.location_type}, {"id", x.location_id}, {"flags", x.flags}});
+    for (const auto& x : a.access)
+      list.push_back({{"type", x.location_type}, {"id", x.location_id}, {"flags", x.flags}});
     j["access"].push_back({{"addr", hex(a.addr)}, {"size", a.size}, {"rights", std::move(list)}});
   }
   if (!l.imports.empty()) {  // absent when none: what images before imports were recorded look like
@@ -255,7 +262,8 @@ vmm_layout vmm_layout_from_json(const json& j, const std::string& path) {
     l.handles.push_back(h);
   });
   for_each_object(j, path, "mappings", [&](const json& o, const std::string& p) {
-    l.mappings.push_back({address_of(o, p, "addr"), u64_of(o, p, "size"), address_of(o, p, "token"), u64_of(o, p, "offset")});
+    l.mappings.push_back(
+        {address_of(o, p, "addr"), u64_of(o, p, "size"), address_of(o, p, "token"), u64_of(o, p, "offset")});
   });
   for_each_object(j, path, "access", [&](const json& o, const std::string& p) {
     vmm_access_range a{address_of(o, p, "addr"), u64_of(o, p, "size"), {}};

@@ -323,7 +323,8 @@ void vmm_registry::add_not_owned(std::uint64_t real, vmm_not_owned_kind kind, st
 }
 
 void vmm_registry::add_import(std::uint64_t real, const vmm_import& origin) {
-  auto [it, added] = not_owned_.try_emplace(real, not_owned_record{vmm_not_owned_kind::imported, origin.handle_size, 1, 0, origin});
+  auto [it, added] =
+      not_owned_.try_emplace(real, not_owned_record{vmm_not_owned_kind::imported, origin.handle_size, 1, 0, origin});
   if (!added) {
     ++it->second.refs;
     it->second.origin = origin;
@@ -429,7 +430,8 @@ vmm_layout vmm_registry::layout() const {
     for (; m != mappings_.end() && m->first < a.end; ++m) {
       if (!in_layout(m->second) || m->first + m->second.size <= addr) continue;
       const std::uint64_t from = std::max(addr, m->first), to = std::min(a.end, m->first + m->second.size);
-      if (!l.access.empty() && l.access.back().addr + l.access.back().size == from && l.access.back().access == a.access)
+      if (!l.access.empty() && l.access.back().addr + l.access.back().size == from &&
+          l.access.back().access == a.access)
         l.access.back().size += to - from;
       else
         l.access.push_back(vmm_access_range{from, to - from, a.access});

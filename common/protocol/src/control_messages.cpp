@@ -29,10 +29,9 @@ Enum enum_at(const json& v, const std::string& path, const Enum (&values)[N]) {
 
 constexpr process_state all_states[] = {process_state::running, process_state::suspended, process_state::paused};
 constexpr activity all_activities[] = {activity::idle, activity::dumping, activity::suspending, activity::resuming};
-constexpr refusal all_refusals[] = {refusal::failed,       refusal::bad_request,   refusal::unknown_op,
-                                    refusal::suspended,    refusal::not_suspended, refusal::not_held,
-                                    refusal::not_quiesced, refusal::busy,          refusal::expired,
-                                    refusal::withdrawn};
+constexpr refusal all_refusals[] = {
+    refusal::failed,   refusal::bad_request,  refusal::unknown_op, refusal::suspended, refusal::not_suspended,
+    refusal::not_held, refusal::not_quiesced, refusal::busy,       refusal::expired,   refusal::withdrawn};
 
 // ---- pieces shared by several messages ----
 // A pool's "kind": "pool" (the default when absent) or "vmm"; true for vmm.
@@ -472,9 +471,8 @@ std::variant<dump_begin_reply, failure_reply> decode_reply<dump_begin_reply>(con
 }
 template <>
 std::variant<dump_end_reply, failure_reply> decode_reply<dump_end_reply>(const std::string& payload) {
-  return decode_reply_with<dump_end_reply>(payload, [](const json& root) {
-    return dump_end_reply{u64_of(root, "", "held_us")};
-  });
+  return decode_reply_with<dump_end_reply>(
+      payload, [](const json& root) { return dump_end_reply{u64_of(root, "", "held_us")}; });
 }
 template <>
 std::variant<suspend_reply, failure_reply> decode_reply<suspend_reply>(const std::string& payload) {
@@ -534,7 +532,8 @@ std::optional<progress_frame> decode_progress_frame(const std::string& payload) 
   const json root = parse_limited(payload, max_depth);
   if (!root.is_object()) return std::nullopt;
   const auto op_field = root.find("op");
-  if (op_field == root.end() || !op_field->is_string() || op_field->get<std::string>() != "progress") return std::nullopt;
+  if (op_field == root.end() || !op_field->is_string() || op_field->get<std::string>() != "progress")
+    return std::nullopt;
   return progress_frame{u64_of(root, "", "bytes_done"), u64_of(root, "", "bytes_total")};
 }
 
@@ -562,7 +561,8 @@ void decode_allocation_table(std::string_view table, dump_begin_reply& r) {
   std::uint64_t count = 0;
   const std::uint64_t most = table.size() / allocation_record_size;
   for (const auto& p : r.pools) {
-    if (p.allocation_count > most || count > most) throw decode_error("the allocation table is shorter than the counts");
+    if (p.allocation_count > most || count > most)
+      throw decode_error("the allocation table is shorter than the counts");
     count += p.allocation_count;
   }
   if (count * allocation_record_size != table.size())
@@ -587,20 +587,39 @@ void decode_allocation_table(std::string_view table, dump_begin_reply& r) {
 // ---- examples ----
 std::vector<example> example_messages() {
   const device_description h200{0, "NVIDIA H200", "GPU-2f6c1d3e-8a41-4b7e-9c55-0d1e2f3a4b5c", 9, 0};
-  hello_reply hello{protocol::version, 4242, {"python", "train.py"}, process_state::suspended,
-                    "/dev/shm/vmmckpt-1000/suspend-4242-20261123-101500", {h200},
+  hello_reply hello{protocol::version,
+                    4242,
+                    {"python", "train.py"},
+                    process_state::suspended,
+                    "/dev/shm/vmmckpt-1000/suspend-4242-20261123-101500",
+                    {h200},
                     {{0, 0x200000000000, 549755813888, 1073741824, 12, 1140850688, false},
                      {0, 0x300000000000, 2199023255552, 20971520, 1, 20971520, true}},
                     {{std::string(not_owned_kind::managed), 67108864}}};
   // A pool of one block, and one VMM mapping of 20 MiB as PyTorch's expandable segments make them.
-  dump_begin_reply held{3, std::chrono::milliseconds(30'000), {h200},
-                        {{0, 0x200000000000, 549755813888, 2097152, 1,
-                          {{0x200000000000, 4096, vmmckpt::alloc_api::cuda_malloc}}, {{0x200000000000, 67108864}}, false},
-                         {0, 0x300000000000, 2199023255552, 2097152, 1,
-                          {{0x300000000000, 20971520, vmmckpt::alloc_api::cu_mem_map}}, {}, true}},
-                        std::nullopt,
-                        {{std::string(not_owned_kind::managed), 67108864}, {std::string(not_owned_kind::arrays), 1048576}},
-                        {{4243, 0x200004000000, 67108864, 0x500000000000, h200.uuid}}};
+  dump_begin_reply held{
+      3,
+      std::chrono::milliseconds(30'000),
+      {h200},
+      {{0,
+        0x200000000000,
+        549755813888,
+        2097152,
+        1,
+        {{0x200000000000, 4096, vmmckpt::alloc_api::cuda_malloc}},
+        {{0x200000000000, 67108864}},
+        false},
+       {0,
+        0x300000000000,
+        2199023255552,
+        2097152,
+        1,
+        {{0x300000000000, 20971520, vmmckpt::alloc_api::cu_mem_map}},
+        {},
+        true}},
+      std::nullopt,
+      {{std::string(not_owned_kind::managed), 67108864}, {std::string(not_owned_kind::arrays), 1048576}},
+      {{4243, 0x200004000000, 67108864, 0x500000000000, h200.uuid}}};
   vmm_layout layout;
   layout.next_token = 2;
   layout.reservations = {{0x300000000000, 21474836480, 0}};
@@ -617,14 +636,17 @@ std::vector<example> example_messages() {
   held.vmm = layout;
   return {
       {op::hello, encode(request{hello_request{true}}), encode(hello)},
-      {op::dump_begin, encode(request{dump_begin_request{std::chrono::milliseconds(30'000), 1795430130000}}), encode(held)},
+      {op::dump_begin, encode(request{dump_begin_request{std::chrono::milliseconds(30'000), 1795430130000}}),
+       encode(held)},
       {op::dump_end, encode(request{dump_end_request{}}), encode(dump_end_reply{183000})},
       {op::suspend,
        encode(request{suspend_request{"/dev/shm/vmmckpt-1000/suspend-4242-20261123-101500",
                                       "0123456789abcdef0123456789abcdef", 1795430250000}}),
        encode(suspend_reply{8657043456, 6200000, {{0, 1107689472}}})},
-      {op::resume, encode(request{resume_request{1795431000000, true, "/images/job1/gpu/4242"}}), encode(resume_reply{8593080320, 3.83, "/dev/shm/vmmckpt-1000/suspend-4242-20261123-101500"})},
-      {op::check, encode(request{check_request{}}), encode(check_reply{false, {"device 0: block at 0x200000000000 has no physical memory"}})},
+      {op::resume, encode(request{resume_request{1795431000000, true, "/images/job1/gpu/4242"}}),
+       encode(resume_reply{8593080320, 3.83, "/dev/shm/vmmckpt-1000/suspend-4242-20261123-101500"})},
+      {op::check, encode(request{check_request{}}),
+       encode(check_reply{false, {"device 0: block at 0x200000000000 has no physical memory"}})},
       {op::ipc_open, encode(request{ipc_open_request{0x200004000000, 3}}),
        encode(ipc_open_reply{h200.uuid, 2097152, {{0, 67108864}, {67108864, 4194304}}})},
       {op::ipc_close, encode(request{ipc_close_request{0x200004000000, 3}}), encode(ipc_close_reply{})},

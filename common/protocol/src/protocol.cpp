@@ -27,8 +27,7 @@ namespace {
 // ancillary buffer for that many (plus credentials, should the socket have SO_PASSCRED)
 // so a peer sending more than we accept is seen and its fds closed, not silently truncated.
 constexpr int kernel_max_fds = 253;
-constexpr std::size_t recv_control_size =
-    CMSG_SPACE(sizeof(int) * kernel_max_fds) + CMSG_SPACE(sizeof(struct ucred));
+constexpr std::size_t recv_control_size = CMSG_SPACE(sizeof(int) * kernel_max_fds) + CMSG_SPACE(sizeof(struct ucred));
 constexpr std::size_t send_control_size = CMSG_SPACE(sizeof(int) * max_fds_per_message);
 
 // Every error string is built here: an allocation failure must not escape (the shim runs
@@ -123,8 +122,9 @@ bool make_address(const std::string& path, sockaddr_un& addr, socklen_t& length,
     return false;
   }
   if (path.size() >= sizeof addr.sun_path) {
-    set_error(error, failure_kind::system, {"socket path too long (", number(static_cast<long long>(path.size())), " bytes, at most ",
-                      number(static_cast<long long>(sizeof addr.sun_path - 1)), "): ", path});
+    set_error(error, failure_kind::system,
+              {"socket path too long (", number(static_cast<long long>(path.size())), " bytes, at most ",
+               number(static_cast<long long>(sizeof addr.sun_path - 1)), "): ", path});
     return false;
   }
   std::memcpy(addr.sun_path, path.data(), path.size());
@@ -200,7 +200,8 @@ bool read_exact(int fd, unsigned char* buf, std::size_t length, received_fds& rx
     }
     collect_fds(msg, rx);
     if (msg.msg_flags & MSG_CTRUNC) {
-      set_error(error, failure_kind::bad_frame, {"descriptors truncated in transit (ancillary data did not fit or the fd limit was reached)"});
+      set_error(error, failure_kind::bad_frame,
+                {"descriptors truncated in transit (ancillary data did not fit or the fd limit was reached)"});
       return false;
     }
     if (r == 0) {
@@ -208,8 +209,9 @@ bool read_exact(int fd, unsigned char* buf, std::size_t length, received_fds& rx
       if (got == 0) {
         set_error(error, failure_kind::connection_closed, {"connection closed"});
       } else {
-        set_error(error, failure_kind::connection_closed, {"connection closed mid-frame (", number(static_cast<long long>(got)), " of ",
-                          number(static_cast<long long>(frame_total)), " bytes)"});
+        set_error(error, failure_kind::connection_closed,
+                  {"connection closed mid-frame (", number(static_cast<long long>(got)), " of ",
+                   number(static_cast<long long>(frame_total)), " bytes)"});
       }
       return false;
     }
@@ -272,8 +274,9 @@ bool ensure_runtime_dir(failure& error) noexcept {
   // Only the leaf is created: XDG_RUNTIME_DIR belongs to the session manager, and /tmp exists.
   if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
     int err = errno;
-    set_error(error, failure_kind::system, {"cannot create ", dir, ": ", errno_text(err),
-                      err == ENOENT ? " (its parent directory does not exist)" : ""});
+    set_error(
+        error, failure_kind::system,
+        {"cannot create ", dir, ": ", errno_text(err), err == ENOENT ? " (its parent directory does not exist)" : ""});
     return false;
   }
   struct stat st {};
@@ -292,8 +295,9 @@ bool ensure_runtime_dir(failure& error) noexcept {
   }
   const uid_t me = ::geteuid();
   if (st.st_uid != me) {
-    set_error(error, failure_kind::system, {"refusing ", dir, ": it is owned by uid ", number(st.st_uid), ", not by us (uid ", number(me),
-                      "); someone else could plant sockets in it"});
+    set_error(error, failure_kind::system,
+              {"refusing ", dir, ": it is owned by uid ", number(st.st_uid), ", not by us (uid ", number(me),
+               "); someone else could plant sockets in it"});
     return false;
   }
   // From here on act through a descriptor opened without following links, so the directory
@@ -315,7 +319,8 @@ bool ensure_runtime_dir(failure& error) noexcept {
   if ((now.st_mode & 07777) != 0700 && ::fchmod(dfd, 0700) != 0) {
     int err = errno;
     close_fd(dfd);
-    set_error(error, failure_kind::system, {"refusing ", dir, ": its mode allows access by others and chmod 0700 failed: ", errno_text(err)});
+    set_error(error, failure_kind::system,
+              {"refusing ", dir, ": its mode allows access by others and chmod 0700 failed: ", errno_text(err)});
     return false;
   }
   close_fd(dfd);
@@ -336,8 +341,9 @@ int listen_abstract(const sockaddr_un& addr, socklen_t addr_length, const std::s
   if (::bind(fd, reinterpret_cast<const sockaddr*>(&addr), addr_length) != 0 || ::listen(fd, 8) != 0) {
     int err = errno;
     close_fd(fd);
-    set_error(error, failure_kind::system, {"cannot listen at ", shown, ": ", errno_text(err),
-                      err == EADDRINUSE ? " (another process holds the name)" : ""});
+    set_error(error, failure_kind::system,
+              {"cannot listen at ", shown, ": ", errno_text(err),
+               err == EADDRINUSE ? " (another process holds the name)" : ""});
     return -1;
   }
   return fd;
@@ -432,7 +438,8 @@ int connect_to(const std::string& path, int timeout_ms, failure& error) noexcept
       if (until.passed()) {
         close_fd(fd);
         set_error(error, failure_kind::timed_out,
-                  {"timed out: ", printable_address(path), " takes no connection (its process is not accepting: stopped or busy)"});
+                  {"timed out: ", printable_address(path),
+                   " takes no connection (its process is not accepting: stopped or busy)"});
         return -1;
       }
       const int wait_ms = until.forever() ? 10 : std::min(10, until.poll_ms());
@@ -446,15 +453,15 @@ int connect_to(const std::string& path, int timeout_ms, failure& error) noexcept
       return -1;
     }
     switch (err) {
-      case ENOENT:
-        set_error(error, failure_kind::no_socket, {"no such socket: ", path});
-        break;
+      case ENOENT: set_error(error, failure_kind::no_socket, {"no such socket: ", path}); break;
       case ECONNREFUSED:
-        set_error(error, failure_kind::connection_refused, {"connection refused: ", path, " (a stale socket: its process is gone)"});
+        set_error(error, failure_kind::connection_refused,
+                  {"connection refused: ", path, " (a stale socket: its process is gone)"});
         break;
       case EACCES:
       case EPERM:
-        set_error(error, failure_kind::permission_denied, {"permission denied: ", path, " (it belongs to another user)"});
+        set_error(error, failure_kind::permission_denied,
+                  {"permission denied: ", path, " (it belongs to another user)"});
         break;
       default:
         set_error(error, failure_kind::system, {"cannot connect to ", printable_address(path), ": ", errno_text(err)});
@@ -489,13 +496,15 @@ bool send_frame(int fd, const std::string& payload, const std::vector<int>& fds,
 bool send_frame(int fd, const std::string& payload, const std::vector<int>& fds, int timeout_ms,
                 failure& error) noexcept {
   if (fds.size() > static_cast<std::size_t>(max_fds_per_message)) {
-    set_error(error, failure_kind::too_large, {"too many descriptors for one frame: ", number(static_cast<long long>(fds.size())),
-                      " (at most ", number(max_fds_per_message), ")"});
+    set_error(error, failure_kind::too_large,
+              {"too many descriptors for one frame: ", number(static_cast<long long>(fds.size())), " (at most ",
+               number(max_fds_per_message), ")"});
     return false;
   }
   if (payload.size() > max_payload) {
-    set_error(error, failure_kind::too_large, {"payload of ", number(static_cast<long long>(payload.size())), " bytes is over the limit of ",
-                      number(max_payload)});
+    set_error(error, failure_kind::too_large,
+              {"payload of ", number(static_cast<long long>(payload.size())), " bytes is over the limit of ",
+               number(max_payload)});
     return false;
   }
   unsigned char header[frame_header_size];
@@ -578,20 +587,24 @@ bool recv_frame(int fd, std::string& payload, std::vector<int>& fds, int timeout
   const std::uint32_t length = get_u32(header + 8);
   const std::uint32_t fd_count = get_u32(header + 12);
   if (magic != frame_magic) {
-    set_error(error, failure_kind::bad_frame, {"bad frame magic ", hex_number(magic), " (expected ", hex_number(frame_magic),
-                      "): not a vmmckpt control frame"});
+    set_error(error, failure_kind::bad_frame,
+              {"bad frame magic ", hex_number(magic), " (expected ", hex_number(frame_magic),
+               "): not a vmmckpt control frame"});
     return fail();
   }
   if (frame_version != version) {
-    set_error(error, failure_kind::bad_frame, {"protocol version ", number(frame_version), ", expected ", number(version)});
+    set_error(error, failure_kind::bad_frame,
+              {"protocol version ", number(frame_version), ", expected ", number(version)});
     return fail();
   }
   if (length > max_payload) {
-    set_error(error, failure_kind::bad_frame, {"payload of ", number(length), " bytes is over the limit of ", number(max_payload)});
+    set_error(error, failure_kind::bad_frame,
+              {"payload of ", number(length), " bytes is over the limit of ", number(max_payload)});
     return fail();
   }
   if (fd_count > static_cast<std::uint32_t>(max_fds_per_message)) {
-    set_error(error, failure_kind::bad_frame, {"frame declares ", number(fd_count), " descriptors, more than ", number(max_fds_per_message)});
+    set_error(error, failure_kind::bad_frame,
+              {"frame declares ", number(fd_count), " descriptors, more than ", number(max_fds_per_message)});
     return fail();
   }
 
@@ -602,13 +615,14 @@ bool recv_frame(int fd, std::string& payload, std::vector<int>& fds, int timeout
     set_error(error, failure_kind::out_of_memory, {"out of memory for a payload of ", number(length), " bytes"});
     return fail();
   }
-  if (length > 0 && !read_exact(fd, reinterpret_cast<unsigned char*>(body.data()), length, rx, until,
-                                frame_header_size, frame_header_size + length, error)) {
+  if (length > 0 && !read_exact(fd, reinterpret_cast<unsigned char*>(body.data()), length, rx, until, frame_header_size,
+                                frame_header_size + length, error)) {
     return fail();
   }
   const long long received = static_cast<long long>(rx.count) + rx.extra;
   if (received != static_cast<long long>(fd_count)) {
-    set_error(error, failure_kind::bad_frame, {"frame declares ", number(fd_count), " descriptors but carried ", number(received)});
+    set_error(error, failure_kind::bad_frame,
+              {"frame declares ", number(fd_count), " descriptors but carried ", number(received)});
     return fail();
   }
   try {

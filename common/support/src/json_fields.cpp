@@ -11,7 +11,9 @@ namespace {
 
 [[noreturn]] void fail(const std::string& message) { throw decode_error(message); }
 
-std::string at_path(const std::string& path, const std::string& what) { return path.empty() ? what : path + ": " + what; }
+std::string at_path(const std::string& path, const std::string& what) {
+  return path.empty() ? what : path + ": " + what;
+}
 
 }  // namespace
 
@@ -25,9 +27,12 @@ std::size_t nesting_depth(const std::string& text, std::size_t limit) {
   bool in_string = false, escaped = false;
   for (const char c : text) {
     if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
       continue;
     }
     if (c == '"') {

@@ -64,8 +64,9 @@ void require_same_gpus(const fs::path& gpu_image) {
     if (d.cuDeviceGet(&here, dev.ordinal) != CUDA_SUCCESS || d.cuDeviceGetName(name, sizeof name, here) != CUDA_SUCCESS)
       throw tool_error("cannot read the name of GPU " + std::to_string(dev.ordinal) + " here");
     if (!dev.name.empty() && dev.name != name)
-      throw tool_error("another GPU model: the image was taken on " + dev.name + " (GPU " + std::to_string(dev.ordinal) +
-                       "), this machine's is " + name + "; the driver restores a context only on the same model");
+      throw tool_error("another GPU model: the image was taken on " + dev.name + " (GPU " +
+                       std::to_string(dev.ordinal) + "), this machine's is " + name +
+                       "; the driver restores a context only on the same model");
   }
 }
 
@@ -88,7 +89,8 @@ fs::path image_to_restore(const fs::path& given) {
 void require_trusted_owner(const fs::path& image, bool trust_owner) {
   if (::geteuid() != 0 || trust_owner) return;
   if (const std::string why = distrust_of(image); !why.empty())
-    throw tool_error("refused: " + why + ". As root, cuda-ckpt restores only an image nobody but root can have "
+    throw tool_error("refused: " + why +
+                     ". As root, cuda-ckpt restores only an image nobody but root can have "
                      "changed, since the restored processes run what it holds (docs/security.md); check it and pass "
                      "--trust-owner to restore it anyway");
 }
@@ -99,7 +101,8 @@ criu_process_tree restored_tree(const fs::path& image, const process_image& d) {
   criu_process_tree tree = read_criu_pstree(image / criu_dir_name);
   if (tree.pids.front() != d.root_pid)
     throw image::image_error((image / process_manifest_name).string() + ": root_pid " + std::to_string(d.root_pid) +
-                             ", but CRIU's image restores process " + std::to_string(tree.pids.front()) + " as its root");
+                             ", but CRIU's image restores process " + std::to_string(tree.pids.front()) +
+                             " as its root");
   for (const auto& m : d.processes)
     if (std::find(tree.pids.begin(), tree.pids.end(), m.pid) == tree.pids.end())
       throw image::image_error((image / process_manifest_name).string() + ": process " + std::to_string(m.pid) +
@@ -165,7 +168,8 @@ process_restore_result restore_process(const process_restore_options& o, const p
   for (const auto& m : d.processes) driver_needed = driver_needed || m.driver_checkpointed;
   if (driver_needed) {
     if (const std::string missing = driver_checkpoint_missing(); !missing.empty())
-      throw tool_error(missing + ": the image's CUDA contexts were checkpointed by the driver, and only it restores them");
+      throw tool_error(missing +
+                       ": the image's CUDA contexts were checkpointed by the driver, and only it restores them");
   }
   for (const pid_t pid : tree.pids) require_free_pid(pid);
   mark("checked");
@@ -185,8 +189,9 @@ process_restore_result restore_process(const process_restore_options& o, const p
   const std::string log = temporary_log("restore", d.root_pid);
   const fs::path work = log + ".work", pidfile = log + ".pid";
   fs::create_directory(work);
-  std::vector<std::string> args{"restore", "-D",          (image / criu_dir_name).string(), "-W", work.string(), "-d",
-                                "--shell-job", "--pidfile", pidfile.string()};
+  std::vector<std::string> args{"restore",     "-D",          (image / criu_dir_name).string(),
+                                "-W",          work.string(), "-d",
+                                "--shell-job", "--pidfile",   pidfile.string()};
   args.insert(args.end(), o.criu_args.begin(), o.criu_args.end());
   const int status = run_criu(criu, args, log, [&](pid_t criu_pid) {
     record.note_criu(criu_pid);
@@ -199,8 +204,8 @@ process_restore_result restore_process(const process_restore_options& o, const p
   if (status != 0 || root != d.root_pid) {
     end_restored(tree, root);
     record.remove();
-    throw tool_error(status != 0 ? "criu restore failed (exit " + std::to_string(status) + "):" + criu_log_excerpt(log) +
-                                       "\n(CRIU's log: " + log + "); the image is unchanged"
+    throw tool_error(status != 0 ? "criu restore failed (exit " + std::to_string(status) + "):" +
+                                       criu_log_excerpt(log) + "\n(CRIU's log: " + log + "); the image is unchanged"
                                  : "criu restore brought back process " + std::to_string(root) + ", not " +
                                        std::to_string(d.root_pid) + " as the image says: it was ended");
   }

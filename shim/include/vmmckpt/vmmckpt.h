@@ -27,8 +27,9 @@ extern "C" {
 
 /* Results */
 #define VMMCKPT_OK 0
-#define VMMCKPT_E_STATE 1     /* already paused, not paused, suspended by cuda-ckpt, or other processes map its memory through CUDA IPC */
-#define VMMCKPT_E_BUSY 2      /* cuda-ckpt is dumping or suspending this process, or CUDA calls did not return in time */
+#define VMMCKPT_E_STATE \
+  1 /* already paused, not paused, suspended by cuda-ckpt, or other processes map its memory through CUDA IPC */
+#define VMMCKPT_E_BUSY 2 /* cuda-ckpt is dumping or suspending this process, or CUDA calls did not return in time */
 #define VMMCKPT_E_NO_MEMORY 3 /* not enough host memory for the copy, or GPU memory for resume */
 #define VMMCKPT_E_DRIVER 4    /* the CUDA driver failed or is missing (the message says which call) */
 #define VMMCKPT_E_INVALID 5   /* an unknown flag */

@@ -79,14 +79,20 @@ void work_gate::enter() {
   for (;;) {
     // Dekker with close(): this thread marks itself inside, then looks at closed_; the closer sets
     // closed_, makes every thread pass a barrier, then looks at the slots. One sees the other.
-    if (s == shared_slot) inside.fetch_add(1, std::memory_order_seq_cst);
-    else inside.store(1, std::memory_order_relaxed);
-    if (membarrier_) std::atomic_signal_fence(std::memory_order_seq_cst);  // the compiler's order only
-    else std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (s == shared_slot)
+      inside.fetch_add(1, std::memory_order_seq_cst);
+    else
+      inside.store(1, std::memory_order_relaxed);
+    if (membarrier_)
+      std::atomic_signal_fence(std::memory_order_seq_cst);  // the compiler's order only
+    else
+      std::atomic_thread_fence(std::memory_order_seq_cst);
     if (!closed_.load(std::memory_order_acquire)) return;
     // Closed: step back out so the closer can finish draining, then wait.
-    if (s == shared_slot) inside.fetch_sub(1, std::memory_order_seq_cst);
-    else inside.store(0, std::memory_order_release);
+    if (s == shared_slot)
+      inside.fetch_sub(1, std::memory_order_seq_cst);
+    else
+      inside.store(0, std::memory_order_release);
     wake_closer();
     std::unique_lock lock(mutex_);
     changed_.wait(lock, [this] { return !closed_.load(std::memory_order_acquire); });
@@ -104,8 +110,10 @@ void work_gate::leave(bool work) {
     if (work) returned.store(returned.load(std::memory_order_relaxed) + 1, std::memory_order_release);
     inside_[s].calls.store(0, std::memory_order_release);
   }
-  if (membarrier_) std::atomic_signal_fence(std::memory_order_seq_cst);
-  else std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (membarrier_)
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+  else
+    std::atomic_thread_fence(std::memory_order_seq_cst);
   // A closer that saw this thread inside has fenced it since: this load then sees the gate closed.
   if (closed_.load(std::memory_order_acquire)) wake_closer();
 }

@@ -51,9 +51,9 @@ class work_gate {
   struct alignas(64) returned_word {
     std::atomic<std::uint64_t> calls{0};  // this slot's calls that submit work and have returned
   };
-  int take_slot();                           // a free slot for the calling thread, or shared_slot
+  int take_slot();                                  // a free slot for the calling thread, or shared_slot
   static void on_thread_exit(void* slot_plus_one);  // gives the thread's slot back
-  bool fence_all_threads();                  // false when no way to make the threads fence is left
+  bool fence_all_threads();                         // false when no way to make the threads fence is left
   void after_fork_in_child();
   bool drained() const;
   void wake_closer();
@@ -66,7 +66,7 @@ class work_gate {
   std::mutex slots_mutex_;          // taking a slot
   pthread_key_t exit_key_{};        // its destructor gives a thread's slot back
   bool exit_key_made_ = false;
-  bool membarrier_ = false;         // registered at construction: calls need no fence of their own
+  bool membarrier_ = false;                      // registered at construction: calls need no fence of their own
   alignas(64) std::atomic<bool> closed_{false};  // read by every call, written only by close and open
   std::mutex mutex_;
   std::condition_variable changed_;

@@ -57,7 +57,8 @@ bool pool_free(CUdeviceptr addr, CUresult& result) {
   }
   if (status == pool_status::ok && any_taken_from_program_pools.load(std::memory_order_relaxed))
     program_pool_freed(addr);
-  if (status != pool_status::ok) log::info("free of {:#x}: not a live pool allocation", static_cast<std::uint64_t>(addr));
+  if (status != pool_status::ok)
+    log::info("free of {:#x}: not a live pool allocation", static_cast<std::uint64_t>(addr));
   result = to_cuda_result(status, 0);
   return true;
 }
@@ -143,7 +144,8 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesi
   return guarded(CUDA_ERROR_OUT_OF_MEMORY, [&] {
     const driver_api* d = driver();
     if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-    if (!shim_active()) return d->cuMemAllocAsync ? d->cuMemAllocAsync(dptr, bytesize, stream) : CUDA_ERROR_NOT_SUPPORTED;
+    if (!shim_active())
+      return d->cuMemAllocAsync ? d->cuMemAllocAsync(dptr, bytesize, stream) : CUDA_ERROR_NOT_SUPPORTED;
     return allocate_async(dptr, bytesize, stream);
   });
 }
@@ -263,8 +265,8 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuPointerGetAttribute(void* data, CUpointer_attr
   });
 }
 
-VMMCKPT_EXPORT CUresult CUDAAPI cuPointerGetAttributes(unsigned int count, CUpointer_attribute* attributes,
-                                                       void** data, CUdeviceptr ptr) {
+VMMCKPT_EXPORT CUresult CUDAAPI cuPointerGetAttributes(unsigned int count, CUpointer_attribute* attributes, void** data,
+                                                       CUdeviceptr ptr) {
   return guarded(CUDA_ERROR_UNKNOWN, [&] {
     const driver_api* d = driver();
     if (d == nullptr || d->cuPointerGetAttributes == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
@@ -273,7 +275,8 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuPointerGetAttributes(unsigned int count, CUpoi
     std::uint64_t base = 0, size = 0;
     if (r == CUDA_SUCCESS && shim_active() && vmm_reservation_around(ptr, base, size)) {
       for (unsigned i = 0; i < count; ++i)
-        if (data[i] != nullptr && is_range_attribute(attributes[i])) write_pool_attribute(attributes[i], data[i], base, size);
+        if (data[i] != nullptr && is_range_attribute(attributes[i]))
+          write_pool_attribute(attributes[i], data[i], base, size);
       return r;
     }
     device_pool* pool = shim_active() ? pool_containing(ptr) : nullptr;

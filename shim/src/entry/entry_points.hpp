@@ -39,13 +39,13 @@ bool pool_free(CUdeviceptr addr, CUresult& result);
 inline constexpr std::size_t pitch_alignment = 512;
 
 // Names a program uses that the pool does not serve, once per process.
-#define VMMCKPT_NOT_SERVED(what)                                                                  \
-  do {                                                                                            \
-    static std::atomic<bool> said{false};                                                         \
-    if (!said.exchange(true))                                                                     \
+#define VMMCKPT_NOT_SERVED(what)                                                           \
+  do {                                                                                     \
+    static std::atomic<bool> said{false};                                                  \
+    if (!said.exchange(true))                                                              \
       ::vmmckpt::log::warn("{} is not served by the pool: that memory passes through and " \
-                                   "is not part of checkpoints",                                  \
-                                   what);                                                         \
+                           "is not part of checkpoints",                                   \
+                           what);                                                          \
   } while (0)
 
 }  // namespace vmmckpt::detail

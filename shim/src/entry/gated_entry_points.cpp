@@ -35,21 +35,21 @@ void* load_real(std::atomic<void*>& slot, const char* name) noexcept {
 
 // `name` is declared, `params` and `args` are parenthesized lists already: none is an expression to parenthesize.
 // NOLINTBEGIN(bugprone-macro-parentheses)
-#define VMMCKPT_GATED(name, params, args)                                                    \
-  namespace vmmckpt::detail::real {                                                        \
-  std::atomic<void*> name{nullptr};                                                        \
-  }                                                                                        \
-  VMMCKPT_EXPORT CUresult CUDAAPI name params {                                             \
-    using vmmckpt_real_t = CUresult(CUDAAPI*) params;                                      \
-    auto vmmckpt_real = reinterpret_cast<vmmckpt_real_t>(                                  \
-        vmmckpt::detail::load_real(vmmckpt::detail::real::name, #name));                   \
-    if (vmmckpt_real == nullptr) return CUDA_ERROR_NOT_INITIALIZED;                        \
-    return vmmckpt::detail::guarded(CUDA_ERROR_UNKNOWN, [&] {                              \
-      if (!vmmckpt::detail::restore_ready()) return CUDA_ERROR_OUT_OF_MEMORY;              \
-      vmmckpt::detail::gate_scope vmmckpt_scope;                                           \
-      vmmckpt::detail::before_copy<vmmckpt::detail::copy_shape_of(#name)> args;            \
-      return vmmckpt_real args;                                                            \
-    });                                                                                    \
+#define VMMCKPT_GATED(name, params, args)                                                                 \
+  namespace vmmckpt::detail::real {                                                                       \
+  std::atomic<void*> name{nullptr};                                                                       \
+  }                                                                                                       \
+  VMMCKPT_EXPORT CUresult CUDAAPI name params {                                                           \
+    using vmmckpt_real_t = CUresult(CUDAAPI*) params;                                                     \
+    auto vmmckpt_real =                                                                                   \
+        reinterpret_cast<vmmckpt_real_t>(vmmckpt::detail::load_real(vmmckpt::detail::real::name, #name)); \
+    if (vmmckpt_real == nullptr) return CUDA_ERROR_NOT_INITIALIZED;                                       \
+    return vmmckpt::detail::guarded(CUDA_ERROR_UNKNOWN, [&] {                                             \
+      if (!vmmckpt::detail::restore_ready()) return CUDA_ERROR_OUT_OF_MEMORY;                             \
+      vmmckpt::detail::gate_scope vmmckpt_scope;                                                          \
+      vmmckpt::detail::before_copy<vmmckpt::detail::copy_shape_of(#name)> args;                           \
+      return vmmckpt_real args;                                                                           \
+    });                                                                                                   \
   }
 // NOLINTEND(bugprone-macro-parentheses)
 #include "entry/gated_entry_points.inc"
@@ -87,7 +87,8 @@ const std::unordered_map<void*, void*>& by_real_pointer() {
 
 void* gated_substitute_for_pointer(void* real) noexcept {
   // Built on the first lookup; out of memory then, nothing is substituted (the driver's own passes).
-  static const std::unordered_map<void*, void*>* map_or_null = []() noexcept -> const std::unordered_map<void*, void*>* {
+  static const std::unordered_map<void*, void*>* map_or_null =
+      []() noexcept -> const std::unordered_map<void*, void*>* {
     try {
       return &by_real_pointer();
     } catch (...) {

@@ -36,7 +36,8 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr* pdptr, CUipcM
     if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
     CUresult result;
     if (shim_active() && open_import(bytes_of(handle), Flags, pdptr, result)) return result;
-    return d->cuIpcOpenMemHandle_v2 != nullptr ? d->cuIpcOpenMemHandle_v2(pdptr, handle, Flags) : CUDA_ERROR_NOT_SUPPORTED;
+    return d->cuIpcOpenMemHandle_v2 != nullptr ? d->cuIpcOpenMemHandle_v2(pdptr, handle, Flags)
+                                               : CUDA_ERROR_NOT_SUPPORTED;
   });
 }
 

@@ -104,7 +104,7 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuCtxEnablePeerAccess(CUcontext peer, unsigned i
     int here = -1, there = -1;
     if (current_device(here) != CUDA_SUCCESS || context_device(peer, there) != CUDA_SUCCESS) return e;
     gate_scope scope(gate_scope::no_work);  // not while a dump or suspend holds the pools
-    (void)grant_pool_access(there, here);  // a failure is logged; the copy meets the driver's answer
+    (void)grant_pool_access(there, here);   // a failure is logged; the copy meets the driver's answer
     return e;
   });
 }

@@ -92,8 +92,8 @@ cudaError_t get_entry_point_by_version(runtime_symbol& real, bool per_thread_bui
 using namespace vmmckpt;
 using namespace vmmckpt::detail;
 
-VMMCKPT_EXPORT CUresult CUDAAPI cuGetProcAddress_v2(const char* symbol, void** pfn, int cuda_version,
-                                                    cuuint64_t flags, CUdriverProcAddressQueryResult* status) {
+VMMCKPT_EXPORT CUresult CUDAAPI cuGetProcAddress_v2(const char* symbol, void** pfn, int cuda_version, cuuint64_t flags,
+                                                    CUdriverProcAddressQueryResult* status) {
   return guarded(CUDA_ERROR_UNKNOWN, [&] {
     const driver_api* d = driver();
     if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;

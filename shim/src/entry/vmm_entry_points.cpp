@@ -171,23 +171,24 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr* ptr, size_t siz
 }
 
 VMMCKPT_EXPORT CUresult CUDAAPI cuMemAddressFree(CUdeviceptr ptr, size_t size) {
-  return with_recorded_state(true, [&](const driver_api* d) { return d->cuMemAddressFree(ptr, size); },
-                             [&](const driver_api* d, vmm_state* s, std::unique_lock<std::mutex>& lock) {
-    const vmm_status st = s->registry.check_free(ptr, size);
-    if (st == vmm_status::not_found) return d->cuMemAddressFree(ptr, size);
-    if (st != vmm_status::ok) return CUDA_ERROR_INVALID_VALUE;
-    // The window stays reserved with the driver: what the program left mapped in the range goes now, as
-    // the driver would drop it with a range of its own.
-    for (const auto& [addr, bytes] : s->registry.mapped_in(ptr, vmm_span(size)))
-      if (const CUresult e = d->cuMemUnmap(addr, bytes); e != CUDA_SUCCESS)
-        log::warn("cuMemAddressFree: unmapping {:#x}+{} left mapped in the range failed: error {}", addr, bytes,
-                  static_cast<int>(e));
-    std::vector<std::uint64_t> released;
-    s->registry.free_reservation(ptr, size, released);
-    release_real(*d, released);
-    unshare_dropped(*s, lock);
-    return CUDA_SUCCESS;
-  });
+  return with_recorded_state(
+      true, [&](const driver_api* d) { return d->cuMemAddressFree(ptr, size); },
+      [&](const driver_api* d, vmm_state* s, std::unique_lock<std::mutex>& lock) {
+        const vmm_status st = s->registry.check_free(ptr, size);
+        if (st == vmm_status::not_found) return d->cuMemAddressFree(ptr, size);
+        if (st != vmm_status::ok) return CUDA_ERROR_INVALID_VALUE;
+        // The window stays reserved with the driver: what the program left mapped in the range goes now, as
+        // the driver would drop it with a range of its own.
+        for (const auto& [addr, bytes] : s->registry.mapped_in(ptr, vmm_span(size)))
+          if (const CUresult e = d->cuMemUnmap(addr, bytes); e != CUDA_SUCCESS)
+            log::warn("cuMemAddressFree: unmapping {:#x}+{} left mapped in the range failed: error {}", addr, bytes,
+                      static_cast<int>(e));
+        std::vector<std::uint64_t> released;
+        s->registry.free_reservation(ptr, size, released);
+        release_real(*d, released);
+        unshare_dropped(*s, lock);
+        return CUDA_SUCCESS;
+      });
 }
 
 VMMCKPT_EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
@@ -208,8 +209,8 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* handle
     // A POSIX FD lets the checkpoint tool map the same memory; the program's own request is kept for
     // cuMemGetAllocationPropertiesFromHandle and export.
     CUmemAllocationProp real_prop = *prop;
-    real_prop.requestedHandleTypes = static_cast<CUmemAllocationHandleType>(
-        prop->requestedHandleTypes | CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    real_prop.requestedHandleTypes =
+        static_cast<CUmemAllocationHandleType>(prop->requestedHandleTypes | CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
     const bool host = is_host_location(prop->location.type);
     CUmemGenericAllocationHandle real = 0;
     CUresult e = CUDA_SUCCESS;
@@ -218,7 +219,8 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* handle
       e = d->cuMemCreate(&real, size, &real_prop, flags);
     }
     // A host location the driver cannot export (an older driver) stays the program's as it asked.
-    if (host && e != CUDA_SUCCESS && e != CUDA_ERROR_OUT_OF_MEMORY) return create_not_owned(*d, s, handle, size, prop, flags);
+    if (host && e != CUDA_SUCCESS && e != CUDA_ERROR_OUT_OF_MEMORY)
+      return create_not_owned(*d, s, handle, size, prop, flags);
     if (e != CUDA_SUCCESS) return e;  // out of memory stays exactly that: callers free caches and retry on it
     gate_scope scope(gate_scope::no_work);
     vmm_properties program;
@@ -247,79 +249,86 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* handle
 }
 
 VMMCKPT_EXPORT CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle) {
-  return with_recorded_state(true, [&](const driver_api* d) { return d->cuMemRelease(handle); },
-                             [&](const driver_api* d, vmm_state* s, std::unique_lock<std::mutex>& lock) {
-    if (looks_like_vmm_token(handle)) {
-      std::vector<std::uint64_t> released;
-      const vmm_status st = s->registry.release(handle, released);
-      if (st != vmm_status::not_found) {
-        release_real(*d, released);
-        return st == vmm_status::ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
-      }
-      return CUDA_ERROR_INVALID_VALUE;  // dead_token(): never the driver's
-    }
-    const CUresult e = d->cuMemRelease(handle);
-    if (e == CUDA_SUCCESS) s->registry.release_not_owned(handle);
-    unshare_dropped(*s, lock);
-    return e;
-  });
+  return with_recorded_state(
+      true, [&](const driver_api* d) { return d->cuMemRelease(handle); },
+      [&](const driver_api* d, vmm_state* s, std::unique_lock<std::mutex>& lock) {
+        if (looks_like_vmm_token(handle)) {
+          std::vector<std::uint64_t> released;
+          const vmm_status st = s->registry.release(handle, released);
+          if (st != vmm_status::not_found) {
+            release_real(*d, released);
+            return st == vmm_status::ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+          }
+          return CUDA_ERROR_INVALID_VALUE;  // dead_token(): never the driver's
+        }
+        const CUresult e = d->cuMemRelease(handle);
+        if (e == CUDA_SUCCESS) s->registry.release_not_owned(handle);
+        unshare_dropped(*s, lock);
+        return e;
+      });
 }
 
-VMMCKPT_EXPORT CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
-                                         unsigned long long flags) {
-  return with_recorded_state(true, [&](const driver_api* d) { return d->cuMemMap(ptr, size, offset, handle, flags); },
-                             [&](const driver_api* d, vmm_state* s, std::unique_lock<std::mutex>&) {
-    if (dead_token(*s, handle)) return CUDA_ERROR_INVALID_VALUE;
-    const CUresult e = d->cuMemMap(ptr, size, offset, real_handle(*s, handle), flags);
-    if (e != CUDA_SUCCESS) return e;
-    vmm_status st = vmm_status::invalid_value;
-    try {
-      st = s->registry.map(ptr, size, offset, handle);
-    } catch (...) {
-      // Unrecorded memory could not be saved: the mapping is undone rather than left unknown.
-      d->cuMemUnmap(ptr, size);
-      return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    if (st == vmm_status::invalid_value)
-      log::warn("cuMemMap at {:#x}: the driver mapped over a range recorded as mapped", static_cast<std::uint64_t>(ptr));
-    return CUDA_SUCCESS;
-  });
+VMMCKPT_EXPORT CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                                         CUmemGenericAllocationHandle handle, unsigned long long flags) {
+  return with_recorded_state(
+      true, [&](const driver_api* d) { return d->cuMemMap(ptr, size, offset, handle, flags); },
+      [&](const driver_api* d, vmm_state* s, std::unique_lock<std::mutex>&) {
+        if (dead_token(*s, handle)) return CUDA_ERROR_INVALID_VALUE;
+        const CUresult e = d->cuMemMap(ptr, size, offset, real_handle(*s, handle), flags);
+        if (e != CUDA_SUCCESS) return e;
+        vmm_status st = vmm_status::invalid_value;
+        try {
+          st = s->registry.map(ptr, size, offset, handle);
+        } catch (...) {
+          // Unrecorded memory could not be saved: the mapping is undone rather than left unknown.
+          d->cuMemUnmap(ptr, size);
+          return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        if (st == vmm_status::invalid_value)
+          log::warn("cuMemMap at {:#x}: the driver mapped over a range recorded as mapped",
+                    static_cast<std::uint64_t>(ptr));
+        return CUDA_SUCCESS;
+      });
 }
 
 VMMCKPT_EXPORT CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
-  return with_recorded_state(true, [&](const driver_api* d) { return d->cuMemUnmap(ptr, size); },
-                             [&](const driver_api* d, vmm_state* s, std::unique_lock<std::mutex>& lock) {
-    const CUresult e = d->cuMemUnmap(ptr, size);
-    if (e != CUDA_SUCCESS) return e;
-    std::vector<std::uint64_t> released;
-    s->registry.unmap(ptr, size, released);
-    release_real(*d, released);
-    unshare_dropped(*s, lock);
-    return CUDA_SUCCESS;
-  });
+  return with_recorded_state(
+      true, [&](const driver_api* d) { return d->cuMemUnmap(ptr, size); },
+      [&](const driver_api* d, vmm_state* s, std::unique_lock<std::mutex>& lock) {
+        const CUresult e = d->cuMemUnmap(ptr, size);
+        if (e != CUDA_SUCCESS) return e;
+        std::vector<std::uint64_t> released;
+        s->registry.unmap(ptr, size, released);
+        release_real(*d, released);
+        unshare_dropped(*s, lock);
+        return CUDA_SUCCESS;
+      });
 }
 
-VMMCKPT_EXPORT CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count) {
-  return with_recorded_state(true, [&](const driver_api* d) { return d->cuMemSetAccess(ptr, size, desc, count); },
-                             [&](const driver_api* d, vmm_state* s, std::unique_lock<std::mutex>&) {
-    const CUresult e = d->cuMemSetAccess(ptr, size, desc, count);
-    if (e != CUDA_SUCCESS || desc == nullptr || count == 0) return e;
-    try {
-      std::vector<vmm_access> access;
-      access.reserve(count);
-      for (std::size_t i = 0; i < count; ++i)
-        access.push_back(vmm_access{static_cast<int>(desc[i].location.type), desc[i].location.id,
-                                    static_cast<std::uint64_t>(desc[i].flags)});
-      s->registry.set_access(ptr, size, access);
-    } catch (...) {
-      log::warn("cuMemSetAccess at {:#x}: no memory to record the access rights", static_cast<std::uint64_t>(ptr));
-    }
-    vmm_replay_fill(*s, ptr, size);  // a --replay restore's bytes, once the program made the mapping again
-    return e;
-  });
+VMMCKPT_EXPORT CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc,
+                                               size_t count) {
+  return with_recorded_state(
+      true, [&](const driver_api* d) { return d->cuMemSetAccess(ptr, size, desc, count); },
+      [&](const driver_api* d, vmm_state* s, std::unique_lock<std::mutex>&) {
+        const CUresult e = d->cuMemSetAccess(ptr, size, desc, count);
+        if (e != CUDA_SUCCESS || desc == nullptr || count == 0) return e;
+        try {
+          std::vector<vmm_access> access;
+          access.reserve(count);
+          for (std::size_t i = 0; i < count; ++i)
+            access.push_back(vmm_access{static_cast<int>(desc[i].location.type), desc[i].location.id,
+                                        static_cast<std::uint64_t>(desc[i].flags)});
+          s->registry.set_access(ptr, size, access);
+        } catch (...) {
+          log::warn("cuMemSetAccess at {:#x}: no memory to record the access rights", static_cast<std::uint64_t>(ptr));
+        }
+        vmm_replay_fill(*s, ptr, size);  // a --replay restore's bytes, once the program made the mapping again
+        return e;
+      });
 }
 
-VMMCKPT_EXPORT CUresult CUDAAPI cuMemGetAccess(unsigned long long* flags, const CUmemLocation* location, CUdeviceptr ptr) {
+VMMCKPT_EXPORT CUresult CUDAAPI cuMemGetAccess(unsigned long long* flags, const CUmemLocation* location,
+                                               CUdeviceptr ptr) {
   return guarded(CUDA_ERROR_UNKNOWN, [&] {
     const driver_api* d = driver();
     if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
@@ -350,32 +359,37 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemRetainAllocationHandle(CUmemGenericAllocati
 
 VMMCKPT_EXPORT CUresult CUDAAPI cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop,
                                                                        CUmemGenericAllocationHandle handle) {
-  return with_recorded_state(looks_like_vmm_token(handle), [&](const driver_api* d) { return d->cuMemGetAllocationPropertiesFromHandle(prop, handle); },
-                             [&](const driver_api* d, vmm_state* s, std::unique_lock<std::mutex>&) {
-    // a suspended program's handles have no driver handle under them
-    const vmm_handle* h = s->registry.live_handle(handle);
-    if (h == nullptr) return CUDA_ERROR_INVALID_VALUE;  // dead_token(): never the driver's
-    const CUresult e = d->cuMemGetAllocationPropertiesFromHandle(prop, h->real);
-    // The driver knows the POSIX FD the shim added; the program sees what it asked for.
-    if (e == CUDA_SUCCESS && prop != nullptr) prop->requestedHandleTypes = program_properties(*h).requestedHandleTypes;
-    return e;
-  });
+  return with_recorded_state(
+      looks_like_vmm_token(handle),
+      [&](const driver_api* d) { return d->cuMemGetAllocationPropertiesFromHandle(prop, handle); },
+      [&](const driver_api* d, vmm_state* s, std::unique_lock<std::mutex>&) {
+        // a suspended program's handles have no driver handle under them
+        const vmm_handle* h = s->registry.live_handle(handle);
+        if (h == nullptr) return CUDA_ERROR_INVALID_VALUE;  // dead_token(): never the driver's
+        const CUresult e = d->cuMemGetAllocationPropertiesFromHandle(prop, h->real);
+        // The driver knows the POSIX FD the shim added; the program sees what it asked for.
+        if (e == CUDA_SUCCESS && prop != nullptr)
+          prop->requestedHandleTypes = program_properties(*h).requestedHandleTypes;
+        return e;
+      });
 }
 
 VMMCKPT_EXPORT CUresult CUDAAPI cuMemExportToShareableHandle(void* shareable, CUmemGenericAllocationHandle handle,
                                                              CUmemAllocationHandleType type, unsigned long long flags) {
-  return with_recorded_state(looks_like_vmm_token(handle), [&](const driver_api* d) { return d->cuMemExportToShareableHandle(shareable, handle, type, flags); },
-                             [&](const driver_api* d, vmm_state* s, std::unique_lock<std::mutex>&) {
-    // a suspended program's handles have no driver handle under them
-    const vmm_handle* h = s->registry.live_handle(handle);
-    if (h == nullptr) return CUDA_ERROR_INVALID_VALUE;  // dead_token(): never the driver's
-    // A type the program did not ask for is refused, as the driver refuses it (the FD is ours).
-    if ((program_properties(*h).requestedHandleTypes & type) == 0) return CUDA_ERROR_INVALID_VALUE;
-    const CUresult e = d->cuMemExportToShareableHandle(shareable, h->real, type, flags);
-    if (e == CUDA_SUCCESS && type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR && shareable != nullptr)
-      note_export(handle, *static_cast<int*>(shareable));  // so that an importer can ask which handle it is
-    return e;
-  });
+  return with_recorded_state(
+      looks_like_vmm_token(handle),
+      [&](const driver_api* d) { return d->cuMemExportToShareableHandle(shareable, handle, type, flags); },
+      [&](const driver_api* d, vmm_state* s, std::unique_lock<std::mutex>&) {
+        // a suspended program's handles have no driver handle under them
+        const vmm_handle* h = s->registry.live_handle(handle);
+        if (h == nullptr) return CUDA_ERROR_INVALID_VALUE;  // dead_token(): never the driver's
+        // A type the program did not ask for is refused, as the driver refuses it (the FD is ours).
+        if ((program_properties(*h).requestedHandleTypes & type) == 0) return CUDA_ERROR_INVALID_VALUE;
+        const CUresult e = d->cuMemExportToShareableHandle(shareable, h->real, type, flags);
+        if (e == CUDA_SUCCESS && type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR && shareable != nullptr)
+          note_export(handle, *static_cast<int*>(shareable));  // so that an importer can ask which handle it is
+        return e;
+      });
 }
 
 VMMCKPT_EXPORT CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle, void* os_handle,
@@ -391,7 +405,9 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAlloc
       origin = identify_import(static_cast<int>(reinterpret_cast<std::intptr_t>(os_handle)));
     const CUresult e = d->cuMemImportFromShareableHandle(handle, os_handle, type);
     if (e != CUDA_SUCCESS) return e;
-    if (!origin) VMMCKPT_NOT_SERVED("VMM memory imported from a process that does not say what it is (cuMemImportFromShareableHandle)");
+    if (!origin)
+      VMMCKPT_NOT_SERVED(
+          "VMM memory imported from a process that does not say what it is (cuMemImportFromShareableHandle)");
     vmm_state& s = state();
     gate_scope scope(gate_scope::no_work);
     std::lock_guard lock(s.mutex);

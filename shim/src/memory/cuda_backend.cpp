@@ -51,7 +51,8 @@ int cuda_backend::map_segment(std::uint64_t addr, std::uint64_t size, std::uint6
     if (r != CUDA_SUCCESS && count > 1) {
       // Without the peers the memory is still the program's own device's: the allocation need not fail.
       log::warn("device {}: access for peer devices {:#x} refused (error {}); the segment at {:#x} is this "
-                "device's only", device_, peers, static_cast<int>(r), addr);
+                "device's only",
+                device_, peers, static_cast<int>(r), addr);
       r = d.cuMemSetAccess(addr, size, access, 1);
     }
     if (r != CUDA_SUCCESS) d.cuMemUnmap(addr, size);

@@ -177,7 +177,8 @@ void free_released(const std::vector<std::uint64_t>& bases) {
   for (const std::uint64_t base : bases)
     if (device_pool* pool = pool_containing(base)) {
       pool->free(base);
-      log::info("ipc: the allocation at {} freed earlier goes back to the pool: no process maps it any more", hex(base));
+      log::info("ipc: the allocation at {} freed earlier goes back to the pool: no process maps it any more",
+                hex(base));
     }
 }
 }  // namespace

@@ -69,7 +69,7 @@ void unmap(const driver_api& d, import_table& t, const import_record& r) {
 
 // Maps the pieces of an ipc_open reply, filling `r`; or why not (nothing left mapped).
 status map_import(const driver_api& d, import_table& t, const control::ipc_open_reply& reply, std::vector<int>& fds,
-                    CUdevice device, import_record& r) {
+                  CUdevice device, import_record& r) {
   std::uint64_t size = 0;
   for (const auto& p : reply.pieces) size = std::max(size, p.offset + p.size);
   if (reply.pieces.size() != fds.size() || size == 0 || size % vmm_granularity != 0 || reply.base_offset >= size)

@@ -36,7 +36,7 @@ struct device_slot {
 };
 
 struct registry {
-  std::mutex mutex;  // creation only; lookups read the atomics
+  std::mutex mutex;        // creation only; lookups read the atomics
   std::mutex grant_mutex;  // one grant at a time; taken before any pool's lock, never under one
   std::array<device_slot, max_devices> slots;
   pool_config config;
@@ -147,7 +147,8 @@ status acquire_pool(int ordinal, device_pool*& pool) {
 
   std::lock_guard lock(r.mutex);
   if ((pool = slot.pool.load(std::memory_order_acquire)) != nullptr) return {};
-  if (slot.failure != CUDA_SUCCESS) return status(slot.failure, "device " + std::to_string(ordinal) + ": no pool (said before)");
+  if (slot.failure != CUDA_SUCCESS)
+    return status(slot.failure, "device " + std::to_string(ordinal) + ": no pool (said before)");
   if (!r.config_read) {
     r.config = pool_config_from_env(r.config_error);
     r.config_read = true;

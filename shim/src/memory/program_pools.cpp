@@ -18,7 +18,7 @@ struct served_pool {
   std::uint64_t max_size = 0;  // 0: no limit but the device's memory
   std::uint64_t used = 0;      // bytes of live allocations from it
   std::uint64_t used_high = 0;
-  bool destroyed = false;      // the record goes with its last allocation
+  bool destroyed = false;  // the record goes with its last allocation
   bool by_nccl = false;
 };
 
@@ -66,7 +66,8 @@ void forget_program_pool(CUmemoryPool pool) noexcept {
   }
 }
 
-std::optional<CUresult> allocate_from_program_pool(CUdeviceptr* dptr, std::size_t bytes, CUmemoryPool pool) noexcept try {
+std::optional<CUresult> allocate_from_program_pool(CUdeviceptr* dptr, std::size_t bytes, CUmemoryPool pool) noexcept
+    try {
   pool_table& t = table();
   int device = 0;
   {
@@ -117,10 +118,11 @@ void program_pool_freed(std::uint64_t addr) noexcept {
   if (p->second.destroyed && p->second.used == 0) t.pools.erase(p);
 }
 
-std::optional<CUresult> program_pool_attribute(CUmemoryPool pool, CUmemPool_attribute attribute, void* value) noexcept try {
-  const bool about_bytes = attribute == CU_MEMPOOL_ATTR_USED_MEM_CURRENT || attribute == CU_MEMPOOL_ATTR_USED_MEM_HIGH ||
-                           attribute == CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT ||
-                           attribute == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH;
+std::optional<CUresult> program_pool_attribute(CUmemoryPool pool, CUmemPool_attribute attribute, void* value) noexcept
+    try {
+  const bool about_bytes =
+      attribute == CU_MEMPOOL_ATTR_USED_MEM_CURRENT || attribute == CU_MEMPOOL_ATTR_USED_MEM_HIGH ||
+      attribute == CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT || attribute == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH;
   if (!about_bytes) return std::nullopt;
   pool_table& t = table();
   std::lock_guard lock(t.mutex);

@@ -69,7 +69,8 @@ status rebuild_locked(const driver_api& d, vmm_state& s) noexcept {
       const vmm_handle* h = s.registry.find_handle(m.token);
       if (const CUresult e = d.cuMemMap(m.addr, m.size, m.offset, h->real, 0); e != CUDA_SUCCESS) {
         undo();
-        return failure(e, "cannot map VMM handle {} at {}: CUDA error {}", hex(m.token), hex(m.addr), static_cast<int>(e));
+        return failure(e, "cannot map VMM handle {} at {}: CUDA error {}", hex(m.token), hex(m.addr),
+                       static_cast<int>(e));
       }
     }
     for (const vmm_access_range& a : l.access) {
@@ -200,8 +201,7 @@ std::string vmm_hold_contents(control::dump_begin_reply& r, std::vector<int>& fd
   for (const vmm_handle& h : l.handles) {
     const vmm_handle* live = s->registry.find_handle(h.token);
     int fd = -1;
-    const CUresult e =
-        d->cuMemExportToShareableHandle(&fd, live->real, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    const CUresult e = d->cuMemExportToShareableHandle(&fd, live->real, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
     if (e != CUDA_SUCCESS)
       return "exporting VMM handle " + hex(h.token) + " failed: CUDA error " + std::to_string(static_cast<int>(e));
     fds.push_back(fd);
@@ -230,7 +230,8 @@ status vmm_back_suspended(const image::manifest& m) noexcept {
   vmm_state* s = existing_vmm_state();
   const driver_api* d = driver();
   if (s == nullptr) {
-    if (m.vmm && !m.vmm->empty()) return failure(CUDA_ERROR_INVALID_VALUE, "the image's VMM memory is not this program's");
+    if (m.vmm && !m.vmm->empty())
+      return failure(CUDA_ERROR_INVALID_VALUE, "the image's VMM memory is not this program's");
     return {};
   }
   if (d == nullptr) return failure(CUDA_ERROR_NOT_INITIALIZED, "no CUDA driver");
@@ -292,9 +293,10 @@ status vmm_restore_layout(const image::manifest& m) noexcept {
         return failure(reserved.code(), "restore: {} at {} in this process", reserved.message(),
                        hex(s.config.device_base(r.device)));
     if (!s.registry.load(l))
-      return failure(CUDA_ERROR_INVALID_VALUE,
-                     "restore: the image's VMM windows (base {}, window {}) are not this process's (base {}, window {})",
-                     hex(l.windows.base), l.windows.window, hex(s.config.base), s.config.window);
+      return failure(
+          CUDA_ERROR_INVALID_VALUE,
+          "restore: the image's VMM windows (base {}, window {}) are not this process's (base {}, window {})",
+          hex(l.windows.base), l.windows.window, hex(s.config.base), s.config.window);
     map_imports_again(*d, s, l.imports);
     return rebuild_locked(*d, s);
   } catch (const std::exception& e) {
@@ -329,7 +331,8 @@ status fill_mapping(const driver_api& d, const image::reader& reader, const vmm_
     return failure(CUDA_ERROR_INVALID_VALUE, "cannot read the image's bytes for {}: {}", hex(m.addr), e.what());
   }
   if (copied != CUDA_SUCCESS)
-    return failure(copied, "cannot write the image's bytes at {}: CUDA error {}", hex(m.addr), static_cast<int>(copied));
+    return failure(copied, "cannot write the image's bytes at {}: CUDA error {}", hex(m.addr),
+                   static_cast<int>(copied));
   return {};
 }
 

@@ -43,7 +43,7 @@ struct importer_record {
 };
 
 struct sharing_table {
-  std::mutex mutex;  // taken after vmm_state's mutex, never before it
+  std::mutex mutex;                  // taken after vmm_state's mutex, never before it
   std::deque<exported_fd> exported;  // oldest first
   std::vector<importer_record> importers;
 };
@@ -65,7 +65,8 @@ same same_open_file(int a, int b) {
 }
 
 bool same_inode(int a, int b) {
-  struct stat x {}, y {};
+  struct stat x {
+  }, y{};
   return ::fstat(a, &x) == 0 && ::fstat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
 }
 
@@ -159,7 +160,8 @@ std::variant<control::vmm_share_reply, control::failure_reply> share_handle(std:
                                                                             std::vector<int>& fds) {
   vmm_state* s = existing_vmm_state();
   const driver_api* d = driver();
-  if (s == nullptr || d == nullptr) return control::failure_reply{control::refusal::failed, "this process has no VMM memory"};
+  if (s == nullptr || d == nullptr)
+    return control::failure_reply{control::refusal::failed, "this process has no VMM memory"};
   std::lock_guard lock(s->mutex);
   auto reply = describe_handle(*s, token);
   if (!std::holds_alternative<control::vmm_share_reply>(reply)) return reply;
@@ -261,8 +263,8 @@ status import_again(const vmm_import& x, CUmemGenericAllocationHandle& real) noe
     const auto reply = control::decode_reply<control::vmm_share_reply>(*payload);
     if (const auto* refused = std::get_if<control::failure_reply>(&reply); refused != nullptr || fds.size() != 1) {
       protocol::close_all(fds);
-      return status(CUDA_ERROR_INVALID_HANDLE,
-                    "process " + std::to_string(pid) + " refused: " + (refused ? refused->error : "no descriptor sent"));
+      return status(CUDA_ERROR_INVALID_HANDLE, "process " + std::to_string(pid) +
+                                                   " refused: " + (refused ? refused->error : "no descriptor sent"));
     }
     const CUresult e = d->cuMemImportFromShareableHandle(
         &real, reinterpret_cast<void*>(static_cast<std::intptr_t>(fds[0])), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);

@@ -30,9 +30,9 @@ namespace {
 
 using clock = std::chrono::steady_clock;
 
-constexpr int idle_timeout_ms = 30'000;            // a client that says nothing is dropped
-constexpr int reply_timeout_ms = 10'000;           // a client that reads nothing is dropped
-constexpr int max_connections = 32;                // served at once; more are answered `busy`
+constexpr int idle_timeout_ms = 30'000;   // a client that says nothing is dropped
+constexpr int reply_timeout_ms = 10'000;  // a client that reads nothing is dropped
+constexpr int max_connections = 32;       // served at once; more are answered `busy`
 std::atomic<int> g_connections{0};
 
 // A connection's channel: frames with the transport's own limits, failures logged at the level they deserve.
@@ -167,7 +167,8 @@ class refusal_log {
                 pid_);
     else if (unlogged_ > 1)
       log::warn("control: refused {} connections within a second, the last from uid {} (pid {}): only the same user "
-                "or root may connect", unlogged_, uid_, pid_);
+                "or root may connect",
+                unlogged_, uid_, pid_);
     unlogged_ = 0;
     last_ = clock::now();
   }
@@ -205,7 +206,8 @@ void serve(const listeners& on) {
     }
     pthread_t thread;
     if (g_connections.fetch_add(1) >= max_connections ||
-        pthread_create(&thread, nullptr, serve_connection, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd))) != 0) {
+        pthread_create(&thread, nullptr, serve_connection, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd))) !=
+            0) {
       g_connections.fetch_sub(1);
       protocol::failure ignored;
       protocol::send_frame(fd,

@@ -49,7 +49,7 @@ bool send_held(client_channel& client, const control::dump_begin_reply& reply, c
   for (std::size_t i = first; sent && i < fds.size(); i += protocol::max_fds_per_message) {
     const std::size_t n = std::min<std::size_t>(fds.size() - i, protocol::max_fds_per_message);
     sent = client.send(control::encode(control::fds_frame{static_cast<std::uint32_t>(n)}),
-                {fds.begin() + static_cast<long>(i), fds.begin() + static_cast<long>(i + n)});
+                       {fds.begin() + static_cast<long>(i), fds.begin() + static_cast<long>(i + n)});
   }
   return sent;
 }
@@ -60,8 +60,9 @@ bool take_operation(client_channel& client, std::unique_lock<std::timed_mutex>& 
   const std::int64_t left_ms = valid_until_ms - control::unix_ms_now();
   if (left_ms > 0 && lock.try_lock_for(std::chrono::milliseconds(left_ms))) return true;
   refuse(client, left_ms > 0 ? control::refusal::busy : control::refusal::expired,
-         left_ms > 0 ? "another operation (a dump, suspend or resume) kept the program busy until the request's deadline"
-                     : "the request arrived after it expired; nothing was done");
+         left_ms > 0
+             ? "another operation (a dump, suspend or resume) kept the program busy until the request's deadline"
+             : "the request arrived after it expired; nothing was done");
   return false;
 }
 
@@ -215,7 +216,8 @@ void serve_ipc_open(client_channel& client, const control::ipc_open_request& req
 bool serve_vmm_identify(client_channel& client, const std::vector<int>& fds) {
   if (fds.size() != 1)
     return refuse(client, control::refusal::bad_request, "vmm_identify carries one descriptor, the FD imported");
-  return std::visit([&](const auto& reply) { return client.send(control::encode(reply)); }, identify_export(fds[0], client.peer_pid()));
+  return std::visit([&](const auto& reply) { return client.send(control::encode(reply)); },
+                    identify_export(fds[0], client.peer_pid()));
 }
 
 // vmm_share: a new FD of a handle, for a restored importer. Not while a suspend gives the memory back.

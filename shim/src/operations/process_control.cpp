@@ -155,7 +155,8 @@ std::unique_ptr<prepared_table> take_prepared(const std::vector<active_pool>& po
 // The held program's pools: each one's blocks, its segments exported (one descriptor each in `fds`),
 // and the allocation table's descriptor last (on a failure the caller closes those sent so far).
 // Throws only for want of memory.
-std::variant<control::dump_begin_reply, control::failure_reply> held_contents(double quiesce_us, std::vector<int>& fds) {
+std::variant<control::dump_begin_reply, control::failure_reply> held_contents(double quiesce_us,
+                                                                              std::vector<int>& fds) {
   const driver_api* d = driver();
   const auto pools = active_pools();
   control::dump_begin_reply r;
@@ -175,7 +176,8 @@ std::variant<control::dump_begin_reply, control::failure_reply> held_contents(do
   auto t = clock::now();
   std::unique_ptr<prepared_table> prepared = take_prepared(pools);
   for (std::size_t i = 0; i < pools.size(); ++i) {
-    control::pool_contents c{pools[i].ordinal, pools[i].pool->base(), pools[i].pool->size(), large_alignment, 0, {}, {}};
+    control::pool_contents c{
+        pools[i].ordinal, pools[i].pool->base(), pools[i].pool->size(), large_alignment, 0, {}, {}};
     c.allocations = prepared ? std::move(prepared->allocations[i]) : pools[i].pool->live_allocations();
     c.allocation_count = c.allocations.size();
     blocks += c.allocations.size();
@@ -186,7 +188,8 @@ std::variant<control::dump_begin_reply, control::failure_reply> held_contents(do
   for (std::size_t i = 0; i < pools.size(); ++i) {
     for (const auto& s : pools[i].pool->segments()) {
       int exported = -1;
-      const CUresult e = d->cuMemExportToShareableHandle(&exported, s.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+      const CUresult e =
+          d->cuMemExportToShareableHandle(&exported, s.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
       if (e != CUDA_SUCCESS) {
         release("export failed");
         return control::failure_reply{control::refusal::failed, "exporting pool memory at " + hex(s.addr) +
@@ -278,7 +281,8 @@ control::check_reply check_pools() {
   return r;
 }
 
-std::variant<control::dump_begin_reply, control::failure_reply> hold(clock::time_point hold_deadline_at, std::vector<int>& fds) {
+std::variant<control::dump_begin_reply, control::failure_reply> hold(clock::time_point hold_deadline_at,
+                                                                     std::vector<int>& fds) {
   const process_state now = current_state();
   if (now == process_state::suspended)
     return control::failure_reply{control::refusal::suspended,
@@ -297,7 +301,8 @@ std::variant<control::dump_begin_reply, control::failure_reply> hold(clock::time
     return control::failure_reply{
         control::refusal::not_quiesced,
         "the program did not quiesce within " +
-            std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(hold_deadline_at - g_hold_start).count()) +
+            std::to_string(
+                std::chrono::duration_cast<std::chrono::milliseconds>(hold_deadline_at - g_hold_start).count()) +
             " ms"};
   }
   try {
@@ -305,7 +310,8 @@ std::variant<control::dump_begin_reply, control::failure_reply> hold(clock::time
   } catch (const std::exception& e) {
     // Out of memory: nothing is handed over (the caller closes `fds`), and the program goes on.
     release("the hold could not be described");
-    return control::failure_reply{control::refusal::failed, std::string("cannot describe the held memory: ") + e.what()};
+    return control::failure_reply{control::refusal::failed,
+                                  std::string("cannot describe the held memory: ") + e.what()};
   }
 }
 
@@ -372,18 +378,19 @@ std::variant<control::suspend_reply, control::failure_reply> suspend_held(const 
   // tool has withdrawn it and the image goes.
   if (!suspend_claim::take(request.image, suspend_claim::accepted)) {
     release("the suspend was withdrawn");
-    return control::failure_reply{control::refusal::withdrawn,
-                                  "the suspend was withdrawn (" + request.image + " has no pending claim): the "
-                                  "program goes on, not suspended"};
+    return control::failure_reply{control::refusal::withdrawn, "the suspend was withdrawn (" + request.image +
+                                                                   " has no pending claim): the "
+                                                                   "program goes on, not suspended"};
   }
   fault_point("program:claimed");
-  struct stat st{};
+  struct stat st {};
   ::stat(request.image.c_str(), &st);
   control::suspend_reply r;
   for (const auto& p : active_pools()) r.freed_bytes += p.pool->release_all_physical();
   r.freed_bytes += vmm_release_physical();
   try {
-    for (const auto& dev : describe_process().devices) r.devices.push_back({dev.ordinal, device_used_bytes(dev.ordinal)});
+    for (const auto& dev : describe_process().devices)
+      r.devices.push_back({dev.ordinal, device_used_bytes(dev.ordinal)});
   } catch (...) {
     // Out of memory: the reply goes without the devices' figures; the suspend itself is done.
   }

@@ -27,8 +27,8 @@ void prepare_hold() noexcept;
 // every pool's device synchronized) and exports every pool segment's physical memory, one
 // descriptor each in `fds` (the caller closes them). A failure_reply when it cannot; the program
 // is then not held.
-std::variant<control::dump_begin_reply, control::failure_reply> hold(std::chrono::steady_clock::time_point hold_deadline_at,
-                                                                     std::vector<int>& fds);
+std::variant<control::dump_begin_reply, control::failure_reply> hold(
+    std::chrono::steady_clock::time_point hold_deadline_at, std::vector<int>& fds);
 // Ends a hold: the gate opens and the program goes on. Returns how long it was held, in microseconds.
 std::uint64_t release(const char* why);
 // suspend, during a hold: unless the request expired, or its claim was withdrawn (suspend_claim.hpp),

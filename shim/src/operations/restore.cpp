@@ -34,7 +34,7 @@ std::atomic<int> g_state{unchecked};
 // Whether fd is still the socket cuda-ckpt restore made before it exec'd this program (the program
 // may have closed it and reused the number): that very socket (its inode), SOCK_SEQPACKET, made by this pid.
 bool is_progress_socket(int fd, std::uint64_t inode) noexcept {
-  struct stat st{};
+  struct stat st {};
   if (fd < 0 || ::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode) || st.st_ino != inode) return false;
   int type = 0;
   socklen_t length = sizeof type;
@@ -79,7 +79,8 @@ status restore_image(const restore::handoff& h) noexcept {
     for (const auto& p : m.pools) blocks += p.allocations.size();
     log::info("restore: {} allocations, {} bytes from {} in {:.3f} s (placing {:.3f} s, loading {:.3f} s){}", blocks,
               image::restored_bytes(m), h.image, std::chrono::duration<double>(now - start).count(),
-              std::chrono::duration<double>(placed - start).count(), std::chrono::duration<double>(now - placed).count(),
+              std::chrono::duration<double>(placed - start).count(),
+              std::chrono::duration<double>(now - placed).count(),
               h.how == restore::mode::replay ? " (replay: the allocator starts empty)" : "");
     return {};
   } catch (const std::exception& e) {
@@ -131,16 +132,18 @@ std::variant<control::resume_reply, control::failure_reply> load_suspended(const
   } else {
     // Only the image suspend took: the same directory (not a symlink put in its place, not another
     // directory moved there) holding the same image.
-    struct stat st{};
+    struct stat st {};
     if (::lstat(image.c_str(), &st) != 0) return refuse(std::string("it is gone: ") + std::strerror(errno));
     if (S_ISLNK(st.st_mode)) return refuse("it has been replaced by a symbolic link");
-    if (st.st_dev != suspended.dev || st.st_ino != suspended.ino) return refuse("it has been replaced by another directory");
+    if (st.st_dev != suspended.dev || st.st_ino != suspended.ino)
+      return refuse("it has been replaced by another directory");
   }
   std::uint64_t bytes = 0;
   try {
     const auto reader = image::reader::open(image);
     if (reader.info().image_id != suspended.image_id)
-      return refuse("it holds another image (image_id " + reader.info().image_id + ", suspend wrote " + suspended.image_id + ")");
+      return refuse("it holds another image (image_id " + reader.info().image_id + ", suspend wrote " +
+                    suspended.image_id + ")");
     reader.verify_manifest();  // extents are checked as they load
     std::vector<device_pool*> backed;
     const status placed = restore::back_suspended_pools(
@@ -151,8 +154,8 @@ std::variant<control::resume_reply, control::failure_reply> load_suspended(const
       restore::release_pools(backed);
       return refuse(vmm.message());
     }
-    if (const status loaded = restore::upload(*d, reader, pool_memory_backed(), true, progress, vmm_kept_ranges(),
-                                                    &resume_buffers());
+    if (const status loaded =
+            restore::upload(*d, reader, pool_memory_backed(), true, progress, vmm_kept_ranges(), &resume_buffers());
         !loaded.ok()) {
       restore::release_pools(backed);
       vmm_release_physical();

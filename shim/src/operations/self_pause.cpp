@@ -129,8 +129,8 @@ std::string copy_in(const driver_api& d, const std::vector<kept_range>& ranges, 
     if (scope.active()) e = discard ? d.cuMemsetD8_v2(r.addr, 0, r.size) : d.cuMemcpyHtoD_v2(r.addr, r.host, r.size);
     if (e == CUDA_SUCCESS && scope.active()) e = d.cuCtxSynchronize();
     if (e != CUDA_SUCCESS)
-      return std::string(discard ? "clearing " : "writing back ") + std::to_string(r.size) + " bytes at " + hex(r.addr) +
-             " failed: CUDA error " + std::to_string(static_cast<int>(e));
+      return std::string(discard ? "clearing " : "writing back ") + std::to_string(r.size) + " bytes at " +
+             hex(r.addr) + " failed: CUDA error " + std::to_string(static_cast<int>(e));
     if (!discard) copied += r.size;
   }
   return {};
@@ -154,7 +154,8 @@ std::uint64_t give_back_all(const std::vector<active_pool>& pools) noexcept {
 // catches it); from the gate's closing to the pause's end nothing that throws escapes.
 int pause_self(unsigned flags, vmmckpt_stats* stats) {
   const auto start = clock::now();
-  if (flags & ~VMMCKPT_PAUSE_DISCARD) return fail(VMMCKPT_E_INVALID, "vmmckpt_pause: unknown flags " + std::to_string(flags));
+  if (flags & ~VMMCKPT_PAUSE_DISCARD)
+    return fail(VMMCKPT_E_INVALID, "vmmckpt_pause: unknown flags " + std::to_string(flags));
   if (!shim_active()) return fail(VMMCKPT_E_STATE, "vmmckpt_pause: the shim stepped aside in this forked child");
   const driver_api* d = driver();
   if (d == nullptr) return fail(VMMCKPT_E_DRIVER, "vmmckpt_pause: no CUDA driver");
@@ -298,9 +299,7 @@ __attribute__((visibility("default"))) int vmmckpt_state(void) {
   return 0;
 }
 
-__attribute__((visibility("default"))) const char* vmmckpt_last_error(void) {
-  return vmmckpt::detail::t_last_error;
-}
+__attribute__((visibility("default"))) const char* vmmckpt_last_error(void) { return vmmckpt::detail::t_last_error; }
 
 __attribute__((visibility("default"))) int vmmckpt_api_version(void) { return VMMCKPT_API_VERSION; }
 

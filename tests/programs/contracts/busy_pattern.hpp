@@ -35,10 +35,14 @@ struct busy_options {
 inline busy_options parse_busy_options(int argc, char** argv, busy_options o) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
-    if (flag == "--buffers") o.buffers = std::atoi(argv[i + 1]);
-    else if (flag == "--streams") o.streams = std::atoi(argv[i + 1]);
-    else if (flag == "--seconds") o.seconds = std::atoi(argv[i + 1]);
-    else if (flag == "--size") o.size = std::strtoull(argv[i + 1], nullptr, 0);
+    if (flag == "--buffers")
+      o.buffers = std::atoi(argv[i + 1]);
+    else if (flag == "--streams")
+      o.streams = std::atoi(argv[i + 1]);
+    else if (flag == "--seconds")
+      o.seconds = std::atoi(argv[i + 1]);
+    else if (flag == "--size")
+      o.size = std::strtoull(argv[i + 1], nullptr, 0);
   }
   return o;
 }

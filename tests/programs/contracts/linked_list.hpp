@@ -125,7 +125,7 @@ enum walk_defect : std::uint64_t {
   defect_length,         // detail: the payload length the header holds
   defect_payload,        // detail: the first word that differs
   defect_checksum,
-  defect_too_short,      // the list ends early
+  defect_too_short,  // the list ends early
 };
 
 struct walk_result {
@@ -166,25 +166,52 @@ VMMCKPT_HOST_DEVICE walk_result walk_list(std::uint64_t head, const walk_view& v
     std::uint64_t lo = 0, hi = v.n;
     while (lo < hi) {
       const std::uint64_t mid = (lo + hi) / 2;
-      if (v.sorted_addrs[mid] < cur) lo = mid + 1;
-      else hi = mid;
+      if (v.sorted_addrs[mid] < cur)
+        lo = mid + 1;
+      else
+        hi = mid;
     }
     r.bad_step = r.steps;
     r.bad_addr = cur;
     r.bad_node = no_node;
-    if (lo == v.n || v.sorted_addrs[lo] != cur) { r.defect = defect_stray_pointer; return r; }
+    if (lo == v.n || v.sorted_addrs[lo] != cur) {
+      r.defect = defect_stray_pointer;
+      return r;
+    }
     const std::uint64_t i = v.index_of[lo];
     r.bad_node = i;
-    if (r.steps >= v.n) { r.defect = defect_too_long; return r; }
-    if (i != v.order[r.steps]) { r.defect = defect_order; r.detail = v.order[r.steps]; return r; }
+    if (r.steps >= v.n) {
+      r.defect = defect_too_long;
+      return r;
+    }
+    if (i != v.order[r.steps]) {
+      r.defect = defect_order;
+      r.detail = v.order[r.steps];
+      return r;
+    }
     const std::uint64_t* node = read(cur, v.sizes[i]);
-    if (node[1] != i) { r.defect = defect_index; r.detail = node[1]; return r; }
-    if (node[2] != v.sizes[i] - header_bytes) { r.defect = defect_length; r.detail = node[2]; return r; }
+    if (node[1] != i) {
+      r.defect = defect_index;
+      r.detail = node[1];
+      return r;
+    }
+    if (node[2] != v.sizes[i] - header_bytes) {
+      r.defect = defect_length;
+      r.detail = node[2];
+      return r;
+    }
     const std::uint64_t words = node[2] / 8;
     std::uint64_t w = 0;
     while (w < words && node[header_words + w] == payload_word(i, w)) ++w;
-    if (w != words) { r.defect = defect_payload; r.detail = w; return r; }
-    if (node_checksum(node) != node[3]) { r.defect = defect_checksum; return r; }
+    if (w != words) {
+      r.defect = defect_payload;
+      r.detail = w;
+      return r;
+    }
+    if (node_checksum(node) != node[3]) {
+      r.defect = defect_checksum;
+      return r;
+    }
     r.sum = fold(r.sum, node[3]);
     ++r.steps;
     cur = node[0];
@@ -302,8 +329,8 @@ inline bool read_list_file(const std::string& path, list_file& f, std::string& e
   }
   f = {};
   int version = 0;
-  if (std::fscanf(in, "vmmckpt-linked-list %d nodes %" SCNu64 " head %" SCNx64 " checksum %" SCNx64, &version,
-                  &f.nodes, &f.head, &f.checksum) != 4 ||
+  if (std::fscanf(in, "vmmckpt-linked-list %d nodes %" SCNu64 " head %" SCNx64 " checksum %" SCNx64, &version, &f.nodes,
+                  &f.head, &f.checksum) != 4 ||
       version != 1 || f.nodes == 0 || f.nodes > max_nodes) {
     std::fclose(in);
     error = path + ": not a linked list file";

@@ -65,7 +65,8 @@ int main(int argc, char** argv) {
       while (std::chrono::steady_clock::now() < stop_at) {
         ++generation;
         for (int b = t; b < buffers; b += streams) {
-          auto* j = new job{reinterpret_cast<std::uint64_t*>(ptrs[b]), size / 8, generation, static_cast<std::uint64_t>(b)};
+          auto* j =
+              new job{reinterpret_cast<std::uint64_t*>(ptrs[b]), size / 8, generation, static_cast<std::uint64_t>(b)};
           VMMCKPT_CHECK(cuLaunchHostFunc(stream, rewrite, j));
           ++jobs;
         }

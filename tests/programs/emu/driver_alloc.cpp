@@ -109,7 +109,7 @@ int main(int argc, char** argv) {
   VMMCKPT_EXPECT(cuMemAlloc(&unused, 0) == CUDA_ERROR_INVALID_VALUE);
   VMMCKPT_EXPECT(cuMemAlloc(nullptr, 16) == CUDA_ERROR_INVALID_VALUE);
   VMMCKPT_CHECK(cuMemFree(ptrs[0]));
-  VMMCKPT_EXPECT(cuMemFree(ptrs[0]) != CUDA_SUCCESS);  // double free
+  VMMCKPT_EXPECT(cuMemFree(ptrs[0]) != CUDA_SUCCESS);        // double free
   VMMCKPT_EXPECT(cuMemFree(ptrs[2] + 256) != CUDA_SUCCESS);  // interior pointer
 
   // Reuse after free: same sequence, same address.

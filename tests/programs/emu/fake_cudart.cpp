@@ -18,9 +18,9 @@ cudaError_t query(const char* symbol, void** func, int version, unsigned long lo
   CUdriverProcAddressQueryResult s = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
   const CUresult r = cuGetProcAddress_v2(symbol, func, version, flags, &s);
   if (status != nullptr)
-    *status = s == CU_GET_PROC_ADDRESS_SUCCESS ? cudaDriverEntryPointSuccess
+    *status = s == CU_GET_PROC_ADDRESS_SUCCESS                  ? cudaDriverEntryPointSuccess
               : s == CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT ? cudaDriverEntryPointVersionNotSufficent
-                                                                 : cudaDriverEntryPointSymbolNotFound;
+                                                                : cudaDriverEntryPointSymbolNotFound;
   return r == CUDA_SUCCESS && s == CU_GET_PROC_ADDRESS_SUCCESS ? cudaSuccess : cudaErrorSymbolNotFound;
 }
 
@@ -34,14 +34,15 @@ __attribute__((visibility("default"))) cudaError_t cudaRuntimeGetVersion(int* ve
 }
 
 __attribute__((visibility("default"))) cudaError_t cudaGetDriverEntryPoint(const char* symbol, void** func,
-                                                                          unsigned long long flags,
-                                                                          cudaDriverEntryPointQueryResult* status) {
+                                                                           unsigned long long flags,
+                                                                           cudaDriverEntryPointQueryResult* status) {
   return query(symbol, func, 13000, flags, status);
 }
 
 __attribute__((visibility("default"))) cudaError_t cudaGetDriverEntryPoint_ptsz(
     const char* symbol, void** func, unsigned long long flags, cudaDriverEntryPointQueryResult* status) {
-  return query(symbol, func, 13000, flags == cudaEnableDefault ? 0ULL + cudaEnablePerThreadDefaultStream : flags, status);
+  return query(symbol, func, 13000, flags == cudaEnableDefault ? 0ULL + cudaEnablePerThreadDefaultStream : flags,
+               status);
 }
 
 __attribute__((visibility("default"))) cudaError_t cudaGetDriverEntryPointByVersion(

@@ -72,8 +72,8 @@ int run(const std::string& dir) {
     sigwait(&set, &sig);
     if (sig == SIGTERM) return 0;
     // One byte in every 100th MiB of the memory, a different byte each round.
-    for (std::uint64_t at = static_cast<std::uint64_t>(round) * 7 * MiB % (100 * MiB); at < allocations * allocation_size;
-         at += 100 * MiB) {
+    for (std::uint64_t at = static_cast<std::uint64_t>(round) * 7 * MiB % (100 * MiB);
+         at < allocations * allocation_size; at += 100 * MiB) {
       const CUdeviceptr p = blocks[at / allocation_size] + at % allocation_size + static_cast<std::uint64_t>(round);
       unsigned char b = 0;
       VMMCKPT_CHECK(cuMemcpyDtoH(&b, p, 1));
@@ -100,8 +100,8 @@ int check(const std::string& path) {
     VMMCKPT_CHECK(cuMemcpyDtoH(got.data(), head[0], head[1]));
     for (std::uint64_t k = 0; k < head[1]; ++k)
       if (got[k] != want[k]) {
-        std::printf("differs at 0x%llx: 0x%02x, the live process had 0x%02x\n", static_cast<unsigned long long>(head[0] + k),
-                    got[k], want[k]);
+        std::printf("differs at 0x%llx: 0x%02x, the live process had 0x%02x\n",
+                    static_cast<unsigned long long>(head[0] + k), got[k], want[k]);
         return 1;
       }
     total += head[1];

@@ -80,8 +80,9 @@ void use_and_free(const ll::list_file& f) {
     size_t size = 0;
     VMMCKPT_CHECK(cuMemGetAddressRange(&base, &size, f.addrs[i] + f.sizes[i] / 2));
     if (base != f.addrs[i] || size != f.sizes[i]) {
-      std::fprintf(stderr, "node %" PRIu64 " at 0x%" PRIx64 ": the pool says [0x%llx, +%zu), the file [0x%" PRIx64
-                   ", +%" PRIu64 ")\n",
+      std::fprintf(stderr,
+                   "node %" PRIu64 " at 0x%" PRIx64 ": the pool says [0x%llx, +%zu), the file [0x%" PRIx64 ", +%" PRIu64
+                   ")\n",
                    i, f.addrs[i], static_cast<unsigned long long>(base), size, f.addrs[i], f.sizes[i]);
       std::exit(1);
     }

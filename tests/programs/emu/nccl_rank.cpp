@@ -45,10 +45,10 @@ constexpr std::size_t mib = std::size_t{1} << 20;
 constexpr unsigned long long window_start = 0x300000000000ULL;  // device 0's VMM window by default
 
 struct state {
-  unsigned long long first = 0;                   // the first, small reservation, never mapped
-  unsigned long long buffer = 0, buffer_handle = 0;  // device memory, 2 MiB
-  unsigned long long pool = 0, pooled = 0;        // the memory pool and one allocation of 1 MiB from it
-  unsigned long long host = 0, host_handle = 0;   // host memory, 2 MiB
+  unsigned long long first = 0;                       // the first, small reservation, never mapped
+  unsigned long long buffer = 0, buffer_handle = 0;   // device memory, 2 MiB
+  unsigned long long pool = 0, pooled = 0;            // the memory pool and one allocation of 1 MiB from it
+  unsigned long long host = 0, host_handle = 0;       // host memory, 2 MiB
   unsigned long long peer_buffer = 0, peer_host = 0;  // the peer's memory mapped here; 0 without a peer
   unsigned long long peer_buffer_handle = 0, peer_host_handle = 0;
   int rank = 0, peer = -1;
@@ -324,7 +324,8 @@ int main(int argc, char** argv) {
       s = again;
     }
     const std::string why = problem(s);
-    std::printf("%s %d %s\n", why.empty() ? (mode == "--replayed" ? "replayed" : "restored") : "bad", rank, why.c_str());
+    std::printf("%s %d %s\n", why.empty() ? (mode == "--replayed" ? "replayed" : "restored") : "bad", rank,
+                why.c_str());
     std::fflush(stdout);
     return why.empty() ? serve(dir, s, mode == "--restored") : 1;
   }

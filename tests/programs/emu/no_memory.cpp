@@ -54,9 +54,9 @@ int main() {
   const CUresult resolved = cuGetProcAddress("cuMemAlloc", &proc, 13000, 0, &status);
   const CUresult freed = cuMemFree(q);
   fail_allocations = false;
-  std::printf("without memory: alloc %d, memset %d, dlsym %s, cuGetProcAddress %d, free %d\n",
-              static_cast<int>(again), static_cast<int>(set), found != nullptr ? "found" : "null",
-              static_cast<int>(resolved), static_cast<int>(freed));
+  std::printf("without memory: alloc %d, memset %d, dlsym %s, cuGetProcAddress %d, free %d\n", static_cast<int>(again),
+              static_cast<int>(set), found != nullptr ? "found" : "null", static_cast<int>(resolved),
+              static_cast<int>(freed));
   if (again == CUDA_SUCCESS) VMMCKPT_CHECK(cuMemFree(r));
   if (freed != CUDA_SUCCESS) VMMCKPT_CHECK(cuMemFree(q));
 

@@ -38,7 +38,7 @@ constexpr unsigned seed = 77;
 int main(int argc, char** argv) {
   std::set<std::string> kinds(argv + 1, argv + argc);
   if (kinds.empty()) kinds = {"managed", "array", "pool"};
-  struct sigaction sa{};
+  struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigaction(SIGUSR1, &sa, nullptr);
   sigaction(SIGUSR2, &sa, nullptr);

@@ -117,7 +117,8 @@ void copy_round(CUdeviceptr buffer[2], CUdeviceptr scratch[2], int current) {
     const unsigned seed = static_cast<unsigned>(from + 1);
     const CUdeviceptr src = buffer[from];
     const CUdeviceptr dst = scratch[to];
-    const std::string dir = " from device " + std::to_string(from) + " (context of device " + std::to_string(current) + ")";
+    const std::string dir =
+        " from device " + std::to_string(from) + " (context of device " + std::to_string(current) + ")";
     auto each = [&](const std::string& form, auto&& copy) {
       clear(to, dst);
       require_ok(form + dir, copy());

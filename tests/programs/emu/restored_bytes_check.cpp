@@ -38,8 +38,8 @@ int main(int argc, char** argv) {
         got.resize(r.size);
         VMMCKPT_CHECK(cuMemcpyDtoH(got.data(), r.addr, r.size));
         if (std::memcmp(got.data(), expected.data() + r.offset, r.size) != 0) {
-          std::printf("the bytes at 0x%llx (%llu of them) differ from the image\n", static_cast<unsigned long long>(r.addr),
-                      static_cast<unsigned long long>(r.size));
+          std::printf("the bytes at 0x%llx (%llu of them) differ from the image\n",
+                      static_cast<unsigned long long>(r.addr), static_cast<unsigned long long>(r.size));
           return 1;
         }
       }

@@ -129,10 +129,10 @@ int main(int argc, char** argv) {
              "cuGetProcAddress " + what);
       p = nullptr;
       cudaDriverEntryPointQueryResult rt_status{};
-      expect(by_version(e.proc_name, &p, static_cast<unsigned>(version), cudaEnableDefault, &rt_status) ==
-                     cudaSuccess &&
-                 p == ours(row->symbol),
-             "cudaGetDriverEntryPointByVersion " + what);
+      expect(
+          by_version(e.proc_name, &p, static_cast<unsigned>(version), cudaEnableDefault, &rt_status) == cudaSuccess &&
+              p == ours(row->symbol),
+          "cudaGetDriverEntryPointByVersion " + what);
       // The per-thread-default-stream forms hand out the twin where there is one.
       const char* per_thread = row->twin != nullptr ? row->twin : row->symbol;
       p = nullptr;

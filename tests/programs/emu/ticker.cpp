@@ -66,11 +66,16 @@ int main(int argc, char** argv) {
   bool bare_child = false;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--buffers" && i + 1 < argc) buffers = std::atoi(argv[++i]);
-    else if (a == "--size" && i + 1 < argc) size = std::strtoull(argv[++i], nullptr, 10);
-    else if (a == "--still" && i + 1 < argc) still_size = std::strtoull(argv[++i], nullptr, 10) / 4 * 4;
-    else if (a == "--children" && i + 1 < argc) children = std::atoi(argv[++i]);
-    else if (a == "--bare-child") bare_child = true;
+    if (a == "--buffers" && i + 1 < argc)
+      buffers = std::atoi(argv[++i]);
+    else if (a == "--size" && i + 1 < argc)
+      size = std::strtoull(argv[++i], nullptr, 10);
+    else if (a == "--still" && i + 1 < argc)
+      still_size = std::strtoull(argv[++i], nullptr, 10) / 4 * 4;
+    else if (a == "--children" && i + 1 < argc)
+      children = std::atoi(argv[++i]);
+    else if (a == "--bare-child")
+      bare_child = true;
     else {
       std::fprintf(stderr, "emu_ticker: unknown argument %s\n", a.c_str());
       return 2;

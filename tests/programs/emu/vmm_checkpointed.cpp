@@ -41,12 +41,12 @@ struct mapping {
   unsigned seed = 0;
 };
 struct state {
-  unsigned long long active = 0, active_size = 0;    // the expandable segment's reservation
-  unsigned long long asleep = 0, asleep_size = 0;    // reserved, never mapped
+  unsigned long long active = 0, active_size = 0;  // the expandable segment's reservation
+  unsigned long long asleep = 0, asleep_size = 0;  // reserved, never mapped
   std::vector<mapping> mappings;
-  std::vector<unsigned long long> handles;           // each created handle once (one reference each)
-  unsigned long long retained = 0;                   // a second reference, taken by a retain
-  unsigned long long block = 0, block_size = 0;      // a pool block
+  std::vector<unsigned long long> handles;       // each created handle once (one reference each)
+  unsigned long long retained = 0;               // a second reference, taken by a retain
+  unsigned long long block = 0, block_size = 0;  // a pool block
   unsigned block_seed = 0;
 };
 
@@ -64,7 +64,8 @@ state load(const std::filesystem::path& file) {
   std::ifstream in(file);
   state s;
   size_t n = 0;
-  in >> s.active >> s.active_size >> s.asleep >> s.asleep_size >> s.retained >> s.block >> s.block_size >> s.block_seed >> n;
+  in >> s.active >> s.active_size >> s.asleep >> s.asleep_size >> s.retained >> s.block >> s.block_size >>
+      s.block_seed >> n;
   s.handles.resize(n);
   for (auto& h : s.handles) in >> h;
   in >> n;
@@ -145,7 +146,8 @@ std::string problem(const state& s) {
     VMMCKPT_CHECK(cuMemRelease(h));
     CUmemAllocationProp prop{};
     VMMCKPT_CHECK(cuMemGetAllocationPropertiesFromHandle(&prop, h));
-    if (prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop.location.id != 0) return "properties of " + std::to_string(h);
+    if (prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop.location.id != 0)
+      return "properties of " + std::to_string(h);
     const unsigned want = m.va == s.mappings[1].va ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : CU_MEM_HANDLE_TYPE_NONE;
     if (prop.requestedHandleTypes != want) return "handle types of " + std::to_string(h);
   }

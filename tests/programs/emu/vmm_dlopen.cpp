@@ -97,8 +97,7 @@ int main() {
   VMMCKPT_EXPECT(get_access(&flags, &rw.location, va) == CUDA_SUCCESS && flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
   void* memset_p = nullptr;
   CUdriverProcAddressQueryResult memset_status{};
-  VMMCKPT_EXPECT(get_proc("cuMemsetD8", &memset_p, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &memset_status) ==
-                 CUDA_SUCCESS);
+  VMMCKPT_EXPECT(get_proc("cuMemsetD8", &memset_p, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &memset_status) == CUDA_SUCCESS);
   VMMCKPT_EXPECT(reinterpret_cast<PFN_cuMemsetD8_v3020>(memset_p)(va, 0x5a, size) == CUDA_SUCCESS);
   CUmemGenericAllocationHandle again = 0;
   VMMCKPT_EXPECT(retain(&again, reinterpret_cast<void*>(va + size - 1)) == CUDA_SUCCESS && again == h);

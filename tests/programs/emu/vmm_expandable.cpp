@@ -38,7 +38,8 @@ int threads(CUcontext ctx) {
         }
         CUmemGenericAllocationHandle h[slots];
         for (int i = 0; i < slots; ++i)
-          if (cuMemCreate(&h[i], seg, &prop, 0) != CUDA_SUCCESS || cuMemMap(base + i * seg, seg, 0, h[i], 0) != CUDA_SUCCESS)
+          if (cuMemCreate(&h[i], seg, &prop, 0) != CUDA_SUCCESS ||
+              cuMemMap(base + i * seg, seg, 0, h[i], 0) != CUDA_SUCCESS)
             ++failures;
         if (cuMemSetAccess(base, slots * seg, &rw, 1) != CUDA_SUCCESS) ++failures;
         const unsigned seed = 1000u * static_cast<unsigned>(t) + static_cast<unsigned>(round);

@@ -26,7 +26,8 @@ constexpr int inherited_fd = 100;
 int importer(std::size_t size) {
   start_cuda();
   CUmemGenericAllocationHandle imported = 0;
-  VMMCKPT_CHECK(cuMemImportFromShareableHandle(&imported, reinterpret_cast<void*>(static_cast<std::intptr_t>(inherited_fd)),
+  VMMCKPT_CHECK(cuMemImportFromShareableHandle(&imported,
+                                               reinterpret_cast<void*>(static_cast<std::intptr_t>(inherited_fd)),
                                                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
   // Another process's memory passes through: the driver's own handle, no token.
   std::printf("child imported a driver handle: %s\n", (imported >> 40) == 0x766d6d ? "no" : "yes");

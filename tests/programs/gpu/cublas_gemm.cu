@@ -22,8 +22,7 @@ using gpu_check::mix32;
 std::vector<float> exact_matrix(size_t n, uint32_t seed) {
   std::vector<float> m(n);
   for (size_t i = 0; i < n; ++i)
-    m[i] = static_cast<float>(static_cast<int>(mix32(static_cast<uint32_t>(i) ^ seed) % 17) - 8) /
-           8.0f;
+    m[i] = static_cast<float>(static_cast<int>(mix32(static_cast<uint32_t>(i) ^ seed) % 17) - 8) / 8.0f;
   return m;
 }
 
@@ -32,8 +31,7 @@ std::vector<float> exact_matrix(size_t n, uint32_t seed) {
 std::vector<float> generic_matrix(size_t n, uint32_t seed) {
   std::vector<float> m(n);
   for (size_t i = 0; i < n; ++i)
-    m[i] = static_cast<float>(mix32(static_cast<uint32_t>(i) * 2654435761U + seed)) / 4294967296.0f -
-           0.5f;
+    m[i] = static_cast<float>(mix32(static_cast<uint32_t>(i) * 2654435761U + seed)) / 4294967296.0f - 0.5f;
   return m;
 }
 
@@ -107,8 +105,7 @@ int main(int argc, char** argv) {
     float* db = device_copy(b, "cudaMalloc");
     float* dc = device_copy(std::vector<float>(size_t{m} * n, 0.0f), "cudaMalloc");
     const float alpha = 1.0f, beta = 0.0f;
-    VMMCKPT_CHECK(cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &alpha, da, m, db, k, &beta,
-                          dc, m));
+    VMMCKPT_CHECK(cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &alpha, da, m, db, k, &beta, dc, m));
     VMMCKPT_CHECK(cudaStreamSynchronize(stream));
     std::vector<float> c = host_copy(dc, size_t{m} * n);
     // Reference on a sample of entries (every 97th): enough to catch wrong data, cheap on a CPU.
@@ -120,8 +117,7 @@ int main(int argc, char** argv) {
       mismatches += (ref != c[idx]);
     }
     if (mismatches != 0) {
-      std::fprintf(stderr, "CHECK FAILED: sgemm_exact: %zu sampled entries differ from the host\n",
-                   mismatches);
+      std::fprintf(stderr, "CHECK FAILED: sgemm_exact: %zu sampled entries differ from the host\n", mismatches);
       ++failures;
     }
     report("sgemm_exact", c);
@@ -140,9 +136,8 @@ int main(int argc, char** argv) {
     float* db = device_copy(b, "cudaMalloc");
     float* dc = device_copy(c0, "cudaMalloc");
     const float alpha = 0.75f, beta = -0.5f;
-    VMMCKPT_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, da, CUDA_R_32F, k, db,
-                           CUDA_R_32F, k, &beta, dc, CUDA_R_32F, m, CUBLAS_COMPUTE_32F_PEDANTIC,
-                           CUBLAS_GEMM_DEFAULT));
+    VMMCKPT_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, da, CUDA_R_32F, k, db, CUDA_R_32F, k,
+                               &beta, dc, CUDA_R_32F, m, CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
     VMMCKPT_CHECK(cudaStreamSynchronize(stream));
     std::vector<float> c = host_copy(dc, size_t{m} * n);
     // Tolerance check against a double reference on a sample: proves the product is right.
@@ -150,14 +145,12 @@ int main(int argc, char** argv) {
     for (size_t idx = 0; idx < c.size(); idx += 101) {
       size_t row = idx % m, col = idx / m;
       double ref = 0;
-      for (int p = 0; p < k; ++p)
-        ref += double(a[p + row * size_t{k}]) * double(b[p + col * size_t{k}]);
+      for (int p = 0; p < k; ++p) ref += double(a[p + row * size_t{k}]) * double(b[p + col * size_t{k}]);
       ref = alpha * ref + beta * double(c0[idx]);
       bad += std::fabs(ref - c[idx]) > 1e-3;
     }
     if (bad != 0) {
-      std::fprintf(stderr, "CHECK FAILED: gemmex_generic: %zu sampled entries off by > 1e-3\n",
-                   bad);
+      std::fprintf(stderr, "CHECK FAILED: gemmex_generic: %zu sampled entries off by > 1e-3\n", bad);
       ++failures;
     }
     report("gemmex_generic", c);
@@ -176,8 +169,8 @@ int main(int argc, char** argv) {
     float* db = device_copy(b, "cudaMalloc");
     float* dc = device_copy(std::vector<float>(size_t(stride) * batch, 0.0f), "cudaMalloc");
     const float alpha = 1.0f, beta = 0.0f;
-    VMMCKPT_CHECK(cublasSgemmStridedBatched(handle, CUBLAS_OP_N, CUBLAS_OP_T, m, n, k, &alpha, da, m,
-                                        stride, db, n, stride, &beta, dc, m, stride, batch));
+    VMMCKPT_CHECK(cublasSgemmStridedBatched(handle, CUBLAS_OP_N, CUBLAS_OP_T, m, n, k, &alpha, da, m, stride, db, n,
+                                            stride, &beta, dc, m, stride, batch));
     VMMCKPT_CHECK(cudaStreamSynchronize(stream));
     report("sgemm_batched", host_copy(dc, size_t(stride) * batch));
     VMMCKPT_CHECK(cudaFree(da));

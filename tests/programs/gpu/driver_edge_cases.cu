@@ -28,15 +28,12 @@ std::string code(CUresult s) {
 
 template <typename Status>
 void print_case(const std::string& name, Status status, const std::string& values = "") {
-  std::printf("case %s %s%s%s\n", name.c_str(), code(status).c_str(), values.empty() ? "" : " ",
-              values.c_str());
+  std::printf("case %s %s%s%s\n", name.c_str(), code(status).c_str(), values.empty() ? "" : " ", values.c_str());
 }
 
 // The runtime also records errors for cudaGetLastError; programs rely on that state being right
 // (a stale error there breaks the next error check), so every runtime case prints it as well.
-void print_last_error(const std::string& name) {
-  print_case(name + ".last_error", cudaGetLastError());
-}
+void print_last_error(const std::string& name) { print_case(name + ".last_error", cudaGetLastError()); }
 
 std::string kv(const char* key, long long value) { return std::string(key) + "=" + std::to_string(value); }
 
@@ -89,15 +86,15 @@ void runtime_cases(cudaStream_t stream) {
   int tex_pitch_align = 0;
   VMMCKPT_CHECK(cudaDeviceGetAttribute(&tex_pitch_align, cudaDevAttrTexturePitchAlignment, 0));
   std::printf("info texture_pitch_alignment %d\n", tex_pitch_align);
-  for (size_t width : {size_t{1}, size_t{100}, size_t{512}, size_t{513}, size_t{1000},
-                       size_t{4096}, size_t{70000}}) {
+  for (size_t width : {size_t{1}, size_t{100}, size_t{512}, size_t{513}, size_t{1000}, size_t{4096}, size_t{70000}}) {
     void* p = nullptr;
     size_t pitch = 0;
     const size_t height = 10;
     cudaError_t s = cudaMallocPitch(&p, &pitch, width, height);
     std::string name = "cudaMallocPitch_w" + std::to_string(width);
-    print_case(name, s, kv("pitch_ge_width", pitch >= width) + " " +
-                            kv("aligned256", reinterpret_cast<uintptr_t>(p) % 256 == 0));
+    print_case(
+        name, s,
+        kv("pitch_ge_width", pitch >= width) + " " + kv("aligned256", reinterpret_cast<uintptr_t>(p) % 256 == 0));
     std::printf("info %s pitch %zu pitch_mod_texalign %zu\n", name.c_str(), pitch,
                 tex_pitch_align > 0 ? pitch % static_cast<size_t>(tex_pitch_align) : 0);
     if (s == cudaSuccess) {
@@ -137,9 +134,8 @@ void runtime_cases(cudaStream_t stream) {
     cudaDeviceProp prop{};
     VMMCKPT_CHECK(cudaGetDeviceProperties(&prop, 0));
     print_case("cudaMemGetInfo", s,
-               kv("free_le_total", free_before <= total) + " " +
-                   kv("total_eq_prop", total == prop.totalGlobalMem) + " " +
-                   kv("free_positive", free_before > 0));
+               kv("free_le_total", free_before <= total) + " " + kv("total_eq_prop", total == prop.totalGlobalMem) +
+                   " " + kv("free_positive", free_before > 0));
     void* p = nullptr;
     VMMCKPT_CHECK(cudaMalloc(&p, 256 * mib));
     gpu_check::print_ptr(p, 256 * mib, "cudaMalloc");
@@ -147,8 +143,8 @@ void runtime_cases(cudaStream_t stream) {
     size_t free_after = 0, total_after = 0;
     VMMCKPT_CHECK(cudaMemGetInfo(&free_after, &total_after));
     // How a pool accounts for memory is its own business: the drop is informational.
-    std::printf("info cudaMemGetInfo free %zu total %zu drop_after_256MiB %lld\n", free_before,
-                total, static_cast<long long>(free_before) - static_cast<long long>(free_after));
+    std::printf("info cudaMemGetInfo free %zu total %zu drop_after_256MiB %lld\n", free_before, total,
+                static_cast<long long>(free_before) - static_cast<long long>(free_after));
     VMMCKPT_CHECK(cudaFree(p));
   }
   {
@@ -176,8 +172,7 @@ void runtime_cases(cudaStream_t stream) {
     bool disjoint = true;
     for (size_t i = 1; i < ranges.size(); ++i)
       disjoint = disjoint && ranges[i - 1].first + ranges[i - 1].second <= ranges[i].first;
-    print_case("cudaMalloc_small_many", cudaSuccess,
-               kv("aligned256", aligned) + " " + kv("disjoint", disjoint));
+    print_case("cudaMalloc_small_many", cudaSuccess, kv("aligned256", aligned) + " " + kv("disjoint", disjoint));
     for (auto& r : ranges) VMMCKPT_CHECK(cudaFree(reinterpret_cast<void*>(r.first)));
   }
   {
@@ -189,8 +184,7 @@ void runtime_cases(cudaStream_t stream) {
     cudaError_t s = cudaPointerGetAttributes(&attr, p + 1000);
     print_case("cudaPointerGetAttributes_device", s,
                kv("type", attr.type) + " " + kv("device", attr.device) + " " +
-                   kv("dev_off", offset(attr.devicePointer, p)) + " " +
-                   kv("host_null", attr.hostPointer == nullptr));
+                   kv("dev_off", offset(attr.devicePointer, p)) + " " + kv("host_null", attr.hostPointer == nullptr));
     print_last_error("cudaPointerGetAttributes_device");
     std::vector<char> host(4096);
     cudaPointerAttributes host_attr{};
@@ -202,8 +196,7 @@ void runtime_cases(cudaStream_t stream) {
     std::vector<char> back(host.size(), 0);
     cudaError_t s1 = cudaMemcpy(p + 8192, host.data(), host.size(), cudaMemcpyDefault);
     cudaError_t s2 = cudaMemcpy(back.data(), p + 8192, back.size(), cudaMemcpyDefault);
-    print_case("cudaMemcpyDefault_roundtrip", s1 != cudaSuccess ? s1 : s2,
-               kv("match", host == back));
+    print_case("cudaMemcpyDefault_roundtrip", s1 != cudaSuccess ? s1 : s2, kv("match", host == back));
     // Legacy IPC: natively every cudaMalloc allocation can be exported this way (PyTorch's
     // multiprocessing tensor sharing uses it).
     cudaIpcMemHandle_t handle{};
@@ -258,8 +251,7 @@ void driver_cases() {
     s = cuMemGetAddressRange_v2(&base_only, nullptr, d + size - 1);
     std::string base_values = kv("base_written", base_only != 0);
     if (base_only != 0)
-      base_values +=
-          " " + kv("base_off", static_cast<long long>(base_only) - static_cast<long long>(d));
+      base_values += " " + kv("base_off", static_cast<long long>(base_only) - static_cast<long long>(d));
     print_case(name + ".null_size", s, base_values);
 
     unsigned int mem_type = 0;

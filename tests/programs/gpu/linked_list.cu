@@ -103,8 +103,7 @@ void use_and_free(const ll::list_file& f) {
     void* p = nullptr;
     VMMCKPT_CHECK(cudaMalloc(&p, size));
     if (const u64 i = ll::overlapped_node(f, reinterpret_cast<u64>(p), size); i != ll::no_node) {
-      std::fprintf(stderr, "new block [%p, +%zu) overlaps node %" PRIu64 " at 0x%" PRIx64 "\n", p, size, i,
-                   f.addrs[i]);
+      std::fprintf(stderr, "new block [%p, +%zu) overlaps node %" PRIu64 " at 0x%" PRIx64 "\n", p, size, i, f.addrs[i]);
       std::exit(1);
     }
     VMMCKPT_CHECK(cudaMemset(p, 0xa5, size));
@@ -212,8 +211,9 @@ int replay(const std::string& path) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return ll::run_mode(argc, argv, {build, walk, replay, [](const std::string& mode, const std::string& path) {
-                        return mode == "serve" ? serve(path) : -1;
-                      }},
-                      "usage: gpu_linked_list build FILE [--nodes N]\n       gpu_linked_list walk|replay|serve FILE\n");
+  return ll::run_mode(
+      argc, argv,
+      {build, walk, replay,
+       [](const std::string& mode, const std::string& path) { return mode == "serve" ? serve(path) : -1; }},
+      "usage: gpu_linked_list build FILE [--nodes N]\n       gpu_linked_list walk|replay|serve FILE\n");
 }

@@ -25,15 +25,12 @@ __host__ __device__ inline uint32_t transform_value(uint32_t v, uint32_t mul, ui
 }
 
 __global__ void fill_kernel(uint32_t* buf, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
-       i += size_t{gridDim.x} * blockDim.x)
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x)
     buf[i] = fill_value(i, seed);
 }
 
-__global__ void transform_kernel(const uint32_t* in, uint32_t* out, size_t n, uint32_t mul,
-                                 uint32_t add) {
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
-       i += size_t{gridDim.x} * blockDim.x)
+__global__ void transform_kernel(const uint32_t* in, uint32_t* out, size_t n, uint32_t mul, uint32_t add) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x)
     out[i] = transform_value(in[i], mul, add);
 }
 
@@ -41,8 +38,7 @@ __global__ void transform_kernel(const uint32_t* in, uint32_t* out, size_t n, ui
 // acc[0]: plain sum, acc[1]: position-weighted sum (catches swapped or shifted data).
 __global__ void checksum_kernel(const uint32_t* buf, size_t n, unsigned long long* acc) {
   unsigned long long plain = 0, weighted = 0;
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
-       i += size_t{gridDim.x} * blockDim.x) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
     plain += buf[i];
     weighted += static_cast<unsigned long long>(buf[i]) * (i + 1);
   }
@@ -50,8 +46,7 @@ __global__ void checksum_kernel(const uint32_t* buf, size_t n, unsigned long lon
   atomicAdd(&acc[1], weighted);
 }
 
-__global__ void fill_pitched_kernel(uint8_t* base, size_t pitch, size_t width_words, size_t height,
-                                    uint32_t seed) {
+__global__ void fill_pitched_kernel(uint8_t* base, size_t pitch, size_t width_words, size_t height, uint32_t seed) {
   size_t row = blockIdx.y;
   auto* row_ptr = reinterpret_cast<uint32_t*>(base + row * pitch);
   for (size_t col = threadIdx.x; col < width_words; col += blockDim.x)
@@ -72,8 +67,7 @@ __global__ void chase_kernel(uint32_t* const* table, size_t count, unsigned long
 // was submitted before the free is still running (native cudaFree waits for it).
 __global__ void slow_writer_kernel(uint32_t* buf, size_t n, uint32_t value, int rounds) {
   for (int r = 0; r < rounds; ++r) {
-    for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
-         i += size_t{gridDim.x} * blockDim.x)
+    for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x)
       buf[i] = value;
     __nanosleep(2000);
   }
@@ -97,8 +91,7 @@ checksums host_checksum(const uint32_t* data, size_t n) {
   return c;
 }
 
-checksums device_checksum(const uint32_t* buf, size_t n, unsigned long long* acc,
-                          cudaStream_t stream) {
+checksums device_checksum(const uint32_t* buf, size_t n, unsigned long long* acc, cudaStream_t stream) {
   VMMCKPT_CHECK(cudaMemsetAsync(acc, 0, 2 * sizeof(unsigned long long), stream));
   checksum_kernel<<<grid, block, 0, stream>>>(buf, n, acc);
   GPU_CHECK_LAUNCH();
@@ -124,12 +117,10 @@ void report(const std::string& name, const checksums& c) {
 
 // Copies a buffer back, checks device checksum == host checksum of the copy == expectation
 // computed from the formula, and prints the checksum.
-void verify_buffer(const std::string& name, const uint32_t* dev, size_t n,
-                   const std::vector<uint32_t>& expected, unsigned long long* acc,
-                   cudaStream_t stream) {
+void verify_buffer(const std::string& name, const uint32_t* dev, size_t n, const std::vector<uint32_t>& expected,
+                   unsigned long long* acc, cudaStream_t stream) {
   std::vector<uint32_t> host(n);
-  VMMCKPT_CHECK(cudaMemcpyAsync(host.data(), dev, n * sizeof(uint32_t), cudaMemcpyDeviceToHost,
-                            stream));
+  VMMCKPT_CHECK(cudaMemcpyAsync(host.data(), dev, n * sizeof(uint32_t), cudaMemcpyDeviceToHost, stream));
   VMMCKPT_CHECK(cudaStreamSynchronize(stream));
   checksums from_device = device_checksum(dev, n, acc, stream);
   checksums from_copy = host_checksum(host.data(), n);
@@ -160,7 +151,7 @@ int main(int argc, char** argv) {
   gpu_check::print_ptr(acc, 2 * sizeof(unsigned long long), "cudaMalloc");
 
   // 1. cudaMalloc over a spread of sizes, odd ones included (1 KiB .. 256 MiB, ~340 MiB total).
-  const size_t sizes[] = {1 * kib,  4 * kib + 12, 64 * kib,   1 * mib,  3 * mib + 4,
+  const size_t sizes[] = {1 * kib,  4 * kib + 12, 64 * kib,  1 * mib, 3 * mib + 4,
                           16 * mib, 64 * mib,     256 * mib, 2 * mib};
   std::vector<uint32_t*> bufs;
   std::vector<size_t> words;
@@ -209,13 +200,12 @@ int main(int argc, char** argv) {
     VMMCKPT_CHECK(cudaMallocPitch(&p, &pitch, width_words * sizeof(uint32_t), height));
     gpu_check::print_ptr(p, pitch * height, "cudaMallocPitch");
     expect(pitch >= width_words * sizeof(uint32_t), "pitch smaller than the row width");
-    fill_pitched_kernel<<<dim3(1, height), block, 0, stream>>>(static_cast<uint8_t*>(p), pitch,
-                                                               width_words, height, 99);
+    fill_pitched_kernel<<<dim3(1, height), block, 0, stream>>>(static_cast<uint8_t*>(p), pitch, width_words, height,
+                                                               99);
     GPU_CHECK_LAUNCH();
     std::vector<uint32_t> host(width_words * height);
     VMMCKPT_CHECK(cudaMemcpy2DAsync(host.data(), width_words * sizeof(uint32_t), p, pitch,
-                                width_words * sizeof(uint32_t), height, cudaMemcpyDeviceToHost,
-                                stream));
+                                    width_words * sizeof(uint32_t), height, cudaMemcpyDeviceToHost, stream));
     VMMCKPT_CHECK(cudaStreamSynchronize(stream));
     std::vector<uint32_t> expected = expected_fill(width_words * height, 99);
     expect(host == expected, "pitched buffer content differs");
@@ -246,8 +236,7 @@ int main(int argc, char** argv) {
     std::vector<uint32_t> src = expected_fill(n, 201);
     for (size_t i = 0; i < n; ++i) expected[i] = transform_value(src[i], 747796405U, 2891336453U);
     verify_buffer("async_transform", b, b_size / 4, expected, acc, stream);
-    verify_buffer("async2", a[2], async_sizes[2] / 4, expected_fill(async_sizes[2] / 4, 202), acc,
-                  stream);
+    verify_buffer("async2", a[2], async_sizes[2] / 4, expected_fill(async_sizes[2] / 4, 202), acc, stream);
     VMMCKPT_CHECK(cudaFreeAsync(a[1], stream));
     VMMCKPT_CHECK(cudaFreeAsync(a[2], stream));
     VMMCKPT_CHECK(cudaFreeAsync(b, stream));
@@ -259,16 +248,14 @@ int main(int argc, char** argv) {
   {
     using mem_alloc_fn = CUresult (*)(CUdeviceptr*, size_t);
     using mem_free_fn = CUresult (*)(CUdeviceptr);
-    using get_proc_fn = CUresult (*)(const char*, void**, int, cuuint64_t,
-                                     CUdriverProcAddressQueryResult*);
+    using get_proc_fn = CUresult (*)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
     struct door {
       const char* api;
       mem_alloc_fn alloc;
       mem_free_fn free;
     };
     std::vector<door> doors;
-    doors.push_back({"cuMemAlloc",
-                     reinterpret_cast<mem_alloc_fn>(gpu_check::driver_entry_point("cuMemAlloc")),
+    doors.push_back({"cuMemAlloc", reinterpret_cast<mem_alloc_fn>(gpu_check::driver_entry_point("cuMemAlloc")),
                      reinterpret_cast<mem_free_fn>(gpu_check::driver_entry_point("cuMemFree"))});
     // RTLD_NOLOAD: cudart has loaded libcuda already; we only want a handle to it.
     void* libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
@@ -289,11 +276,9 @@ int main(int argc, char** argv) {
     void* free_fn = nullptr;
     CUdriverProcAddressQueryResult found = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
     VMMCKPT_CHECK(get_proc("cuMemAlloc", &alloc_fn, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &found));
-    expect(found == CU_GET_PROC_ADDRESS_SUCCESS && alloc_fn != nullptr,
-           "cuGetProcAddress(cuMemAlloc)");
+    expect(found == CU_GET_PROC_ADDRESS_SUCCESS && alloc_fn != nullptr, "cuGetProcAddress(cuMemAlloc)");
     VMMCKPT_CHECK(get_proc("cuMemFree", &free_fn, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &found));
-    expect(found == CU_GET_PROC_ADDRESS_SUCCESS && free_fn != nullptr,
-           "cuGetProcAddress(cuMemFree)");
+    expect(found == CU_GET_PROC_ADDRESS_SUCCESS && free_fn != nullptr, "cuGetProcAddress(cuMemFree)");
     doors.push_back({"cuGetProcAddress:cuMemAlloc", reinterpret_cast<mem_alloc_fn>(alloc_fn),
                      reinterpret_cast<mem_free_fn>(free_fn)});
     doors.push_back({"dlsym:cuMemAlloc_v2", reinterpret_cast<mem_alloc_fn>(sym("cuMemAlloc_v2")),
@@ -308,8 +293,7 @@ int main(int argc, char** argv) {
       auto* p = reinterpret_cast<uint32_t*>(d);
       fill_kernel<<<grid, block, 0, stream>>>(p, d_size / 4, seed);
       GPU_CHECK_LAUNCH();
-      verify_buffer("driver" + std::to_string(i), p, d_size / 4, expected_fill(d_size / 4, seed),
-                    acc, stream);
+      verify_buffer("driver" + std::to_string(i), p, d_size / 4, expected_fill(d_size / 4, seed), acc, stream);
       VMMCKPT_CHECK(doors[i].free(d));
     }
     dlclose(libcuda);
@@ -320,8 +304,7 @@ int main(int argc, char** argv) {
     uint32_t** table = nullptr;
     VMMCKPT_CHECK(cudaMalloc(&table, bufs.size() * sizeof(uint32_t*)));
     gpu_check::print_ptr(table, bufs.size() * sizeof(uint32_t*), "cudaMalloc");
-    VMMCKPT_CHECK(cudaMemcpyAsync(table, bufs.data(), bufs.size() * sizeof(uint32_t*),
-                              cudaMemcpyHostToDevice, stream));
+    VMMCKPT_CHECK(cudaMemcpyAsync(table, bufs.data(), bufs.size() * sizeof(uint32_t*), cudaMemcpyHostToDevice, stream));
     chase_kernel<<<1, 32, 0, stream>>>(table, bufs.size(), acc);
     GPU_CHECK_LAUNCH();
     unsigned long long chased = 0;

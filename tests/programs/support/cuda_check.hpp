@@ -54,10 +54,10 @@ inline void check(Status status, const char* call, const char* file, int line) {
 #define VMMCKPT_CHECK(call) ::vmmckpt::programs::check((call), #call, __FILE__, __LINE__)
 
 // A condition the program relies on; on failure it names the condition and the place, and exits 1.
-#define VMMCKPT_EXPECT(cond)                                                                          \
-  do {                                                                                                \
-    if (!(cond)) {                                                                                    \
-      std::fprintf(stderr, "%s:%d: expectation failed: %s\n", __FILE__, __LINE__, #cond);             \
-      std::exit(1);                                                                                   \
-    }                                                                                                 \
+#define VMMCKPT_EXPECT(cond)                                                              \
+  do {                                                                                    \
+    if (!(cond)) {                                                                        \
+      std::fprintf(stderr, "%s:%d: expectation failed: %s\n", __FILE__, __LINE__, #cond); \
+      std::exit(1);                                                                       \
+    }                                                                                     \
   } while (0)

@@ -24,8 +24,7 @@ struct tool_error : std::runtime_error {
 struct control_error : tool_error {
   control_error(const std::string& what, protocol::failure_kind channel_kind)
       : tool_error(what), channel(channel_kind) {}
-  control_error(const std::string& what, control::refusal reason)
-      : tool_error(what), refused(true), refusal(reason) {}
+  control_error(const std::string& what, control::refusal reason) : tool_error(what), refused(true), refusal(reason) {}
   protocol::failure_kind channel = protocol::failure_kind::none;
   bool refused = false;
   control::refusal refusal = control::refusal::failed;

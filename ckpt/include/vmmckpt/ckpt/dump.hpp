@@ -102,7 +102,7 @@ struct image_result {
   // not on the GPU.
   std::string checksums = "cpu";
   std::string checksums_why;
-  double checksum_seconds = 0;  // the kernel's: from its launch until its results were first needed and there
+  double checksum_seconds = 0;       // the kernel's: from its launch until its results were first needed and there
   std::uint64_t uncopied_bytes = 0;  // unchanged blocks left on the GPU (checksums on the GPU and a parent)
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
   void mark(const std::string& step) {

@@ -21,6 +21,7 @@ bool has_gpu_side(pid_t pid);
 // then has the driver lock and checkpoint its context. Refused for a process that maps another's memory
 // (its mapping would be in the driver's checkpoint, that memory not in the image). On failure what was
 // done is undone (the process runs on, its memory back) and tool_error or driver_unavailable is thrown.
-suspend_result checkpoint_gpu_side(pid_t pid, const std::filesystem::path& gpu_image, std::chrono::milliseconds hold_deadline);
+suspend_result checkpoint_gpu_side(pid_t pid, const std::filesystem::path& gpu_image,
+                                   std::chrono::milliseconds hold_deadline);
 
 }  // namespace vmmckpt::ckpt

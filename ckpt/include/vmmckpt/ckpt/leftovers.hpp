@@ -36,7 +36,7 @@ struct leftovers_report {
 // whose writer died. What `cuda-ckpt ps` lists as orphaned.
 struct orphaned_image {
   std::filesystem::path path;
-  pid_t pid = 0;  // the program it belonged to (the writer for an unfinished image)
+  pid_t pid = 0;            // the program it belonged to (the writer for an unfinished image)
   std::uint64_t bytes = 0;  // what it takes on its file system
   std::string why;
 };

@@ -25,14 +25,14 @@ struct process_transaction {
   // dump: every process of the tree with its start time (CRIU stops them all); restore: the pids CRIU brings
   // back (their start times are later than the tool's, which tells them from processes that had the pid before).
   std::vector<std::pair<pid_t, std::uint64_t>> processes;
-  std::vector<pid_t> gpu_pids;       // those with a GPU part: each needs `cuda-ckpt resume` when stopped midway
-  std::filesystem::path image;       // the image's final name
-  std::filesystem::path staging;     // dump: where it is written (IMAGE.partial-...)
-  bool leave_running = false;        // dump: the processes go on afterwards
+  std::vector<pid_t> gpu_pids;    // those with a GPU part: each needs `cuda-ckpt resume` when stopped midway
+  std::filesystem::path image;    // the image's final name
+  std::filesystem::path staging;  // dump: where it is written (IMAGE.partial-...)
+  bool leave_running = false;     // dump: the processes go on afterwards
   // CRIU while it runs for the transaction: it goes on when the tool dies, and the processes are its until it ends.
   pid_t criu_pid = 0;
   std::uint64_t criu_start = 0;
-  std::filesystem::path record;      // where this record is (set by write and list)
+  std::filesystem::path record;  // where this record is (set by write and list)
 
   // The record appears (written whole, then renamed into place); throws tool_error when it cannot.
   void write();

@@ -68,8 +68,8 @@ struct process_entry {
   // is loaded but has no server: no CUDA call yet, or a fork() child) or "unreachable".
   std::string status;
   std::optional<control::hello_reply> hello;  // when it answered
-  std::string problem;                         // why it did not answer
-  std::vector<std::string> command;            // its hello's, else from /proc
+  std::string problem;                        // why it did not answer
+  std::vector<std::string> command;           // its hello's, else from /proc
 };
 
 // The ps state of a process that answered: what it is busy with, else suspended or running.

@@ -37,8 +37,8 @@ using upload_progress = std::function<void(std::uint64_t done, std::uint64_t tot
 // does not fail for want of host memory (ulimit -v). Threads that cannot get buffers of their own then leave
 // the work to the others.
 using address_list = std::vector<std::pair<std::uint64_t, std::uint64_t>>;
-status upload(const driver_api& d, const image::reader& reader, const backed_memory& backed = {},
-              bool vmm = true, const upload_progress& progress = {}, const address_list& keep = {},
+status upload(const driver_api& d, const image::reader& reader, const backed_memory& backed = {}, bool vmm = true,
+              const upload_progress& progress = {}, const address_list& keep = {},
               host_pages* spare = nullptr) noexcept;
 
 // The host memory one uploading thread's buffers take: what a suspend sets aside for its resume.

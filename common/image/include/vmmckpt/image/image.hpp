@@ -58,13 +58,13 @@ struct block {
 
 struct extent {
   std::uint64_t addr = 0;
-  std::uint64_t size = 0;      // of the address range
-  std::uint64_t stored = 0;    // bytes in the data file: the allocations' bytes in the range
-  std::uint32_t file = 0;      // which data file holds it
-  std::uint64_t offset = 0;    // in that file's payload
+  std::uint64_t size = 0;    // of the address range
+  std::uint64_t stored = 0;  // bytes in the data file: the allocations' bytes in the range
+  std::uint32_t file = 0;    // which data file holds it
+  std::uint64_t offset = 0;  // in that file's payload
   // XXH3-64 of the stored bytes; format 5: combined_checksum(blocks)
   std::uint64_t checksum = 0;
-  std::vector<block> blocks;   // format 5: block_count(stored, block size) of them
+  std::vector<block> blocks;  // format 5: block_count(stored, block size) of them
   friend bool operator==(const extent&, const extent&) = default;
 };
 
@@ -131,11 +131,11 @@ struct manifest {
   std::vector<std::string> command;
   std::vector<device_description> devices;
   std::vector<pool> pools;
-  std::uint64_t data_bytes = 0;     // sum of the extents' bytes here (bytes_here) = sum of the data files' payloads
+  std::uint64_t data_bytes = 0;  // sum of the extents' bytes here (bytes_here) = sum of the data files' payloads
   std::uint64_t block_size = write_block_size;  // format 5 (what the writer writes); 0 before
-  std::optional<parent_ref> parent;              // format 5: an incremental image's parent
-  std::uint32_t data_files = 1;     // data.bin, data.1.bin, ... data.(N-1).bin
-  std::uint64_t hold_us = 0;        // how long the program was held for the dump
+  std::optional<parent_ref> parent;             // format 5: an incremental image's parent
+  std::uint32_t data_files = 1;                 // data.bin, data.1.bin, ... data.(N-1).bin
+  std::uint64_t hold_us = 0;                    // how long the program was held for the dump
   // Format 4: program-made VMM memory's reservations, handles, mappings and access; its bytes are in
   // the pools of kind vmm. Absent when the program made none.
   std::optional<vmm_layout> vmm;
@@ -165,7 +165,9 @@ class writer {
   // ended. Calls for different files may come from different threads at once; calls for one file
   // must not. Without `stored`, the extent lies in one allocation and stores all `size` bytes.
   void begin_extent(std::uint32_t file, std::uint64_t addr, std::uint64_t size, std::uint64_t stored);
-  void begin_extent(std::uint32_t file, std::uint64_t addr, std::uint64_t size) { begin_extent(file, addr, size, size); }
+  void begin_extent(std::uint32_t file, std::uint64_t addr, std::uint64_t size) {
+    begin_extent(file, addr, size, size);
+  }
   void write(std::uint32_t file, const void* data, std::size_t size);  // part of that file's current extent
   extent end_extent(std::uint32_t file);                               // file, offset, checksums filled in
   // Instead of write(), block by block (at a block boundary of the current extent; `size` is

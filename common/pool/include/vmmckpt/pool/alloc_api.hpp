@@ -14,14 +14,14 @@ enum class alloc_api : std::uint32_t {
   cuda_malloc,
   cuda_malloc_pitch,
   cuda_malloc_async,
-  cu_mem_map,  // a mapping of program-made VMM memory: the records of an image's pools of kind vmm
+  cu_mem_map,                    // a mapping of program-made VMM memory: the records of an image's pools of kind vmm
   cu_mem_alloc_from_pool_async,  // from a memory pool the program created (cudaMallocFromPoolAsync too)
 };
 
-inline constexpr alloc_api all_alloc_apis[] = {alloc_api::cu_mem_alloc,      alloc_api::cu_mem_alloc_pitch,
+inline constexpr alloc_api all_alloc_apis[] = {alloc_api::cu_mem_alloc,       alloc_api::cu_mem_alloc_pitch,
                                                alloc_api::cu_mem_alloc_async, alloc_api::cuda_malloc,
-                                               alloc_api::cuda_malloc_pitch, alloc_api::cuda_malloc_async,
-                                               alloc_api::cu_mem_map,        alloc_api::cu_mem_alloc_from_pool_async};
+                                               alloc_api::cuda_malloc_pitch,  alloc_api::cuda_malloc_async,
+                                               alloc_api::cu_mem_map,         alloc_api::cu_mem_alloc_from_pool_async};
 
 constexpr std::string_view name_of(alloc_api api) {
   switch (api) {

@@ -40,8 +40,8 @@ class physical_backend {
 enum class pool_status { ok, out_of_memory, invalid_value, backend_error };
 
 struct pool_policy {
-  std::uint64_t granularity = 2ULL << 20;   // physical handle granularity
-  std::uint64_t growth_step = 64ULL << 20;  // least physical memory added at once
+  std::uint64_t granularity = 2ULL << 20;     // physical handle granularity
+  std::uint64_t growth_step = 64ULL << 20;    // least physical memory added at once
   std::uint64_t retain_bytes = 256ULL << 20;  // wholly free (idle) handles kept mapped, at most
   // Idle handles are kept only while they may be used again soon: one that this many allocations
   // in a row did not use is given back, and so is, oldest first, as much idle memory as an
@@ -163,7 +163,8 @@ class device_pool {
     std::uint64_t bytes = 0;    // rounded sizes
     std::uint64_t changes = 0;  // blocks put in or taken out, ever
   };
-  static constexpr int shard_bits = 6;  // live_allocations() holds every shard's lock: at most 64 (ThreadSanitizer's limit)
+  static constexpr int shard_bits =
+      6;  // live_allocations() holds every shard's lock: at most 64 (ThreadSanitizer's limit)
   // A freed block in a thread's cache: still taken in ranges_ and counted live in its segment, but no
   // longer in the live index. Its index node is kept for the block's next life.
   struct cached_block {
@@ -178,8 +179,8 @@ class device_pool {
     thread_cache(std::uint64_t id, device_pool* owner) : pool_id(id), pool(owner) {}
     const std::uint64_t pool_id;
     mutable std::mutex mutex;
-    device_pool* pool;                // null once the pool or the thread is gone
-    std::atomic<bool> gone{false};    // the same, read without the mutex
+    device_pool* pool;                 // null once the pool or the thread is gone
+    std::atomic<bool> gone{false};     // the same, read without the mutex
     std::vector<cached_block> blocks;  // oldest first
     std::uint64_t bytes = 0;
     // The rounded sizes of the thread's latest small allocations (0: none yet): only blocks of these
@@ -244,14 +245,14 @@ class device_pool {
 
   mutable adaptive_mutex mutex_;
   range_allocator ranges_;
-  segment_map segments_;  // by start address
+  segment_map segments_;                                          // by start address
   std::set<std::pair<std::uint64_t, std::uint64_t>> idle_order_;  // (idle_since, addr) of idle segments
   std::uint64_t allocations_ = 0;
   std::uint64_t backed_bytes_ = 0;
   std::uint64_t idle_bytes_ = 0;
-  bool keep_idle_ = false;  // set by prefill
-  bool suspended_ = false;  // between release_all_physical and rebuild_physical
-  bool grow_exactly_ = false;  // no growth steps: a resume's second try when memory is short
+  bool keep_idle_ = false;          // set by prefill
+  bool suspended_ = false;          // between release_all_physical and rebuild_physical
+  bool grow_exactly_ = false;       // no growth steps: a resume's second try when memory is short
   std::uint64_t retired_work_ = 0;  // submitted_work() at the latest free
   // Written under mutex_, read without it by the caches.
   std::atomic<std::uint64_t> synced_work_{0};  // submitted_work() when the last synchronize began

@@ -102,7 +102,7 @@ class range_allocator {
   const char* check_blocks(std::map<std::uint64_t, std::uint32_t>& small_counts) const;
 
   using size_index = std::set<std::pair<std::uint64_t, std::uint64_t>>;  // (size, addr)
-  using free_map = std::map<std::uint64_t, std::uint64_t>;                // addr -> size
+  using free_map = std::map<std::uint64_t, std::uint64_t>;               // addr -> size
 
   std::uint64_t chunk_of(std::uint64_t addr) const { return (addr - base_) / small_chunk_size; }
   std::uint64_t chunk_start(std::uint64_t chunk) const { return base_ + chunk * small_chunk_size; }
@@ -128,9 +128,9 @@ class range_allocator {
 
   std::uint64_t base_;
   std::uint64_t size_;
-  free_map free_by_addr_;   // every free range, both kinds
-  size_index free_by_size_;  // free ranges outside small-block chunks
-  size_index small_free_;    // free ranges inside small-block chunks
+  free_map free_by_addr_;                                // every free range, both kinds
+  size_index free_by_size_;                              // free ranges outside small-block chunks
+  size_index small_free_;                                // free ranges inside small-block chunks
   std::map<std::uint64_t, std::uint32_t> small_chunks_;  // chunk index -> small blocks touching it
   std::map<std::uint64_t, block> live_;
   std::vector<block> retired_;

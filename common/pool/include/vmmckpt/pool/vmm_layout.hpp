@@ -81,25 +81,25 @@ struct vmm_access_range {
 struct vmm_import {
   std::uint64_t addr = 0;
   std::uint64_t size = 0;
-  std::uint64_t offset = 0;           // into the exporter's handle
+  std::uint64_t offset = 0;  // into the exporter's handle
   std::int64_t exporter_pid = 0;
-  std::uint64_t exporter_start = 0;   // its start time (clock ticks since boot): a reused pid is not it
-  std::uint64_t token = 0;            // the handle's token in the exporter
+  std::uint64_t exporter_start = 0;  // its start time (clock ticks since boot): a reused pid is not it
+  std::uint64_t token = 0;           // the handle's token in the exporter
   std::uint64_t handle_size = 0;
-  std::string device_uuid;            // the GPU its memory is on; empty for memory on the host
+  std::string device_uuid;  // the GPU its memory is on; empty for memory on the host
   bool operator==(const vmm_import&) const = default;
 };
 
 // Everything owned at one moment: what a dump records and a restore rebuilds. Its bytes are stored
 // apart, per mapping, in the image's pools of kind vmm (one per device window).
 struct vmm_layout {
-  vmm_config windows;                          // device d's window: [windows.device_base(d), + windows.window)
-  std::uint64_t next_token = 1;                // the counter the next cuMemCreate takes
-  std::vector<vmm_reservation> reservations;   // address order
-  std::vector<vmm_handle> handles;             // token order; `real` and `mappings` are 0 here
-  std::vector<vmm_mapping> mappings;           // address order
-  std::vector<vmm_access_range> access;        // address order; over mappings and imports
-  std::vector<vmm_import> imports;             // address order, apart from the mappings
+  vmm_config windows;                         // device d's window: [windows.device_base(d), + windows.window)
+  std::uint64_t next_token = 1;               // the counter the next cuMemCreate takes
+  std::vector<vmm_reservation> reservations;  // address order
+  std::vector<vmm_handle> handles;            // token order; `real` and `mappings` are 0 here
+  std::vector<vmm_mapping> mappings;          // address order
+  std::vector<vmm_access_range> access;       // address order; over mappings and imports
+  std::vector<vmm_import> imports;            // address order, apart from the mappings
   bool empty() const { return reservations.empty() && handles.empty(); }
   bool operator==(const vmm_layout& o) const;
 };

@@ -47,8 +47,7 @@ class vmm_registry {
   // alignment, else the lowest free address with the alignment (at least the granularity).
   // invalid_value: size 0, an alignment that is not a power of two, a device without a window;
   // out_of_memory: no room.
-  vmm_status reserve(int device, std::uint64_t size, std::uint64_t alignment, std::uint64_t hint,
-                     std::uint64_t& addr);
+  vmm_status reserve(int device, std::uint64_t size, std::uint64_t alignment, std::uint64_t hint, std::uint64_t& addr);
   // Whether (addr, size) may be freed: ok for exactly one of our reservations, invalid_value when it
   // touches ours otherwise, not_found when it touches none (not ours: pass it through).
   vmm_status check_free(std::uint64_t addr, std::uint64_t size) const;
@@ -114,8 +113,8 @@ class vmm_registry {
   std::vector<vmm_reservation> reservations() const;  // address order
   std::vector<vmm_handle> handles() const;            // token order
   std::size_t handle_count() const { return handles_.size(); }
-  std::vector<vmm_mapping> mappings() const;          // owned mappings, address order
-  std::vector<vmm_access_range> access() const;       // address order
+  std::vector<vmm_mapping> mappings() const;     // owned mappings, address order
+  std::vector<vmm_access_range> access() const;  // address order
 
   // ---- a dump, a suspend, a restore
   // Everything owned now, as an image records it (real handles and mapping counts left out; access rights

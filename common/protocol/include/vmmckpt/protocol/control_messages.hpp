@@ -24,10 +24,22 @@ namespace vmmckpt::control {
 
 using json_fields::decode_error;
 
-enum class op { hello, dump_begin, dump_end, suspend, resume, check, ipc_open, ipc_close, vmm_identify, vmm_share, vmm_unshare };
-inline constexpr op all_ops[] = {op::hello,     op::dump_begin,   op::dump_end,  op::suspend,
-                                 op::resume,    op::check,        op::ipc_open,  op::ipc_close,
-                                 op::vmm_identify, op::vmm_share, op::vmm_unshare};
+enum class op {
+  hello,
+  dump_begin,
+  dump_end,
+  suspend,
+  resume,
+  check,
+  ipc_open,
+  ipc_close,
+  vmm_identify,
+  vmm_share,
+  vmm_unshare
+};
+inline constexpr op all_ops[] = {op::hello,        op::dump_begin, op::dump_end,   op::suspend,
+                                 op::resume,       op::check,      op::ipc_open,   op::ipc_close,
+                                 op::vmm_identify, op::vmm_share,  op::vmm_unshare};
 std::string_view name_of(op o);
 
 // Why the process refused a request: what the tool acts on. The reply's text says it to a person.
@@ -142,9 +154,9 @@ struct vmm_unshare_request {
   std::uint64_t token = 0;
   friend bool operator==(const vmm_unshare_request&, const vmm_unshare_request&) = default;
 };
-using request = std::variant<hello_request, dump_begin_request, dump_end_request, suspend_request, resume_request,
-                             check_request, ipc_open_request, ipc_close_request, vmm_identify_request,
-                             vmm_share_request, vmm_unshare_request>;
+using request =
+    std::variant<hello_request, dump_begin_request, dump_end_request, suspend_request, resume_request, check_request,
+                 ipc_open_request, ipc_close_request, vmm_identify_request, vmm_share_request, vmm_unshare_request>;
 
 // ---- replies ----
 struct pool_summary {
@@ -164,7 +176,7 @@ struct hello_reply {
   std::string image;  // the suspend image; only when suspended
   std::vector<device_description> devices;
   std::vector<pool_summary> pools;
-  std::vector<not_owned_memory> not_owned;  // as the process counts it now (empty when absent)
+  std::vector<not_owned_memory> not_owned;      // as the process counts it now (empty when absent)
   control::activity activity = activity::idle;  // idle when absent (an older process)
   // Of the owned bytes, those NCCL made (its buffers and pools): 0 when absent.
   std::uint64_t nccl_bytes = 0;

@@ -12,7 +12,7 @@
 namespace vmmckpt::protocol {
 
 inline constexpr std::uint32_t version = 4;  // 2: dump_begin sends the allocation table as a descriptor; 3: VMM memory;
-                                              // 4: the hold's deadline is hold_deadline_ms in request and reply
+                                             // 4: the hold's deadline is hold_deadline_ms in request and reply
 inline constexpr std::uint32_t max_payload = 64u << 20;  // a bigger frame is refused
 inline constexpr int max_fds_per_message = 250;          // SCM_RIGHTS limit is 253
 
@@ -32,7 +32,7 @@ enum class failure_kind : std::uint8_t {
   connection_refused,  // connect: a stale socket, its process is gone
   permission_denied,   // connect: another user's socket or directory
   out_of_memory,
-  system,              // any other failing system call; the text names it
+  system,  // any other failing system call; the text names it
 };
 
 // A failure's kind and a message naming it (paths, counts, errno text).

@@ -41,9 +41,11 @@ class address_ranges {
   bool covers(std::uint64_t addr, std::uint64_t size, std::size_t& hint) const {
     if (size > ~std::uint64_t{0} - addr) return false;
     for (std::uint64_t cursor = addr; cursor < addr + size;) {
-      if (hint >= ranges_.size() || cursor < ranges_[hint].first || cursor - ranges_[hint].first >= ranges_[hint].second) {
-        auto it = std::upper_bound(ranges_.begin(), ranges_.end(), cursor,
-                                   [](std::uint64_t a, const std::pair<std::uint64_t, std::uint64_t>& r) { return a < r.first; });
+      if (hint >= ranges_.size() || cursor < ranges_[hint].first ||
+          cursor - ranges_[hint].first >= ranges_[hint].second) {
+        auto it = std::upper_bound(
+            ranges_.begin(), ranges_.end(), cursor,
+            [](std::uint64_t a, const std::pair<std::uint64_t, std::uint64_t>& r) { return a < r.first; });
         if (it == ranges_.begin()) return false;
         hint = static_cast<std::size_t>(it - ranges_.begin()) - 1;
         if (cursor - ranges_[hint].first >= ranges_[hint].second) return false;

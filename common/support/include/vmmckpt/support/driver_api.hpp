@@ -15,6 +15,8 @@ CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream);
 CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream stream);
 }
 
+// The lists as written: clang-format would stair-step their continuation lines.
+// clang-format off
 #define VMMCKPT_DRIVER_FUNCTIONS(X)                                                                   \
   X(cuInit) X(cuGetProcAddress_v2) X(cuDeviceGet) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease_v2) \
   X(cuCtxGetCurrent) X(cuCtxGetDevice) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2) X(cuCtxSynchronize) \
@@ -47,6 +49,7 @@ CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize
 #define VMMCKPT_PROCESS_CHECKPOINT_FUNCTIONS(X)                                                        \
   X(cuCheckpointProcessGetState) X(cuCheckpointProcessLock) X(cuCheckpointProcessCheckpoint)          \
   X(cuCheckpointProcessRestore) X(cuCheckpointProcessUnlock)
+// clang-format on
 
 namespace vmmckpt {
 
@@ -71,8 +74,8 @@ enum class driver_user { program, tool };
 template <class Lookup, class Missing>
 void fill_driver_api(driver_api& api, driver_user user, Lookup&& lookup, Missing&& missing) {
   const bool tool = user == driver_user::tool;
-#define VMMCKPT_FILL(name, required)                                  \
-  api.name = reinterpret_cast<decltype(api.name)>(lookup(#name));     \
+#define VMMCKPT_FILL(name, required)                              \
+  api.name = reinterpret_cast<decltype(api.name)>(lookup(#name)); \
   if (api.name == nullptr && (required)) missing(#name);
 #define VMMCKPT_FILL_REQUIRED(name) VMMCKPT_FILL(name, true)
 #define VMMCKPT_FILL_OPTIONAL(name) VMMCKPT_FILL(name, false)

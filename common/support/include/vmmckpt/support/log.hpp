@@ -28,13 +28,21 @@ void at(level l, fmt::format_string<Args...> format, Args&&... args) noexcept {
   }
 }
 template <typename... Args>
-void debug(fmt::format_string<Args...> f, Args&&... a) noexcept { at(level::debug, f, std::forward<Args>(a)...); }
+void debug(fmt::format_string<Args...> f, Args&&... a) noexcept {
+  at(level::debug, f, std::forward<Args>(a)...);
+}
 template <typename... Args>
-void info(fmt::format_string<Args...> f, Args&&... a) noexcept { at(level::info, f, std::forward<Args>(a)...); }
+void info(fmt::format_string<Args...> f, Args&&... a) noexcept {
+  at(level::info, f, std::forward<Args>(a)...);
+}
 template <typename... Args>
-void warn(fmt::format_string<Args...> f, Args&&... a) noexcept { at(level::warn, f, std::forward<Args>(a)...); }
+void warn(fmt::format_string<Args...> f, Args&&... a) noexcept {
+  at(level::warn, f, std::forward<Args>(a)...);
+}
 template <typename... Args>
-void error(fmt::format_string<Args...> f, Args&&... a) noexcept { at(level::error, f, std::forward<Args>(a)...); }
+void error(fmt::format_string<Args...> f, Args&&... a) noexcept {
+  at(level::error, f, std::forward<Args>(a)...);
+}
 
 // fork(): the child must not inherit a logger lock held by another thread.
 void hold_for_fork() noexcept;

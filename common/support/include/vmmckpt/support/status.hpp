@@ -45,11 +45,11 @@ status failure(CUresult code, fmt::format_string<Args...> format, Args&&... args
 }  // namespace vmmckpt
 
 // Returns a failed status to the caller, noting where it passed.
-#define VMMCKPT_TRY(expr)                                                                        \
-  do {                                                                                           \
-    ::vmmckpt::status vmmckpt_status_ = (expr);                                                  \
-    if (!vmmckpt_status_.ok()) {                                                                 \
-      ::vmmckpt::log::info("  passed on at {}:{} ({})", __FILE__, __LINE__, #expr);              \
-      return vmmckpt_status_;                                                                    \
-    }                                                                                            \
+#define VMMCKPT_TRY(expr)                                                           \
+  do {                                                                              \
+    ::vmmckpt::status vmmckpt_status_ = (expr);                                     \
+    if (!vmmckpt_status_.ok()) {                                                    \
+      ::vmmckpt::log::info("  passed on at {}:{} ({})", __FILE__, __LINE__, #expr); \
+      return vmmckpt_status_;                                                       \
+    }                                                                               \
   } while (0)

@@ -12,9 +12,9 @@ namespace vmmckpt::restore {
 
 struct new_process_options {
   std::filesystem::path image;
-  bool replay = false;       // the allocator starts empty with the image's bytes in place (mode::replay)
-  bool verify_data = true;   // read every extent's checksum first; false: the structure only
-  int device = -1;           // >= 0: this machine's GPU the program's device becomes (migration)
+  bool replay = false;      // the allocator starts empty with the image's bytes in place (mode::replay)
+  bool verify_data = true;  // read every extent's checksum first; false: the structure only
+  int device = -1;          // >= 0: this machine's GPU the program's device becomes (migration)
 };
 
 struct new_process_start {
