@@ -321,3 +321,55 @@ TEST_CASE("incremental: a series notices its last image changed, even to the sam
     CHECK(entry.path().filename().string().find(".partial-") == std::string::npos);
   CHECK(p.running());
 }
+
+TEST_CASE("zero blocks: an arena written a little is dumped, restored, suspended and resumed with every byte",
+          "[emu][incremental][zero]") {
+  scratch_dir dir;
+  background_process p({cuda_ckpt, "run", "--", program, "run-sparse", dir.path.string()});
+  REQUIRE(p.wait_for_output("ready\n"));
+  const std::uint64_t written = 4 * MiB, zero = live_bytes - written;  // the first MiB of each allocation
+
+  // The image holds what the program wrote; its zero blocks are recorded, not written.
+  const fs::path full = dir.path / "full";
+  const auto dumped = dump_json(p.pid(), full);
+  INFO(dumped.dump(2));
+  CHECK(dumped["bytes"] == written);
+  CHECK(dumped["zero_bytes"] == zero);
+  std::uint64_t on_disk = 0;
+  for (const auto& f : fs::directory_iterator(full))
+    if (f.path().filename().string().rfind("data", 0) == 0) on_disk += fs::file_size(f.path());
+  CHECK(on_disk < written + 64 * 64);
+  const auto inspect = run_process({cuda_ckpt, "inspect", full.string()});
+  CHECK_THAT(inspect.out, Catch::Matchers::Contains("zero      96.00 MiB"));
+  const auto verify = run_process({cuda_ckpt, "verify", full.string()});
+  INFO(describe(verify));
+  CHECK(verify.exit_code == 0);
+  check_restore(full, dir.path / "live-0");  // every byte, zero or not
+  const auto replay = run_process(
+      {cuda_ckpt, "restore", full.string(), "--replay", "--", program, "check", (dir.path / "live-0").string()});
+  INFO(describe(replay));
+  CHECK(replay.exit_code == 0);
+
+  // suspend frees the arena, resume brings every byte back: a dump after it restores to the same bytes.
+  const auto suspended = run_process({cuda_ckpt, "suspend", std::to_string(p.pid()), "--json"});
+  INFO(describe(suspended));
+  REQUIRE(suspended.exit_code == 0);
+  CHECK(nlohmann::json::parse(suspended.out)["zero_bytes"] == zero);
+  const auto resumed = run_process({cuda_ckpt, "resume", std::to_string(p.pid())});
+  INFO(describe(resumed));
+  REQUIRE(resumed.exit_code == 0);
+  const fs::path after = dir.path / "after-resume";
+  dump_json(p.pid(), after);
+  check_restore(after, dir.path / "live-0");
+
+  // A written block zeroed again, and a zero block written: the child has one of each, and restores.
+  ::kill(p.pid(), SIGUSR1);
+  REQUIRE(p.wait_for_output("changed 1\n"));
+  const fs::path inc = dir.path / "inc";
+  const auto child = dump_json(p.pid(), inc, full);
+  INFO(child.dump(2));
+  CHECK(child["bytes"] == MiB);       // the zero block written
+  CHECK(child["zero_bytes"] == MiB);  // the written block zeroed
+  CHECK(child["unchanged_bytes"] == live_bytes - 2 * MiB);
+  check_restore(inc, dir.path / "live-1");
+}

@@ -136,7 +136,7 @@ TEST_CASE("restore refuses a bad image with a message naming the defect, and sta
   SECTION("a manifest of format 99") {
     const auto manifest = img.image / "manifest.json";
     std::string text = read_text(manifest);
-    const auto at = text.find("\"format\": 5,");
+    const auto at = text.find("\"format\": 6,");
     REQUIRE(at != std::string::npos);
     text.replace(at, 12, "\"format\": 99,");
     write_text(manifest, text);

@@ -62,7 +62,7 @@ TEST_CASE("a dump holds program-made VMM memory; a new process restored from it 
 
   // The image: both reservations (one never mapped), five handles, five mappings, all their bytes.
   const auto inspected = run_json({cuda_ckpt, "inspect", image.string(), "--json"});
-  REQUIRE(inspected.at("format") == 5);
+  REQUIRE(inspected.at("format") == 6);
   const auto& vmm = inspected.at("vmm");
   CHECK(vmm.at("reservations").size() == 2);
   CHECK(vmm.at("handles").size() == 5);

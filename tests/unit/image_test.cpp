@@ -323,7 +323,7 @@ TEST_CASE("image: JSON round trip and byte-identical re-encoding", "[image]") {
   CHECK(blocks >= 4);
   CHECK(again.tables.size() == 64 + 4 * 24 + 4 * 48 + blocks * 16);  // 4 allocations, 4 extents, their blocks
   // Field order and representation are part of the format.
-  CHECK(file.rfind("{\n  \"magic\": \"vmmckpt-image\",\n  \"format\": 5,\n  \"image_id\": \"", 0) == 0);
+  CHECK(file.rfind("{\n  \"magic\": \"vmmckpt-image\",\n  \"format\": 6,\n  \"image_id\": \"", 0) == 0);
   CHECK_THAT(file, Contains("\"base\": \"0x200000000000\""));
   const auto j = nlohmann::json::parse(file);
   CHECK(j["tables"]["checksum"].get<std::string>().size() == 16);
@@ -619,7 +619,7 @@ TEST_CASE("image: reader refuses a manifest that is not an object", "[image][val
 
 REFUSES_JSON("a missing magic", "manifest.json: missing field 'magic'", j.erase("magic"))
 REFUSES_JSON("a wrong magic", "manifest.json: magic is \"criu\"", j["magic"] = "criu")
-REFUSES_JSON("a newer format", "manifest.json: format 6 is newer than this tool understands (5)", j["format"] = 6;
+REFUSES_JSON("a newer format", "manifest.json: format 7 is newer than this tool understands (6)", j["format"] = 7;
              j["pools"] = "whatever a future format holds")
 REFUSES_JSON("an unknown older format", "manifest.json: format 0 is not a known format", j["format"] = 0)
 REFUSES_JSON("a format that is not a number", "manifest.json: format: expected an integer", j["format"] = "1")
@@ -776,10 +776,10 @@ TEST_CASE("image: reader refuses a damaged data header", "[image][data]") {
   };
   patch(fresh(), 0, "X");
   CHECK_THAT(open_error(s / "img"), Contains("data.bin: bad magic"));
-  patch(fresh(), 12, std::string("\x06\0\0\0", 4));
-  CHECK_THAT(open_error(s / "img"), Contains("data.bin: format 6 is newer than this tool understands (5)"));
+  patch(fresh(), 12, std::string("\x07\0\0\0", 4));
+  CHECK_THAT(open_error(s / "img"), Contains("data.bin: format 7 is newer than this tool understands (6)"));
   patch(fresh(), 12, std::string("\x01\0\0\0", 4));
-  CHECK_THAT(open_error(s / "img"), Contains("data.bin: format 1 does not match the manifest's format 5"));
+  CHECK_THAT(open_error(s / "img"), Contains("data.bin: format 1 does not match the manifest's format 6"));
   patch(fresh(), 16, std::string("\x01\0\0\0", 4));
   CHECK_THAT(
       open_error(s / "img"),

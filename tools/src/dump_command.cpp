@@ -36,7 +36,7 @@ dump_figures figures_of(const ckpt::dump_result& result) {
   for (const auto& pool : result.manifest.pools) f.allocations += pool.allocations.size();
   // The bytes the dump covered: an incremental dump checks them all and writes only what changed, so a
   // rate over what it wrote says nothing (0.00 GB/s for one with nothing changed).
-  const auto bytes = static_cast<double>(result.manifest.data_bytes + result.unchanged_bytes);
+  const auto bytes = static_cast<double>(result.manifest.data_bytes + result.unchanged_bytes + result.zero_bytes);
   if (result.seconds > 0) f.gbps = bytes / result.seconds / 1e9;
   if (result.copy_seconds > 0) f.copy_gbps = bytes / result.copy_seconds / 1e9;
   return f;
@@ -58,6 +58,7 @@ nlohmann::json result_json(const dump_command_options& o, const ckpt::dump_resul
                         {"data_files", result.manifest.data_files},
                         {"parent", parent.empty() ? nlohmann::json(nullptr) : nlohmann::json(parent.string())},
                         {"unchanged_bytes", result.unchanged_bytes},
+                        {"zero_bytes", result.zero_bytes},
                         {"lacking", kinds_and_sizes_json(result.manifest.lacking)}};
   out.update(timings_json(result));
   return out;
@@ -77,6 +78,9 @@ void print_result(const dump_command_options& o, const ckpt::dump_result& result
   if (!parent.empty())
     std::printf("  incremental: %s unchanged since %s, left to it\n", human_bytes(result.unchanged_bytes).c_str(),
                 parent.c_str());
+  if (result.zero_bytes != 0)
+    std::printf("  zero blocks: %s held only zeros: recorded as such, not written\n",
+                human_bytes(result.zero_bytes).c_str());
   if (!result.manifest.lacking.empty())
     std::printf("  partial: the image lacks %s (memory vmmckpt does not own)\n",
                 kinds_and_sizes(result.manifest.lacking).c_str());

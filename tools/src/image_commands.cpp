@@ -32,6 +32,9 @@ int inspect_command(const std::string& path, bool as_json) {
                 human_bytes(m.data_bytes).c_str(), human_bytes(image::restored_bytes(m)).c_str(), m.hold_us / 1000.0);
   else
     std::printf("data      %s; program held %.1f ms\n", human_bytes(m.data_bytes).c_str(), m.hold_us / 1000.0);
+  if (const std::uint64_t zero = image::zero_bytes_of(m); zero != 0)
+    std::printf("zero      %s of blocks that hold only zeros: recorded, not stored, restored as zeros\n",
+                human_bytes(zero).c_str());
   if (!m.lacking.empty()) std::printf("partial: lacks %s\n", shown(kinds_and_sizes(m.lacking)).c_str());
   for (const auto& i : m.ipc_imports)
     std::printf("imported  %s of process %lld (its %#llx) at %#llx through CUDA IPC: recorded, not stored\n",

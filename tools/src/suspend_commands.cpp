@@ -59,6 +59,7 @@ int suspend_command(const suspend_command_options& o) {
     nlohmann::json out{{"pid", o.pid},
                        {"image", r.image.string()},
                        {"bytes", r.manifest.data_bytes},
+                       {"zero_bytes", r.zero_bytes},
                        {"freed_bytes", r.freed_bytes},
                        {"device_used_bytes_after", r.device_used_after},
                        {"hold_ms", r.hold_ms},
@@ -73,6 +74,9 @@ int suspend_command(const suspend_command_options& o) {
     std::printf("  still in use on its device(s): %s (its CUDA context, memory vmmckpt does not serve, other "
                 "processes)\n",
                 human_bytes(r.device_used_after).c_str());
+    if (r.zero_bytes != 0)
+      std::printf("  zero blocks: %s held only zeros: recorded as such, not written\n",
+                  human_bytes(r.zero_bytes).c_str());
     if (!r.manifest.lacking.empty())
       std::printf("  partial: memory vmmckpt does not own stays on the GPU, and the image lacks it: %s\n",
                   kinds_and_sizes(r.manifest.lacking).c_str());

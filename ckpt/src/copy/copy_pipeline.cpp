@@ -249,7 +249,8 @@ copy_outcome copy_pipeline::copy(image::manifest& m, const readable_fn& readable
     result.threads.writing += writer_->times(f).writing;
   }
   line.report(copy_progress::stage::writing, total);
-  m.data_bytes = total - result.unchanged_bytes;  // what the data files hold
+  m.data_bytes = image::data_bytes_of(m);  // what the data files hold: not the unchanged blocks, nor the zero ones
+  result.zero_bytes = image::zero_bytes_of(m);
   result.mark("written");
   return out;
 }

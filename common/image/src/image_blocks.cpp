@@ -26,14 +26,70 @@ std::uint64_t block_count(std::uint64_t stored, std::uint64_t block_bytes) {
 std::uint64_t bytes_here(const extent& e, std::uint64_t block_bytes) {
   std::uint64_t here = e.stored;
   for (std::size_t i = 0; i < e.blocks.size(); ++i)
-    if (e.blocks[i].in_parent) here -= std::min(block_bytes, e.stored - i * block_bytes);
+    if (e.blocks[i].in_parent || e.blocks[i].zero) here -= std::min(block_bytes, e.stored - i * block_bytes);
   return here;
+}
+
+std::uint64_t zero_bytes(const extent& e, std::uint64_t block_bytes) {
+  std::uint64_t zero = 0;
+  for (std::size_t i = 0; i < e.blocks.size(); ++i)
+    if (e.blocks[i].zero) zero += std::min(block_bytes, e.stored - i * block_bytes);
+  return zero;
+}
+
+bool all_zero(const void* data, std::size_t size) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  // Word by word where aligned; the first nonzero byte ends it, so data that is not zero costs almost nothing.
+  while (size > 0 && reinterpret_cast<std::uintptr_t>(p) % sizeof(std::uint64_t) != 0) {
+    if (*p != 0) return false;
+    ++p;
+    --size;
+  }
+  for (; size >= 8 * sizeof(std::uint64_t); size -= 8 * sizeof(std::uint64_t), p += 8 * sizeof(std::uint64_t)) {
+    const auto* w = reinterpret_cast<const std::uint64_t*>(p);
+    if ((w[0] | w[1] | w[2] | w[3] | w[4] | w[5] | w[6] | w[7]) != 0) return false;
+  }
+  for (; size > 0; --size, ++p)
+    if (*p != 0) return false;
+  return true;
+}
+
+std::uint64_t zero_block_checksum(std::uint64_t size) {
+  // A whole block's is asked for again and again: computed once. Others (an extent's last block) as asked.
+  static const std::uint64_t whole = [] {
+    const std::vector<unsigned char> zeros(write_block_size, 0);
+    return block_checksum(zeros.data(), zeros.size());
+  }();
+  if (size == write_block_size) return whole;
+  XXH3_state_t state;
+  XXH3_64bits_reset(&state);
+  static const std::vector<unsigned char> page(1 << 16, 0);
+  for (std::uint64_t left = size; left > 0;) {
+    const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(left, page.size()));
+    detail::checksum_update(&state, page.data(), n);
+    left -= n;
+  }
+  return XXH3_64bits_digest(&state);
 }
 
 std::uint64_t restored_bytes(const manifest& m) {
   std::uint64_t total = 0;
   for (const pool& p : m.pools)
     for (const extent& e : p.extents) total += e.stored;
+  return total;
+}
+
+std::uint64_t data_bytes_of(const manifest& m) {
+  std::uint64_t total = 0;
+  for (const pool& p : m.pools)
+    for (const extent& e : p.extents) total += m.format >= 5 ? bytes_here(e, m.block_size) : e.stored;
+  return total;
+}
+
+std::uint64_t zero_bytes_of(const manifest& m) {
+  std::uint64_t total = 0;
+  for (const pool& p : m.pools)
+    for (const extent& e : p.extents) total += zero_bytes(e, m.block_size);
   return total;
 }
 

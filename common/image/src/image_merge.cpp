@@ -43,7 +43,7 @@ manifest merge(const reader& chain, const std::filesystem::path& output, std::ui
       m.pools[p].extents[k] = e;
     }
   m.format = format_version;
-  m.data_bytes = total;
+  m.data_bytes = data_bytes_of(m);
   w.commit(m);
   m.image_id = w.image_id();
   return m;

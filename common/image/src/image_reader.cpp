@@ -101,12 +101,17 @@ struct reader::impl {
            ": checksum mismatch (manifest " + hex16(e.checksum) + ", data " + hex16(got) + ")");
   }
 
-  // `size` stored bytes of an extent from `offset`, unchecked: from this image's data file, and for
-  // format 5 blocks in the parent, from the parent (which may take them from its own).
+  // Where a block's bytes are: this image's data file, the parent, or nowhere (format 6: a zero block).
+  enum class place { here, parent, zero };
+  static place place_of(const block& b) { return b.zero ? place::zero : b.in_parent ? place::parent : place::here; }
+
+  // `size` stored bytes of an extent from `offset`, unchecked: from this image's data file, for format 5
+  // blocks in the parent from the parent (which may take them from its own), format 6 zero blocks as zeros.
   void read_stored(const located& l, std::uint64_t offset, std::uint64_t size, unsigned char* dst) const {
     const extent& e = info.pools[l.pool].extents[l.index];
     const extent* from_parent = parent_extent.empty() ? nullptr : parent_extent[l.pool][l.index];
-    if (from_parent == nullptr) {  // every block is here, back to back
+    const bool all_here = std::none_of(e.blocks.begin(), e.blocks.end(), [](const block& b) { return b.zero; });
+    if (from_parent == nullptr && all_here) {  // every block is here, back to back
       pread_all(data_fds[e.file], dst, size, detail::data_header_size + e.offset + offset, data_paths[e.file]);
       return;
     }
@@ -114,19 +119,21 @@ struct reader::impl {
     std::uint64_t b = offset / bs;
     std::uint64_t here_before = 0;  // bytes of blocks before b in this image's file (all whole blocks)
     for (std::uint64_t k = 0; k < b; ++k)
-      if (!e.blocks[k].in_parent) here_before += bs;
+      if (place_of(e.blocks[k]) == place::here) here_before += bs;
     while (size > 0) {
       // A run of blocks from the same place: one read.
-      const bool in_parent = e.blocks[b].in_parent;
+      const place from = place_of(e.blocks[b]);
       std::uint64_t run_end = b + 1;
-      while (run_end < e.blocks.size() && e.blocks[run_end].in_parent == in_parent) ++run_end;
+      while (run_end < e.blocks.size() && place_of(e.blocks[run_end]) == from) ++run_end;
       const std::uint64_t n = std::min(size, std::min(run_end * bs, e.stored) - offset);
-      if (in_parent)
+      if (from == place::parent)
         parent->read_part(*from_parent, offset, n, dst);
+      else if (from == place::zero)
+        std::memset(dst, 0, n);
       else
         pread_all(data_fds[e.file], dst, n, detail::data_header_size + e.offset + here_before + (offset - b * bs),
                   data_paths[e.file]);
-      if (!in_parent) here_before += std::min(run_end * bs, e.stored) - b * bs;
+      if (from == place::here) here_before += std::min(run_end * bs, e.stored) - b * bs;
       dst += n;
       offset += n;
       size -= n;

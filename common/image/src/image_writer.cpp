@@ -113,6 +113,42 @@ struct data_file {
            std::to_string(left) + " bytes left)");
   }
 
+  void add_zero_block(std::uint64_t size) {
+    sum->add_block({zero_block_checksum(size), false, true});
+    current_written += size;
+  }
+
+  // Stores `size` bytes of the current extent (their block checksums in `checksums`, one a block, when the
+  // caller computed them: then they start at a block boundary): every whole block of zeros among them becomes
+  // a zero block, the rest is stored as given.
+  void store(const unsigned char* p, std::size_t size, const std::uint64_t* checksums = nullptr) {
+    while (size > 0) {
+      std::size_t run = 0, run_blocks = 0;  // what is not a whole zero block: stored with one append
+      while (run < size) {
+        const std::uint64_t at = current_written + run;
+        const std::uint64_t block = std::min((at / write_block_size + 1) * write_block_size, current.stored) - at;
+        if (at % write_block_size == 0 && size - run >= block && all_zero(p + run, block)) break;
+        run += static_cast<std::size_t>(std::min<std::uint64_t>(block, size - run));
+        ++run_blocks;
+      }
+      if (run == 0) {  // a whole zero block
+        const std::uint64_t block = std::min(write_block_size, current.stored - current_written);
+        add_zero_block(block);
+        if (checksums != nullptr) ++checksums;
+        p += block;
+        size -= static_cast<std::size_t>(block);
+        continue;
+      }
+      append(p, run, checksums != nullptr);
+      if (checksums != nullptr)
+        for (std::size_t k = 0; k < run_blocks; ++k) sum->add_block({*checksums++, false});
+      current_written += run;
+      payload += run;
+      p += run;
+      size -= run;
+    }
+  }
+
   void flush() {
     if (buffered == 0) return;
     iovec iov{buffer.get(), buffered};
@@ -423,9 +459,7 @@ void writer::write(std::uint32_t file, const void* data, std::size_t size) {
       fail("write: " + std::to_string(size) + " bytes overflow the extent at " + hex(f.current.addr) + " (" +
            std::to_string(f.current.stored - f.current_written) + " bytes left)");
     if (size == 0) return;
-    f.append(static_cast<const unsigned char*>(data), size);
-    f.current_written += size;
-    f.payload += size;
+    f.store(static_cast<const unsigned char*>(data), size);
   } catch (...) {
     w.failed = true;
     throw;
@@ -444,10 +478,7 @@ void writer::write_blocks(std::uint32_t file, const void* data, std::size_t size
     f.check_blocks("write_blocks", size, count != 1);
     if (count != block_count(size, write_block_size))
       fail("write_blocks: " + std::to_string(count) + " checksums for " + std::to_string(size) + " bytes");
-    f.append(static_cast<const unsigned char*>(data), size, true);
-    for (std::size_t k = 0; k < count; ++k) f.sum->add_block({checksums[k], false});
-    f.current_written += size;
-    f.payload += size;
+    f.store(static_cast<const unsigned char*>(data), size, checksums);
   } catch (...) {
     w.failed = true;
     throw;
@@ -461,6 +492,18 @@ void writer::inherit_block(std::uint32_t file, std::size_t size, std::uint64_t c
     f.check_blocks("inherit_block", size, false);
     f.sum->add_block({checksum, true});
     f.current_written += size;
+  } catch (...) {
+    w.failed = true;
+    throw;
+  }
+}
+
+void writer::zero_block(std::uint32_t file, std::size_t size) {
+  impl& w = *impl_;
+  data_file& f = w.file("zero_block", file);
+  try {
+    f.check_blocks("zero_block", size, false);
+    f.add_zero_block(size);
   } catch (...) {
     w.failed = true;
     throw;

@@ -89,6 +89,10 @@ void decode_extents(const json& pj, const std::string& p, std::uint32_t format, 
           if (!in_parent->is_boolean()) fail(join(r, "in_parent") + ": expected true or false");
           bl.in_parent = in_parent->get<bool>();
         }
+        if (const json* zero = optional_field(bj, "zero")) {
+          if (!zero->is_boolean()) fail(join(r, "zero") + ": expected true or false");
+          bl.zero = zero->get<bool>();
+        }
         ex.blocks.push_back(bl);
       }
     }
@@ -261,6 +265,7 @@ std::string to_json(const manifest& m, int indent) {
           ojson bj;
           bj["checksum"] = hex16(b.checksum);
           if (b.in_parent) bj["in_parent"] = true;
+          if (b.zero) bj["zero"] = true;
           ej["blocks"].push_back(std::move(bj));
         }
       }

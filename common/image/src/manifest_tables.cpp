@@ -32,7 +32,7 @@ std::string encode_tables(const manifest& m) {
                       blocks * block_record_size,
                   '\0');
   std::memcpy(out.data(), tables_magic.data(), tables_magic.size());
-  put(out, 12, format_version, 4);
+  put(out, 12, m.format, 4);
   put(out, 16, allocations, 8);
   put(out, 24, extents, 8);
   put(out, 32, m.pools.size(), 8);
@@ -56,7 +56,7 @@ std::string encode_tables(const manifest& m) {
     for (const auto& e : p.extents)
       for (const auto& b : e.blocks) {
         put(out, at, b.checksum, 8);
-        put(out, at + 8, b.in_parent ? 1 : 0, 4);
+        put(out, at + 8, b.zero ? 2 : b.in_parent ? 1 : 0, 4);
         at += block_record_size;
       }
   }
@@ -145,9 +145,10 @@ void read_blocks(const std::string& bytes, std::size_t& at, std::size_t p, pool&
     for (auto& b : e.blocks) {
       b.checksum = get(bytes, at, 8);
       const std::uint64_t where = get(bytes, at + 8, 4);
-      if (where > 1)
-        fail(extent_name(p, k) + ": a block record's place is " + std::to_string(where) + ", expected 0 or 1");
+      if (where > 2)
+        fail(extent_name(p, k) + ": a block record's place is " + std::to_string(where) + ", expected 0, 1 or 2");
       b.in_parent = where == 1;
+      b.zero = where == 2;
       if (get(bytes, at + 12, 4) != 0) fail(extent_name(p, k) + ": a block record's reserved bytes are not zero");
       at += block_record_size;
     }

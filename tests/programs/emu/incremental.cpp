@@ -3,6 +3,10 @@
 //   incremental run DIR     allocate 4 blocks of 25 MiB, fill them, save their bytes to DIR/live-0, print
 //                           `ready`; on each SIGUSR1 change 1 % of the memory (one byte in every 100th MiB),
 //                           save the bytes to DIR/live-K and print `changed K`; exit on SIGTERM
+//   incremental run-sparse DIR
+//                           the same memory, zeros but for its first MiB of each allocation (written as zeros,
+//                           not left as the driver gave it); on each SIGUSR1 zero the first MiB of the first
+//                           allocation and write one byte into a zero MiB of the second
 //   incremental check FILE  (restored from an image) its memory at FILE's addresses holds FILE's bytes: prints
 //                           `equal: N bytes` and exits 0, or names the first difference and exits 1
 //
@@ -48,7 +52,7 @@ void save(const std::vector<CUdeviceptr>& blocks, const std::string& path) {
   }
 }
 
-int run(const std::string& dir) {
+int run(const std::string& dir, bool sparse) {
   // Blocked before any thread exists, so that sigwait below is the only one that takes them.
   sigset_t set;
   sigemptyset(&set);
@@ -61,7 +65,8 @@ int run(const std::string& dir) {
   std::vector<unsigned char> bytes(allocation_size);
   for (auto& p : blocks) {
     VMMCKPT_CHECK(cuMemAlloc(&p, allocation_size));
-    for (auto& b : bytes) b = static_cast<unsigned char>(rng());
+    for (std::uint64_t k = 0; k < allocation_size; ++k)
+      bytes[k] = sparse && k >= MiB ? 0 : static_cast<unsigned char>(rng());
     VMMCKPT_CHECK(cuMemcpyHtoD(p, bytes.data(), allocation_size));
   }
   save(blocks, dir + "/live-0");
@@ -71,6 +76,17 @@ int run(const std::string& dir) {
     int sig = 0;
     sigwait(&set, &sig);
     if (sig == SIGTERM) return 0;
+    if (sparse) {
+      // A block written and then zeroed again, and a zero block written.
+      const std::vector<unsigned char> zeros(MiB, 0);
+      VMMCKPT_CHECK(cuMemcpyHtoD(blocks[0], zeros.data(), MiB));
+      const unsigned char b = 0x77;
+      VMMCKPT_CHECK(cuMemcpyHtoD(blocks[1] + 10 * MiB + static_cast<std::uint64_t>(round), &b, 1));
+      save(blocks, dir + "/live-" + std::to_string(round));
+      std::printf("changed %d\n", round);
+      std::fflush(stdout);
+      continue;
+    }
     // One byte in every 100th MiB of the memory, a different byte each round.
     for (std::uint64_t at = static_cast<std::uint64_t>(round) * 7 * MiB % (100 * MiB);
          at < allocations * allocation_size; at += 100 * MiB) {
@@ -117,8 +133,9 @@ int check(const std::string& path) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 3 && std::string(argv[1]) == "run") return run(argv[2]);
+  if (argc == 3 && std::string(argv[1]) == "run") return run(argv[2], false);
+  if (argc == 3 && std::string(argv[1]) == "run-sparse") return run(argv[2], true);
   if (argc == 3 && std::string(argv[1]) == "check") return check(argv[2]);
-  std::fprintf(stderr, "usage: %s run DIR | check FILE\n", argv[0]);
+  std::fprintf(stderr, "usage: %s run DIR | run-sparse DIR | check FILE\n", argv[0]);
   return 2;
 }

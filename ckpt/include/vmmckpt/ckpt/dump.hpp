@@ -94,6 +94,8 @@ struct image_result {
   } threads;
   // An incremental image: the stored bytes left out because its parent holds them unchanged.
   std::uint64_t unchanged_bytes = 0;
+  // Image format 6: the stored bytes of blocks that hold only zeros, neither written nor counted in data_bytes.
+  std::uint64_t zero_bytes = 0;
   // Why the parent asked for was not used, the image being full: the image a series (copy_settings::reuse)
   // wrote last changed since it was written. Empty when it was used, or none was asked for.
   std::string parent_dropped;

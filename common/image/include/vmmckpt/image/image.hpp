@@ -23,7 +23,9 @@ namespace vmmckpt::image {
 // format 4 (program-made VMM memory: the manifest's `vmm` layout and pools of kind vmm), which added to
 // format 3, whose allocation and extent tables are apart from the manifest's JSON, in tables.bin.
 // Readers also read formats 4, 3, 2 (tables in the JSON) and 1 (one data file, no `file` fields).
-inline constexpr std::uint32_t format_version = 5;
+inline constexpr std::uint32_t format_version = 6;
+// Format 6: a block whose bytes are all zero is stored nowhere and read as zeros (a zero block): images of
+// programs that reserve more than they fill (JAX, vLLM) hold what the program really wrote.
 // Format 5: every extent's stored bytes are cut into blocks of this many bytes, counted from the
 // extent's first stored byte (the last block of an extent may be shorter), each with its own
 // checksum: the unit an incremental dump compares with its parent and leaves out when unchanged.
@@ -50,9 +52,11 @@ using vmmckpt::allocation;
 // Format 5: one block of an extent's stored bytes: its checksum (block_checksum), and whether its
 // bytes are in this image's data file or, unchanged, in the parent's extent of the same address,
 // size and stored bytes.
+// Format 6: or a zero block, whose bytes are all zero, stored nowhere (its checksum is that of its zeros).
 struct block {
   std::uint64_t checksum = 0;
   bool in_parent = false;
+  bool zero = false;  // format 6; never with in_parent
   friend bool operator==(const block&, const block&) = default;
 };
 
@@ -78,6 +82,12 @@ std::uint64_t combined_checksum(const std::vector<block>& blocks);
 std::uint64_t block_count(std::uint64_t stored, std::uint64_t block_bytes);
 // The bytes of extent e this image's data file holds: all its stored bytes but its blocks in the parent.
 std::uint64_t bytes_here(const extent& e, std::uint64_t block_bytes);
+// Format 6: the stored bytes of an extent's zero blocks (in no data file, read as zeros).
+std::uint64_t zero_bytes(const extent& e, std::uint64_t block_bytes);
+// The checksum of a block of `size` zero bytes: what a zero block records.
+std::uint64_t zero_block_checksum(std::uint64_t size);
+// Whether `size` bytes are all zero.
+bool all_zero(const void* data, std::size_t size);
 
 // `size` of an extent's stored bytes, from `offset` in them, belong at address `addr`: the part of
 // one allocation inside the extent.
@@ -149,6 +159,10 @@ struct manifest {
 // The bytes an image brings back: every extent's stored bytes, wherever in its chain they are
 // (data_bytes counts only those in its own data files).
 std::uint64_t restored_bytes(const manifest& m);
+// The bytes its data files hold together, its data_bytes: every extent's bytes_here.
+std::uint64_t data_bytes_of(const manifest& m);
+// Format 6: the bytes of its zero blocks, in no data file.
+std::uint64_t zero_bytes_of(const manifest& m);
 
 // Writes an image under a temporary name next to `final_dir`; nothing at
 // `final_dir` exists until commit() has written, fsync'd and renamed it. The
@@ -173,12 +187,15 @@ class writer {
   // Instead of write(), block by block (at a block boundary of the current extent; `size` is
   // write_block_size or the extent's last, shorter, block): a block whose checksum the caller has
   // computed already (block_checksum of these very bytes, on the CPU or the GPU), written unhashed;
-  // or, with inherit_block, a block left out because the parent image holds it unchanged.
+  // or, with inherit_block, a block left out because the parent image holds it unchanged; or, with
+  // zero_block, a block of zeros (the caller knows: the GPU found it). write() and write_blocks() also store a
+  // whole block of zeros they are given as a zero block: no image holds a block of zeros in a data file.
   void write_block(std::uint32_t file, const void* data, std::size_t size, std::uint64_t checksum);
   // Several whole blocks at once (the extent's last may be shorter), one checksum each: one write().
   void write_blocks(std::uint32_t file, const void* data, std::size_t size, const std::uint64_t* checksums,
                     std::size_t count);
   void inherit_block(std::uint32_t file, std::size_t size, std::uint64_t checksum);
+  void zero_block(std::uint32_t file, std::size_t size);
   // The same on file 0.
   void begin_extent(std::uint64_t addr, std::uint64_t size) { begin_extent(0, addr, size); }
   void write(const void* data, std::size_t size) { write(0, data, size); }
