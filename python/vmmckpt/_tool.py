@@ -104,7 +104,8 @@ def dump(pid: int, output: Optional[PathLike] = None, *, allow_partial: bool = F
     j = _run("dump", args + _options(allow_partial=allow_partial, deadline=deadline, writers=writers,
                                      parent=os.fspath(parent) if parent is not None else None))
     return DumpResult(image=j["image"], pid=int(j["pid"]), bytes=int(j["bytes"]), seconds=float(j["seconds"]),
-                      hold_ms=float(j.get("hold_ms", 0)), partial=bool(j.get("lacking")), raw=j)
+                      hold_ms=float(j.get("hold_ms", 0)), partial=bool(j.get("lacking")), raw=j,
+                      zero_bytes=int(j.get("zero_bytes", 0)))
 
 
 def suspend(pid: int, output: Optional[PathLike] = None, *, verify: bool = False, allow_partial: bool = False,
@@ -121,7 +122,8 @@ def suspend(pid: int, output: Optional[PathLike] = None, *, verify: bool = False
     j = _run("suspend", args + _options(verify=verify, allow_partial=allow_partial, deadline=deadline,
                                         parent=os.fspath(parent) if parent is not None else None))
     return SuspendResult(image=j["image"], pid=int(j["pid"]), bytes=int(j.get("bytes", 0)),
-                         freed_bytes=int(j.get("freed_bytes", 0)), seconds=float(j["seconds"]), raw=j)
+                         freed_bytes=int(j.get("freed_bytes", 0)), seconds=float(j["seconds"]), raw=j,
+                         zero_bytes=int(j.get("zero_bytes", 0)))
 
 
 def resume_process(pid: int) -> ResumeResult:

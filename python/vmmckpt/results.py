@@ -64,6 +64,7 @@ class DumpResult:
     hold_ms: float  # how long the program was held
     partial: bool  # the image lacks memory vmmckpt did not own (allow_partial)
     raw: Dict[str, Any] = field(repr=False, compare=False)
+    zero_bytes: int = 0  # bytes of blocks of zeros: recorded in the image, not written (image format 6)
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ class SuspendResult:
     freed_bytes: int
     seconds: float
     raw: Dict[str, Any] = field(repr=False, compare=False)
+    zero_bytes: int = 0  # bytes of blocks of zeros: recorded in the image, not written (image format 6)
 
 
 @dataclass(frozen=True)
