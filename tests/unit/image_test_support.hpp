@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "vmmckpt/image/image.hpp"
+
 namespace vmmckpt::test {
 
 // A fresh directory under /tmp, removed with everything in it (made writable first: tests take
@@ -50,6 +52,24 @@ inline void flip_byte(const std::filesystem::path& file, std::uint64_t offset, u
   c = static_cast<char>(c ^ mask);
   f.seekp(static_cast<std::streamoff>(offset));
   f.write(&c, 1);
+}
+
+// The manifest of a one-GPU process with one pool at `base` holding one cudaMalloc allocation of `bytes` bytes,
+// no extents yet: what the chain and zero-block tests write images of.
+inline image::manifest one_allocation_manifest(std::uint64_t base, std::uint64_t bytes) {
+  image::manifest m;
+  m.tool_version = "test";
+  m.created = "2026-11-25T00:00:00Z";
+  m.host = "node";
+  m.pid = 42;
+  m.devices = {{0, "GPU", "GPU-0", 9, 0}};
+  image::pool pl;
+  pl.base = base;
+  pl.size = 512ULL << 30;
+  pl.granularity = 2ULL << 20;
+  pl.allocations.push_back({base, bytes, alloc_api::cuda_malloc});
+  m.pools.push_back(pl);
+  return m;
 }
 
 }  // namespace vmmckpt::test

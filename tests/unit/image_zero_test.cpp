@@ -24,7 +24,6 @@ using vmmckpt::test::pattern;
 using vmmckpt::test::scratch;
 
 constexpr std::uint64_t MiB = 1ULL << 20;
-constexpr std::uint64_t GiB = 1ULL << 30;
 constexpr std::uint64_t base0 = 0x200000000000ULL;
 constexpr std::uint64_t live = 5 * MiB + 123;  // 6 blocks, the last short
 
@@ -46,17 +45,8 @@ img::manifest write(const fs::path& dir, const std::vector<unsigned char>& bytes
                     const fs::path& parent = {}) {
   std::optional<img::reader> p;
   if (!parent.empty()) p.emplace(img::reader::open(parent));
-  img::manifest m;
-  m.tool_version = "test";
-  m.created = "2026-11-27T00:00:00Z";
-  m.host = "node";
-  m.pid = 42;
-  m.devices = {{0, "GPU", "GPU-0", 9, 0}};
-  img::pool pl;
-  pl.base = base0;
-  pl.size = 512 * GiB;
-  pl.granularity = 2 * MiB;
-  pl.allocations.push_back({base0, bytes.size(), vmmckpt::alloc_api::cuda_malloc});
+  img::manifest m = vmmckpt::test::one_allocation_manifest(base0, bytes.size());
+  img::pool& pl = m.pools[0];
   img::writer w(dir);
   const std::uint64_t n = bytes.size();
   w.begin_extent(0, base0, n, n);
@@ -80,7 +70,6 @@ img::manifest write(const fs::path& dir, const std::vector<unsigned char>& bytes
     }
   }
   pl.extents.push_back(w.end_extent(0));
-  m.pools.push_back(pl);
   m.data_bytes = img::data_bytes_of(m);
   if (p) m.parent = img::parent_ref{p->info().image_id, p->manifest_checksum(), fs::absolute(parent).string()};
   w.commit(m);

@@ -37,7 +37,7 @@ std::uint64_t zero_bytes(const extent& e, std::uint64_t block_bytes) {
   return zero;
 }
 
-bool all_zero(const void* data, std::size_t size) {
+bool detail::all_zero(const void* data, std::size_t size) {
   const auto* p = static_cast<const unsigned char*>(data);
   // Word by word where aligned; the first nonzero byte ends it, so data that is not zero costs almost nothing.
   while (size > 0 && reinterpret_cast<std::uintptr_t>(p) % sizeof(std::uint64_t) != 0) {
@@ -54,22 +54,26 @@ bool all_zero(const void* data, std::size_t size) {
   return true;
 }
 
-std::uint64_t zero_block_checksum(std::uint64_t size) {
-  // A whole block's is asked for again and again: computed once. Others (an extent's last block) as asked.
-  static const std::uint64_t whole = [] {
-    const std::vector<unsigned char> zeros(write_block_size, 0);
-    return block_checksum(zeros.data(), zeros.size());
-  }();
-  if (size == write_block_size) return whole;
+namespace {
+
+std::uint64_t checksum_of_zeros(std::uint64_t size) {
+  static const std::vector<unsigned char> page(1 << 16, 0);
   XXH3_state_t state;
   XXH3_64bits_reset(&state);
-  static const std::vector<unsigned char> page(1 << 16, 0);
   for (std::uint64_t left = size; left > 0;) {
     const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(left, page.size()));
     detail::checksum_update(&state, page.data(), n);
     left -= n;
   }
   return XXH3_64bits_digest(&state);
+}
+
+}  // namespace
+
+std::uint64_t zero_block_checksum(std::uint64_t size) {
+  // A whole block's is asked for again and again: computed once. Others (an extent's last block) as asked.
+  static const std::uint64_t whole = checksum_of_zeros(write_block_size);
+  return size == write_block_size ? whole : checksum_of_zeros(size);
 }
 
 std::uint64_t restored_bytes(const manifest& m) {

@@ -85,6 +85,8 @@ std::string check_data_header(const header_bytes& h, std::uint64_t expected_payl
 
 // XXH3_64bits_update with the CPU's widest vector unit (AVX2 where present): the same result.
 void checksum_update(XXH3_state_t* state, const void* data, std::size_t size);
+// Whether `size` bytes are all zero (the writers' test for a zero block); stops at the first byte that is not.
+bool all_zero(const void* data, std::size_t size);
 
 // Hashes on a helper thread while the caller does I/O: one thread cannot both copy into the page
 // cache and hash at full speed, two overlap them. Hashes one range at a time, in call order.

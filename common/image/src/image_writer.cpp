@@ -127,7 +127,7 @@ struct data_file {
       while (run < size) {
         const std::uint64_t at = current_written + run;
         const std::uint64_t block = std::min((at / write_block_size + 1) * write_block_size, current.stored) - at;
-        if (at % write_block_size == 0 && size - run >= block && all_zero(p + run, block)) break;
+        if (at % write_block_size == 0 && size - run >= block && detail::all_zero(p + run, block)) break;
         run += static_cast<std::size_t>(std::min<std::uint64_t>(block, size - run));
         ++run_blocks;
       }

@@ -86,8 +86,6 @@ std::uint64_t bytes_here(const extent& e, std::uint64_t block_bytes);
 std::uint64_t zero_bytes(const extent& e, std::uint64_t block_bytes);
 // The checksum of a block of `size` zero bytes: what a zero block records.
 std::uint64_t zero_block_checksum(std::uint64_t size);
-// Whether `size` bytes are all zero.
-bool all_zero(const void* data, std::size_t size);
 
 // `size` of an extent's stored bytes, from `offset` in them, belong at address `addr`: the part of
 // one allocation inside the extent.
