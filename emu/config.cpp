@@ -79,6 +79,9 @@ static config read_config() {
   if (const char* p = std::getenv("VMMCKPT_EMU_NO_P2P"); p != nullptr && *p != '\0' && std::strcmp(p, "0") != 0) {
     c.peer_to_peer = false;
   }
+  if (const char* p = std::getenv("VMMCKPT_EMU_DIRTY_MEMORY"); p != nullptr && *p != '\0' && std::strcmp(p, "0") != 0) {
+    c.dirty_memory = true;
+  }
   if (const char* m = std::getenv("VMMCKPT_EMU_MEM"); m != nullptr && *m != '\0') {
     std::uint64_t bytes = 0;
     if (parse_size(m, bytes) && bytes > 0) {

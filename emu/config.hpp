@@ -1,5 +1,5 @@
 // Emulator settings read once from the environment (VMMCKPT_EMU_DEVICES, VMMCKPT_EMU_MEM,
-// VMMCKPT_EMU_NO_P2P, VMMCKPT_EMU_TRACE) and the stderr trace used to report what the emulator does not implement.
+// VMMCKPT_EMU_NO_P2P, VMMCKPT_EMU_DIRTY_MEMORY, VMMCKPT_EMU_TRACE) and the stderr trace used to report what the emulator does not implement.
 #pragma once
 
 #include <cstddef>
@@ -16,6 +16,9 @@ struct config {
   int physical[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};  // visible ordinal -> emulated device
   std::uint64_t device_memory = std::uint64_t{16} << 30;
   bool peer_to_peer = true;  // VMMCKPT_EMU_NO_P2P=1: no pair of devices can access each other
+  // VMMCKPT_EMU_DIRTY_MEMORY=1: device memory from cuMemCreate starts as 0xa5 bytes, not zeros, as a real
+  // GPU's may (memory another process freed): a restore that relies on fresh memory being zero shows.
+  bool dirty_memory = false;
   bool trace = false;
 };
 

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -207,6 +208,19 @@ CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
   });
 }
 
+// With VMMCKPT_EMU_DIRTY_MEMORY, new device memory full of 0xa5 bytes; otherwise left as the memfd gives it.
+static bool make_dirty(int fd, std::size_t size) {
+  if (!settings().dirty_memory) return true;
+  static const std::vector<unsigned char> pattern(std::size_t{1} << 20, 0xa5);
+  for (std::size_t at = 0; at < size;) {
+    const std::size_t n = std::min(pattern.size(), size - at);
+    const ssize_t w = pwrite(fd, pattern.data(), n, static_cast<off_t>(at));
+    if (w <= 0) return false;
+    at += static_cast<std::size_t>(w);
+  }
+  return true;
+}
+
 CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const CUmemAllocationProp* prop,
                      unsigned long long flags) {
   return guarded([&] {
@@ -223,7 +237,7 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const CU
     else
       std::snprintf(name, sizeof name, "vmmckpt-emu-dev%d", dev);
     const int fd = memfd_create(name, MFD_CLOEXEC);
-    if (fd < 0 || ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    if (fd < 0 || ftruncate(fd, static_cast<off_t>(size)) != 0 || (!host && !make_dirty(fd, size))) {
       if (fd >= 0) close(fd);
       if (!host) refund_device_memory(dev, size);
       return CUDA_ERROR_OUT_OF_MEMORY;

@@ -67,16 +67,25 @@ class upload_thread {
       pinned_ = d_.cuMemHostRegister_v2(pages_.data(), pages_.size(), CU_MEMHOSTREGISTER_PORTABLE) == CUDA_SUCCESS;
       if (!pinned_) log::warn("restore: pinning the load buffers failed; loading with blocking copies");
     }
-    image::streaming_checksum sum(reader.info().block_size);
+    const std::uint64_t block_bytes = reader.info().block_size;
+    image::streaming_checksum sum(block_bytes);
     const auto runs = image::stored_runs(pool, e);
     for (std::size_t i = 0; i < runs.size();) {
-      // A big run goes alone, a buffer at a time.
+      // A big run goes alone, a buffer at a time; its zero blocks are set to zero on the device, never read.
       if (runs[i].size >= piece_bytes) {
+        const std::uint64_t end = runs[i].offset + runs[i].size;
         for (std::uint64_t at = 0; at < runs[i].size;) {
-          const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(piece_bytes, runs[i].size - at));
+          const std::uint64_t from = runs[i].offset + at;
+          if (const std::uint64_t zeros = zero_blocks_at(e, block_bytes, from, end, sum); zeros > 0) {
+            VMMCKPT_TRY(zero_fill(q, runs[i].addr + at, zeros));
+            at += zeros;
+            continue;
+          }
+          const std::size_t n = static_cast<std::size_t>(
+              std::min<std::uint64_t>(piece_bytes, next_zero_block(e, block_bytes, from, end) - from));
           unsigned char* buffer = nullptr;
           VMMCKPT_TRY(take_buffer(q, buffer));
-          read_hashed(reader, e, runs[i].offset + at, n, buffer, sum);
+          read_hashed(reader, e, from, n, buffer, sum);
           VMMCKPT_TRY(copy(q, runs[i].addr + at, buffer, n));
           at += n;
         }
@@ -112,14 +121,20 @@ class upload_thread {
   }
 
   // Waits for the last copy from each buffer (earlier ones were waited for before the buffer was
-  // reused). Events made with CU_EVENT_BLOCKING_SYNC sleep: sixteen uploaders spinning in the
-  // driver would take the cores the reads need.
+  // reused), and for the zero fills. Events made with CU_EVENT_BLOCKING_SYNC sleep: sixteen uploaders
+  // spinning in the driver would take the cores the reads need.
   status finish() {
     for (int b = 0; b < 2; ++b) {
       if (pending_[b] == nullptr) continue;
       d_.cuCtxSetCurrent(pending_[b]->context);
       VMMCKPT_CUDA_STEP(d_.cuEventSynchronize(pending_[b]->done[b]), "finishing the copies to the device");
       pending_[b] = nullptr;
+    }
+    for (auto& [device, q] : queues_) {
+      if (!q.filled) continue;
+      d_.cuCtxSetCurrent(q.context);
+      VMMCKPT_CUDA_STEP(d_.cuStreamSynchronize(q.stream), "finishing the zero fills on the device");
+      q.filled = false;
     }
     return {};
   }
@@ -129,6 +144,7 @@ class upload_thread {
     CUcontext context = nullptr;
     CUstream stream = nullptr;
     CUevent done[2] = {nullptr, nullptr};
+    bool filled = false;  // a zero fill queued since finish() last waited
   };
 
   status queue_for(int device, queue*& out) {
@@ -173,18 +189,58 @@ class upload_thread {
     }
   }
 
-  // The buffer taken last into device memory at `addr`, less the ranges to keep; the other buffer is next.
-  status copy(queue* q, std::uint64_t addr, const unsigned char* buffer, std::size_t size) {
+  // The stored bytes of e's zero blocks that start at stored offset `from`, one after the other, each wholly
+  // before `end`; their checksums go into `sum` in place of their bytes. 0 when no zero block starts there.
+  static std::uint64_t zero_blocks_at(const image::extent& e, std::uint64_t block_bytes, std::uint64_t from,
+                                      std::uint64_t end, image::streaming_checksum& sum) {
+    if (block_bytes == 0 || from % block_bytes != 0 || !sum.at_block_boundary()) return 0;
+    std::uint64_t at = from;
+    for (std::size_t k = from / block_bytes; k < e.blocks.size() && e.blocks[k].zero; ++k) {
+      const std::uint64_t n = std::min(block_bytes, e.stored - at);
+      if (at + n > end) break;
+      sum.add_block({image::zero_block_checksum(n), false, true});
+      at += n;
+    }
+    return at - from;
+  }
+  // Where the first zero block after stored offset `from` starts, or `end`.
+  static std::uint64_t next_zero_block(const image::extent& e, std::uint64_t block_bytes, std::uint64_t from,
+                                       std::uint64_t end) {
+    if (block_bytes == 0) return end;
+    for (std::size_t k = from / block_bytes + 1; k < e.blocks.size() && k * block_bytes < end; ++k)
+      if (e.blocks[k].zero) return k * block_bytes;
+    return end;
+  }
+
+  // Calls f(at, n) for each part of device memory [addr, addr + size) outside the ranges to keep.
+  template <typename F>
+  status outside_kept(std::uint64_t addr, std::size_t size, F&& f) const {
     const std::uint64_t end = addr + size;
     auto k = std::lower_bound(keep_.begin(), keep_.end(), addr,
                               [](const auto& r, std::uint64_t at) { return r.first + r.second <= at; });
     for (std::uint64_t at = addr; at < end;) {
       const std::uint64_t stop = k != keep_.end() && k->first < end ? std::max(at, k->first) : end;
-      if (stop > at) VMMCKPT_TRY(copy_part(q, at, buffer + (at - addr), stop - at));
+      if (stop > at) VMMCKPT_TRY(f(at, stop - at));
       if (stop == end) break;
       at = std::min(end, k->first + k->second);  // past the kept range
       ++k;
     }
+    return {};
+  }
+
+  // Device memory [addr, addr + size) set to zero, less the ranges to keep: a zero block's bytes.
+  status zero_fill(queue* q, std::uint64_t addr, std::uint64_t size) {
+    q->filled = true;
+    return outside_kept(addr, size, [&](std::uint64_t at, std::uint64_t n) -> status {
+      VMMCKPT_CUDA_STEP(d_.cuMemsetD8Async(at, 0, n, q->stream), "setting zero blocks on the device");
+      return {};
+    });
+  }
+
+  // The buffer taken last into device memory at `addr`, less the ranges to keep; the other buffer is next.
+  status copy(queue* q, std::uint64_t addr, const unsigned char* buffer, std::size_t size) {
+    VMMCKPT_TRY(outside_kept(
+        addr, size, [&](std::uint64_t at, std::uint64_t n) { return copy_part(q, at, buffer + (at - addr), n); }));
     if (pinned_) {
       VMMCKPT_CUDA_STEP(d_.cuEventRecord(q->done[next_], q->stream), "recording a copy");
       pending_[next_] = q;

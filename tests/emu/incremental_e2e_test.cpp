@@ -3,6 +3,7 @@
 
 #include <signal.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -324,6 +325,12 @@ TEST_CASE("incremental: a series notices its last image changed, even to the sam
 
 TEST_CASE("zero blocks: an arena written a little is dumped, restored, suspended and resumed with every byte",
           "[emu][incremental][zero]") {
+  // Every process of this test gets device memory full of 0xa5 bytes: a restore or resume must write the zero
+  // blocks' zeros (on the device), never leave them to fresh memory.
+  struct dirty_memory {
+    dirty_memory() { ::setenv("VMMCKPT_EMU_DIRTY_MEMORY", "1", 1); }
+    ~dirty_memory() { ::unsetenv("VMMCKPT_EMU_DIRTY_MEMORY"); }
+  } dirty;
   scratch_dir dir;
   background_process p({cuda_ckpt, "run", "--", program, "run-sparse", dir.path.string()});
   REQUIRE(p.wait_for_output("ready\n"));

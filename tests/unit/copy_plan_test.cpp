@@ -123,28 +123,44 @@ TEST_CASE("pack: a span's pieces are moved together, its gaps left out", "[copy_
   CHECK(std::vector<unsigned char>(packed, packed + chunks[0].spans[0].stored) == want);
 }
 
-TEST_CASE("block runs: the longest runs of unchanged and changed blocks", "[copy_plan]") {
+TEST_CASE("block runs: the longest runs of unchanged, zero and changed blocks", "[copy_plan]") {
   const std::uint64_t bs = image::write_block_size;
+  using ckpt::block_fate;
+  using run = std::tuple<std::size_t, std::size_t, block_fate, std::uint64_t, std::uint64_t>;
   image::extent old;
   old.blocks = {{1}, {2}, {3}, {4}};
   const std::uint64_t sums[] = {1, 9, 9, 4};
-  std::vector<std::tuple<std::size_t, std::size_t, bool, std::uint64_t, std::uint64_t>> runs;
+  std::vector<run> runs;
   const std::uint64_t stored = 3 * bs + 100;
-  ckpt::for_each_block_run(sums, &old, stored,
-                           [&](std::size_t first, std::size_t end, bool same, std::uint64_t from, std::uint64_t to) {
-                             runs.emplace_back(first, end, same, from, to);
-                           });
+  auto collect = [&](std::size_t first, std::size_t end, block_fate fate, std::uint64_t from, std::uint64_t to) {
+    runs.emplace_back(first, end, fate, from, to);
+  };
+  ckpt::for_each_block_run(sums, nullptr, &old, stored, collect);
   REQUIRE(runs.size() == 3);
-  CHECK(runs[0] == std::tuple{std::size_t{0}, std::size_t{1}, true, std::uint64_t{0}, bs});
-  CHECK(runs[1] == std::tuple{std::size_t{1}, std::size_t{3}, false, bs, 3 * bs});
-  CHECK(runs[2] == std::tuple{std::size_t{3}, std::size_t{4}, true, 3 * bs, stored});
+  CHECK(runs[0] == run{0, 1, block_fate::parent, 0, bs});
+  CHECK(runs[1] == run{1, 3, block_fate::copy, bs, 3 * bs});
+  CHECK(runs[2] == run{3, 4, block_fate::parent, 3 * bs, stored});
   runs.clear();
-  ckpt::for_each_block_run(sums, nullptr, stored,
-                           [&](std::size_t first, std::size_t end, bool same, std::uint64_t from, std::uint64_t to) {
-                             runs.emplace_back(first, end, same, from, to);
-                           });
+  ckpt::for_each_block_run(sums, nullptr, nullptr, stored, collect);
   REQUIRE(runs.size() == 1);  // without a parent every block differs
-  CHECK(runs[0] == std::tuple{std::size_t{0}, std::size_t{4}, false, std::uint64_t{0}, stored});
+  CHECK(runs[0] == run{0, 4, block_fate::copy, 0, stored});
+
+  SECTION("zero flags: a zero block unchanged since the parent is left to it, one changed is a zero block") {
+    const unsigned char zeros[] = {1, 1, 0, 1};
+    runs.clear();
+    ckpt::for_each_block_run(sums, zeros, &old, stored, collect);
+    REQUIRE(runs.size() == 4);
+    CHECK(runs[0] == run{0, 1, block_fate::parent, 0, bs});
+    CHECK(runs[1] == run{1, 2, block_fate::zero, bs, 2 * bs});
+    CHECK(runs[2] == run{2, 3, block_fate::copy, 2 * bs, 3 * bs});
+    CHECK(runs[3] == run{3, 4, block_fate::parent, 3 * bs, stored});
+    runs.clear();
+    ckpt::for_each_block_run(sums, zeros, nullptr, stored, collect);
+    REQUIRE(runs.size() == 3);
+    CHECK(runs[0] == run{0, 2, block_fate::zero, 0, 2 * bs});
+    CHECK(runs[1] == run{2, 3, block_fate::copy, 2 * bs, 3 * bs});
+    CHECK(runs[2] == run{3, 4, block_fate::zero, 3 * bs, stored});  // the last, shorter block too
+  }
 }
 
 TEST_CASE("snapshot: the last chunks that fit, and where they lie in it", "[copy_plan]") {
@@ -171,9 +187,8 @@ TEST_CASE("copy runs: whole spans without checksums; with them only the changed 
   const std::vector<CUdeviceptr> nowhere(chunks.size(), 0);
 
   SECTION("no checksums: every span whole") {
-    const auto runs = ckpt::plan_copy_runs(chunks, nowhere, [](std::size_t, std::size_t) {
-      return std::pair<const std::uint64_t*, const image::extent*>{nullptr, nullptr};
-    });
+    const auto runs =
+        ckpt::plan_copy_runs(chunks, nowhere, [](std::size_t, std::size_t) { return ckpt::span_blocks{}; });
     CHECK(runs.changed_chunks == 2);
     CHECK(runs.changed_bytes == 5 * bs);
     CHECK(runs.uncopied_bytes == 0);
@@ -190,8 +205,7 @@ TEST_CASE("copy runs: whole spans without checksums; with them only the changed 
     const std::uint64_t sums1[] = {7, 8};     // nothing changed
     const std::vector<CUdeviceptr> snapshot_at = {0, 5000};
     const auto runs = ckpt::plan_copy_runs(chunks, snapshot_at, [&](std::size_t c, std::size_t) {
-      return c == 0 ? std::pair<const std::uint64_t*, const image::extent*>{sums0, &old0}
-                    : std::pair<const std::uint64_t*, const image::extent*>{sums1, &old1};
+      return c == 0 ? ckpt::span_blocks{sums0, nullptr, &old0} : ckpt::span_blocks{sums1, nullptr, &old1};
     });
     CHECK(runs.changed_chunks == 1);
     CHECK(runs.changed_bytes == bs);
@@ -203,10 +217,25 @@ TEST_CASE("copy runs: whole spans without checksums; with them only the changed 
     CHECK(runs.bytes_of(0) == bs);
     CHECK(runs.bytes_of(1) == 0);
   }
-  SECTION("runs placed in a snapshot one after the other") {
-    auto runs = ckpt::plan_copy_runs(chunks, nowhere, [](std::size_t, std::size_t) {
-      return std::pair<const std::uint64_t*, const image::extent*>{nullptr, nullptr};
+  SECTION("zero flags without a parent: the zero blocks are not copied, a chunk all zeros has no run") {
+    const std::uint64_t sums0[] = {1, 2, 3}, sums1[] = {4, 5};
+    const unsigned char zeros0[] = {0, 1, 0}, zeros1[] = {1, 1};
+    const auto runs = ckpt::plan_copy_runs(chunks, nowhere, [&](std::size_t c, std::size_t) {
+      return c == 0 ? ckpt::span_blocks{sums0, zeros0, nullptr} : ckpt::span_blocks{sums1, zeros1, nullptr};
     });
+    CHECK(runs.changed_chunks == 1);
+    CHECK(runs.changed_bytes == 2 * bs);
+    CHECK(runs.zero_bytes == 3 * bs);
+    CHECK(runs.uncopied_bytes == 0);
+    REQUIRE(runs.of[0].size() == 2);
+    CHECK(runs.of[0][0].addr == 0x100000000);
+    CHECK(runs.of[0][0].bytes == bs);
+    CHECK(runs.of[0][1].addr == 0x100000000 + 2 * bs);
+    CHECK(runs.of[0][1].offset == 2 * bs);
+    CHECK(runs.of[1].empty());
+  }
+  SECTION("runs placed in a snapshot one after the other") {
+    auto runs = ckpt::plan_copy_runs(chunks, nowhere, [](std::size_t, std::size_t) { return ckpt::span_blocks{}; });
     runs.place_in_snapshot(0, 1 << 30);
     CHECK(runs.of[0][0].in_snapshot == (1 << 30));
     CHECK(runs.of[1][0].in_snapshot == (1 << 30) + 3 * bs);

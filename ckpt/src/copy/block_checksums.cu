@@ -1,5 +1,6 @@
-// Image format 5's block checksums computed on the GPU (docs/image-format.md, "Blocks"): compiled to PTX at build
-// time, embedded in cuda-ckpt and loaded with cuModuleLoadData (ckpt/src/copy/gpu_checksums.cpp).
+// Image format 5's block checksums computed on the GPU (docs/image-format.md, "Blocks"), and whether each block
+// is all zeros (format 6's zero blocks, neither copied nor written): compiled at build time, embedded in
+// cuda-ckpt and loaded with cuModuleLoadData (ckpt/src/copy/gpu_checksums.cpp).
 //
 // Eight threads hash one block: XXH3's eight accumulators are independent until the final merge, so thread L
 // keeps accumulator L and reads word L of every 64-byte stripe (a group's reads are one 64-byte run), and the
@@ -22,7 +23,8 @@ __device__ __forceinline__ u64 accumulate(u64 acc, u64 word, u64 key_word, unsig
 }
 
 // XXH3-64 of p[0, len) for len > 240 by the eight threads of `group`; lane L's result is only used on lane 0.
-__device__ u64 hash_long_by_eight(const unsigned char* p, u64 len, unsigned lane, unsigned group) {
+// `seen` gathers the OR of every word this lane read: the eight lanes' words cover every byte.
+__device__ u64 hash_long_by_eight(const unsigned char* p, u64 len, unsigned lane, unsigned group, u64& seen) {
   const u64 init[8] = {x::prime32_3, x::prime64_1, x::prime64_2, x::prime64_3,
                        x::prime64_4, x::prime32_2, x::prime64_5, x::prime32_1};
   u64 acc = init[lane];
@@ -44,16 +46,23 @@ __device__ u64 hash_long_by_eight(const unsigned char* p, u64 len, unsigned lane
       for (u64 s = 0; s < stripes_per_block; ++s) word[s] = x::read64(q + s * stripe);
     }
 #pragma unroll
-    for (u64 s = 0; s < stripes_per_block; ++s) acc = accumulate(acc, word[s], key[s], group);
+    for (u64 s = 0; s < stripes_per_block; ++s) {
+      seen |= word[s];
+      acc = accumulate(acc, word[s], key[s], group);
+    }
     acc ^= acc >> 47;
     acc ^= scramble_key;
     acc *= x::prime32_1;
   }
   const u64 stripes = ((len - 1) - block_len * blocks) / stripe;
-  for (u64 s = 0; s < stripes; ++s)
-    acc = accumulate(acc, x::read64(p + blocks * block_len + s * stripe + 8 * lane), x::secret64(s * 8 + 8 * lane),
-                     group);
-  acc = accumulate(acc, x::read64(p + len - stripe + 8 * lane), x::secret64(x::secret_size - 64 - 7 + 8 * lane), group);
+  for (u64 s = 0; s < stripes; ++s) {
+    const u64 word = x::read64(p + blocks * block_len + s * stripe + 8 * lane);
+    seen |= word;
+    acc = accumulate(acc, word, x::secret64(s * 8 + 8 * lane), group);
+  }
+  const u64 last = x::read64(p + len - stripe + 8 * lane);
+  seen |= last;
+  acc = accumulate(acc, last, x::secret64(x::secret_size - 64 - 7 + 8 * lane), group);
   // The merge: accumulators 2i and 2i+1 folded together, the four folds summed.
   const u64 odd = __shfl_xor_sync(group, acc, 1);
   u64 fold =
@@ -70,10 +79,11 @@ struct vmmckpt_span {
   unsigned long long src, bytes, first;
 };
 
-// Eight threads per block of block_bytes: launch with a multiple of 8 threads per thread block.
+// Eight threads per block of block_bytes: launch with a multiple of 8 threads per thread block. out[i]: block
+// i's checksum; zero[i]: 1 when its bytes are all zero.
 extern "C" __global__ void vmmckpt_block_checksums(const vmmckpt_span* spans, unsigned long long span_count,
                                                    unsigned long long blocks, unsigned long long block_bytes,
-                                                   unsigned long long* out) {
+                                                   unsigned long long* out, unsigned char* zero) {
   const unsigned long long i = (static_cast<unsigned long long>(blockIdx.x) * blockDim.x + threadIdx.x) / 8;
   if (i >= blocks) return;  // the whole group of eight leaves together
   const unsigned lane = threadIdx.x & 7;
@@ -91,9 +101,19 @@ extern "C" __global__ void vmmckpt_block_checksums(const vmmckpt_span* spans, un
   const unsigned long long n = s.bytes - at < block_bytes ? s.bytes - at : block_bytes;
   const unsigned char* p = reinterpret_cast<const unsigned char*>(s.src + at);
   if (n > 240) {
-    const u64 h = hash_long_by_eight(p, n, lane, group);
-    if (lane == 0) out[i] = h;
+    u64 seen = 0;
+    const u64 h = hash_long_by_eight(p, n, lane, group, seen);
+    seen |= __shfl_xor_sync(group, seen, 1);
+    seen |= __shfl_xor_sync(group, seen, 2);
+    seen |= __shfl_xor_sync(group, seen, 4);
+    if (lane == 0) {
+      out[i] = h;
+      zero[i] = seen == 0;
+    }
   } else if (lane == 0) {
     out[i] = x::hash64(p, n);
+    unsigned char seen = 0;
+    for (u64 k = 0; k < n; ++k) seen |= p[k];
+    zero[i] = seen == 0;
   }
 }

@@ -6,7 +6,7 @@
 
 namespace vmmckpt::ckpt {
 
-std::uint64_t chunk_copier::to_snapshot(std::size_t first, bool then_hash) {
+std::uint64_t chunk_copier::to_snapshot(std::size_t first) {
   const driver_api& d = driver();
   copy_staging& st = job_.staging;
   std::uint64_t bytes = 0;
@@ -15,10 +15,6 @@ std::uint64_t chunk_copier::to_snapshot(std::size_t first, bool then_hash) {
       VMMCKPT_CUDA_TRY(d.cuMemcpyDtoDAsync_v2(r.in_snapshot, r.addr, r.bytes, st.streams[0]));
       bytes += r.bytes;
     }
-  if (then_hash) {
-    VMMCKPT_CUDA_TRY(d.cuEventRecord(st.snapshot_copied, st.streams[0]));
-    VMMCKPT_CUDA_TRY(d.cuStreamWaitEvent(st.checksum_stream, st.snapshot_copied, 0));
-  }
   return bytes;
 }
 
@@ -27,7 +23,7 @@ void chunk_copier::copy_chunk(std::size_t c, std::size_t b) {
   const driver_api& d = driver();
   copy_staging& st = job_.staging;
   CUstream s = st.streams[c % st.streams.size()];
-  if (job_.snapshot_at[c] != 0 && !job_.incremental) {  // the chunk whole, its gaps too: one copy
+  if (job_.snapshot_at[c] != 0 && !job_.by_block) {  // the chunk whole, its gaps too: one copy
     VMMCKPT_CUDA_TRY(d.cuMemcpyDtoHAsync_v2(st.buffers[b], job_.snapshot_at[c], job_.chunks[c].bytes, s));
   } else {
     for (const copy_run& r : job_.runs.of[c])

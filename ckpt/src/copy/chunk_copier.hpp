@@ -25,17 +25,17 @@ class chunk_copier {
     const std::vector<chunk>& chunks;
     const copy_runs& runs;
     const std::vector<CUdeviceptr>& snapshot_at;  // snapshot_places(): a full image's chunks in the snapshot
-    bool incremental;                             // with a parent: only the runs are copied, never whole chunks
-    const std::atomic<int>* interrupt;            // checked before each chunk
+    bool by_block;                      // the GPU hashed the blocks: only the runs are copied, never whole chunks
+    const std::atomic<int>* interrupt;  // checked before each chunk
     chunk_handoff& handoff;
     copy_progress_line& line;
     image_result& result;  // the wait for free staging buffers
   };
   explicit chunk_copier(const job& j) : job_(j) {}
 
-  // Queues the copy of the runs of chunks [first, end) into the snapshot, on the first copy stream; with
-  // `then_hash`, the checksum stream waits for it. Returns the bytes.
-  std::uint64_t to_snapshot(std::size_t first, bool then_hash);
+  // Queues the copy of the runs of chunks [first, end) into the snapshot, on the first copy stream. Returns
+  // the bytes.
+  std::uint64_t to_snapshot(std::size_t first);
   // Copies every chunk with something to copy into a free staging buffer, in order, and hands every chunk to
   // the writers; `release` is called where `plan` says (before_chunk), then the copies go on from the
   // snapshot. Returns when every copy is queued, or early when a writer failed.

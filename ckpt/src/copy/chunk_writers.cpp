@@ -12,27 +12,34 @@ namespace {
 
 using clock = std::chrono::steady_clock;
 
-// An extent of an incremental image, block by block: a block whose checksum equals the parent's
-// block at the same place is left to the parent, the others are written, each run in one write.
-// Returns the bytes left out. `given`: the blocks' checksums computed on the GPU, or null (the CPU
-// computes them here from `bytes`, which may be null only with `given` set and every block unchanged).
-std::uint64_t write_changed_blocks(image::writer& writer, std::uint32_t file, const unsigned char* bytes,
-                                   std::uint64_t stored, const image::extent* old, const std::uint64_t* given) {
+// An extent block by block: a block whose checksum equals the parent's block at the same place is left to the
+// parent, a block the GPU found all zeros is a zero block, the others are written, each run in one write.
+// Returns the bytes left to the parent. `given`: the blocks' checksums computed on the GPU, with its zero flags
+// (`zeros`), or null (the CPU computes them here from `bytes`, which may be null only when no block is written:
+// only the blocks to write were copied out of the program's memory).
+std::uint64_t write_blocks_by_fate(image::writer& writer, std::uint32_t file, const unsigned char* bytes,
+                                   std::uint64_t stored, const image::extent* old, const std::uint64_t* given,
+                                   const unsigned char* zeros) {
   std::vector<std::uint64_t> computed;
   if (given == nullptr) computed = block_checksums(bytes, stored);
   const std::uint64_t* sums = given != nullptr ? given : computed.data();
   std::uint64_t unchanged = 0;
   for_each_block_run(
-      sums, old, stored, [&](std::size_t first, std::size_t end, bool same, std::uint64_t from, std::uint64_t to) {
-        if (!same) {
+      sums, given != nullptr ? zeros : nullptr, old, stored,
+      [&](std::size_t first, std::size_t end, block_fate fate, std::uint64_t from, std::uint64_t to) {
+        if (fate == block_fate::copy) {
           writer.write_blocks(file, bytes + from, static_cast<std::size_t>(to - from), sums + first, end - first);
           return;
         }
         for (std::size_t k = first; k < end; ++k) {
-          const std::uint64_t at = k * image::write_block_size;
-          writer.inherit_block(file, static_cast<std::size_t>(std::min(image::write_block_size, stored - at)), sums[k]);
+          const auto size =
+              static_cast<std::size_t>(std::min(image::write_block_size, stored - k * image::write_block_size));
+          if (fate == block_fate::parent)
+            writer.inherit_block(file, size, sums[k]);
+          else
+            writer.zero_block(file, size);
         }
-        unchanged += to - from;
+        if (fate == block_fate::parent) unchanged += to - from;
       });
   return unchanged;
 }
@@ -64,11 +71,11 @@ std::uint64_t chunk_writers::write_chunk(std::uint32_t file, std::size_t c, std:
   for (std::size_t s = 0; s < ch.spans.size(); ++s) {
     const span& sp = ch.spans[s];
     writer.begin_extent(file, sp.addr, sp.size, sp.stored);
-    const unsigned char* bytes = copied ? pack(job_.staging.buffers[b], ch, sp) : nullptr;  // null: all unchanged
+    const unsigned char* bytes = copied ? pack(job_.staging.buffers[b], ch, sp) : nullptr;
     const image::extent* old = job_.parent ? job_.parent->same_extent(sp.addr, sp.size, sp.stored) : nullptr;
     const std::uint64_t* given = job_.sums.of(c, s);
     if (old != nullptr || given != nullptr)
-      unchanged += write_changed_blocks(writer, file, bytes, sp.stored, old, given);
+      unchanged += write_blocks_by_fate(writer, file, bytes, sp.stored, old, given, job_.sums.zeros_of(c, s));
     else
       writer.write(file, bytes, sp.stored);
     job_.manifest.pools[sp.pool].extents[sp.extent] = writer.end_extent(file);

@@ -1,5 +1,5 @@
-// The block checksums the GPU computes for one copy: for each chunk and span, the batch that has them and
-// where they start in it (no batch: the writer hashes that span on the CPU).
+// The block checksums and zero flags the GPU computes for one copy: for each chunk and span, the batch that has
+// them and where they start in it (no batch: the writer hashes that span on the CPU).
 #pragma once
 
 #include <cuda.h>
@@ -23,18 +23,20 @@ class copy_checksums {
   // Whether the GPU hashes (a span of several pieces, small allocations joined with their gaps, is hashed by
   // its writer, as is everything without a usable kernel).
   bool on_gpu() const { return kernel_ != nullptr && kernel_->available(); }
-  // Chunks [0, in_place) hashed where they lie in the program's memory, while it is held and before their
-  // copy; with the GPU hashing, "gpu" in the result, otherwise why not. Set before the first chunk is handed
-  // to a writer.
-  void hash_in_place(std::size_t in_place, image_result& result);
-  // Chunks [from, end) hashed in the snapshot (where snapshot_at says), once the copy into it is done.
-  void hash_in_snapshot(std::size_t from, const std::vector<CUdeviceptr>& snapshot_at);
+  // With the GPU hashing, every chunk hashed where it lies in the program's memory, while it is held and
+  // before any copy, and "gpu" in the result; otherwise why not. Called before the first chunk is handed to a
+  // writer.
+  void hash_in_place(image_result& result);
   // The checksums of chunk c's span s, waiting for the kernel; null: the writer computes them.
   const std::uint64_t* of(std::size_t c, std::size_t s) const {
     const auto [batch, at] = at_[c][s];
     if (batch == nullptr) return nullptr;
     const std::uint64_t* sums = batch->wait();
     return sums != nullptr ? sums + at : nullptr;
+  }
+  // Its zero flags (a byte a block), where of() gives checksums.
+  const unsigned char* zeros_of(std::size_t c, std::size_t s) const {
+    return of(c, s) != nullptr ? at_[c][s].first->zeros() + at_[c][s].second : nullptr;
   }
   // The kernel reads the program's memory until it is done: waited for before the release.
   void wait_in_place() const {
@@ -44,12 +46,10 @@ class copy_checksums {
   void summarize(image_result& result) const;
 
  private:
-  std::unique_ptr<gpu_checksums::batch> launch(std::size_t from, std::size_t to, bool in_place,
-                                               const std::vector<CUdeviceptr>& snapshot_at);
   const std::vector<chunk>& chunks_;
   gpu_checksums* kernel_;
   CUstream stream_;
-  std::unique_ptr<gpu_checksums::batch> in_place_, in_snapshot_;
+  std::unique_ptr<gpu_checksums::batch> in_place_;
   std::vector<std::vector<std::pair<gpu_checksums::batch*, std::uint64_t>>> at_;
 };
 

@@ -107,10 +107,8 @@ void copy_pipeline::prepare(const std::filesystem::path& output, CUcontext conte
     copy_reuse* r = settings_.reuse.get();
     gpu_sums_ = r != nullptr && r->kernel ? r->kernel : std::make_shared<gpu_checksums>();
     if (r != nullptr) r->kernel = gpu_sums_;
-    if (gpu_sums_->available() && staging_->checksum_stream == nullptr) {
+    if (gpu_sums_->available() && staging_->checksum_stream == nullptr)
       VMMCKPT_CUDA_TRY(d.cuStreamCreate(&staging_->checksum_stream, CU_STREAM_NON_BLOCKING));
-      VMMCKPT_CUDA_TRY(d.cuEventCreate(&staging_->snapshot_copied, CU_EVENT_DISABLE_TIMING));
-    }
     result.mark("kernel");
   }
   // With room on the GPU for a second copy of the live bytes, the program is held only while
@@ -182,46 +180,44 @@ copy_outcome copy_pipeline::copy(image::manifest& m, const readable_fn& readable
       {context_, st, chunks, parent_.get(), sums, settings_.interrupt, *writer_, m, handoff, line, result},
       m.data_files);
 
-  // The chunks that fit in the snapshot, counted from the end; those before them are copied out of
-  // the GPU while the program is held (all of them when the program grew past the snapshot).
+  // The block checksums and zero flags on the GPU, of every chunk where it lies in the program's memory while
+  // it is held, before any copy: a block of zeros, or one the parent holds unchanged, then never leaves the
+  // program's memory, and the hold shrinks to the other blocks.
+  sums.hash_in_place(result);
+  const bool by_block = sums.on_gpu();
   gpu_snapshot& snapshot = *snapshot_;
-  std::size_t first = first_in_snapshot(chunks.size(), snapshot.bytes, [&](std::size_t c) { return chunks[c].bytes; });
-  if (first == chunks.size()) snapshot.release();
+  // Without them, whole chunks: those that fit in the snapshot, counted from the end, go there; those before
+  // them are copied out of the GPU while the program is held (all of them when it grew past the snapshot).
+  std::size_t first = chunks.size();
+  if (!by_block) {
+    first = first_in_snapshot(chunks.size(), snapshot.bytes, [&](std::size_t c) { return chunks[c].bytes; });
+    if (first == chunks.size()) snapshot.release();
+  }
   const std::vector<CUdeviceptr> snapshot_at = snapshot_places(chunks, first, snapshot.ptr);
   const auto copy_start = clock::now();
   line.report(copy_progress::stage::copying, 0);  // the program is held from here: the copy's rate counts from now
   program_release released{release, sums, settings_.interrupt, handoff, line};
-  // The block checksums on the GPU:
-  // - the chunks copied straight out of the program's memory are hashed in place while it is held, before
-  //   their copy, and so are all chunks with a parent: a block the parent holds unchanged then never
-  //   leaves the program's memory, and the hold shrinks to the changed blocks;
-  // - without a parent, the snapshot's chunks are hashed there once their copy is done, after the release.
-  const std::size_t hashed_in_place = parent_ ? chunks.size() : first;
-  sums.hash_in_place(hashed_in_place, result);
-  // What of each chunk leaves the program's memory, worked out once, before the first copy (waiting, with a
-  // parent, for the kernel).
+  // What of each chunk leaves the program's memory, worked out once, before the first copy (waiting for the
+  // kernel).
   copy_runs runs = plan_copy_runs(chunks, snapshot_at, [&](std::size_t c, std::size_t k) {
     const span& sp = chunks[c].spans[k];
-    const std::uint64_t* s = parent_ ? sums.of(c, k) : nullptr;
-    return std::pair{s, s ? parent_->same_extent(sp.addr, sp.size, sp.stored) : nullptr};
+    return span_blocks{sums.of(c, k), sums.zeros_of(c, k),
+                       parent_ ? parent_->same_extent(sp.addr, sp.size, sp.stored) : nullptr};
   });
   result.uncopied_bytes += runs.uncopied_bytes;
-  result.mark("compared");  // what to copy is known: with a parent, once the GPU's checksums are in
-  // An incremental dump's snapshot, made now that the changed bytes are known, when they take more staging
-  // buffers (one per chunk with a changed block) than there are: their runs packed one after the other, of
-  // the chunks that fit counted from the end.
-  if (snapshot_later_ && runs.changed_chunks > static_cast<std::size_t>(buffers_)) {
-    snapshot.try_allocate(runs.changed_bytes, settings_.chunk_bytes);
-    first = first_in_snapshot(first, snapshot.bytes, [&](std::size_t c) { return runs.bytes_of(c); });
-    runs.place_in_snapshot(first, snapshot.ptr);
+  result.mark("compared");  // what to copy is known
+  // Block by block, the runs to copy packed one after the other in the snapshot, of the chunks that fit counted
+  // from the end. An incremental dump makes its snapshot now that the changed bytes are known, when they take
+  // more staging buffers (one per chunk with a changed block) than there are.
+  if (by_block) {
+    if (snapshot_later_ && runs.changed_chunks > static_cast<std::size_t>(buffers_))
+      snapshot.try_allocate(runs.changed_bytes, settings_.chunk_bytes);
+    first = first_in_snapshot(chunks.size(), snapshot.bytes, [&](std::size_t c) { return runs.bytes_of(c); });
     if (first == chunks.size()) snapshot.release();
+    runs.place_in_snapshot(first, snapshot.ptr);
   }
-  chunk_copier copier({st, chunks, runs, snapshot_at, parent_ != nullptr, settings_.interrupt, handoff, line, result});
-  if (snapshot.ptr != 0) {
-    const bool hash_there = sums.on_gpu() && hashed_in_place < chunks.size();
-    out.snapshot_bytes = copier.to_snapshot(first, hash_there);
-    if (hash_there) sums.hash_in_snapshot(hashed_in_place, snapshot_at);
-  }
+  chunk_copier copier({st, chunks, runs, snapshot_at, by_block, settings_.interrupt, handoff, line, result});
+  if (snapshot.ptr != 0) out.snapshot_bytes = copier.to_snapshot(first);
   copier.to_staging(plan_release(snapshot.ptr != 0, first, chunks.size()), [&] {
     copier.wait();
     line.report(copy_progress::stage::copying, total);

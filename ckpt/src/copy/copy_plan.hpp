@@ -72,18 +72,28 @@ std::uint64_t stored_bytes(const std::vector<chunk>& chunks);
 // still needed.
 const unsigned char* pack(unsigned char* buffer, const chunk& c, const span& sp);
 
-// Calls f(first, end, unchanged, from, to) for each longest run of blocks [first, end) of an extent of
-// `stored` bytes whose checksums (`sums`) all equal those of the parent's extent `old`, block for block, or
-// all differ (every block, without `old`); [from, to) is the run's byte range in the extent.
+// What becomes of one block of a span: copied out of the program's memory and written, left to the parent
+// (its checksum equals the parent's block at the same place), or recorded as a zero block (the GPU found it
+// all zeros): neither of the last two is copied.
+enum class block_fate { copy, parent, zero };
+
+// Calls f(first, end, fate, from, to) for each longest run of blocks [first, end) of an extent of `stored`
+// bytes that share a fate: left to the parent where their checksums (`sums`) equal those of the parent's
+// extent `old`, block for block; otherwise zero where `zeros` (a byte a block, may be null) says so; otherwise
+// copied. [from, to) is the run's byte range in the extent.
 template <typename F>
-void for_each_block_run(const std::uint64_t* sums, const image::extent* old, std::uint64_t stored, F&& f) {
+void for_each_block_run(const std::uint64_t* sums, const unsigned char* zeros, const image::extent* old,
+                        std::uint64_t stored, F&& f) {
   const std::size_t count = image::block_count(stored, image::write_block_size);
-  auto same = [&](std::size_t k) { return old != nullptr && sums[k] == old->blocks[k].checksum; };
+  auto fate = [&](std::size_t k) {
+    if (old != nullptr && sums[k] == old->blocks[k].checksum) return block_fate::parent;
+    return zeros != nullptr && zeros[k] != 0 ? block_fate::zero : block_fate::copy;
+  };
   for (std::size_t k = 0; k < count;) {
-    const bool unchanged = same(k);
+    const block_fate first = fate(k);
     std::size_t end = k + 1;
-    while (end < count && same(end) == unchanged) ++end;
-    f(k, end, unchanged, k * image::write_block_size, std::min<std::uint64_t>(end * image::write_block_size, stored));
+    while (end < count && fate(end) == first) ++end;
+    f(k, end, first, k * image::write_block_size, std::min<std::uint64_t>(end * image::write_block_size, stored));
     k = end;
   }
 }
@@ -113,6 +123,7 @@ struct copy_runs {
   std::size_t changed_chunks = 0;         // chunks with at least one run
   std::uint64_t changed_bytes = 0;        // in all runs
   std::uint64_t uncopied_bytes = 0;       // unchanged blocks left on the GPU
+  std::uint64_t zero_bytes = 0;           // zero blocks, never copied
 
   std::uint64_t bytes_of(std::size_t c) const {
     std::uint64_t n = 0;
@@ -131,13 +142,20 @@ struct copy_runs {
   }
 };
 
-// The runs of every chunk. compare(c, k) gives span k of chunk c's block checksums and the parent's extent
-// they are compared with, or nulls: without both the span is copied whole; with both, only the runs of
-// blocks whose checksum differs from the parent's, and a block the parent holds unchanged stays on the GPU.
-// `snapshot_at`: snapshot_places(), each run is placed there at its offset.
-template <typename Compare>
+// The GPU's verdict on span k of chunk c, for plan_copy_runs: its block checksums and zero flags (null: the
+// GPU did not hash it), and the parent's extent they are compared with (null: none).
+struct span_blocks {
+  const std::uint64_t* sums = nullptr;
+  const unsigned char* zeros = nullptr;
+  const image::extent* old = nullptr;
+};
+
+// The runs of every chunk. blocks_of(c, k) gives span k of chunk c's span_blocks: without checksums the span is
+// copied whole; with them, only its blocks of fate copy (for_each_block_run). `snapshot_at`: snapshot_places(),
+// each run is placed there at its offset.
+template <typename BlocksOf>
 copy_runs plan_copy_runs(const std::vector<chunk>& chunks, const std::vector<CUdeviceptr>& snapshot_at,
-                         Compare&& compare) {
+                         BlocksOf&& blocks_of) {
   copy_runs out;
   out.of.resize(chunks.size());
   for (std::size_t c = 0; c < chunks.size(); ++c) {
@@ -148,15 +166,17 @@ copy_runs plan_copy_runs(const std::vector<chunk>& chunks, const std::vector<CUd
     };
     for (std::size_t k = 0; k < chunks[c].spans.size(); ++k) {
       const span& sp = chunks[c].spans[k];
-      const auto [sums, old] = compare(c, k);
-      if (old == nullptr) {
+      const span_blocks b = blocks_of(c, k);
+      if (b.sums == nullptr) {
         add(sp.addr, sp.offset, sp.size);
         continue;
       }
-      for_each_block_run(sums, old, sp.stored,
-                         [&](std::size_t, std::size_t, bool same, std::uint64_t from, std::uint64_t to) {
-                           if (same)
+      for_each_block_run(b.sums, b.zeros, b.old, sp.stored,
+                         [&](std::size_t, std::size_t, block_fate fate, std::uint64_t from, std::uint64_t to) {
+                           if (fate == block_fate::parent)
                              out.uncopied_bytes += to - from;
+                           else if (fate == block_fate::zero)
+                             out.zero_bytes += to - from;
                            else
                              add(sp.addr + from, sp.offset + from, to - from);
                          });

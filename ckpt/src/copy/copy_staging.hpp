@@ -23,10 +23,8 @@ struct copy_staging {
   std::vector<unsigned char*> buffers;
   std::vector<CUevent> events;
   std::vector<CUstream> streams;
-  // The checksum kernel's own stream (waiting for the copy streams never waits for it), and the end of
-  // the copy into the GPU snapshot, which the kernel's run on the snapshot waits for.
+  // The checksum kernel's own stream: waiting for the copy streams never waits for it.
   CUstream checksum_stream = nullptr;
-  CUevent snapshot_copied = nullptr;
 
   // The pages alone (no CUDA call): faulted in while the tool's context is being made.
   void reserve(int count, std::size_t bytes) { pages = host_pages(static_cast<std::size_t>(count) * bytes, 8); }
@@ -58,7 +56,6 @@ struct copy_staging {
     const driver_api& d = driver();                                                     // loaded: it made them
     if (checksum_stream != nullptr) streams.push_back(checksum_stream);
     for (CUstream s : streams) d.cuStreamSynchronize(s);
-    if (snapshot_copied != nullptr) d.cuEventDestroy_v2(snapshot_copied);
     if (registered) d.cuMemHostUnregister(pages.data());
     for (void* b : allocated) d.cuMemFreeHost(b);
     for (CUevent e : events) d.cuEventDestroy_v2(e);

@@ -56,32 +56,41 @@ gpu_checksums::gpu_checksums() {
   }
   // The kernel must give the CPU's values before any image relies on it: a whole block and a short one,
   // spans that do not start 8-byte aligned, and the lengths where XXH3 changes paths (240/241 bytes,
-  // one 1 KiB stripe block and a stripe more, a last stripe that overlaps the one before).
-  std::vector<unsigned char> bytes(image::write_block_size + 1000);
+  // one 1 KiB stripe block and a stripe more, a last stripe that overlaps the one before). After the
+  // random bytes, zeros with one byte set near their end: every block's zero flag must be the CPU's too.
+  const std::size_t random = image::write_block_size + 1000, zeros = 2 * image::write_block_size + 300;
+  std::vector<unsigned char> bytes(random + zeros, 0);
   std::uint64_t x = 0x9e3779b97f4a7c15ULL;
-  for (auto& b : bytes) {
+  for (std::size_t k = 0; k < random; ++k) {
     x ^= x << 13;
     x ^= x >> 7;
     x ^= x << 17;
-    b = static_cast<unsigned char>(x);
+    bytes[k] = static_cast<unsigned char>(x | 1);
   }
+  bytes[random + image::write_block_size + 1000] = 1;  // in the second zero block
+  bytes[random + zeros - 1] = 7;                       // the last byte, read only by the overlapping stripe
   const std::vector<std::pair<std::uint64_t, std::uint64_t>> cases = {
       // offset, length
-      {0, bytes.size()}, {3, 100}, {8, 240}, {5, 241}, {16, 1024}, {1, 1025}, {24, 1088 + 7}, {7, 4096 + 63}};
+      {0, random}, {3, 100},  {8, 240},        {5, 241},      {16, 1024},         {1, 1025},
+      {24, 1095},  {7, 4159}, {random, zeros}, {random, 200}, {random + 8, 4096}, {random + 5001, 300}};
   CUdeviceptr test = 0;
   try {
     VMMCKPT_CUDA_TRY(d.cuMemAlloc_v2(&test, bytes.size()));
     VMMCKPT_CUDA_TRY(d.cuMemcpyHtoD_v2(test, bytes.data(), bytes.size()));
     function_ = f;
     std::vector<device_span> spans;
-    std::vector<std::uint64_t> want;
+    sums_and_zeros want;
     for (const auto& [offset, length] : cases) {
       spans.push_back({test + offset, length});
-      for (std::uint64_t at = 0; at < length; at += image::write_block_size)
-        want.push_back(
-            image::block_checksum(bytes.data() + offset + at, std::min(image::write_block_size, length - at)));
+      for (std::uint64_t at = 0; at < length; at += image::write_block_size) {
+        const unsigned char* p = bytes.data() + offset + at;
+        const std::size_t n = std::min(image::write_block_size, length - at);
+        want.sums.push_back(image::block_checksum(p, n));
+        want.zeros.push_back(std::all_of(p, p + n, [](unsigned char b) { return b == 0; }) ? 1 : 0);
+      }
     }
-    if (compute(spans, nullptr) != want) {
+    const sums_and_zeros got = compute(spans, nullptr);
+    if (got.sums != want.sums || got.zeros != want.zeros) {
       function_ = nullptr;
       why_ = "the checksum kernel's self-test gave other values than the CPU";
     }
@@ -142,11 +151,10 @@ std::unique_ptr<gpu_checksums::batch> gpu_checksums::launch(const std::vector<de
   };
   if (const CUresult r = d.cuMemAlloc_v2(&b->table_, records.size() * sizeof(span_record)); r != CUDA_SUCCESS)
     return fail(r, "cuMemAlloc");
-  if (const CUresult r = d.cuMemAlloc_v2(&b->sums_, blocks * sizeof(std::uint64_t)); r != CUDA_SUCCESS)
-    return fail(r, "cuMemAlloc");
+  const std::uint64_t result_bytes = blocks * (sizeof(std::uint64_t) + 1);  // the checksums, then the zero flags
+  if (const CUresult r = d.cuMemAlloc_v2(&b->sums_, result_bytes); r != CUDA_SUCCESS) return fail(r, "cuMemAlloc");
   void* host = nullptr;
-  if (const CUresult r = d.cuMemHostAlloc(&host, blocks * sizeof(std::uint64_t), 0); r != CUDA_SUCCESS)
-    return fail(r, "cuMemHostAlloc");
+  if (const CUresult r = d.cuMemHostAlloc(&host, result_bytes, 0); r != CUDA_SUCCESS) return fail(r, "cuMemHostAlloc");
   b->host_ = static_cast<std::uint64_t*>(host);
   if (const CUresult r = d.cuEventCreate(&b->done_, CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC);
       r != CUDA_SUCCESS) {
@@ -157,24 +165,25 @@ std::unique_ptr<gpu_checksums::batch> gpu_checksums::launch(const std::vector<de
       r != CUDA_SUCCESS)
     return fail(r, "copying the span table");
   unsigned long long count = records.size(), total = blocks, block_bytes = image::write_block_size;
-  void* args[] = {&b->table_, &count, &total, &block_bytes, &b->sums_};
+  CUdeviceptr zeros = b->sums_ + blocks * sizeof(std::uint64_t);
+  void* args[] = {&b->table_, &count, &total, &block_bytes, &b->sums_, &zeros};
   constexpr unsigned threads = 256;  // eight per block
   const auto grid = static_cast<unsigned>((blocks * 8 + threads - 1) / threads);
   if (const CUresult r = d.cuLaunchKernel(function_, grid, 1, 1, threads, 1, 1, 0, stream, args, nullptr);
       r != CUDA_SUCCESS)
     return fail(r, "cuLaunchKernel");
-  if (const CUresult r = d.cuMemcpyDtoHAsync_v2(b->host_, b->sums_, blocks * sizeof(std::uint64_t), stream);
-      r != CUDA_SUCCESS)
+  if (const CUresult r = d.cuMemcpyDtoHAsync_v2(b->host_, b->sums_, result_bytes, stream); r != CUDA_SUCCESS)
     return fail(r, "copying the checksums back");
   if (const CUresult r = d.cuEventRecord(b->done_, stream); r != CUDA_SUCCESS) return fail(r, "cuEventRecord");
   return b;
 }
 
-std::vector<std::uint64_t> gpu_checksums::compute(const std::vector<device_span>& spans, CUstream stream) const {
+gpu_checksums::sums_and_zeros gpu_checksums::compute(const std::vector<device_span>& spans, CUstream stream) const {
   auto b = launch(spans, stream);
   const std::uint64_t* sums = b->wait();
   if (sums == nullptr) throw tool_error(b->why());
-  return std::vector<std::uint64_t>(sums, sums + b->blocks());
+  return {std::vector<std::uint64_t>(sums, sums + b->blocks()),
+          std::vector<unsigned char>(b->zeros(), b->zeros() + b->blocks())};
 }
 
 }  // namespace vmmckpt::ckpt

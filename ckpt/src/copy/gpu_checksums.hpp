@@ -41,6 +41,8 @@ class gpu_checksums {
     // kernel is done; null when it failed (the CPU computes them instead). From any thread; every call
     // gives what the first gave.
     const std::uint64_t* wait();
+    // After a wait that gave the checksums: per block, 1 when its bytes are all zero (in the same order).
+    const unsigned char* zeros() const { return reinterpret_cast<const unsigned char*>(host_ + blocks_); }
     const std::string& why() const { return why_; }   // after a wait that gave null
     double seconds() const { return seconds_; }       // from the launch to the first wait's return
     std::uint64_t blocks() const { return blocks_; }  // how many checksums wait() gives
@@ -48,7 +50,8 @@ class gpu_checksums {
    private:
     friend class gpu_checksums;
     CUdeviceptr table_ = 0, sums_ = 0;
-    std::uint64_t* host_ = nullptr;  // pinned: copied into without holding up the launching thread
+    // pinned, copied into without holding up the launching thread: the checksums, then a byte a block
+    std::uint64_t* host_ = nullptr;
     CUevent done_ = nullptr;
     std::uint64_t blocks_ = 0;
     std::once_flag waited_;
@@ -61,8 +64,13 @@ class gpu_checksums {
   // for the checksums) and the copy of its results to the host. Never throws: a CUDA failure leaves the
   // batch failed (wait() gives null, why() says why).
   std::unique_ptr<batch> launch(const std::vector<device_span>& spans, CUstream stream) const;
-  // launch() and wait(), for the self-test: throws tool_error on a failure.
-  std::vector<std::uint64_t> compute(const std::vector<device_span>& spans, CUstream stream) const;
+  // launch() and wait(), for the self-test: throws tool_error on a failure. The checksums, and which blocks
+  // are all zeros.
+  struct sums_and_zeros {
+    std::vector<std::uint64_t> sums;
+    std::vector<unsigned char> zeros;
+  };
+  sums_and_zeros compute(const std::vector<device_span>& spans, CUstream stream) const;
 
  private:
   CUmodule module_ = nullptr;

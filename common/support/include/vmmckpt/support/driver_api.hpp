@@ -27,7 +27,8 @@ CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize
   X(cuDeviceGetAttribute) X(cuMemcpyHtoD_v2) X(cuMemHostAlloc) X(cuMemFreeHost)                      \
   X(cuMemHostRegister_v2) X(cuMemHostUnregister) X(cuCtxSetCurrent) X(cuStreamCreate)                 \
   X(cuStreamDestroy_v2) X(cuStreamSynchronize) X(cuMemcpyHtoDAsync_v2) X(cuEventCreate)               \
-  X(cuEventRecord) X(cuEventSynchronize) X(cuEventDestroy_v2) X(cuMemcpyDtoH_v2) X(cuMemsetD8_v2)
+  X(cuEventRecord) X(cuEventSynchronize) X(cuEventDestroy_v2) X(cuMemcpyDtoH_v2) X(cuMemsetD8_v2)        \
+  X(cuMemsetD8Async)
 // Present only in newer drivers, or not on every platform: may stay null.
 #define VMMCKPT_OPTIONAL_DRIVER_FUNCTIONS(X)                                                        \
   X(cuCtxSynchronize_v2) X(cuStreamGetDevice) X(cuMemAllocAsync) X(cuMemAllocAsync_ptsz)            \
