@@ -222,14 +222,14 @@ copy_outcome copy_pipeline::copy(image::manifest& m, const readable_fn& readable
     copier.wait();
     line.report(copy_progress::stage::copying, total);
     result.copy_seconds = seconds_since(copy_start);
-    out.used_snapshot = true;
+    out.used_snapshot = out.snapshot_bytes > 0;  // not when the last chunks needed no copy at all
     released.now();
   });
   result.mark("issued");  // every copy is queued
   // Every byte is out of the GPU once the copies are done: release the program now, while the
   // last buffers are still being written.
   copier.wait();
-  if (!out.used_snapshot) result.copy_seconds = seconds_since(copy_start);
+  if (!released.done) result.copy_seconds = seconds_since(copy_start);
   handoff.rethrow_writer_error();
   result.mark("copied");
   if (!released.done) {
