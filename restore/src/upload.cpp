@@ -81,8 +81,8 @@ class upload_thread {
             at += zeros;
             continue;
           }
-          const std::size_t n = static_cast<std::size_t>(
-              std::min<std::uint64_t>(piece_bytes, next_zero_block(e, block_bytes, from, end) - from));
+          const std::uint64_t limit = std::min(end, from + piece_bytes);
+          const auto n = static_cast<std::size_t>(next_zero_block(e, block_bytes, from, limit) - from);
           unsigned char* buffer = nullptr;
           VMMCKPT_TRY(take_buffer(q, buffer));
           read_hashed(reader, e, from, n, buffer, sum);

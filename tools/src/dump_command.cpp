@@ -71,10 +71,9 @@ void print_result(const dump_command_options& o, const ckpt::dump_result& result
   std::printf(
       "  %.3f s in all (%.2f GB/s); program held %.1f ms while its memory was copied %s in %.3f s (%.2f GB/s)\n",
       result.seconds, f.gbps, result.hold_ms,
-      !result.gpu_snapshot ? "out of the GPU"
-      : result.snapshot_bytes < result.manifest.data_bytes + result.zero_bytes
-          ? "partly to spare GPU memory, partly out of the GPU"
-          : "to spare GPU memory",
+      !result.gpu_snapshot                                 ? "out of the GPU"
+      : result.snapshot_bytes < result.manifest.data_bytes ? "partly to spare GPU memory, partly out of the GPU"
+                                                           : "to spare GPU memory",
       result.copy_seconds, f.copy_gbps);
   if (!parent.empty())
     std::printf("  incremental: %s unchanged since %s, left to it\n", human_bytes(result.unchanged_bytes).c_str(),

@@ -44,7 +44,7 @@ void chunk_copier::to_staging(const release_plan& plan, const std::function<void
     }
     throw_if_interrupted(job_.interrupt);
     if (job_.runs.of[c].empty()) {
-      // Every block unchanged: no staging buffer, no copy; its writer only records the blocks as the parent's.
+      // Every block zero or unchanged: no staging buffer, no copy; its writer only records the blocks.
       // The writers learn of such chunks 64 at a time, or with the next chunk copied, and a writer done with
       // one wakes nobody: a thousand of them otherwise wake every writer a thousand times, mostly to find
       // nothing to take.

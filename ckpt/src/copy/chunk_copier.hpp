@@ -24,7 +24,7 @@ class chunk_copier {
     copy_staging& staging;
     const std::vector<chunk>& chunks;
     const copy_runs& runs;
-    const std::vector<CUdeviceptr>& snapshot_at;  // snapshot_places(): a full image's chunks in the snapshot
+    const std::vector<CUdeviceptr>& snapshot_at;  // snapshot_places(): whole chunks in the snapshot (or none)
     bool by_block;                      // the GPU hashed the blocks: only the runs are copied, never whole chunks
     const std::atomic<int>* interrupt;  // checked before each chunk
     chunk_handoff& handoff;

@@ -61,7 +61,7 @@ void chunk_writers::join() {
   if (job_.handoff.writer_error) std::rethrow_exception(job_.handoff.writer_error);
 }
 
-// Chunk c, in staging buffer b (no_buffer: not copied, every block unchanged), as extents of `file`.
+// Chunk c, in staging buffer b (no_buffer: not copied, every block zero or unchanged), as extents of `file`.
 // Returns its stored bytes; the bytes left to the parent are added to `unchanged`.
 std::uint64_t chunk_writers::write_chunk(std::uint32_t file, std::size_t c, std::size_t b, std::uint64_t& unchanged) {
   image::writer& writer = job_.writer;

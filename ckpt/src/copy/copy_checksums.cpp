@@ -10,7 +10,7 @@ copy_checksums::copy_checksums(const std::vector<chunk>& chunks, gpu_checksums* 
   for (std::size_t c = 0; c < chunks.size(); ++c) at_[c].assign(chunks[c].spans.size(), {nullptr, 0});
 }
 
-void copy_checksums::hash_in_place(image_result& result) {
+void copy_checksums::hash(const std::vector<CUdeviceptr>& snapshot_at, image_result& result) {
   if (!on_gpu()) {
     result.checksums_why = kernel_ != nullptr ? kernel_->why() : "not asked for (--cpu-checksums)";
     return;
@@ -25,20 +25,21 @@ void copy_checksums::hash_in_place(image_result& result) {
       if (sp.piece_count != 1) continue;
       at_[c][k].second = blocks;
       hashed.emplace_back(c, k);
-      spans.push_back({sp.addr, sp.stored});
+      spans.push_back({snapshot_at.empty() ? sp.addr : snapshot_at[c] + sp.offset, sp.stored});
       blocks += image::block_count(sp.stored, image::write_block_size);
     }
-  in_place_ = kernel_->launch(spans, stream_);
-  for (const auto& [c, k] : hashed) at_[c][k].first = in_place_.get();
+  in_place_ = snapshot_at.empty();
+  batch_ = kernel_->launch(spans, stream_);
+  for (const auto& [c, k] : hashed) at_[c][k].first = batch_.get();
 }
 
 void copy_checksums::summarize(image_result& result) const {
-  if (in_place_ == nullptr) return;
-  if (in_place_->wait() == nullptr) {  // its spans were hashed by the writers
+  if (batch_ == nullptr) return;
+  if (batch_->wait() == nullptr) {  // its spans were hashed by the writers
     result.checksums = "cpu";
-    result.checksums_why = in_place_->why();
+    result.checksums_why = batch_->why();
   }
-  result.checksum_seconds = in_place_->seconds();
+  result.checksum_seconds = batch_->seconds();
 }
 
 }  // namespace vmmckpt::ckpt

@@ -23,10 +23,10 @@ class copy_checksums {
   // Whether the GPU hashes (a span of several pieces, small allocations joined with their gaps, is hashed by
   // its writer, as is everything without a usable kernel).
   bool on_gpu() const { return kernel_ != nullptr && kernel_->available(); }
-  // With the GPU hashing, every chunk hashed where it lies in the program's memory, while it is held and
-  // before any copy, and "gpu" in the result; otherwise why not. Called before the first chunk is handed to a
-  // writer.
-  void hash_in_place(image_result& result);
+  // With the GPU hashing, every chunk hashed, and "gpu" in the result; otherwise why not. Where each chunk
+  // lies in the GPU snapshot (snapshot_places()), or, without `snapshot_at`, in the program's memory, while it
+  // is held and before any copy. Called before the first chunk is handed to a writer.
+  void hash(const std::vector<CUdeviceptr>& snapshot_at, image_result& result);
   // The checksums of chunk c's span s, waiting for the kernel; null: the writer computes them.
   const std::uint64_t* of(std::size_t c, std::size_t s) const {
     const auto [batch, at] = at_[c][s];
@@ -38,9 +38,9 @@ class copy_checksums {
   const unsigned char* zeros_of(std::size_t c, std::size_t s) const {
     return of(c, s) != nullptr ? at_[c][s].first->zeros() + at_[c][s].second : nullptr;
   }
-  // The kernel reads the program's memory until it is done: waited for before the release.
+  // A kernel hashing in place reads the program's memory until it is done: waited for before the release.
   void wait_in_place() const {
-    if (in_place_) in_place_->wait();
+    if (batch_ && in_place_) batch_->wait();
   }
   // Once every chunk is written: where the checksums were computed after all, and the kernel's time.
   void summarize(image_result& result) const;
@@ -49,7 +49,8 @@ class copy_checksums {
   const std::vector<chunk>& chunks_;
   gpu_checksums* kernel_;
   CUstream stream_;
-  std::unique_ptr<gpu_checksums::batch> in_place_;
+  std::unique_ptr<gpu_checksums::batch> batch_;
+  bool in_place_ = false;
   std::vector<std::vector<std::pair<gpu_checksums::batch*, std::uint64_t>>> at_;
 };
 

@@ -113,9 +113,10 @@ void copy_pipeline::prepare(const std::filesystem::path& output, CUcontext conte
   }
   // With room on the GPU for a second copy of the live bytes, the program is held only while
   // they are copied there (at device speed, about 2 TB/s), then written out from the copy. With
-  // room for part of them, the last chunks go there and the first straight out of the GPU. An
-  // incremental dump whose checksums the GPU computes first learns in the hold how few bytes
-  // changed: its snapshot, if the staging cannot take them all, is made then, of their size.
+  // room for part of them, the GPU's checksums come first, and the blocks to copy (not zero, or
+  // changed since the parent) fill it from the last chunk back; the others leave straight out of the
+  // GPU. An incremental dump learns in the hold how few bytes changed: its snapshot, if the staging
+  // cannot take them all, is made then, of their size.
   snapshot_ = std::make_unique<gpu_snapshot>();
   snapshot_later_ = snapshot_allowed && parent_ && gpu_sums_ && gpu_sums_->available();
   if (snapshot_allowed && !snapshot_later_)
@@ -180,25 +181,39 @@ copy_outcome copy_pipeline::copy(image::manifest& m, const readable_fn& readable
       {context_, st, chunks, parent_.get(), sums, settings_.interrupt, *writer_, m, handoff, line, result},
       m.data_files);
 
-  // The block checksums and zero flags on the GPU, of every chunk where it lies in the program's memory while
-  // it is held, before any copy: a block of zeros, or one the parent holds unchanged, then never leaves the
-  // program's memory, and the hold shrinks to the other blocks.
-  sums.hash_in_place(result);
-  const bool by_block = sums.on_gpu();
+  // The block checksums and zero flags on the GPU decide what is copied, block by block: a block of zeros, or
+  // one the parent holds unchanged, never leaves the GPU. A full dump whose snapshot takes every chunk whole
+  // is held only for the copy into it (at device speed) and hashed there after the release; otherwise every
+  // chunk is hashed where it lies in the program's memory while it is held, before any copy, and the hold
+  // shrinks to the other blocks. Without the kernel, whole chunks: those that fit in the snapshot, counted
+  // from the end, go there; those before them are copied out of the GPU while the program is held.
   gpu_snapshot& snapshot = *snapshot_;
-  // Without them, whole chunks: those that fit in the snapshot, counted from the end, go there; those before
-  // them are copied out of the GPU while the program is held (all of them when it grew past the snapshot).
-  std::size_t first = chunks.size();
-  if (!by_block) {
-    first = first_in_snapshot(chunks.size(), snapshot.bytes, [&](std::size_t c) { return chunks[c].bytes; });
+  const bool by_block = sums.on_gpu();
+  const std::size_t whole_first =
+      first_in_snapshot(chunks.size(), snapshot.bytes, [&](std::size_t c) { return chunks[c].bytes; });
+  const bool snapshot_first = by_block && !parent_ && snapshot.ptr != 0 && whole_first == 0;
+  std::size_t first = chunks.size();  // by block in place: placed in the snapshot once the runs are known
+  if (!by_block || snapshot_first) {
+    first = whole_first;
     if (first == chunks.size()) snapshot.release();
   }
   const std::vector<CUdeviceptr> snapshot_at = snapshot_places(chunks, first, snapshot.ptr);
   const auto copy_start = clock::now();
   line.report(copy_progress::stage::copying, 0);  // the program is held from here: the copy's rate counts from now
   program_release released{release, sums, settings_.interrupt, handoff, line};
-  // What of each chunk leaves the program's memory, worked out once, before the first copy (waiting for the
-  // kernel).
+  if (snapshot_first) {
+    const copy_runs whole = plan_copy_runs(chunks, snapshot_at, [](std::size_t, std::size_t) { return span_blocks{}; });
+    chunk_copier into({st, chunks, whole, snapshot_at, false, settings_.interrupt, handoff, line, result});
+    out.snapshot_bytes = into.to_snapshot(0);
+    into.wait();
+    result.copy_seconds = seconds_since(copy_start);
+    out.used_snapshot = true;
+    line.report(copy_progress::stage::copying, total);
+    released.now();
+  }
+  sums.hash(snapshot_first ? snapshot_at : std::vector<CUdeviceptr>{}, result);
+  // What of each chunk leaves the program's memory (or the snapshot), worked out once, before the first copy
+  // (waiting for the kernel).
   copy_runs runs = plan_copy_runs(chunks, snapshot_at, [&](std::size_t c, std::size_t k) {
     const span& sp = chunks[c].spans[k];
     return span_blocks{sums.of(c, k), sums.zeros_of(c, k),
@@ -206,19 +221,21 @@ copy_outcome copy_pipeline::copy(image::manifest& m, const readable_fn& readable
   });
   result.uncopied_bytes += runs.uncopied_bytes;
   result.mark("compared");  // what to copy is known
-  // Block by block, the runs to copy packed one after the other in the snapshot, of the chunks that fit counted
-  // from the end. An incremental dump makes its snapshot now that the changed bytes are known, when they take
-  // more staging buffers (one per chunk with a changed block) than there are.
-  if (by_block) {
+  // Block by block out of the program's memory, the runs to copy packed one after the other in the snapshot,
+  // of the chunks that fit counted from the end. An incremental dump makes its snapshot now that the changed
+  // bytes are known, when they take more staging buffers (one per chunk with a changed block) than there are.
+  if (by_block && !snapshot_first) {
     if (snapshot_later_ && runs.changed_chunks > static_cast<std::size_t>(buffers_))
       snapshot.try_allocate(runs.changed_bytes, settings_.chunk_bytes);
     first = first_in_snapshot(chunks.size(), snapshot.bytes, [&](std::size_t c) { return runs.bytes_of(c); });
-    if (first == chunks.size()) snapshot.release();
+    std::uint64_t placed = 0;
+    for (std::size_t c = first; c < chunks.size(); ++c) placed += runs.bytes_of(c);
+    if (placed == 0) snapshot.release();  // the chunks from `first` on need no copy at all
     runs.place_in_snapshot(first, snapshot.ptr);
   }
   chunk_copier copier({st, chunks, runs, snapshot_at, by_block, settings_.interrupt, handoff, line, result});
-  if (snapshot.ptr != 0) out.snapshot_bytes = copier.to_snapshot(first);
-  copier.to_staging(plan_release(snapshot.ptr != 0, first, chunks.size()), [&] {
+  if (snapshot.ptr != 0 && !snapshot_first) out.snapshot_bytes = copier.to_snapshot(first);
+  copier.to_staging(released.done ? release_plan{} : plan_release(snapshot.ptr != 0, first, chunks.size()), [&] {
     copier.wait();
     line.report(copy_progress::stage::copying, total);
     result.copy_seconds = seconds_since(copy_start);

@@ -22,7 +22,7 @@ namespace vmmckpt::ckpt {
 // What copy() did, besides the phases and times it marks in the operation's result.
 struct copy_outcome {
   bool used_snapshot = false;        // the program was held only for a copy on the GPU (of all or part of its bytes)
-  std::uint64_t snapshot_bytes = 0;  // the bytes copied on the GPU; the rest left it while the program was held
+  std::uint64_t snapshot_bytes = 0;  // the bytes copied on the GPU (dump_result::snapshot_bytes)
 };
 
 // The stages of a copy, each in a file of its own: the plan of what to copy (copy_plan), the GPU's block

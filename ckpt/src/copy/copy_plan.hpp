@@ -45,7 +45,7 @@ struct chunk {
   std::uint64_t bytes = 0;  // of the buffer, gaps included
 };
 
-// The staging buffer of a chunk that is not copied (every block unchanged since the parent).
+// The staging buffer of a chunk that is not copied (every block zero or unchanged since the parent).
 constexpr std::size_t no_buffer = ~std::size_t{0};
 
 // A gap up to this size between two pieces is copied with them rather than split into two copies.
@@ -119,19 +119,18 @@ struct copy_run {
 
 // What of each chunk leaves the program's memory, as runs of one copy each.
 struct copy_runs {
-  std::vector<std::vector<copy_run>> of;  // per chunk; none: every block unchanged, no copy
+  std::vector<std::vector<copy_run>> of;  // per chunk; none: every block zero or unchanged, no copy
   std::size_t changed_chunks = 0;         // chunks with at least one run
   std::uint64_t changed_bytes = 0;        // in all runs
   std::uint64_t uncopied_bytes = 0;       // unchanged blocks left on the GPU
-  std::uint64_t zero_bytes = 0;           // zero blocks, never copied
 
   std::uint64_t bytes_of(std::size_t c) const {
     std::uint64_t n = 0;
     for (const copy_run& r : of[c]) n += r.bytes;
     return n;
   }
-  // A snapshot made once the changed bytes are known: the runs of the chunks from `first` on, packed one
-  // after the other from `base`.
+  // Once the blocks to copy are known (the GPU's checksums): the runs of the chunks from `first` on, packed
+  // one after the other in a snapshot at `base`.
   void place_in_snapshot(std::size_t first, CUdeviceptr base) {
     CUdeviceptr at = base;
     for (std::size_t c = first; c < of.size(); ++c)
@@ -175,9 +174,7 @@ copy_runs plan_copy_runs(const std::vector<chunk>& chunks, const std::vector<CUd
                          [&](std::size_t, std::size_t, block_fate fate, std::uint64_t from, std::uint64_t to) {
                            if (fate == block_fate::parent)
                              out.uncopied_bytes += to - from;
-                           else if (fate == block_fate::zero)
-                             out.zero_bytes += to - from;
-                           else
+                           else if (fate == block_fate::copy)
                              add(sp.addr + from, sp.offset + from, to - from);
                          });
     }

@@ -13,7 +13,7 @@ struct release_plan {
   // memory, are done by then. after_copies: once every copy out of the program's memory is done, while
   // the last buffers are still being written.
   std::size_t before_chunk = after_copies;
-  // The program was held only until the snapshot was copied (the result's gpu_snapshot).
+  // The release comes before the last copies: the chunks left are in the snapshot or need no copy.
   bool from_snapshot() const { return before_chunk != after_copies; }
 };
 

@@ -129,8 +129,10 @@ struct dump_options {
 };
 
 struct dump_result : image_result {
-  bool gpu_snapshot = false;         // the program was held only for a copy on the GPU (of all or part of its bytes)
-  std::uint64_t snapshot_bytes = 0;  // the bytes copied on the GPU; the rest left it while the program was held
+  bool gpu_snapshot = false;  // the program was held only for a copy on the GPU (of all or part of its bytes)
+  // The bytes copied on the GPU; of the bytes written, those beyond left it while the program was held (zero
+  // blocks, and blocks left to the parent, never left it).
+  std::uint64_t snapshot_bytes = 0;
 };
 
 // Throws tool_error (ckpt/control_client.hpp) or image::image_error; on any
