@@ -15,7 +15,7 @@ using clock = std::chrono::steady_clock;
 // An extent block by block: a block whose checksum equals the parent's block at the same place is left to the
 // parent, a block the GPU found all zeros is a zero block, the others are written, each run in one write.
 // Returns the bytes left to the parent. `given`: the blocks' checksums computed on the GPU, with its zero flags
-// (`zeros`), or null (the CPU computes them here from `bytes`, which may be null only when no block is written:
+// (`zeros`, null exactly when `given` is), or null (the CPU computes them here from `bytes`, which may be null only when no block is written:
 // only the blocks to write were copied out of the program's memory).
 std::uint64_t write_blocks_by_fate(image::writer& writer, std::uint32_t file, const unsigned char* bytes,
                                    std::uint64_t stored, const image::extent* old, const std::uint64_t* given,
@@ -25,7 +25,7 @@ std::uint64_t write_blocks_by_fate(image::writer& writer, std::uint32_t file, co
   const std::uint64_t* sums = given != nullptr ? given : computed.data();
   std::uint64_t unchanged = 0;
   for_each_block_run(
-      sums, given != nullptr ? zeros : nullptr, old, stored,
+      sums, zeros, old, stored,
       [&](std::size_t first, std::size_t end, block_fate fate, std::uint64_t from, std::uint64_t to) {
         if (fate == block_fate::copy) {
           writer.write_blocks(file, bytes + from, static_cast<std::size_t>(to - from), sums + first, end - first);

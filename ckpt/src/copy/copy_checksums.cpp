@@ -1,8 +1,6 @@
 // The block checksums the GPU computes for one copy.
 #include "copy/copy_checksums.hpp"
 
-#include <algorithm>
-
 namespace vmmckpt::ckpt {
 
 copy_checksums::copy_checksums(const std::vector<chunk>& chunks, gpu_checksums* kernel, CUstream stream)
