@@ -62,7 +62,7 @@ dump_result dump(const dump_options& options, const progress_callback& progress)
                 "and the copy may be inconsistent, so no image is written");
           throw;
         }
-        if (progress) progress({copy_progress::stage::released, 0, 0, result.hold_ms / 1000.0});
+        if (progress) progress({copy_progress::stage::released, result.staged_bytes, 0, result.hold_ms / 1000.0});
         fault_point("writing");
         memory.release();
         result.mark("released");

@@ -82,7 +82,10 @@ suspend_result suspend(const suspend_options& options, const progress_callback& 
                      std::filesystem::absolute(options.output).parent_path().string() +
                      " as this tool does: it reads its image back from there on resume. Give -o a directory "
                      "mounted into it at the same path");
-  copy_pipeline pipeline(options.copy, s.live_bytes());
+  // Nothing is parked: the program stays held until the image is written and checked anyway.
+  copy_settings copy = options.copy;
+  copy.park_while_held = false;
+  copy_pipeline pipeline(copy, s.live_bytes());
   const CUcontext context = s.open_context();
   result.mark("context");
   // No GPU snapshot: the program stays held until its memory is freed anyway.

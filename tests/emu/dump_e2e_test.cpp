@@ -245,3 +245,64 @@ TEST_CASE("the hold deadline releases the program even when the tool stalls", "[
   REQUIRE(program->running());
   REQUIRE(dump(program->pid(), dir.path / "after").exit_code == 0);
 }
+
+TEST_CASE("a slow disk: the hold ends once the bytes are in host memory; a staging too small says so",
+          "[emu][dump][staging]") {
+  // emu_incremental: 100 MiB of non-zero bytes, saved as live-0 for the restored program to compare.
+  const std::string program = build_dir + "/tests/programs/emu_incremental";
+  constexpr std::uint64_t MiB = 1ULL << 20, live = 100 * MiB;
+  scratch_dir dir;
+  background_process p({cuda_ckpt, "run", "--", program, "run", dir.path.string()});
+  REQUIRE(p.wait_for_output("ready\n"));
+  // Each 1 MiB chunk takes the image 20 ms to write: 2 s for them all, on one writer, out of 4 pinned buffers.
+  const std::map<std::string, std::string> slow_disk{{"VMMCKPT_TEST_FAULT", "writing-chunk=slow:20"}};
+  const std::vector<std::string> small_pinned{"--chunk", "1M", "--writers", "1", "--no-gpu-snapshot"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), small_pinned.begin(), small_pinned.end());
+    return more;
+  };
+
+  // Ordinary memory takes what the pinned buffers cannot: the program goes on long before the writes end.
+  const fs::path parked = dir.path / "parked";
+  const auto r = dump(p.pid(), parked, slow_disk, with({"--pinned", "4M"}));
+  INFO(describe(r));
+  REQUIRE(r.exit_code == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  INFO(j.dump(2));
+  CHECK(j["staged_bytes"] == live);
+  CHECK(j["parked_bytes"].get<std::uint64_t>() >= live - 8 * MiB);
+  CHECK(j["held_write_bytes"] == 0);
+  CHECK(j["staging_needed_bytes"] == 0);
+  CHECK(j["released_s"].get<double>() > 0);
+  CHECK(j["released_s"].get<double>() + 1.5 < j["seconds"].get<double>());  // the 96 parked MiB written after
+  CHECK(j["hold_ms"].get<double>() + 1500 < j["seconds"].get<double>() * 1000);
+  const auto verified = run_process({cuda_ckpt, "verify", parked.string()});
+  INFO(describe(verified));
+  CHECK(verified.exit_code == 0);
+  const auto restored =
+      run_process({cuda_ckpt, "restore", parked.string(), "--", program, "check", (dir.path / "live-0").string()});
+  INFO(describe(restored));
+  CHECK(restored.exit_code == 0);
+  CHECK_THAT(restored.out, Catch::Matchers::Contains("equal: " + std::to_string(live) + " bytes"));
+
+  // A staging of 4 MiB in all: the program waits for the writes, and the output says what would have spared it.
+  const fs::path held = dir.path / "held";
+  const auto h = dump(p.pid(), held, slow_disk, with({"--staging", "4M"}));
+  INFO(describe(h));
+  REQUIRE(h.exit_code == 0);
+  const auto hj = nlohmann::json::parse(h.out);
+  INFO(hj.dump(2));
+  CHECK(hj["parked_bytes"] == 0);
+  CHECK(hj["held_write_bytes"].get<std::uint64_t>() >= live - 8 * MiB);
+  CHECK(hj["staging_needed_bytes"].get<std::uint64_t>() >= live);
+  CHECK(hj["hold_ms"].get<double>() > 1500);  // 96 chunks of 20 ms written while held
+  const fs::path held_text = dir.path / "held-text";
+  auto text_args = with({"--staging", "4M"});
+  text_args.insert(text_args.begin(), {cuda_ckpt, "dump", std::to_string(p.pid()), "-o", held_text.string()});
+  const auto t = run_process(text_args, slow_disk, 120);
+  INFO(describe(t));
+  CHECK(t.exit_code == 0);
+  CHECK_THAT(t.out, Catch::Matchers::Contains("the hold covered writes") &&
+                        Catch::Matchers::Contains("--staging 10") /* 100 or more MiB */);
+  CHECK(run_process({cuda_ckpt, "verify", held.string()}).exit_code == 0);
+}

@@ -43,7 +43,7 @@ _cuda_ckpt() {
     run) options="--help --" ;;
     ps) options="--help --json -t --pid" ;;
     check) options="--help --json -t --pid" ;;
-    dump) options="--help -o --output -D --json --deadline --chunk --staging --streams --no-gpu-snapshot
+    dump) options="--help -o --output -D --json --deadline --chunk --staging --pinned --streams --no-gpu-snapshot
                    --allow-partial --parent --cpu-checksums --writers -t --pid --process --leave-running --criu-arg
                    --every --count --full-every" ;;
     inspect | verify) options="--help --json -D" ;;
@@ -59,7 +59,7 @@ _cuda_ckpt() {
   case "$prev" in
     -o | --output | -D | --parent) COMPREPLY=($(compgen -d -- "$cur")); return ;;
     -t | --pid) COMPREPLY=($(compgen -W "$(ls /proc | grep -E '^[0-9]+$')" -- "$cur")); return ;;
-    --deadline | --chunk | --staging | --streams | --writers | --device | --criu-arg) return ;;
+    --deadline | --chunk | --staging | --pinned | --streams | --writers | --device | --criu-arg) return ;;
   esac
 
   if [[ "$cur" == -* ]]; then

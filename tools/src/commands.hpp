@@ -44,7 +44,8 @@ inline constexpr int default_full_every = 8;
 
 struct dump_command_options : held_image_options {  // output empty: ./vmmckpt-<pid>-<time>
   std::string chunk = "32M";
-  std::string staging = "1G";
+  std::string staging = "auto";
+  std::string pinned = "auto";
   int streams = 2;
   int writers = 0;  // 0: ckpt::default_writers()
   bool no_gpu_snapshot = false;

@@ -59,9 +59,21 @@ nlohmann::json result_json(const dump_command_options& o, const ckpt::dump_resul
                         {"parent", parent.empty() ? nlohmann::json(nullptr) : nlohmann::json(parent.string())},
                         {"unchanged_bytes", result.unchanged_bytes},
                         {"zero_bytes", result.zero_bytes},
+                        {"staging_bytes", result.staging_bytes},
+                        {"staged_bytes", result.staged_bytes},
+                        {"parked_bytes", result.parked_bytes},
+                        {"held_write_bytes", result.held_write_bytes},
+                        {"staging_needed_bytes", result.staging_needed_bytes()},
+                        {"released_s", result.released_s},
                         {"lacking", kinds_and_sizes_json(result.manifest.lacking)}};
   out.update(timings_json(result));
   return out;
+}
+
+// A --staging argument of at least `bytes`: whole MiB, or whole GiB from 1 GiB on.
+std::string staging_argument(std::uint64_t bytes) {
+  constexpr std::uint64_t mib = 1ULL << 20, gib = 1ULL << 30;
+  return bytes >= gib ? std::to_string((bytes + gib - 1) / gib) + "G" : std::to_string((bytes + mib - 1) / mib) + "M";
 }
 
 void print_result(const dump_command_options& o, const ckpt::dump_result& result, const fs::path& parent) {
@@ -81,6 +93,14 @@ void print_result(const dump_command_options& o, const ckpt::dump_result& result
   if (result.zero_bytes != 0)
     std::printf("  zero blocks: %s held only zeros: recorded as such, not written\n",
                 human_bytes(result.zero_bytes).c_str());
+  if (result.parked_bytes != 0)
+    std::printf("  %s waited in host memory while the program went on, written after its release\n",
+                human_bytes(result.parked_bytes).c_str());
+  if (result.held_write_bytes != 0)
+    std::printf("  the hold covered writes: %s went to the image while the program waited for staging; "
+                "--staging %s (or that much free memory) would have released it once its bytes were in host "
+                "memory\n",
+                human_bytes(result.held_write_bytes).c_str(), staging_argument(result.staging_needed_bytes()).c_str());
   if (!result.manifest.lacking.empty())
     std::printf("  partial: the image lacks %s (memory vmmckpt does not own)\n",
                 kinds_and_sizes(result.manifest.lacking).c_str());
@@ -209,10 +229,16 @@ int dump_command(const dump_command_options& o) {
     return report_failure("dump", o.json, "--chunk must be a size from 1M to 1G, not '" + o.chunk + "'", exit_usage);
   options.copy.chunk_bytes = chunk;
   std::uint64_t staging = 0;
-  if (!parse_size(o.staging, staging) || staging < 2 * chunk)
-    return report_failure("dump", o.json, "--staging must be a size of at least two chunks, not '" + o.staging + "'",
+  if (o.staging != "auto" && (!parse_size(o.staging, staging) || staging < 2 * chunk))
+    return report_failure("dump", o.json,
+                          "--staging must be 'auto' or a size of at least two chunks, not '" + o.staging + "'",
                           exit_usage);
   options.copy.staging_bytes = staging;
+  std::uint64_t pinned = 0;
+  if (o.pinned != "auto" && (!parse_size(o.pinned, pinned) || pinned < 2 * chunk))
+    return report_failure(
+        "dump", o.json, "--pinned must be 'auto' or a size of at least two chunks, not '" + o.pinned + "'", exit_usage);
+  options.copy.pinned_bytes = pinned;
   options.copy.streams = o.streams;
   if (o.writers > 0) options.copy.writers = o.writers;
   options.gpu_snapshot = !o.no_gpu_snapshot;
@@ -245,8 +271,16 @@ subcommand add_dump(CLI::App& app) {
       ->type_name("SIZE");
   command
       ->add_option("--staging", o->staging,
-                   "Most pinned host memory for staging (K/M/G/T suffixes); a dump that fits is held only for its "
-                   "copy out of the GPU")
+                   "Most host memory that takes the program's bytes while it is held (K/M/G/T suffixes): pinned "
+                   "buffers (1G of them with auto), then ordinary memory. A dump that fits is held only until its "
+                   "bytes are in host memory; auto: half the memory available")
+      ->capture_default_str()
+      ->type_name("SIZE");
+  command
+      ->add_option("--pinned", o->pinned,
+                   "The most of the staging that is pinned (K/M/G/T suffixes): pinning costs time before the hold, "
+                   "and copies into pinned memory run at the bus's speed. auto: all of --staging when it is given, "
+                   "else 1G")
       ->capture_default_str()
       ->type_name("SIZE");
   command->add_option("--streams", o->streams, "Copy streams")->capture_default_str()->check(CLI::Range(1, 16));

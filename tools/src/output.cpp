@@ -66,8 +66,10 @@ void progress_line::show(const ckpt::copy_progress& p) {
     return;
   }
   if (p.at == stage::released) {
-    char line[96];
-    std::snprintf(line, sizeof line, ": program released after %.2f s held\n", p.held_s);
+    char line[160];
+    std::snprintf(line, sizeof line, ": program released after %.2f s held%s%s\n", p.held_s,
+                  p.bytes_done != 0 ? ", its bytes in host memory: " : "",
+                  p.bytes_done != 0 ? human_bytes(p.bytes_done).c_str() : "");
     draw(label_ + line);
     drawn_ = false;  // that line stays
     return;

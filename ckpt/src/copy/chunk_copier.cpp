@@ -55,6 +55,7 @@ void chunk_copier::to_staging(const release_plan& plan, const std::function<void
     std::size_t b;
     if (!job_.handoff.take_buffer(c, job_.result.threads.copy_waiting, b)) break;  // a writer failed
     copy_chunk(c, b);
+    job_.handoff.staged_chunk(job_.runs.bytes_of(c));
     job_.handoff.issue(c + 1);
     if (!released) {
       for (const span& sp : job_.chunks[c].spans) issued_bytes += sp.stored;

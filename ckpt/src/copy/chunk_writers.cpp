@@ -2,10 +2,12 @@
 #include "copy/chunk_writers.hpp"
 
 #include <chrono>
+#include <cstring>
 #include <exception>
 #include <mutex>
 
 #include "copy/cuda_check.hpp"
+#include "vmmckpt/support/fault_point.hpp"
 
 namespace vmmckpt::ckpt {
 namespace {
@@ -61,17 +63,18 @@ void chunk_writers::join() {
   if (job_.handoff.writer_error) std::rethrow_exception(job_.handoff.writer_error);
 }
 
-// Chunk c, in staging buffer b (no_buffer: not copied, every block zero or unchanged), as extents of `file`.
-// Returns its stored bytes; the bytes left to the parent are added to `unchanged`.
-std::uint64_t chunk_writers::write_chunk(std::uint32_t file, std::size_t c, std::size_t b, std::uint64_t& unchanged) {
+// Chunk c, from `buffer` (null: not copied, every block zero or unchanged), as extents of `file`. Returns its
+// stored bytes; the bytes left to the parent are added to `unchanged`.
+std::uint64_t chunk_writers::write_chunk(std::uint32_t file, std::size_t c, unsigned char* buffer,
+                                         std::uint64_t& unchanged) {
+  if (buffer != nullptr) fault_point("writing-chunk");  // `writing-chunk=slow:MS`: a slow disk
   image::writer& writer = job_.writer;
   const chunk& ch = job_.chunks[c];
-  const bool copied = b != no_buffer;
   std::uint64_t chunk_total = 0;
   for (std::size_t s = 0; s < ch.spans.size(); ++s) {
     const span& sp = ch.spans[s];
     writer.begin_extent(file, sp.addr, sp.size, sp.stored);
-    const unsigned char* bytes = copied ? pack(job_.staging.buffers[b], ch, sp) : nullptr;
+    const unsigned char* bytes = buffer != nullptr ? pack(buffer, ch, sp) : nullptr;
     const image::extent* old = job_.parent ? job_.parent->same_extent(sp.addr, sp.size, sp.stored) : nullptr;
     const std::uint64_t* given = job_.sums.of(c, s);
     if (old != nullptr || given != nullptr)
@@ -82,6 +85,28 @@ std::uint64_t chunk_writers::write_chunk(std::uint32_t file, std::size_t c, std:
     chunk_total += sp.stored;
   }
   return chunk_total;
+}
+
+std::optional<chunk_writers::parked_chunk> chunk_writers::park(std::size_t c, const unsigned char* buffer) const {
+  if (buffer == nullptr) return parked_chunk{c, host_pages()};  // not copied: its blocks are only recorded
+  fault_point("parking");
+  // Only the runs copied into the buffer are touched: the pages between them are never faulted in.
+  host_pages copy(job_.chunks[c].bytes, 0);
+  if (copy.data() == nullptr) return std::nullopt;
+  auto* to = static_cast<unsigned char*>(copy.data());
+  for (const copy_run& r : job_.handoff.runs->of[c]) std::memcpy(to + r.offset, buffer + r.offset, r.bytes);
+  return parked_chunk{c, std::move(copy)};
+}
+
+void chunk_writers::write_parked(std::uint32_t file, std::vector<parked_chunk>& parked, std::uint64_t& unchanged) {
+  for (parked_chunk& p : parked) {
+    throw_if_interrupted(job_.interrupt);
+    const std::uint64_t bytes = write_chunk(file, p.c, static_cast<unsigned char*>(p.bytes.data()), unchanged);
+    p.bytes = host_pages();
+    const std::uint64_t done = job_.handoff.written_chunk(no_buffer, bytes);
+    if (job_.line.writing_shown.load()) job_.line.report(copy_progress::stage::writing, done);
+  }
+  parked.clear();
 }
 
 void chunk_writers::write_file(std::uint32_t file) {
@@ -101,14 +126,36 @@ void chunk_writers::write_file(std::uint32_t file) {
   try {
     const driver_api& d = driver();
     VMMCKPT_CUDA_TRY(d.cuCtxSetCurrent(job_.context));
+    std::vector<parked_chunk> parked;
     for (;;) {
       const auto wait_start = clock::now();
       std::size_t c, b;
-      if (!job_.handoff.take_chunk(c, b)) return;
+      const auto taken = job_.handoff.take_chunk(c, b, !parked.empty());
+      if (taken == chunk_handoff::took::released) {
+        write_parked(file, parked, unchanged);
+        continue;
+      }
+      if (taken == chunk_handoff::took::none) {
+        if (!job_.handoff.failed_or_stopped()) write_parked(file, parked, unchanged);
+        return;
+      }
       throw_if_interrupted(job_.interrupt);
-      if (b != no_buffer) VMMCKPT_CUDA_TRY(d.cuEventSynchronize(job_.staging.events[b]));
+      unsigned char* buffer = b != no_buffer ? job_.staging.buffers[b] : nullptr;
+      if (buffer != nullptr) VMMCKPT_CUDA_TRY(d.cuEventSynchronize(job_.staging.events[b]));
       waiting += std::chrono::duration<double>(clock::now() - wait_start).count();
-      const std::uint64_t done = job_.handoff.written_chunk(b, write_chunk(file, c, b, unchanged));
+      // A chunk after a parked one is parked too, or written after it: a data file holds its extents in
+      // manifest order.
+      if (const std::uint64_t bytes = buffer != nullptr ? job_.handoff.runs->bytes_of(c) : 0;
+          job_.handoff.park(bytes, !parked.empty())) {
+        if (auto p = park(c, buffer)) {
+          parked.push_back(std::move(*p));
+          if (buffer != nullptr) job_.handoff.written_chunk(b, 0);  // its buffer is free again
+          continue;
+        }
+        job_.handoff.park_failed(bytes);
+      }
+      write_parked(file, parked, unchanged);
+      const std::uint64_t done = job_.handoff.written_chunk(b, write_chunk(file, c, buffer, unchanged));
       if (job_.line.writing_shown.load()) job_.line.report(copy_progress::stage::writing, done);
     }
   } catch (...) {

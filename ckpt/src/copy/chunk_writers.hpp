@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "copy/copy_staging.hpp"
 #include "copy/parent_blocks.hpp"
 #include "vmmckpt/image/image.hpp"
+#include "vmmckpt/support/host_pages.hpp"
 
 namespace vmmckpt::ckpt {
 
@@ -46,8 +48,18 @@ class chunk_writers {
   void join();
 
  private:
+  // A chunk parked in ordinary memory while the program is held (copy_handoff.hpp), in its buffer's layout.
+  struct parked_chunk {
+    std::size_t c;
+    host_pages bytes;
+  };
   void write_file(std::uint32_t file);
-  std::uint64_t write_chunk(std::uint32_t file, std::size_t c, std::size_t b, std::uint64_t& unchanged);
+  // Chunk c's bytes from `buffer` (its staging buffer or its parked copy; null: not copied).
+  std::uint64_t write_chunk(std::uint32_t file, std::size_t c, unsigned char* buffer, std::uint64_t& unchanged);
+  // Chunk c, parked (`buffer` null: not copied, nothing to keep): nullopt when there was no memory for it.
+  std::optional<parked_chunk> park(std::size_t c, const unsigned char* buffer) const;
+  // Writes what this writer parked.
+  void write_parked(std::uint32_t file, std::vector<parked_chunk>& parked, std::uint64_t& unchanged);
   job job_;
   std::vector<std::thread> threads_;
 };

@@ -30,10 +30,18 @@ inline void throw_if_interrupted(const std::atomic<int>* interrupt) {
 
 // The copier hands chunks to the writers in order, each in a staging buffer (or in none: every block
 // unchanged), and the writers hand the buffers back. One mutex and one condition for all of it.
+//
+// While the program is held, a writer that takes a chunk whose buffer the copies will need before the image
+// could take it (more chunks left to copy than free buffers) parks the chunk's bytes in ordinary host memory,
+// up to `park_budget` bytes, and writes them once the program is released: the hold ends when the bytes are
+// in host memory, not when they are on disk. Beyond the budget the chunk is written while the program waits,
+// and `held_writes` counts it.
 struct chunk_handoff {
   using clock = std::chrono::steady_clock;
+  enum class took { chunk, none, released };
 
-  chunk_handoff(std::size_t chunks, int buffers) : count(chunks), chunk_buffer(chunks) {
+  chunk_handoff(std::size_t chunks, int buffers, std::uint64_t park_budget, bool parking)
+      : count(chunks), chunk_buffer(chunks), park_budget(park_budget), parking(parking) {
     for (int b = buffers - 1; b >= 0; --b) free_buffers.push_back(static_cast<std::size_t>(b));
   }
 
@@ -47,6 +55,55 @@ struct chunk_handoff {
   bool stop = false;  // the copy is over (done or failed): writers leave
   std::exception_ptr writer_error;
   std::uint64_t written = 0;
+  // Parking. `runs` says what of each chunk is in its buffer: set (set_runs) before the first chunk is issued.
+  const copy_runs* runs = nullptr;
+  std::vector<std::size_t> copied_from;  // chunks from c on that take a buffer
+  const std::uint64_t park_budget;
+  const bool parking;     // dump: the program goes on once its bytes are in host memory
+  bool released = false;  // the program goes on
+  std::uint64_t staged = 0, parked = 0, held_writes = 0;
+
+  void set_runs(const copy_runs& r) {
+    runs = &r;
+    copied_from.assign(count + 1, 0);
+    for (std::size_t c = count; c-- > 0;) copied_from[c] = copied_from[c + 1] + (r.of[c].empty() ? 0 : 1);
+  }
+  // The copier: a chunk of `bytes` copied into a buffer.
+  void staged_chunk(std::uint64_t bytes) {
+    std::lock_guard lock(mutex);
+    if (!released) staged += bytes;
+  }
+  // The program goes on: writers with parked chunks write them now.
+  void release() {
+    {
+      std::lock_guard lock(mutex);
+      released = true;
+    }
+    changed.notify_all();
+  }
+  bool is_released() {
+    std::lock_guard lock(mutex);
+    return released;
+  }
+  // A writer, of a chunk of `bytes` it took (0: not copied): whether to park it rather than write it now. One
+  // `following` a chunk it parked is parked whenever the budget allows (its extents follow that one's).
+  bool park(std::uint64_t bytes, bool following) {
+    std::lock_guard lock(mutex);
+    if (!parking || released || copied_from.empty()) return false;
+    if (!following && (bytes == 0 || copied_from[issued] <= free_buffers.size())) return false;
+    if (parked + bytes > park_budget) {
+      held_writes += bytes;
+      return false;
+    }
+    parked += bytes;
+    return true;
+  }
+  // A writer could not have the memory to park `bytes` in: it writes them while the program waits.
+  void park_failed(std::uint64_t bytes) {
+    std::lock_guard lock(mutex);
+    parked -= bytes;
+    held_writes += bytes;
+  }
 
   // The copier: a free staging buffer for chunk c, waiting for one (the wait added to `waiting`); false when
   // a writer failed.
@@ -88,15 +145,23 @@ struct chunk_handoff {
     changed.notify_all();
   }
 
-  // A writer: the next chunk handed over and its buffer; false when there is none left to take, the copy
-  // is over or another writer failed.
-  bool take_chunk(std::size_t& c, std::size_t& b) {
+  // A writer: the next chunk handed over and its buffer; none when there is none left to take, the copy is
+  // over or another writer failed; released when the program went on and the writer (`has_parked`) has
+  // parked chunks to write first.
+  took take_chunk(std::size_t& c, std::size_t& b, bool has_parked) {
     std::unique_lock lock(mutex);
-    changed.wait(lock, [&] { return taken < issued || taken == count || stop || writer_error; });
-    if (stop || writer_error || taken == issued) return false;
+    changed.wait(lock,
+                 [&] { return taken < issued || taken == count || stop || writer_error || (has_parked && released); });
+    if (stop || writer_error) return took::none;
+    if (has_parked && released) return took::released;
+    if (taken == issued) return took::none;
     c = taken++;
     b = chunk_buffer[c];
-    return true;
+    return took::chunk;
+  }
+  bool failed_or_stopped() {
+    std::lock_guard lock(mutex);
+    return stop || writer_error;
   }
   // A writer: chunk in buffer b (or no_buffer) is written, `bytes` of it. Returns the bytes written so far.
   std::uint64_t written_chunk(std::size_t b, std::uint64_t bytes) {

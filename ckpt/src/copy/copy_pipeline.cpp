@@ -37,11 +37,19 @@ std::shared_ptr<copy_reuse> make_copy_reuse() { return std::make_shared<copy_reu
 
 copy_pipeline::copy_pipeline(const copy_settings& settings, std::uint64_t live_estimate)
     : settings_(settings), live_estimate_(live_estimate) {
-  // Enough buffers to take the whole copy when it fits the staging budget, so the program is
-  // held only for the copy out of the GPU, not for the writes.
-  const std::uint64_t wanted = (live_estimate + settings.chunk_bytes - 1) / settings.chunk_bytes;
-  const std::uint64_t budget = std::max<std::uint64_t>(2, settings.staging_bytes / settings.chunk_bytes);
-  buffers_ = static_cast<int>(std::clamp<std::uint64_t>(wanted, 2, budget));
+  // Pinned buffers enough to take the whole copy when it fits (pinning costs time before the hold), then
+  // ordinary memory for the chunks writers park while the program is held (copy_handoff.hpp): the program is
+  // held only until its bytes are in host memory, not on disk.
+  const std::uint64_t chunk = settings.chunk_bytes;
+  const std::uint64_t budget =
+      settings.staging_bytes != 0 ? settings.staging_bytes : std::max(available_host_memory() / 2, 2 * chunk);
+  const std::uint64_t pinned = std::min(budget, settings.pinned_bytes != 0    ? settings.pinned_bytes
+                                                : settings.staging_bytes != 0 ? budget
+                                                                              : pinned_staging_default);
+  const std::uint64_t wanted = (live_estimate + chunk - 1) / chunk;
+  buffers_ = static_cast<int>(std::clamp<std::uint64_t>(wanted, 2, std::max<std::uint64_t>(2, pinned / chunk)));
+  const std::uint64_t pinned_bytes = static_cast<std::uint64_t>(buffers_) * chunk;
+  park_budget_ = settings.park_while_held && budget > pinned_bytes ? budget - pinned_bytes : 0;
   if (copy_reuse* r = settings_.reuse.get();
       r != nullptr && r->staging && r->buffers == buffers_ && r->chunk_bytes == settings_.chunk_bytes) {
     staging_ = r->staging;  // made by an earlier dump of the series, idle since
@@ -147,14 +155,21 @@ struct program_release {
   const std::atomic<int>* interrupt;
   chunk_handoff& handoff;
   copy_progress_line& line;
+  image_result& result;
   bool done = false;
 
   void now() {
     sums.wait_in_place();  // the kernel reads the program's memory until it is done
     fault_point("releasing");
     throw_if_interrupted(interrupt);  // the last moment a signal stops the copy: the program is still held
+    {
+      std::lock_guard lock(handoff.mutex);
+      result.staged_bytes = handoff.staged;  // what release() reports
+    }
     release();
     done = true;
+    result.released_s = seconds_since(result.start);
+    handoff.release();
     const std::uint64_t written = handoff.written_so_far();
     line.writing_shown = true;
     line.report(copy_progress::stage::writing, written);
@@ -175,7 +190,8 @@ copy_outcome copy_pipeline::copy(image::manifest& m, const readable_fn& readable
   result.mark("planned");
   const std::uint64_t total = stored_bytes(chunks);
   copy_checksums sums(chunks, gpu_sums_.get(), st.checksum_stream);  // set before the first chunk is handed over
-  chunk_handoff handoff(chunks.size(), buffers_);
+  chunk_handoff handoff(chunks.size(), buffers_, park_budget_, settings_.park_while_held);
+  result.staging_bytes = static_cast<std::uint64_t>(buffers_) * settings_.chunk_bytes + park_budget_;
   copy_progress_line line(progress, total);
   chunk_writers writers(
       {context_, st, chunks, parent_.get(), sums, settings_.interrupt, *writer_, m, handoff, line, result},
@@ -200,7 +216,7 @@ copy_outcome copy_pipeline::copy(image::manifest& m, const readable_fn& readable
   const std::vector<CUdeviceptr> snapshot_at = snapshot_places(chunks, first, snapshot.ptr);
   const auto copy_start = clock::now();
   line.report(copy_progress::stage::copying, 0);  // the program is held from here: the copy's rate counts from now
-  program_release released{release, sums, settings_.interrupt, handoff, line};
+  program_release released{release, sums, settings_.interrupt, handoff, line, result};
   if (snapshot_first) {
     const copy_runs whole = plan_copy_runs(chunks, snapshot_at, [](std::size_t, std::size_t) { return span_blocks{}; });
     chunk_copier into({st, chunks, whole, snapshot_at, false, settings_.interrupt, handoff, line, result});
@@ -233,6 +249,7 @@ copy_outcome copy_pipeline::copy(image::manifest& m, const readable_fn& readable
     if (placed == 0) snapshot.release();  // the chunks from `first` on need no copy at all
     runs.place_in_snapshot(first, snapshot.ptr);
   }
+  handoff.set_runs(runs);
   chunk_copier copier({st, chunks, runs, snapshot_at, by_block, settings_.interrupt, handoff, line, result});
   if (snapshot.ptr != 0 && !snapshot_first) out.snapshot_bytes = copier.to_snapshot(first);
   copier.to_staging(released.done ? release_plan{} : plan_release(snapshot.ptr != 0, first, chunks.size()), [&] {
@@ -255,6 +272,9 @@ copy_outcome copy_pipeline::copy(image::manifest& m, const readable_fn& readable
   }
 
   writers.join();
+  result.staged_bytes = handoff.staged;
+  result.parked_bytes = handoff.parked;
+  result.held_write_bytes = handoff.held_writes;
   sums.summarize(result);
   result.threads.writers = static_cast<int>(m.data_files);
   for (std::uint32_t f = 0; f < m.data_files; ++f) {

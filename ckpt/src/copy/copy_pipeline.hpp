@@ -30,8 +30,9 @@ struct copy_outcome {
 // to files), what they share (copy_handoff), and when the program is released (release_policy).
 class copy_pipeline {
  public:
-  // Starts faulting in pinned staging sized for `live_estimate` bytes (up to the settings' budget)
-  // on a thread of its own, while the caller makes the CUDA context.
+  // Starts faulting in pinned staging sized for `live_estimate` bytes (up to the settings' budget, the rest
+  // of which is ordinary memory for parked chunks) on a thread of its own, while the caller makes the CUDA
+  // context.
   copy_pipeline(const copy_settings& settings, std::uint64_t live_estimate);
   ~copy_pipeline();
   copy_pipeline(const copy_pipeline&) = delete;
@@ -66,6 +67,7 @@ class copy_pipeline {
   copy_settings settings_;
   std::uint64_t live_estimate_;
   int buffers_;
+  std::uint64_t park_budget_ = 0;          // ordinary host memory for chunks parked while the program is held
   std::shared_ptr<copy_staging> staging_;  // reused by the next dump of a series (copy_settings::reuse)
   std::thread reserving_;
   CUcontext context_ = nullptr;

@@ -4,8 +4,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <cstdint>
 #include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -28,6 +31,7 @@ host_pages::host_pages(std::size_t size, unsigned threads) {
   data_ = reinterpret_cast<void*>(at);
   size_ = size;
   ::madvise(data_, size_, MADV_HUGEPAGE);  // advice only: 4 KiB pages work too
+  if (threads == 0) return;
   // Slices of whole huge pages, one per thread.
   const std::size_t slices = std::max<std::size_t>(1, std::min<std::size_t>(threads, size_ / huge_page));
   const std::size_t slice = (size_ / slices + huge_page - 1) / huge_page * huge_page;
@@ -66,6 +70,13 @@ host_pages& host_pages::operator=(host_pages&& o) noexcept {
     size_ = std::exchange(o.size_, 0);
   }
   return *this;
+}
+
+std::uint64_t available_host_memory() {
+  std::ifstream in("/proc/meminfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("MemAvailable:", 0) == 0) return std::strtoull(line.c_str() + 13, nullptr, 10) << 10;  // kB
+  return 0;
 }
 
 }  // namespace vmmckpt

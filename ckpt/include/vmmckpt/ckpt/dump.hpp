@@ -24,11 +24,23 @@ int default_writers();
 // How the program's memory is copied out and written: the same for dump and suspend.
 struct copy_reuse;  // ckpt/src/copy/copy_pipeline.cpp
 
+// The pinned staging of a dump whose copy_settings::staging_bytes is 0 (automatic): pinning costs time before
+// the hold, and ordinary memory takes the rest.
+constexpr std::uint64_t pinned_staging_default = 1ULL << 30;
+
 struct copy_settings {
-  std::size_t chunk_bytes = 32ULL << 20;     // one staging buffer
-  std::uint64_t staging_bytes = 1ULL << 30;  // most pinned staging to use (at least two buffers)
-  int streams = 2;                           // copy streams
-  int writers = default_writers();           // threads writing the image, one data file each
+  std::size_t chunk_bytes = 32ULL << 20;  // one staging buffer
+  // The most host memory that takes the program's bytes while it is held: pinned staging buffers (at least
+  // two, up to pinned_bytes), then ordinary memory, in which a writer parks the bytes of a buffer the copies
+  // need while the program is held (park_while_held), writing them once it goes on. 0: half the memory the
+  // system has available (MemAvailable) when the dump starts.
+  std::uint64_t staging_bytes = 0;
+  // The most of it that is pinned. 0: all of staging_bytes when that is set, else pinned_staging_default.
+  std::uint64_t pinned_bytes = 0;
+  // Off for suspend: its program stays held until the image is written anyway.
+  bool park_while_held = true;
+  int streams = 2;                  // copy streams
+  int writers = default_writers();  // threads writing the image, one data file each
   // Set (to the signal's number) by the caller's SIGINT/SIGTERM handler: the operation stops at its
   // next chunk with `interrupted`, leaving nothing and the program released. Null: never.
   const std::atomic<int>* interrupt = nullptr;
@@ -53,7 +65,8 @@ struct copy_progress {
   enum class stage {
     holding,   // waiting for the program's GPU work to drain before it is held
     copying,   // the program is held while its bytes leave its memory: bytes_done of bytes_total
-    released,  // the program goes on, after held_s seconds held (dump only: suspend keeps it held)
+    released,  // the program goes on, after held_s seconds held, bytes_done of its bytes copied to host memory
+               // while held (dump only: suspend keeps it held)
     writing,   // the image is written: bytes_done of bytes_total
     loading,   // resume: the program loads its image: bytes_done of bytes_total
   };
@@ -104,7 +117,17 @@ struct image_result {
   // not on the GPU.
   std::string checksums = "cpu";
   std::string checksums_why;
-  double checksum_seconds = 0;       // the kernel's: from its launch until its results were first needed and there
+  double checksum_seconds = 0;  // the kernel's: from its launch until its results were first needed and there
+  // Host memory while the program was held (copy_settings::staging_bytes): the staging it could use, pinned and
+  // ordinary; the bytes that went through it before the release; those of them parked in ordinary memory; and
+  // those written to the image while the copies waited for their buffers (the hold then covered writes, and a
+  // staging of staging_needed_bytes would have ended it once the bytes were in host memory).
+  std::uint64_t staging_bytes = 0;
+  std::uint64_t staged_bytes = 0;
+  std::uint64_t parked_bytes = 0;
+  std::uint64_t held_write_bytes = 0;
+  std::uint64_t staging_needed_bytes() const { return held_write_bytes == 0 ? 0 : staging_bytes + held_write_bytes; }
+  double released_s = -1;            // when the program went on, in seconds from the start (-1: it was not released)
   std::uint64_t uncopied_bytes = 0;  // unchanged blocks left on the GPU (checksums on the GPU and a parent)
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
   void mark(const std::string& step) {

@@ -15,7 +15,8 @@ namespace vmmckpt {
 // the process there with SIGKILL (as a crash or an OOM kill would, no cleanup of any kind);
 // `POINT=stop` stops it with SIGSTOP (as Ctrl-Z, a cgroup freeze or `scontrol suspend` would);
 // `POINT=pause:MS` sleeps MS milliseconds. Each entry acts once per process: a stopped program that
-// continues is not stopped again by its next pass. Unset, a point costs one load. Used by
+// continues is not stopped again by its next pass. `POINT=slow:MS` sleeps MS milliseconds at every pass
+// (a slow disk under a writer). Unset, a point costs one load. Used by
 // tests/emu/fault_e2e_test.cpp and the chaos test: a tool or a program failing at any phase never
 // hurts the program and never leaves anything that passes verify.
 // `POINT=fail` makes fault_point(POINT) return true, for a step to fail as if its work had failed.
@@ -31,15 +32,16 @@ inline bool fault_point(std::string_view name) noexcept {
     rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
     const std::size_t eq = entry.find('=');
     if (entry.substr(0, eq) != name) continue;
-    const std::uint64_t bit = 1ULL << (index % 64);
-    if (fired.fetch_or(bit) & bit) continue;
     const std::string_view action = eq == std::string_view::npos ? "kill" : entry.substr(eq + 1);
+    const bool every_pass = action.substr(0, 5) == "slow:";
+    const std::uint64_t bit = 1ULL << (index % 64);
+    if (!every_pass && (fired.fetch_or(bit) & bit)) continue;
     if (action == "kill") ::raise(SIGKILL);
     if (action == "stop") ::raise(SIGSTOP);
     if (action == "fail") fail = true;
-    if (action.substr(0, 6) == "pause:") {
+    if (action.substr(0, 6) == "pause:" || every_pass) {
       long ms = 0;
-      for (char c : action.substr(6)) {
+      for (char c : action.substr(action.find(':') + 1)) {
         if (c < '0' || c > '9') break;
         ms = ms * 10 + (c - '0');
       }

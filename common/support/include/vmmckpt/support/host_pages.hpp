@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 namespace vmmckpt {
 
@@ -12,7 +13,8 @@ class host_pages {
  public:
   host_pages() = default;
   // data() is nullptr when the memory could not be had. Pages are faulted in by up to `threads`
-  // threads at once (the kernel zeroes each: one thread does about 4 GB/s).
+  // threads at once (the kernel zeroes each: one thread does about 4 GB/s); with 0, each as it is first
+  // written.
   explicit host_pages(std::size_t size, unsigned threads = 1);
   ~host_pages();
   host_pages(host_pages&& o) noexcept;
@@ -29,5 +31,8 @@ class host_pages {
   void* data_ = nullptr;
   std::size_t size_ = 0;
 };
+
+// The memory the system can give without swapping (MemAvailable in /proc/meminfo), in bytes; 0 when unknown.
+std::uint64_t available_host_memory();
 
 }  // namespace vmmckpt
