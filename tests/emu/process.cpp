@@ -85,10 +85,10 @@ process_result run_process(const std::vector<std::string>& argv, const std::map<
 }
 
 background_process::background_process(const std::vector<std::string>& argv,
-                                       const std::map<std::string, std::string>& env) {
+                                       const std::map<std::string, std::string>& env, bool stderr_too) {
   int out_pipe[2];
   if (pipe2(out_pipe, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
-  pid_ = start(argv, env, out_pipe[1], -1);
+  pid_ = start(argv, env, out_pipe[1], stderr_too ? out_pipe[1] : -1);
   close(out_pipe[1]);
   out_fd_ = out_pipe[0];
 }
@@ -117,7 +117,17 @@ bool background_process::wait_for_output(const std::string& text, int timeout_s)
   return true;
 }
 
+void background_process::drain() {
+  for (pollfd pfd{out_fd_, POLLIN, 0}; out_fd_ >= 0 && poll(&pfd, 1, 0) > 0 && (pfd.revents & POLLIN);) {
+    char buf[4096];
+    const ssize_t n = read(out_fd_, buf, sizeof buf);
+    if (n <= 0) return;
+    out_.append(buf, static_cast<size_t>(n));
+  }
+}
+
 bool background_process::running() {
+  drain();  // a program blocked on a full pipe would never end
   if (status_ >= 0) return false;
   int status = 0;
   if (waitpid(pid_, &status, WNOHANG) == pid_) {
@@ -133,6 +143,7 @@ int background_process::wait() {
     waitpid(pid_, &status, 0);
     status_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   }
+  drain();
   return status_;
 }
 

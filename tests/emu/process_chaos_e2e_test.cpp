@@ -119,7 +119,7 @@ class process_chaos_round {
     ++f_.operations;
     std::vector<std::string> argv{cuda_ckpt};
     argv.insert(argv.end(), args.begin(), args.end());
-    background_process p(argv);
+    background_process p(argv, {}, /*stderr_too=*/true);  // its messages in a failure's, not in the test's log
     const int fate = chaos ? static_cast<int>(rng_() % 20) : 19;
     history_ += (history_.empty() ? "" : ", ") + args[0] +
                 (fate < 5    ? " (tool killed)"

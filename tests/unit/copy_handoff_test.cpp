@@ -1,5 +1,6 @@
 // Unit tests of parking (ckpt/src/copy/copy_handoff.hpp): while the program is held, a writer parks a chunk in
-// host memory when the copies will want its buffer before the image could take it, within the budget.
+// host memory when the copier has waited for buffers and will want its buffer before the image could take it,
+// within the budget.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -24,12 +25,14 @@ copy_runs runs_of(std::size_t chunks, const std::vector<std::size_t>& uncopied =
   return r;
 }
 
-// The copier's side: chunks [0, n) issued, each in a buffer of its own.
-void issue(chunk_handoff& h, std::size_t n) {
+// The copier's side: chunks [0, n) issued, each in a buffer of its own, and `waited` for a buffer (the writers
+// were behind).
+void issue(chunk_handoff& h, std::size_t n, bool waited = true) {
   double waiting = 0;
   std::size_t b;
   for (std::size_t c = 0; c < n; ++c) REQUIRE(h.take_buffer(c, waiting, b));
   h.issue(n);
+  h.copier_waited = waited;
 }
 
 }  // namespace
@@ -39,14 +42,34 @@ TEST_CASE("parking: a chunk whose buffer the copies need is parked, within the b
   chunk_handoff h(6, 2, 2 * MiB, true);
   h.set_runs(runs);
   issue(h, 2);  // both buffers taken, four chunks left to copy
-  CHECK(h.park(MiB, false));
-  CHECK(h.park(MiB, false));
-  CHECK_FALSE(h.park(MiB, false));  // beyond the budget: written while the program waits
+  CHECK(h.reserve_parking(MiB, false));
+  CHECK(h.reserve_parking(MiB, false));
+  CHECK_FALSE(h.reserve_parking(MiB, false));  // beyond the budget: written while the program waits
   CHECK(h.parked == 2 * MiB);
   CHECK(h.held_writes == MiB);
-  h.park_failed(MiB);  // no memory for the second after all
+  h.parking_failed(MiB);  // no memory for the second after all
   CHECK(h.parked == MiB);
   CHECK(h.held_writes == 2 * MiB);
+  // The budget counts what is parked now: a parked chunk written (while held: waited for) makes room.
+  h.parked_written(MiB);
+  CHECK(h.held_writes == 3 * MiB);
+  CHECK(h.reserve_parking(MiB, false));
+  CHECK(h.reserve_parking(MiB, false));
+  CHECK(h.parked == 3 * MiB);
+}
+
+TEST_CASE("parking: not before the copier has waited for a buffer (the image keeps up)", "[copy_handoff]") {
+  const copy_runs runs = runs_of(6);
+  chunk_handoff h(6, 2, 8 * MiB, true);
+  h.set_runs(runs);
+  issue(h, 2, /*waited=*/false);
+  CHECK_FALSE(h.reserve_parking(MiB, false));
+  CHECK(h.held_writes == 0);
+  double waiting = 0;
+  std::size_t b;
+  h.written_chunk(0, MiB);  // a buffer back: the copier takes it without waiting
+  REQUIRE(h.take_buffer(2, waiting, b));
+  CHECK_FALSE(h.copier_waited);
 }
 
 TEST_CASE("parking: not when the free buffers take what is left to copy", "[copy_handoff]") {
@@ -54,11 +77,11 @@ TEST_CASE("parking: not when the free buffers take what is left to copy", "[copy
   chunk_handoff h(4, 2, 8 * MiB, true);
   h.set_runs(runs);
   issue(h, 1);
-  CHECK_FALSE(h.park(MiB, false));  // one chunk left to copy, one free buffer
+  CHECK_FALSE(h.reserve_parking(MiB, false));  // one chunk left to copy, one free buffer
   CHECK(h.held_writes == 0);
   // A chunk after a parked one is parked whenever the budget allows, copied or not: its extents follow.
-  CHECK(h.park(0, true));
-  CHECK(h.park(MiB, true));
+  CHECK(h.reserve_parking(0, true));
+  CHECK(h.reserve_parking(MiB, true));
 }
 
 TEST_CASE("parking: never once the program goes on, nor for a suspend", "[copy_handoff]") {
@@ -67,15 +90,20 @@ TEST_CASE("parking: never once the program goes on, nor for a suspend", "[copy_h
   dump.set_runs(runs);
   issue(dump, 2);
   dump.staged_chunk(MiB);
+  REQUIRE(dump.reserve_parking(MiB, false));
   dump.release();
   dump.staged_chunk(MiB);  // after the release: not staged while held
   CHECK(dump.staged == MiB);
-  CHECK_FALSE(dump.park(MiB, false));
-  CHECK_FALSE(dump.park(MiB, true));
+  CHECK_FALSE(dump.reserve_parking(MiB, false));
+  CHECK_FALSE(dump.reserve_parking(MiB, true));
+  dump.parked_written(MiB);  // after the release: the hold did not wait for it
+  CHECK(dump.held_writes == 0);
+  CHECK(dump.parked == MiB);
+  dump.wait_for_release();  // returns at once
   chunk_handoff suspend(6, 2, 8 * MiB, false);
   suspend.set_runs(runs);
   issue(suspend, 2);
-  CHECK_FALSE(suspend.park(MiB, false));
+  CHECK_FALSE(suspend.reserve_parking(MiB, false));
   CHECK(suspend.held_writes == 0);
 }
 

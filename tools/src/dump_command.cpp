@@ -238,6 +238,8 @@ int dump_command(const dump_command_options& o) {
   if (o.pinned != "auto" && (!parse_size(o.pinned, pinned) || pinned < 2 * chunk))
     return report_failure(
         "dump", o.json, "--pinned must be 'auto' or a size of at least two chunks, not '" + o.pinned + "'", exit_usage);
+  if (staging != 0 && pinned > staging)
+    return report_failure("dump", o.json, "--pinned " + o.pinned + " is more than --staging " + o.staging, exit_usage);
   options.copy.pinned_bytes = pinned;
   options.copy.streams = o.streams;
   if (o.writers > 0) options.copy.writers = o.writers;
@@ -279,8 +281,7 @@ subcommand add_dump(CLI::App& app) {
   command
       ->add_option("--pinned", o->pinned,
                    "The most of the staging that is pinned (K/M/G/T suffixes): pinning costs time before the hold, "
-                   "and copies into pinned memory run at the bus's speed. auto: all of --staging when it is given, "
-                   "else 1G")
+                   "and copies into pinned memory run at the bus's speed. auto: 1G (or all of a smaller --staging)")
       ->capture_default_str()
       ->type_name("SIZE");
   command->add_option("--streams", o->streams, "Copy streams")->capture_default_str()->check(CLI::Range(1, 16));

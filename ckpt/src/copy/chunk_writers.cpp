@@ -87,15 +87,20 @@ std::uint64_t chunk_writers::write_chunk(std::uint32_t file, std::size_t c, unsi
   return chunk_total;
 }
 
-std::optional<chunk_writers::parked_chunk> chunk_writers::park(std::size_t c, const unsigned char* buffer) const {
-  if (buffer == nullptr) return parked_chunk{c, host_pages()};  // not copied: its blocks are only recorded
+std::optional<chunk_writers::parked_chunk> chunk_writers::copy_to_host(std::size_t c,
+                                                                       const unsigned char* buffer) const {
+  if (buffer == nullptr) return parked_chunk{c, host_pages(), 0};  // not copied: its blocks are only recorded
   fault_point("parking");
   // Only the runs copied into the buffer are touched: the pages between them are never faulted in.
   host_pages copy(job_.chunks[c].bytes, 0);
   if (copy.data() == nullptr) return std::nullopt;
   auto* to = static_cast<unsigned char*>(copy.data());
-  for (const copy_run& r : job_.handoff.runs->of[c]) std::memcpy(to + r.offset, buffer + r.offset, r.bytes);
-  return parked_chunk{c, std::move(copy)};
+  std::uint64_t bytes = 0;
+  for (const copy_run& r : job_.handoff.runs->of[c]) {
+    std::memcpy(to + r.offset, buffer + r.offset, r.bytes);
+    bytes += r.bytes;
+  }
+  return parked_chunk{c, std::move(copy), bytes};
 }
 
 void chunk_writers::write_parked(std::uint32_t file, std::vector<parked_chunk>& parked, std::uint64_t& unchanged) {
@@ -103,10 +108,30 @@ void chunk_writers::write_parked(std::uint32_t file, std::vector<parked_chunk>& 
     throw_if_interrupted(job_.interrupt);
     const std::uint64_t bytes = write_chunk(file, p.c, static_cast<unsigned char*>(p.bytes.data()), unchanged);
     p.bytes = host_pages();
+    job_.handoff.parked_written(p.copied);
     const std::uint64_t done = job_.handoff.written_chunk(no_buffer, bytes);
     if (job_.line.writing_shown.load()) job_.line.report(copy_progress::stage::writing, done);
   }
   parked.clear();
+}
+
+void chunk_writers::park_or_write(std::uint32_t file, std::size_t c, std::size_t b, std::vector<parked_chunk>& parked,
+                                  std::uint64_t& unchanged) {
+  unsigned char* buffer = b != no_buffer ? job_.staging.buffers[b] : nullptr;
+  // A chunk after a parked one is parked too, or written after it: a data file holds its extents in manifest
+  // order.
+  const std::uint64_t bytes = buffer != nullptr ? job_.handoff.runs->bytes_of(c) : 0;
+  if (job_.handoff.reserve_parking(bytes, !parked.empty())) {
+    if (auto p = copy_to_host(c, buffer)) {
+      parked.push_back(std::move(*p));
+      if (buffer != nullptr) job_.handoff.written_chunk(b, 0);  // its buffer is free again
+      return;
+    }
+    job_.handoff.parking_failed(bytes);
+  }
+  write_parked(file, parked, unchanged);
+  const std::uint64_t done = job_.handoff.written_chunk(b, write_chunk(file, c, buffer, unchanged));
+  if (job_.line.writing_shown.load()) job_.line.report(copy_progress::stage::writing, done);
 }
 
 void chunk_writers::write_file(std::uint32_t file) {
@@ -136,27 +161,14 @@ void chunk_writers::write_file(std::uint32_t file) {
         continue;
       }
       if (taken == chunk_handoff::took::none) {
+        if (!parked.empty()) job_.handoff.wait_for_release();  // the hold never waits for these writes
         if (!job_.handoff.failed_or_stopped()) write_parked(file, parked, unchanged);
         return;
       }
       throw_if_interrupted(job_.interrupt);
-      unsigned char* buffer = b != no_buffer ? job_.staging.buffers[b] : nullptr;
-      if (buffer != nullptr) VMMCKPT_CUDA_TRY(d.cuEventSynchronize(job_.staging.events[b]));
+      if (b != no_buffer) VMMCKPT_CUDA_TRY(d.cuEventSynchronize(job_.staging.events[b]));
       waiting += std::chrono::duration<double>(clock::now() - wait_start).count();
-      // A chunk after a parked one is parked too, or written after it: a data file holds its extents in
-      // manifest order.
-      if (const std::uint64_t bytes = buffer != nullptr ? job_.handoff.runs->bytes_of(c) : 0;
-          job_.handoff.park(bytes, !parked.empty())) {
-        if (auto p = park(c, buffer)) {
-          parked.push_back(std::move(*p));
-          if (buffer != nullptr) job_.handoff.written_chunk(b, 0);  // its buffer is free again
-          continue;
-        }
-        job_.handoff.park_failed(bytes);
-      }
-      write_parked(file, parked, unchanged);
-      const std::uint64_t done = job_.handoff.written_chunk(b, write_chunk(file, c, buffer, unchanged));
-      if (job_.line.writing_shown.load()) job_.line.report(copy_progress::stage::writing, done);
+      park_or_write(file, c, b, parked, unchanged);
     }
   } catch (...) {
     job_.handoff.writer_failed(std::current_exception());

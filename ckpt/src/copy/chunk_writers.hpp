@@ -52,12 +52,18 @@ class chunk_writers {
   struct parked_chunk {
     std::size_t c;
     host_pages bytes;
+    std::uint64_t copied;  // of its runs, in `bytes`
   };
   void write_file(std::uint32_t file);
   // Chunk c's bytes from `buffer` (its staging buffer or its parked copy; null: not copied).
   std::uint64_t write_chunk(std::uint32_t file, std::size_t c, unsigned char* buffer, std::uint64_t& unchanged);
-  // Chunk c, parked (`buffer` null: not copied, nothing to keep): nullopt when there was no memory for it.
-  std::optional<parked_chunk> park(std::size_t c, const unsigned char* buffer) const;
+  // Chunk c, taken in staging buffer b (no_buffer: not copied), parked while the program is held when the
+  // copies need its buffer, else written (after what this writer parked).
+  void park_or_write(std::uint32_t file, std::size_t c, std::size_t b, std::vector<parked_chunk>& parked,
+                     std::uint64_t& unchanged);
+  // Chunk c's runs copied out of `buffer` into ordinary memory (null: not copied, nothing to keep): nullopt when
+  // there was no memory for it.
+  std::optional<parked_chunk> copy_to_host(std::size_t c, const unsigned char* buffer) const;
   // Writes what this writer parked.
   void write_parked(std::uint32_t file, std::vector<parked_chunk>& parked, std::uint64_t& unchanged);
   job job_;

@@ -31,11 +31,11 @@ inline void throw_if_interrupted(const std::atomic<int>* interrupt) {
 // The copier hands chunks to the writers in order, each in a staging buffer (or in none: every block
 // unchanged), and the writers hand the buffers back. One mutex and one condition for all of it.
 //
-// While the program is held, a writer that takes a chunk whose buffer the copies will need before the image
-// could take it (more chunks left to copy than free buffers) parks the chunk's bytes in ordinary host memory,
-// up to `park_budget` bytes, and writes them once the program is released: the hold ends when the bytes are
-// in host memory, not when they are on disk. Beyond the budget the chunk is written while the program waits,
-// and `held_writes` counts it.
+// Parking: while the program is held, once the copier has had to wait for a buffer (the writers are the
+// limit), a writer that takes a chunk whose buffer the copies will need (more chunks left to copy than free
+// buffers) copies its bytes into ordinary host memory, up to `park_budget` bytes at a time, frees the buffer,
+// and writes the bytes once the program is released: the hold ends when the bytes are in host memory, not on
+// disk. Beyond the budget the writer writes while the program waits, and `held_writes` counts those bytes.
 struct chunk_handoff {
   using clock = std::chrono::steady_clock;
   enum class took { chunk, none, released };
@@ -59,11 +59,15 @@ struct chunk_handoff {
   const copy_runs* runs = nullptr;
   std::vector<std::size_t> copied_from;  // chunks from c on that take a buffer
   const std::uint64_t park_budget;
-  const bool parking;     // dump: the program goes on once its bytes are in host memory
-  bool released = false;  // the program goes on
+  const bool parking;            // dump: the program goes on once its bytes are in host memory
+  bool copier_waited = false;    // the copier waited for a buffer while the program was held
+  bool released = false;         // the program goes on
+  std::uint64_t parked_now = 0;  // bytes parked and not yet written
+  // Bytes copied into buffers while the program was held; parked then; written while it waited for buffers.
   std::uint64_t staged = 0, parked = 0, held_writes = 0;
 
   void set_runs(const copy_runs& r) {
+    std::lock_guard lock(mutex);
     runs = &r;
     copied_from.assign(count + 1, 0);
     for (std::size_t c = count; c-- > 0;) copied_from[c] = copied_from[c + 1] + (r.of[c].empty() ? 0 : 1);
@@ -81,28 +85,39 @@ struct chunk_handoff {
     }
     changed.notify_all();
   }
-  bool is_released() {
-    std::lock_guard lock(mutex);
-    return released;
+  // A writer with parked chunks and no chunk left to take: until the program goes on (or the copy failed), so
+  // that they are written after it.
+  void wait_for_release() {
+    std::unique_lock lock(mutex);
+    changed.wait(lock, [&] { return released || stop || writer_error; });
   }
   // A writer, of a chunk of `bytes` it took (0: not copied): whether to park it rather than write it now. One
   // `following` a chunk it parked is parked whenever the budget allows (its extents follow that one's).
-  bool park(std::uint64_t bytes, bool following) {
+  bool reserve_parking(std::uint64_t bytes, bool following) {
     std::lock_guard lock(mutex);
     if (!parking || released || copied_from.empty()) return false;
-    if (!following && (bytes == 0 || copied_from[issued] <= free_buffers.size())) return false;
-    if (parked + bytes > park_budget) {
+    if (!following && (bytes == 0 || !copier_waited || copied_from[issued] <= free_buffers.size())) return false;
+    if (parked_now + bytes > park_budget) {
       held_writes += bytes;
       return false;
     }
+    parked_now += bytes;
     parked += bytes;
     return true;
   }
   // A writer could not have the memory to park `bytes` in: it writes them while the program waits.
-  void park_failed(std::uint64_t bytes) {
+  void parking_failed(std::uint64_t bytes) {
     std::lock_guard lock(mutex);
+    parked_now -= bytes;
     parked -= bytes;
     held_writes += bytes;
+  }
+  // A writer wrote `bytes` it had parked: while the program was held (the budget ran out), they count as
+  // written while it waited.
+  void parked_written(std::uint64_t bytes) {
+    std::lock_guard lock(mutex);
+    parked_now -= bytes;
+    if (!released) held_writes += bytes;
   }
 
   // The copier: a free staging buffer for chunk c, waiting for one (the wait added to `waiting`); false when
@@ -110,6 +125,7 @@ struct chunk_handoff {
   bool take_buffer(std::size_t c, double& waiting, std::size_t& b) {
     const auto wait_start = clock::now();
     std::unique_lock lock(mutex);
+    if (free_buffers.empty() && !released) copier_waited = true;
     changed.wait(lock, [&] { return !free_buffers.empty() || writer_error; });
     waiting += std::chrono::duration<double>(clock::now() - wait_start).count();
     if (writer_error) return false;

@@ -41,11 +41,12 @@ copy_pipeline::copy_pipeline(const copy_settings& settings, std::uint64_t live_e
   // ordinary memory for the chunks writers park while the program is held (copy_handoff.hpp): the program is
   // held only until its bytes are in host memory, not on disk.
   const std::uint64_t chunk = settings.chunk_bytes;
-  const std::uint64_t budget =
-      settings.staging_bytes != 0 ? settings.staging_bytes : std::max(available_host_memory() / 2, 2 * chunk);
-  const std::uint64_t pinned = std::min(budget, settings.pinned_bytes != 0    ? settings.pinned_bytes
-                                                : settings.staging_bytes != 0 ? budget
-                                                                              : pinned_staging_default);
+  const std::uint64_t available = available_host_memory();
+  const std::uint64_t budget = settings.staging_bytes != 0 ? settings.staging_bytes
+                               : available != 0            ? std::max(available / 2, 2 * chunk)
+                                                           : pinned_staging_default;
+  const std::uint64_t pinned =
+      std::min(budget, settings.pinned_bytes != 0 ? settings.pinned_bytes : pinned_staging_default);
   const std::uint64_t wanted = (live_estimate + chunk - 1) / chunk;
   buffers_ = static_cast<int>(std::clamp<std::uint64_t>(wanted, 2, std::max<std::uint64_t>(2, pinned / chunk)));
   const std::uint64_t pinned_bytes = static_cast<std::uint64_t>(buffers_) * chunk;
@@ -193,6 +194,7 @@ copy_outcome copy_pipeline::copy(image::manifest& m, const readable_fn& readable
   chunk_handoff handoff(chunks.size(), buffers_, park_budget_, settings_.park_while_held);
   result.staging_bytes = static_cast<std::uint64_t>(buffers_) * settings_.chunk_bytes + park_budget_;
   copy_progress_line line(progress, total);
+  copy_runs runs;  // worked out below; declared before the writers, which read it until they are joined
   chunk_writers writers(
       {context_, st, chunks, parent_.get(), sums, settings_.interrupt, *writer_, m, handoff, line, result},
       m.data_files);
@@ -230,7 +232,7 @@ copy_outcome copy_pipeline::copy(image::manifest& m, const readable_fn& readable
   sums.hash(snapshot_first ? snapshot_at : std::vector<CUdeviceptr>{}, result);
   // What of each chunk leaves the program's memory (or the snapshot), worked out once, before the first copy
   // (waiting for the kernel).
-  copy_runs runs = plan_copy_runs(chunks, snapshot_at, [&](std::size_t c, std::size_t k) {
+  runs = plan_copy_runs(chunks, snapshot_at, [&](std::size_t c, std::size_t k) {
     const span& sp = chunks[c].spans[k];
     return span_blocks{sums.of(c, k), sums.zeros_of(c, k),
                        parent_ ? parent_->same_extent(sp.addr, sp.size, sp.stored) : nullptr};

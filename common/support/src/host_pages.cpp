@@ -30,8 +30,8 @@ host_pages::host_pages(std::size_t size, unsigned threads) {
   const auto at = (reinterpret_cast<std::uintptr_t>(map_) + huge_page - 1) / huge_page * huge_page;
   data_ = reinterpret_cast<void*>(at);
   size_ = size;
+  if (threads == 0) return;  // faulted in as written: small pages, so that what is never written takes nothing
   ::madvise(data_, size_, MADV_HUGEPAGE);  // advice only: 4 KiB pages work too
-  if (threads == 0) return;
   // Slices of whole huge pages, one per thread.
   const std::size_t slices = std::max<std::size_t>(1, std::min<std::size_t>(threads, size_ / huge_page));
   const std::size_t slice = (size_ / slices + huge_page - 1) / huge_page * huge_page;
@@ -72,11 +72,36 @@ host_pages& host_pages::operator=(host_pages&& o) noexcept {
   return *this;
 }
 
+namespace {
+
+// A number in a file of /proc or /sys (after `skip` characters); 0 when missing or not a number ("max").
+std::uint64_t number_in(const std::string& path, std::size_t skip = 0) {
+  std::ifstream in(path);
+  std::string text;
+  std::getline(in, text);
+  return text.size() > skip ? std::strtoull(text.c_str() + skip, nullptr, 10) : 0;
+}
+
+// What this process's cgroup (v2) still lets it have; 0 when it sets no limit.
+std::uint64_t cgroup_room() {
+  std::ifstream in("/proc/self/cgroup");
+  std::string line;
+  std::getline(in, line);  // "0::/PATH" under cgroup v2
+  if (line.rfind("0::", 0) != 0) return 0;
+  const std::string dir = "/sys/fs/cgroup" + line.substr(3);
+  const std::uint64_t most = number_in(dir + "/memory.max"), used = number_in(dir + "/memory.current");
+  return most == 0 ? 0 : most - std::min(most, used) + 1;  // +1: a full cgroup is not "no limit"
+}
+
+}  // namespace
+
 std::uint64_t available_host_memory() {
+  std::uint64_t available = 0;
   std::ifstream in("/proc/meminfo");
   for (std::string line; std::getline(in, line);)
-    if (line.rfind("MemAvailable:", 0) == 0) return std::strtoull(line.c_str() + 13, nullptr, 10) << 10;  // kB
-  return 0;
+    if (line.rfind("MemAvailable:", 0) == 0) available = std::strtoull(line.c_str() + 13, nullptr, 10) << 10;  // kB
+  const std::uint64_t room = cgroup_room();
+  return room != 0 && (available == 0 || room < available) ? room : available;
 }
 
 }  // namespace vmmckpt

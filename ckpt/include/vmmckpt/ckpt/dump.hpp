@@ -24,8 +24,8 @@ int default_writers();
 // How the program's memory is copied out and written: the same for dump and suspend.
 struct copy_reuse;  // ckpt/src/copy/copy_pipeline.cpp
 
-// The pinned staging of a dump whose copy_settings::staging_bytes is 0 (automatic): pinning costs time before
-// the hold, and ordinary memory takes the rest.
+// The pinned staging unless copy_settings::pinned_bytes says otherwise: pinning costs time before the hold, and
+// ordinary memory takes the rest.
 constexpr std::uint64_t pinned_staging_default = 1ULL << 30;
 
 struct copy_settings {
@@ -35,7 +35,7 @@ struct copy_settings {
   // need while the program is held (park_while_held), writing them once it goes on. 0: half the memory the
   // system has available (MemAvailable) when the dump starts.
   std::uint64_t staging_bytes = 0;
-  // The most of it that is pinned. 0: all of staging_bytes when that is set, else pinned_staging_default.
+  // The most of it that is pinned. 0: pinned_staging_default.
   std::uint64_t pinned_bytes = 0;
   // Off for suspend: its program stays held until the image is written anyway.
   bool park_while_held = true;
@@ -119,9 +119,10 @@ struct image_result {
   std::string checksums_why;
   double checksum_seconds = 0;  // the kernel's: from its launch until its results were first needed and there
   // Host memory while the program was held (copy_settings::staging_bytes): the staging it could use, pinned and
-  // ordinary; the bytes that went through it before the release; those of them parked in ordinary memory; and
-  // those written to the image while the copies waited for their buffers (the hold then covered writes, and a
-  // staging of staging_needed_bytes would have ended it once the bytes were in host memory).
+  // ordinary; the bytes copied out of the GPU into it before the release; those of them parked in ordinary
+  // memory, so that the hold did not wait for their writes; and those written to the image while the copies
+  // waited for their buffers (the hold then covered writes, and a staging of staging_needed_bytes would have
+  // ended it once the bytes were in host memory).
   std::uint64_t staging_bytes = 0;
   std::uint64_t staged_bytes = 0;
   std::uint64_t parked_bytes = 0;

@@ -32,7 +32,8 @@ class host_pages {
   std::size_t size_ = 0;
 };
 
-// The memory the system can give without swapping (MemAvailable in /proc/meminfo), in bytes; 0 when unknown.
+// The memory this process can have without swapping (MemAvailable in /proc/meminfo) or passing its cgroup's
+// memory.max, in bytes; 0 when unknown.
 std::uint64_t available_host_memory();
 
 }  // namespace vmmckpt
