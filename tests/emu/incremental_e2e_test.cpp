@@ -348,6 +348,8 @@ TEST_CASE("zero blocks: an arena written a little is dumped, restored, suspended
   CHECK(on_disk < written + 64 * 64);
   const auto inspect = run_process({cuda_ckpt, "inspect", full.string()});
   CHECK_THAT(inspect.out, Catch::Matchers::Contains("zero      96.00 MiB"));
+  const auto inspect_json = run_process({cuda_ckpt, "inspect", full.string(), "--json"});
+  CHECK(nlohmann::json::parse(inspect_json.out)["zero_bytes"] == zero);
   const auto verify = run_process({cuda_ckpt, "verify", full.string()});
   INFO(describe(verify));
   CHECK(verify.exit_code == 0);

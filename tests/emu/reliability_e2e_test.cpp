@@ -253,7 +253,7 @@ TEST_CASE("resume takes only the image its own suspend wrote", "[emu][reliabilit
   INFO(describe(r));
   REQUIRE(r.exit_code == 1);
   REQUIRE(r.err.find("symbolic link") != std::string::npos);
-  REQUIRE(state_name(program->pid()) == "suspended");
+  wait_until_state(program->pid(), "suspended");  // ps on a busy machine: asked again
   // A copy of the older image, a real directory, in its place.
   fs::remove(image);
   fs::copy(older, image);
@@ -261,14 +261,14 @@ TEST_CASE("resume takes only the image its own suspend wrote", "[emu][reliabilit
   INFO(describe(r));
   REQUIRE(r.exit_code == 1);
   REQUIRE(r.err.find("another directory") != std::string::npos);
-  REQUIRE(state_name(program->pid()) == "suspended");
+  wait_until_state(program->pid(), "suspended");  // ps on a busy machine: asked again
   // Its own image back: resumed, with its own bytes.
   fs::remove_all(image);
   fs::rename(aside, image);
   r = run_process({cuda_ckpt, "resume", pid});
   INFO(describe(r));
   REQUIRE(r.exit_code == 0);
-  REQUIRE(state_name(program->pid()) == "running");
+  wait_until_state(program->pid(), "running");
 }
 
 TEST_CASE("gc removes what killed tools left behind, and keeps what a process depends on", "[emu][reliability]") {

@@ -18,7 +18,10 @@ int inspect_command(const std::string& path, bool as_json) {
   const auto reader = image::reader::open(path);
   const auto& m = reader.info();
   if (as_json) {
-    std::cout << image::to_json(m) << "\n";
+    // The manifest, and what it implies: the bytes of its zero blocks (recorded, not stored).
+    auto j = nlohmann::json::parse(image::to_json(m));
+    j["zero_bytes"] = image::zero_bytes_of(m);
+    std::cout << j.dump(2) << "\n";
     return exit_ok;
   }
   // What the image says of itself is shown escaped: another user's program chose its command line.

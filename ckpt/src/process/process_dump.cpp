@@ -46,8 +46,10 @@ struct tree_member {
 };
 
 // The processes under the shim in root's tree (each gets a GPU part), after refusing a tree whose GPU
-// state cannot be captured: a process that uses CUDA without the shim, or a multi-rank NCCL job.
-std::vector<tree_member> gpu_members_of(pid_t root) {
+// state cannot be captured: a process that uses CUDA without the shim, or a multi-rank NCCL job. Each is given
+// `wait` to answer: a process on a busy machine (or one loading its memory after a restore) may take more than
+// the second that ps gives it.
+std::vector<tree_member> gpu_members_of(pid_t root, std::chrono::milliseconds wait) {
   if (!process_exists(root)) throw tool_error("no process " + std::to_string(root));
   std::vector<tree_member> members;
   int nccl = 0;
@@ -59,7 +61,7 @@ std::vector<tree_member> gpu_members_of(pid_t root) {
                          "(cuda-ckpt run, or LD_PRELOAD=libvmmckpt.so) too");
       continue;  // CPU only: CRIU takes it whole
     }
-    const auto entry = list_processes(pid).front();
+    const auto entry = list_processes(pid, wait).front();
     if (!entry.hello) {
       // The shim stepped aside (a fork() child) or has not started its server (no CUDA call yet):
       // no GPU state of the shim's; CRIU takes the rest, or says what it cannot.
@@ -144,7 +146,7 @@ void process_dump::check_and_prepare() {
   if (const std::string missing = driver_checkpoint_missing(); !missing.empty())
     throw tool_error(missing + ": whole-process checkpoints need it (dump, suspend and restore with a command work "
                                "without it)");
-  members_ = gpu_members_of(o_.pid);
+  members_ = gpu_members_of(o_.pid, std::min<std::chrono::milliseconds>(o_.hold_deadline, std::chrono::seconds(10)));
   for (const auto& m : members_)
     if (const auto state = driver_process_state(m.pid); state != CU_PROCESS_STATE_RUNNING)
       throw tool_error(who(m.pid) + " is " + process_state_name(state) +

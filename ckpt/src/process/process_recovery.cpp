@@ -240,7 +240,7 @@ transaction_outcome assess_restore(const process_transaction& t, const std::vect
 
 bool asks_suspended(pid_t pid) {
   try {
-    control_client client(pid, control_client::clock::now() + std::chrono::seconds(1));
+    control_client client(pid, control_client::clock::now() + std::chrono::seconds(5));
     return client.hello().state == control::process_state::suspended;
   } catch (const std::exception&) {
     return true;
