@@ -42,6 +42,12 @@ bool still_needed(const fs::path& image, const suspend_claim::parties& p, std::s
       why = "process " + std::to_string(p.target_pid) + " is suspended on it";
       return true;
     }
+    // Between taking the claim and saying it is suspended, a program is still suspending (it frees its memory):
+    // the image is its own by then.
+    if (hello.activity == control::activity::suspending || hello.activity == control::activity::resuming) {
+      why = "process " + std::to_string(p.target_pid) + " is " + std::string(control::name_of(hello.activity));
+      return true;
+    }
     why = "process " + std::to_string(p.target_pid) +
           (hello.state == control::process_state::suspended ? " is suspended on another image" : " has been resumed");
     return false;

@@ -235,9 +235,23 @@ class process_chaos_round {
     }
   }
 
-  // Follows what ps names, until the program runs or nothing more can bring it back.
+  // What is left of the program's tree once its root is gone (a child CRIU's kill of the root left running):
+  // ended, as a user ends it before a restore (which refuses while the pids are taken, saying so).
+  void end_what_is_left() {
+    (void)!::system(("pkill -9 -f " + t_->log.string() + " >/dev/null 2>&1").c_str());
+    for (int i = 0; i < 50 && ::system(("pgrep -f " + t_->log.string() + " >/dev/null 2>&1").c_str()) == 0; ++i) {
+      reap();
+      usleep(100'000);
+    }
+    reap();
+  }
+
+  // Follows what ps names, until the program runs or nothing more can bring it back. A program that ps finds
+  // not running, with no way back named, is asked about again for a while: on a loaded machine it may answer
+  // ps late, and a killed tool's CRIU may not have started yet (the transaction is under way until it ends).
   void settle() {
     wait_for_criu();
+    int patience = 10;
     for (int attempt = 0; attempt < 4 && !gave_up_; ++attempt) {
       nlohmann::json interrupted, process;
       ask_ps(interrupted, process);
@@ -272,8 +286,15 @@ class process_chaos_round {
       }
       if (program_alive()) {
         ended_by_dump_ = killed_by_test_ = criu_killed_ = false;
-        if (process.is_object() && process.value("state", "") != "running")
+        if (process.is_object() && process.value("state", "") != "running") {
+          if (patience-- > 0) {
+            --attempt;
+            ::sleep(1);
+            wait_for_criu();
+            continue;
+          }
           return fail("the program is " + process.value("state", "?") + " and ps names no way back: " + process.dump());
+        }
         if (!t_->goes_on({t_->log}, 3)) return fail("the program does not go on, and ps names no way back");
         if (const auto problem = tick_problem(t_->log); !problem.empty()) return fail(problem);
         return;
@@ -288,6 +309,7 @@ class process_chaos_round {
         gave_up_ = true;
         return;
       }
+      end_what_is_left();
       const auto r = tool({"restore", complete_.back().string()});
       if (r.exit_code != 0) return fail("its last complete image does not restore: " + describe(r));
       ++(ended_by_dump_    ? f_.restored_after_dump

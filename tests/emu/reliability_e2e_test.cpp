@@ -271,6 +271,29 @@ TEST_CASE("resume takes only the image its own suspend wrote", "[emu][reliabilit
   wait_until_state(program->pid(), "running");
 }
 
+TEST_CASE("gc keeps the image of a program that took its claim and is still suspending", "[emu][reliability]") {
+  // The program pauses 3 s between taking the claim and saying it is suspended: gc, meanwhile, must not take
+  // the image from it (it removed it once, in a test run beside another that ran gc).
+  scratch_dir dir;
+  background_process program({cuda_ckpt, "run", "--", writer_program, "--seconds", "120"},
+                             {{"VMMCKPT_TEST_FAULT", "program:claimed=pause:3000"}});
+  REQUIRE(program.wait_for_output("ready\n"));
+  const fs::path image = dir.path / "img";
+  background_process suspend({cuda_ckpt, "suspend", std::to_string(program.pid()), "-o", image.string()});
+  for (int i = 0; i < 100 && !fs::exists(image / "suspend.accepted"); ++i) usleep(50'000);
+  REQUIRE(fs::exists(image / "suspend.accepted"));
+  const auto gc = run_process({cuda_ckpt, "gc", dir.path.string()});
+  INFO(describe(gc));
+  CHECK(gc.exit_code == 0);
+  CHECK(fs::exists(image / "manifest.json"));
+  REQUIRE(suspend.wait() == 0);
+  wait_until_state(program.pid(), "suspended");
+  const auto resumed = run_process({cuda_ckpt, "resume", std::to_string(program.pid())});
+  INFO(describe(resumed));
+  REQUIRE(resumed.exit_code == 0);
+  wait_until_state(program.pid(), "running");
+}
+
 TEST_CASE("gc removes what killed tools left behind, and keeps what a process depends on", "[emu][reliability]") {
   scratch_dir dir;
   auto program = start_writer();
