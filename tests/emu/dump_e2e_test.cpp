@@ -261,13 +261,17 @@ TEST_CASE("a slow disk: the hold ends once the bytes are in host memory; a stagi
     more.insert(more.begin(), small_pinned.begin(), small_pinned.end());
     return more;
   };
+  // A dump on the slow disk that must succeed, and its --json.
+  auto slow_dump = [&](const fs::path& out, const std::vector<std::string>& more) {
+    const auto r = dump(p.pid(), out, slow_disk, with(more));
+    INFO(describe(r));
+    REQUIRE(r.exit_code == 0);
+    return nlohmann::json::parse(r.out);
+  };
 
   // Ordinary memory takes what the pinned buffers cannot: the program goes on long before the writes end.
   const fs::path parked = dir.path / "parked";
-  const auto r = dump(p.pid(), parked, slow_disk, with({"--pinned", "4M"}));
-  INFO(describe(r));
-  REQUIRE(r.exit_code == 0);
-  const auto j = nlohmann::json::parse(r.out);
+  const auto j = slow_dump(parked, {"--pinned", "4M"});
   INFO(j.dump(2));
   CHECK(j["staged_bytes"] == live);
   CHECK(j["parked_bytes"].get<std::uint64_t>() >= live - 8 * MiB);
@@ -287,10 +291,7 @@ TEST_CASE("a slow disk: the hold ends once the bytes are in host memory; a stagi
 
   // A staging of 4 MiB in all: the program waits for the writes, and the output says what would have spared it.
   const fs::path held = dir.path / "held";
-  const auto h = dump(p.pid(), held, slow_disk, with({"--staging", "4M"}));
-  INFO(describe(h));
-  REQUIRE(h.exit_code == 0);
-  const auto hj = nlohmann::json::parse(h.out);
+  const auto hj = slow_dump(held, {"--staging", "4M"});
   INFO(hj.dump(2));
   CHECK(hj["parked_bytes"] == 0);
   CHECK(hj["held_write_bytes"].get<std::uint64_t>() >= live - 8 * MiB);

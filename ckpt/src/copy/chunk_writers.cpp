@@ -109,8 +109,7 @@ void chunk_writers::write_parked(std::uint32_t file, std::vector<parked_chunk>& 
     const std::uint64_t bytes = write_chunk(file, p.c, static_cast<unsigned char*>(p.bytes.data()), unchanged);
     p.bytes = host_pages();
     job_.handoff.parked_written(p.copied);
-    const std::uint64_t done = job_.handoff.written_chunk(no_buffer, bytes);
-    if (job_.line.writing_shown.load()) job_.line.report(copy_progress::stage::writing, done);
+    written(no_buffer, bytes);
   }
   parked.clear();
 }
@@ -130,7 +129,11 @@ void chunk_writers::park_or_write(std::uint32_t file, std::size_t c, std::size_t
     job_.handoff.parking_failed(bytes);
   }
   write_parked(file, parked, unchanged);
-  const std::uint64_t done = job_.handoff.written_chunk(b, write_chunk(file, c, buffer, unchanged));
+  written(b, write_chunk(file, c, buffer, unchanged));
+}
+
+void chunk_writers::written(std::size_t b, std::uint64_t bytes) {
+  const std::uint64_t done = job_.handoff.written_chunk(b, bytes);
   if (job_.line.writing_shown.load()) job_.line.report(copy_progress::stage::writing, done);
 }
 

@@ -64,6 +64,8 @@ class chunk_writers {
   // Chunk c's runs copied out of `buffer` into ordinary memory (null: not copied, nothing to keep): nullopt when
   // there was no memory for it.
   std::optional<parked_chunk> copy_to_host(std::size_t c, const unsigned char* buffer) const;
+  // A chunk of `bytes` is written (from staging buffer b, or no_buffer): b goes back, the progress line moves.
+  void written(std::size_t b, std::uint64_t bytes);
   // Writes what this writer parked.
   void write_parked(std::uint32_t file, std::vector<parked_chunk>& parked, std::uint64_t& unchanged);
   job job_;
