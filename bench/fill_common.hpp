@@ -52,6 +52,9 @@ struct fill_options {
   // Instead of reading stdin: run until this file exists, then check every piece and exit (a program
   // with no pipe to its starter, which CRIU dumps and restores whole: bench/run_bench.py's process case).
   std::string until;
+  // Each tick (every 10 ms) rewrites this share of every piece with the pattern XOR the tick's number: a
+  // program whose memory keeps changing between the passes of a pre-copy (run_bench.py's process case).
+  int churn_percent = 0;
 };
 
 // --gib N | --mib N, --piece-mib M | --piece-bytes B (many small allocations), --pointers FILE | --verify-pointers FILE
@@ -75,6 +78,8 @@ inline fill_options parse_fill_options(int argc, char** argv) {
       o.pointers = value();
     else if (a == "--until")
       o.until = value();
+    else if (a == "--churn")
+      o.churn_percent = std::atoi(value().c_str());
     else if (a == "--verify-pointers") {
       o.pointers = value();
       o.verify_only = true;
@@ -84,6 +89,8 @@ inline fill_options parse_fill_options(int argc, char** argv) {
   if (o.pointers.empty()) usage_error(argv[0], "--pointers FILE or --verify-pointers FILE is required");
   if (o.bytes == 0 || o.piece_bytes == 0 || o.bytes % 8 != 0 || o.piece_bytes % 8 != 0)
     usage_error(argv[0], "sizes must be positive multiples of 8 bytes");
+  if (o.churn_percent < 0 || o.churn_percent > 100 || (o.churn_percent > 0 && o.until.empty()))
+    usage_error(argv[0], "--churn takes 0 to 100, with --until (the check then runs after the last tick)");
   return o;
 }
 
@@ -153,10 +160,9 @@ inline int serve(const std::function<void()>& tick, const std::function<std::uin
   });
   if (!until.empty()) {
     while (::access(until.c_str(), F_OK) != 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    const bool good = report_check(count_mismatches());
     stop = true;
-    ticker.join();
-    return good ? 0 : 1;
+    ticker.join();  // its last tick's writes are the ones checked
+    return report_check(count_mismatches()) ? 0 : 1;
   }
   for (std::string line; std::getline(std::cin, line);) {
     if (line == "check") report_check(count_mismatches());

@@ -217,8 +217,9 @@ def incremental_table(res):
 
 
 def process_rounds(res):
-    """The whole-process rounds: ours (mode shim, in run order) and the driver's path (mode native)."""
-    return res.get("process", mode="shim"), res.get("process", mode="native")
+    """The whole-process rounds: ours (modes shim and pre-copy, in run order) and the driver's path (mode native)."""
+    ours = [r for r in res.get("process") if r.get("mode") in ("shim", "pre-copy")]
+    return ours, res.get("process", mode="native")
 
 
 def process_target_rows(res):
@@ -240,8 +241,9 @@ def process_table(res):
     d = driver[0] if driver else None
     rows = []
     for i, r in enumerate(ours + driver):
-        who = f"vmmckpt, round {i + 1}" if r["mode"] == "shim" else "the driver's checkpoint + the same CRIU"
-        ratio = lambda field: num(d[field] / r[field], 1) + " ×" if d and r["mode"] == "shim" else ""
+        who = {"shim": f"vmmckpt, round {i + 1}", "pre-copy": f"vmmckpt --pre-copy, round {i + 1}"}.get(
+            r["mode"], "the driver's checkpoint + the same CRIU")
+        ratio = lambda field: num(d[field] / r[field], 1) + " ×" if d and r["mode"] != "native" else ""
         rows.append((who, size_label(r["size_gib"]), num(r["checkpoint_s"]), num(r.get("stopped_s")),
                      num(r["restore_s"]), bytes_label(r.get("image_bytes")), ratio("checkpoint_s"), ratio("restore_s")))
     return table(["who", "live", "checkpoint s", "process stopped s", "restore s", "image",
@@ -251,7 +253,7 @@ def process_table(res):
 def process_steps(res):
     """Where ours spent its time, from `--json`'s phases, round by round."""
     lines = []
-    for i, r in enumerate(res.get("process", mode="shim")):
+    for i, r in enumerate(process_rounds(res)[0]):
         dump = sorted(r.get("dump_phases", {}).items(), key=lambda kv: kv[1])
         restore = sorted(r.get("restore_phases", {}).items(), key=lambda kv: kv[1])
         text = lambda phases: "; ".join(f"{k} {num(v, 3)}" for k, v in phases)

@@ -710,8 +710,10 @@ class Bench:
                 raise BenchError("skipped: the size does not fit in GPU memory, host memory or the tmpfs")
             # Processes CRIU restores detached are reparented here when their parent goes: reaped by gone().
             ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-            # Ours twice: the first also pays for the tmpfs's first pages and the first pinned staging.
-            for mode in ("shim", "native", "shim"):
+            # Ours twice: the first also pays for the tmpfs's first pages and the first pinned staging. Then
+            # ours with --pre-copy. The program rewrites 1 % of its memory every 10 ms (--churn) in every round:
+            # what changes between a pre-copy and the stop.
+            for mode in self.process_modes:
                 tags = {"mode": mode, "where": self.places[0][0], "size_gib": s}
                 try:
                     self.process_round(s, mode, criu, directory, tags)
@@ -803,8 +805,9 @@ class Bench:
             if os.path.exists(f):
                 os.remove(f)
         image = os.path.join(directory, "process-image")
-        cmd = [self.fill, "--mib", str(int(s * 1024)), "--piece-mib", "1024", "--pointers", pointers, "--until", stop]
-        if mode == "shim":
+        cmd = [self.fill, "--mib", str(int(s * 1024)), "--piece-mib", "1024", "--pointers", pointers, "--until", stop,
+               "--churn", "1"]
+        if mode in ("shim", "pre-copy"):
             cmd = [self.cuda_ckpt, "run", "--"] + cmd
         log(f"process: {s} GiB, {mode}")
         with open(out, "w") as f:
@@ -840,15 +843,18 @@ class Bench:
             wait(lambda: "ready" in text(), self.ready_timeout(s), "no 'ready' from the fill program")
             step = 120 + 20 * s
             driver = os.path.join(self.bin, "vmmckpt_bench_driver_ckpt")
-            if mode == "shim":
-                proc, ckpt_wall = self.run([self.cuda_ckpt, "dump", str(pid), "--process", "-o", image, "--json"],
-                                           step, "process-dump")
+            if mode in ("shim", "pre-copy"):
+                dump = [self.cuda_ckpt, "dump", str(pid), "--process", "-o", image, "--json"]
+                proc, ckpt_wall = self.run(dump + (["--pre-copy"] if mode == "pre-copy" else []), step,
+                                           f"process-dump-{mode}")
                 dumped = json.loads(proc.stdout_text)
                 wait(gone, 30, "the process did not end after dump --process")
                 proc, restore_wall = self.run([self.cuda_ckpt, "restore", image, "--json"], step, "process-restore")
                 restored = json.loads(proc.stdout_text)
                 extra = {"stopped_s": dumped["stopped_seconds"], "dump_phases": dumped["phases"],
-                         "restore_phases": restored["phases"]}
+                         "restore_phases": restored["phases"], "held_bytes": dumped.get("held_bytes"),
+                         "pre_copy_bytes": dumped.get("pre_copy_bytes"),
+                         "pre_copy_held_ms": dumped.get("pre_copy_held_ms")}
             else:
                 os.makedirs(image)
                 t0 = time.monotonic()
@@ -1007,6 +1013,9 @@ def main():
     p.add_argument("--append", action="store_true",
                    help="add to OUT/results.jsonl instead of starting it afresh: a run in several parts")
     p.add_argument("--cpu-only", action="store_true", help="the parts that need no GPU, on the emulated driver")
+    p.add_argument("--process-modes", default="shim,native,shim,pre-copy",
+                   help="the process part's rounds, in order: shim (dump --process), pre-copy (with --pre-copy), "
+                        "native (the driver's checkpoint and CRIU)")
     p.add_argument("--dump-args", default="", help="extra options for cuda-ckpt dump, e.g. '--streams 4'")
     args = p.parse_args()
     args.sizes = number_list(args.sizes or ("1,4" if args.quick else "1,4,16,32"))

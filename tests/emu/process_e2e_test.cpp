@@ -149,30 +149,104 @@ TEST_CASE("dump --process --parent: GPU parts incremental on a whole-process ima
   CHECK(::kill(t.pid, 0) != 0);
 }
 
+TEST_CASE("dump --process --pre-copy: the GPU parts dumped while the process runs, the stop writes what changed",
+          "[process][incremental]") {
+  REQUIRE_CRIU();
+  ticker_tree t({"--still", std::to_string(8 << 20)});  // 8 MiB written once, 4 MiB rewritten every tick
+  const fs::path family = t.dir.path / "images";
+  fs::create_directories(family);
+  const fs::path first = family / "first", second = family / "second";
+  const std::string pre_part = std::to_string(t.pid) + ".pre";
+
+  const auto one = tool(
+      {"dump", std::to_string(t.pid), "--process", "--pre-copy", "--leave-running", "-o", first.string(), "--json"});
+  INFO(describe(one));
+  REQUIRE(one.exit_code == 0);
+  const auto out = nlohmann::json::parse(one.out);
+  CHECK(out["pre_copied"] == true);
+  const auto pre_bytes = out["pre_copy_bytes"].get<std::uint64_t>();
+  CHECK(pre_bytes >= (12u << 20));
+  // The still buffer was not written again: the stop left it to the pre-copied part.
+  CHECK(out["held_bytes"].get<std::uint64_t>() + (8u << 20) <= pre_bytes);
+  CHECK(out["gpu_bytes"].get<std::uint64_t>() == pre_bytes + out["held_bytes"].get<std::uint64_t>());
+  CHECK(fs::is_directory(first / "gpu" / pre_part));
+  CHECK(nlohmann::json::parse(std::ifstream(first / "process.json"))["version"] == 2);
+  CHECK(tool({"inspect", first.string()}).out.find("pre-copied while it ran") != std::string::npos);
+  CHECK(tool({"verify", first.string()}).exit_code == 0);
+  REQUIRE(t.goes_on({t.log}));
+
+  // On top of a parent: the pre-copy itself is incremental on the parent's part.
+  const auto two = tool({"dump", std::to_string(t.pid), "--process", "--pre-copy", "--parent", first.string(), "-o",
+                         second.string(), "--json"});
+  INFO(describe(two));
+  REQUIRE(two.exit_code == 0);
+  CHECK(nlohmann::json::parse(two.out)["pre_copy_bytes"].get<std::uint64_t>() + (8u << 20) <= pre_bytes);
+  REQUIRE(wait_gone(t.pid));
+  const std::uint64_t at_dump = last_tick(t.log);
+
+  // A pre-copied part is the image's own: a stray or missing one is refused, as any other part.
+  fs::rename(second / "gpu" / pre_part, t.dir.path / "aside");
+  const auto without = tool({"verify", second.string()});
+  CHECK(without.exit_code != 0);
+  CHECK(without.err.find(pre_part) != std::string::npos);
+  fs::rename(t.dir.path / "aside", second / "gpu" / pre_part);
+
+  // Moved together, the family keeps both chains (part -> pre-copied part -> the parent's part).
+  const fs::path moved = t.dir.path / "moved";
+  fs::rename(family, moved);
+  CHECK(tool({"verify", (moved / "second").string()}).exit_code == 0);
+  const auto restored = tool({"restore", (moved / "second").string(), "--json"});
+  INFO(describe(restored));
+  REQUIRE(restored.exit_code == 0);
+  REQUIRE(t.goes_on({t.log}));
+  CHECK(last_tick(t.log) > at_dump);
+  t.stop({t.log});  // the still buffer is checked at the stop: it came back through both chains
+  CHECK(tick_problem(t.log).empty());
+
+  CHECK(tool({"dump", std::to_string(::getpid()), "--pre-copy"}).err.find("apply to whole-process dumps") !=
+        std::string::npos);
+}
+
 TEST_CASE("dump --process killed at each step: cuda-ckpt resume brings the process back, and no image is left",
           "[process][fault]") {
   REQUIRE_CRIU();
-  const std::string point = GENERATE("process:suspended", "process:locked", "process:checkpointed", "process:intent",
-                                     "process:criu-dumped", "process:written");
+  // "pre-copy " first: the dump with --pre-copy.
+  std::string point =
+      GENERATE("process:suspended", "process:locked", "process:checkpointed", "process:intent", "process:criu-dumped",
+               "process:written", "pre-copy process:pre-copied", "pre-copy process:suspended");
   INFO(point);
+  std::vector<std::string> args{"--process", "--leave-running"};
+  if (point.rfind("pre-copy ", 0) == 0) {
+    args.push_back("--pre-copy");
+    point = point.substr(9);
+  }
   ticker_tree t;
   const fs::path image = t.dir.path / "image";
-  const auto killed = tool({"dump", std::to_string(t.pid), "--process", "--leave-running", "-o", image.string()},
-                           {{"VMMCKPT_TEST_FAULT", point}});
+  args.insert(args.begin(), {"dump", std::to_string(t.pid)});
+  args.insert(args.end(), {"-o", image.string()});
+  const auto killed = tool(args, {{"VMMCKPT_TEST_FAULT", point}});
   CHECK(killed.signal == SIGKILL);
   CHECK(nothing_named(image));
   // The tool left the process suspended (from the driver's checkpoint on, checkpointed by the driver; from
   // CRIU's dump on, stopped by CRIU): resume undoes whatever it finds. gc keeps the unfinished image meanwhile.
+  // Killed after the pre-copy the process was never held: nothing needs the unfinished image, and resume has
+  // nothing to do.
+  const bool held = point != "process:pre-copied";
   const auto kept = tool({"gc", t.dir.path.string(), "--json"});
   INFO(describe(kept));
-  CHECK(kept.out.find("an unfinished whole-process image") != std::string::npos);
-  CHECK(kept.out.find("image.partial-") != std::string::npos);
+  if (held) {
+    CHECK(kept.out.find("an unfinished whole-process image") != std::string::npos);
+    CHECK(kept.out.find("image.partial-") != std::string::npos);
+  }
   const auto resumed = tool({"resume", std::to_string(t.pid)});
   INFO(describe(resumed));
-  CHECK(resumed.exit_code == 0);
+  if (held)
+    CHECK(resumed.exit_code == 0);
+  else
+    CHECK(resumed.err.find("is not suspended (state running)") != std::string::npos);
   if (point == "process:locked")
     CHECK(resumed.out.find("the driver had it locked") != std::string::npos);
-  else if (point != "process:suspended")
+  else if (held && point != "process:suspended")
     CHECK(resumed.out.find("restored and unlocked") != std::string::npos);
   if (point == "process:criu-dumped" || point == "process:written")
     CHECK(resumed.out.find("stopped") != std::string::npos);

@@ -9,6 +9,8 @@
    is right.
 2. torch_train.py: a deterministic training run paused after step K is dumped whole, ends, is restored and
    finishes: its losses from step K on must be bitwise those of an uninterrupted run.
+With --pre-copy, each dump is `dump --process --pre-copy`: the GPU memory dumped first while the program runs,
+the stop writing only what changed since (checked: no more than the pre-copy wrote).
 With --criu-plugin DIR, the same checkpoints are made by plain `criu dump` and `criu restore` with the CRIU
 plugin in DIR (criu --libdir), as a container runtime runs them, instead of cuda-ckpt's own commands.
 Prints the dump and restore times and PASS/FAIL. Exits 77 when there is no GPU or no CRIU (VMMCKPT_CRIU,
@@ -111,16 +113,22 @@ def criu_round(plugin_dir, pid, image, problems, what):
     return True
 
 
-def whole_process_round(cuda_ckpt, pid, image, problems, what, plugin_dir=None):
+def whole_process_round(cuda_ckpt, pid, image, problems, what, plugin_dir=None, pre_copy=False):
     """dump --process (the process ends), then restore; returns (dump json, restore json) or None. With
     `plugin_dir`, plain criu with the plugin does both; returns True or None."""
     if plugin_dir:
         return True if criu_round(plugin_dir, pid, image, problems, what) else None
-    r, dump_s = tool(cuda_ckpt, "dump", str(pid), "--process", "-o", image, "--json")
+    r, dump_s = tool(cuda_ckpt, "dump", str(pid), "--process", "-o", image, "--json",
+                     *(["--pre-copy"] if pre_copy else []))
     if r.returncode != 0:
         problems.append(f"{what}: dump --process failed: {r.stderr.strip() or r.stdout.strip()}")
         return None
     dumped = json.loads(r.stdout)
+    if pre_copy:
+        print(f"{what}: pre-copied {dumped['pre_copy_bytes'] / 2**20:.1f} MiB while it ran (held at most "
+              f"{dumped['pre_copy_held_ms']:.1f} ms); the stop wrote {dumped['held_bytes'] / 2**20:.1f} MiB")
+        if not dumped["pre_copied"] or dumped["held_bytes"] > dumped["pre_copy_bytes"]:
+            problems.append(f"{what}: --pre-copy did not leave the stop only what changed: {r.stdout.strip()}")
     if not wait_for(lambda: gone(pid), 15):
         problems.append(f"{what}: the process did not end after dump --process")
         return None
@@ -146,7 +154,7 @@ def linked_list_check(args, work, problems):
         p.kill()
         return
     if whole_process_round(args.cuda_ckpt, p.pid, os.path.join(work, "list-image"), problems, "linked list",
-                           args.criu_plugin) is None:
+                           args.criu_plugin, args.pre_copy) is None:
         p.kill()
         return
     at = last_tick(log)
@@ -194,7 +202,7 @@ def torch_check(args, work, problems):
         p.kill()
         return
     if whole_process_round(args.cuda_ckpt, p.pid, os.path.join(work, "torch-image"), problems, "torch",
-                           args.criu_plugin) is None:
+                           args.criu_plugin, args.pre_copy) is None:
         p.kill()
         return
     open(gate, "w").close()
@@ -217,6 +225,7 @@ def main():
     ap.add_argument("--torch-python", default=None)
     ap.add_argument("--torch-script", default=None)
     ap.add_argument("--criu-plugin", default=None, help="checkpoint with plain criu and the plugin in this directory")
+    ap.add_argument("--pre-copy", action="store_true", help="dump --process --pre-copy")
     args = ap.parse_args()
     if (reason := gpu_checks.skip_reason(args)):
         return gpu_checks.skipped(reason)
@@ -235,7 +244,8 @@ def main():
             shutil.rmtree(work, ignore_errors=True)
         else:
             print(f"(files kept in {work})")
-    how = "plain criu dump and restore with the plugin" if args.criu_plugin else "whole-process dump and restore"
+    how = "plain criu dump and restore with the plugin" if args.criu_plugin else \
+        "whole-process dump with pre-copy and restore" if args.pre_copy else "whole-process dump and restore"
     return gpu_checks.verdict(problems, how + " on the GPU")
 
 

@@ -132,7 +132,7 @@ TEST_CASE("process.json: a good one reads; numbers that do not fit are refused, 
     return parse_error(j);
   };
   CHECK_THAT(with("version", 1.5), Contains("version"));
-  CHECK_THAT(with("version", 2), Contains("version 2"));
+  CHECK_THAT(with("version", 3), Contains("version 3"));
   CHECK_THAT(with("root_pid", (1ULL << 32) + 100), Contains("root_pid"));
   CHECK_THAT(with("root_pid", -1), Contains("root_pid"));
   CHECK_THAT(with("root_pid", 0), Contains("root_pid"));
@@ -159,6 +159,43 @@ TEST_CASE("process.json: a good one reads; numbers that do not fit are refused, 
   CHECK_THROWS_AS(ckpt::parse_process_manifest("{", "p"), image_error);
   // What a refusal quotes is printable.
   CHECK_THAT(file_with("name", "a\x1b[2J/b"), Contains("\\x1b[2J"));
+}
+
+TEST_CASE("process.json version 2: pre-copied parts, named only there; version 1 images still read",
+          "[unit][process]") {
+  auto pre_copied = [](int version, const nlohmann::json& id) {
+    auto j = good_manifest();
+    j["version"] = version;
+    j["processes"][0]["pre_copy_image_id"] = id;
+    return j;
+  };
+  CHECK(parse_error(pre_copied(2, "pre-id")).empty());
+  CHECK(ckpt::parse_process_manifest(pre_copied(2, "pre-id").dump(), "p").processes[0].pre_copy_image_id == "pre-id");
+  CHECK(ckpt::parse_process_manifest(good_manifest().dump(), "p").processes[0].pre_copy_image_id.empty());
+  CHECK_THAT(parse_error(pre_copied(1, "pre-id")), Contains("not in a version 1 image"));
+  CHECK_THAT(parse_error(pre_copied(2, "")), Contains("pre_copy_image_id: empty"));
+  CHECK_THAT(parse_error(pre_copied(2, 7)), Contains("processes[0].pre_copy_image_id"));
+
+  // Written as version 2 only when a part is pre-copied: older tools still read every other image.
+  temp_dir t;
+  ckpt::process_image p = ckpt::parse_process_manifest(good_manifest().dump(), "p");
+  ckpt::write_process_manifest(t.path, p);
+  CHECK(nlohmann::json::parse(std::ifstream(t.path / "process.json"))["version"] == 1);
+  p.processes[0].pre_copy_image_id = "pre-id";
+  ckpt::write_process_manifest(t.path, p);
+  const auto again = ckpt::read_process_image(t.path);
+  CHECK(nlohmann::json::parse(std::ifstream(t.path / "process.json"))["version"] == 2);
+  CHECK(again.processes[0].pre_copy_image_id == "pre-id");
+  CHECK(again.pre_copied());
+
+  // The layout: gpu/PID.pre exactly where process.json names a pre-copied part.
+  const fs::path dir = make_layout(t.path);
+  fs::create_directory(dir / "gpu" / "100.pre");
+  CHECK_THAT(layout_error(dir), Contains("100.pre: not a GPU part"));
+  write(dir / "process.json", pre_copied(2, "pre-id").dump());
+  CHECK(layout_error(dir).empty());
+  fs::remove(dir / "gpu" / "100.pre");
+  CHECK_THAT(layout_error(dir), Contains("100.pre"));
 }
 
 TEST_CASE("the whole-process reader refuses links and special files anywhere, and checks sizes before reading",

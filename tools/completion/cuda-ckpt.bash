@@ -44,7 +44,7 @@ _cuda_ckpt() {
     ps) options="--help --json -t --pid" ;;
     check) options="--help --json -t --pid" ;;
     dump) options="--help -o --output -D --json --deadline --chunk --staging --pinned --streams --no-gpu-snapshot
-                   --allow-partial --parent --cpu-checksums --writers -t --pid --process --leave-running --criu-arg
+                   --allow-partial --parent --cpu-checksums --writers -t --pid --process --leave-running --pre-copy --criu-arg
                    --every --count --full-every" ;;
     inspect | verify) options="--help --json -D" ;;
     cat) options="--help -o --output -D" ;;

@@ -54,6 +54,7 @@ struct dump_command_options : held_image_options {  // output empty: ./vmmckpt-<
   bool cpu_checksums = false;  // block checksums on the CPU even where the GPU can compute them
   bool process = false;        // the whole process, CPU side through CRIU (process_commands.cpp)
   bool leave_running = false;  // with process: it goes on afterwards
+  bool pre_copy = false;       // with process: the GPU memory dumped first while it runs
   std::vector<std::string> criu_args;
   double every_s = 0;                   // > 0: a series of dumps, one every so many seconds
   int count = 0;                        // with every_s: this many dumps (0: until the process ends or a signal)

@@ -212,8 +212,9 @@ int dump_command(const dump_command_options& o) {
       return report_failure("dump", o.json, "--every does not apply to whole-process dumps (--process)", exit_usage);
     return dump_process_command(o);
   }
-  if (o.leave_running || !o.criu_args.empty())
-    return report_failure("dump", o.json, "--leave-running and --criu-arg apply to whole-process dumps (--process)",
+  if (o.leave_running || o.pre_copy || !o.criu_args.empty())
+    return report_failure("dump", o.json,
+                          "--leave-running, --pre-copy and --criu-arg apply to whole-process dumps (--process)",
                           exit_usage);
   if (o.every_s <= 0 && (o.count != 0 || o.full_every != default_full_every))
     return report_failure("dump", o.json, "--count and --full-every apply to a series of dumps (--every)", exit_usage);
@@ -325,6 +326,9 @@ subcommand add_dump(CLI::App& app) {
                     "API): `cuda-ckpt restore DIR` brings it back. The process ends when the dump completes");
   command->add_flag("--leave-running", o->leave_running,
                     "With --process: the process goes on afterwards (periodic checkpoints)");
+  command->add_flag("--pre-copy", o->pre_copy,
+                    "With --process: first dump the GPU memory while the process runs, then stop it only for the "
+                    "blocks changed since, the driver's checkpoint and CRIU");
   command
       ->add_option("--criu-arg", o->criu_args,
                    "With --process: one more argument for `criu dump` (repeatable; e.g. --criu-arg=--tcp-established)")
@@ -343,13 +347,15 @@ subcommand add_dump(CLI::App& app) {
       "A process with device memory vmmckpt does not own is refused with exit status 3, naming each kind and\n"
       "its size, unless --allow-partial is given.\n"
       "\n"
-      "Whole process: cuda-ckpt dump PID --process -o DIR [--leave-running]\n"
+      "Whole process: cuda-ckpt dump PID --process -o DIR [--leave-running] [--pre-copy]\n"
       "Each process of PID's tree under vmmckpt is suspended into DIR/gpu/PID (its GPU memory copied out and\n"
       "freed), the driver checkpoints what is left of its CUDA context, and `criu dump` writes the CPU side\n"
       "into DIR/criu; process.json lists and checksums both parts. DIR appears only once complete. A failure at\n"
       "any step brings the processes back running and leaves no image; if cuda-ckpt itself is killed midway,\n"
       "`cuda-ckpt resume PID` brings the process back from whatever state it was left in. The time the process\n"
-      "was stopped is reported. CRIU: $VMMCKPT_CRIU, else criu on PATH (scripts/provision-criu.sh).");
+      "was stopped is reported. With --pre-copy each GPU part is dumped first while the process runs\n"
+      "(DIR/gpu/PID.pre) and DIR/gpu/PID holds only the blocks changed since.\n"
+      "CRIU: $VMMCKPT_CRIU, else criu on PATH (scripts/provision-criu.sh).");
 
   return {command, [o] { return dump_command(*o); }};
 }

@@ -34,6 +34,7 @@ int dump_process_command(const dump_command_options& o) {
   if (o.writers > 0) options.copy.writers = o.writers;
   options.copy.gpu_checksums = !o.cpu_checksums;
   options.parent = o.parent;
+  options.pre_copy = o.pre_copy;
   options.copy.interrupt = &catch_interrupts();
   progress_line line("dump", !o.json);
   const auto r = ckpt::dump_process(options, line.callback());
@@ -49,13 +50,21 @@ int dump_process_command(const dump_command_options& o) {
                                 {"seconds", r.seconds},
                                 {"criu_version", d.criu_version},
                                 {"phases", phases_json(r.phases)},
-                                {"parent", d.parent}}
+                                {"parent", d.parent},
+                                {"pre_copied", d.pre_copied()},
+                                {"pre_copy_bytes", r.pre_copy_bytes},
+                                {"pre_copy_held_ms", r.pre_copy_held_ms},
+                                {"held_bytes", r.held_bytes}}
                      .dump(2)
               << "\n";
   } else {
     std::printf("dumped process %d whole (%zu under vmmckpt, %s of GPU memory; CRIU %s) to %s in %.3f s\n",
                 static_cast<int>(o.pid), d.processes.size(), human_bytes(d.gpu_bytes).c_str(), d.criu_version.c_str(),
                 r.image.c_str(), r.seconds);
+    if (d.pre_copied())
+      std::printf("  pre-copied %s of GPU memory while it ran (held at most %.1f ms); the stop wrote %s changed "
+                  "since\n",
+                  human_bytes(r.pre_copy_bytes).c_str(), r.pre_copy_held_ms, human_bytes(r.held_bytes).c_str());
     std::printf("  the process was stopped for %.3f s; %s\n", d.stopped_seconds,
                 d.left_running ? "it goes on" : "it has ended, as with criu dump");
     if (!d.parent.empty())
@@ -84,11 +93,13 @@ int inspect_process_command(const std::string& image, bool json) {
                        {"parent", d.parent}};
     out["processes"] = nlohmann::json::array();
     for (const auto& m : d.processes)
-      out["processes"].push_back({{"pid", m.pid},
-                                  {"parent", m.parent},
-                                  {"command", m.command},
-                                  {"gpu_image", d.gpu_image(image, m.pid).string()},
-                                  {"driver_checkpointed", m.driver_checkpointed}});
+      out["processes"].push_back(
+          {{"pid", m.pid},
+           {"parent", m.parent},
+           {"command", m.command},
+           {"gpu_image", d.gpu_image(image, m.pid).string()},
+           {"pre_copy_image", m.pre_copy_image_id.empty() ? std::string() : d.pre_copy_image(image, m.pid).string()},
+           {"driver_checkpointed", m.driver_checkpointed}});
     std::uint64_t cpu_bytes = 0;
     for (const auto& f : d.criu_files) cpu_bytes += f.bytes;
     out["cpu_bytes"] = cpu_bytes;
@@ -114,6 +125,9 @@ int inspect_process_command(const std::string& image, bool json) {
     std::printf("  process %d (parent %d): %s; GPU part %s%s\n", static_cast<int>(m.pid), static_cast<int>(m.parent),
                 shown_command(m.command).c_str(), shown(d.gpu_image(image, m.pid).string()).c_str(),
                 m.driver_checkpointed ? ", context checkpointed by the driver" : "");
+    if (!m.pre_copy_image_id.empty())
+      std::printf("    pre-copied while it ran into %s; the part above holds the blocks changed since\n",
+                  shown(d.pre_copy_image(image, m.pid).string()).c_str());
   }
   return exit_ok;
 }

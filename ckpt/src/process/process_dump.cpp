@@ -106,6 +106,7 @@ class process_dump {
       : o_(o), progress_(progress), r_(r), d_(r.description) {}
 
   void check_and_prepare();
+  void pre_copy_all();
   void suspend_all();
   void checkpoint_contexts();
   void criu_dump();
@@ -120,7 +121,10 @@ class process_dump {
   static double seconds_since(clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); }
 
  private:
-  void suspend_one(const tree_member& m);
+  void pre_copy_one(const tree_member& m, process_image::member& described);
+  void suspend_one(const tree_member& m, process_image::member& described);
+  // The copy settings of m's dumps: incremental on its part in the parent image, if that has one.
+  copy_settings copy_for(pid_t pid) const;
   void continue_stopped();
 
   const process_dump_options& o_;
@@ -135,7 +139,10 @@ class process_dump {
   process_transaction record_;
   std::vector<pid_t> suspended_, locked_, checkpointed_;
   std::vector<pid_t> dumped_;  // the tasks CRIU dumped and left stopped (its pstree.img)
-  bool stopped_ = false;       // CRIU left them stopped
+  // With pre-copy, a process's pre-copy and its suspend are a series (copy_settings::reuse): the suspend
+  // takes the pinned staging, the checksum kernel and its parent's blocks from memory, at once.
+  std::shared_ptr<copy_reuse> reuse_;
+  bool stopped_ = false;  // CRIU left them stopped
   bool committed_ = false;
   double stopped_from_ = -1;  // when the first process was held, in seconds from the start
 };
@@ -180,23 +187,62 @@ void process_dump::check_and_prepare() {
   ::chmod(staging_.c_str(), 0700);
   mark("checked");
 
+  for (const auto& m : members_) d_.processes.push_back({m.pid, m.parent, m.command, "", false, ""});
   d_.root_pid = o_.pid;
   d_.criu_version = criu_.version;
   d_.left_running = o_.leave_running;
   if (!parent_.empty()) d_.parent = parent_.lexically_relative(output_.parent_path()).string();
 }
 
-void process_dump::suspend_one(const tree_member& m) {
+copy_settings process_dump::copy_for(pid_t pid) const {
+  copy_settings copy = o_.copy;
+  copy.reuse = reuse_;
+  for (const auto& p : parent_description_.processes)
+    if (p.pid == pid) {
+      copy.parent = parent_description_.gpu_image(parent_, pid);
+      // Named from gpu/ of this image (and of its staging name, a sibling): moved together, both hold.
+      copy.parent_recorded_as = copy.parent.lexically_relative(output_ / gpu_dir_name);
+    }
+  return copy;
+}
+
+void process_dump::pre_copy_one(const tree_member& m, process_image::member& described) {
+  dump_options so;
+  so.pid = m.pid;
+  so.output = d_.pre_copy_image(staging_, m.pid);
+  so.copy = copy_for(m.pid);
+  so.hold_deadline = o_.hold_deadline;
+  so.allow_partial = true;  // as its suspend: what the shim does not own, the driver checkpoints
+  const auto called = clock::now();
+  const auto r = dump(so, progress_);
+  const double offset = std::chrono::duration<double>(called - start_).count();
+  for (const auto& [step, at] : r.phases)
+    r_.phases.emplace_back("pre-copy " + std::to_string(m.pid) + " " + step, offset + at);
+  described.pre_copy_image_id = r.manifest.image_id;
+  d_.gpu_bytes += r.manifest.data_bytes;
+  r_.pre_copy_bytes += r.manifest.data_bytes;
+  r_.pre_copy_held_ms = std::max(r_.pre_copy_held_ms, r.hold_ms);
+}
+
+void process_dump::pre_copy_all() {
+  // 0. While the processes run, a dump of each one's GPU memory (each held only as a dump holds it): the
+  // parent of the part its suspend writes, which then copies out only the blocks changed since.
+  reuse_ = make_copy_reuse();
+  for (std::size_t i = 0; i < members_.size(); ++i) pre_copy_one(members_[i], d_.processes[i]);
+  mark("pre-copied");
+  fault_point("process:pre-copied");
+  check_interrupted(o_.copy);
+}
+
+void process_dump::suspend_one(const tree_member& m, process_image::member& described) {
   suspend_options so;
   so.pid = m.pid;
   so.output = d_.gpu_image(staging_, m.pid);
-  so.copy = o_.copy;
-  for (const auto& p : parent_description_.processes)
-    if (p.pid == m.pid) {
-      so.copy.parent = parent_description_.gpu_image(parent_, m.pid);
-      // Named from gpu/ of this image (and of its staging name, a sibling): moved together, both hold.
-      so.copy.parent_recorded_as = so.copy.parent.lexically_relative(output_ / gpu_dir_name);
-    }
+  so.copy = copy_for(m.pid);
+  if (!described.pre_copy_image_id.empty()) {
+    so.copy.parent = d_.pre_copy_image(staging_, m.pid);
+    so.copy.parent_recorded_as = so.copy.parent.filename();  // beside it in gpu/, wherever the image goes
+  }
   so.hold_deadline = o_.hold_deadline;
   so.allow_partial = true;  // what the shim does not own stays in the context: the driver checkpoints it
   const auto called = clock::now();
@@ -221,12 +267,14 @@ void process_dump::suspend_one(const tree_member& m) {
     if (step == "held" && stopped_from_ < 0) stopped_from_ = offset + at;
   }
   d_.gpu_bytes += s.manifest.data_bytes;
-  d_.processes.push_back({m.pid, m.parent, m.command, s.manifest.image_id, false});
+  r_.held_bytes += s.manifest.data_bytes;
+  described.image_id = s.manifest.image_id;
 }
 
 void process_dump::suspend_all() {
-  // 1. The shim copies each process's GPU memory out and frees it; each stays held.
-  for (const auto& m : members_) suspend_one(m);
+  // 1. The shim copies each process's GPU memory out (with pre-copy, what changed since) and frees it; each
+  // stays held.
+  for (std::size_t i = 0; i < members_.size(); ++i) suspend_one(members_[i], d_.processes[i]);
   mark("suspended");
   fault_point("process:suspended");
   check_interrupted(o_.copy);
@@ -386,6 +434,7 @@ process_dump_result dump_process(const process_dump_options& o, const progress_c
   process_dump dump(o, progress, r);
   dump.check_and_prepare();
   try {
+    if (o.pre_copy) dump.pre_copy_all();
     dump.suspend_all();
     dump.checkpoint_contexts();
     dump.criu_dump();

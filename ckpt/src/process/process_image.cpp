@@ -160,7 +160,7 @@ pid_t pid_at(const jf::json& v, const std::string& path, std::int64_t lowest) {
   return static_cast<pid_t>(x);
 }
 
-process_image::member decode_member(const jf::json& j, const std::string& path) {
+process_image::member decode_member(const jf::json& j, const std::string& path, int version) {
   jf::object_at(j, path);
   process_image::member m;
   m.pid = pid_at(jf::field(j, path, "pid"), jf::join(path, "pid"), 1);
@@ -171,6 +171,11 @@ process_image::member decode_member(const jf::json& j, const std::string& path) 
   m.image_id = jf::string_of(j, path, "image_id");
   if (m.image_id.empty()) fail(jf::join(path, "image_id") + ": empty");
   m.driver_checkpointed = jf::bool_of(j, path, "driver_checkpointed");
+  if (const auto* pre = jf::optional_field(j, "pre_copy_image_id")) {
+    if (version < process_format_version) fail(jf::join(path, "pre_copy_image_id") + ": not in a version 1 image");
+    m.pre_copy_image_id = jf::string_at(*pre, jf::join(path, "pre_copy_image_id"));
+    if (m.pre_copy_image_id.empty()) fail(jf::join(path, "pre_copy_image_id") + ": empty");
+  }
   return m;
 }
 
@@ -190,8 +195,10 @@ process_image decode_description(const jf::json& j) {
   jf::object_at(j, "");
   process_image p;
   if (jf::string_of(j, "", "format") != process_format_name) fail("format: not a vmmckpt whole-process image");
-  if (const int v = jf::int_of(j, "", "version"); v != process_format_version)
-    fail("version " + std::to_string(v) + ": this cuda-ckpt reads version " + std::to_string(process_format_version));
+  const int version = jf::int_of(j, "", "version");
+  if (version != process_format_version_plain && version != process_format_version)
+    fail("version " + std::to_string(version) + ": this cuda-ckpt reads versions " +
+         std::to_string(process_format_version_plain) + " and " + std::to_string(process_format_version));
   p.tool_version = jf::string_of(j, "", "tool_version");
   p.created = jf::string_of(j, "", "created");
   p.host = jf::string_of(j, "", "host");
@@ -210,7 +217,7 @@ process_image decode_description(const jf::json& j) {
     fail("processes: 1 to " + std::to_string(max_processes) + " expected, not " + std::to_string(processes.size()));
   std::set<pid_t> pids;
   for (std::size_t i = 0; i < processes.size(); ++i) {
-    p.processes.push_back(decode_member(processes[i], jf::index("processes", i)));
+    p.processes.push_back(decode_member(processes[i], jf::index("processes", i), version));
     if (!pids.insert(p.processes.back().pid).second)
       fail(jf::index("processes", i) + ".pid: " + std::to_string(p.processes.back().pid) + " repeated");
   }
@@ -294,7 +301,10 @@ void check_process_layout(const fs::path& dir, const process_image& p) {
   fd_guard top(open_image_dir(dir));
   fd_guard gpu(open_inner_dir(top.fd, gpu_dir_name, dir / gpu_dir_name));
   std::set<std::string> parts;
-  for (const auto& m : p.processes) parts.insert(std::to_string(m.pid));
+  for (const auto& m : p.processes) {
+    parts.insert(std::to_string(m.pid));
+    if (!m.pre_copy_image_id.empty()) parts.insert(std::to_string(m.pid) + pre_copy_suffix);
+  }
   for (const auto& name : names_in(gpu.fd, dir / gpu_dir_name))
     if (parts.count(name) == 0) fail((dir / gpu_dir_name / name).string() + ": not a GPU part process.json names");
   for (const auto& name : parts) {
@@ -336,16 +346,20 @@ void verify_criu_files(const fs::path& dir, const process_image& p, bool checksu
 void verify_process_image(const fs::path& dir, const process_image& p, bool data) {
   check_process_layout(dir, p);
   verify_criu_files(dir, p, true);
-  for (const auto& m : p.processes) {
-    const fs::path gpu = p.gpu_image(dir, m.pid);
+  auto check_part = [&](const fs::path& gpu, const std::string& image_id) {
     const auto reader = image::reader::open(gpu);
-    if (reader.info().image_id != m.image_id)
+    if (reader.info().image_id != image_id)
       fail(gpu.string() + ": image_id " + jf::printable(reader.info().image_id) + ", process.json says " +
-           jf::printable(m.image_id));
+           jf::printable(image_id));
     if (data)
       reader.verify_data();
     else
       reader.verify_manifest();
+  };
+  for (const auto& m : p.processes) {
+    // The pre-copied part first: the part that names it as its parent is read through it.
+    if (!m.pre_copy_image_id.empty()) check_part(p.pre_copy_image(dir, m.pid), m.pre_copy_image_id);
+    check_part(p.gpu_image(dir, m.pid), m.image_id);
   }
 }
 
@@ -373,7 +387,7 @@ namespace {
 
 nlohmann::json description_json(const process_image& p) {
   nlohmann::json j = {{"format", process_format_name},
-                      {"version", process_format_version},
+                      {"version", p.pre_copied() ? process_format_version : process_format_version_plain},
                       {"tool_version", p.tool_version},
                       {"created", p.created},
                       {"host", p.host},
@@ -384,12 +398,14 @@ nlohmann::json description_json(const process_image& p) {
                       {"left_running", p.left_running}};
   if (!p.parent.empty()) j["parent"] = p.parent;
   j["processes"] = nlohmann::json::array();
-  for (const auto& m : p.processes)
+  for (const auto& m : p.processes) {
     j["processes"].push_back({{"pid", m.pid},
                               {"parent", m.parent},
                               {"command", m.command},
                               {"image_id", m.image_id},
                               {"driver_checkpointed", m.driver_checkpointed}});
+    if (!m.pre_copy_image_id.empty()) j["processes"].back()["pre_copy_image_id"] = m.pre_copy_image_id;
+  }
   return j;
 }
 

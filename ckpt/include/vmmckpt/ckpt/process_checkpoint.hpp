@@ -4,6 +4,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <filesystem>
 #include <string>
 #include <utility>
@@ -24,6 +25,9 @@ struct process_dump_options {
   // A whole-process image to be incremental on: each process's GPU part leaves the blocks unchanged since
   // its part there (same pid) to it. A process without a part there gets a full one.
   std::filesystem::path parent;
+  // First a dump of each process's GPU memory while it runs (gpu/PID.pre); the processes are then stopped
+  // only for the blocks changed since (gpu/PID, incremental on it), the driver's checkpoint and CRIU.
+  bool pre_copy = false;
 };
 
 // Where the time went: seconds from the start at which each step ended, in order.
@@ -34,6 +38,9 @@ struct process_dump_result {
   process_image description;
   double seconds = 0;
   process_phases phases;
+  std::uint64_t pre_copy_bytes = 0;  // written by the pre-copies while the processes ran
+  double pre_copy_held_ms = 0;       // the longest a pre-copy held its process (as a dump holds it)
+  std::uint64_t held_bytes = 0;      // written by the suspends, the processes held
 };
 
 // Suspends every process under the shim in pid's tree into DIR/gpu/PID, checkpoints what is left of

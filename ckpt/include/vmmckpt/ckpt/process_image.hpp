@@ -23,9 +23,13 @@ inline constexpr const char* process_intent_name = "intent.json";
 inline constexpr const char* criu_dump_log_name = "criu-dump.log";
 inline constexpr const char* criu_dump_status_name = "criu-dump.status";
 inline constexpr const char* process_format_name = "vmmckpt-process";
-inline constexpr int process_format_version = 1;
+// Version 2 adds the pre-copied parts (dump --process --pre-copy); an image without them is written as
+// version 1, which older tools read.
+inline constexpr int process_format_version = 2;
+inline constexpr int process_format_version_plain = 1;
 inline constexpr const char* criu_dir_name = "criu";
 inline constexpr const char* gpu_dir_name = "gpu";
+inline constexpr const char* pre_copy_suffix = ".pre";
 
 struct process_image {
   std::string tool_version;
@@ -38,6 +42,9 @@ struct process_image {
     std::vector<std::string> command;
     std::string image_id;      // its GPU part's (gpu/PID) manifest image_id
     bool driver_checkpointed;  // its remaining CUDA context went through cuCheckpointProcessCheckpoint
+    // dump --process --pre-copy: the image_id of its pre-copied part (gpu/PID.pre, a dump taken while the
+    // process ran), the parent of gpu/PID, which holds only the blocks changed since. Empty: none.
+    std::string pre_copy_image_id;
   };
   std::vector<member> processes;  // those under the shim, each with a GPU part
   std::string criu_version;
@@ -57,6 +64,14 @@ struct process_image {
 
   std::filesystem::path gpu_image(const std::filesystem::path& dir, pid_t pid) const {
     return dir / gpu_dir_name / std::to_string(pid);
+  }
+  std::filesystem::path pre_copy_image(const std::filesystem::path& dir, pid_t pid) const {
+    return dir / gpu_dir_name / (std::to_string(pid) + pre_copy_suffix);
+  }
+  bool pre_copied() const {
+    for (const auto& m : processes)
+      if (!m.pre_copy_image_id.empty()) return true;
+    return false;
   }
 };
 
@@ -81,15 +96,16 @@ void for_each_entry(const std::filesystem::path& dir,
                     const std::function<void(const std::filesystem::path&, const struct ::stat&)>& visit);
 
 // The layout: nothing but regular files and directories anywhere in the image (no symbolic link, FIFO,
-// device or socket), gpu/ holding exactly one directory per process of process.json.
+// device or socket), gpu/ holding exactly one directory per process of process.json, and one more (PID.pre)
+// per pre-copied part.
 void check_process_layout(const std::filesystem::path& dir, const process_image& p);
 
 // Every CRIU file's size (checked before it is read) and, with `checksums`, its checksum against process.json,
 // none missing, none added. Throws image::image_error naming the file.
 void verify_criu_files(const std::filesystem::path& dir, const process_image& p, bool checksums = true);
 
-// Checks both parts: the layout, the CRIU files, and each GPU part's manifest and image_id (and with
-// `data`, every extent's checksum). Throws image::image_error naming the file or part.
+// Checks both parts: the layout, the CRIU files, and each GPU part's manifest and image_id, pre-copied parts
+// included (and with `data`, every extent's checksum). Throws image::image_error naming the file or part.
 void verify_process_image(const std::filesystem::path& dir, const process_image& p, bool data);
 
 // Lists and checksums CRIU's files in DIR/criu (regular files only, fsyncing each), for process.json.
