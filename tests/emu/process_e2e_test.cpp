@@ -3,15 +3,20 @@
 // failure leaves the program running and no image.
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <thread>
 
+#include "process.hpp"
 #include "process_support.hpp"
+#include "vmmckpt/protocol/protocol.hpp"
 
 namespace vmmckpt::test {
 
@@ -306,6 +311,42 @@ TEST_CASE("dump --process refused or failing leaves the process running and no i
     CHECK(entry.path().filename().string().find("image.partial-") == std::string::npos);
   REQUIRE(t.goes_on({t.log}));
   CHECK(tick_problem(t.log).empty());
+}
+
+TEST_CASE(
+    "dump --process: a client connected to the program's control socket while CRIU runs costs a retry, not the dump",
+    "[process]") {
+  REQUIRE_CRIU();
+  ticker_tree t;
+  // A client (as `cuda-ckpt ps` is while it is answered) connected to the program's control socket: CRIU
+  // refuses to dump half of a connection ("External socket is used").
+  const int client = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(client >= 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const std::string path = protocol::socket_path(t.pid);
+  std::strncpy(addr.sun_path, path.c_str(), sizeof addr.sun_path - 1);
+  REQUIRE(::connect(client, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  const fs::path image = t.dir.path / "image";
+  background_process dump(
+      {cuda_ckpt, "dump", std::to_string(t.pid), "--process", "--leave-running", "-o", image.string(), "--json"}, {},
+      /*stderr_too=*/true);
+  // The client goes once CRIU has met it.
+  const bool met = wait_until([&] {
+    for (const auto& entry : fs::directory_iterator(t.dir.path))
+      if (entry.path().filename().string().rfind("image.partial-", 0) == 0)
+        for (const auto& line : lines_of(entry.path() / "criu-dump.log"))
+          if (line.find("External socket is used") != std::string::npos) return true;
+    return false;
+  });
+  ::close(client);
+  CHECK(met);
+  INFO(dump.output());
+  CHECK(dump.wait() == 0);
+  CHECK(tool({"verify", image.string()}).exit_code == 0);
+  REQUIRE(t.goes_on({t.log}));
+  CHECK(tick_problem(t.log).empty());
+  t.stop({t.log});
 }
 
 TEST_CASE("dump --process refuses a tree with a process that uses CUDA without the shim", "[process]") {

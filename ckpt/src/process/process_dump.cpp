@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <fstream>
 
 #include "vmmckpt/ckpt/driver_checkpoint.hpp"
 #include "vmmckpt/ckpt/criu.hpp"
@@ -79,6 +80,18 @@ std::vector<tree_member> gpu_members_of(pid_t root, std::chrono::milliseconds wa
     throw tool_error("no process in the tree of process " + std::to_string(root) +
                      " runs under vmmckpt with CUDA in use: nothing of the GPU to checkpoint (use criu alone)");
   return members;
+}
+
+// CRIU refuses a tree with a connection to a process outside it: a client of a control socket is one, for the
+// moment it is served. The dump tries again a few times before it fails.
+constexpr int external_socket_attempts = 5;
+constexpr useconds_t external_socket_pause_us = 500'000;
+
+bool criu_met_a_client(const fs::path& log) {
+  std::ifstream in(log);
+  for (std::string line; std::getline(in, line);)
+    if (line.find("External socket is used") != std::string::npos) return true;
+  return false;
 }
 
 void check_interrupted(const copy_settings& copy) {
@@ -308,22 +321,33 @@ void process_dump::criu_dump() {
   // Its exit status is written into the image by the shell that runs it, tool or no tool: "0" tells a later
   // `restore` or `gc` that CRIU's part is complete.
   const fs::path log = staging_ / criu_dump_log_name;
-  // A CRIU whose process died under it can wait for good: 5 s after the root is gone it is ended.
-  auto gone_since = clock::time_point::max();
-  const int status = run_criu(
-      criu_, args, log,
-      [&](pid_t criu) {
-        record_.note_criu(criu);
-        fault_point("process:criu-running");
-      },
-      staging_ / criu_dump_status_name,
-      [&] {
-        if (process_alive(o_.pid)) return false;
-        if (gone_since == clock::time_point::max()) gone_since = clock::now();
-        return clock::now() - gone_since > std::chrono::seconds(5);
-      });
-  // Stopped or not, CRIU has let go of them: whatever follows must continue them (or end them).
-  stopped_ = true;
+  int status = 0;
+  for (int attempt = 1;; ++attempt) {
+    // A CRIU whose process died under it can wait for good: 5 s after the root is gone it is ended.
+    auto gone_since = clock::time_point::max();
+    status = run_criu(
+        criu_, args, log,
+        [&](pid_t criu) {
+          record_.note_criu(criu);
+          fault_point("process:criu-running");
+        },
+        staging_ / criu_dump_status_name,
+        [&] {
+          if (process_alive(o_.pid)) return false;
+          if (gone_since == clock::time_point::max()) gone_since = clock::now();
+          return clock::now() - gone_since > std::chrono::seconds(5);
+        });
+    // Stopped or not, CRIU has let go of them: whatever follows must continue them (or end them).
+    stopped_ = true;
+    if (status == 0 || attempt == external_socket_attempts || !criu_met_a_client(log)) break;
+    // A client of a process's control socket (a `cuda-ckpt ps`, say) was connected at that moment, and CRIU
+    // cannot take half a connection: it left the tree as it was. Such a client goes within a moment.
+    continue_stopped();
+    std::error_code ec;
+    fs::remove_all(staging_ / criu_dir_name, ec);
+    fs::create_directory(staging_ / criu_dir_name, ec);
+    ::usleep(external_socket_pause_us);
+  }
   if (status != 0) throw tool_error("criu dump failed (exit " + std::to_string(status) + "):" + criu_log_excerpt(log));
   dumped_ = read_criu_pstree(staging_ / criu_dir_name).pids;
   d_.stopped_seconds = seconds_since(start_) - stopped_from_;
