@@ -258,6 +258,9 @@ class Bench:
             self.places = [("tmpfs", args.tmpfs_dir)] + ([("tmpfs-huge", huge)] if huge else []) + \
                 [("disk", args.disk_dir)]
         self.gpu_total = self._gpu_total_bytes()
+        self.process_modes = [m for m in args.process_modes.split(",") if m]
+        if any(m not in ("shim", "pre-copy", "native") for m in self.process_modes):
+            raise SystemExit(f"--process-modes takes shim, pre-copy and native, not {args.process_modes}")
 
     def huge_tmpfs(self, path):
         """A tmpfs with transparent huge pages for images, as a user may mount one for the image directory

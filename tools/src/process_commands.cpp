@@ -58,7 +58,7 @@ int dump_process_command(const dump_command_options& o) {
                      .dump(2)
               << "\n";
   } else {
-    std::printf("dumped process %d whole (%zu under vmmckpt, %s of GPU memory; CRIU %s) to %s in %.3f s\n",
+    std::printf("dumped process %d whole (%zu under vmmckpt, %s of GPU memory written; CRIU %s) to %s in %.3f s\n",
                 static_cast<int>(o.pid), d.processes.size(), human_bytes(d.gpu_bytes).c_str(), d.criu_version.c_str(),
                 r.image.c_str(), r.seconds);
     if (d.pre_copied())

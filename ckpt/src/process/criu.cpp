@@ -150,16 +150,29 @@ int run_criu(const criu_tool& criu, const std::vector<std::string>& args, const 
   return spawn_and_wait(argv, std::filesystem::absolute(log).string() + ".out", started, abandon);
 }
 
-std::string criu_log_excerpt(const std::filesystem::path& log) {
-  std::vector<std::string> errors, last;
+namespace {
+// Each line of CRIU's log, then of what it printed beside it.
+void for_each_log_line(const std::filesystem::path& log, const std::function<void(const std::string&)>& visit) {
   for (const auto& file : {log, std::filesystem::path(log.string() + ".out")}) {
     std::ifstream in(file);
-    for (std::string line; std::getline(in, line);) {
-      if (line.find("Error") != std::string::npos) errors.push_back(line);
-      last.push_back(line);
-      if (last.size() > 5) last.erase(last.begin());
-    }
+    for (std::string line; std::getline(in, line);) visit(line);
   }
+}
+}  // namespace
+
+bool criu_log_mentions(const std::filesystem::path& log, const std::string& text) {
+  bool found = false;
+  for_each_log_line(log, [&](const std::string& line) { found = found || line.find(text) != std::string::npos; });
+  return found;
+}
+
+std::string criu_log_excerpt(const std::filesystem::path& log) {
+  std::vector<std::string> errors, last;
+  for_each_log_line(log, [&](const std::string& line) {
+    if (line.find("Error") != std::string::npos) errors.push_back(line);
+    last.push_back(line);
+    if (last.size() > 5) last.erase(last.begin());
+  });
   const auto& chosen = errors.empty() ? last : errors;
   std::string out;
   for (std::size_t i = chosen.size() > 6 ? chosen.size() - 6 : 0; i < chosen.size(); ++i) out += "\n  " + chosen[i];

@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <fstream>
+#include <map>
 
 #include "vmmckpt/ckpt/driver_checkpoint.hpp"
 #include "vmmckpt/ckpt/criu.hpp"
@@ -82,17 +82,11 @@ std::vector<tree_member> gpu_members_of(pid_t root, std::chrono::milliseconds wa
   return members;
 }
 
-// CRIU refuses a tree with a connection to a process outside it: a client of a control socket is one, for the
-// moment it is served. The dump tries again a few times before it fails.
-constexpr int external_socket_attempts = 5;
+// CRIU refuses a tree with a connection to a process outside it: a client of a control socket (a `cuda-ckpt
+// ps`) is one, for the moment it is served. The dump tries again, twice: a connection that is still there
+// then is the program's own, and each try costs CRIU's whole pass.
+constexpr int external_socket_attempts = 3;
 constexpr useconds_t external_socket_pause_us = 500'000;
-
-bool criu_met_a_client(const fs::path& log) {
-  std::ifstream in(log);
-  for (std::string line; std::getline(in, line);)
-    if (line.find("External socket is used") != std::string::npos) return true;
-  return false;
-}
 
 void check_interrupted(const copy_settings& copy) {
   if (copy.interrupt == nullptr) return;
@@ -153,8 +147,9 @@ class process_dump {
   std::vector<pid_t> suspended_, locked_, checkpointed_;
   std::vector<pid_t> dumped_;  // the tasks CRIU dumped and left stopped (its pstree.img)
   // With pre-copy, a process's pre-copy and its suspend are a series (copy_settings::reuse): the suspend
-  // takes the pinned staging, the checksum kernel and its parent's blocks from memory, at once.
-  std::shared_ptr<copy_reuse> reuse_;
+  // takes the pinned staging, the checksum kernel (of its device's context) and its parent's blocks from
+  // memory, at once. One per process, let go after its suspend.
+  std::map<pid_t, std::shared_ptr<copy_reuse>> reuse_;
   bool stopped_ = false;  // CRIU left them stopped
   bool committed_ = false;
   double stopped_from_ = -1;  // when the first process was held, in seconds from the start
@@ -209,7 +204,7 @@ void process_dump::check_and_prepare() {
 
 copy_settings process_dump::copy_for(pid_t pid) const {
   copy_settings copy = o_.copy;
-  copy.reuse = reuse_;
+  if (const auto it = reuse_.find(pid); it != reuse_.end()) copy.reuse = it->second;
   for (const auto& p : parent_description_.processes)
     if (p.pid == pid) {
       copy.parent = parent_description_.gpu_image(parent_, pid);
@@ -240,8 +235,10 @@ void process_dump::pre_copy_one(const tree_member& m, process_image::member& des
 void process_dump::pre_copy_all() {
   // 0. While the processes run, a dump of each one's GPU memory (each held only as a dump holds it): the
   // parent of the part its suspend writes, which then copies out only the blocks changed since.
-  reuse_ = make_copy_reuse();
-  for (std::size_t i = 0; i < members_.size(); ++i) pre_copy_one(members_[i], d_.processes[i]);
+  for (std::size_t i = 0; i < members_.size(); ++i) {
+    reuse_[members_[i].pid] = make_copy_reuse();
+    pre_copy_one(members_[i], d_.processes[i]);
+  }
   mark("pre-copied");
   fault_point("process:pre-copied");
   check_interrupted(o_.copy);
@@ -261,6 +258,7 @@ void process_dump::suspend_one(const tree_member& m, process_image::member& desc
   const auto called = clock::now();
   const auto s = suspend(so, progress_);
   suspended_.push_back(m.pid);
+  reuse_.erase(m.pid);  // its pinned staging goes before the next process's suspend
   if (s.late) throw tool_error(who(m.pid) + " took the suspend but did not answer in time (stopped?)");
   // Its mapping of another process's memory would be in the driver's checkpoint of it, and that memory
   // is not in the image: not supported (docs/ipc.md).
@@ -339,7 +337,7 @@ void process_dump::criu_dump() {
         });
     // Stopped or not, CRIU has let go of them: whatever follows must continue them (or end them).
     stopped_ = true;
-    if (status == 0 || attempt == external_socket_attempts || !criu_met_a_client(log)) break;
+    if (status == 0 || attempt == external_socket_attempts || !criu_log_mentions(log, "External socket is used")) break;
     // A client of a process's control socket (a `cuda-ckpt ps`, say) was connected at that moment, and CRIU
     // cannot take half a connection: it left the tree as it was. Such a client goes within a moment.
     continue_stopped();
@@ -347,6 +345,7 @@ void process_dump::criu_dump() {
     fs::remove_all(staging_ / criu_dir_name, ec);
     fs::create_directory(staging_ / criu_dir_name, ec);
     ::usleep(external_socket_pause_us);
+    check_interrupted(o_.copy);
   }
   if (status != 0) throw tool_error("criu dump failed (exit " + std::to_string(status) + "):" + criu_log_excerpt(log));
   dumped_ = read_criu_pstree(staging_ / criu_dir_name).pids;

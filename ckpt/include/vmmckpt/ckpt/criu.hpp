@@ -42,6 +42,8 @@ int run_criu(const criu_tool& criu, const std::vector<std::string>& args, const 
 
 // The lines of a CRIU log worth showing when it failed: its errors, else its last lines.
 std::string criu_log_excerpt(const std::filesystem::path& log);
+// Whether CRIU's log (or what it printed beside it) has a line with `text`.
+bool criu_log_mentions(const std::filesystem::path& log, const std::string& text);
 
 // The processes a CRIU image brings back, from its pstree.img: pids[0] is the root task (CRIU restores it
 // with this pid and writes it to --pidfile), the others follow their parents. parents[i] is pids[i]'s.
