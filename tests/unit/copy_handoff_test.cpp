@@ -118,3 +118,17 @@ TEST_CASE("parking: a writer with parked chunks is woken by the release to write
   h.release();
   CHECK(h.take_chunk(c, b, true) == chunk_handoff::took::released);
 }
+
+TEST_CASE("parking: a writer whose writes run as fast as a park writes, and only writes the budget forced count",
+          "[copy_handoff]") {
+  const copy_runs runs = runs_of(6);
+  chunk_handoff h(6, 2, MiB, true);
+  h.set_runs(runs);
+  issue(h, 2);
+  CHECK_FALSE(h.reserve_parking(MiB, false, /*pays=*/false));  // written by choice: the hold covers a fast write
+  CHECK(h.held_writes == 0);
+  CHECK(h.parked == 0);
+  CHECK(h.reserve_parking(MiB, false, true));
+  CHECK_FALSE(h.reserve_parking(MiB, false, false));  // the budget is spent: counted, whatever the pace
+  CHECK(h.held_writes == MiB);
+}

@@ -114,14 +114,22 @@ void chunk_writers::write_parked(std::uint32_t file, std::vector<parked_chunk>& 
   parked.clear();
 }
 
+void chunk_writers::pace::saw(double& rate, std::uint64_t bytes, double seconds) {
+  if (bytes < (1u << 20) || seconds <= 0) return;
+  const double now = static_cast<double>(bytes) / seconds;
+  rate = rate == 0 ? now : (rate + now) / 2;
+}
+
 void chunk_writers::park_or_write(std::uint32_t file, std::size_t c, std::size_t b, std::vector<parked_chunk>& parked,
-                                  std::uint64_t& unchanged) {
+                                  std::uint64_t& unchanged, pace& pace) {
   unsigned char* buffer = b != no_buffer ? job_.staging.buffers[b] : nullptr;
   // A chunk after a parked one is parked too, or written after it: a data file holds its extents in manifest
   // order.
   const std::uint64_t bytes = buffer != nullptr ? job_.handoff.runs->bytes_of(c) : 0;
-  if (job_.handoff.reserve_parking(bytes, !parked.empty())) {
+  if (job_.handoff.reserve_parking(bytes, !parked.empty(), pace.parking_pays())) {
+    const auto start = clock::now();
     if (auto p = copy_to_host(c, buffer)) {
+      pace::saw(pace.park, bytes, std::chrono::duration<double>(clock::now() - start).count());
       parked.push_back(std::move(*p));
       if (buffer != nullptr) job_.handoff.written_chunk(b, 0);  // its buffer is free again
       return;
@@ -129,7 +137,10 @@ void chunk_writers::park_or_write(std::uint32_t file, std::size_t c, std::size_t
     job_.handoff.parking_failed(bytes);
   }
   write_parked(file, parked, unchanged);
-  written(b, write_chunk(file, c, buffer, unchanged));
+  const auto start = clock::now();
+  const std::uint64_t stored = write_chunk(file, c, buffer, unchanged);
+  pace::saw(pace.write, bytes, std::chrono::duration<double>(clock::now() - start).count());
+  written(b, stored);
 }
 
 void chunk_writers::written(std::size_t b, std::uint64_t bytes) {
@@ -155,6 +166,7 @@ void chunk_writers::write_file(std::uint32_t file) {
     const driver_api& d = driver();
     VMMCKPT_CUDA_TRY(d.cuCtxSetCurrent(job_.context));
     std::vector<parked_chunk> parked;
+    pace pace;
     for (;;) {
       const auto wait_start = clock::now();
       std::size_t c, b;
@@ -171,7 +183,7 @@ void chunk_writers::write_file(std::uint32_t file) {
       throw_if_interrupted(job_.interrupt);
       if (b != no_buffer) VMMCKPT_CUDA_TRY(d.cuEventSynchronize(job_.staging.events[b]));
       waiting += std::chrono::duration<double>(clock::now() - wait_start).count();
-      park_or_write(file, c, b, parked, unchanged);
+      park_or_write(file, c, b, parked, unchanged, pace);
     }
   } catch (...) {
     job_.handoff.writer_failed(std::current_exception());

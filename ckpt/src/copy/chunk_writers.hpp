@@ -54,13 +54,25 @@ class chunk_writers {
     host_pages bytes;
     std::uint64_t copied;  // of its runs, in `bytes`
   };
+  // How fast this writer's writes and parks ran, in bytes a second (0: not seen yet). Parking copies a chunk
+  // twice (into ordinary memory, then to the image); into a tmpfs or the page cache a write runs about as fast
+  // as a park, and parking would only slow the dump. So a writer parks only once its writes run slower than
+  // half its parks (before it has parked: slower than first_park_below).
+  struct pace {
+    static constexpr double first_park_below = 1e9;
+    double write = 0;
+    double park = 0;
+    bool parking_pays() const { return write > 0 && write < (park > 0 ? park / 2 : first_park_below); }
+    // A write or a park of `bytes` took `seconds`: `rate` follows (small chunks say little).
+    static void saw(double& rate, std::uint64_t bytes, double seconds);
+  };
   void write_file(std::uint32_t file);
   // Chunk c's bytes from `buffer` (its staging buffer or its parked copy; null: not copied).
   std::uint64_t write_chunk(std::uint32_t file, std::size_t c, unsigned char* buffer, std::uint64_t& unchanged);
   // Chunk c, taken in staging buffer b (no_buffer: not copied), parked while the program is held when the
-  // copies need its buffer, else written (after what this writer parked).
+  // copies need its buffer and parking pays, else written (after what this writer parked).
   void park_or_write(std::uint32_t file, std::size_t c, std::size_t b, std::vector<parked_chunk>& parked,
-                     std::uint64_t& unchanged);
+                     std::uint64_t& unchanged, pace& pace);
   // Chunk c's runs copied out of `buffer` into ordinary memory (null: not copied, nothing to keep): nullopt when
   // there was no memory for it.
   std::optional<parked_chunk> copy_to_host(std::size_t c, const unsigned char* buffer) const;

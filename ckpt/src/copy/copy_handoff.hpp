@@ -92,8 +92,10 @@ struct chunk_handoff {
     changed.wait(lock, [&] { return released || stop || writer_error; });
   }
   // A writer, of a chunk of `bytes` it took (0: not copied): whether to park it rather than write it now. One
-  // `following` a chunk it parked is parked whenever the budget allows (its extents follow that one's).
-  bool reserve_parking(std::uint64_t bytes, bool following) {
+  // `following` a chunk it parked is parked whenever the budget allows (its extents follow that one's). A writer
+  // whose writes run as fast as its parks would (`pays` false) writes: the hold then covers writes by choice,
+  // and only those the budget forced are counted.
+  bool reserve_parking(std::uint64_t bytes, bool following, bool pays = true) {
     std::lock_guard lock(mutex);
     if (!parking || released || copied_from.empty()) return false;
     if (!following && (bytes == 0 || !copier_waited || copied_from[issued] <= free_buffers.size())) return false;
@@ -101,6 +103,7 @@ struct chunk_handoff {
       held_writes += bytes;
       return false;
     }
+    if (!pays) return false;
     parked_now += bytes;
     parked += bytes;
     return true;
