@@ -362,6 +362,19 @@ void process_seeds(const fs::path& out, const image_files& gpu, const std::strin
     write_file(out / "process" / name, process_input(manifest.dump(2) + "\n", entries));
   };
   seed("good", good, layout);
+  // dump --process --pre-copy (version 2): the pre-copied part gpu/4242.pre beside gpu/4242.
+  ojson pre_copied = good;
+  pre_copied["version"] = 2;
+  pre_copied["processes"][0]["pre_copy_image_id"] = image_id;
+  auto pre_layout = layout;
+  pre_layout.insert(pre_layout.end(), {{'d', "gpu/4242.pre", {}},
+                                       {'f', "gpu/4242.pre/manifest.json", gpu.manifest},
+                                       {'f', "gpu/4242.pre/tables.bin", gpu.tables},
+                                       {'f', "gpu/4242.pre/data.bin", gpu.data}});
+  seed("good-pre-copied", pre_copied, pre_layout);
+  pre_copied["version"] = 1;
+  seed("near-miss-pre-copied-version-1", pre_copied, pre_layout);
+  seed("near-miss-pre-copied-not-named", good, pre_layout);
   auto edited = [&](const std::string& name, void (*edit)(ojson&)) {
     ojson j = good;
     edit(j);
