@@ -931,6 +931,21 @@ def markdown(res, plots, img_rel):
                              lambda r: (f"{r['launches']:,}", len(r.get("all_seconds", [])) or "–",
                                         num(r["best_seconds"], 3), num(r["median_seconds"], 3),
                                         num(r["us_per_launch"], 3))))
+    if res.get("prealloc"):
+        rows = []
+        for r in res.get("prealloc"):
+            if r.get("op") == "dd":
+                rows.append((r["case"], "`dd` of as many bytes (the disk's limit)", num(r["seconds"], 3), "", "", ""))
+            elif r.get("op") == "dump":
+                rows.append((r["case"], "dump", num(r["seconds"], 3), num(r["hold_ms"], 1),
+                             bytes_label(r.get("image_bytes")), bytes_label(r.get("zero_bytes"))))
+            else:
+                rows.append((r["case"], "suspend, then resume", f"{num(r['suspend_s'], 3)}, {num(r['resume_wall_s'], 3)}",
+                             num(r["hold_ms"], 1), "", bytes_label(r.get("zero_bytes"))))
+        section("JAX with its default preallocation", "`bench/prealloc_bench.py`: XLA reserves 75 % of the GPU and "
+                "the program holds 1, 16 or 32 GiB of arrays in it; zero blocks are neither copied nor written, and "
+                "the program is held only until its bytes are in host memory.",
+                table(["case", "operation", "seconds", "held ms", "image", "zero blocks"], rows))
     if res.get("launch_ab"):
         section("Launch cost within one process", "`bench/launch_ab.cu`: in one process, batches of empty launches "
                 "through the `cuLaunchKernel` the CUDA runtime is handed (`cuGetProcAddress`: under the shim, its "

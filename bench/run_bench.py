@@ -9,6 +9,7 @@ usage: run_bench.py --build DIR --out DIR [--sizes 1,4,16,32] [--skip PARTS] [--
        run_bench.py --cpu-only --build DIR --out DIR [--cpu-sizes-mib 256,512]
 
 Parts (GPU): limits, dump, driver, process (whole-process with CRIU, as root), incremental (dump --parent),
+prealloc (JAX with its default preallocation: bench/prealloc_bench.py),
 alloc, launch, torch, frag, peer (a copy of 1 GiB between two GPUs; skipped on one). Images go to a tmpfs, to disk, and (as
 root, or where one is mounted already) to a tmpfs with huge pages that the run mounts for itself. With --cpu-only, on the emulated
 driver (DIR/lib/emu): allocator, limits (no GPU), dump (tmpfs only).
@@ -33,8 +34,8 @@ import sys
 import threading
 import time
 
-GPU_PARTS = ["limits", "dump", "many", "driver", "process", "incremental", "alloc", "launch", "torch", "vmm", "frag",
-             "peer"]
+GPU_PARTS = ["limits", "dump", "many", "driver", "process", "incremental", "prealloc", "alloc", "launch", "torch", "vmm",
+             "frag", "peer"]
 CPU_PARTS = ["allocator", "limits", "dump", "many"]
 GIB = 1 << 30
 MIB = 1 << 20
@@ -950,6 +951,28 @@ class Bench:
         args = (["--warmup", "5", "--steps", "20"] if quick else ["--steps", "200"]) + ["--bench-name", "torch_expandable"]
         self.both_modes("torch_expandable", [self.args.python, script] + args, 600, 1 if quick else 3, pin=True,
                         env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+
+    def part_prealloc(self):
+        """JAX with XLA's default preallocation (bench/prealloc_bench.py, JAX in --python): 1 GiB of arrays
+        dumped, suspended and resumed in the tmpfs; 16 GiB dumped to the disk, beside `dd` of as many bytes; 32
+        GiB dumped into the tmpfs (with --quick, the first only)."""
+        probe = subprocess.run([self.args.python, "-c", "import jax"], capture_output=True, timeout=300)
+        if probe.returncode != 0:
+            self.error("prealloc", f"skipped: no JAX in {self.args.python}")
+            return
+        tmpfs = self.places[0][1]
+        disk = next(where for name, where in self.places if name == "disk")
+        for d in (tmpfs, disk):
+            os.makedirs(d, exist_ok=True)
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "prealloc_bench.py")
+        cmd = [sys.executable, script, "--cuda-ckpt", f"vmmckpt={self.cuda_ckpt}", "--shm", tmpfs, "--disk", disk,
+               "--python", self.args.python] + (["--case", "jax-1g-shm"] if self.args.quick else [])
+        proc, _ = self.run(cmd, 1200, "prealloc", check=False)
+        for row in json_lines(proc.stdout_text):
+            if "error" in row:
+                self.error("prealloc", row["error"], case=row.get("case"))
+            else:
+                self.record(dict(row, bench="prealloc"))
 
     def part_peer(self):
         """A copy of 1 GiB from GPU 0 to GPU 1 without and with peer access (bench/peer_copy.cpp), native and
