@@ -207,6 +207,16 @@ TEST_CASE("dump --process --pre-copy: the GPU parts dumped while the process run
   CHECK(last_tick(t.log) > at_dump);
   t.stop({t.log});  // the still buffer is checked at the stop: it came back through both chains
   CHECK(tick_problem(t.log).empty());
+  REQUIRE(wait_gone(t.pid));
+
+  // Without the parent image the pre-copied part's parent is missing, and that is what is said (the part
+  // beside it of the parent's name is its own child, not its parent).
+  fs::rename(moved / "first", t.dir.path / "elsewhere");
+  const auto orphan = tool({"verify", (moved / "second").string()});
+  INFO(describe(orphan));
+  CHECK(orphan.exit_code != 0);
+  CHECK(orphan.err.find("missing") != std::string::npos);
+  CHECK(orphan.err.find("cycle") == std::string::npos);
 
   CHECK(tool({"dump", std::to_string(::getpid()), "--pre-copy"}).err.find("apply to whole-process dumps") !=
         std::string::npos);

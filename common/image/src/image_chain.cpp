@@ -26,24 +26,30 @@ std::vector<std::filesystem::path> parent_candidates(const std::filesystem::path
   return out;
 }
 
+std::optional<manifest> peek_manifest(const std::filesystem::path& dir) {
+  std::error_code ignored;
+  const auto manifest_path = dir / std::string(detail::manifest_name);
+  if (std::filesystem::is_symlink(dir, ignored) || !std::filesystem::is_regular_file(manifest_path, ignored))
+    return std::nullopt;
+  if (std::filesystem::file_size(manifest_path, ignored) > detail::max_manifest_bytes) return std::nullopt;
+  std::ifstream in(manifest_path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  try {
+    return detail::decode_manifest_file(text.str()).m;
+  } catch (const image_error&) {
+    return std::nullopt;  // not an image of ours, or a broken one
+  }
+}
+
 std::vector<std::filesystem::path> children_in(const std::filesystem::path& dir, const std::string& image_id) {
   std::vector<std::filesystem::path> out;
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
     std::error_code ignored;
     if (!entry.is_directory(ignored) || entry.is_symlink(ignored)) continue;
-    const auto manifest_path = entry.path() / std::string(detail::manifest_name);
-    if (!std::filesystem::is_regular_file(manifest_path, ignored)) continue;
-    if (std::filesystem::file_size(manifest_path, ignored) > detail::max_manifest_bytes) continue;
-    std::ifstream in(manifest_path, std::ios::binary);
-    std::stringstream text;
-    text << in.rdbuf();
-    try {
-      const auto decoded = detail::decode_manifest_file(text.str());
-      if (decoded.m.parent && decoded.m.parent->image_id == image_id) out.push_back(entry.path());
-    } catch (const image_error&) {
-      // Not an image of ours, or a broken one: it names no parent we could honour.
-    }
+    const auto m = peek_manifest(entry.path());
+    if (m && m->parent && m->parent->image_id == image_id) out.push_back(entry.path());
   }
   std::sort(out.begin(), out.end());
   return out;

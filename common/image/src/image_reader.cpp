@@ -25,6 +25,12 @@ namespace {
 using detail::errno_text;
 using detail::fail;
 
+// The image in `dir` is the image `image_id` (its manifest says so; nothing else is read).
+bool holds_image(const std::filesystem::path& dir, const std::string& image_id) {
+  const auto m = peek_manifest(dir);
+  return m && m->image_id == image_id;
+}
+
 // Extents are read in pieces; from this size on, each piece is hashed on a helper thread while
 // the next is read (below it, starting the thread costs more than it saves).
 constexpr std::size_t read_piece = 8u << 20;
@@ -213,9 +219,14 @@ struct reader::impl {
       if (children[k].find("(image " + ref.image_id + ")") != std::string::npos)
         fail(me + ": " + wanted + " is also its own descendant " + children[k] + ": a cycle of parents");
     std::string looked;
-    for (const auto& candidate : parent_candidates(dir, ref)) {
+    const auto candidates = parent_candidates(dir, ref);
+    for (const auto& candidate : candidates) {
       std::error_code ec;
-      if (!std::filesystem::exists(candidate / std::string(detail::manifest_name), ec)) {
+      // The fallback beside the child is taken only if it is the parent: another image of that name there
+      // (a pre-copied part's own child, say) is no candidate, and is not opened.
+      const bool fallback = candidate != candidates.front();
+      if (!std::filesystem::exists(candidate / std::string(detail::manifest_name), ec) ||
+          (fallback && !holds_image(candidate, ref.image_id))) {
         looked += (looked.empty() ? "" : ", ") + candidate.string();
         continue;
       }

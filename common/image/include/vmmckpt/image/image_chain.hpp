@@ -3,6 +3,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,10 @@ namespace vmmckpt::image {
 // child itself (a parent of the same name elsewhere). Each place is
 // taken only if the image there has the recorded image_id and manifest checksum.
 std::vector<std::filesystem::path> parent_candidates(const std::filesystem::path& child_dir, const parent_ref& ref);
+
+// The manifest of the image in `dir`, read and decoded without opening its data or its chain; nullopt when
+// there is none, or it is not one of ours (too large, unreadable, broken).
+std::optional<manifest> peek_manifest(const std::filesystem::path& dir);
 
 // The images directly in `dir` (its subdirectories holding a manifest.json) that name the image
 // `image_id` as their parent; unreadable or foreign directories are skipped. Nothing else knows an
