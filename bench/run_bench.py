@@ -968,11 +968,14 @@ class Bench:
         cmd = [sys.executable, script, "--cuda-ckpt", f"vmmckpt={self.cuda_ckpt}", "--shm", tmpfs, "--disk", disk,
                "--python", self.args.python] + (["--case", "jax-1g-shm"] if self.args.quick else [])
         proc, _ = self.run(cmd, 1200, "prealloc", check=False)
-        for row in json_lines(proc.stdout_text):
-            if "error" in row:
-                self.error("prealloc", row["error"], case=row.get("case"))
+        rows = json_lines(proc.stdout_text)
+        for row in rows:
+            if "error" in row or row.get("ok") is False:
+                self.error("prealloc", row.get("error") or f"a check failed: {row}", case=row.get("case"))
             else:
                 self.record(dict(row, bench="prealloc"))
+        if proc.returncode != 0 and not rows:
+            self.error("prealloc", f"bench/prealloc_bench.py exited with {proc.returncode}: {proc.stderr_text[-800:]}")
 
     def part_peer(self):
         """A copy of 1 GiB from GPU 0 to GPU 1 without and with peer access (bench/peer_copy.cpp), native and

@@ -6,6 +6,7 @@
 // (docs/reliability.md, "Chaos, whole process").
 #include <sys/mount.h>
 
+#include <algorithm>
 #include <atomic>
 #include <random>
 
@@ -121,7 +122,8 @@ class process_chaos_round {
     argv.insert(argv.end(), args.begin(), args.end());
     background_process p(argv, {}, /*stderr_too=*/true);  // its messages in a failure's, not in the test's log
     const int fate = chaos ? static_cast<int>(rng_() % 20) : 19;
-    history_ += (history_.empty() ? "" : ", ") + args[0] +
+    const bool pre_copy = std::find(args.begin(), args.end(), "--pre-copy") != args.end();
+    history_ += (history_.empty() ? "" : ", ") + args[0] + (pre_copy ? " --pre-copy" : "") +
                 (fate < 5    ? " (tool killed)"
                  : fate < 9  ? " (CRIU killed)"
                  : fate < 10 ? " (program killed)"
@@ -171,6 +173,7 @@ class process_chaos_round {
     const bool leave_running = !chaos || rng_() % 2 == 0;
     std::vector<std::string> args{"dump", std::to_string(t_->pid), "--process", "-o", image.string()};
     if (leave_running) args.push_back("--leave-running");
+    if (chaos && rng_() % 3 == 0) args.push_back("--pre-copy");  // a dump while it runs, then the stop
     const auto r = tool_with_fate(args, chaos);
     if (!chaos && r.exit_code != 0) return fail("the first dump, left alone, failed: " + describe(r));
     if (r.exit_code == 0) {

@@ -204,7 +204,7 @@ TEST_CASE("chain: a missing, changed or broken parent is refused, naming it and 
     fs::rename(s / "full", s / "elsewhere");
     const std::string e = open_error(s / "inc");
     CHECK_THAT(e, Contains((s / "inc").string() + ": its parent " + (s / "full").string()));
-    CHECK_THAT(e, Contains("is missing: no image at " + (s / "full").string()));
+    CHECK_THAT(e, Contains("is missing: it is not at " + (s / "full").string()));
   }
   SECTION("missing, with the same name as the child: the child is not taken for its own parent") {
     fs::create_directories(s / "a");
@@ -213,9 +213,21 @@ TEST_CASE("chain: a missing, changed or broken parent is refused, naming it and 
     write(s / "b" / "x", v1, s / "a" / "x");
     fs::rename(s / "a" / "x", s / "a" / "gone");
     const std::string e = open_error(s / "b" / "x");
-    CHECK_THAT(e, Contains("is missing: no image at " + (s / "a" / "x").string()));
+    CHECK_THAT(e, Contains("is missing: it is not at " + (s / "a" / "x").string()));
     const img::parent_ref ref{"", 0, (s / "a" / "x").string()};
     CHECK(img::parent_candidates(s / "b" / "x", ref) == std::vector<fs::path>{(s / "a" / "x").lexically_normal()});
+  }
+  SECTION("missing where it was recorded, and another image of its name beside the child: not taken, named") {
+    fs::create_directories(s / "a");
+    fs::create_directories(s / "b");
+    write(s / "a" / "p", v0);
+    write(s / "b" / "x", v1, s / "a" / "p");
+    write(s / "b" / "p", v0);  // the same bytes, another image
+    fs::rename(s / "a" / "p", s / "a" / "gone");
+    const std::string e = open_error(s / "b" / "x");
+    CHECK_THAT(e, Contains("is missing: it is not at " + (s / "a" / "p").string() + ", " + (s / "b" / "p").string() +
+                           " (image "));
+    CHECK_THAT(e, Contains(", another)"));
   }
   SECTION("changed: another image under its name") {
     fs::remove_all(s / "full");

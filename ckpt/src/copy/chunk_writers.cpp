@@ -114,10 +114,14 @@ void chunk_writers::write_parked(std::uint32_t file, std::vector<parked_chunk>& 
   parked.clear();
 }
 
-void chunk_writers::pace::saw(double& rate, std::uint64_t bytes, double seconds) {
+void chunk_writers::pace::rate::saw(std::uint64_t b, double s) {
+  bytes += b;
+  seconds += s;
   if (bytes < (1u << 20) || seconds <= 0) return;
   const double now = static_cast<double>(bytes) / seconds;
-  rate = rate == 0 ? now : (rate + now) / 2;
+  per_s = per_s == 0 ? now : (per_s + now) / 2;
+  bytes = 0;
+  seconds = 0;
 }
 
 void chunk_writers::park_or_write(std::uint32_t file, std::size_t c, std::size_t b, std::vector<parked_chunk>& parked,
@@ -126,10 +130,12 @@ void chunk_writers::park_or_write(std::uint32_t file, std::size_t c, std::size_t
   // A chunk after a parked one is parked too, or written after it: a data file holds its extents in manifest
   // order.
   const std::uint64_t bytes = buffer != nullptr ? job_.handoff.runs->bytes_of(c) : 0;
-  if (job_.handoff.reserve_parking(bytes, !parked.empty(), pace.parking_pays())) {
+  // Once it parks, a writer goes on parking while the budget allows: to stop would write what it parked
+  // while the program waits.
+  if (job_.handoff.reserve_parking(bytes, !parked.empty(), pace.parking_pays() || !parked.empty())) {
     const auto start = clock::now();
     if (auto p = copy_to_host(c, buffer)) {
-      pace::saw(pace.park, bytes, std::chrono::duration<double>(clock::now() - start).count());
+      pace.park.saw(bytes, std::chrono::duration<double>(clock::now() - start).count());
       parked.push_back(std::move(*p));
       if (buffer != nullptr) job_.handoff.written_chunk(b, 0);  // its buffer is free again
       return;
@@ -139,7 +145,7 @@ void chunk_writers::park_or_write(std::uint32_t file, std::size_t c, std::size_t
   write_parked(file, parked, unchanged);
   const auto start = clock::now();
   const std::uint64_t stored = write_chunk(file, c, buffer, unchanged);
-  pace::saw(pace.write, bytes, std::chrono::duration<double>(clock::now() - start).count());
+  pace.write.saw(bytes, std::chrono::duration<double>(clock::now() - start).count());
   written(b, stored);
 }
 

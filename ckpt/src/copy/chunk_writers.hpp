@@ -60,11 +60,17 @@ class chunk_writers {
   // half its parks (before it has parked: slower than first_park_below).
   struct pace {
     static constexpr double first_park_below = 1e9;
-    double write = 0;
-    double park = 0;
-    bool parking_pays() const { return write > 0 && write < (park > 0 ? park / 2 : first_park_below); }
-    // A write or a park of `bytes` took `seconds`: `rate` follows (small chunks say little).
-    static void saw(double& rate, std::uint64_t bytes, double seconds);
+    // Bytes a second, from samples of at least a MiB (small chunks are added up until they make one).
+    struct rate {
+      double per_s = 0;
+      std::uint64_t bytes = 0;
+      double seconds = 0;
+      void saw(std::uint64_t b, double s);
+    };
+    rate write, park;
+    bool parking_pays() const {
+      return write.per_s > 0 && write.per_s < (park.per_s > 0 ? park.per_s / 2 : first_park_below);
+    }
   };
   void write_file(std::uint32_t file);
   // Chunk c's bytes from `buffer` (its staging buffer or its parked copy; null: not copied).

@@ -29,8 +29,7 @@ std::vector<std::filesystem::path> parent_candidates(const std::filesystem::path
 std::optional<manifest> peek_manifest(const std::filesystem::path& dir) {
   std::error_code ignored;
   const auto manifest_path = dir / std::string(detail::manifest_name);
-  if (std::filesystem::is_symlink(dir, ignored) || !std::filesystem::is_regular_file(manifest_path, ignored))
-    return std::nullopt;
+  if (!std::filesystem::is_regular_file(manifest_path, ignored)) return std::nullopt;
   if (std::filesystem::file_size(manifest_path, ignored) > detail::max_manifest_bytes) return std::nullopt;
   std::ifstream in(manifest_path, std::ios::binary);
   std::stringstream text;

@@ -25,12 +25,6 @@ namespace {
 using detail::errno_text;
 using detail::fail;
 
-// The image in `dir` is the image `image_id` (its manifest says so; nothing else is read).
-bool holds_image(const std::filesystem::path& dir, const std::string& image_id) {
-  const auto m = peek_manifest(dir);
-  return m && m->image_id == image_id;
-}
-
 // Extents are read in pieces; from this size on, each piece is hashed on a helper thread while
 // the next is read (below it, starting the thread costs more than it saves).
 constexpr std::size_t read_piece = 8u << 20;
@@ -222,13 +216,17 @@ struct reader::impl {
     const auto candidates = parent_candidates(dir, ref);
     for (const auto& candidate : candidates) {
       std::error_code ec;
-      // The fallback beside the child is taken only if it is the parent: another image of that name there
-      // (a pre-copied part's own child, say) is no candidate, and is not opened.
-      const bool fallback = candidate != candidates.front();
-      if (!std::filesystem::exists(candidate / std::string(detail::manifest_name), ec) ||
-          (fallback && !holds_image(candidate, ref.image_id))) {
+      if (!std::filesystem::exists(candidate / std::string(detail::manifest_name), ec)) {
         looked += (looked.empty() ? "" : ", ") + candidate.string();
         continue;
+      }
+      // The fallback beside the child is taken only if it is the parent: another image of that name there
+      // (a pre-copied part's own child, say) is not opened. One that cannot be read is, and says why.
+      if (candidate != candidates.front()) {
+        if (const auto m = peek_manifest(candidate); m && m->image_id != ref.image_id) {
+          looked += (looked.empty() ? "" : ", ") + candidate.string() + " (image " + m->image_id + ", another)";
+          continue;
+        }
       }
       std::unique_ptr<reader> found;
       try {
@@ -253,7 +251,7 @@ struct reader::impl {
       children.pop_back();
       return;
     }
-    fail(me + ": " + wanted + " is missing: no image at " + looked +
+    fail(me + ": " + wanted + " is missing: it is not at " + looked +
          " (put it back there, or next to this image; `cuda-ckpt merge` makes a chain into a full image)");
   }
 
