@@ -19,6 +19,23 @@
 #include "vmmckpt/protocol/protocol.hpp"
 
 namespace vmmckpt::test {
+namespace {
+
+// An image of t (whose program ended with the dump at tick at_dump) verifies and restores; the program goes on
+// from there, and its still buffer is checked when it stops.
+void restore_goes_on(ticker_tree& t, const fs::path& image, std::uint64_t at_dump) {
+  CHECK(tool({"verify", image.string()}).exit_code == 0);
+  const auto restored = tool({"restore", image.string(), "--json"});
+  INFO(describe(restored));
+  REQUIRE(restored.exit_code == 0);
+  REQUIRE(t.goes_on({t.log}));
+  CHECK(last_tick(t.log) > at_dump);
+  t.stop({t.log});
+  CHECK(tick_problem(t.log).empty());
+  REQUIRE(wait_gone(t.pid));
+}
+
+}  // namespace
 
 TEST_CASE("a whole process tree killed after dump --process comes back with restore DIR and goes on", "[process]") {
   REQUIRE_CRIU();
@@ -134,15 +151,7 @@ TEST_CASE("dump --process --parent: GPU parts incremental on a whole-process ima
   // Moved together, the family keeps its chain: the child finds its parts' parents next to it.
   const fs::path moved = t.dir.path / "moved";
   fs::rename(family, moved);
-  CHECK(tool({"verify", (moved / "inc").string()}).exit_code == 0);
-  const auto restored = tool({"restore", (moved / "inc").string(), "--json"});
-  INFO(describe(restored));
-  REQUIRE(restored.exit_code == 0);
-  REQUIRE(t.goes_on({t.log}));
-  CHECK(last_tick(t.log) > at_dump);
-  t.stop({t.log});  // the still buffer is checked at the stop: the parent's blocks came back
-  CHECK(tick_problem(t.log).empty());
-  REQUIRE(wait_gone(t.pid));
+  restore_goes_on(t, moved / "inc", at_dump);  // the parent's blocks came back
 
   // Without its parent the child is refused, naming it, and nothing is started.
   fs::rename(moved / "full", t.dir.path / "elsewhere");
@@ -199,15 +208,7 @@ TEST_CASE("dump --process --pre-copy: the GPU parts dumped while the process run
   // Moved together, the family keeps both chains (part -> pre-copied part -> the parent's part).
   const fs::path moved = t.dir.path / "moved";
   fs::rename(family, moved);
-  CHECK(tool({"verify", (moved / "second").string()}).exit_code == 0);
-  const auto restored = tool({"restore", (moved / "second").string(), "--json"});
-  INFO(describe(restored));
-  REQUIRE(restored.exit_code == 0);
-  REQUIRE(t.goes_on({t.log}));
-  CHECK(last_tick(t.log) > at_dump);
-  t.stop({t.log});  // the still buffer is checked at the stop: it came back through both chains
-  CHECK(tick_problem(t.log).empty());
-  REQUIRE(wait_gone(t.pid));
+  restore_goes_on(t, moved / "second", at_dump);  // the still buffer came back through both chains
 
   // Without the parent image the pre-copied part's parent is missing, and that is what is said (the part
   // beside it of the parent's name is its own child, not its parent).

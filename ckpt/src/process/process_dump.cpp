@@ -132,6 +132,10 @@ class process_dump {
   void suspend_one(const tree_member& m, process_image::member& described);
   // The copy settings of m's dumps: incremental on its part in the parent image, if that has one.
   copy_settings copy_for(pid_t pid) const;
+  // The steps of an operation on pid called at `called` ("pre-copy", "suspend"), on this dump's clock: where
+  // the time of the GPU part went. Returns when its step "held" ended (-1: it had none).
+  double take_phases(const char* what, pid_t pid, clock::time_point called,
+                     const std::vector<std::pair<std::string, double>>& phases);
   void continue_stopped();
 
   const process_dump_options& o_;
@@ -214,6 +218,17 @@ copy_settings process_dump::copy_for(pid_t pid) const {
   return copy;
 }
 
+double process_dump::take_phases(const char* what, pid_t pid, clock::time_point called,
+                                 const std::vector<std::pair<std::string, double>>& phases) {
+  const double offset = std::chrono::duration<double>(called - start_).count();
+  double held = -1;
+  for (const auto& [step, at] : phases) {
+    r_.phases.emplace_back(std::string(what) + " " + std::to_string(pid) + " " + step, offset + at);
+    if (step == "held") held = offset + at;
+  }
+  return held;
+}
+
 void process_dump::pre_copy_one(const tree_member& m, process_image::member& described) {
   dump_options so;
   so.pid = m.pid;
@@ -223,9 +238,7 @@ void process_dump::pre_copy_one(const tree_member& m, process_image::member& des
   so.allow_partial = true;  // as its suspend: what the shim does not own, the driver checkpoints
   const auto called = clock::now();
   const auto r = dump(so, progress_);
-  const double offset = std::chrono::duration<double>(called - start_).count();
-  for (const auto& [step, at] : r.phases)
-    r_.phases.emplace_back("pre-copy " + std::to_string(m.pid) + " " + step, offset + at);
+  take_phases("pre-copy", m.pid, called, r.phases);
   described.pre_copy_image_id = r.manifest.image_id;
   d_.gpu_bytes += r.manifest.data_bytes;
   r_.pre_copy_bytes += r.manifest.data_bytes;
@@ -271,12 +284,8 @@ void process_dump::suspend_one(const tree_member& m, process_image::member& desc
     d_.created = s.manifest.created;
     d_.host = s.manifest.host;
   }
-  // The suspend's own steps, on this dump's clock: where the time of the GPU part went.
-  const double offset = std::chrono::duration<double>(called - start_).count();
-  for (const auto& [step, at] : s.phases) {
-    r_.phases.emplace_back("suspend " + std::to_string(m.pid) + " " + step, offset + at);
-    if (step == "held" && stopped_from_ < 0) stopped_from_ = offset + at;
-  }
+  if (const double held = take_phases("suspend", m.pid, called, s.phases); held >= 0 && stopped_from_ < 0)
+    stopped_from_ = held;
   d_.gpu_bytes += s.manifest.data_bytes;
   r_.held_bytes += s.manifest.data_bytes;
   described.image_id = s.manifest.image_id;
