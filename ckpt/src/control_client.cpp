@@ -265,7 +265,8 @@ control::hello_reply control_client::hello(bool prepare_hold) {
 }
 
 control::dump_begin_reply control_client::dump_begin(std::chrono::milliseconds hold_deadline, received_fds& fds,
-                                                     bool for_suspend) {
+                                                     bool for_suspend,
+                                                     const std::optional<control::job_suspend>& job) {
   std::vector<int> got;
   struct close_on_failure {
     std::vector<int>& fds;
@@ -278,7 +279,8 @@ control::dump_begin_reply control_client::dump_begin(std::chrono::milliseconds h
   // waits a little longer than that for it.
   deadline_ = std::max(deadline_, clock::now() + hold_deadline + std::chrono::seconds(5));
   auto reply = call<control::dump_begin_reply>(
-      control::dump_begin_request{hold_deadline, control::unix_ms_now() + hold_deadline.count(), for_suspend}, &got);
+      control::dump_begin_request{hold_deadline, control::unix_ms_now() + hold_deadline.count(), for_suspend, job},
+      &got);
   // More descriptors than one frame carries follow in fds frames.
   while (got.size() < reply.fd_count) {
     const std::string payload = receive(&got, remaining_ms());
@@ -319,10 +321,35 @@ control::suspend_reply control_client::suspend(const std::string& image, const s
       control::suspend_request{image, image_id, control::unix_ms_now() + remaining_ms()});
 }
 
-control::resume_reply control_client::resume(const progress_handler& progress, const std::string& image) {
-  return call<control::resume_reply>(
-      control::resume_request{control::unix_ms_now() + remaining_ms(), static_cast<bool>(progress), image}, nullptr,
-      progress);
+control::resume_reply control_client::resume(const progress_handler& progress, const std::string& image,
+                                             control::resume_request::stage stage,
+                                             const std::vector<std::int64_t>& ranks) {
+  return call<control::resume_reply>(control::resume_request{control::unix_ms_now() + remaining_ms(),
+                                                             static_cast<bool>(progress), image, stage, ranks},
+                                     nullptr, progress);
+}
+
+control::cut_status control_client::cut_arm(std::chrono::milliseconds hold_deadline) {
+  return call<control::cut_status>(control::cut_arm_request{hold_deadline, control::unix_ms_now() + remaining_ms()});
+}
+
+void control_client::cut_targets(const std::vector<control::comm_count>& targets) {
+  send(control::cut_targets_request{targets});
+}
+
+std::optional<control::cut_status> control_client::next_cut_status(int wait_ms) {
+  pollfd ready{fd_, POLLIN, 0};
+  if (::poll(&ready, 1, wait_ms) <= 0) return std::nullopt;
+  const std::string payload = receive(nullptr, remaining_ms());
+  try {
+    auto decoded = control::decode_reply<control::cut_status>(payload);
+    if (auto* refused = std::get_if<control::failure_reply>(&decoded))
+      throw control_error("process " + std::to_string(pid_) + ": " + refused->error, refused->code);
+    return std::get<control::cut_status>(std::move(decoded));
+  } catch (const control::decode_error& e) {
+    throw control_error("process " + std::to_string(pid_) + " sent a malformed cut status: " + e.what(),
+                        protocol::failure_kind::bad_frame);
+  }
 }
 
 control::check_reply control_client::check() { return call<control::check_reply>(control::check_request{}); }

@@ -26,6 +26,8 @@ dump_result dump(const dump_options& options, const progress_callback& progress)
   result.mark("prepared");
 
   pipeline.check_interrupted();
+  if (options.before_hold) options.before_hold();
+  result.mark("cut");
   if (progress) progress({copy_progress::stage::holding});
   received_fds fds;
   // Ctrl-C while the program drains, or while dump_end is answered: the connection closes, and the
@@ -51,6 +53,7 @@ dump_result dump(const dump_options& options, const progress_callback& progress)
   const copy_outcome copied = pipeline.copy(
       m, [&](std::uint64_t addr, std::uint64_t size) { return memory.mapped(addr, size); },
       [&] {
+        if (options.before_release) options.before_release();
         try {
           result.hold_ms = static_cast<double>(s.client().dump_end().held_us) / 1000.0;
         } catch (const control_error& e) {

@@ -8,7 +8,8 @@
 namespace vmmckpt::ckpt {
 
 resume_result request_resume(pid_t pid, const std::filesystem::path& image, const progress_callback& progress,
-                             const char* verb, std::filesystem::path* recorded) {
+                             const char* verb, std::filesystem::path* recorded, control::resume_request::stage stage,
+                             const std::vector<std::int64_t>& ranks) {
   // A long wait: tens of GiB from a slow disk take minutes.
   session s(pid, session::expect::suspended, verb, std::chrono::steady_clock::now() + std::chrono::minutes(10));
   if (recorded != nullptr) *recorded = s.hello().image;
@@ -17,7 +18,7 @@ resume_result request_resume(pid_t pid, const std::filesystem::path& image, cons
     loading = [&](const control::progress_frame& f) {
       progress({copy_progress::stage::loading, f.bytes_done, f.bytes_total, 0});
     };
-  const auto r = s.client().resume(loading, image.string());
+  const auto r = s.client().resume(loading, image.string(), stage, ranks);
   return {r.bytes, r.seconds, r.image};
 }
 

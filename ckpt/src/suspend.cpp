@@ -55,6 +55,9 @@ std::optional<control::suspend_reply> request_suspend(session& s, const suspend_
             "released and goes on, not suspended");
       throw;
     }
+    // No answer from a job's rank: the job's claim is accepted, and the rank suspends itself when it learns that
+    // its tool is gone (docs/job-checkpoint.md); its own claim must not be withdrawn under it.
+    if (options.job) return std::nullopt;
     // No answer: whether the program took the request is settled by the claim, not guessed.
     if (suspend_claim::take(image, suspend_claim::cancelled)) {
       remove_image(options.output);
@@ -100,10 +103,19 @@ suspend_result suspend(const suspend_options& options, const progress_callback& 
   result.mark("prepared");
 
   pipeline.check_interrupted();
+  if (options.before_hold) options.before_hold();
+  result.mark("cut");
   if (progress) progress({copy_progress::stage::holding});
   received_fds fds;
   s.client().while_waiting([&] { pipeline.check_interrupted(); });  // Ctrl-C while the program drains
-  auto held = s.client().dump_begin(hold_budget(s, options.hold_deadline), fds, /*for_suspend=*/true);
+  // A job's rank learns with its hold where its image will be: should its tool go away once the job's suspend is
+  // decided, it suspends itself on that image.
+  std::optional<control::job_suspend> job = options.job;
+  if (job) {
+    job->image = image;
+    job->image_id = pipeline.writer().image_id();
+  }
+  auto held = s.client().dump_begin(hold_budget(s, options.hold_deadline), fds, /*for_suspend=*/true, job);
   s.client().while_waiting({});  // from the suspend request on, an interrupt must not abandon the answer
   fault_point("held");
   result.mark("held");
@@ -136,7 +148,8 @@ suspend_result suspend(const suspend_options& options, const progress_callback& 
   // The last moment an interrupt undoes the suspend: no request is out, so nobody depends on the image.
   try {
     pipeline.check_interrupted();
-  } catch (const interrupted&) {
+    if (options.before_suspend) options.before_suspend(m.image_id);
+  } catch (...) {
     remove_image(options.output);
     throw;
   }

@@ -35,6 +35,9 @@ std::string reencode_reply(control::op o, const std::string& payload) {
     case control::op::vmm_identify:
     case control::op::vmm_share: return control::encode(decode_ok<control::vmm_share_reply>(payload));
     case control::op::vmm_unshare: return control::encode(decode_ok<control::vmm_unshare_reply>(payload));
+    case control::op::cut_arm:
+    case control::op::cut_targets:
+    case control::op::cut_release: return control::encode(decode_ok<control::cut_status>(payload));
   }
   return {};
 }

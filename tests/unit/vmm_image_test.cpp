@@ -258,9 +258,11 @@ TEST_CASE("vmm registry: an identified import is in the layout and not lacking; 
   REQUIRE(r.reserve(0, 2 * MiB, 0, 0, b) == vmm_status::ok);
   vmm_import origin = sample_import();
   origin.addr = origin.size = origin.offset = 0;
-  r.add_import(0x7f00000a0000, origin);
+  const std::uint64_t token = r.add_import(0x7f00000a0000, origin);
+  CHECK(looks_like_import_token(token));  // the program holds this, not the driver's handle
+  CHECK(r.driver_value(token) == 0x7f00000a0000);
   r.add_not_owned(0x7f00000b0000, vmm_not_owned_kind::imported, 0);  // its exporter did not say
-  REQUIRE(r.map(a, 4 * MiB, 2 * MiB, 0x7f00000a0000) == vmm_status::ok);
+  REQUIRE(r.map(a, 4 * MiB, 2 * MiB, token) == vmm_status::ok);
   REQUIRE(r.map(b, 2 * MiB, 0, 0x7f00000b0000) == vmm_status::ok);
   const vmm_access rw{1, 0, 3};
   r.set_access(a, 6 * MiB, std::span(&rw, 1));
@@ -281,7 +283,7 @@ TEST_CASE("vmm registry: an identified import is in the layout and not lacking; 
   std::vector<std::uint64_t> released;
   r.unmap(a, 4 * MiB, released);
   CHECK(r.take_dropped_imports().empty());  // still referenced
-  r.release_not_owned(0x7f00000a0000);
+  r.release_not_owned(token);
   const auto dropped = r.take_dropped_imports();
   REQUIRE(dropped.size() == 1);
   CHECK(dropped[0].token == (vmm_token_tag | 7));

@@ -34,15 +34,32 @@ CLI::Option* add_hold_deadline(CLI::App* command, std::chrono::seconds& hold_dea
       ->type_name("INT");
 }
 
-void add_pid(CLI::App* command, pid_t& pid, const std::string& what) {
+void add_pid(CLI::App* command, pid_t& pid, const std::string& what, const CLI::Option* instead) {
   auto* positional = command->add_option("pid", pid, what + "; or -t PID")->check(process_id)->type_name("PID");
   auto* flag = command->add_option("-t,--pid", pid, "The same, as CRIU and cuda-checkpoint spell it")
                    ->check(process_id)
                    ->type_name("PID");
-  command->parse_complete_callback([positional, flag] {
-    if (positional->count() + flag->count() == 0) throw CLI::RequiredError("a process: PID, or -t PID");
-    if (positional->count() + flag->count() > 1) throw CLI::ValidationError("one process: PID, or -t PID, not both");
+  command->parse_complete_callback([positional, flag, instead] {
+    const std::size_t given = positional->count() + flag->count();
+    if (instead != nullptr && instead->count() > 0) {
+      if (given > 0) throw CLI::ValidationError("--ranks names the job's processes: no PID besides");
+      return;
+    }
+    if (given == 0) throw CLI::RequiredError("a process: PID, or -t PID");
+    if (given > 1) throw CLI::ValidationError("one process: PID, or -t PID, not both");
   });
+}
+
+const CLI::Option* add_job(CLI::App* command, job_command_options& o, const std::string& what) {
+  command->add_flag("--job", o.job,
+                    what + " the whole multi-rank job PID belongs to: every process under vmmckpt in PID's tree "
+                           "(PID: the launcher, torchrun or mpirun or a Slurm step), brought to one point of the "
+                           "job first (docs/job-checkpoint.md)");
+  return command
+      ->add_option("--ranks", o.ranks, "The job's processes, named (PID,PID,...), instead of a launcher")
+      ->delimiter(',')
+      ->check(process_id)
+      ->type_name("PID,...");
 }
 
 CLI::Option* add_image(CLI::App* command, std::string& path) {
@@ -51,7 +68,8 @@ CLI::Option* add_image(CLI::App* command, std::string& path) {
 
 void add_held_image(CLI::App* command, held_image_options& o, const std::string& output_help,
                     const std::string& deadline_help) {
-  add_pid(command, o.pid, "The process (running under vmmckpt)");
+  const CLI::Option* ranks = add_job(command, o, command->get_name() == "dump" ? "Dump" : "Suspend");
+  add_pid(command, o.pid, "The process (running under vmmckpt)", ranks);
   command->add_option("-o,--output,-D", o.output, output_help)->type_name("DIR");
   command->add_flag("--json", o.json, "Print the result as JSON");
   add_hold_deadline(command, o.hold_deadline, deadline_help);

@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <string>
+#include <vector>
 
 namespace vmmckpt::tools {
 
@@ -18,11 +19,22 @@ extern const CLI::Validator process_id;
 CLI::Option* add_hold_deadline(CLI::App* command, std::chrono::seconds& hold_deadline, const std::string& help);
 
 // The process of dump, suspend, resume and check: a positional, or -t/--pid as CRIU and NVIDIA's
-// cuda-checkpoint spell it; one of the two, each listed once in the help.
-void add_pid(CLI::App* command, pid_t& pid, const std::string& what);
+// cuda-checkpoint spell it; one of the two, each listed once in the help. Not needed when `instead` was given
+// (a job's --ranks).
+void add_pid(CLI::App* command, pid_t& pid, const std::string& what, const CLI::Option* instead = nullptr);
+
+// A whole job (docs/job-checkpoint.md): --job, the process being its launcher (or any process of it: its tree is
+// the job), or --ranks naming its processes.
+struct job_command_options {
+  bool job = false;
+  std::vector<pid_t> ranks;
+  bool whole_job() const { return job || !ranks.empty(); }
+};
+// Registers --job and --ranks; returns --ranks, which stands for the process argument.
+const CLI::Option* add_job(CLI::App* command, job_command_options& o, const std::string& what);
 
 // What every command that holds a program and writes its image takes (dump, suspend).
-struct held_image_options {
+struct held_image_options : job_command_options {
   pid_t pid = 0;
   std::string output;  // empty: the command's default place
   bool json = false;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cli_options.hpp"
+#include "vmmckpt/ckpt/dump.hpp"
 #include "vmmckpt/image/image.hpp"
 
 namespace CLI {
@@ -78,6 +79,10 @@ struct suspend_command_options : held_image_options {
 };
 int suspend_command(const suspend_command_options& options);
 int resume_command(pid_t pid, bool json);
+// A whole job (job_commands.cpp): --job PID or --ranks.
+int dump_job_command(const dump_command_options& options, const ckpt::copy_settings& copy);
+int suspend_job_command(const suspend_command_options& options, const ckpt::copy_settings& copy);
+int resume_job_command(const job_command_options& job, pid_t pid, bool json);
 
 int inspect_command(const std::string& image, bool json);
 int gc_command(const std::vector<std::string>& dirs, bool dry_run, bool json);

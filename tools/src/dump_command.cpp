@@ -251,6 +251,12 @@ int dump_command(const dump_command_options& o) {
   options.hold_deadline = o.hold_deadline;
 
   options.copy.interrupt = &catch_interrupts();
+  if (o.whole_job()) {
+    if (o.every_s > 0 || !o.parent.empty())
+      return report_failure("dump", o.json, "--every and --parent do not apply to a job's dump (--job, --ranks)",
+                            exit_usage);
+    return dump_job_command(o, options.copy);
+  }
   if (o.every_s > 0) return dump_series(o, options);
 
   progress_line line("dump", !o.json);
@@ -355,7 +361,15 @@ subcommand add_dump(CLI::App& app) {
       "`cuda-ckpt resume PID` brings the process back from whatever state it was left in. The time the process\n"
       "was stopped is reported. With --pre-copy each GPU part is dumped first while the process runs\n"
       "(DIR/gpu/PID.pre) and DIR/gpu/PID holds only the blocks changed since.\n"
-      "CRIU: $VMMCKPT_CRIU, else criu on PATH (scripts/provision-criu.sh).");
+      "CRIU: $VMMCKPT_CRIU, else criu on PATH (scripts/provision-criu.sh).\n"
+      "\n"
+      "Whole job: cuda-ckpt dump --job PID -o DIR   (or --ranks PID,PID,...)\n"
+      "Every process under vmmckpt in PID's tree (PID: torchrun, mpirun, a Slurm step) is brought to one point\n"
+      "of the job first: each NCCL call waits once the process has issued as many operations on each\n"
+      "communicator as the rank furthest on, so no collective is left half issued. Then every rank is held and\n"
+      "copied out as above, and all are released together once every rank's bytes are safe. DIR holds job.json\n"
+      "and one image per rank (DIR/PID). A rank that does not reach the cut within --deadline is named, with\n"
+      "where it was, and every rank goes on. With --process, the whole job through CRIU (docs/job-checkpoint.md).");
 
   return {command, [o] { return dump_command(*o); }};
 }

@@ -38,6 +38,12 @@ int suspend_command(const suspend_command_options& o) {
     options.output = o.output;
   }
   options.copy.interrupt = &catch_interrupts();
+  if (o.whole_job()) {
+    if (!o.parent.empty())
+      return report_failure("suspend", o.json, "--parent does not apply to a job's suspend (--job, --ranks)",
+                            exit_usage);
+    return suspend_job_command(o, options.copy);
+  }
   progress_line line("suspend", !o.json);
   const auto r = ckpt::suspend(options, line.callback());
   line.finish();
@@ -141,25 +147,32 @@ subcommand add_suspend(CLI::App& app) {
       "wait until resume; its CUDA context stays on the GPU. Interrupted (Ctrl-C, SIGTERM) before the\n"
       "program took the image, the suspend is undone: the image is removed and the program goes on.\n"
       "A process with device memory vmmckpt does not own is refused with exit status 3 unless\n"
-      "--allow-partial is given.");
+      "--allow-partial is given.\n"
+      "Whole job: cuda-ckpt suspend --job PID (or --ranks PID,...): the job's ranks are brought to one point\n"
+      "(see dump --help), each writes its image into DIR/PID (default /dev/shm/vmmckpt-UID/job-PID-TIME), and\n"
+      "only once all are complete does every rank free its GPU memory, the memory it maps of the other ranks\n"
+      "first: all of them or none. `cuda-ckpt resume --job PID` brings the job back.");
 
   return {command, [o] { return suspend_command(*o); }};
 }
 
 subcommand add_resume(CLI::App& app) {
-  struct options {
+  struct options : job_command_options {
     pid_t pid = 0;
     bool json = false;
   };
   auto o = std::make_shared<options>();
   auto* command = app.add_subcommand("resume", "Give a suspended process its GPU memory back and let it go on");
-  add_pid(command, o->pid, "The suspended process");
+  const CLI::Option* ranks = add_job(command, *o, "Resume");
+  add_pid(command, o->pid, "The suspended process", ranks);
   command->add_flag("--json", o->json, "Print the result as JSON");
   command->footer("A resume that cannot complete (not enough GPU memory, a damaged image) leaves the process\n"
                   "suspended with its image intact; it can be tried again. On a terminal a progress line shows\n"
                   "the program loading its image.");
 
-  return {command, [o] { return resume_command(o->pid, o->json); }};
+  return {command, [o] {
+            return o->whole_job() ? resume_job_command(*o, o->pid, o->json) : resume_command(o->pid, o->json);
+          }};
 }
 
 }  // namespace vmmckpt::tools

@@ -318,17 +318,69 @@ void vmm_registry::set_access(std::uint64_t addr, std::uint64_t size, std::span<
 // ---- memory that passes through --------------------------------------------------------------------
 
 void vmm_registry::add_not_owned(std::uint64_t real, vmm_not_owned_kind kind, std::uint64_t size) {
-  auto [it, added] = not_owned_.try_emplace(real, not_owned_record{kind, size, 1, 0, std::nullopt});
+  auto [it, added] = not_owned_.try_emplace(real, not_owned_record{kind, size, 1, 0, std::nullopt, real});
   if (!added) ++it->second.refs;  // the driver hands out the same value again for a second import
 }
 
-void vmm_registry::add_import(std::uint64_t real, const vmm_import& origin) {
-  auto [it, added] =
-      not_owned_.try_emplace(real, not_owned_record{vmm_not_owned_kind::imported, origin.handle_size, 1, 0, origin});
-  if (!added) {
-    ++it->second.refs;
-    it->second.origin = origin;
+std::uint64_t vmm_registry::add_import(std::uint64_t real, const vmm_import& origin) {
+  if (const auto token = import_token_of(real)) {
+    not_owned_record& r = not_owned_.at(*token);
+    ++r.refs;
+    r.origin = origin;
+    return *token;
   }
+  const std::uint64_t token = vmm_import_token_tag | (next_import_counter_++ & vmm_token_counter_mask);
+  not_owned_.emplace(token, not_owned_record{vmm_not_owned_kind::imported, origin.handle_size, 1, 0, origin, real});
+  return token;
+}
+
+std::uint64_t vmm_registry::driver_value(std::uint64_t value) const {
+  if (!looks_like_import_token(value)) return value;
+  const auto it = not_owned_.find(value);
+  return it == not_owned_.end() ? 0 : it->second.real;
+}
+
+bool vmm_registry::knows_import(std::uint64_t token) const {
+  return looks_like_import_token(token) && not_owned_.count(token) == 1;
+}
+
+std::optional<std::uint64_t> vmm_registry::import_token_of(std::uint64_t real) const {
+  if (real == 0) return std::nullopt;
+  for (auto it = not_owned_.lower_bound(vmm_import_token_tag);
+       it != not_owned_.end() && looks_like_import_token(it->first); ++it)
+    if (it->second.real == real) return it->first;
+  return std::nullopt;
+}
+
+std::vector<vmm_registry::held_import> vmm_registry::identified_imports() const {
+  std::vector<held_import> out;
+  for (const auto& [token, r] : not_owned_)
+    if (r.origin && looks_like_import_token(token)) out.push_back({token, r.real, r.refs, *r.origin, {}});
+  for (const auto& [addr, m] : mappings_) {
+    if (m.owned || !looks_like_import_token(m.handle)) continue;
+    for (held_import& x : out)
+      if (x.token == m.handle) x.mappings.push_back(vmm_mapping{addr, m.size, m.handle, m.offset});
+  }
+  return out;
+}
+
+void vmm_registry::set_import_real(std::uint64_t token, std::uint64_t real, std::uint64_t exporter_start) {
+  const auto it = not_owned_.find(token);
+  if (it == not_owned_.end() || !looks_like_import_token(token)) return;
+  it->second.real = real;
+  if (exporter_start != 0 && it->second.origin) it->second.origin->exporter_start = exporter_start;
+}
+
+std::vector<vmm_access_range> vmm_registry::access_over(std::uint64_t addr, std::uint64_t size) const {
+  std::vector<vmm_access_range> out;
+  const std::uint64_t end = addr + size;
+  auto it = access_.upper_bound(addr);
+  if (it != access_.begin()) --it;
+  for (; it != access_.end() && it->first < end; ++it) {
+    const std::uint64_t from = std::max(addr, it->first), to = std::min(end, it->second.end);
+    if (from < to) out.push_back(vmm_access_range{from, to - from, it->second.access});
+  }
+  return out;
 }
 
 std::vector<vmm_import> vmm_registry::take_dropped_imports() {

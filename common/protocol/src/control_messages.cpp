@@ -91,6 +91,79 @@ std::variant<Reply, failure_reply> decode_reply_with(const std::string& payload,
   return decode(root);
 }
 
+ojson encode_pids(const std::vector<std::int64_t>& pids) {
+  ojson out = ojson::array();
+  for (const std::int64_t p : pids) out.push_back(p);
+  return out;
+}
+
+std::vector<std::int64_t> decode_pids(const json& root, const std::string& path, const char* name) {
+  std::vector<std::int64_t> out;
+  const json& list = array_of(root, path, name);
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    const std::string p = index(join(path, name), i);
+    if (!list[i].is_number_integer() || list[i].get<std::int64_t>() <= 0) throw decode_error(p + ": expected a pid");
+    out.push_back(list[i].get<std::int64_t>());
+  }
+  return out;
+}
+
+ojson encode_peer_counts(const std::vector<peer_count>& counts) {
+  ojson out = ojson::array();
+  for (const auto& c : counts) {
+    ojson cj;
+    cj["peer"] = c.peer;
+    cj["count"] = c.count;
+    out.push_back(std::move(cj));
+  }
+  return out;
+}
+
+std::vector<peer_count> decode_peer_counts(const json& root, const std::string& path, const char* name) {
+  std::vector<peer_count> out;
+  for_each_object(root, path, name, [&](const json& c, const std::string& p) {
+    const int peer = int_of(c, p, "peer");
+    if (peer < 0) throw decode_error(join(p, "peer") + ": negative");
+    if (!out.empty() && out.back().peer >= peer) throw decode_error(join(p, "peer") + ": not in ascending order");
+    out.push_back({peer, u64_of(c, p, "count")});
+  });
+  return out;
+}
+
+ojson encode_comm_counts(const std::vector<comm_count>& comms) {
+  ojson out = ojson::array();
+  for (const auto& c : comms) {
+    ojson cj;
+    cj["id"] = hex(c.id);
+    cj["rank"] = c.rank;
+    cj["size"] = c.size;
+    cj["ops"] = c.ops;
+    cj["sends"] = encode_peer_counts(c.sends);
+    cj["recvs"] = encode_peer_counts(c.recvs);
+    out.push_back(std::move(cj));
+  }
+  return out;
+}
+
+std::vector<comm_count> decode_comm_counts(const json& root, const char* name) {
+  std::vector<comm_count> out;
+  for_each_object(root, "", name, [&](const json& c, const std::string& p) {
+    comm_count cc;
+    cc.id = address_of(c, p, "id");
+    cc.rank = int_of(c, p, "rank");
+    cc.size = int_of(c, p, "size");
+    if (cc.rank < 0 || cc.size < 0) throw decode_error(p + ": negative rank or size");
+    cc.ops = u64_of(c, p, "ops");
+    cc.sends = decode_peer_counts(c, p, "sends");
+    cc.recvs = decode_peer_counts(c, p, "recvs");
+    out.push_back(std::move(cc));
+  });
+  return out;
+}
+
+constexpr std::pair<resume_request::stage, const char*> resume_stages[] = {
+    {resume_request::stage::load, "load"}, {resume_request::stage::finish, "finish"}};
+
 hello_reply decode_hello(const json& root) {
   hello_reply r;
   r.protocol = u32_of(root, "", "protocol");
@@ -180,6 +253,9 @@ std::string_view name_of(op o) {
     case op::vmm_identify: return "vmm_identify";
     case op::vmm_share: return "vmm_share";
     case op::vmm_unshare: return "vmm_unshare";
+    case op::cut_arm: return "cut_arm";
+    case op::cut_targets: return "cut_targets";
+    case op::cut_release: return "cut_release";
   }
   return "?";
 }
@@ -238,6 +314,14 @@ std::string encode(const request& r) {
           j["hold_deadline_ms"] = req.hold_deadline.count();
           j["valid_until_ms"] = req.valid_until_ms;
           j["purpose"] = req.for_suspend ? "suspend" : "dump";
+          if (req.job) {
+            ojson job;
+            job["dir"] = req.job->dir;
+            job["image"] = req.job->image;
+            job["image_id"] = req.job->image_id;
+            job["ranks"] = encode_pids(req.job->ranks);
+            j["job"] = std::move(job);
+          }
         } else if constexpr (std::is_same_v<T, dump_end_request>) {
           j["op"] = name_of(op::dump_end);
         } else if constexpr (std::is_same_v<T, suspend_request>) {
@@ -250,6 +334,18 @@ std::string encode(const request& r) {
           j["valid_until_ms"] = req.valid_until_ms;
           if (req.progress) j["progress"] = true;
           if (!req.image.empty()) j["image"] = req.image;
+          for (const auto& [stage, name] : resume_stages)
+            if (req.step == stage) j["stage"] = name;
+          if (!req.ranks.empty()) j["ranks"] = encode_pids(req.ranks);
+        } else if constexpr (std::is_same_v<T, cut_arm_request>) {
+          j["op"] = name_of(op::cut_arm);
+          j["hold_deadline_ms"] = req.hold_deadline.count();
+          j["valid_until_ms"] = req.valid_until_ms;
+        } else if constexpr (std::is_same_v<T, cut_targets_request>) {
+          j["op"] = name_of(op::cut_targets);
+          j["targets"] = encode_comm_counts(req.targets);
+        } else if constexpr (std::is_same_v<T, cut_release_request>) {
+          j["op"] = name_of(op::cut_release);
         } else if constexpr (std::is_same_v<T, ipc_open_request> || std::is_same_v<T, ipc_close_request>) {
           j["op"] = name_of(std::is_same_v<T, ipc_open_request> ? op::ipc_open : op::ipc_close);
           j["base"] = hex(req.base);
@@ -400,6 +496,17 @@ std::string encode(const vmm_share_reply& r) {
 
 std::string encode(const vmm_unshare_reply&) { return dump(success()); }
 
+std::string encode(const cut_status& r) {
+  ojson j = success();
+  j["op"] = "cut_status";
+  j["armed"] = r.armed;
+  j["waiting"] = r.waiting;
+  j["in_flight"] = r.in_flight;
+  j["where"] = r.where;
+  j["comms"] = encode_comm_counts(r.comms);
+  return dump(j);
+}
+
 std::string encode(const failure_reply& r) {
   ojson j;
   j["ok"] = false;
@@ -431,6 +538,12 @@ std::variant<request, failure_reply> decode_request(const std::string& payload) 
           throw decode_error("purpose: unknown value \"" + printable(purpose) + "\"");
         r.for_suspend = purpose == "suspend";
       }
+      if (const json* job = optional_field(root, "job")) {
+        object_at(*job, "job");
+        r.job = job_suspend{string_of(*job, "job", "dir"), string_of(*job, "job", "image"),
+                            string_of(*job, "job", "image_id"), decode_pids(*job, "job", "ranks")};
+        if (!r.for_suspend) throw decode_error("job: only with the purpose \"suspend\"");
+      }
       return request{r};
     }
     if (name == name_of(op::dump_end)) return request{dump_end_request{}};
@@ -445,6 +558,17 @@ std::variant<request, failure_reply> decode_request(const std::string& payload) 
         r.progress = it->get<bool>();
       }
       if (root.contains("image")) r.image = string_of(root, "", "image");
+      if (root.contains("stage")) {
+        const std::string stage = string_of(root, "", "stage");
+        bool known = false;
+        for (const auto& [value, name] : resume_stages)
+          if (stage == name) {
+            r.step = value;
+            known = true;
+          }
+        if (!known) throw decode_error("stage: unknown value \"" + printable(stage) + "\"");
+      }
+      if (root.contains("ranks")) r.ranks = decode_pids(root, "", "ranks");
       return request{r};
     }
     if (name == name_of(op::check)) return request{check_request{}};
@@ -455,6 +579,11 @@ std::variant<request, failure_reply> decode_request(const std::string& payload) 
     if (name == name_of(op::vmm_identify)) return request{vmm_identify_request{}};
     if (name == name_of(op::vmm_share)) return request{vmm_share_request{address_of(root, "", "token")}};
     if (name == name_of(op::vmm_unshare)) return request{vmm_unshare_request{address_of(root, "", "token")}};
+    if (name == name_of(op::cut_arm))
+      return request{cut_arm_request{std::chrono::milliseconds(int_of(root, "", "hold_deadline_ms")),
+                                     i64_of(root, "", "valid_until_ms")}};
+    if (name == name_of(op::cut_targets)) return request{cut_targets_request{decode_comm_counts(root, "targets")}};
+    if (name == name_of(op::cut_release)) return request{cut_release_request{}};
     return failure_reply{refusal::unknown_op, "unknown op '" + printable(name) + "'"};
   } catch (const decode_error& e) {
     return failure_reply{refusal::bad_request, std::string("malformed request: ") + e.what()};
@@ -520,6 +649,20 @@ std::variant<vmm_share_reply, failure_reply> decode_reply<vmm_share_reply>(const
 template <>
 std::variant<vmm_unshare_reply, failure_reply> decode_reply<vmm_unshare_reply>(const std::string& payload) {
   return decode_reply_with<vmm_unshare_reply>(payload, [](const json&) { return vmm_unshare_reply{}; });
+}
+
+template <>
+std::variant<cut_status, failure_reply> decode_reply<cut_status>(const std::string& payload) {
+  return decode_reply_with<cut_status>(payload, [](const json& root) {
+    if (string_of(root, "", "op") != "cut_status") throw decode_error("op: expected \"cut_status\"");
+    cut_status r;
+    r.armed = bool_of(root, "", "armed");
+    r.waiting = int_of(root, "", "waiting");
+    r.in_flight = int_of(root, "", "in_flight");
+    r.where = string_of(root, "", "where");
+    r.comms = decode_comm_counts(root, "comms");
+    return r;
+  });
 }
 
 fds_frame decode_fds_frame(const std::string& payload) {
@@ -634,16 +777,22 @@ std::vector<example> example_messages() {
   layout.mappings = {{0x300000000000, 20971520, handle.token, 0}};
   layout.access = {{0x300000000000, 20971520, {{1, 0, 3}}}};
   held.vmm = layout;
+  const comm_count cut_comm{0x5c1e8f0a3d2b4e71, 0, 2, 1207, {{1, 3}}, {{1, 3}}};
+  const comm_count cut_target{0x5c1e8f0a3d2b4e71, 0, 0, 1208, {{1, 3}}, {{1, 3}}};
   return {
       {op::hello, encode(request{hello_request{true}}), encode(hello)},
-      {op::dump_begin, encode(request{dump_begin_request{std::chrono::milliseconds(30'000), 1795430130000}}),
+      {op::dump_begin,
+       encode(request{dump_begin_request{std::chrono::milliseconds(30'000), 1795430130000, true,
+                                         job_suspend{"/images/job1", "/images/job1/4242",
+                                                     "0123456789abcdef0123456789abcdef", {4242, 4243}}}}),
        encode(held)},
       {op::dump_end, encode(request{dump_end_request{}}), encode(dump_end_reply{183000})},
       {op::suspend,
        encode(request{suspend_request{"/dev/shm/vmmckpt-1000/suspend-4242-20261123-101500",
                                       "0123456789abcdef0123456789abcdef", 1795430250000}}),
        encode(suspend_reply{8657043456, 6200000, {{0, 1107689472}}})},
-      {op::resume, encode(request{resume_request{1795431000000, true, "/images/job1/gpu/4242"}}),
+      {op::resume, encode(request{resume_request{1795431000000, true, "/images/job1/gpu/4242",
+                                                resume_request::stage::load, {4242, 4243}}}),
        encode(resume_reply{8593080320, 3.83, "/dev/shm/vmmckpt-1000/suspend-4242-20261123-101500"})},
       {op::check, encode(request{check_request{}}),
        encode(check_reply{false, {"device 0: block at 0x200000000000 has no physical memory"}})},
@@ -655,6 +804,11 @@ std::vector<example> example_messages() {
       {op::vmm_share, encode(request{vmm_share_request{vmm_token_tag | 7}}),
        encode(vmm_share_reply{vmm_token_tag | 7, 4194304, h200.uuid})},
       {op::vmm_unshare, encode(request{vmm_unshare_request{vmm_token_tag | 7}}), encode(vmm_unshare_reply{})},
+      {op::cut_arm, encode(request{cut_arm_request{std::chrono::milliseconds(60'000), 1795430130000}}),
+       encode(cut_status{true, 1, 0, "ncclAllReduce", {cut_comm}})},
+      {op::cut_targets, encode(request{cut_targets_request{{cut_target}}}),
+       encode(cut_status{true, 0, 1, "", {cut_comm}})},
+      {op::cut_release, encode(request{cut_release_request{}}), encode(cut_status{false, 0, 0, "", {cut_comm}})},
   };
 }
 

@@ -37,14 +37,22 @@ bool decode(const std::string& text, parties& out) noexcept {
   }
 }
 
-bool take(const std::string& image, const char* to) noexcept {
-  const int dir = ::open(image.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+namespace {
+
+bool rename_in(const std::string& where, const char* from, const char* to) noexcept {
+  const int dir = ::open(where.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (dir < 0) return false;
-  const bool won = ::renameat(dir, pending, dir, to) == 0;
+  const bool won = ::renameat(dir, from, dir, to) == 0;
   if (won) ::fsync(dir);
   ::close(dir);
   return won;
 }
+
+}  // namespace
+
+bool take(const std::string& image, const char* to) noexcept { return rename_in(image, pending, to); }
+
+bool take_job(const std::string& dir, const char* to) noexcept { return rename_in(dir, job_pending, to); }
 
 std::uint64_t start_time(pid_t pid) noexcept {
   char path[64];

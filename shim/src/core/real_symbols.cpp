@@ -47,13 +47,19 @@ const loaded_driver& load_driver() noexcept {
   return loaded;
 }
 
-int find_cudart(dl_phdr_info* info, size_t, void* out) {
+// The path of the first loaded library whose file name starts with `prefix`.
+struct library_search {
+  const char* prefix;
+  std::string path;
+};
+int find_library(dl_phdr_info* info, size_t, void* out) {
+  auto* search = static_cast<library_search*>(out);
   const char* name = info->dlpi_name;
   if (name == nullptr) return 0;
   const char* base = std::strrchr(name, '/');
   base = base ? base + 1 : name;
-  if (std::strncmp(base, "libcudart.so", 12) != 0) return 0;
-  *static_cast<std::string*>(out) = name;
+  if (std::strncmp(base, search->prefix, std::strlen(search->prefix)) != 0) return 0;
+  search->path = name;
   return 1;
 }
 
@@ -74,14 +80,15 @@ const driver_api* driver() noexcept {
 
 void* driver_library() noexcept { return load_driver().handle; }
 
-void* runtime_symbol::resolve() noexcept {
+void* library_symbol::resolve() noexcept {
   void* p = real_dlsym(RTLD_NEXT, name_);
   if (p == nullptr) {
     try {
-      std::string path;
-      dl_iterate_phdr(find_cudart, &path);
+      library_search search{library_, {}};
+      dl_iterate_phdr(find_library, &search);
+      const std::string& path = search.path;
       if (!path.empty()) {
-        // RTLD_NOLOAD: only a libcudart the program already has; never load one.
+        // RTLD_NOLOAD: only a library the program already has; never load one.
         if (void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD)) {
           p = real_dlsym(handle, name_);
           dlclose(handle);

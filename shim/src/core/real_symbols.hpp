@@ -17,12 +17,12 @@ void* driver_library() noexcept;
 // glibc's dlsym, bypassing the shim's own.
 void* real_dlsym(void* handle, const char* name) noexcept;
 
-// A runtime (libcudart) function, looked up when first needed: libcudart may
-// be loaded after the shim, and privately (RTLD_LOCAL, as Python extensions
-// are), where RTLD_NEXT does not see it.
-class runtime_symbol {
+// A function of a library the program loads itself (libcudart, libnccl), looked up when first needed: it may
+// be loaded after the shim, and privately (RTLD_LOCAL, as Python extensions are), where RTLD_NEXT does not see
+// it. `library` is the start of its file name ("libcudart.so").
+class library_symbol {
  public:
-  explicit constexpr runtime_symbol(const char* name) : name_(name) {}
+  constexpr library_symbol(const char* name, const char* library) : name_(name), library_(library) {}
   template <typename Fn>
   Fn get() noexcept {
     void* p = address_.load(std::memory_order_acquire);
@@ -33,7 +33,18 @@ class runtime_symbol {
  private:
   void* resolve() noexcept;
   const char* name_;
+  const char* library_;
   std::atomic<void*> address_{nullptr};
+};
+
+// A runtime API function (libcudart).
+struct runtime_symbol : library_symbol {
+  explicit constexpr runtime_symbol(const char* name) : library_symbol(name, "libcudart.so") {}
+};
+
+// An NCCL function (libnccl.so.2, which PyTorch's wheels load privately).
+struct nccl_symbol : library_symbol {
+  explicit constexpr nccl_symbol(const char* name) : library_symbol(name, "libnccl.so") {}
 };
 
 }  // namespace vmmckpt::detail

@@ -53,18 +53,26 @@ CUresult create_not_owned(const driver_api& d, vmm_state& s, CUmemGenericAllocat
   return e;
 }
 
-// A live token's driver handle; any other value is the driver's own and is passed on unchanged.
+// A live token's driver handle, an import token's (docs/job-checkpoint.md); any other value is the driver's own
+// and is passed on unchanged.
 CUmemGenericAllocationHandle real_handle(vmm_state& s, CUmemGenericAllocationHandle handle) {
+  if (looks_like_import_token(handle)) return s.registry.driver_value(handle);
   if (!looks_like_vmm_token(handle)) return handle;
   const vmm_handle* h = s.registry.live_handle(handle);
   return h != nullptr ? h->real : handle;
 }
 
-// A value of our token form with no live record (released, or never handed out). No driver ever made
-// such a value (it is no canonical pointer), and a real driver may fault on one it does not know, so the
-// shim answers for it: CUDA_ERROR_INVALID_VALUE, as the driver answers for a handle it does not have.
+// A value of our token forms with no live record (released, or never handed out), or an import given back. No
+// driver ever made such a value (it is no canonical pointer), and a real driver may fault on one it does not
+// know, so the shim answers for it: CUDA_ERROR_INVALID_VALUE, as the driver answers for a handle it does not have.
 bool dead_token(const vmm_state& s, CUmemGenericAllocationHandle handle) {
+  if (looks_like_import_token(handle)) return s.registry.driver_value(handle) == 0;
   return looks_like_vmm_token(handle) && s.registry.live_handle(handle) == nullptr;
+}
+
+// A value the shim stands behind: an owned handle's token or an import's.
+bool token_of_ours(CUmemGenericAllocationHandle handle) {
+  return looks_like_vmm_token(handle) || looks_like_import_token(handle);
 }
 
 // Gives the driver back the handles whose records went (the registry held one reference on each).
@@ -261,7 +269,11 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle
           }
           return CUDA_ERROR_INVALID_VALUE;  // dead_token(): never the driver's
         }
-        const CUresult e = d->cuMemRelease(handle);
+        if (looks_like_import_token(handle) && !s->registry.knows_import(handle)) return CUDA_ERROR_INVALID_VALUE;
+        // An import given back (a job's rank whose peers' memory could not be mapped again) has no driver
+        // reference left to drop: only the program's goes.
+        const std::uint64_t real = s->registry.driver_value(handle);
+        const CUresult e = real == 0 ? CUDA_SUCCESS : d->cuMemRelease(real);
         if (e == CUDA_SUCCESS) s->registry.release_not_owned(handle);
         unshare_dropped(*s, lock);
         return e;
@@ -352,7 +364,9 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemRetainAllocationHandle(CUmemGenericAllocati
       return CUDA_SUCCESS;
     }
     const CUresult e = d->cuMemRetainAllocationHandle(handle, addr);
-    if (e == CUDA_SUCCESS) s->registry.retain_not_owned(*handle);
+    if (e != CUDA_SUCCESS) return e;
+    if (const auto token = s->registry.import_token_of(*handle)) *handle = *token;  // the value the program knows
+    s->registry.retain_not_owned(*handle);
     return e;
   });
 }
@@ -360,9 +374,12 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemRetainAllocationHandle(CUmemGenericAllocati
 VMMCKPT_EXPORT CUresult CUDAAPI cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop,
                                                                        CUmemGenericAllocationHandle handle) {
   return with_recorded_state(
-      looks_like_vmm_token(handle),
+      token_of_ours(handle),
       [&](const driver_api* d) { return d->cuMemGetAllocationPropertiesFromHandle(prop, handle); },
       [&](const driver_api* d, vmm_state* s, std::unique_lock<std::mutex>&) {
+        if (looks_like_import_token(handle))
+          return dead_token(*s, handle) ? CUDA_ERROR_INVALID_VALUE
+                                        : d->cuMemGetAllocationPropertiesFromHandle(prop, real_handle(*s, handle));
         // a suspended program's handles have no driver handle under them
         const vmm_handle* h = s->registry.live_handle(handle);
         if (h == nullptr) return CUDA_ERROR_INVALID_VALUE;  // dead_token(): never the driver's
@@ -377,9 +394,13 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemGetAllocationPropertiesFromHandle(CUmemAllo
 VMMCKPT_EXPORT CUresult CUDAAPI cuMemExportToShareableHandle(void* shareable, CUmemGenericAllocationHandle handle,
                                                              CUmemAllocationHandleType type, unsigned long long flags) {
   return with_recorded_state(
-      looks_like_vmm_token(handle),
+      token_of_ours(handle),
       [&](const driver_api* d) { return d->cuMemExportToShareableHandle(shareable, handle, type, flags); },
       [&](const driver_api* d, vmm_state* s, std::unique_lock<std::mutex>&) {
+        if (looks_like_import_token(handle))  // another process's memory: its exporter says what it is
+          return dead_token(*s, handle) ? CUDA_ERROR_INVALID_VALUE
+                                        : d->cuMemExportToShareableHandle(shareable, real_handle(*s, handle), type,
+                                                                          flags);
         // a suspended program's handles have no driver handle under them
         const vmm_handle* h = s->registry.live_handle(handle);
         if (h == nullptr) return CUDA_ERROR_INVALID_VALUE;  // dead_token(): never the driver's
@@ -412,7 +433,7 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAlloc
     gate_scope scope(gate_scope::no_work);
     std::lock_guard lock(s.mutex);
     if (origin)
-      s.registry.add_import(*handle, *origin);
+      *handle = s.registry.add_import(*handle, *origin);
     else
       s.registry.add_not_owned(*handle, vmm_not_owned_kind::imported, 0);
     return e;

@@ -12,12 +12,31 @@
 #include "memory/pools.hpp"
 #include "memory/vmm_state.hpp"
 #include "vmmckpt/support/log.hpp"
+#include "vmmckpt/protocol/suspend_claim.hpp"
 #include "vmmckpt/support/hex_text.hpp"
 
 namespace vmmckpt::detail {
 namespace {
 
 int window_of(const vmm_config& c, std::uint64_t addr) { return static_cast<int>((addr - c.base) / c.window); }
+
+// The access rights the registry records over [addr, addr + size) given again (a mapping made anew). An empty
+// status, or the failing call's error.
+status set_recorded_access(const driver_api& d, const vmm_state& s, std::uint64_t addr, std::uint64_t size) {
+  for (const vmm_access_range& a : s.registry.access_over(addr, size)) {
+    std::vector<CUmemAccessDesc> desc;
+    for (const vmm_access& v : a.access) {
+      CUmemAccessDesc one{};
+      one.location.type = static_cast<CUmemLocationType>(v.location_type);
+      one.location.id = v.location_id;
+      one.flags = static_cast<CUmemAccess_flags>(v.flags);
+      desc.push_back(one);
+    }
+    if (const CUresult e = d.cuMemSetAccess(a.addr, a.size, desc.data(), desc.size()); e != CUDA_SUCCESS)
+      return failure(e, "cannot give access to VMM memory at {}: CUDA error {}", hex(a.addr), static_cast<int>(e));
+  }
+  return {};
+}
 
 // Every owned mapping of device memory unmapped and its real handle released; the records stay (real 0).
 // Host-located memory stays as it is (host_located()).
@@ -72,19 +91,10 @@ status rebuild_locked(const driver_api& d, vmm_state& s) noexcept {
         return failure(e, "cannot map VMM handle {} at {}: CUDA error {}", hex(m.token), hex(m.addr),
                        static_cast<int>(e));
       }
-    }
-    for (const vmm_access_range& a : l.access) {
-      std::vector<CUmemAccessDesc> desc;
-      for (const vmm_access& x : a.access) {
-        CUmemAccessDesc one{};
-        one.location.type = static_cast<CUmemLocationType>(x.location_type);
-        one.location.id = x.location_id;
-        one.flags = static_cast<CUmemAccess_flags>(x.flags);
-        desc.push_back(one);
-      }
-      if (const CUresult e = d.cuMemSetAccess(a.addr, a.size, desc.data(), desc.size()); e != CUDA_SUCCESS) {
+      // Over this mapping only: the access records also cover other processes' memory, mapped apart.
+      if (status given = set_recorded_access(d, s, m.addr, m.size); !given.ok()) {
         undo();
-        return failure(e, "cannot give access to VMM memory at {}: CUDA error {}", hex(a.addr), static_cast<int>(e));
+        return given;
       }
     }
     return {};
@@ -100,17 +110,23 @@ status rebuild_locked(const driver_api& d, vmm_state& s) noexcept {
 void map_imports_again(const driver_api& d, vmm_state& s, const std::vector<vmm_import>& imports) {
   for (const vmm_import& x : imports) {
     CUmemGenericAllocationHandle real = 0;
-    status mapped = import_again(x, real);
-    if (mapped.ok())
+    status mapped = import_again(x, real, {});
+    bool in_place = false;
+    if (mapped.ok()) {
       if (const CUresult e = d.cuMemMap(x.addr, x.size, x.offset, real, 0); e != CUDA_SUCCESS)
         mapped = status(e, "mapping it failed: CUDA error " + std::to_string(e));
+      else
+        in_place = true;
+    }
+    if (mapped.ok()) mapped = set_recorded_access(d, s, x.addr, x.size);
     if (mapped.ok()) {
-      s.registry.add_import(real, x);  // the one reference, as the program's import had
-      s.registry.map(x.addr, x.size, x.offset, real);
+      const std::uint64_t token = s.registry.add_import(real, x);  // the one reference, as the program's import had
+      s.registry.map(x.addr, x.size, x.offset, token);
       log::info("restore: {} bytes of process {}'s VMM handle {} mapped again at {}", x.size, x.exporter_pid,
                 hex(x.token), hex(x.addr));
       continue;
     }
+    if (in_place) d.cuMemUnmap(x.addr, x.size);
     if (real != 0) d.cuMemRelease(real);
     std::vector<std::uint64_t> none;
     s.registry.unmap(x.addr, x.size, none);  // its access rights go with it
@@ -119,7 +135,87 @@ void map_imports_again(const driver_api& d, vmm_state& s, const std::vector<vmm_
   }
 }
 
+// Maps one import given back by a job's suspend again (`real`, imported anew from its exporter), with its access
+// rights and as many driver references as the program holds. What fails is given back, and says why.
+status map_import_again(const driver_api& d, vmm_state& s, const vmm_registry::held_import& x,
+                        CUmemGenericAllocationHandle real) {
+  std::size_t mapped = 0;
+  auto undo = [&](status why) {
+    for (std::size_t i = 0; i < mapped; ++i) d.cuMemUnmap(x.mappings[i].addr, x.mappings[i].size);
+    d.cuMemRelease(real);
+    return why;
+  };
+  for (const vmm_mapping& m : x.mappings) {
+    if (const CUresult e = d.cuMemMap(m.addr, m.size, m.offset, real, 0); e != CUDA_SUCCESS)
+      return undo(failure(e, "mapping it at {} failed: CUDA error {}", hex(m.addr), static_cast<int>(e)));
+    ++mapped;
+    if (status given = set_recorded_access(d, s, m.addr, m.size); !given.ok()) return undo(given);
+  }
+  // The import holds one reference; the program holds x.refs (it may have released its own after mapping).
+  for (std::uint32_t i = 1; i < x.refs && !x.mappings.empty(); ++i) {
+    CUmemGenericAllocationHandle again = 0;
+    d.cuMemRetainAllocationHandle(&again, reinterpret_cast<void*>(x.mappings.front().addr));
+  }
+  if (x.refs == 0) d.cuMemRelease(real);
+  s.registry.set_import_real(x.token, real, suspend_claim::start_time(static_cast<pid_t>(x.origin.exporter_pid)));
+  return {};
+}
+
 }  // namespace
+
+std::uint64_t vmm_drop_imports() noexcept {
+  vmm_state* s = existing_vmm_state();
+  const driver_api* d = driver();
+  if (s == nullptr || d == nullptr) return 0;
+  try {
+    std::lock_guard lock(s->mutex);
+    std::uint64_t bytes = 0;
+    for (const auto& x : s->registry.identified_imports()) {
+      if (x.real == 0) continue;
+      for (const vmm_mapping& m : x.mappings) {
+        if (const CUresult e = d->cuMemUnmap(m.addr, m.size); e != CUDA_SUCCESS)
+          log::warn("suspend: unmapping process {}'s memory at {} failed: CUDA error {}", x.origin.exporter_pid,
+                    hex(m.addr), static_cast<int>(e));
+        bytes += m.size;
+      }
+      for (std::uint32_t i = 0; i < x.refs; ++i) d->cuMemRelease(x.real);
+      s->registry.set_import_real(x.token, 0);
+    }
+    return bytes;
+  } catch (...) {
+    return 0;  // no memory to list them: they stay mapped (the exporter's memory is then not all freed)
+  }
+}
+
+status vmm_map_imports_again(const std::vector<std::int64_t>& job_ranks) noexcept {
+  vmm_state* s = existing_vmm_state();
+  const driver_api* d = driver();
+  if (s == nullptr) return {};
+  if (d == nullptr) return failure(CUDA_ERROR_NOT_INITIALIZED, "no CUDA driver");
+  try {
+    std::vector<vmm_registry::held_import> imports;
+    {
+      std::lock_guard lock(s->mutex);
+      imports = s->registry.identified_imports();
+    }
+    for (const auto& x : imports) {
+      if (x.real != 0) continue;
+      auto said = [&](const status& why) {
+        return failure(why.code(), "process {}'s memory that this one maps at {} ({} bytes): {}", x.origin.exporter_pid,
+                       x.mappings.empty() ? std::string("nowhere") : hex(x.mappings.front().addr),
+                       x.origin.handle_size, why.message());
+      };
+      // Asked without the registry's lock: the exporter may be asking this process the same meanwhile.
+      CUmemGenericAllocationHandle real = 0;
+      if (status got = import_again(x.origin, real, job_ranks); !got.ok()) return said(got);
+      std::lock_guard lock(s->mutex);
+      if (status mapped = map_import_again(*d, *s, x, real); !mapped.ok()) return said(mapped);
+    }
+    return {};
+  } catch (const std::exception& e) {
+    return failure(CUDA_ERROR_OUT_OF_MEMORY, "mapping the job's memory again: {}", e.what());
+  }
+}
 
 std::vector<control::pool_summary> vmm_summaries() {
   vmm_state* s = existing_vmm_state();

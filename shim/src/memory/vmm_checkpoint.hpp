@@ -33,6 +33,15 @@ std::string vmm_hold_contents(control::dump_begin_reply& r, std::vector<int>& fd
 // the driver; reservations, tokens and the record of mappings and access stay. Returns the bytes freed.
 std::uint64_t vmm_release_physical() noexcept;
 
+// A job's suspend (docs/job-checkpoint.md), the program held: every mapping of another rank's memory unmapped and
+// its driver handle given back, so that the exporter's suspend frees that memory; the records stay, and the
+// program's import tokens with them. Returns the bytes no longer mapped.
+std::uint64_t vmm_drop_imports() noexcept;
+// A job's resume, every rank's memory loaded: each import given back mapped again from its exporter, where it
+// was, with its access rights. The exporters among `job_ranks` may have new start times (a restore). Stops at
+// the first that fails, saying which; those mapped again stay so, and a later call maps the others.
+status vmm_map_imports_again(const std::vector<std::int64_t>& job_ranks) noexcept;
+
 // vmmckpt_pause (self_pause.cpp): the program's owned mappings, for their bytes to be kept before
 // vmm_release_physical(). Throws only for want of memory.
 struct vmm_mapped_range {

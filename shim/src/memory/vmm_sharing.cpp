@@ -246,12 +246,14 @@ void tell_unshared(const std::vector<vmm_import>& dropped) noexcept {
   }
 }
 
-status import_again(const vmm_import& x, CUmemGenericAllocationHandle& real) noexcept {
+status import_again(const vmm_import& x, CUmemGenericAllocationHandle& real,
+                    const std::vector<std::int64_t>& job_ranks) noexcept {
   try {
     const driver_api* d = driver();
     if (d == nullptr) return status(CUDA_ERROR_NOT_INITIALIZED, "no CUDA driver");
     const auto pid = static_cast<pid_t>(x.exporter_pid);
-    if (!suspend_claim::alive(pid, x.exporter_start))
+    const bool in_job = std::find(job_ranks.begin(), job_ranks.end(), x.exporter_pid) != job_ranks.end();
+    if (in_job ? suspend_claim::start_time(pid) == 0 : !suspend_claim::alive(pid, x.exporter_start))
       return status(CUDA_ERROR_INVALID_HANDLE, "process " + std::to_string(pid) + " that exported it is gone");
     std::vector<int> fds;
     bool gone = false;
@@ -265,6 +267,12 @@ status import_again(const vmm_import& x, CUmemGenericAllocationHandle& real) noe
       protocol::close_all(fds);
       return status(CUDA_ERROR_INVALID_HANDLE, "process " + std::to_string(pid) +
                                                    " refused: " + (refused ? refused->error : "no descriptor sent"));
+    }
+    if (const auto& shared = std::get<control::vmm_share_reply>(reply);
+        shared.size != x.handle_size || shared.device_uuid != x.device_uuid) {
+      protocol::close_all(fds);
+      return status(CUDA_ERROR_INVALID_HANDLE, "process " + std::to_string(pid) + "'s handle " + hex(x.token) +
+                                                   " is not the memory recorded (its size or GPU differ)");
     }
     const CUresult e = d->cuMemImportFromShareableHandle(
         &real, reinterpret_cast<void*>(static_cast<std::intptr_t>(fds[0])), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);

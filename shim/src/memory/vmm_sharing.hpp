@@ -41,8 +41,11 @@ std::vector<pid_t> vmm_importers();
 std::optional<vmm_import> identify_import(int fd) noexcept;
 // Tells each exporter that this process maps those handles no more.
 void tell_unshared(const std::vector<vmm_import>& dropped) noexcept;
-// A restore: the exporter's handle imported again (a new FD asked for by vmm_share), the driver's handle in
-// `real`; or why not (not logged: the caller says what it leaves unmapped).
-status import_again(const vmm_import& x, CUmemGenericAllocationHandle& real) noexcept;
+// A restore or a job's resume: the exporter's handle imported again (a new FD asked for by vmm_share), the
+// driver's handle in `real`; or why not (not logged: the caller says what it leaves unmapped). An exporter whose
+// pid is among `job_ranks` is taken whatever its start time (a job restored by CRIU starts its processes anew),
+// once it says the handle is the one recorded (its size and GPU).
+status import_again(const vmm_import& x, CUmemGenericAllocationHandle& real,
+                    const std::vector<std::int64_t>& job_ranks) noexcept;
 
 }  // namespace vmmckpt::detail

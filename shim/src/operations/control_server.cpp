@@ -63,6 +63,10 @@ class connection final : public client_channel {
     pid_t pid = 0;
     return protocol::peer_credentials(fd_, uid, pid) ? pid : 0;
   }
+  bool readable(std::chrono::milliseconds wait) override {
+    pollfd p{fd_, POLLIN, 0};
+    return ::poll(&p, 1, static_cast<int>(wait.count())) > 0;
+  }
 
  private:
   int fd_;

@@ -7,10 +7,15 @@
 #include <atomic>
 #include <string>
 
+#include <sys/stat.h>
+
 #include "memory/ipc_exports.hpp"
+#include "memory/ipc_imports.hpp"
 #include "memory/vmm_sharing.hpp"
+#include "operations/job_cut.hpp"
 #include "operations/process_control.hpp"
 #include "operations/restore.hpp"
+#include "vmmckpt/protocol/suspend_claim.hpp"
 #include "vmmckpt/support/fault_point.hpp"
 #include "vmmckpt/support/log.hpp"
 
@@ -24,6 +29,8 @@ constexpr auto max_hold_deadline = std::chrono::hours(1);  // the longest hold a
 constexpr auto ipc_open_wait = std::chrono::seconds(50);
 // Resume's progress frames are best effort: each gets this long to leave.
 constexpr auto progress_send_wait = std::chrono::milliseconds(200);
+// How often a cut's connection looks for a change of the cut's state to send: the cut's latency per step.
+constexpr auto cut_poll = std::chrono::milliseconds(1);
 
 std::atomic<process_state> g_state{process_state::running};
 // What the request that holds operation_lock() is doing, for hello to report without waiting for it.
@@ -78,6 +85,53 @@ bool refuse_busy(client_channel& client) {
   return refuse(client, control::refusal::busy, "another operation (a dump, suspend or resume) kept the program busy");
 }
 
+// A suspend's hold is refused while other processes map the program's memory: their mappings would keep the
+// memory the suspend gives back, and they would not see what resume loads (docs/ipc.md). In a job's suspend, the
+// job's own ranks may: they give their mappings back with it (docs/job-checkpoint.md). Checked under the
+// operation lock, which an IPC open takes too. An empty string when nothing refuses it.
+std::string importers_refusal(const control::dump_begin_request& request) {
+  if (const auto importers = live_importers(); !importers.empty())
+    return "other processes map this program's GPU memory through CUDA IPC (pid " + pid_list(importers) +
+           "); a suspend would take it from under them. Suspend or stop them first, or have them close their "
+           "handles (cudaIpcCloseMemHandle)";
+  auto importers = vmm_importers();
+  if (request.job)
+    std::erase_if(importers, [&](pid_t p) {
+      return std::find(request.job->ranks.begin(), request.job->ranks.end(), p) != request.job->ranks.end();
+    });
+  if (!importers.empty())
+    return "other processes map this program's VMM memory, imported from POSIX FDs it exported (pid " +
+           pid_list(importers) + (request.job ? ", not ranks of the job" : "") +
+           "; NCCL's P2P and SHM transports do this between the ranks of a job); a suspend would take it from under "
+           "them. " +
+           (request.job ? "Name them with the job's ranks" : "Suspend the whole job (suspend --job), or dump it");
+  if (request.job && !current_imports().empty())
+    return "this program maps other processes' memory through CUDA IPC (NCCL with NCCL_CUMEM_ENABLE=0): a job's "
+           "suspend gives back only memory mapped with the VMM API (NCCL's default)";
+  return {};
+}
+
+bool job_accepted(const control::job_suspend& job) {
+  struct stat st {};
+  return ::lstat((job.dir + "/" + suspend_claim::job_accepted).c_str(), &st) == 0;
+}
+
+// The end of a hold that was not a suspend. A hold for a job's suspend is settled by the job's claim first: this
+// rank cancels it (nothing was decided, and nobody will suspend), or finds it accepted, and then suspends itself
+// as every other rank is (the image its tool committed is complete: the claim is accepted only then).
+void let_go(const control::dump_begin_request& request, const char* why) {
+  if (!request.job || suspend_claim::take_job(request.job->dir, suspend_claim::job_cancelled) ||
+      !job_accepted(*request.job)) {
+    release(why);
+    return;
+  }
+  log::info("control: the job's suspend was decided while this rank's tool was gone ({}); it suspends itself", why);
+  const auto outcome = suspend_held(
+      control::suspend_request{request.job->image, request.job->image_id, control::unix_ms_now() + 60'000}, true);
+  if (const auto* refused = std::get_if<control::failure_reply>(&outcome))
+    log::error("control: this rank of a suspended job could not suspend itself: {}", refused->error);
+}
+
 // dump_begin: the program is held until the client says dump_end (or suspend), goes away, or the
 // deadline passes; the gate is open again in every case but suspend.
 void serve_hold(client_channel& client, const control::dump_begin_request& request) {
@@ -89,25 +143,11 @@ void serve_hold(client_channel& client, const control::dump_begin_request& reque
   }
   std::unique_lock operation(operation_lock(), std::defer_lock);
   if (!take_operation(client, operation, request.valid_until_ms)) return;
-  if (request.for_suspend) {
-    // Their mappings keep the physical memory a suspend would give back, and they would not see what resume
-    // loads: refused (docs/ipc.md). Checked under the operation lock, which an IPC open takes too.
-    if (const auto importers = live_importers(); !importers.empty()) {
-      refuse(client, control::refusal::failed,
-             "other processes map this program's GPU memory through CUDA IPC (pid " + pid_list(importers) +
-                 "); a suspend would take it from under them. Suspend or stop them first, or have them close "
-                 "their handles (cudaIpcCloseMemHandle)");
+  if (request.for_suspend)
+    if (const std::string why = importers_refusal(request); !why.empty()) {
+      refuse(client, control::refusal::failed, why);
       return;
     }
-    if (const auto importers = vmm_importers(); !importers.empty()) {
-      refuse(client, control::refusal::failed,
-             "other processes map this program's VMM memory, imported from POSIX FDs it exported (pid " +
-                 pid_list(importers) +
-                 "; NCCL's P2P and SHM transports do this between the ranks of a job); a suspend would take it "
-                 "from under them. Stop them first, or checkpoint the job with dump instead");
-      return;
-    }
-  }
   activity_scope busy(request.for_suspend ? control::activity::suspending : control::activity::dumping);
   // The hold lasts hold_deadline from now, whatever time the request spent waiting.
   const auto hold_deadline_at = clock::now() + request.hold_deadline;
@@ -122,17 +162,18 @@ void serve_hold(client_channel& client, const control::dump_begin_request& reque
   // From here the program is held: however this function leaves (an exception included), it is
   // released, or suspended on purpose.
   struct held_guard {
+    const control::dump_begin_request& request;
     bool settled = false;
     ~held_guard() {
-      if (!settled && current_state() != process_state::suspended) release("a request failed unexpectedly");
+      if (!settled && current_state() != process_state::suspended) let_go(request, "a request failed unexpectedly");
     }
-  } guard;
+  } guard{request};
   const bool sent = send_held(client, std::get<control::dump_begin_reply>(held), fds);
   protocol::close_all(fds);  // the client has its own copies now
   fault_point("program:held");
   if (!sent) {
     guard.settled = true;
-    release("client gone before the handles were sent");
+    let_go(request, "client gone before the handles were sent");
     return;
   }
 
@@ -146,30 +187,98 @@ void serve_hold(client_channel& client, const control::dump_begin_request& reque
   protocol::close_all(ignored);
   if (!received) {
     guard.settled = true;
-    release(error.kind == protocol::failure_kind::timed_out ? "deadline passed" : "client went away");
+    let_go(request, error.kind == protocol::failure_kind::timed_out ? "deadline passed" : "client went away");
     return;
   }
   const auto decoded = control::decode_request(payload);
   const auto* next = std::get_if<control::request>(&decoded);
   if (next != nullptr) {
     if (const auto* s = std::get_if<control::suspend_request>(next)) {
+      busy.change(control::activity::suspending);
+      guard.settled = true;
+      if (request.job && !job_accepted(*request.job)) {
+        // The job's claim decides for every rank, and it is not accepted: nobody is suspended.
+        let_go(request, "the job's suspend was not accepted");
+        client.send(control::encode(control::failure_reply{
+            control::refusal::withdrawn, "the job's suspend was not accepted: the program goes on, not suspended"}));
+        return;
+      }
       // Accepted, the gate stays closed: threads that call CUDA wait until resume. (suspend_held
       // releases the program itself when it does not suspend it.)
-      busy.change(control::activity::suspending);
-      const auto outcome = suspend_held(*s);
-      guard.settled = true;
+      const auto outcome = suspend_held(*s, request.job.has_value());
       std::visit([&](const auto& reply) { client.send(control::encode(reply)); }, outcome);
       return;
     }
     if (std::holds_alternative<control::dump_end_request>(*next)) {
       guard.settled = true;
+      if (request.job) {
+        let_go(request, "dump finished");
+        client.send(control::encode(control::dump_end_reply{0}));
+        return;
+      }
       client.send(control::encode(control::dump_end_reply{release("dump finished")}));
       return;
     }
   }
   guard.settled = true;
-  release("the client sent something else than dump_end or suspend");
+  let_go(request, "the client sent something else than dump_end or suspend");
   refuse(client, control::refusal::bad_request, "expected dump_end or suspend");
+}
+
+// cut_arm: the process is armed until the client releases it, goes away, or the deadline passes
+// (docs/job-checkpoint.md); meanwhile the client gets a cut_status frame whenever the cut's state changes, and
+// may aim it with cut_targets.
+void serve_cut(client_channel& client, const control::cut_arm_request& request) {
+  if (request.hold_deadline <= std::chrono::milliseconds(0) || request.hold_deadline > max_hold_deadline) {
+    refuse(client, control::refusal::bad_request,
+           "hold_deadline_ms " + std::to_string(request.hold_deadline.count()) + " is out of range");
+    return;
+  }
+  if (control::unix_ms_now() > request.valid_until_ms) {
+    refuse(client, control::refusal::expired, "the request arrived after it expired; nothing was done");
+    return;
+  }
+  if (const process_state now = current_state(); now != process_state::running && now != process_state::holding) {
+    refuse(client, control::refusal::suspended, "the program's GPU memory is given back (suspended or paused)");
+    return;
+  }
+  const auto deadline = clock::now() + request.hold_deadline;
+  if (!job_cut::arm(deadline)) {
+    refuse(client, control::refusal::busy, "another cuda-ckpt holds this process in a job's cut");
+    return;
+  }
+  struct disarm_at_end {
+    ~disarm_at_end() { job_cut::disarm(); }
+  } disarm;
+  std::uint64_t seen = job_cut::generation();
+  if (!client.send(control::encode(job_cut::status()))) return;
+  while (clock::now() < deadline) {
+    if (client.readable(cut_poll)) {
+      std::string payload;
+      std::vector<int> fds;
+      protocol::failure error;
+      const bool got = client.receive(payload, fds, std::chrono::seconds(1), error);
+      protocol::close_all(fds);
+      if (!got) return;  // the client went away: disarmed
+      const auto decoded = control::decode_request(payload);
+      const auto* next = std::get_if<control::request>(&decoded);
+      if (const auto* t = next ? std::get_if<control::cut_targets_request>(next) : nullptr) {
+        job_cut::set_targets(t->targets);
+      } else if (next != nullptr && std::holds_alternative<control::cut_release_request>(*next)) {
+        job_cut::disarm();
+        client.send(control::encode(job_cut::status()));
+        return;
+      } else {
+        refuse(client, control::refusal::bad_request, "expected cut_targets or cut_release");
+        return;
+      }
+      seen = job_cut::generation();
+      if (!client.send(control::encode(job_cut::status()))) return;
+    } else if (const std::uint64_t now = job_cut::generation(); now != seen) {
+      seen = now;
+      if (!client.send(control::encode(job_cut::status()))) return;
+    }
+  }
 }
 
 void serve_resume(client_channel& client, const control::resume_request& request) {
@@ -223,7 +332,9 @@ bool serve_vmm_identify(client_channel& client, const std::vector<int>& fds) {
 // vmm_share: a new FD of a handle, for a restored importer. Not while a suspend gives the memory back.
 bool serve_vmm_share(client_channel& client, const control::vmm_share_request& request) {
   std::unique_lock operation(operation_lock(), std::defer_lock);
-  if (!operation.try_lock_for(ipc_open_wait)) return refuse_busy(client);
+  // A job's ranks resuming ask each other while each holds its own lock (docs/job-checkpoint.md); memory loaded
+  // while suspended is given back by nothing until the process runs again.
+  if (!memory_loaded_while_suspended() && !operation.try_lock_for(ipc_open_wait)) return refuse_busy(client);
   std::vector<int> fds;
   const auto outcome = share_handle(request.token, client.peer_pid(), fds);
   const bool sent = std::visit([&](const auto& reply) { return client.send(control::encode(reply), fds); }, outcome);
@@ -265,6 +376,12 @@ bool answer(client_channel& client, const control::request& request, const std::
         } else if constexpr (std::is_same_v<T, control::vmm_unshare_request>) {
           unshare_handle(r.token, client.peer_pid());
           return client.send(control::encode(control::vmm_unshare_reply{}));
+        } else if constexpr (std::is_same_v<T, control::cut_arm_request>) {
+          serve_cut(client, r);
+          return false;  // the connection served the cut: it ends with it
+        } else if constexpr (std::is_same_v<T, control::cut_targets_request> ||
+                             std::is_same_v<T, control::cut_release_request>) {
+          return refuse(client, control::refusal::bad_request, "no cut armed on this connection (cut_arm first)");
         } else {
           // dump_end or suspend with no hold in progress.
           static_assert(std::is_same_v<T, control::dump_end_request> || std::is_same_v<T, control::suspend_request>);

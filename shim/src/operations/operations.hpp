@@ -44,6 +44,8 @@ class client_channel {
                        protocol::failure& error) = 0;
   // The process at the other end; 0 when the kernel does not say.
   virtual pid_t peer_pid() = 0;
+  // Whether the client sent something (or went away) within `wait`.
+  virtual bool readable(std::chrono::milliseconds wait) = 0;
 };
 
 // Answers one request, with the descriptors it carried (the caller closes them); false when the connection

@@ -23,6 +23,7 @@
 #include "memory/pools.hpp"
 #include "memory/program_pools.hpp"
 #include "core/real_symbols.hpp"
+#include "operations/job_cut.hpp"
 #include "operations/operations.hpp"
 #include "memory/vmm_checkpoint.hpp"
 #include "memory/vmm_state.hpp"
@@ -351,7 +352,8 @@ std::uint64_t release(const char* why) {
   return held;
 }
 
-std::variant<control::suspend_reply, control::failure_reply> suspend_held(const control::suspend_request& request) {
+std::variant<control::suspend_reply, control::failure_reply> suspend_held(const control::suspend_request& request,
+                                                                          bool job_rank) {
   fault_point("program:suspend-received");  // the reliability tests stop the program here, and below
   if (control::unix_ms_now() > request.valid_until_ms) {
     release("the suspend request arrived after it expired");
@@ -386,6 +388,12 @@ std::variant<control::suspend_reply, control::failure_reply> suspend_held(const 
   struct stat st {};
   ::stat(request.image.c_str(), &st);
   control::suspend_reply r;
+  if (job_rank) {
+    // The other ranks' memory goes first: their own suspends free it only once nobody maps it.
+    job_cut::hold_while_suspended(true);
+    const std::uint64_t unmapped = vmm_drop_imports();
+    log::info("control: a job's rank: {} bytes of the other ranks' memory no longer mapped", unmapped);
+  }
   for (const auto& p : active_pools()) r.freed_bytes += p.pool->release_all_physical();
   r.freed_bytes += vmm_release_physical();
   try {

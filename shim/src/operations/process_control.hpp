@@ -33,8 +33,11 @@ std::variant<control::dump_begin_reply, control::failure_reply> hold(
 std::uint64_t release(const char* why);
 // suspend, during a hold: unless the request expired, or its claim was withdrawn (suspend_claim.hpp),
 // every pool's physical memory given back; the program then stays held until resume. A
-// failure_reply (the program is then released and goes on) otherwise.
-std::variant<control::suspend_reply, control::failure_reply> suspend_held(const control::suspend_request& request);
+// failure_reply (the program is then released and goes on) otherwise. A rank of a job's suspend
+// (docs/job-checkpoint.md) first gives back its mappings of the other ranks' memory, and its threads stay at
+// their NCCL calls until the job resumes.
+std::variant<control::suspend_reply, control::failure_reply> suspend_held(const control::suspend_request& request,
+                                                                          bool job_rank = false);
 // What a suspend recorded of its image, for the resume (restore.cpp): its directory, the image_id, and
 // the directory's identity (a resume loads only from the very directory suspend wrote).
 struct suspend_record {

@@ -14,6 +14,7 @@
 
 #include "core/gate.hpp"
 #include "memory/pools.hpp"
+#include "operations/job_cut.hpp"
 #include "operations/operations.hpp"
 #include "operations/process_control.hpp"
 #include "vmmckpt/support/fault_point.hpp"
@@ -110,6 +111,10 @@ bool restore_slow_path() noexcept {
   return ok;
 }
 
+// A suspended program whose memory is back while it stays held: a job's rank between the two stages of the
+// job's resume, waiting for the other ranks' memory (or for a new resume, if its tool went away meanwhile).
+std::atomic<bool> g_loaded{false};
+
 // The suspended program's memory back from the image its suspend took, made again at the same addresses
 // and loaded. The program stays suspended when it fails (what was made is given back).
 std::variant<control::resume_reply, control::failure_reply> load_suspended(const control::resume_request& request,
@@ -188,12 +193,35 @@ std::variant<control::resume_reply, control::failure_reply> resume(const control
                                       ? "the program is not suspended: it paused its own GPU memory "
                                         "(vmmckpt_pause) and resumes it itself"
                                       : "the program is not suspended"};
-  enter_state(process_state::restoring);
-  auto outcome = load_suspended(request, progress);
-  const bool resumed = std::holds_alternative<control::resume_reply>(outcome);
-  enter_state(resumed ? process_state::running : process_state::suspended);
-  if (resumed) the_gate().open();
-  return outcome;
+  control::resume_reply loaded{0, 0, suspended_image().image};
+  if (request.step != control::resume_request::stage::finish && !g_loaded.load()) {
+    enter_state(process_state::restoring);
+    auto outcome = load_suspended(request, progress);
+    enter_state(process_state::suspended);
+    if (std::holds_alternative<control::failure_reply>(outcome)) return outcome;
+    loaded = std::get<control::resume_reply>(outcome);
+    g_loaded.store(true);
+  }
+  if (request.step == control::resume_request::stage::load) return loaded;
+  if (!g_loaded.load())
+    return control::failure_reply{control::refusal::failed,
+                                  "the program's memory is not loaded yet: a job's resume loads every rank's first"};
+  // A job's rank maps the other ranks' memory again (all of it loaded by now) before it runs: its next
+  // collective reads and writes there (docs/job-checkpoint.md).
+  if (const status mapped = vmm_map_imports_again(request.ranks); !mapped.ok())
+    return control::failure_reply{control::refusal::failed,
+                                  "cannot map the other ranks' memory again: " + mapped.message() +
+                                      "; the program stays suspended, its memory loaded (resume the whole job: "
+                                      "cuda-ckpt resume --job)"};
+  g_loaded.store(false);
+  job_cut::hold_while_suspended(false);
+  enter_state(process_state::running);
+  the_gate().open();
+  return loaded;
+}
+
+bool memory_loaded_while_suspended() noexcept {
+  return g_loaded.load() && current_state() == process_state::suspended;
 }
 
 bool restore_ready() noexcept {

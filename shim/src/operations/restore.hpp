@@ -18,7 +18,12 @@ bool restore_ready() noexcept;
 // resume: the pools' memory back from the suspend image (the very image suspend took: the same
 // directory and image_id), and the program goes on. A failure_reply when it cannot; the program then
 // stays suspended with its image. `progress` hears of the bytes loaded as they load.
+// A job's resume (docs/job-checkpoint.md) comes in two stages: `load` brings the memory back and leaves the program
+// held (suspended, its memory loaded); `finish` maps the other ranks' memory again and lets it go on. A request
+// without a stage does both.
 std::variant<control::resume_reply, control::failure_reply> resume(const control::resume_request& request,
                                                                    const restore::upload_progress& progress = {});
+// Between the two stages: the memory is back, and nothing gives it back until the program runs again.
+bool memory_loaded_while_suspended() noexcept;
 
 }  // namespace vmmckpt::detail

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <functional>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -90,15 +91,29 @@ class control_client {
   control::hello_reply hello(bool prepare_hold = false);
   // Holds the program for at most hold_ms; its pool memory arrives as one descriptor per segment.
   // for_suspend: the program says "suspending" rather than "dumping" to ps meanwhile.
+  // job: a suspend of one rank of a whole job (control::job_suspend, docs/job-checkpoint.md).
   control::dump_begin_reply dump_begin(std::chrono::milliseconds hold_deadline, received_fds& fds,
-                                       bool for_suspend = false);
+                                       bool for_suspend = false,
+                                       const std::optional<control::job_suspend>& job = std::nullopt);
   control::dump_end_reply dump_end();
   control::suspend_reply suspend(const std::string& image, const std::string& image_id);
   // With `progress`, the process is asked for progress frames as it loads (an older one sends none).
   using progress_handler = std::function<void(const control::progress_frame&)>;
   // image: load from there instead of where suspend wrote it (control::resume_request::image).
-  control::resume_reply resume(const progress_handler& progress = {}, const std::string& image = {});
+  // stage and ranks: a job's resume in its two stages (control::resume_request).
+  control::resume_reply resume(const progress_handler& progress = {}, const std::string& image = {},
+                               control::resume_request::stage stage = control::resume_request::stage::both,
+                               const std::vector<std::int64_t>& ranks = {});
   control::check_reply check();
+
+  // The cut of a job (docs/job-checkpoint.md). cut_arm arms the process until this connection closes or
+  // hold_deadline passes, and answers its state; from then on the process sends a cut_status frame whenever its
+  // state changes, which next_cut_status reads (nothing when none came within wait_ms). cut_targets only sends:
+  // its answer is the next status.
+  control::cut_status cut_arm(std::chrono::milliseconds hold_deadline);
+  void cut_targets(const std::vector<control::comm_count>& targets);
+  std::optional<control::cut_status> next_cut_status(int wait_ms);
+  int fd() const { return fd_; }
 
   // Called about ten times a second while an answer is awaited, until it is given another (empty: none):
   // it throws to give up waiting (Ctrl-C while the program drains for a hold).

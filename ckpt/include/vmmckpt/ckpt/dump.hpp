@@ -150,6 +150,10 @@ struct dump_options {
   // Write an image marked partial when the program has device memory vmmckpt does not own (managed
   // memory, arrays, ...); otherwise such a dump is refused (partial_refused) and writes nothing.
   bool allow_partial = false;
+  // A rank of a job's dump (job.hpp): called once everything is prepared, just before the program is held (the
+  // job's cut happens there, once every rank is that far), and once its bytes are safe, just before it is
+  // released (every rank is released together). Either may throw to give the dump up.
+  std::function<void()> before_hold, before_release;
 };
 
 struct dump_result : image_result {

@@ -5,7 +5,11 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <optional>
 #include <string>
+
+#include "vmmckpt/protocol/control_messages.hpp"
 
 #include "vmmckpt/ckpt/dump.hpp"
 
@@ -20,6 +24,13 @@ struct suspend_options {
   bool verify = false;
   // As dump_options::allow_partial. The memory vmmckpt does not own stays on the GPU while suspended.
   bool allow_partial = false;
+  // A rank of a job's suspend (job.hpp): what the program is told with its hold (the job's claim decides for
+  // every rank; the image and image_id are this suspend's, filled in here), called just before it is held (the job's cut), and once its image is complete and checked, just
+  // before the suspend is asked for (the job's claim is accepted there, once every rank is that far). Either may
+  // throw to give the suspend up.
+  std::optional<control::job_suspend> job;
+  std::function<void()> before_hold;
+  std::function<void(const std::string& image_id)> before_suspend;
 };
 
 struct suspend_result : image_result {
@@ -46,7 +57,10 @@ struct resume_result {
 // given, receives where the suspend wrote its image (from the program's hello) before the request goes out.
 // The program takes only the image its suspend wrote, and refuses another (control_error). The resume users
 // run, which also looks for an image renamed since, is restore/tool's (vmmckpt/restore/tool/resume.hpp).
+// A job's resume asks in two stages (control::resume_request::stage), naming the job's ranks for the second.
 resume_result request_resume(pid_t pid, const std::filesystem::path& image, const progress_callback& progress = {},
-                             const char* verb = "resume", std::filesystem::path* recorded = nullptr);
+                             const char* verb = "resume", std::filesystem::path* recorded = nullptr,
+                             control::resume_request::stage stage = control::resume_request::stage::both,
+                             const std::vector<std::int64_t>& ranks = {});
 
 }  // namespace vmmckpt::ckpt

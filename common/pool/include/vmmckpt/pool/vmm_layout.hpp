@@ -26,6 +26,13 @@ inline constexpr std::uint64_t vmm_token_counter_mask = (1ULL << 40) - 1;
 constexpr bool looks_like_vmm_token(std::uint64_t value) {
   return (value & ~vmm_token_counter_mask) == vmm_token_tag && (value & vmm_token_counter_mask) != 0;
 }
+// The value the program holds for another process's handle it imported, once the exporter said which it is:
+// "vmi" in bits 63..40 and a counter. The driver's handle under it changes when the import is made again (a
+// job suspended and resumed, docs/job-checkpoint.md); the program's value does not. Never in images.
+inline constexpr std::uint64_t vmm_import_token_tag = 0x766d69ULL << 40;
+constexpr bool looks_like_import_token(std::uint64_t value) {
+  return (value & ~vmm_token_counter_mask) == vmm_import_token_tag && (value & vmm_token_counter_mask) != 0;
+}
 
 // The program's CUmemAllocationProp exactly as it passed it, as bytes so that this header needs no
 // cuda.h (the shim checks at compile time that the struct fits).

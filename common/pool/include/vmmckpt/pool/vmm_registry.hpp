@@ -99,8 +99,30 @@ class vmm_registry {
   void add_not_owned(std::uint64_t real, vmm_not_owned_kind kind, std::uint64_t size);
   // An imported handle whose exporter said which of its handles it is (`origin`'s exporter, token, size and
   // device; its address fields are unused): its mappings are the layout's imports, and it is not counted
-  // as lacking. A second import of the same real handle takes one more reference.
-  void add_import(std::uint64_t real, const vmm_import& origin);
+  // as lacking. Returns the value the program is given for it (looks_like_import_token), which stands for the
+  // driver's handle from then on. A second import of the same real handle takes one more reference.
+  std::uint64_t add_import(std::uint64_t real, const vmm_import& origin);
+  // The driver's handle under a value the program holds: the real handle of an import token (0 while the
+  // import is given back), the value itself for any other.
+  std::uint64_t driver_value(std::uint64_t value) const;
+  // Whether an import token names an identified import recorded here.
+  bool knows_import(std::uint64_t token) const;
+  // The import token over a driver handle, when that handle is an identified import's.
+  std::optional<std::uint64_t> import_token_of(std::uint64_t real) const;
+  // Identified imports, for a job's suspend and resume: each one's token, driver handle (0 once given back),
+  // the program's references, where it comes from and where it is mapped.
+  struct held_import {
+    std::uint64_t token = 0, real = 0;
+    std::uint32_t refs = 0;
+    vmm_import origin;
+    std::vector<vmm_mapping> mappings;  // token: the import token; offset: into the exporter's handle
+  };
+  std::vector<held_import> identified_imports() const;
+  // A job's suspend gives an import's driver handle back (0), its resume sets the new one; an exporter_start
+  // other than 0 is the exporter's start time now (a job restored by CRIU started its processes anew).
+  void set_import_real(std::uint64_t token, std::uint64_t real, std::uint64_t exporter_start = 0);
+  // The access rights recorded over [addr, addr + size), clipped to it.
+  std::vector<vmm_access_range> access_over(std::uint64_t addr, std::uint64_t size) const;
   // The origins of identified imports whose last reference and mapping went since the last call: the
   // exporter is told that this process maps them no more.
   std::vector<vmm_import> take_dropped_imports();
@@ -159,7 +181,8 @@ class vmm_registry {
     std::uint64_t size;
     std::uint32_t refs;
     std::uint32_t mappings;
-    std::optional<vmm_import> origin;  // an identified import
+    std::optional<vmm_import> origin;  // an identified import, recorded under its import token
+    std::uint64_t real = 0;            // the driver's handle: the key itself, but for an identified import
   };
   struct access_record {
     std::uint64_t end;
@@ -178,6 +201,7 @@ class vmm_registry {
   std::uint64_t window_;
   int devices_;
   std::uint64_t next_counter_ = 1;
+  std::uint64_t next_import_counter_ = 1;
   std::map<std::uint64_t, vmm_reservation> reservations_;  // by address
   std::map<std::uint64_t, vmm_handle> handles_;            // by token
   std::map<std::uint64_t, mapping_record> mappings_;       // by address; owned and counted not-owned

@@ -35,11 +35,14 @@ enum class op {
   ipc_close,
   vmm_identify,
   vmm_share,
-  vmm_unshare
+  vmm_unshare,
+  cut_arm,
+  cut_targets,
+  cut_release
 };
-inline constexpr op all_ops[] = {op::hello,        op::dump_begin, op::dump_end,   op::suspend,
-                                 op::resume,       op::check,      op::ipc_open,   op::ipc_close,
-                                 op::vmm_identify, op::vmm_share,  op::vmm_unshare};
+inline constexpr op all_ops[] = {op::hello,       op::dump_begin,   op::dump_end,  op::suspend,   op::resume,
+                                 op::check,       op::ipc_open,     op::ipc_close, op::vmm_identify, op::vmm_share,
+                                 op::vmm_unshare, op::cut_arm,      op::cut_targets, op::cut_release};
 std::string_view name_of(op o);
 
 // Why the process refused a request: what the tool acts on. The reply's text says it to a person.
@@ -96,10 +99,21 @@ struct hello_request {
 // Requests that change the process carry the time they are valid until, in milliseconds since the
 // Unix epoch (a clock the tool and the program share even across PID and time namespaces): a request
 // that waited in the socket while the program was stopped is refused, not acted on late.
+// A suspend of one rank of a whole job (docs/job-checkpoint.md), sent with the hold: whether the job is
+// suspended is decided by one claim file for all of its ranks, so that a rank whose tool goes away mid-way
+// ends up as the others do.
+struct job_suspend {
+  std::string dir;                  // the job's image directory, which holds its claim (suspend_claim.hpp)
+  std::string image;                // this rank's image, as it will be once committed
+  std::string image_id;             // its manifest's image_id
+  std::vector<std::int64_t> ranks;  // every rank's pid: its importers among them do not refuse the suspend
+  friend bool operator==(const job_suspend&, const job_suspend&) = default;
+};
 struct dump_begin_request {
   std::chrono::milliseconds hold_deadline{60'000};  // the longest the program may be held (1 ms to 1 h)
   std::int64_t valid_until_ms = 0;
   bool for_suspend = false;  // "purpose" on the wire: what the program reports while held (optional; dump)
+  std::optional<control::job_suspend> job;  // "job": a suspend of a job's rank (optional; with for_suspend)
   friend bool operator==(const dump_begin_request&, const dump_begin_request&) = default;
 };
 struct dump_end_request {
@@ -120,6 +134,12 @@ struct resume_request {
   // process restored by CRIU finds its image where `cuda-ckpt restore DIR` says, on another machine too.
   // The image_id must still be the one suspend took.
   std::string image;
+  // A job's resume comes in two stages (docs/job-checkpoint.md): every rank loads its memory (`load`, the
+  // program still held), then each maps its peers' memory again and goes on (`finish`). Absent: both.
+  enum class stage { both, load, finish };
+  stage step = stage::both;
+  // finish: the job's ranks, whose memory this one maps again; after a restore their start times changed.
+  std::vector<std::int64_t> ranks;
   friend bool operator==(const resume_request&, const resume_request&) = default;
 };
 struct check_request {
@@ -154,9 +174,42 @@ struct vmm_unshare_request {
   std::uint64_t token = 0;
   friend bool operator==(const vmm_unshare_request&, const vmm_unshare_request&) = default;
 };
+
+// ---- the cut of a multi-rank job (docs/job-checkpoint.md) ----
+// What a process issued on one NCCL communicator: its collectives (init and split included) and its
+// point-to-point operations by peer rank. Also a target: what the tool asks the process to have issued.
+struct peer_count {
+  int peer = 0;
+  std::uint64_t count = 0;
+  friend bool operator==(const peer_count&, const peer_count&) = default;
+};
+struct comm_count {
+  std::uint64_t id = 0;  // the communicator's identity across the job (a hash of its unique id)
+  int rank = 0;          // this process's rank in it
+  int size = 0;          // its ranks (0 in a target)
+  std::uint64_t ops = 0;
+  std::vector<peer_count> sends, recvs;  // by peer, ascending; peers with none left out
+  friend bool operator==(const comm_count&, const comm_count&) = default;
+};
+// From now on, until the connection closes, cut_release, or hold_deadline passes: a thread about to issue an
+// NCCL operation waits once the process has issued its targets (none yet: at its next one). The connection
+// then carries cut_status frames whenever the process's state changes.
+struct cut_arm_request {
+  std::chrono::milliseconds hold_deadline{60'000};  // the longest the process stays armed (1 ms to 1 h)
+  std::int64_t valid_until_ms = 0;
+  friend bool operator==(const cut_arm_request&, const cut_arm_request&) = default;
+};
+struct cut_targets_request {
+  std::vector<comm_count> targets;  // matched to the process's communicators by id and rank
+  friend bool operator==(const cut_targets_request&, const cut_targets_request&) = default;
+};
+struct cut_release_request {
+  friend bool operator==(const cut_release_request&, const cut_release_request&) = default;
+};
 using request =
     std::variant<hello_request, dump_begin_request, dump_end_request, suspend_request, resume_request, check_request,
-                 ipc_open_request, ipc_close_request, vmm_identify_request, vmm_share_request, vmm_unshare_request>;
+                 ipc_open_request, ipc_close_request, vmm_identify_request, vmm_share_request, vmm_unshare_request,
+                 cut_arm_request, cut_targets_request, cut_release_request>;
 
 // ---- replies ----
 struct pool_summary {
@@ -281,6 +334,15 @@ struct vmm_share_reply {
 struct vmm_unshare_reply {
   friend bool operator==(const vmm_unshare_reply&, const vmm_unshare_reply&) = default;
 };
+// The cut's state in one process: the answer to each cut request, and a frame of its own whenever it changes.
+struct cut_status {
+  bool armed = false;
+  int waiting = 0;    // threads waiting at an NCCL call
+  int in_flight = 0;  // NCCL calls past the cut's check that have not returned (a group counts from its start)
+  std::string where;  // the NCCL function a thread waits in ("" when none does)
+  std::vector<comm_count> comms;
+  friend bool operator==(const cut_status&, const cut_status&) = default;
+};
 // Any request's negative reply.
 struct failure_reply {
   refusal code = refusal::failed;
@@ -302,6 +364,7 @@ std::string encode(const ipc_open_reply& r);
 std::string encode(const ipc_close_reply& r);
 std::string encode(const vmm_share_reply& r);
 std::string encode(const vmm_unshare_reply& r);
+std::string encode(const cut_status& r);
 std::string encode(const failure_reply& r);
 
 // ---- decoding ----

@@ -36,6 +36,15 @@ bool decode(const std::string& text, parties& out) noexcept;
 // else had already renamed it (or it is not there).
 bool take(const std::string& image, const char* to) noexcept;
 
+// A whole job's suspend (docs/job-checkpoint.md) is settled the same way, once for all of its ranks, by the
+// claim in the job's directory: the tool accepts it once every rank's image is complete, and a rank whose tool
+// went away before telling it cancels it, or, finding it accepted, suspends itself as the others are.
+inline constexpr const char* job_pending = "job.pending";
+inline constexpr const char* job_accepted = "job.accepted";
+inline constexpr const char* job_cancelled = "job.cancelled";
+// Renames dir/job.pending to dir/`to` (job_accepted or job_cancelled), as take() does.
+bool take_job(const std::string& dir, const char* to) noexcept;
+
 // A process's start time in clock ticks since boot (/proc/PID/stat), or 0 when it is gone (a zombie too).
 std::uint64_t start_time(pid_t pid) noexcept;
 // The process runs and is the one that started at `start`.

@@ -1,0 +1,119 @@
+// The cut of a job from the tool's side: arm every rank, aim the targets, wait until every rank stands at them.
+#include "job/cut_coordinator.hpp"
+
+#include <poll.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "job/cut_plan.hpp"
+#include "vmmckpt/support/fault_point.hpp"
+
+namespace vmmckpt::ckpt {
+
+struct cut_coordinator::rank {
+  pid_t pid = 0;
+  std::unique_ptr<control_client> client;
+  control::cut_status status;
+  std::vector<control::comm_count> sent;  // the targets it was last given
+  bool answered = true;                   // its status answers the targets sent
+};
+
+cut_coordinator::cut_coordinator(const std::vector<pid_t>& ranks, clock::time_point armed_until) {
+  const auto armed_for =
+      std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                 armed_until - clock::now()));
+  for (const pid_t pid : ranks) {
+    auto r = std::make_unique<rank>();
+    r->pid = pid;
+    r->client = std::make_unique<control_client>(pid, armed_until);
+    ranks_.push_back(std::move(r));
+  }
+  // Armed one after the other: a rank armed first waits at its next NCCL call, which only delays it.
+  for (auto& r : ranks_) {
+    try {
+      r->status = r->client->cut_arm(armed_for);
+    } catch (const control_error& e) {
+      if (e.refused && e.refusal == control::refusal::unknown_op)
+        fail("process " + std::to_string(r->pid) + " runs a vmmckpt older than this cuda-ckpt: it knows no cut");
+      fail(e.what());
+    }
+  }
+  fault_point("job:armed");
+}
+
+cut_coordinator::~cut_coordinator() { release(); }
+
+void cut_coordinator::release() noexcept {
+  for (auto& r : ranks_) r->client.reset();
+}
+
+void cut_coordinator::fail(const std::string& why) {
+  release();
+  throw tool_error(why);
+}
+
+bool cut_coordinator::read_statuses(int wait_ms) {
+  std::vector<pollfd> fds;
+  for (const auto& r : ranks_) fds.push_back({r->client->fd(), POLLIN, 0});
+  if (::poll(fds.data(), fds.size(), wait_ms) <= 0) return false;
+  for (std::size_t i = 0; i < ranks_.size(); ++i) {
+    if (fds[i].revents == 0) continue;
+    rank& r = *ranks_[i];
+    try {
+      // Every status sent so far; the last is the rank's state now.
+      while (auto status = r.client->next_cut_status(0)) {
+        r.status = std::move(*status);
+        r.answered = true;
+      }
+    } catch (const control_error& e) {
+      fail("process " + std::to_string(r.pid) + " left the job's cut: " + e.what() +
+           "; every other rank goes on where it was");
+    }
+  }
+  return true;
+}
+
+cut_figures cut_coordinator::bring_to_cut(clock::time_point deadline) {
+  const auto start = clock::now();
+  cut_figures figures;
+  for (;;) {
+    std::vector<control::cut_status> statuses;
+    for (const auto& r : ranks_) statuses.push_back(r->status);
+    const auto targets = cut_targets(statuses);
+    bool there = true, aimed = false;
+    for (std::size_t i = 0; i < ranks_.size(); ++i) {
+      rank& r = *ranks_[i];
+      if (targets[i] != r.sent) {
+        try {
+          r.client->cut_targets(targets[i]);
+        } catch (const control_error& e) {
+          fail("process " + std::to_string(r.pid) + " left the job's cut: " + e.what());
+        }
+        r.sent = targets[i];
+        r.answered = false;
+        aimed = true;
+      }
+      there = there && r.answered && at_cut(r.status, targets[i]);
+    }
+    if (aimed) ++figures.rounds;
+    if (there) break;
+    if (clock::now() >= deadline) {
+      std::string behind;
+      for (std::size_t i = 0; i < ranks_.size(); ++i)
+        if (!at_cut(ranks_[i]->status, targets[i]))
+          behind += "\n  process " + std::to_string(ranks_[i]->pid) + ": " +
+                    against_targets(ranks_[i]->status, targets[i]);
+      fail("the job's ranks did not reach one point within the deadline (--deadline); every rank goes on as it "
+           "was. Not there:" +
+           behind);
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now()).count();
+    read_statuses(static_cast<int>(std::clamp<long long>(left, 1, 100)));
+  }
+  figures.seconds = std::chrono::duration<double>(clock::now() - start).count();
+  fault_point("job:cut");
+  return figures;
+}
+
+}  // namespace vmmckpt::ckpt

@@ -1,0 +1,41 @@
+// The cut of a job from the tool's side (docs/job-checkpoint.md): a connection to each rank, which arms it, and
+// targets aimed at the ranks until every one stands at the same point of the job. The ranks stay armed, their
+// NCCL calls waiting, until release(): across the holds that follow.
+#pragma once
+
+#include <sys/types.h>
+
+#include <memory>
+#include <vector>
+
+#include "vmmckpt/ckpt/control_client.hpp"
+#include "vmmckpt/ckpt/job.hpp"
+
+namespace vmmckpt::ckpt {
+
+class cut_coordinator {
+ public:
+  using clock = control_client::clock;
+  // Connects to every rank and arms it until `armed_until` (the whole operation's deadline: a crashed tool's ranks
+  // go on by then).
+  cut_coordinator(const std::vector<pid_t>& ranks, clock::time_point armed_until);
+  ~cut_coordinator();
+  cut_coordinator(const cut_coordinator&) = delete;
+  cut_coordinator& operator=(const cut_coordinator&) = delete;
+
+  // Aims the targets until every rank stands at them, by `deadline`. Throws tool_error naming each rank that did
+  // not get there and where it was (every rank is then released), or when a rank goes away.
+  cut_figures bring_to_cut(clock::time_point deadline);
+  // Every rank's NCCL calls go on (the connections close).
+  void release() noexcept;
+
+ private:
+  struct rank;
+  // Reads every status a rank has sent so far; false when none came within wait_ms.
+  bool read_statuses(int wait_ms);
+  [[noreturn]] void fail(const std::string& why);
+
+  std::vector<std::unique_ptr<rank>> ranks_;
+};
+
+}  // namespace vmmckpt::ckpt

@@ -1,0 +1,110 @@
+// job.json of a job's image: written, read with every field checked, and the ranks' images verified.
+#include "vmmckpt/ckpt/job_image.hpp"
+
+#include <sys/stat.h>
+
+#include <set>
+
+#include "image_files.hpp"
+#include "vmmckpt/image/image.hpp"
+#include "vmmckpt/protocol/suspend_claim.hpp"
+#include "vmmckpt/support/json_fields.hpp"
+
+namespace vmmckpt::ckpt {
+namespace fs = std::filesystem;
+namespace jf = json_fields;
+using namespace image_files;
+namespace {
+
+constexpr std::uint64_t max_manifest_bytes = 4u << 20;
+constexpr std::size_t max_ranks = 65536;
+constexpr std::int64_t pid_limit = 4'194'304;  // the kernel's PID_MAX_LIMIT
+
+job_image decode(const jf::json& j) {
+  jf::object_at(j, "job.json");
+  if (jf::string_of(j, "", "format") != job_format_name) fail("format: not \"" + std::string(job_format_name) + "\"");
+  if (const auto v = jf::u32_of(j, "", "version"); v != job_format_version)
+    fail("version " + std::to_string(v) + ": this cuda-ckpt reads version " + std::to_string(job_format_version));
+  job_image out;
+  out.kind = jf::string_of(j, "", "kind");
+  if (out.kind != "dump" && out.kind != "suspend") fail("kind: \"" + jf::printable(out.kind) + "\" is no job image's");
+  out.tool_version = jf::string_of(j, "", "tool_version");
+  out.created = jf::string_of(j, "", "created");
+  out.host = jf::string_of(j, "", "host");
+  const std::int64_t root = jf::i64_of(j, "", "root_pid");
+  if (root < 0 || root > pid_limit) fail("root_pid: out of range");
+  out.root_pid = static_cast<pid_t>(root);
+  out.cut_seconds = jf::number_of(j, "", "cut_seconds");
+  out.cut_rounds = jf::int_of(j, "", "cut_rounds");
+  out.held_ms = jf::number_of(j, "", "held_ms");
+  if (out.cut_seconds < 0 || out.cut_rounds < 0 || out.held_ms < 0) fail("cut_seconds, cut_rounds, held_ms: negative");
+  const auto& ranks = jf::array_of(j, "", "ranks");
+  if (ranks.empty() || ranks.size() > max_ranks) fail("ranks: 1 to " + std::to_string(max_ranks) + " expected");
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    const std::string p = jf::index("ranks", i);
+    const jf::json& r = jf::object_at(ranks[i], p);
+    const std::int64_t pid = jf::i64_of(r, p, "pid");
+    if (pid < 1 || pid > pid_limit) fail(p + ".pid: out of range");
+    if (!out.ranks.empty() && out.ranks.back().pid >= pid) fail(p + ".pid: not ascending, or repeated");
+    out.ranks.push_back({static_cast<pid_t>(pid), jf::string_of(r, p, "image_id")});
+    if (out.ranks.back().image_id.empty()) fail(p + ".image_id: empty");
+  }
+  return out;
+}
+
+}  // namespace
+
+bool is_job_image(const fs::path& dir) {
+  struct stat st {};
+  return ::lstat((dir / job_manifest_name).c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+job_image parse_job_manifest(const std::string& text, const std::string& where) {
+  try {
+    return decode(jf::parse_limited(text, 8));
+  } catch (const jf::decode_error& e) {
+    fail(where + ": " + e.what());
+  } catch (const image::image_error& e) {
+    fail(where + ": " + e.what());
+  }
+}
+
+job_image read_job_image(const fs::path& dir) {
+  fd_guard dir_fd(open_image_dir(dir));
+  const fs::path path = dir / job_manifest_name;
+  return parse_job_manifest(read_small_file(dir_fd.fd, job_manifest_name, path, max_manifest_bytes), path.string());
+}
+
+void write_job_manifest(const fs::path& dir, const job_image& j) {
+  nlohmann::ordered_json out = {{"format", job_format_name}, {"version", job_format_version},
+                                {"kind", j.kind},            {"tool_version", j.tool_version},
+                                {"created", j.created},      {"host", j.host},
+                                {"root_pid", j.root_pid},    {"cut_seconds", j.cut_seconds},
+                                {"cut_rounds", j.cut_rounds}, {"held_ms", j.held_ms}};
+  out["ranks"] = nlohmann::ordered_json::array();
+  for (const auto& r : j.ranks) out["ranks"].push_back({{"pid", r.pid}, {"image_id", r.image_id}});
+  write_synced(dir, job_manifest_name, out.dump(2) + "\n");
+}
+
+void verify_job_image(const fs::path& dir, const job_image& j, bool data) {
+  fd_guard top(open_image_dir(dir));
+  std::set<std::string> expected = {job_manifest_name};
+  if (j.kind == "suspend") expected.insert(suspend_claim::job_accepted);
+  for (const auto& r : j.ranks) expected.insert(std::to_string(r.pid));
+  for (const auto& name : names_in(top.fd, dir))
+    if (expected.count(name) == 0) fail((dir / name).string() + ": not part of the job's image (job.json names it not)");
+  for (const auto& name : expected)
+    if (name != job_manifest_name && name != suspend_claim::job_accepted) {
+      fd_guard rank(open_inner_dir(top.fd, name, dir / name));  // there, a directory, no link
+    }
+  for (const auto& r : j.ranks) {
+    const fs::path image = j.rank_image(dir, r.pid);
+    const auto reader = image::reader::open(image);
+    if (reader.info().image_id != r.image_id)
+      fail(image.string() + ": holds image " + reader.info().image_id + ", job.json names " + r.image_id);
+    reader.verify_manifest();
+    if (data) reader.verify_data();
+  }
+}
+
+}  // namespace vmmckpt::ckpt

@@ -1,0 +1,32 @@
+// cuda-ckpt resume --job: every suspended rank loads its memory, still held; then each maps the others' memory
+// again and goes on (docs/job-checkpoint.md). Run again, it finishes what a resume whose tool died left.
+#include <chrono>
+
+#include "job/job_run.hpp"
+#include "job/rendezvous.hpp"
+#include "vmmckpt/ckpt/job.hpp"
+
+namespace vmmckpt::ckpt {
+
+job_resume_result resume_job(const job_spec& job) {
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  job_resume_result r;
+  r.ranks = job_members(job, /*suspended=*/true);
+  const std::vector<std::int64_t> pids(r.ranks.begin(), r.ranks.end());
+  r.resumes.resize(r.ranks.size());
+  // A rank goes on only once every rank's memory is back: its first collective reads and writes the others'.
+  rendezvous loaded(r.ranks.size());
+  run_per_rank(r.ranks, {&loaded}, [&](std::size_t i) {
+    r.resumes[i] = request_resume(r.ranks[i], {}, {}, "resume", nullptr, control::resume_request::stage::load);
+    loaded.arrive_and_wait();
+    const auto finished =
+        request_resume(r.ranks[i], {}, {}, "resume", nullptr, control::resume_request::stage::finish, pids);
+    if (r.resumes[i].image.empty()) r.resumes[i].image = finished.image;
+  });
+  for (const auto& x : r.resumes) r.bytes += x.bytes;
+  r.seconds = std::chrono::duration<double>(clock::now() - start).count();
+  return r;
+}
+
+}  // namespace vmmckpt::ckpt

@@ -1,0 +1,28 @@
+// What the operations on a whole job share: their image directory, and one thread per rank that meet at the
+// job's rendezvous points.
+#pragma once
+
+#include <sys/types.h>
+
+#include <filesystem>
+#include <functional>
+#include <initializer_list>
+#include <vector>
+
+#include "job/rendezvous.hpp"
+
+namespace vmmckpt::ckpt {
+
+// The absolute path of an image directory to create: refused (image::image_error) when it exists or names no
+// directory.
+std::filesystem::path new_image_path(const std::filesystem::path& given);
+// Creates it, readable by its owner only.
+void make_private_directory(const std::filesystem::path& dir);
+
+// Runs body(i) for each rank i in a thread of its own. A body that throws makes every rendezvous give up, so that
+// no other rank waits for it; once all are done, the first error that says why (not that another rank failed) is
+// thrown again.
+void run_per_rank(const std::vector<pid_t>& ranks, std::initializer_list<rendezvous*> meetings,
+                  const std::function<void(std::size_t)>& body);
+
+}  // namespace vmmckpt::ckpt

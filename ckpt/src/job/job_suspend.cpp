@@ -1,0 +1,120 @@
+// cuda-ckpt suspend --job: the cut, every rank's image written and checked, the job's claim accepted once all are,
+// then every rank gives its GPU memory back. All of them or none (docs/job-checkpoint.md).
+#include <unistd.h>
+
+#include "image_files.hpp"
+#include "job/cut_coordinator.hpp"
+#include "job/job_run.hpp"
+#include "job/rendezvous.hpp"
+#include "vmmckpt/ckpt/driver.hpp"
+#include "vmmckpt/ckpt/job.hpp"
+#include "vmmckpt/ckpt/job_image.hpp"
+#include "vmmckpt/image/image.hpp"
+#include "vmmckpt/protocol/suspend_claim.hpp"
+
+namespace vmmckpt::ckpt {
+namespace fs = std::filesystem;
+namespace {
+
+// A job's suspend that was accepted but that a rank refused (it was released): the ranks that did suspend are
+// resumed, so that the whole job runs again. What could not be, in words.
+std::string undo_accepted(const std::vector<pid_t>& ranks, const std::vector<bool>& suspended) {
+  const std::vector<std::int64_t> job(ranks.begin(), ranks.end());
+  std::string problems;
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    if (!suspended[i]) continue;
+    try {
+      request_resume(ranks[i], {}, {}, "resume", nullptr, control::resume_request::stage::both, job);
+    } catch (const std::exception& e) {
+      problems += "; " + std::string(e.what()) + " (`cuda-ckpt resume --job` brings it back)";
+    }
+  }
+  return problems;
+}
+
+}  // namespace
+
+job_suspend_result suspend_job(const job_suspend_options& o) {
+  using clock = std::chrono::steady_clock;
+  job_suspend_result r;
+  const auto start = clock::now();
+  driver();  // no driver here: say so before any rank is touched
+  r.ranks = job_members(o.job);
+  // The ranks are told where their images will be, for good: the directory has its final name from the start.
+  const fs::path output = new_image_path(o.output);
+  make_private_directory(output);
+  const pid_t named = o.job.ranks.empty() ? o.job.root : r.ranks.front();
+  image_files::write_synced(output, suspend_claim::job_pending,
+                            suspend_claim::encode({::getpid(), suspend_claim::start_time(::getpid()), named,
+                                                   suspend_claim::start_time(named), ""}));
+  bool accepted = false;
+  struct remove_unless_accepted {
+    const fs::path& output;
+    const bool& accepted;
+    ~remove_unless_accepted() {
+      if (accepted) return;
+      suspend_claim::take_job(output.string(), suspend_claim::job_cancelled);
+      std::error_code ec;
+      fs::remove_all(output, ec);
+    }
+  } cleanup{output, accepted};
+
+  const auto deadline = start + o.hold_deadline;
+  std::unique_ptr<cut_coordinator> cut;
+  rendezvous prepared(r.ranks.size(), [&] {
+    cut = std::make_unique<cut_coordinator>(r.ranks, deadline);
+    r.cut = cut->bring_to_cut(deadline);
+  });
+  job_image j;
+  j.kind = "suspend";
+  j.root_pid = o.job.ranks.empty() ? o.job.root : 0;
+  for (const pid_t pid : r.ranks) j.ranks.push_back({pid, {}});
+  // Every rank's image complete and checked: the job is described, then its claim accepted. From the acceptance
+  // on, a rank whose tool goes away suspends itself.
+  rendezvous complete(r.ranks.size(), [&] {
+    j.cut_seconds = r.cut.seconds;
+    j.cut_rounds = r.cut.rounds;
+    write_job_manifest(output, j);
+    if (!suspend_claim::take_job(output.string(), suspend_claim::job_accepted))
+      throw tool_error("the job's suspend was cancelled meanwhile (a rank's hold ended: its deadline passed, or it "
+                       "lost its connection); every rank goes on, none suspended");
+    accepted = true;
+  });
+  r.suspends.resize(r.ranks.size());
+  std::vector<bool> suspended(r.ranks.size(), false);
+  const std::vector<std::int64_t> job_pids(r.ranks.begin(), r.ranks.end());
+  try {
+    run_per_rank(r.ranks, {&prepared, &complete}, [&](std::size_t i) {
+      suspend_options s;
+      s.pid = r.ranks[i];
+      s.output = output / std::to_string(r.ranks[i]);
+      s.copy = o.copy;
+      s.hold_deadline = o.hold_deadline;
+      s.verify = o.verify;
+      s.allow_partial = o.allow_partial;
+      s.job = control::job_suspend{output.string(), {}, {}, job_pids};
+      s.before_hold = [&] { prepared.arrive_and_wait(); };
+      s.before_suspend = [&, i](const std::string& image_id) {
+        j.ranks[i].image_id = image_id;  // each thread its own entry; the manifest is written by the last
+        complete.arrive_and_wait();
+      };
+      r.suspends[i] = suspend(s);
+      suspended[i] = true;
+    });
+  } catch (const std::exception& e) {
+    if (cut) cut->release();
+    if (!accepted) throw;
+    const std::string problems = undo_accepted(r.ranks, suspended);
+    accepted = false;  // the job runs again: its images go
+    throw tool_error(std::string(e.what()) + "; the ranks that were suspended are resumed" + problems);
+  }
+  cut->release();  // each rank's NCCL calls now wait for its resume
+  for (std::size_t i = 0; i < r.ranks.size(); ++i) {
+    r.freed_bytes += r.suspends[i].freed_bytes;
+  }
+  r.image = output;
+  r.seconds = std::chrono::duration<double>(clock::now() - start).count();
+  return r;
+}
+
+}  // namespace vmmckpt::ckpt
