@@ -52,6 +52,7 @@ dump_result dump(const dump_options& options, const progress_callback& progress)
   // is the quiesce.
   const copy_outcome copied = pipeline.copy(
       m, [&](std::uint64_t addr, std::uint64_t size) { return memory.mapped(addr, size); },
+      [&](std::uint64_t addr) { return memory.local(addr); },
       [&] {
         if (options.before_release) options.before_release();
         try {

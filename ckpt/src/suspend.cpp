@@ -128,6 +128,7 @@ suspend_result suspend(const suspend_options& options, const progress_callback& 
   result.mark("mapped");
   pipeline.copy(
       m, [&](std::uint64_t addr, std::uint64_t size) { return memory.mapped(addr, size); },
+      [&](std::uint64_t addr) { return memory.local(addr); },
       [&] {
         // The program stays held: only this tool's mapping of its memory goes.
         memory.release();

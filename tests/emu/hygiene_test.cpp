@@ -29,13 +29,13 @@ std::string read_file(const char* path) {
   return text.str();
 }
 
-// The names the shim means to export: dlsym and every entry of its two lists, served_entry_points.inc
-// and gated_entry_points.inc (the version script is generated from the same lists).
+// The names the shim means to export: dlsym and every entry of its three lists, served_entry_points.inc,
+// gated_entry_points.inc and nccl_entry_points.inc (the version script is generated from the same lists).
 std::set<std::string> intended_exports() {
   std::set<std::string> names = {"dlsym"};
-  for (const char* list : {VMMCKPT_SERVED_LIST, VMMCKPT_GATED_LIST}) {
+  for (const char* list : {VMMCKPT_SERVED_LIST, VMMCKPT_GATED_LIST, VMMCKPT_NCCL_LIST}) {
     const std::string text = read_file(list);
-    const std::regex entry(R"(\n(VMMCKPT_SERVED_DRIVER|VMMCKPT_SERVED_RUNTIME|VMMCKPT_GATED)\((\w+)[,)])");
+    const std::regex entry(R"(\n(VMMCKPT_SERVED_DRIVER|VMMCKPT_SERVED_RUNTIME|VMMCKPT_GATED|VMMCKPT_NCCL)\((\w+)[,)])");
     for (auto it = std::sregex_iterator(text.begin(), text.end(), entry); it != std::sregex_iterator(); ++it)
       names.insert((*it)[2].str());
   }

@@ -132,7 +132,15 @@ TEST_CASE("process.json: a good one reads; numbers that do not fit are refused, 
     return parse_error(j);
   };
   CHECK_THAT(with("version", 1.5), Contains("version"));
-  CHECK_THAT(with("version", 3), Contains("version 3"));
+  CHECK_THAT(with("version", 4), Contains("version 4"));
+  CHECK_THAT(with("job", true), Contains("job: not in a version 1 image"));  // version 3 adds whole jobs
+  CHECK(parse_error([] {
+          auto j = good_manifest();
+          j["version"] = 3;
+          j["job"] = true;
+          return j;
+        }())
+            .empty());
   CHECK_THAT(with("root_pid", (1ULL << 32) + 100), Contains("root_pid"));
   CHECK_THAT(with("root_pid", -1), Contains("root_pid"));
   CHECK_THAT(with("root_pid", 0), Contains("root_pid"));

@@ -22,6 +22,10 @@ nlohmann::json pids_json(const ckpt::process_image& d) {
 }  // namespace
 
 int dump_process_command(const dump_command_options& o) {
+  if (!o.ranks.empty())
+    return report_failure("dump", o.json,
+                          "--process takes a process tree: name the job by its launcher (--job PID), not --ranks",
+                          exit_usage);
   ckpt::process_dump_options options;
   options.pid = o.pid;
   options.output = o.output;
@@ -35,6 +39,7 @@ int dump_process_command(const dump_command_options& o) {
   options.copy.gpu_checksums = !o.cpu_checksums;
   options.parent = o.parent;
   options.pre_copy = o.pre_copy;
+  options.job = o.job;
   options.copy.interrupt = &catch_interrupts();
   progress_line line("dump", !o.json);
   const auto r = ckpt::dump_process(options, line.callback());
@@ -52,15 +57,16 @@ int dump_process_command(const dump_command_options& o) {
                                 {"phases", phases_json(r.phases)},
                                 {"parent", d.parent},
                                 {"pre_copied", d.pre_copied()},
+                                {"job", d.job},
                                 {"pre_copy_bytes", r.pre_copy_bytes},
                                 {"pre_copy_held_ms", r.pre_copy_held_ms},
                                 {"held_bytes", r.held_bytes}}
                      .dump(2)
               << "\n";
   } else {
-    std::printf("dumped process %d whole (%zu under vmmckpt, %s of GPU memory written; CRIU %s) to %s in %.3f s\n",
-                static_cast<int>(o.pid), d.processes.size(), human_bytes(d.gpu_bytes).c_str(), d.criu_version.c_str(),
-                r.image.c_str(), r.seconds);
+    std::printf("dumped %s %d whole (%zu under vmmckpt, %s of GPU memory written; CRIU %s) to %s in %.3f s\n",
+                d.job ? "the job of process" : "process", static_cast<int>(o.pid), d.processes.size(),
+                human_bytes(d.gpu_bytes).c_str(), d.criu_version.c_str(), r.image.c_str(), r.seconds);
     if (d.pre_copied())
       std::printf("  pre-copied %s of GPU memory while it ran (held at most %.1f ms); the stop wrote %s changed "
                   "since\n",
@@ -90,7 +96,8 @@ int inspect_process_command(const std::string& image, bool json) {
                        {"gpu_bytes", d.gpu_bytes},
                        {"left_running", d.left_running},
                        {"stopped_seconds", d.stopped_seconds},
-                       {"parent", d.parent}};
+                       {"parent", d.parent},
+                       {"job", d.job}};
     out["processes"] = nlohmann::json::array();
     for (const auto& m : d.processes)
       out["processes"].push_back(
@@ -119,8 +126,8 @@ int inspect_process_command(const std::string& image, bool json) {
                 shown(d.parent).c_str());
   std::printf("cpu part  %s in %zu CRIU files (%s/)\n", human_bytes(cpu_bytes).c_str(), d.criu_files.size(),
               ckpt::criu_dir_name);
-  std::printf("gpu part  %s in %zu process(es); restore with: cuda-ckpt restore %s\n", human_bytes(d.gpu_bytes).c_str(),
-              d.processes.size(), shown(image).c_str());
+  std::printf("gpu part  %s in %zu %s; restore with: cuda-ckpt restore %s\n", human_bytes(d.gpu_bytes).c_str(),
+              d.processes.size(), d.job ? "ranks of a job, cut at one point" : "process(es)", shown(image).c_str());
   for (const auto& m : d.processes) {
     std::printf("  process %d (parent %d): %s; GPU part %s%s\n", static_cast<int>(m.pid), static_cast<int>(m.parent),
                 shown_command(m.command).c_str(), shown(d.gpu_image(image, m.pid).string()).c_str(),

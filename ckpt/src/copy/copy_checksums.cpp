@@ -8,7 +8,7 @@ copy_checksums::copy_checksums(const std::vector<chunk>& chunks, gpu_checksums* 
   for (std::size_t c = 0; c < chunks.size(); ++c) at_[c].assign(chunks[c].spans.size(), {nullptr, 0});
 }
 
-void copy_checksums::hash(const std::vector<CUdeviceptr>& snapshot_at, image_result& result) {
+void copy_checksums::hash(const std::vector<CUdeviceptr>& snapshot_at, const local_fn& local, image_result& result) {
   if (!on_gpu()) {
     result.checksums_why = kernel_ != nullptr ? kernel_->why() : "not asked for (--cpu-checksums)";
     return;
@@ -23,7 +23,7 @@ void copy_checksums::hash(const std::vector<CUdeviceptr>& snapshot_at, image_res
       if (sp.piece_count != 1) continue;
       at_[c][k].second = blocks;
       hashed.emplace_back(c, k);
-      spans.push_back({snapshot_at.empty() ? sp.addr : snapshot_at[c] + sp.offset, sp.stored});
+      spans.push_back({snapshot_at.empty() ? local(sp.addr) : snapshot_at[c] + sp.offset, sp.stored});
       blocks += image::block_count(sp.stored, image::write_block_size);
     }
   in_place_ = snapshot_at.empty();

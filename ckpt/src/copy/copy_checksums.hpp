@@ -24,9 +24,9 @@ class copy_checksums {
   // its writer, as is everything without a usable kernel).
   bool on_gpu() const { return kernel_ != nullptr && kernel_->available(); }
   // With the GPU hashing, every chunk hashed, and "gpu" in the result; otherwise why not. Where each chunk
-  // lies in the GPU snapshot (snapshot_places()), or, without `snapshot_at`, in the program's memory, while it
-  // is held and before any copy. Called before the first chunk is handed to a writer.
-  void hash(const std::vector<CUdeviceptr>& snapshot_at, image_result& result);
+  // lies in the GPU snapshot (snapshot_places()), or, without `snapshot_at`, in the program's memory (read at
+  // local(addr)), while it is held and before any copy. Called before the first chunk is handed to a writer.
+  void hash(const std::vector<CUdeviceptr>& snapshot_at, const local_fn& local, image_result& result);
   // The checksums of chunk c's span s, waiting for the kernel; null: the writer computes them.
   const std::uint64_t* of(std::size_t c, std::size_t s) const {
     const auto [batch, at] = at_[c][s];

@@ -179,8 +179,9 @@ struct program_release {
 
 }  // namespace
 
-copy_outcome copy_pipeline::copy(image::manifest& m, const readable_fn& readable, const std::function<void()>& release,
-                                 const progress_callback& progress, image_result& result) {
+copy_outcome copy_pipeline::copy(image::manifest& m, const readable_fn& readable, const local_fn& local,
+                                 const std::function<void()>& release, const progress_callback& progress,
+                                 image_result& result) {
   copy_outcome out;
   copy_staging& st = *staging_;
   // This thread copies the chunks in order into whichever staging buffer is free (chunk_copier), and each
@@ -220,7 +221,8 @@ copy_outcome copy_pipeline::copy(image::manifest& m, const readable_fn& readable
   line.report(copy_progress::stage::copying, 0);  // the program is held from here: the copy's rate counts from now
   program_release released{release, sums, settings_.interrupt, handoff, line, result};
   if (snapshot_first) {
-    const copy_runs whole = plan_copy_runs(chunks, snapshot_at, [](std::size_t, std::size_t) { return span_blocks{}; });
+    copy_runs whole = plan_copy_runs(chunks, snapshot_at, [](std::size_t, std::size_t) { return span_blocks{}; });
+    whole.read_at(local);
     chunk_copier into({st, chunks, whole, snapshot_at, false, settings_.interrupt, handoff, line, result});
     out.snapshot_bytes = into.to_snapshot(0);
     into.wait();
@@ -229,7 +231,7 @@ copy_outcome copy_pipeline::copy(image::manifest& m, const readable_fn& readable
     line.report(copy_progress::stage::copying, total);
     released.now();
   }
-  sums.hash(snapshot_first ? snapshot_at : std::vector<CUdeviceptr>{}, result);
+  sums.hash(snapshot_first ? snapshot_at : std::vector<CUdeviceptr>{}, local, result);
   // What of each chunk leaves the program's memory (or the snapshot), worked out once, before the first copy
   // (waiting for the kernel).
   runs = plan_copy_runs(chunks, snapshot_at, [&](std::size_t c, std::size_t k) {
@@ -237,6 +239,7 @@ copy_outcome copy_pipeline::copy(image::manifest& m, const readable_fn& readable
     return span_blocks{sums.of(c, k), sums.zeros_of(c, k),
                        parent_ ? parent_->same_extent(sp.addr, sp.size, sp.stored) : nullptr};
   });
+  runs.read_at(local);
   result.uncopied_bytes += runs.uncopied_bytes;
   result.mark("compared");  // what to copy is known
   // Block by block out of the program's memory, the runs to copy packed one after the other in the snapshot,

@@ -45,14 +45,14 @@ class copy_pipeline {
   // Each step's end goes into result's phases.
   void prepare(const std::filesystem::path& output, CUcontext context, bool snapshot_allowed, image_result& result);
 
-  // Copies every allocation of m's pools (mapped here at their addresses) into the image, filling
-  // in m's extents, data_files and data_bytes. Nearby allocations are copied together with the gap
+  // Copies every allocation of m's pools (mapped here, each address read at local(addr)) into the image,
+  // filling in m's extents, data_files and data_bytes. Nearby allocations are copied together with the gap
   // between them where `readable(addr, size)` says that gap is mapped here. `release` is called once, as soon as every byte has
   // left the program's memory (copied to the snapshot or to the host), while writing goes on.
   // Returns when every byte is written (result's "copied" and "written" phases marked, its copy
   // and thread times filled in), saying whether the GPU snapshot was used. The manifest is not committed.
-  copy_outcome copy(image::manifest& m, const readable_fn& readable, const std::function<void()>& release,
-                    const progress_callback& progress, image_result& result);
+  copy_outcome copy(image::manifest& m, const readable_fn& readable, const local_fn& local,
+                    const std::function<void()>& release, const progress_callback& progress, image_result& result);
 
   image::writer& writer() { return *writer_; }
   // After the writer committed m (`manifest_checksum`: what commit returned): a series keeps the image as

@@ -56,6 +56,9 @@ constexpr std::uint64_t join_below = image::write_block_size;
 
 // Whether the memory [addr, addr + size) is mapped here (a gap between two pieces may be copied along).
 using readable_fn = std::function<bool(std::uint64_t, std::uint64_t)>;
+// Where this tool reads the program's memory at `addr`: the same address, unless another program's memory took
+// that range here first (the ranks of a job on one device, held_memory.hpp).
+using local_fn = std::function<CUdeviceptr(std::uint64_t addr)>;
 
 // Cuts every pool's allocations into pieces of at most chunk_bytes and packs them into chunks, in
 // manifest order, joining nearby pieces into one span where `readable` says the memory between them
@@ -119,6 +122,11 @@ struct copy_run {
 
 // What of each chunk leaves the program's memory, as runs of one copy each.
 struct copy_runs {
+  // Every run read at local(addr) instead of addr: where the tool mapped the program's memory.
+  void read_at(const local_fn& local) {
+    for (auto& runs : of)
+      for (copy_run& r : runs) r.addr = local(r.addr);
+  }
   std::vector<std::vector<copy_run>> of;  // per chunk; none: every block zero or unchanged, no copy
   std::size_t changed_chunks = 0;         // chunks with at least one run
   std::uint64_t changed_bytes = 0;        // in all runs

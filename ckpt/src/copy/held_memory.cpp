@@ -1,4 +1,4 @@
-// A held program's pool memory, mapped into this tool at the same addresses through the handles it exported.
+// A held program's memory, mapped into this tool through the handles it exported: at the same addresses where free.
 #include "copy/held_memory.hpp"
 
 #include <unistd.h>
@@ -35,27 +35,37 @@ std::vector<CUmemAccessDesc> access_for(const driver_api& d, CUdevice device, CU
   return access;
 }
 
+// [base, base + size) reserved here, at the same address when it is free, else (another program's memory took it:
+// the ranks of a job on one device) wherever the driver places it. Returns where it is.
+std::uint64_t reserve_range(const driver_api& d, std::uint64_t base, std::uint64_t size, std::uint64_t alignment) {
+  std::uint64_t moved_to = 0;
+  const CUresult e = reserve_exactly(d, base, size, alignment, moved_to);
+  if (e == CUDA_SUCCESS) return base;
+  if (moved_to == 0) VMMCKPT_CUDA_TRY(e);
+  CUdeviceptr anywhere = 0;
+  VMMCKPT_CUDA_TRY(d.cuMemAddressReserve(&anywhere, size, alignment, 0, 0));
+  return anywhere;
+}
+
 }  // namespace
 
-// One pool: [base, base + size) reserved here exactly, each segment's handle imported and mapped at
-// its address, readable by `device` and by the copying context's device. Everything is undone by the destructor.
+// One pool: [base, base + size) reserved here (reserve_range), each segment's handle imported and mapped at its
+// place there, readable by `device` and by the copying context's device. Everything is undone by the destructor.
 class held_memory::pool_mapping {
  public:
   pool_mapping(CUdevice device, CUdevice copier, std::uint64_t base, std::uint64_t size)
       : d_(driver()), base_(base), size_(size), access_(access_for(d_, device, copier)) {
-    std::uint64_t moved_to = 0;
-    const CUresult e = reserve_exactly(d_, base, size, 0, moved_to);
-    if (moved_to != 0) throw tool_error("cannot map the pool at " + hex(base) + " in this process: the range is taken");
-    VMMCKPT_CUDA_TRY(e);
+    here_ = reserve_range(d_, base, size, 0);
     reserved_ = true;
   }
   ~pool_mapping() {
     for (const auto& m : mapped_) {
-      d_.cuMemUnmap(m.addr, m.size);
+      d_.cuMemUnmap(local(m.addr), m.size);
       d_.cuMemRelease(m.handle);
     }
-    if (reserved_) d_.cuMemAddressFree(base_, size_);
+    if (reserved_) d_.cuMemAddressFree(here_, size_);
   }
+  CUdeviceptr local(std::uint64_t addr) const { return here_ + (addr - base_); }
   pool_mapping(const pool_mapping&) = delete;
   pool_mapping& operator=(const pool_mapping&) = delete;
 
@@ -70,11 +80,11 @@ class held_memory::pool_mapping {
         &handle, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd)), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
     ::close(fd);
     VMMCKPT_CUDA_TRY(imported);
-    const CUresult mapped = d_.cuMemMap(addr, size, 0, handle, 0);
+    const CUresult mapped = d_.cuMemMap(local(addr), size, 0, handle, 0);
     if (mapped != CUDA_SUCCESS) d_.cuMemRelease(handle);
     VMMCKPT_CUDA_TRY(mapped);
     mapped_.push_back({addr, size, handle});
-    VMMCKPT_CUDA_TRY(d_.cuMemSetAccess(addr, size, access_.data(), access_.size()));
+    VMMCKPT_CUDA_TRY(d_.cuMemSetAccess(local(addr), size, access_.data(), access_.size()));
   }
 
   // True when [addr, addr + size) is wholly mapped; after the last map(). Asked in address order
@@ -95,6 +105,7 @@ class held_memory::pool_mapping {
   };
   const driver_api& d_;
   std::uint64_t base_ = 0, size_ = 0;
+  CUdeviceptr here_ = 0;  // where [base_, base_ + size_) is mapped here
   bool reserved_ = false;
   std::vector<CUmemAccessDesc> access_;
   std::vector<mapped> mapped_;
@@ -109,22 +120,22 @@ class held_memory::vmm_mapping {
  public:
   explicit vmm_mapping(CUdevice copier) : d_(driver()), copier_(copier) {}
   ~vmm_mapping() {
-    for (const auto& m : mapped_) d_.cuMemUnmap(m.first, m.second);
+    for (const auto& m : mapped_) d_.cuMemUnmap(local(m.first), m.second);
     for (const auto& [token, handle] : handles_) d_.cuMemRelease(handle);
-    for (const auto& r : reserved_) d_.cuMemAddressFree(r.first, r.second);
+    for (const auto& r : reserved_) d_.cuMemAddressFree(r.here, r.size);
   }
   vmm_mapping(const vmm_mapping&) = delete;
   vmm_mapping& operator=(const vmm_mapping&) = delete;
 
   void reserve_window(std::uint64_t base, std::uint64_t size) {
     for (const auto& r : reserved_)
-      if (r.first == base) return;
-    std::uint64_t moved_to = 0;
-    const CUresult e = reserve_exactly(d_, base, size, vmm_granularity, moved_to);
-    if (moved_to != 0)
-      throw tool_error("cannot map the program's VMM window at " + hex(base) + " in this process: the range is taken");
-    VMMCKPT_CUDA_TRY(e);
-    reserved_.emplace_back(base, size);
+      if (r.base == base) return;
+    reserved_.push_back({base, size, reserve_range(d_, base, size, vmm_granularity)});
+  }
+  CUdeviceptr local(std::uint64_t addr) const {
+    for (const auto& r : reserved_)
+      if (addr - r.base < r.size) return r.here + (addr - r.base);
+    return addr;
   }
   // `fd` is closed here whatever happens.
   void import(std::uint64_t token, CUdevice device, int fd) {
@@ -140,13 +151,13 @@ class held_memory::vmm_mapping {
     const auto it = handles_.find(m.token);
     if (it == handles_.end())
       throw tool_error("the program mapped VMM handle " + hex(m.token) + " but did not send it");
-    VMMCKPT_CUDA_TRY(d_.cuMemMap(m.addr, m.size, m.offset, it->second, 0));
+    VMMCKPT_CUDA_TRY(d_.cuMemMap(local(m.addr), m.size, m.offset, it->second, 0));
     mapped_.emplace_back(m.addr, m.size);
     // Worked out once per device: a program maps hundreds of segments, and this runs while it is held.
     const CUdevice device = devices_.at(m.token);
     auto access = access_.find(device);
     if (access == access_.end()) access = access_.emplace(device, access_for(d_, device, copier_)).first;
-    VMMCKPT_CUDA_TRY(d_.cuMemSetAccess(m.addr, m.size, access->second.data(), access->second.size()));
+    VMMCKPT_CUDA_TRY(d_.cuMemSetAccess(local(m.addr), m.size, access->second.data(), access->second.size()));
   }
   void mapping_done() {
     ranges_ = address_ranges(std::vector<std::pair<std::uint64_t, std::uint64_t>>(mapped_));
@@ -154,15 +165,20 @@ class held_memory::vmm_mapping {
   }
   bool contains(std::uint64_t addr) const {
     for (const auto& r : reserved_)
-      if (addr - r.first < r.second) return true;
+      if (addr - r.base < r.size) return true;
     return false;
   }
   bool covers(std::uint64_t addr, std::uint64_t size) const { return cursor_->covers(addr, size); }
 
  private:
+  struct window {
+    std::uint64_t base, size;  // the program's
+    CUdeviceptr here;          // where it is reserved here
+  };
   const driver_api& d_;
   const CUdevice copier_;
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> reserved_, mapped_;
+  std::vector<window> reserved_;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> mapped_;  // the program's addresses
   std::map<std::uint64_t, CUmemGenericAllocationHandle> handles_;  // by token
   std::map<std::uint64_t, CUdevice> devices_;                      // by token
   std::map<CUdevice, std::vector<CUmemAccessDesc>> access_;        // by device
@@ -235,6 +251,12 @@ bool held_memory::mapped(std::uint64_t addr, std::uint64_t size) const {
     if (p->contains(addr)) return p->covers(addr, size);
   if (vmm_ && vmm_->contains(addr)) return vmm_->covers(addr, size);
   return false;
+}
+
+CUdeviceptr held_memory::local(std::uint64_t addr) const {
+  for (const auto& p : pools_)
+    if (p->contains(addr)) return p->local(addr);
+  return vmm_ ? vmm_->local(addr) : addr;
 }
 
 void held_memory::release() {

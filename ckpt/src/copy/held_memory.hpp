@@ -1,4 +1,6 @@
-// A held program's memory (its pools and the VMM memory it made itself), mapped into this tool at the same addresses through the handles it exported.
+// A held program's memory (its pools and the VMM memory it made itself), mapped into this tool through the handles
+// it exported: at the same addresses, unless another program's memory mapped here first took them (the ranks of a
+// job on one device), then wherever the driver places it.
 #pragma once
 
 #include <cuda.h>
@@ -27,9 +29,11 @@ class held_memory {
   held_memory(const held_memory&) = delete;
   held_memory& operator=(const held_memory&) = delete;
 
-  // True when [addr, addr + size) is wholly mapped here (in one pool). From one thread; quickest
-  // asked in address order.
+  // True when [addr, addr + size) (the program's addresses) is wholly mapped here (in one pool). From one thread;
+  // quickest asked in address order.
   bool mapped(std::uint64_t addr, std::uint64_t size) const;
+  // Where the program's address `addr` is mapped here.
+  CUdeviceptr local(std::uint64_t addr) const;
   // Unmaps everything: done once every byte has left the program's memory.
   void release();
 

@@ -8,7 +8,7 @@
 
 namespace vmmckpt::ckpt {
 
-job_resume_result resume_job(const job_spec& job) {
+job_resume_result resume_job(const job_spec& job, const std::filesystem::path& images) {
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
   job_resume_result r;
@@ -18,7 +18,8 @@ job_resume_result resume_job(const job_spec& job) {
   // A rank goes on only once every rank's memory is back: its first collective reads and writes the others'.
   rendezvous loaded(r.ranks.size());
   run_per_rank(r.ranks, {&loaded}, [&](std::size_t i) {
-    r.resumes[i] = request_resume(r.ranks[i], {}, {}, "resume", nullptr, control::resume_request::stage::load);
+    const std::filesystem::path image = images.empty() ? std::filesystem::path() : images / std::to_string(r.ranks[i]);
+    r.resumes[i] = request_resume(r.ranks[i], image, {}, "resume", nullptr, control::resume_request::stage::load);
     loaded.arrive_and_wait();
     const auto finished =
         request_resume(r.ranks[i], {}, {}, "resume", nullptr, control::resume_request::stage::finish, pids);

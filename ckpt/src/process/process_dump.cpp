@@ -11,12 +11,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 
 #include "vmmckpt/ckpt/driver_checkpoint.hpp"
 #include "vmmckpt/ckpt/criu.hpp"
 #include "vmmckpt/ckpt/driver.hpp"
+#include "vmmckpt/ckpt/job.hpp"
 #include "vmmckpt/ckpt/process_checkpoint.hpp"
 #include "vmmckpt/ckpt/process_recovery.hpp"
 #include "vmmckpt/ckpt/processes.hpp"
@@ -50,7 +52,7 @@ struct tree_member {
 // state cannot be captured: a process that uses CUDA without the shim, or a multi-rank NCCL job. Each is given
 // `wait` to answer: a process on a busy machine (or one loading its memory after a restore) may take more than
 // the second that ps gives it.
-std::vector<tree_member> gpu_members_of(pid_t root, std::chrono::milliseconds wait) {
+std::vector<tree_member> gpu_members_of(pid_t root, std::chrono::milliseconds wait, bool job) {
   if (!process_exists(root)) throw tool_error("no process " + std::to_string(root));
   std::vector<tree_member> members;
   int nccl = 0;
@@ -72,10 +74,10 @@ std::vector<tree_member> gpu_members_of(pid_t root, std::chrono::milliseconds wa
     if (maps_file(pid, "libnccl")) ++nccl;
     members.push_back({pid, parent_of(pid), entry.hello->command});
   }
-  if (nccl > 1)
+  if (nccl > 1 && !job)
     throw tool_error("process " + std::to_string(root) + "'s tree is a multi-rank NCCL job (" + std::to_string(nccl) +
-                     " processes load NCCL): whole-process checkpoints of NCCL peers are not supported (the driver's "
-                     "checkpoint does not cover NCCL's peer connections); dump each rank's GPU memory instead");
+                     " processes load NCCL): checkpoint it as a job, its ranks cut at one point (dump --job "
+                     "--process)");
   if (members.empty())
     throw tool_error("no process in the tree of process " + std::to_string(root) +
                      " runs under vmmckpt with CUDA in use: nothing of the GPU to checkpoint (use criu alone)");
@@ -130,6 +132,7 @@ class process_dump {
  private:
   void pre_copy_one(const tree_member& m, process_image::member& described);
   void suspend_one(const tree_member& m, process_image::member& described);
+  void suspend_job_ranks();
   // The copy settings of m's dumps: incremental on its part in the parent image, if that has one.
   copy_settings copy_for(pid_t pid) const;
   // The steps of an operation on pid called at `called` ("pre-copy", "suspend"), on this dump's clock: where
@@ -165,7 +168,10 @@ void process_dump::check_and_prepare() {
   if (const std::string missing = driver_checkpoint_missing(); !missing.empty())
     throw tool_error(missing + ": whole-process checkpoints need it (dump, suspend and restore with a command work "
                                "without it)");
-  members_ = gpu_members_of(o_.pid, std::min<std::chrono::milliseconds>(o_.hold_deadline, std::chrono::seconds(10)));
+  if (o_.job && (o_.pre_copy || !o_.parent.empty()))
+    throw tool_error("--pre-copy and --parent do not apply to a whole job's dump (--job) yet");
+  members_ = gpu_members_of(o_.pid, std::min<std::chrono::milliseconds>(o_.hold_deadline, std::chrono::seconds(10)),
+                            o_.job);
   for (const auto& m : members_)
     if (const auto state = driver_process_state(m.pid); state != CU_PROCESS_STATE_RUNNING)
       throw tool_error(who(m.pid) + " is " + process_state_name(state) +
@@ -192,7 +198,8 @@ void process_dump::check_and_prepare() {
              (output_.filename().string() + ".partial-" + std::to_string(::getpid()) + "-" + random_hex16());
   record_.staging = staging_;
   record_.write();
-  if (!fs::create_directories(staging_ / gpu_dir_name, ec) || ec) {
+  // A job's suspend makes gpu/ itself, as the job's directory it settles the ranks' suspend in.
+  if (!fs::create_directories(o_.job ? staging_ : staging_ / gpu_dir_name, ec) || ec) {
     record_.remove();
     throw image::image_error(staging_.string() + ": cannot be created: " + ec.message());
   }
@@ -203,6 +210,7 @@ void process_dump::check_and_prepare() {
   d_.root_pid = o_.pid;
   d_.criu_version = criu_.version;
   d_.left_running = o_.leave_running;
+  d_.job = o_.job;
   if (!parent_.empty()) d_.parent = parent_.lexically_relative(output_.parent_path()).string();
 }
 
@@ -291,10 +299,37 @@ void process_dump::suspend_one(const tree_member& m, process_image::member& desc
   described.image_id = s.manifest.image_id;
 }
 
+void process_dump::suspend_job_ranks() {
+  job_suspend_options so;
+  for (const auto& m : members_) so.job.ranks.push_back(m.pid);
+  so.output = staging_ / gpu_dir_name;
+  so.copy = o_.copy;
+  so.hold_deadline = o_.hold_deadline;
+  so.allow_partial = true;  // what the shim does not own stays in the contexts: the driver checkpoints it
+  const auto called = clock::now();
+  const auto s = suspend_job(so);
+  for (std::size_t i = 0; i < s.ranks.size(); ++i) {
+    const suspend_result& one = s.suspends[i];
+    suspended_.push_back(s.ranks[i]);
+    if (const double held = take_phases("suspend", s.ranks[i], called, one.phases); held >= 0 && stopped_from_ < 0)
+      stopped_from_ = held;
+    d_.processes[i].image_id = one.manifest.image_id;
+    d_.gpu_bytes += one.manifest.data_bytes;
+    r_.held_bytes += one.manifest.data_bytes;
+    d_.tool_version = one.manifest.tool_version;
+    d_.created = one.manifest.created;
+    d_.host = one.manifest.host;
+  }
+  r_.phases.emplace_back("cut", std::chrono::duration<double>(called - start_).count() + s.cut.seconds);
+}
+
 void process_dump::suspend_all() {
   // 1. The shim copies each process's GPU memory out (with pre-copy, what changed since) and frees it; each
-  // stays held.
-  for (std::size_t i = 0; i < members_.size(); ++i) suspend_one(members_[i], d_.processes[i]);
+  // stays held. A job's ranks are first brought to one point of the job, and suspended all or none.
+  if (o_.job)
+    suspend_job_ranks();
+  else
+    for (std::size_t i = 0; i < members_.size(); ++i) suspend_one(members_[i], d_.processes[i]);
   mark("suspended");
   fault_point("process:suspended");
   check_interrupted(o_.copy);
@@ -324,6 +359,9 @@ void process_dump::criu_dump() {
       "dump",           "-t", std::to_string(o_.pid), "-D", (staging_ / criu_dir_name).string(), "--shell-job",
       "--leave-stopped"};
   args.insert(args.end(), o_.criu_args.begin(), o_.criu_args.end());
+  // A job's ranks talk over TCP (NCCL's bootstrap, the launcher's store): CRIU keeps the connections.
+  if (o_.job && std::find(args.begin(), args.end(), criu_tcp_established) == args.end())
+    args.push_back(criu_tcp_established);
   fault_point("process:criu");
   // Its exit status is written into the image by the shell that runs it, tool or no tool: "0" tells a later
   // `restore` or `gc` that CRIU's part is complete.
@@ -403,7 +441,18 @@ void process_dump::finish() {
   }
   continue_stopped();
   try {
-    for (auto it = d_.processes.rbegin(); it != d_.processes.rend(); ++it) {
+    if (o_.job) {
+      // Every rank's context back first: the ranks then load their memory together, and each maps the others'.
+      for (auto it = d_.processes.rbegin(); it != d_.processes.rend(); ++it) {
+        driver_restore(it->pid);
+        checkpointed_.pop_back();
+        driver_unlock(it->pid);
+        locked_.pop_back();
+      }
+      resume_job({0, suspended_}, output_ / gpu_dir_name);  // the parts, renamed with the image
+      suspended_.clear();
+    }
+    for (auto it = d_.processes.rbegin(); it != d_.processes.rend() && !suspended_.empty(); ++it) {
       driver_restore(it->pid);
       checkpointed_.pop_back();
       driver_unlock(it->pid);
@@ -443,7 +492,10 @@ std::string process_dump::undo() {
   continue_stopped();
   for (auto it = checkpointed_.rbegin(); it != checkpointed_.rend(); ++it) attempt(*it, [&] { driver_restore(*it); });
   for (auto it = locked_.rbegin(); it != locked_.rend(); ++it) attempt(*it, [&] { driver_unlock(*it); });
-  for (auto it = suspended_.rbegin(); it != suspended_.rend(); ++it) attempt(*it, [&] { request_resume(*it, {}); });
+  if (o_.job && !suspended_.empty())
+    attempt(suspended_.front(), [&] { resume_job({0, suspended_}); });
+  else
+    for (auto it = suspended_.rbegin(); it != suspended_.rend(); ++it) attempt(*it, [&] { request_resume(*it, {}); });
   // A process that ended meanwhile has nothing to come back to from this dump. CRIU killed while its code was
   // in the process (injecting or removing it) ends it with SIGTRAP: only its last complete image brings it back.
   for (const auto& [pid, start] : record_.processes)

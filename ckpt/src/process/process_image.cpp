@@ -16,6 +16,8 @@
 #include <set>
 
 #include "image_files.hpp"
+#include "vmmckpt/ckpt/job_image.hpp"
+#include "vmmckpt/protocol/suspend_claim.hpp"
 #include "vmmckpt/support/hex_text.hpp"
 #include "vmmckpt/image/image.hpp"
 #include "vmmckpt/support/json_fields.hpp"
@@ -86,7 +88,8 @@ process_image::member decode_member(const jf::json& j, const std::string& path, 
   if (m.image_id.empty()) fail(jf::join(path, "image_id") + ": empty");
   m.driver_checkpointed = jf::bool_of(j, path, "driver_checkpointed");
   if (const auto* pre = jf::optional_field(j, "pre_copy_image_id")) {
-    if (version < process_format_version) fail(jf::join(path, "pre_copy_image_id") + ": not in a version 1 image");
+    if (version < process_format_version_pre_copy)
+      fail(jf::join(path, "pre_copy_image_id") + ": not in a version 1 image");
     m.pre_copy_image_id = jf::string_at(*pre, jf::join(path, "pre_copy_image_id"));
     if (m.pre_copy_image_id.empty()) fail(jf::join(path, "pre_copy_image_id") + ": empty");
   }
@@ -110,9 +113,9 @@ process_image decode_description(const jf::json& j) {
   process_image p;
   if (jf::string_of(j, "", "format") != process_format_name) fail("format: not a vmmckpt whole-process image");
   const int version = jf::int_of(j, "", "version");
-  if (version != process_format_version_plain && version != process_format_version)
+  if (version < process_format_version_plain || version > process_format_version)
     fail("version " + std::to_string(version) + ": this cuda-ckpt reads versions " +
-         std::to_string(process_format_version_plain) + " and " + std::to_string(process_format_version));
+         std::to_string(process_format_version_plain) + " to " + std::to_string(process_format_version));
   p.tool_version = jf::string_of(j, "", "tool_version");
   p.created = jf::string_of(j, "", "created");
   p.host = jf::string_of(j, "", "host");
@@ -125,6 +128,10 @@ process_image decode_description(const jf::json& j) {
   if (const auto* parent = jf::optional_field(j, "parent")) {
     p.parent = jf::string_at(*parent, "parent");
     if (p.parent.empty() || p.parent.find('\0') != std::string::npos) fail("parent: not a path");
+  }
+  if (const auto* job = jf::optional_field(j, "job")) {
+    if (version < process_format_version) fail("job: not in a version " + std::to_string(version) + " image");
+    p.job = jf::bool_at(*job, "job");
   }
   const auto& processes = jf::array_of(j, "", "processes");
   if (processes.empty() || processes.size() > max_processes)
@@ -219,8 +226,11 @@ void check_process_layout(const fs::path& dir, const process_image& p) {
     parts.insert(std::to_string(m.pid));
     if (!m.pre_copy_image_id.empty()) parts.insert(std::to_string(m.pid) + pre_copy_suffix);
   }
+  // A job's suspend leaves its description and its accepted claim beside the parts (regular files: checked above).
+  const std::set<std::string> job_files = {job_manifest_name, suspend_claim::job_accepted};
   for (const auto& name : names_in(gpu.fd, dir / gpu_dir_name))
-    if (parts.count(name) == 0) fail((dir / gpu_dir_name / name).string() + ": not a GPU part process.json names");
+    if (parts.count(name) == 0 && !(p.job && job_files.count(name) == 1))
+      fail((dir / gpu_dir_name / name).string() + ": not a GPU part process.json names");
   for (const auto& name : parts) {
     fd_guard part(open_inner_dir(gpu.fd, name, dir / gpu_dir_name / name));  // there, a directory, no link
   }
@@ -301,7 +311,9 @@ namespace {
 
 nlohmann::json description_json(const process_image& p) {
   nlohmann::json j = {{"format", process_format_name},
-                      {"version", p.pre_copied() ? process_format_version : process_format_version_plain},
+                      {"version", p.job            ? process_format_version
+                                  : p.pre_copied() ? process_format_version_pre_copy
+                                                   : process_format_version_plain},
                       {"tool_version", p.tool_version},
                       {"created", p.created},
                       {"host", p.host},
@@ -311,6 +323,7 @@ nlohmann::json description_json(const process_image& p) {
                       {"stopped_seconds", p.stopped_seconds},
                       {"left_running", p.left_running}};
   if (!p.parent.empty()) j["parent"] = p.parent;
+  if (p.job) j["job"] = true;
   j["processes"] = nlohmann::json::array();
   for (const auto& m : p.processes) {
     j["processes"].push_back({{"pid", m.pid},

@@ -17,6 +17,7 @@
 #include "vmmckpt/ckpt/driver_checkpoint.hpp"
 #include "vmmckpt/ckpt/driver.hpp"
 #include "vmmckpt/ckpt/image_owner.hpp"
+#include "vmmckpt/ckpt/job.hpp"
 #include "vmmckpt/ckpt/process_recovery.hpp"
 #include "vmmckpt/ckpt/processes.hpp"
 #include "vmmckpt/ckpt/suspend.hpp"
@@ -138,7 +139,14 @@ void bring_back_gpu_state(const fs::path& image, const process_image& d, const p
   }
   mark("driver restored");
   fault_point("restore:driver-restored");
-  for (const auto& m : d.processes) request_resume(m.pid, d.gpu_image(image, m.pid), progress, "restore");
+  if (d.job) {
+    // The ranks load their memory together, then each maps the others' again (docs/job-checkpoint.md).
+    std::vector<pid_t> ranks;
+    for (const auto& m : d.processes) ranks.push_back(m.pid);
+    resume_job({0, ranks}, image / gpu_dir_name);
+  } else {
+    for (const auto& m : d.processes) request_resume(m.pid, d.gpu_image(image, m.pid), progress, "restore");
+  }
   mark("resumed");
 }
 
@@ -193,6 +201,9 @@ process_restore_result restore_process(const process_restore_options& o, const p
                                 "-W",          work.string(), "-d",
                                 "--shell-job", "--pidfile",   pidfile.string()};
   args.insert(args.end(), o.criu_args.begin(), o.criu_args.end());
+  // The connections a job's dump kept (NCCL's bootstrap): restored only with the same flag.
+  if (d.job && std::find(args.begin(), args.end(), criu_tcp_established) == args.end())
+    args.push_back(criu_tcp_established);
   const int status = run_criu(criu, args, log, [&](pid_t criu_pid) {
     record.note_criu(criu_pid);
     fault_point("restore:criu-running");

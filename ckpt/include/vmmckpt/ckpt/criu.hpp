@@ -18,6 +18,8 @@ struct criu_unavailable : tool_error {
   using tool_error::tool_error;
 };
 
+// CRIU's flag that keeps established TCP connections (a job's, docs/job-checkpoint.md), at dump and restore alike.
+inline constexpr const char* criu_tcp_established = "--tcp-established";
 inline constexpr int criu_min_major = 4;  // 3.x fails `criu check` on 6.x kernels (its vDSO check)
 
 struct criu_tool {

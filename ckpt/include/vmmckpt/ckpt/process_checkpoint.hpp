@@ -28,6 +28,9 @@ struct process_dump_options {
   // First a dump of each process's GPU memory while it runs (gpu/PID.pre); the processes are then stopped
   // only for the blocks changed since (gpu/PID, incremental on it), the driver's checkpoint and CRIU.
   bool pre_copy = false;
+  // The tree is a multi-rank job (dump --job --process, docs/job-checkpoint.md): its ranks are cut at one point
+  // and suspended together (job.hpp), and CRIU keeps their TCP connections (NCCL's bootstrap).
+  bool job = false;
 };
 
 // Where the time went: seconds from the start at which each step ended, in order.
@@ -47,7 +50,8 @@ struct process_dump_result {
 // their CUDA contexts with the driver, runs `criu dump --leave-stopped` into DIR/criu and writes process.json;
 // DIR appears only once complete and synced, and only then are the processes ended (or, with leave_running,
 // continued). Refused before anything is touched when CRIU (4.0 or later) or the driver's checkpoint API is
-// missing, when a process of the tree uses CUDA without the shim, or when it is a multi-rank NCCL job. On any
+// missing, when a process of the tree uses CUDA without the shim, or when it is a multi-rank NCCL job without
+// `job` (a job with `job` refuses pre_copy and parent, which it does not take yet). On any
 // failure before the image is complete the processes are brought back running and nothing that looks like an
 // image is left; a tool killed midway leaves them alive, stopped or suspended, and recorded
 // (process_recovery.hpp). Throws tool_error, criu_unavailable, driver_unavailable, image::image_error or

@@ -23,9 +23,10 @@ inline constexpr const char* process_intent_name = "intent.json";
 inline constexpr const char* criu_dump_log_name = "criu-dump.log";
 inline constexpr const char* criu_dump_status_name = "criu-dump.status";
 inline constexpr const char* process_format_name = "vmmckpt-process";
-// Version 2 adds the pre-copied parts (dump --process --pre-copy); an image without them is written as
-// version 1, which older tools read.
-inline constexpr int process_format_version = 2;
+// Version 2 adds the pre-copied parts (dump --process --pre-copy), version 3 whole multi-rank jobs (dump --job
+// --process); an image is written in the lowest version that holds it, so that older tools read what they can.
+inline constexpr int process_format_version = 3;
+inline constexpr int process_format_version_pre_copy = 2;
 inline constexpr int process_format_version_plain = 1;
 inline constexpr const char* criu_dir_name = "criu";
 inline constexpr const char* gpu_dir_name = "gpu";
@@ -61,6 +62,10 @@ struct process_image {
   // blocks from, as the path from the directory holding this one (a family moved together keeps its
   // chain); each GPU part names its own parent too. Empty: every GPU part is full.
   std::string parent;
+  // A whole multi-rank job (dump --job --process, docs/job-checkpoint.md): its GPU parts were cut at one point of
+  // the job and suspended together (gpu/ also holds the job's job.json and its accepted claim), CRIU kept the
+  // ranks' TCP connections (--tcp-established), and a restore resumes the ranks together.
+  bool job = false;
 
   std::filesystem::path gpu_image(const std::filesystem::path& dir, pid_t pid) const {
     return dir / gpu_dir_name / std::to_string(pid);
@@ -97,7 +102,7 @@ void for_each_entry(const std::filesystem::path& dir,
 
 // The layout: nothing but regular files and directories anywhere in the image (no symbolic link, FIFO,
 // device or socket), gpu/ holding exactly one directory per process of process.json, and one more (PID.pre)
-// per pre-copied part.
+// per pre-copied part; a job's, its job.json and job.accepted too.
 void check_process_layout(const std::filesystem::path& dir, const process_image& p);
 
 // Every CRIU file's size (checked before it is read) and, with `checksums`, its checksum against process.json,
