@@ -62,14 +62,24 @@ def wait_for(log, pattern, count, seconds, alive):
     raise gpu_checks.CheckError(f"/{pattern}/ did not show {count} times within {seconds} s")
 
 
+def ranks_of(cmd):
+    """The job's ranks: torchrun's --nproc-per-node (2 when not given)."""
+    for i, word in enumerate(cmd):
+        if word.startswith("--nproc-per-node="):
+            return int(word.split("=", 1)[1])
+        if word == "--nproc-per-node" and i + 1 < len(cmd):
+            return int(cmd[i + 1])
+    return 2
+
+
 def live(args, env, job, work, figures):
     """dump --job, then suspend --job and resume --job, mid-job."""
     image = os.path.join(work, "dump")
     d = ckpt(args, env, "dump", "--job", str(job), "-o", image)
     figures.update(dump_s=d["seconds"], dump_cut_ms=d["cut_seconds"] * 1000, dump_held_ms=d["held_ms"],
                    dump_gib=d["bytes"] / 2**30)
-    if len(d["ranks"]) != 2:
-        raise gpu_checks.CheckError(f"dump --job found {len(d['ranks'])} ranks, not 2")
+    if len(d["ranks"]) != args.ranks:
+        raise gpu_checks.CheckError(f"dump --job found {len(d['ranks'])} ranks, not {args.ranks}")
     ckpt(args, env, "verify", image)
     listed = json.load(open(os.path.join(image, "job.json")))
     if sorted(r["pid"] for r in listed["ranks"]) != sorted(r["pid"] for r in d["ranks"]):
@@ -121,10 +131,11 @@ def main():
     ap.add_argument("--mode", choices=["live", "process"], required=True)
     args = ap.parse_args()
     cmd = gpu_checks.command(args)
+    args.ranks = ranks_of(cmd)
     if (reason := gpu_checks.skip_reason(args, torch=True)):
         return gpu_checks.skipped(reason)
-    if gpu_checks.gpu_count() < 2:
-        return gpu_checks.skipped("this check needs two GPUs (nvidia-h100-x2 or nvidia-h200-x2)")
+    if gpu_checks.gpu_count() < args.ranks:
+        return gpu_checks.skipped(f"this check needs {args.ranks} GPUs (nvidia-h100-x2 or nvidia-h200-x2 for two)")
     if args.mode == "process" and (os.geteuid() != 0 or not os.environ.get("VMMCKPT_CRIU")):
         return gpu_checks.skipped("whole-process checkpoints need root and CRIU 4 (VMMCKPT_CRIU)")
     env = dict(os.environ, NCCL_NVLS_ENABLE="0", PYTHONUNBUFFERED="1")
@@ -142,7 +153,7 @@ def main():
                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
     pid = job.pid
     try:
-        wait_for(log, r"^ready \d", 2, 120, lambda: not gone(pid))
+        wait_for(log, r"^ready \d", args.ranks, 120, lambda: not gone(pid))
         (live if args.mode == "live" else whole)(args, env, pid, work, figures)
         until = time.time() + 240
         while not gone(pid) and time.time() < until:
@@ -150,7 +161,7 @@ def main():
         if not gone(pid):
             problems.append("the job did not end within 240 s")
         text = open(log, errors="replace").read()
-        if len(re.findall(r"^done \d", text, re.M)) != 2:
+        if len(re.findall(r"^done \d", text, re.M)) != args.ranks:
             problems.append(f"not every rank ended ('done'): {text[-3000:]}")
     except (gpu_checks.CheckError, subprocess.TimeoutExpired) as e:
         problems.append(str(e))
