@@ -169,7 +169,9 @@ def main():
         subprocess.run(["pkill", "-KILL", "-s", str(pid)], capture_output=True)
         gone(pid)
     got = losses(open(log, errors="replace").read())
-    if got != expected:
+    if problems and len(got) < len(expected):
+        problems.append(f"the job was ended after {len(got)} of {len(expected)} losses")
+    elif got != expected:
         differing = sorted(k for k in expected if got.get(k) != expected[k])
         problems.append(f"{len(differing)} of {len(expected)} losses differ from the native run's (first: rank "
                         f"{differing[0][0]} step {differing[0][1]})" if differing else

@@ -83,6 +83,8 @@ int resume_command(pid_t pid, bool json);
 int dump_job_command(const dump_command_options& options, const ckpt::copy_settings& copy);
 int suspend_job_command(const suspend_command_options& options, const ckpt::copy_settings& copy);
 int resume_job_command(const job_command_options& job, pid_t pid, bool json);
+int inspect_job_command(const std::string& image, bool json);
+int verify_job_command(const std::string& image, bool json);
 
 int inspect_command(const std::string& image, bool json);
 int gc_command(const std::vector<std::string>& dirs, bool dry_run, bool json);

@@ -10,8 +10,13 @@
 #include "exit_codes.hpp"
 #include "interrupts.hpp"
 #include "output.hpp"
+#include "vmmckpt/ckpt/driver_checkpoint.hpp"
 #include "vmmckpt/ckpt/job.hpp"
+#include "vmmckpt/ckpt/job_image.hpp"
 #include "vmmckpt/ckpt/leftovers.hpp"
+#include "vmmckpt/ckpt/process_recovery.hpp"
+#include "vmmckpt/ckpt/processes.hpp"
+#include "vmmckpt/image/image.hpp"
 
 namespace vmmckpt::tools {
 namespace {
@@ -125,6 +130,13 @@ int suspend_job_command(const suspend_command_options& o, const ckpt::copy_setti
 }
 
 int resume_job_command(const job_command_options& o, pid_t pid, bool json) {
+  // A whole job's dump stopped midway may have left its processes stopped (CRIU's --leave-stopped), locked or
+  // checkpointed by the driver: undone first, in that order, for every process of the job (a stopped process
+  // answers nothing).
+  for (const pid_t p : o.ranks.empty() ? ckpt::process_tree(pid) : o.ranks) {
+    for (const std::string& done : {ckpt::continue_stopped_by_dump(p), ckpt::recover_driver_state(p)})
+      if (!done.empty() && !json) std::printf("process %d: %s\n", static_cast<int>(p), done.c_str());
+  }
   const auto r = ckpt::resume_job(spec_of(o, pid));
   // A job image in the default place has served its purpose; one the user named stays.
   const std::string prefix = (ckpt::suspend_dir_of(::geteuid()) / "job-").string();
@@ -145,6 +157,67 @@ int resume_job_command(const job_command_options& o, pid_t pid, bool json) {
   std::printf("resumed the job of process %d (%zu ranks): %s back in %.3f s\n", static_cast<int>(name_of_job(o, pid)),
               r.ranks.size(), human_bytes(r.bytes).c_str(), r.seconds);
   return exit_ok;
+}
+
+int inspect_job_command(const std::string& image, bool json) {
+  const auto j = ckpt::read_job_image(image);
+  // Each rank's image opens with every rule checked (nothing of its data is read).
+  std::vector<image::manifest> ranks;
+  for (const auto& r : j.ranks) ranks.push_back(image::reader::open(j.rank_image(image, r.pid)).info());
+  std::uint64_t bytes = 0;
+  for (const auto& m : ranks) bytes += m.data_bytes;
+  if (json) {
+    nlohmann::json out{{"image", image},          {"job", true},          {"kind", j.kind},
+                       {"root_pid", j.root_pid},  {"created", j.created}, {"host", j.host},
+                       {"tool_version", j.tool_version}, {"cut_seconds", j.cut_seconds},
+                       {"cut_rounds", j.cut_rounds},     {"held_ms", j.held_ms}, {"bytes", bytes}};
+    out["ranks"] = nlohmann::json::array();
+    for (std::size_t i = 0; i < ranks.size(); ++i) {
+      nlohmann::json devices = nlohmann::json::array();
+      for (const auto& d : ranks[i].devices) devices.push_back({{"ordinal", d.ordinal}, {"name", d.name}, {"uuid", d.uuid}});
+      out["ranks"].push_back({{"pid", j.ranks[i].pid},
+                              {"image", j.rank_image(image, j.ranks[i].pid).string()},
+                              {"image_id", j.ranks[i].image_id},
+                              {"bytes", ranks[i].data_bytes},
+                              {"devices", devices},
+                              {"command", ranks[i].command}});
+    }
+    std::cout << out.dump(2) << "\n";
+    return exit_ok;
+  }
+  std::printf("image     %s: a job's image (%s, written by vmmckpt %s)\n", shown(image).c_str(),
+              j.kind == "suspend" ? "suspend --job" : "dump --job", shown(j.tool_version).c_str());
+  std::printf("created   %s on %s; %zu ranks cut at one point in %.1f ms (%d round%s), held at most %.1f ms\n",
+              shown(j.created).c_str(), shown(j.host).c_str(), j.ranks.size(), j.cut_seconds * 1000, j.cut_rounds,
+              j.cut_rounds == 1 ? "" : "s", j.held_ms);
+  std::printf("data      %s in all\n", human_bytes(bytes).c_str());
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    std::string devices;
+    for (const auto& d : ranks[i].devices)
+      devices += (devices.empty() ? "" : ", ") + std::to_string(d.ordinal) + " (" + shown(d.name) + ")";
+    std::printf("  rank process %d: %s on GPU %s; %s\n", static_cast<int>(j.ranks[i].pid),
+                human_bytes(ranks[i].data_bytes).c_str(), devices.c_str(), shown_command(ranks[i].command).c_str());
+  }
+  return exit_ok;
+}
+
+int verify_job_command(const std::string& image, bool json) {
+  try {
+    const auto j = ckpt::read_job_image(image);
+    ckpt::verify_job_image(image, j, true);
+    if (json)
+      std::cout << nlohmann::json{{"image", image}, {"ok", true}, {"job", true}}.dump(2) << "\n";
+    else
+      std::printf("%s: good (a job's image: %zu ranks, every checksum matches)\n", shown(image).c_str(),
+                  j.ranks.size());
+    return exit_ok;
+  } catch (const image::image_error& e) {
+    if (json)
+      std::cout << nlohmann::json{{"image", image}, {"ok", false}, {"defect", e.what()}}.dump(2) << "\n";
+    else
+      std::fprintf(stderr, "%s: BAD: %s\n", image.c_str(), e.what());
+    return exit_failure;
+  }
 }
 
 }  // namespace vmmckpt::tools

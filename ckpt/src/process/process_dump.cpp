@@ -51,8 +51,10 @@ struct tree_member {
 // The processes under the shim in root's tree (each gets a GPU part), after refusing a tree whose GPU
 // state cannot be captured: a process that uses CUDA without the shim, or a multi-rank NCCL job. Each is given
 // `wait` to answer: a process on a busy machine (or one loading its memory after a restore) may take more than
-// the second that ps gives it.
-std::vector<tree_member> gpu_members_of(pid_t root, std::chrono::milliseconds wait, bool job) {
+// the second that ps gives it. `driver_only`: the processes under the shim with the driver initialized but no
+// memory served (no control server), whose driver state only the driver's checkpoint takes.
+std::vector<tree_member> gpu_members_of(pid_t root, std::chrono::milliseconds wait, bool job,
+                                        std::vector<pid_t>& driver_only) {
   if (!process_exists(root)) throw tool_error("no process " + std::to_string(root));
   std::vector<tree_member> members;
   int nccl = 0;
@@ -66,9 +68,13 @@ std::vector<tree_member> gpu_members_of(pid_t root, std::chrono::milliseconds wa
     }
     const auto entry = list_processes(pid, wait).front();
     if (!entry.hello) {
-      // The shim stepped aside (a fork() child) or has not started its server (no CUDA call yet):
-      // no GPU state of the shim's; CRIU takes the rest, or says what it cannot.
-      if (entry.status == "no control server") continue;
+      // The shim stepped aside (a fork() child) or has not started its server (no memory served): no GPU memory
+      // of the shim's. A launcher that counted the GPUs has the driver's device files open, which CRIU cannot
+      // take: the driver's checkpoint closes them. CRIU takes the rest, or says what it cannot.
+      if (entry.status == "no control server") {
+        if (maps_file(pid, "libcuda.so")) driver_only.push_back(pid);
+        continue;
+      }
       throw tool_error(who(pid) + " is " + entry.status + ": " + entry.problem);
     }
     if (maps_file(pid, "libnccl")) ++nccl;
@@ -171,7 +177,12 @@ void process_dump::check_and_prepare() {
   if (o_.job && (o_.pre_copy || !o_.parent.empty()))
     throw tool_error("--pre-copy and --parent do not apply to a whole job's dump (--job) yet");
   members_ = gpu_members_of(o_.pid, std::min<std::chrono::milliseconds>(o_.hold_deadline, std::chrono::seconds(10)),
-                            o_.job);
+                            o_.job, d_.driver_only);
+  for (const pid_t pid : d_.driver_only)
+    if (const auto state = driver_process_state(pid); state != CU_PROCESS_STATE_RUNNING)
+      throw tool_error(who(pid) + " is " + process_state_name(state) + " for the driver: another checkpoint is under "
+                                  "way, or one stopped midway (`cuda-ckpt resume " + std::to_string(pid) +
+                       "` brings it back)");
   for (const auto& m : members_)
     if (const auto state = driver_process_state(m.pid); state != CU_PROCESS_STATE_RUNNING)
       throw tool_error(who(m.pid) + " is " + process_state_name(state) +
@@ -336,7 +347,14 @@ void process_dump::suspend_all() {
 }
 
 void process_dump::checkpoint_contexts() {
-  // 2. The driver checkpoints what is left of each context, and closes its device files.
+  // 2. The driver checkpoints what is left of each context, and closes its device files; then those of the
+  // processes that only initialized it.
+  for (const pid_t pid : d_.driver_only) {
+    driver_lock(pid, driver_lock_timeout_ms);
+    locked_.push_back(pid);
+    driver_checkpoint(pid);
+    checkpointed_.push_back(pid);
+  }
   for (auto& m : d_.processes) {
     driver_lock(m.pid, driver_lock_timeout_ms);
     locked_.push_back(m.pid);
@@ -441,25 +459,16 @@ void process_dump::finish() {
   }
   continue_stopped();
   try {
+    // Every context back from the driver, the last checkpointed first; then the GPU memory, each part renamed with
+    // the image (a job's ranks load theirs together, then each maps the others').
+    for (; !checkpointed_.empty(); checkpointed_.pop_back()) driver_restore(checkpointed_.back());
+    for (; !locked_.empty(); locked_.pop_back()) driver_unlock(locked_.back());
     if (o_.job) {
-      // Every rank's context back first: the ranks then load their memory together, and each maps the others'.
-      for (auto it = d_.processes.rbegin(); it != d_.processes.rend(); ++it) {
-        driver_restore(it->pid);
-        checkpointed_.pop_back();
-        driver_unlock(it->pid);
-        locked_.pop_back();
-      }
-      resume_job({0, suspended_}, output_ / gpu_dir_name);  // the parts, renamed with the image
+      resume_job({0, suspended_}, output_ / gpu_dir_name);
       suspended_.clear();
     }
-    for (auto it = d_.processes.rbegin(); it != d_.processes.rend() && !suspended_.empty(); ++it) {
-      driver_restore(it->pid);
-      checkpointed_.pop_back();
-      driver_unlock(it->pid);
-      locked_.pop_back();
-      request_resume(it->pid, d_.gpu_image(output_, it->pid), progress_);  // its part, renamed with the image
-      suspended_.pop_back();
-    }
+    for (; !suspended_.empty(); suspended_.pop_back())
+      request_resume(suspended_.back(), d_.gpu_image(output_, suspended_.back()), progress_);
   } catch (const std::exception& e) {
     // The record stays: `cuda-ckpt ps` names the way back, and `resume` or `restore` takes it.
     const pid_t pid = suspended_.empty() ? o_.pid : suspended_.back();

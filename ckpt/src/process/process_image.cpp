@@ -133,6 +133,12 @@ process_image decode_description(const jf::json& j) {
     if (version < process_format_version) fail("job: not in a version " + std::to_string(version) + " image");
     p.job = jf::bool_at(*job, "job");
   }
+  if (const auto* only = jf::optional_field(j, "driver_only")) {
+    if (version < process_format_version) fail("driver_only: not in a version " + std::to_string(version) + " image");
+    const auto& list = jf::array_at(*only, "driver_only");
+    if (list.size() > max_processes) fail("driver_only: more than " + std::to_string(max_processes));
+    for (std::size_t i = 0; i < list.size(); ++i) p.driver_only.push_back(pid_at(list[i], jf::index("driver_only", i), 1));
+  }
   const auto& processes = jf::array_of(j, "", "processes");
   if (processes.empty() || processes.size() > max_processes)
     fail("processes: 1 to " + std::to_string(max_processes) + " expected, not " + std::to_string(processes.size()));
@@ -142,6 +148,9 @@ process_image decode_description(const jf::json& j) {
     if (!pids.insert(p.processes.back().pid).second)
       fail(jf::index("processes", i) + ".pid: " + std::to_string(p.processes.back().pid) + " repeated");
   }
+  for (std::size_t i = 0; i < p.driver_only.size(); ++i)
+    if (!pids.insert(p.driver_only[i]).second)
+      fail(jf::index("driver_only", i) + ": " + std::to_string(p.driver_only[i]) + " repeated");
   return p;
 }
 
@@ -311,9 +320,9 @@ namespace {
 
 nlohmann::json description_json(const process_image& p) {
   nlohmann::json j = {{"format", process_format_name},
-                      {"version", p.job            ? process_format_version
-                                  : p.pre_copied() ? process_format_version_pre_copy
-                                                   : process_format_version_plain},
+                      {"version", p.job || !p.driver_only.empty() ? process_format_version
+                                  : p.pre_copied()                 ? process_format_version_pre_copy
+                                                                   : process_format_version_plain},
                       {"tool_version", p.tool_version},
                       {"created", p.created},
                       {"host", p.host},
@@ -324,6 +333,7 @@ nlohmann::json description_json(const process_image& p) {
                       {"left_running", p.left_running}};
   if (!p.parent.empty()) j["parent"] = p.parent;
   if (p.job) j["job"] = true;
+  if (!p.driver_only.empty()) j["driver_only"] = p.driver_only;
   j["processes"] = nlohmann::json::array();
   for (const auto& m : p.processes) {
     j["processes"].push_back({{"pid", m.pid},

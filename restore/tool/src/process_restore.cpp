@@ -104,9 +104,11 @@ criu_process_tree restored_tree(const fs::path& image, const process_image& d) {
     throw image::image_error((image / process_manifest_name).string() + ": root_pid " + std::to_string(d.root_pid) +
                              ", but CRIU's image restores process " + std::to_string(tree.pids.front()) +
                              " as its root");
-  for (const auto& m : d.processes)
-    if (std::find(tree.pids.begin(), tree.pids.end(), m.pid) == tree.pids.end())
-      throw image::image_error((image / process_manifest_name).string() + ": process " + std::to_string(m.pid) +
+  std::vector<pid_t> named = d.driver_only;
+  for (const auto& m : d.processes) named.push_back(m.pid);
+  for (const pid_t pid : named)
+    if (std::find(tree.pids.begin(), tree.pids.end(), pid) == tree.pids.end())
+      throw image::image_error((image / process_manifest_name).string() + ": process " + std::to_string(pid) +
                                " is not one CRIU's image restores (" + (image / criu_dir_name / "pstree.img").string() +
                                ")");
   return tree;
@@ -132,6 +134,10 @@ void end_restored(const criu_process_tree& tree, pid_t reported) {
 // The restored processes' contexts back from the driver, then each one's GPU memory from its part.
 void bring_back_gpu_state(const fs::path& image, const process_image& d, const progress_callback& progress,
                           const std::function<void(const char*)>& mark) {
+  for (const pid_t pid : d.driver_only) {
+    driver_restore(pid);
+    driver_unlock(pid);
+  }
   for (const auto& m : d.processes) {
     if (!m.driver_checkpointed) continue;
     driver_restore(m.pid);
@@ -172,7 +178,7 @@ process_restore_result restore_process(const process_restore_options& o, const p
   gpus_checked.get();
 
   const criu_tool criu = find_criu();
-  bool driver_needed = false;
+  bool driver_needed = !d.driver_only.empty();
   for (const auto& m : d.processes) driver_needed = driver_needed || m.driver_checkpointed;
   if (driver_needed) {
     if (const std::string missing = driver_checkpoint_missing(); !missing.empty())

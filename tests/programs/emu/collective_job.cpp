@@ -1,13 +1,15 @@
 // Emulator test program: the launcher of a multi-rank NCCL job, as torchrun is: it starts the ranks
-// (emu_collective_rank, next to this program) and waits for them. It uses no CUDA itself.
+// (emu_collective_rank, next to this program) and waits for them. It uses no CUDA itself, unless --count-gpus: it
+// then initializes the driver and counts the devices first (prints `gpus N`), as torchrun's Python does.
 //
-//   emu_collective_job DIR NRANKS STEPS [--step-ms MS]
+//   emu_collective_job DIR NRANKS STEPS [--step-ms MS] [--count-gpus]
 //
 // It makes DIR (and removes a DIR/uid left by an earlier job, which would send the ranks to a job that is gone), forks
 // NRANKS children that exec `emu_collective_rank DIR RANK NRANKS STEPS [--step-ms MS]` with its environment (an
 // LD_PRELOAD'ed shim reaches them), prints `job PID` and `rank R PID`, forwards SIGTERM and SIGINT to the ranks, and
 // exits 0 when every rank exited 0. Otherwise it prints `rank R failed: exit N` (or `signal N`), stops the other ranks
 // with SIGTERM, as torchrun does (their peers would wait for the failed rank forever), and exits 1.
+#include <cuda.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -84,7 +86,7 @@ int reap(int nranks) {
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: %s DIR NRANKS STEPS [--step-ms MS]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s DIR NRANKS STEPS [--step-ms MS] [--count-gpus]\n", argv[0]);
     return 2;
   }
   const fs::path dir = argv[1];
@@ -99,6 +101,19 @@ int main(int argc, char** argv) {
   fs::remove(dir / "uid.tmp", ec);
   const std::string program = own_directory() + "/emu_collective_rank";
   std::printf("job %d\n", static_cast<int>(getpid()));
+  std::vector<std::string> forwarded_args;  // the rank's options: all but the launcher's own
+  for (int i = 4; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--count-gpus") != 0) {
+      forwarded_args.emplace_back(argv[i]);
+      continue;
+    }
+    int count = 0;
+    if (cuInit(0) != CUDA_SUCCESS || cuDeviceGetCount(&count) != CUDA_SUCCESS) {
+      std::fprintf(stderr, "cannot count the GPUs\n");
+      return 2;
+    }
+    std::printf("gpus %d\n", count);
+  }
   std::fflush(stdout);
 
   // The signals wait until every rank's pid is known, so that the handler forwards them to all.
@@ -109,7 +124,7 @@ int main(int argc, char** argv) {
   sigprocmask(SIG_BLOCK, &forwarded, &old_mask);
   for (int r = 0; r < nranks; ++r) {
     std::vector<std::string> args = {program, dir.string(), std::to_string(r), argv[2], argv[3]};
-    for (int i = 4; i < argc; ++i) args.emplace_back(argv[i]);
+    args.insert(args.end(), forwarded_args.begin(), forwarded_args.end());
     const pid_t launcher = getpid();
     const pid_t pid = fork();
     if (pid == 0) become_rank(program, args, old_mask, launcher);

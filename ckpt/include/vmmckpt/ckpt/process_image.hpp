@@ -24,7 +24,8 @@ inline constexpr const char* criu_dump_log_name = "criu-dump.log";
 inline constexpr const char* criu_dump_status_name = "criu-dump.status";
 inline constexpr const char* process_format_name = "vmmckpt-process";
 // Version 2 adds the pre-copied parts (dump --process --pre-copy), version 3 whole multi-rank jobs (dump --job
-// --process); an image is written in the lowest version that holds it, so that older tools read what they can.
+// --process) and processes checkpointed by the driver alone; an image is written in the lowest version that holds
+// it, so that older tools read what they can.
 inline constexpr int process_format_version = 3;
 inline constexpr int process_format_version_pre_copy = 2;
 inline constexpr int process_format_version_plain = 1;
@@ -48,6 +49,9 @@ struct process_image {
     std::string pre_copy_image_id;
   };
   std::vector<member> processes;  // those under the shim, each with a GPU part
+  // Processes of the tree that initialized the CUDA driver but hold no GPU memory of the shim's (a launcher such
+  // as torchrun that counted the GPUs): only their driver state goes through the driver's checkpoint. Version 3.
+  std::vector<pid_t> driver_only;
   std::string criu_version;
   struct file {
     std::string name;  // relative to criu/
