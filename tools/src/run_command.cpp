@@ -65,6 +65,9 @@ int run_under_shim(const std::vector<std::string>& command, const char* subcomma
   std::string preload = shim;
   if (const char* existing = std::getenv("LD_PRELOAD"); existing && *existing) preload += std::string(":") + existing;
   ::setenv("LD_PRELOAD", preload.c_str(), 1);
+  // libuv (PyTorch's TCPStore, which torchrun hosts) sets up io_uring rings, which CRIU cannot dump: without them a
+  // job started here stays checkpointable whole (dump --job --process). A setting of the user's own wins.
+  ::setenv("UV_USE_IO_URING", "0", 0);
 
   if (file_size_signal_changed) ::sigaction(SIGXFSZ, &inherited_file_size_action, nullptr);
   std::vector<char*> argv;
@@ -83,7 +86,8 @@ subcommand add_run(CLI::App& app) {
   command->footer(
       "Usage: cuda-ckpt run [--] COMMAND [ARGS...]\n"
       "Sets LD_PRELOAD to libvmmckpt.so ($VMMCKPT_SHIM, else found in ../lib, the install's library directory\n"
-      "or ../lib/<multiarch> next to cuda-ckpt's real directory) and executes the command.\n"
+      "or ../lib/<multiarch> next to cuda-ckpt's real directory) and executes the command. Also sets\n"
+      "UV_USE_IO_URING=0 unless set: libuv's io_uring rings (PyTorch's TCPStore) cannot be dumped by CRIU.\n"
       "Example: cuda-ckpt run -- python train.py --epochs 3");
   command->prefix_command();  // everything after the first word belongs to the command
 

@@ -412,7 +412,12 @@ void process_dump::criu_dump() {
     ::usleep(external_socket_pause_us);
     check_interrupted(o_.copy);
   }
-  if (status != 0) throw tool_error("criu dump failed (exit " + std::to_string(status) + "):" + criu_log_excerpt(log));
+  if (status != 0)
+    throw tool_error("criu dump failed (exit " + std::to_string(status) + "):" + criu_log_excerpt(log) +
+                     (criu_log_mentions(log, "io_uring")
+                          ? "\n(a process of the tree uses io_uring, which CRIU cannot dump: libuv does, as in PyTorch's "
+                            "TCPStore that torchrun hosts; start the job with UV_USE_IO_URING=0, as `cuda-ckpt run` does)"
+                          : ""));
   dumped_ = read_criu_pstree(staging_ / criu_dir_name).pids;
   d_.stopped_seconds = seconds_since(start_) - stopped_from_;
   mark("criu dumped");
