@@ -7,9 +7,14 @@
 #   #SBATCH --signal=B:USR1@120     # USR1 to the batch shell 120 s before the end
 #   #SBATCH --requeue
 #   exec scripts/slurm-preempt.sh --image-dir "$SCRATCH/ckpt/$SLURM_JOB_NAME" -- python train.py
+# A step of several ranks on the node (torchrun, mpirun): --job, and the whole job is dumped at one point of all
+# its ranks (cuda-ckpt dump --job --process, docs/job-checkpoint.md):
+#   exec scripts/slurm-preempt.sh --job --image-dir "$SCRATCH/ckpt/$SLURM_JOB_NAME" -- \
+#       torchrun --nproc-per-node 8 train.py
 #
-# usage: slurm-preempt.sh --image-dir DIR [--output FILE] [--signal SIG] -- COMMAND [ARGS...]
+# usage: slurm-preempt.sh --image-dir DIR [--job] [--output FILE] [--signal SIG] -- COMMAND [ARGS...]
 #   --image-dir DIR  where the image lives between allocations (DIR/image; shared storage for another node)
+#   --job            COMMAND launches a multi-rank job: its ranks are cut at one point and dumped together
 #   --output FILE    the program's stdout and stderr (default DIR/output.log, appended)
 #   --signal SIG     the warning signal (default USR1)
 # Exit: the program's end (0 when it ended by itself; its status when it was started here), 0 after a
@@ -17,14 +22,15 @@
 # Needs root for CRIU. CUDA_CKPT names cuda-ckpt (default: the one on PATH).
 set -uo pipefail
 
-image_dir="" output="" sig=USR1
+image_dir="" output="" sig=USR1 job=()
 while (($#)); do
   case "$1" in
     --image-dir) image_dir="$2"; shift ;;
+    --job) job=(--job) ;;
     --output) output="$2"; shift ;;
     --signal) sig="$2"; shift ;;
     --) shift; break ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "slurm-preempt: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -50,9 +56,9 @@ else
 fi
 
 checkpoint() {
-  log "$sig: dumping process $pid whole into $image"
+  log "$sig: dumping ${job:+the job of }process $pid whole into $image"
   rm -rf "$image.new"
-  if ! "$cuda_ckpt" dump "$pid" --process -o "$image.new" >&2; then
+  if ! "$cuda_ckpt" dump "${job[@]}" "$pid" --process -o "$image.new" >&2; then
     log "the checkpoint failed (above); the program goes on"
     trap - "$sig"
     return 1

@@ -166,6 +166,35 @@ std::string orphan_reason(const judgement& j) {
   }
 }
 
+void collect_in(const fs::path& dir, bool dry_run, leftovers_report& report);
+
+// A job's suspend image (docs/job-checkpoint.md): settled by its claim. Cancelled, or pending with its tool gone
+// (cancelled here first, so that no rank can suspend on it after), nobody depends on it; accepted, each rank's
+// image is judged as a suspend image, and the job's directory goes once none is left.
+void collect_job(const fs::path& dir, bool dry_run, leftovers_report& report) {
+  std::error_code ec;
+  if (fs::exists(dir / suspend_claim::job_pending, ec)) {
+    suspend_claim::parties p;
+    if (suspend_claim::decode(read_file(dir / suspend_claim::job_pending), p) &&
+        suspend_claim::alive(p.tool_pid, p.tool_start)) {
+      report.kept.push_back({dir, "a job's suspend is under way (tool " + std::to_string(p.tool_pid) + ")"});
+      return;
+    }
+    if (dry_run || suspend_claim::take_job(dir.string(), suspend_claim::job_cancelled)) {
+      remove(dir, "a job's suspend whose tool died before every rank's image was complete", dry_run, report);
+      return;
+    }
+  }
+  if (fs::exists(dir / suspend_claim::job_cancelled, ec)) {
+    remove(dir, "a job's suspend that was cancelled (its ranks went on)", dry_run, report);
+    return;
+  }
+  collect_in(dir, dry_run, report);
+  for (const auto& entry : fs::directory_iterator(dir, ec))
+    if (entry.is_directory(ec)) return;  // a rank's image some process may need
+  remove(dir, "a job's suspend image whose ranks are all resumed or gone", dry_run, report);
+}
+
 void collect_in(const fs::path& dir, bool dry_run, leftovers_report& report) {
   std::error_code ec;
   // The GPU parts of a whole-process image are suspend images whose programs are gone (ended by the dump, or
@@ -179,6 +208,12 @@ void collect_in(const fs::path& dir, bool dry_run, leftovers_report& report) {
   }
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const fs::path& path = entry.path();
+    if (entry.is_directory(ec) && !entry.is_symlink(ec) &&
+        (fs::exists(path / suspend_claim::job_pending, ec) || fs::exists(path / suspend_claim::job_accepted, ec) ||
+         fs::exists(path / suspend_claim::job_cancelled, ec))) {
+      collect_job(path, dry_run, report);
+      continue;
+    }
     judgement j = judge(entry);
     switch (j.what) {
       case judgement::not_an_image:
