@@ -291,6 +291,49 @@ TEST_CASE("vmm registry: an identified import is in the layout and not lacking; 
   CHECK(released.empty());  // not ours to release to the driver
 }
 
+TEST_CASE("vmm registry: an import keeps the program's value while the driver's handle under it is made again",
+          "[vmm]") {
+  vmm_registry r(base, default_vmm_window);
+  std::uint64_t a = 0;
+  REQUIRE(r.reserve(0, 4 * MiB, 0, 0, a) == vmm_status::ok);
+  vmm_import origin = sample_import();
+  origin.addr = origin.size = origin.offset = 0;
+  const std::uint64_t token = r.add_import(0x7f00000a0000, origin);
+  CHECK(r.add_import(0x7f00000a0000, origin) == token);  // the same driver handle imported twice: one value
+  REQUIRE(r.map(a, 4 * MiB, 0, token) == vmm_status::ok);
+  const vmm_access rw{1, 0, 3};
+  r.set_access(a, 4 * MiB, std::span(&rw, 1));
+  CHECK(r.import_token_of(0x7f00000a0000) == token);
+  CHECK_FALSE(r.import_token_of(0x7f00000b0000).has_value());
+  CHECK(r.driver_value(0x7f00000b0000) == 0x7f00000b0000);  // not an import token: the driver's own
+
+  // A job's suspend gives the import back: the value and the records stay, with no driver handle under it.
+  auto held = r.identified_imports();
+  REQUIRE(held.size() == 1);
+  CHECK(held[0].token == token);
+  CHECK(held[0].refs == 2);
+  REQUIRE(held[0].mappings.size() == 1);
+  CHECK(held[0].mappings[0].addr == a);
+  r.set_import_real(token, 0);
+  CHECK(r.driver_value(token) == 0);
+  CHECK(r.knows_import(token));
+  const vmm_layout before = r.layout();
+
+  // Its resume imports it again under another driver handle, from an exporter that started anew.
+  r.set_import_real(token, 0x7f00000c0000, 999);
+  CHECK(r.driver_value(token) == 0x7f00000c0000);
+  CHECK(r.import_token_of(0x7f00000c0000) == token);
+  CHECK(r.identified_imports()[0].origin.exporter_start == 999);
+  const vmm_layout after = r.layout();
+  REQUIRE(after.imports.size() == 1);
+  CHECK(after.imports[0].exporter_start == 999);
+  CHECK(after.access == before.access);
+  const auto over = r.access_over(a + MiB, MiB);
+  REQUIRE(over.size() == 1);
+  CHECK(over[0].addr == a + MiB);
+  CHECK(over[0].size == MiB);
+}
+
 TEST_CASE("vmm registry: a suspend can keep some handles (host memory) while the others give their memory back",
           "[vmm]") {
   vmm_registry r(base, default_vmm_window);

@@ -188,6 +188,13 @@ void unshare_handle(std::uint64_t token, pid_t importer) noexcept {
   }
 }
 
+void forget_exports() noexcept {
+  sharing_table& t = table();
+  std::lock_guard lock(t.mutex);
+  for (const exported_fd& e : t.exported) ::close(e.fd);
+  t.exported.clear();
+}
+
 std::vector<pid_t> vmm_importers() {
   sharing_table& t = table();
   std::lock_guard lock(t.mutex);

@@ -34,6 +34,9 @@ std::variant<control::vmm_share_reply, control::failure_reply> share_handle(std:
 void unshare_handle(std::uint64_t token, pid_t importer) noexcept;
 // The live processes that map this process's VMM memory now.
 std::vector<pid_t> vmm_importers();
+// A suspend: the duplicates kept of the FDs given out are closed. No import of memory about to be given back may
+// be identified, and a whole-process checkpoint must find no descriptor of the driver's open (CRIU cannot take one).
+void forget_exports() noexcept;
 
 // ---- the importing side
 // Which process and handle an FD being imported comes from: nothing when its owner is no process under the

@@ -26,6 +26,7 @@
 #include "operations/job_cut.hpp"
 #include "operations/operations.hpp"
 #include "memory/vmm_checkpoint.hpp"
+#include "memory/vmm_sharing.hpp"
 #include "memory/vmm_state.hpp"
 #include "vmmckpt/support/descriptor_room.hpp"
 #include "vmmckpt/support/fault_point.hpp"
@@ -396,6 +397,7 @@ std::variant<control::suspend_reply, control::failure_reply> suspend_held(const 
   }
   for (const auto& p : active_pools()) r.freed_bytes += p.pool->release_all_physical();
   r.freed_bytes += vmm_release_physical();
+  forget_exports();
   try {
     for (const auto& dev : describe_process().devices)
       r.devices.push_back({dev.ordinal, device_used_bytes(dev.ordinal)});
