@@ -58,7 +58,7 @@ fi
 checkpoint() {
   log "$sig: dumping ${job:+the job of }process $pid whole into $image"
   rm -rf "$image.new"
-  if ! "$cuda_ckpt" dump "${job[@]}" "$pid" --process -o "$image.new" >&2; then
+  if ! "$cuda_ckpt" dump ${job[@]+"${job[@]}"} "$pid" --process -o "$image.new" >&2; then
     log "the checkpoint failed (above); the program goes on"
     trap - "$sig"
     return 1

@@ -333,8 +333,8 @@ control::cut_status control_client::cut_arm(std::chrono::milliseconds hold_deadl
   return call<control::cut_status>(control::cut_arm_request{hold_deadline, control::unix_ms_now() + remaining_ms()});
 }
 
-void control_client::cut_targets(const std::vector<control::comm_count>& targets) {
-  send(control::cut_targets_request{targets});
+void control_client::cut_targets(const std::vector<control::comm_count>& targets, bool freeze) {
+  send(control::cut_targets_request{targets, freeze});
 }
 
 std::optional<control::cut_status> control_client::next_cut_status(int wait_ms) {

@@ -166,7 +166,7 @@ std::string orphan_reason(const judgement& j) {
   }
 }
 
-void collect_in(const fs::path& dir, bool dry_run, leftovers_report& report);
+void collect_in(const fs::path& dir, bool dry_run, leftovers_report& report, bool accepted_job = false);
 
 // A job's suspend image (docs/job-checkpoint.md): settled by its claim. Cancelled, or pending with its tool gone
 // (cancelled here first, so that no rank can suspend on it after), nobody depends on it; accepted, each rank's
@@ -189,13 +189,15 @@ void collect_job(const fs::path& dir, bool dry_run, leftovers_report& report) {
     remove(dir, "a job's suspend that was cancelled (its ranks went on)", dry_run, report);
     return;
   }
-  collect_in(dir, dry_run, report);
+  collect_in(dir, dry_run, report, /*accepted_job=*/true);
   for (const auto& entry : fs::directory_iterator(dir, ec))
     if (entry.is_directory(ec)) return;  // a rank's image some process may need
   remove(dir, "a job's suspend image whose ranks are all resumed or gone", dry_run, report);
 }
 
-void collect_in(const fs::path& dir, bool dry_run, leftovers_report& report) {
+// `accepted_job`: the ranks' images of a job whose suspend is accepted. A rank that has not taken its own claim yet
+// (stopped before it read its request, or its tool gone) suspends itself on it: its claim is never withdrawn here.
+void collect_in(const fs::path& dir, bool dry_run, leftovers_report& report, bool accepted_job) {
   std::error_code ec;
   // The GPU parts of a whole-process image are suspend images whose programs are gone (ended by the dump, or
   // restored as other processes): they belong to the image, and go only with it.
@@ -245,6 +247,14 @@ void collect_in(const fs::path& dir, bool dry_run, leftovers_report& report) {
         report.kept.push_back({path, "its suspend is under way (tool " + std::to_string(j.parties.tool_pid) + ")"});
         break;
       case judgement::pending_orphan:
+        if (accepted_job) {
+          if (suspend_claim::alive(j.parties.target_pid, j.parties.target_start))
+            report.kept.push_back({path, "a rank of a job whose suspend is accepted: process " +
+                                             std::to_string(j.parties.target_pid) + " suspends itself on it"});
+          else
+            remove(path, "a rank's image of a suspended job whose process is gone", dry_run, report);
+          break;
+        }
         // The tool died: withdraw the request, so that its program can never take it after this.
         if (dry_run || suspend_claim::take(path.string(), suspend_claim::cancelled)) {
           remove(path, orphan_reason(j), dry_run, report);

@@ -149,7 +149,7 @@ suspend_result suspend(const suspend_options& options, const progress_callback& 
   // The last moment an interrupt undoes the suspend: no request is out, so nobody depends on the image.
   try {
     pipeline.check_interrupted();
-    if (options.before_suspend) options.before_suspend(m.image_id);
+    if (options.before_suspend) options.before_suspend(m);
   } catch (...) {
     remove_image(options.output);
     throw;

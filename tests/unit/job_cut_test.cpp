@@ -60,6 +60,26 @@ TEST_CASE("job cut: collectives and point-to-point operations are counted per co
   CHECK(cut::status().in_flight == 0);
 }
 
+TEST_CASE("job cut: a group ended without launching it (ncclGroupSimulateEnd) counts nothing", "[job_cut]") {
+  int handle = 0;
+  const std::uint64_t id = make_comm(&handle, 0, 2);
+  cut::group_start("ncclGroupStart");
+  { op a("ncclAllReduce", &handle, op::kind::collective); }
+  cut::group_end(/*issued=*/false);
+  cut::group_returned();
+  CHECK(counted(id).ops == 1);  // its creation only
+  CHECK(cut::status().in_flight == 0);
+}
+
+TEST_CASE("job cut: a peer NCCL would refuse is not counted", "[job_cut]") {
+  int handle = 0;
+  const std::uint64_t id = make_comm(&handle, 0, 2);
+  { op s("ncclSend", &handle, op::kind::send, 2); }
+  { op r("ncclRecv", &handle, op::kind::recv, -1); }
+  CHECK(counted(id).sends.empty());
+  CHECK(counted(id).recvs.empty());
+}
+
 TEST_CASE("job cut: a group's operations count when its outermost end is called", "[job_cut]") {
   int handle = 0;
   const std::uint64_t id = make_comm(&handle, 0, 2);
@@ -81,8 +101,9 @@ TEST_CASE("job cut: a group's operations count when its outermost end is called"
 TEST_CASE("job cut: armed, a thread waits at its next NCCL call until its targets let it go on", "[job_cut]") {
   int handle = 0;
   const std::uint64_t id = make_comm(&handle, 0, 2);
-  REQUIRE(cut::arm(std::chrono::steady_clock::now() + 30s));
-  CHECK_FALSE(cut::arm(std::chrono::steady_clock::now() + 30s));  // one cut at a time
+  const std::uint64_t session = cut::arm(std::chrono::steady_clock::now() + 30s);
+  REQUIRE(session != 0);
+  CHECK(cut::arm(std::chrono::steady_clock::now() + 30s) == 0);  // one cut at a time
   std::atomic<int> issued{0};
   std::thread rank([&] {
     for (int i = 0; i < 3; ++i) {
@@ -99,13 +120,18 @@ TEST_CASE("job cut: armed, a thread waits at its next NCCL call until its target
   REQUIRE(eventually([&] { return issued == 2 && cut::status().waiting == 1; }));
   std::this_thread::sleep_for(20ms);
   CHECK(issued == 2);
-  cut::disarm();
+  cut::disarm(session + 1);  // another session's end disarms nothing
+  std::this_thread::sleep_for(20ms);
+  CHECK(issued == 2);
+  cut::disarm(session);
   rank.join();
   CHECK(issued == 3);
 }
 
-TEST_CASE("job cut: making a communicator is never held, and is in flight until it returns", "[job_cut]") {
-  REQUIRE(cut::arm(std::chrono::steady_clock::now() + 30s));
+TEST_CASE("job cut: making a communicator is held only once the cut is frozen, and is in flight until it returns",
+          "[job_cut]") {
+  const std::uint64_t session = cut::arm(std::chrono::steady_clock::now() + 30s);
+  REQUIRE(session != 0);
   int handle = 0;
   std::uint64_t id = 0;
   {
@@ -117,7 +143,19 @@ TEST_CASE("job cut: making a communicator is never held, and is in flight until 
   }
   CHECK(cut::status().in_flight == 0);
   CHECK(counted(id).ops == 1);
-  cut::disarm();
+  // Every rank at the cut: the tool freezes it, and a communicator about to be made waits too.
+  cut::set_targets({}, /*freeze=*/true);
+  std::atomic<bool> made{false};
+  std::thread maker([&] {
+    const std::uint64_t seed = 434343;
+    cut::creation another("ncclCommInitRank", cut::id_of_unique_ids(&seed, sizeof seed), 0, 2);
+    made = true;
+  });
+  REQUIRE(eventually([] { return cut::status().waiting == 1; }));
+  CHECK_FALSE(made);
+  cut::disarm(session);
+  maker.join();
+  CHECK(made);
 }
 
 TEST_CASE("job cut: a suspended job's rank stays at its NCCL calls, armed or not, until it runs again",
@@ -140,12 +178,13 @@ TEST_CASE("job cut: a suspended job's rank stays at its NCCL calls, armed or not
 TEST_CASE("job cut: the deadline lets every thread go even when nobody disarms", "[job_cut]") {
   int handle = 0;
   make_comm(&handle, 0, 2);
-  REQUIRE(cut::arm(std::chrono::steady_clock::now() + 100ms));
+  const std::uint64_t session = cut::arm(std::chrono::steady_clock::now() + 100ms);
+  REQUIRE(session != 0);
   const auto start = std::chrono::steady_clock::now();
   { op a("ncclAllReduce", &handle, op::kind::collective); }
   CHECK(std::chrono::steady_clock::now() - start >= 90ms);
   CHECK_FALSE(cut::armed());
-  cut::disarm();
+  cut::disarm(session);
 }
 
 TEST_CASE("job cut: communicators split from one parent get the same identity on every rank", "[job_cut]") {

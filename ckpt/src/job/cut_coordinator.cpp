@@ -16,6 +16,7 @@ struct cut_coordinator::rank {
   std::unique_ptr<control_client> client;
   control::cut_status status;
   std::vector<control::comm_count> sent;  // the targets it was last given
+  bool frozen = false;                    // and whether the cut was frozen with them
   bool answered = true;                   // its status answers the targets sent
 };
 
@@ -74,30 +75,43 @@ bool cut_coordinator::read_statuses(int wait_ms) {
   return true;
 }
 
+// Sends rank r its targets (and whether the cut is frozen) unless it has them already; true when it was sent.
+bool cut_coordinator::aim(rank& r, const std::vector<control::comm_count>& targets, bool freeze) {
+  if (targets == r.sent && freeze == r.frozen) return false;
+  try {
+    r.client->cut_targets(targets, freeze);
+  } catch (const control_error& e) {
+    fail("process " + std::to_string(r.pid) + " left the job's cut: " + e.what());
+  }
+  r.sent = targets;
+  r.frozen = freeze;
+  r.answered = false;
+  return true;
+}
+
 cut_figures cut_coordinator::bring_to_cut(clock::time_point deadline) {
   const auto start = clock::now();
   cut_figures figures;
+  // Aimed until every rank stands at its targets; then frozen (making a communicator waits too), and the cut is
+  // the ranks' answers to that, when they still stand there. One that moved meanwhile un-freezes it.
+  bool freeze = false;
   for (;;) {
     std::vector<control::cut_status> statuses;
     for (const auto& r : ranks_) statuses.push_back(r->status);
     const auto targets = cut_targets(statuses);
-    bool there = true, aimed = false;
-    for (std::size_t i = 0; i < ranks_.size(); ++i) {
-      rank& r = *ranks_[i];
-      if (targets[i] != r.sent) {
-        try {
-          r.client->cut_targets(targets[i]);
-        } catch (const control_error& e) {
-          fail("process " + std::to_string(r.pid) + " left the job's cut: " + e.what());
-        }
-        r.sent = targets[i];
-        r.answered = false;
-        aimed = true;
-      }
-      there = there && r.answered && at_cut(r.status, targets[i]);
-    }
+    bool aimed = false;
+    for (std::size_t i = 0; i < ranks_.size(); ++i) aimed = aim(*ranks_[i], targets[i], freeze) || aimed;
     if (aimed) ++figures.rounds;
-    if (there) break;
+    bool there = true;
+    for (std::size_t i = 0; i < ranks_.size(); ++i)
+      there = there && ranks_[i]->answered && at_cut(ranks_[i]->status, targets[i]);
+    if (there && freeze) break;
+    if (there) {
+      if (const std::string why = missing_members(statuses); !why.empty()) fail(why + "; every rank goes on");
+      freeze = true;
+      continue;
+    }
+    if (freeze && std::all_of(ranks_.begin(), ranks_.end(), [](const auto& r) { return r->answered; })) freeze = false;
     if (clock::now() >= deadline) {
       std::string behind;
       for (std::size_t i = 0; i < ranks_.size(); ++i)

@@ -31,6 +31,7 @@ class cut_coordinator {
 
  private:
   struct rank;
+  bool aim(rank& r, const std::vector<control::comm_count>& targets, bool freeze);
   // Reads every status a rank has sent so far; false when none came within wait_ms.
   bool read_statuses(int wait_ms);
   [[noreturn]] void fail(const std::string& why);

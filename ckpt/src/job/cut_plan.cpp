@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <tuple>
 
 #include "vmmckpt/support/hex_text.hpp"
@@ -51,7 +52,7 @@ std::vector<std::vector<control::comm_count>> cut_targets(const std::vector<cont
 }
 
 bool at_cut(const control::cut_status& rank, const std::vector<control::comm_count>& targets) {
-  if (rank.in_flight != 0) return false;
+  if (!rank.armed || rank.in_flight != 0) return false;  // a rank whose arming lapsed holds nothing back
   for (const auto& t : targets)
     for (const auto& c : rank.comms) {
       if (c.id != t.id || c.rank != t.rank) continue;
@@ -87,6 +88,23 @@ std::string against_targets(const control::cut_status& rank, const std::vector<c
         text += "; communicator " + hex(c.id) + " (rank " + std::to_string(c.rank) + "): " + behind;
     }
   return text;
+}
+
+std::string missing_members(const std::vector<control::cut_status>& ranks) {
+  std::map<std::uint64_t, std::pair<int, std::set<int>>> members;  // id -> (size, ranks seen)
+  for (const auto& r : ranks)
+    for (const auto& c : r.comms) {
+      auto& [size, seen] = members[c.id];
+      size = std::max(size, c.size);
+      seen.insert(c.rank);
+    }
+  for (const auto& [id, m] : members)
+    if (static_cast<int>(m.second.size()) < m.first)
+      return "communicator " + hex(id) + " has " + std::to_string(m.first) + " ranks, of which only " +
+             std::to_string(m.second.size()) +
+             " are processes of this job: its other ranks run elsewhere (on another node, or are not named by "
+             "--ranks), and a cut of part of it cannot hold";
+  return {};
 }
 
 }  // namespace vmmckpt::ckpt

@@ -19,7 +19,8 @@ std::string who(pid_t pid) {
 
 }  // namespace
 
-std::vector<pid_t> job_members(const job_spec& job, bool suspended) {
+std::vector<pid_t> job_members(const job_spec& job, member_state state) {
+  const bool suspended = state == member_state::suspended, any = state == member_state::any;
   const bool named = !job.ranks.empty();
   if (!named && !process_exists(job.root)) throw tool_error("no process " + std::to_string(job.root));
   std::vector<pid_t> candidates = named ? job.ranks : process_tree(job.root);
@@ -38,10 +39,10 @@ std::vector<pid_t> job_members(const job_spec& job, bool suspended) {
     }
     const bool is_suspended = e.hello->state == control::process_state::suspended;
     if (suspended && !is_suspended) continue;
-    if (!suspended && is_suspended)
+    if (!any && !suspended && is_suspended)
       throw tool_error(who(e.pid) + " is suspended (image " + e.hello->image +
                        "): resume the job first (cuda-ckpt resume --job)");
-    if (e.hello->state == control::process_state::paused)
+    if (!any && e.hello->state == control::process_state::paused)
       throw tool_error(who(e.pid) + " has paused its own GPU memory (vmmckpt_pause): nothing to checkpoint until it "
                                     "resumes it");
     members.push_back(e.pid);
@@ -50,7 +51,8 @@ std::vector<pid_t> job_members(const job_spec& job, bool suspended) {
   if (members.empty())
     throw tool_error(named ? std::string("none of the processes named is ") + (suspended ? "suspended" : "running")
                            : "no process in the tree of process " + std::to_string(job.root) + " runs under vmmckpt" +
-                                 (suspended ? " suspended" : " with CUDA in use"));
+                                 (suspended ? " suspended" : " with CUDA in use") +
+                                 (suspended ? ": nothing of the job to resume" : ""));
   return members;
 }
 

@@ -14,26 +14,6 @@
 
 namespace vmmckpt::ckpt {
 namespace fs = std::filesystem;
-namespace {
-
-// A job's suspend that was accepted but that a rank refused (it was released): the ranks that did suspend are
-// resumed, so that the whole job runs again. What could not be, in words.
-std::string undo_accepted(const std::vector<pid_t>& ranks, const std::vector<bool>& suspended) {
-  const std::vector<std::int64_t> job(ranks.begin(), ranks.end());
-  std::string problems;
-  for (std::size_t i = 0; i < ranks.size(); ++i) {
-    if (!suspended[i]) continue;
-    try {
-      request_resume(ranks[i], {}, {}, "resume", nullptr, control::resume_request::stage::both, job);
-    } catch (const std::exception& e) {
-      problems += "; " + std::string(e.what()) + " (`cuda-ckpt resume --job` brings it back)";
-    }
-  }
-  return problems;
-}
-
-}  // namespace
-
 job_suspend_result suspend_job(const job_suspend_options& o) {
   using clock = std::chrono::steady_clock;
   job_suspend_result r;
@@ -81,7 +61,6 @@ job_suspend_result suspend_job(const job_suspend_options& o) {
     accepted = true;
   });
   r.suspends.resize(r.ranks.size());
-  std::vector<bool> suspended(r.ranks.size(), false);
   const std::vector<std::int64_t> job_pids(r.ranks.begin(), r.ranks.end());
   try {
     run_per_rank(r.ranks, {&prepared, &complete}, [&](std::size_t i) {
@@ -94,19 +73,25 @@ job_suspend_result suspend_job(const job_suspend_options& o) {
       s.allow_partial = o.allow_partial;
       s.job = control::job_suspend{output.string(), {}, {}, job_pids};
       s.before_hold = [&] { prepared.arrive_and_wait(); };
-      s.before_suspend = [&, i](const std::string& image_id) {
-        j.ranks[i].image_id = image_id;  // each thread its own entry; the manifest is written by the last
+      s.before_suspend = [&, i](const image::manifest& m) {
+        j.ranks[i].image_id = m.image_id;  // each thread its own entry; the manifest is written by the last
+        if (i == 0) {
+          j.tool_version = m.tool_version;
+          j.created = m.created;
+          j.host = m.host;
+        }
         complete.arrive_and_wait();
       };
       r.suspends[i] = suspend(s);
-      suspended[i] = true;
     });
   } catch (const std::exception& e) {
     if (cut) cut->release();
     if (!accepted) throw;
-    const std::string problems = undo_accepted(r.ranks, suspended);
-    accepted = false;  // the job runs again: its images go
-    throw tool_error(std::string(e.what()) + "; the ranks that were suspended are resumed" + problems);
+    // Accepted: no rank refuses any more, and one that did not answer suspends itself on its image (the images
+    // stay). Only its figures are missing.
+    throw tool_error(std::string(e.what()) + "; the job's suspend was accepted, so every rank is suspended or " +
+                     "suspends itself on its image in " + output.string() + " (`cuda-ckpt ps` shows them; " +
+                     "`cuda-ckpt resume --job` brings the job back)");
   }
   cut->release();  // each rank's NCCL calls now wait for its resume
   for (std::size_t i = 0; i < r.ranks.size(); ++i) {

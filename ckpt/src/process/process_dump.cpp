@@ -324,7 +324,9 @@ void process_dump::suspend_job_ranks() {
     suspended_.push_back(s.ranks[i]);
     if (const double held = take_phases("suspend", s.ranks[i], called, one.phases); held >= 0 && stopped_from_ < 0)
       stopped_from_ = held;
-    d_.processes[i].image_id = one.manifest.image_id;
+    // The job's ranks come in pid order, process.json's in the tree's: matched by pid.
+    for (auto& m : d_.processes)
+      if (m.pid == s.ranks[i]) m.image_id = one.manifest.image_id;
     d_.gpu_bytes += one.manifest.data_bytes;
     r_.held_bytes += one.manifest.data_bytes;
     d_.tool_version = one.manifest.tool_version;

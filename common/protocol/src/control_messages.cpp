@@ -344,6 +344,7 @@ std::string encode(const request& r) {
         } else if constexpr (std::is_same_v<T, cut_targets_request>) {
           j["op"] = name_of(op::cut_targets);
           j["targets"] = encode_comm_counts(req.targets);
+          if (req.freeze) j["freeze"] = true;
         } else if constexpr (std::is_same_v<T, cut_release_request>) {
           j["op"] = name_of(op::cut_release);
         } else if constexpr (std::is_same_v<T, ipc_open_request> || std::is_same_v<T, ipc_close_request>) {
@@ -582,7 +583,11 @@ std::variant<request, failure_reply> decode_request(const std::string& payload) 
     if (name == name_of(op::cut_arm))
       return request{cut_arm_request{std::chrono::milliseconds(int_of(root, "", "hold_deadline_ms")),
                                      i64_of(root, "", "valid_until_ms")}};
-    if (name == name_of(op::cut_targets)) return request{cut_targets_request{decode_comm_counts(root, "targets")}};
+    if (name == name_of(op::cut_targets)) {
+      cut_targets_request r{decode_comm_counts(root, "targets"), false};
+      if (root.contains("freeze")) r.freeze = bool_of(root, "", "freeze");
+      return request{r};
+    }
     if (name == name_of(op::cut_release)) return request{cut_release_request{}};
     return failure_reply{refusal::unknown_op, "unknown op '" + printable(name) + "'"};
   } catch (const decode_error& e) {
@@ -806,7 +811,7 @@ std::vector<example> example_messages() {
       {op::vmm_unshare, encode(request{vmm_unshare_request{vmm_token_tag | 7}}), encode(vmm_unshare_reply{})},
       {op::cut_arm, encode(request{cut_arm_request{std::chrono::milliseconds(60'000), 1795430130000}}),
        encode(cut_status{true, 1, 0, "ncclAllReduce", {cut_comm}})},
-      {op::cut_targets, encode(request{cut_targets_request{{cut_target}}}),
+      {op::cut_targets, encode(request{cut_targets_request{{cut_target}, true}}),
        encode(cut_status{true, 0, 1, "", {cut_comm}})},
       {op::cut_release, encode(request{cut_release_request{}}), encode(cut_status{false, 0, 0, "", {cut_comm}})},
   };

@@ -35,7 +35,9 @@ struct cut_state {
   std::vector<std::unique_ptr<record>> records;  // every communicator this process made, in order
   std::unordered_map<void*, record*> by_handle;
   bool armed = false;
-  bool suspended = false;  // a job's rank suspended: its NCCL calls wait until it runs again
+  std::uint64_t session = 0;  // which arming: a connection that went away disarms only its own
+  bool freeze = false;        // making a communicator waits too (every rank is at the cut)
+  bool suspended = false;     // a job's rank suspended: its NCCL calls wait until it runs again
   clock::time_point deadline;
   std::map<std::pair<std::uint64_t, int>, control::comm_count> targets;  // by (id, rank)
   int waiting = 0, in_flight = 0;
@@ -51,9 +53,10 @@ cut_state& state() {
 std::atomic<bool> g_active{false};
 std::atomic<std::uint64_t> g_generation{0};
 
+// Under the state's lock: the tool's connection sees the generation move; threads waiting at the cut re-check.
 void changed(cut_state& s) {
   g_generation.fetch_add(1, std::memory_order_release);
-  s.changed.notify_all();
+  if (s.waiting > 0) s.changed.notify_all();
 }
 
 // A group of NCCL calls on this thread: its depth, whether its start was counted in flight, and its operations.
@@ -89,7 +92,7 @@ record* record_for(cut_state& s, void* comm) {
 void count(record& r, operation::kind what, int peer) {
   if (what == operation::kind::collective)
     ++r.ops;
-  else
+  else if (peer >= 0 && (r.size == 0 || peer < r.size))  // NCCL refuses another peer: nothing is issued
     ++(what == operation::kind::send ? r.sends : r.recvs)[peer];
 }
 
@@ -118,7 +121,7 @@ bool at_targets(const cut_state& s) {
 void wait_at_cut(cut_state& s, std::unique_lock<std::mutex>& lock, const char* name) {
   auto holds = [&] {
     if (s.armed && clock::now() >= s.deadline) {
-      s.armed = false;
+      s.armed = s.freeze = false;
       s.targets.clear();
       g_active.store(s.suspended);
     }
@@ -138,14 +141,14 @@ void wait_at_cut(cut_state& s, std::unique_lock<std::mutex>& lock, const char* n
   changed(s);
 }
 
-// Outside a group: the cut point (unless the call makes a communicator), then the call counted and in flight until
-// it returns.
+// Outside a group: the cut point (for a call that makes a communicator, only once the cut is frozen), then the call
+// counted and in flight until it returns.
 template <typename Count>
-bool pass_cut(const char* name, bool cut_point, Count&& count_it) noexcept {
+bool pass_cut(const char* name, bool creation, Count&& count_it) noexcept {
   try {
     cut_state& s = state();
     std::unique_lock lock(s.mutex);
-    if (cut_point && g_active.load(std::memory_order_acquire)) wait_at_cut(s, lock, name);
+    if ((!creation || s.freeze) && g_active.load(std::memory_order_acquire)) wait_at_cut(s, lock, name);
     count_it(s);
     ++s.in_flight;
     changed(s);
@@ -182,11 +185,8 @@ std::uint64_t id_of_split(void* parent, int color, const char* how) noexcept {
 }
 
 std::uint64_t id_of_local(void* comm) noexcept {
-  const struct {
-    pid_t pid;
-    void* comm;
-  } local{::getpid(), comm};
-  return fnv1a(&local, sizeof local);
+  const pid_t pid = ::getpid();
+  return fnv1a(&comm, sizeof comm, fnv1a(&pid, sizeof pid));
 }
 
 operation::operation(const char* name, void* comm, kind k, int peer) noexcept {
@@ -198,7 +198,7 @@ operation::operation(const char* name, void* comm, kind k, int peer) noexcept {
     }
     return;
   }
-  counted_outside_group_ = pass_cut(name, true, [&](cut_state& s) { count(*record_for(s, comm), k, peer); });
+  counted_outside_group_ = pass_cut(name, false, [&](cut_state& s) { count(*record_for(s, comm), k, peer); });
 }
 
 operation::~operation() {
@@ -228,9 +228,10 @@ creation::creation(const char* name, std::uint64_t id, int rank, int size, void*
     }
     return;
   }
-  // Never held here: the other members may already wait inside theirs (the creation blocks until all are in), and
-  // the tool brings no rank to a communicator it has not made yet. Counted at once, it is in flight until made.
-  counted_outside_group_ = pass_cut(name, false, make);
+  // Not held here while the cut is being aimed: the other members may already wait inside theirs (the creation
+  // blocks until all are in), and the tool brings no rank to a communicator it has not made yet. Once every rank is
+  // at the cut (frozen), held as an operation is. Counted at once, it is in flight until made.
+  counted_outside_group_ = pass_cut(name, true, make);
 }
 
 creation::~creation() {
@@ -257,15 +258,16 @@ void creation::bind(void* comm, int rank, int size) noexcept {
 
 void group_start(const char* name) noexcept {
   if (t_group.depth++ > 0) return;
-  t_group.in_flight = pass_cut(name, true, [](cut_state&) {});
+  t_group.in_flight = pass_cut(name, false, [](cut_state&) {});
 }
 
-void group_end() noexcept {
+void group_end(bool issued) noexcept {
   if (t_group.depth == 0 || --t_group.depth > 0) return;
   try {
     cut_state& s = state();
     std::lock_guard lock(s.mutex);
-    for (const auto& op : t_group.operations) count(*record_for(s, op.comm), op.what, op.peer);
+    if (issued)
+      for (const auto& op : t_group.operations) count(*record_for(s, op.comm), op.what, op.peer);
     changed(s);
   } catch (...) {
   }
@@ -278,33 +280,37 @@ void group_returned() noexcept {
   returned();
 }
 
-bool arm(clock::time_point deadline) noexcept {
+std::uint64_t arm(clock::time_point deadline) noexcept {
   cut_state& s = state();
   std::lock_guard lock(s.mutex);
-  if (s.armed && clock::now() < s.deadline) return false;
+  if (s.armed && clock::now() < s.deadline) return 0;
   s.armed = true;
+  s.freeze = false;
+  s.session += 1;
   s.deadline = deadline;
   s.targets.clear();
   g_active.store(true, std::memory_order_release);
   changed(s);
-  return true;
+  return s.session;
 }
 
-void set_targets(const std::vector<control::comm_count>& targets) noexcept {
+void set_targets(const std::vector<control::comm_count>& targets, bool freeze) noexcept {
   try {
     cut_state& s = state();
     std::lock_guard lock(s.mutex);
     s.targets.clear();
     for (const auto& t : targets) s.targets[{t.id, t.rank}] = t;
+    s.freeze = freeze;
     changed(s);
   } catch (...) {
   }
 }
 
-void disarm() noexcept {
+void disarm(std::uint64_t session) noexcept {
   cut_state& s = state();
   std::lock_guard lock(s.mutex);
-  s.armed = false;
+  if (session != s.session) return;  // another connection armed it since (this one's deadline had passed)
+  s.armed = s.freeze = false;
   s.targets.clear();
   g_active.store(s.suspended, std::memory_order_release);
   changed(s);

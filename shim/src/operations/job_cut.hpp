@@ -54,14 +54,16 @@ class creation {
 // ncclGroupStart to ncclGroupEnd: the outermost start is a cut point, and the group's operations count when
 // its outermost end is called.
 void group_start(const char* name) noexcept;
-void group_end() noexcept;       // before the real ncclGroupEnd
-void group_returned() noexcept;  // after it
+void group_end(bool issued = true) noexcept;  // before the real ncclGroupEnd (ncclGroupSimulateEnd: not issued)
+void group_returned() noexcept;               // after it
 
 // ---- what cuda-ckpt asks (operations.cpp)
-// Arms the cut until `deadline`; false when another connection has it armed.
-bool arm(std::chrono::steady_clock::time_point deadline) noexcept;
-void set_targets(const std::vector<control::comm_count>& targets) noexcept;
-void disarm() noexcept;
+// Arms the cut until `deadline`, for one connection: the session it is known by, 0 when another connection has it
+// armed. Disarming a session that is no longer the one armed does nothing.
+std::uint64_t arm(std::chrono::steady_clock::time_point deadline) noexcept;
+// `freeze`: making a communicator waits too while the process stands at its targets.
+void set_targets(const std::vector<control::comm_count>& targets, bool freeze = false) noexcept;
+void disarm(std::uint64_t session) noexcept;
 bool armed() noexcept;
 // The state now, and a number that changes whenever it does.
 control::cut_status status();

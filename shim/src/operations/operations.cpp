@@ -119,17 +119,22 @@ bool job_accepted(const control::job_suspend& job) {
 // The end of a hold that was not a suspend. A hold for a job's suspend is settled by the job's claim first: this
 // rank cancels it (nothing was decided, and nobody will suspend), or finds it accepted, and then suspends itself
 // as every other rank is (the image its tool committed is complete: the claim is accepted only then).
-void let_go(const control::dump_begin_request& request, const char* why) {
-  if (!request.job || suspend_claim::take_job(request.job->dir, suspend_claim::job_cancelled) ||
-      !job_accepted(*request.job)) {
-    release(why);
-    return;
+void let_go(const control::dump_begin_request& request, const char* why) noexcept {
+  try {
+    if (!request.job || suspend_claim::take_job(request.job->dir, suspend_claim::job_cancelled) ||
+        !job_accepted(*request.job)) {
+      release(why);
+      return;
+    }
+    log::info("control: the job's suspend was decided while this rank's tool was gone ({}); it suspends itself", why);
+    const auto outcome = suspend_held(
+        control::suspend_request{request.job->image, request.job->image_id, control::unix_ms_now() + 60'000}, true);
+    if (const auto* refused = std::get_if<control::failure_reply>(&outcome))
+      log::error("control: this rank of a suspended job could not suspend itself: {}", refused->error);
+  } catch (...) {
+    // Out of memory before anything was decided here: released, as a hold whose client went away is.
+    if (current_state() != process_state::suspended) release(why);
   }
-  log::info("control: the job's suspend was decided while this rank's tool was gone ({}); it suspends itself", why);
-  const auto outcome = suspend_held(
-      control::suspend_request{request.job->image, request.job->image_id, control::unix_ms_now() + 60'000}, true);
-  if (const auto* refused = std::get_if<control::failure_reply>(&outcome))
-    log::error("control: this rank of a suspended job could not suspend itself: {}", refused->error);
 }
 
 // dump_begin: the program is held until the client says dump_end (or suspend), goes away, or the
@@ -145,6 +150,13 @@ void serve_hold(client_channel& client, const control::dump_begin_request& reque
   if (!take_operation(client, operation, request.valid_until_ms)) return;
   if (request.for_suspend)
     if (const std::string why = importers_refusal(request); !why.empty()) {
+      refuse(client, control::refusal::failed, why);
+      return;
+    }
+  // A job's rank cannot refuse its suspend once the job's claim is accepted: what its resume needs is set aside
+  // now, while it still can.
+  if (request.job)
+    if (const std::string why = reserve_resume_room(); !why.empty()) {
       refuse(client, control::refusal::failed, why);
       return;
     }
@@ -243,13 +255,15 @@ void serve_cut(client_channel& client, const control::cut_arm_request& request) 
     return;
   }
   const auto deadline = clock::now() + request.hold_deadline;
-  if (!job_cut::arm(deadline)) {
+  const std::uint64_t session = job_cut::arm(deadline);
+  if (session == 0) {
     refuse(client, control::refusal::busy, "another cuda-ckpt holds this process in a job's cut");
     return;
   }
   struct disarm_at_end {
-    ~disarm_at_end() { job_cut::disarm(); }
-  } disarm;
+    std::uint64_t session;
+    ~disarm_at_end() { job_cut::disarm(session); }
+  } disarm{session};
   std::uint64_t seen = job_cut::generation();
   if (!client.send(control::encode(job_cut::status()))) return;
   while (clock::now() < deadline) {
@@ -263,9 +277,9 @@ void serve_cut(client_channel& client, const control::cut_arm_request& request) 
       const auto decoded = control::decode_request(payload);
       const auto* next = std::get_if<control::request>(&decoded);
       if (const auto* t = next ? std::get_if<control::cut_targets_request>(next) : nullptr) {
-        job_cut::set_targets(t->targets);
+        job_cut::set_targets(t->targets, t->freeze);
       } else if (next != nullptr && std::holds_alternative<control::cut_release_request>(*next)) {
-        job_cut::disarm();
+        job_cut::disarm(session);
         client.send(control::encode(job_cut::status()));
         return;
       } else {

@@ -353,33 +353,39 @@ std::uint64_t release(const char* why) {
   return held;
 }
 
+std::string reserve_resume_room() noexcept {
+  // Its load buffers are kept; room for the threads and streams it starts is only checked (address space, as
+  // `ulimit -v` counts it).
+  if (resume_buffers().data() == nullptr) resume_buffers() = host_pages(restore::load_buffer_bytes());
+  void* room = ::mmap(nullptr, resume_room_bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (room != MAP_FAILED) ::munmap(room, resume_room_bytes);
+  if (resume_buffers().data() != nullptr && room != MAP_FAILED) return {};
+  resume_buffers() = host_pages();
+  return "no host memory for what its resume will need (" + std::to_string(restore::load_buffer_bytes() >> 20) +
+         " MiB of buffers and " + std::to_string(resume_room_bytes >> 20) +
+         " MiB for its threads; the address space is limited, ulimit -v?): the program goes on, not suspended";
+}
+
 std::variant<control::suspend_reply, control::failure_reply> suspend_held(const control::suspend_request& request,
                                                                           bool job_rank) {
   fault_point("program:suspend-received");  // the reliability tests stop the program here, and below
-  if (control::unix_ms_now() > request.valid_until_ms) {
+  // A job's rank does not refuse once the job's claim is accepted: every other rank is suspended or suspends
+  // itself, and this one must be too (its resume's room was set aside before its hold, when it could refuse).
+  if (!job_rank && control::unix_ms_now() > request.valid_until_ms) {
     release("the suspend request arrived after it expired");
     return control::failure_reply{control::refusal::expired,
                                   "the suspend request arrived after it expired (the program was stopped, or the "
                                   "tool waited too long): the program goes on, not suspended"};
   }
   // What the resume will need is set aside now, while the suspend can still be refused: after the claim the
-  // program depends on its resume. Its load buffers are kept; room for the threads and streams it starts is
-  // only checked (address space, as `ulimit -v` counts it).
-  if (resume_buffers().data() == nullptr) resume_buffers() = host_pages(restore::load_buffer_bytes());
-  void* room = ::mmap(nullptr, resume_room_bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (room != MAP_FAILED) ::munmap(room, resume_room_bytes);
-  if (resume_buffers().data() == nullptr || room == MAP_FAILED) {
-    resume_buffers() = host_pages();
+  // program depends on its resume.
+  if (const std::string why = reserve_resume_room(); !why.empty() && !job_rank) {
     release("no host memory for the resume");
-    return control::failure_reply{
-        control::refusal::failed,
-        "no host memory for what its resume will need (" + std::to_string(restore::load_buffer_bytes() >> 20) +
-            " MiB of buffers and " + std::to_string(resume_room_bytes >> 20) +
-            " MiB for its threads; the address space is limited, ulimit -v?): the program goes on, not suspended"};
+    return control::failure_reply{control::refusal::failed, why};
   }
-  // The claim decides (suspend_claim.hpp): from here on this program depends on the image, or the
-  // tool has withdrawn it and the image goes.
-  if (!suspend_claim::take(request.image, suspend_claim::accepted)) {
+  // The claim decides (suspend_claim.hpp): from here on this program depends on the image, or the tool has
+  // withdrawn it and the image goes. A job's rank is decided by the job's claim; its own is taken for ps and gc.
+  if (!suspend_claim::take(request.image, suspend_claim::accepted) && !job_rank) {
     release("the suspend was withdrawn");
     return control::failure_reply{control::refusal::withdrawn, "the suspend was withdrawn (" + request.image +
                                                                    " has no pending claim): the "

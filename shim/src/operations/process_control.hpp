@@ -38,6 +38,9 @@ std::uint64_t release(const char* why);
 // their NCCL calls until the job resumes.
 std::variant<control::suspend_reply, control::failure_reply> suspend_held(const control::suspend_request& request,
                                                                           bool job_rank = false);
+// Sets aside what a suspended program's resume will need (host memory for its load buffers, address space for its
+// threads), or says why it cannot: a suspend refuses then, a job's suspend before its hold.
+std::string reserve_resume_room() noexcept;
 // What a suspend recorded of its image, for the resume (restore.cpp): its directory, the image_id, and
 // the directory's identity (a resume loads only from the very directory suspend wrote).
 struct suspend_record {

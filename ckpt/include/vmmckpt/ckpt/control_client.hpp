@@ -111,7 +111,7 @@ class control_client {
   // state changes, which next_cut_status reads (nothing when none came within wait_ms). cut_targets only sends:
   // its answer is the next status.
   control::cut_status cut_arm(std::chrono::milliseconds hold_deadline);
-  void cut_targets(const std::vector<control::comm_count>& targets);
+  void cut_targets(const std::vector<control::comm_count>& targets, bool freeze = false);
   std::optional<control::cut_status> next_cut_status(int wait_ms);
   int fd() const { return fd_; }
 

@@ -30,7 +30,7 @@ struct suspend_options {
   // throw to give the suspend up.
   std::optional<control::job_suspend> job;
   std::function<void()> before_hold;
-  std::function<void(const std::string& image_id)> before_suspend;
+  std::function<void(const image::manifest& m)> before_suspend;
 };
 
 struct suspend_result : image_result {

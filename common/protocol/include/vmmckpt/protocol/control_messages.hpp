@@ -201,6 +201,9 @@ struct cut_arm_request {
 };
 struct cut_targets_request {
   std::vector<comm_count> targets;  // matched to the process's communicators by id and rank
+  // Every rank stands at its targets: making a communicator waits too, so that nothing starts before the hold
+  // (optional; false when absent).
+  bool freeze = false;
   friend bool operator==(const cut_targets_request&, const cut_targets_request&) = default;
 };
 struct cut_release_request {
