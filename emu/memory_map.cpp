@@ -85,7 +85,7 @@ device_set devices_of(std::uintptr_t p, std::size_t n) {
   for (std::uintptr_t at = p; at < p + n;) {
     region* r = t.find(at);
     if (r == nullptr) break;
-    if (r->is_device()) out |= device_bit(r->device);
+    if (r->is_device() && !r->host_located) out |= device_bit(r->device);  // host-located: on no device
     at = r->end();
   }
   return out;

@@ -1,6 +1,8 @@
 // cuda-ckpt dump: hold the program only until its memory is copied out, then write and commit the image.
 #include "vmmckpt/ckpt/dump.hpp"
 
+#include <algorithm>
+
 #include "copy/copy_pipeline.hpp"
 #include "copy/held_memory.hpp"
 #include "session.hpp"
@@ -21,8 +23,12 @@ dump_result dump(const dump_options& options, const progress_callback& progress)
   copy_pipeline pipeline(options.copy, s.live_bytes());
   const CUcontext context = s.open_context();
   result.mark("context");
-  // The GPU snapshot needs the pools on one device: it lives in this tool's one context.
-  pipeline.prepare(options.output, context, options.gpu_snapshot && s.hello().pools.size() == 1, result);
+  // The GPU snapshot needs the pools on one device: it lives in this tool's one context. (A device's pool and its VMM
+  // window, as an NCCL rank has, are on one device.)
+  const auto& pools = s.hello().pools;
+  const bool one_device =
+      std::all_of(pools.begin(), pools.end(), [&](const auto& p) { return p.device == pools[0].device; });
+  pipeline.prepare(options.output, context, options.gpu_snapshot && one_device, result);
   result.mark("prepared");
 
   pipeline.check_interrupted();

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <exception>
 #include <utility>
 #include <vector>
 
@@ -184,6 +185,15 @@ copy_outcome copy_pipeline::copy(image::manifest& m, const readable_fn& readable
                                  image_result& result) {
   copy_outcome out;
   copy_staging& st = *staging_;
+  // A failure on the way leaves copies queued that read the program's memory (mapped here until the caller
+  // unwinds): they end before it is unmapped.
+  struct drain_on_failure {
+    const copy_staging& st;
+    const int exceptions = std::uncaught_exceptions();
+    ~drain_on_failure() {
+      if (std::uncaught_exceptions() > exceptions) st.drain();
+    }
+  } drain{st};
   // This thread copies the chunks in order into whichever staging buffer is free (chunk_copier), and each
   // writer thread (one data file each, chunk_writers) takes the next copied chunk and appends it, so PCIe
   // and storage overlap and the file system takes several files at once (it serializes writes to one file).

@@ -51,11 +51,18 @@ struct copy_staging {
       events.push_back(e);
     }
   }
+  // Waits for every copy and checksum queued (errors ignored: a failed stream has nothing left to run).
+  void drain() const noexcept {
+    if (streams.empty() && checksum_stream == nullptr) return;  // no driver needed
+    const driver_api& d = driver();                             // loaded: it made them
+    for (CUstream s : streams) d.cuStreamSynchronize(s);
+    if (checksum_stream != nullptr) d.cuStreamSynchronize(checksum_stream);
+  }
   ~copy_staging() {
     if (!registered && allocated.empty() && events.empty() && streams.empty()) return;  // no driver needed
     const driver_api& d = driver();                                                     // loaded: it made them
+    drain();
     if (checksum_stream != nullptr) streams.push_back(checksum_stream);
-    for (CUstream s : streams) d.cuStreamSynchronize(s);
     if (registered) d.cuMemHostUnregister(pages.data());
     for (void* b : allocated) d.cuMemFreeHost(b);
     for (CUevent e : events) d.cuEventDestroy_v2(e);

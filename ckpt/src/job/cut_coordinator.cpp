@@ -21,9 +21,8 @@ struct cut_coordinator::rank {
 };
 
 cut_coordinator::cut_coordinator(const std::vector<pid_t>& ranks, clock::time_point armed_until) {
-  const auto armed_for =
-      std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                 armed_until - clock::now()));
+  const auto armed_for = std::max(std::chrono::milliseconds(1),
+                                  std::chrono::duration_cast<std::chrono::milliseconds>(armed_until - clock::now()));
   for (const pid_t pid : ranks) {
     auto r = std::make_unique<rank>();
     r->pid = pid;
@@ -54,7 +53,7 @@ void cut_coordinator::fail(const std::string& why) {
   throw tool_error(why);
 }
 
-bool cut_coordinator::read_statuses(int wait_ms) {
+bool cut_coordinator::read_statuses(int wait_ms, clock::time_point deadline) {
   std::vector<pollfd> fds;
   for (const auto& r : ranks_) fds.push_back({r->client->fd(), POLLIN, 0});
   if (::poll(fds.data(), fds.size(), wait_ms) <= 0) return false;
@@ -68,6 +67,7 @@ bool cut_coordinator::read_statuses(int wait_ms) {
         r.answered = true;
       }
     } catch (const control_error& e) {
+      if (clock::now() >= deadline) return false;
       fail("process " + std::to_string(r.pid) + " left the job's cut: " + e.what() +
            "; every other rank goes on where it was");
     }
@@ -114,16 +114,21 @@ cut_figures cut_coordinator::bring_to_cut(clock::time_point deadline) {
     if (freeze && std::all_of(ranks_.begin(), ranks_.end(), [](const auto& r) { return r->answered; })) freeze = false;
     if (clock::now() >= deadline) {
       std::string behind;
-      for (std::size_t i = 0; i < ranks_.size(); ++i)
-        if (!at_cut(ranks_[i]->status, targets[i]))
-          behind += "\n  process " + std::to_string(ranks_[i]->pid) + ": " +
-                    against_targets(ranks_[i]->status, targets[i]);
+      for (std::size_t i = 0; i < ranks_.size(); ++i) {
+        const rank& r = *ranks_[i];
+        const std::string silent = r.answered ? std::string() : why_silent(r.pid);
+        if (!r.answered)  // its last status is older than its targets: it stopped answering
+          behind += "\n  process " + std::to_string(r.pid) + ": has not answered its targets" +
+                    (silent.empty() ? " (its control thread does not run)" : ": " + silent);
+        else if (!at_cut(r.status, targets[i]))
+          behind += "\n  process " + std::to_string(r.pid) + ": " + against_targets(r.status, targets[i]);
+      }
       fail("the job's ranks did not reach one point within the deadline (--deadline); every rank goes on as it "
            "was. Not there:" +
            behind);
     }
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now()).count();
-    read_statuses(static_cast<int>(std::clamp<long long>(left, 1, 100)));
+    read_statuses(static_cast<int>(std::clamp<long long>(left, 1, 100)), deadline);
   }
   figures.seconds = std::chrono::duration<double>(clock::now() - start).count();
   fault_point("job:cut");

@@ -32,8 +32,9 @@ class cut_coordinator {
  private:
   struct rank;
   bool aim(rank& r, const std::vector<control::comm_count>& targets, bool freeze);
-  // Reads every status a rank has sent so far; false when none came within wait_ms.
-  bool read_statuses(int wait_ms);
+  // Reads every status a rank has sent so far; false when none came within wait_ms. A rank whose connection ends
+  // fails the cut, unless `deadline` has passed: its arming lapsed with it, and the deadline is what is reported.
+  bool read_statuses(int wait_ms, clock::time_point deadline);
   [[noreturn]] void fail(const std::string& why);
 
   std::vector<std::unique_ptr<rank>> ranks_;

@@ -23,13 +23,16 @@ job_dump_result dump_job(const job_dump_options& o) {
   job_dump_result r;
   const auto start = clock::now();
   driver();  // no driver here: say so before any rank is touched
-  r.ranks = job_members(o.job);
+  // A member that does not answer (stopped) fails the command within its deadline.
+  r.ranks = job_members(
+      o.job, member_state::running,
+      std::min<std::chrono::milliseconds>(std::chrono::seconds(10),
+                                          std::chrono::duration_cast<std::chrono::milliseconds>(o.hold_deadline)));
   const fs::path output = new_image_path(o.output);
   // Written under a name of its own next to the final one, renamed in one step at the end (cuda-ckpt gc knows
   // the .partial- form).
-  const fs::path staging =
-      output.parent_path() / (output.filename().string() + ".partial-" + std::to_string(::getpid()) + "-" +
-                              random_hex16());
+  const fs::path staging = output.parent_path() / (output.filename().string() + ".partial-" +
+                                                   std::to_string(::getpid()) + "-" + random_hex16());
   make_private_directory(staging);
   struct remove_unless_committed {
     const fs::path& staging;

@@ -9,9 +9,6 @@
 namespace vmmckpt::ckpt {
 namespace {
 
-// A process that has a control server may be busy (loading its memory after a restore): more than ps's second.
-constexpr auto answer_wait = std::chrono::seconds(10);
-
 std::string who(pid_t pid) {
   const std::string name = short_name_of(pid);
   return "process " + std::to_string(pid) + (name.empty() ? "" : " (" + name + ")");
@@ -19,7 +16,7 @@ std::string who(pid_t pid) {
 
 }  // namespace
 
-std::vector<pid_t> job_members(const job_spec& job, member_state state) {
+std::vector<pid_t> job_members(const job_spec& job, member_state state, std::chrono::milliseconds wait) {
   const bool suspended = state == member_state::suspended, any = state == member_state::any;
   const bool named = !job.ranks.empty();
   if (!named && !process_exists(job.root)) throw tool_error("no process " + std::to_string(job.root));
@@ -27,7 +24,7 @@ std::vector<pid_t> job_members(const job_spec& job, member_state state) {
   std::vector<std::future<process_entry>> asked;
   for (const pid_t pid : candidates) {
     if (!named && shim_in(pid) != shim_presence::loaded) continue;  // the launcher, a CPU-only helper
-    asked.push_back(std::async(std::launch::async, [pid] { return list_processes(pid, answer_wait).front(); }));
+    asked.push_back(std::async(std::launch::async, [pid, wait] { return list_processes(pid, wait).front(); }));
   }
   std::vector<pid_t> members;
   for (auto& f : asked) {

@@ -19,7 +19,11 @@ job_suspend_result suspend_job(const job_suspend_options& o) {
   job_suspend_result r;
   const auto start = clock::now();
   driver();  // no driver here: say so before any rank is touched
-  r.ranks = job_members(o.job);
+  // A member that does not answer (stopped) fails the command within its deadline.
+  r.ranks = job_members(
+      o.job, member_state::running,
+      std::min<std::chrono::milliseconds>(std::chrono::seconds(10),
+                                          std::chrono::duration_cast<std::chrono::milliseconds>(o.hold_deadline)));
   // The ranks are told where their images will be, for good: the directory has its final name from the start.
   const fs::path output = new_image_path(o.output);
   make_private_directory(output);

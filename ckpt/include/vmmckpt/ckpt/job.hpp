@@ -23,9 +23,11 @@ struct job_spec {
 
 // The job's processes under the shim with a control server (those that used CUDA), ascending: root's tree, or
 // the ranks named (each must be one). `running`: all must run (a dump, a suspend); `suspended`: those suspended
-// (a resume); `any`: all, whatever their state. tool_error when there is none.
+// (a resume); `any`: all, whatever their state. Each must answer within `wait` (a stopped one never does: a dump's
+// deadline bounds it). tool_error when there is none.
 enum class member_state { running, suspended, any };
-std::vector<pid_t> job_members(const job_spec& job, member_state state = member_state::running);
+std::vector<pid_t> job_members(const job_spec& job, member_state state = member_state::running,
+                               std::chrono::milliseconds wait = std::chrono::seconds(10));
 
 // Where the cut's time went: how long it took to bring every rank to one point, and how many times the tool
 // aimed it (once when every rank was at the same point already).
