@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -332,6 +333,25 @@ TEST_CASE("cli: CRIU's and cuda-checkpoint's spellings: -t PID, --pid PID, -D DI
     CHECK(contains(r.err, "cuda-ckpt restore: cannot execute '/nonexistent-command'"));
     CHECK_FALSE(contains(r.err, "cuda-ckpt run"));
   }
+}
+
+TEST_CASE("cli: run refuses io_uring to the command (CRIU cannot dump one), unless VMMCKPT_ALLOW_IO_URING=1",
+          "[emu][cli]") {
+  const std::string probe = build_dir + "/tests/programs/io_uring_probe";
+  const auto alone = run_process({probe});
+  INFO(describe(alone));
+  REQUIRE(alone.exit_code == 0);
+  const auto refused = run_process({cuda_ckpt, "run", "--", probe});
+  INFO(describe(refused));
+  CHECK(refused.exit_code == 0);
+  CHECK(refused.out == "io_uring: errno " + std::to_string(ENOSYS) + "\n");
+  CHECK(refused.err.empty());
+  // The refusal reaches what the command starts in turn (torchrun's workers).
+  const auto child = run_process({cuda_ckpt, "run", "--", "/bin/sh", "-c", probe});
+  CHECK(child.out == refused.out);
+  // Left alone, the command sees what it sees without cuda-ckpt (a ring, or this machine's own refusal).
+  const auto allowed = run_process({cuda_ckpt, "run", "--", probe}, {{"VMMCKPT_ALLOW_IO_URING", "1"}});
+  CHECK(allowed.out == alone.out);
 }
 
 TEST_CASE("cli: an unknown VMMCKPT_LOG_LEVEL is said once, and breaks nothing", "[emu][cli]") {

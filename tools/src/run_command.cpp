@@ -2,6 +2,7 @@
 #include "commands.hpp"
 #include "cli_options.hpp"
 #include "run_command.hpp"
+#include "io_uring_refusal.hpp"
 
 #include <signal.h>
 #include <unistd.h>
@@ -66,8 +67,11 @@ int run_under_shim(const std::vector<std::string>& command, const char* subcomma
   if (const char* existing = std::getenv("LD_PRELOAD"); existing && *existing) preload += std::string(":") + existing;
   ::setenv("LD_PRELOAD", preload.c_str(), 1);
   // libuv (PyTorch's TCPStore, which torchrun hosts) sets up io_uring rings, which CRIU cannot dump: without them a
-  // job started here stays checkpointable whole (dump --job --process). A setting of the user's own wins.
+  // job started here stays checkpointable whole (dump --job --process). A setting of the user's own wins. libuv
+  // still makes one ring (to batch epoll_ctl) whatever it says, hence the refusal.
   ::setenv("UV_USE_IO_URING", "0", 0);
+  if (const std::string why = refuse_io_uring(); !why.empty())
+    std::cerr << "cuda-ckpt " << subcommand << ": " << why << ": CRIU cannot checkpoint a process that uses it\n";
 
   if (file_size_signal_changed) ::sigaction(SIGXFSZ, &inherited_file_size_action, nullptr);
   std::vector<char*> argv;
@@ -87,7 +91,9 @@ subcommand add_run(CLI::App& app) {
       "Usage: cuda-ckpt run [--] COMMAND [ARGS...]\n"
       "Sets LD_PRELOAD to libvmmckpt.so ($VMMCKPT_SHIM, else found in ../lib, the install's library directory\n"
       "or ../lib/<multiarch> next to cuda-ckpt's real directory) and executes the command. Also sets\n"
-      "UV_USE_IO_URING=0 unless set: libuv's io_uring rings (PyTorch's TCPStore) cannot be dumped by CRIU.\n"
+      "UV_USE_IO_URING=0 unless set, and makes io_uring_setup fail with ENOSYS in the command (a seccomp filter;\n"
+      "without CAP_SYS_ADMIN with no_new_privs set): CRIU cannot dump an io_uring, which libuv (PyTorch's TCPStore)\n"
+      "makes otherwise. VMMCKPT_ALLOW_IO_URING=1 leaves io_uring alone.\n"
       "Example: cuda-ckpt run -- python train.py --epochs 3");
   command->prefix_command();  // everything after the first word belongs to the command
 

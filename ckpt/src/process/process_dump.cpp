@@ -180,9 +180,10 @@ void process_dump::check_and_prepare() {
                             o_.job, d_.driver_only);
   for (const pid_t pid : d_.driver_only)
     if (const auto state = driver_process_state(pid); state != CU_PROCESS_STATE_RUNNING)
-      throw tool_error(who(pid) + " is " + process_state_name(state) + " for the driver: another checkpoint is under "
-                                  "way, or one stopped midway (`cuda-ckpt resume " + std::to_string(pid) +
-                       "` brings it back)");
+      throw tool_error(who(pid) + " is " + process_state_name(state) +
+                       " for the driver: another checkpoint is under "
+                       "way, or one stopped midway (`cuda-ckpt resume " +
+                       std::to_string(pid) + "` brings it back)");
   for (const auto& m : members_)
     if (const auto state = driver_process_state(m.pid); state != CU_PROCESS_STATE_RUNNING)
       throw tool_error(who(m.pid) + " is " + process_state_name(state) +
@@ -415,11 +416,14 @@ void process_dump::criu_dump() {
     check_interrupted(o_.copy);
   }
   if (status != 0)
-    throw tool_error("criu dump failed (exit " + std::to_string(status) + "):" + criu_log_excerpt(log) +
-                     (criu_log_mentions(log, "io_uring")
-                          ? "\n(a process of the tree uses io_uring, which CRIU cannot dump: libuv does, as in PyTorch's "
-                            "TCPStore that torchrun hosts; start the job with UV_USE_IO_URING=0, as `cuda-ckpt run` does)"
-                          : ""));
+    throw tool_error(
+        "criu dump failed (exit " + std::to_string(status) + "):" + criu_log_excerpt(log) +
+        (criu_log_mentions(log, "io_uring")
+             ? "\n(a process of the tree uses io_uring, which CRIU cannot dump: libuv does, as in PyTorch's "
+               "TCPStore that torchrun hosts; start the job with `cuda-ckpt run`, which refuses io_uring to it, "
+               "without "
+               "VMMCKPT_ALLOW_IO_URING=1)"
+             : ""));
   dumped_ = read_criu_pstree(staging_ / criu_dir_name).pids;
   d_.stopped_seconds = seconds_since(start_) - stopped_from_;
   mark("criu dumped");
