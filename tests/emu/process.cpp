@@ -24,6 +24,9 @@ pid_t start(const std::vector<std::string>& argv, const std::map<std::string, st
   if (pid > 0) return pid;
   dup2(out_fd, 1);
   if (err_fd >= 0) dup2(err_fd, 2);
+  // Nothing else of this process's: ctest's own log, open here, would be in a whole-process image, and CRIU
+  // refuses to restore a file that changed size since.
+  ::close_range(3, ~0U, 0);
   for (const auto& [key, value] : env) {
     if (value.empty())
       unsetenv(key.c_str());

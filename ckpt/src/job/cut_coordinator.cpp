@@ -21,8 +21,11 @@ struct cut_coordinator::rank {
 };
 
 cut_coordinator::cut_coordinator(const std::vector<pid_t>& ranks, clock::time_point armed_until) {
+  // A second past the deadline: this tool, not a rank's lapsing arming, is the one to find the deadline passed
+  // (and say which rank was not there). A tool that dies leaves them a second later.
   const auto armed_for = std::max(std::chrono::milliseconds(1),
-                                  std::chrono::duration_cast<std::chrono::milliseconds>(armed_until - clock::now()));
+                                  std::chrono::duration_cast<std::chrono::milliseconds>(armed_until - clock::now())) +
+                         std::chrono::seconds(1);
   for (const pid_t pid : ranks) {
     auto r = std::make_unique<rank>();
     r->pid = pid;

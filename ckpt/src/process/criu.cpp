@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -107,6 +108,15 @@ int spawn_and_wait(const std::vector<std::string>& argv, const std::string& outp
 }
 
 }  // namespace
+
+void add_tcp_established(std::vector<std::string>& args) {
+  const auto has = [&](std::string_view flag) {
+    return std::any_of(args.begin(), args.end(), [&](const std::string& a) { return a.rfind(flag, 0) == 0; });
+  };
+  if (!has(criu_tcp_established)) args.push_back(criu_tcp_established);
+  if (!has("--network-lock") && find_on_path("iptables-restore").empty())
+    args.insert(args.end(), {"--network-lock", "nftables"});
+}
 
 criu_tool find_criu() {
   criu_tool criu;

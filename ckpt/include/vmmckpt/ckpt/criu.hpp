@@ -20,6 +20,11 @@ struct criu_unavailable : tool_error {
 
 // CRIU's flag that keeps established TCP connections (a job's, docs/job-checkpoint.md), at dump and restore alike.
 inline constexpr const char* criu_tcp_established = "--tcp-established";
+
+// Adds --tcp-established to `args` unless there, and how CRIU locks those connections while it works: by default
+// it runs iptables-restore, which many machines (containers, GPU nodes) lack; without it on PATH, CRIU's own
+// nftables (--network-lock nftables). A --network-lock in `args` is kept. The same at dump and restore.
+void add_tcp_established(std::vector<std::string>& args);
 inline constexpr int criu_min_major = 4;  // 3.x fails `criu check` on 6.x kernels (its vDSO check)
 
 struct criu_tool {

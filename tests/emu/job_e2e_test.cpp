@@ -1,0 +1,602 @@
+// End-to-end tests of whole-job checkpoints (dump/suspend/resume --job, dump --job --process and restore) of the
+// collective job (tests/programs/emu/collective_job.cpp) on the emulated driver: a job cut, held, suspended or
+// restored ends with the results of a run without the shim, and every failure leaves it running to its end.
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "process_support.hpp"
+
+namespace vmmckpt::test {
+namespace {
+
+const std::string job_program = build_dir + "/tests/programs/emu_collective_job";
+
+// Rank -> "STEPS HASH", from the `done RANK STEPS HASH` lines.
+std::map<int, std::string> done_lines(const std::string& out) {
+  std::map<int, std::string> done;
+  std::istringstream in(out);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("done ", 0) != 0) continue;
+    std::istringstream fields(line.substr(5));
+    int rank = -1;
+    std::string steps, hash;
+    fields >> rank >> steps >> hash;
+    done[rank] = steps + " " + hash;
+  }
+  return done;
+}
+
+// The job run without the shim and without any checkpoint: the results every other run of it must end with.
+// Computed once per (ranks, steps) in this process (a GENERATE'd test case asks for it on every pass).
+const std::map<int, std::string>& reference_results(int nranks, int steps) {
+  static std::map<std::pair<int, int>, std::map<int, std::string>> cache;
+  const auto key = std::make_pair(nranks, steps);
+  if (const auto found = cache.find(key); found != cache.end()) return found->second;
+  scratch_dir dir;
+  const auto plain = run_process(
+      {job_program, (dir.path / "plain").string(), std::to_string(nranks), std::to_string(steps), "--step-ms", "0"},
+      {{"LD_PRELOAD", ""}}, 120);
+  INFO(describe(plain));
+  REQUIRE(plain.exit_code == 0);
+  auto done = done_lines(plain.out);
+  REQUIRE(done.size() == static_cast<std::size_t>(nranks));
+  return cache[key] = std::move(done);
+}
+
+std::string file_text(const fs::path& file) {
+  std::ifstream in(file);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// What /proc/PID/cmdline says, its words joined by spaces; empty for a process gone (or a zombie).
+std::string command_line(pid_t pid) {
+  std::string text = file_text("/proc/" + std::to_string(pid) + "/cmdline");
+  std::replace(text.begin(), text.end(), '\0', ' ');
+  return text;
+}
+
+// Lines of /proc/PID/maps that map the emulator's device memory (its memfds are named vmmckpt-emu-devN; host
+// memory, vmmckpt-emu-host, is not counted).
+std::vector<std::string> device_mappings(pid_t pid) {
+  std::vector<std::string> found;
+  for (const auto& line : lines_of("/proc/" + std::to_string(pid) + "/maps"))
+    if (line.find("vmmckpt-emu-dev") != std::string::npos) found.push_back(line);
+  return found;
+}
+
+// The process's state letter in /proc/PID/stat ('T' stopped), or 0 when it is gone.
+char proc_state(pid_t pid) {
+  const std::string stat = file_text("/proc/" + std::to_string(pid) + "/stat");
+  const auto paren = stat.rfind(')');
+  return paren == std::string::npos || paren + 2 >= stat.size() ? 0 : stat[paren + 2];
+}
+
+// Nothing in image's directory is named image, or image with anything after it (image.partial-...).
+bool no_entry_named(const fs::path& image) {
+  for (const auto& entry : fs::directory_iterator(image.parent_path()))
+    if (entry.path().filename().string().rfind(image.filename().string(), 0) == 0) return false;
+  return true;
+}
+
+// Every file under dir with its size and modification time: equal before and after means nothing was changed.
+std::map<std::string, std::pair<std::uintmax_t, fs::file_time_type>> listing(const fs::path& dir) {
+  std::map<std::string, std::pair<std::uintmax_t, fs::file_time_type>> files;
+  for (const auto& entry : fs::recursive_directory_iterator(dir))
+    if (entry.is_regular_file())
+      files[fs::relative(entry.path(), dir).string()] = {entry.file_size(), entry.last_write_time()};
+  return files;
+}
+
+// The collective job, started detached under the shim (as a job a scheduler runs: its output in a file, which CRIU
+// takes along), with its ranks on `devices` emulated devices; every cuda-ckpt call gets the same device count.
+// This process is the subreaper of what it starts: the launcher, once its starting shell is gone, is its child
+// (its exit status can be read), and so is a job CRIU restores.
+struct collective_job {
+  static constexpr int unknown_exit = -2;  // ended, but not as this process's child
+
+  scratch_dir dir;
+  int nranks, devices, steps;
+  fs::path work = dir.path / "job";  // the job's DIR: its uid, and each rank's RANK.step
+  fs::path out = dir.path / "out";   // the launcher's and the ranks' stdout and stderr
+  pid_t pid = 0;                     // the launcher
+  std::vector<pid_t> ranks;          // by rank
+  int exit_code = -1;
+
+  collective_job(int nranks_, int devices_, int steps_, int step_ms, bool count_gpus = false)
+      : nranks(nranks_), devices(devices_), steps(steps_) {
+    ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+    const std::string command = "setsid " + cuda_ckpt + " run -- " + job_program + " " + work.string() + " " +
+                                std::to_string(nranks) + " " + std::to_string(steps) + " --step-ms " +
+                                std::to_string(step_ms) + (count_gpus ? " --count-gpus" : "") + " >" + out.string() +
+                                " 2>&1 </dev/null & echo $!";
+    const auto started = run_process({"/bin/sh", "-c", command}, env());
+    REQUIRE(started.exit_code == 0);
+    pid = std::stoi(started.out);
+    // The launcher names each rank's pid at once; then every rank makes its communicators and runs 10 steps.
+    const bool running = wait_until(
+        [&] {
+          const std::string text = output();
+          for (int r = 0; r < nranks; ++r)
+            if (text.find("ready " + std::to_string(r) + "\n") == std::string::npos ||
+                text.find("step " + std::to_string(r) + " 10\n") == std::string::npos)
+              return false;
+          return true;
+        },
+        60);
+    INFO("launcher " << pid << (::kill(pid, 0) == 0 ? ", alive" : ", gone") << "; its output:\n" << output());
+    REQUIRE(running);
+    for (int r = 0; r < nranks; ++r) {
+      const std::string marker = "\nrank " + std::to_string(r) + " ";
+      const std::string text = "\n" + output();
+      const auto at = text.find(marker);
+      REQUIRE(at != std::string::npos);
+      ranks.push_back(static_cast<pid_t>(std::stol(text.substr(at + marker.size()))));
+    }
+    REQUIRE(done_lines(output()).empty());  // still running: the test acts on a live job
+  }
+
+  ~collective_job() {
+    // Only processes of this job (they name its DIR on their command lines): a pid of one gone may be reused.
+    std::vector<pid_t> all{pid};
+    all.insert(all.end(), ranks.begin(), ranks.end());
+    for (const pid_t p : all)
+      if (command_line(p).find(work.string()) != std::string::npos) ::kill(p, SIGKILL);
+    for (const pid_t p : all) wait_gone(p, 5);
+    // A default suspend image of this job (named by its launcher) that a failed test left.
+    std::error_code ec;
+    const fs::path shm = "/dev/shm/vmmckpt-" + std::to_string(::geteuid());
+    for (const auto& entry : fs::directory_iterator(shm, ec))
+      if (entry.path().filename().string().rfind("job-" + std::to_string(pid) + "-", 0) == 0)
+        fs::remove_all(entry.path(), ec);
+  }
+
+  collective_job(const collective_job&) = delete;
+  collective_job& operator=(const collective_job&) = delete;
+
+  // The job's device count, unless `extra` names another.
+  std::map<std::string, std::string> env(std::map<std::string, std::string> extra = {}) const {
+    extra.emplace("VMMCKPT_EMU_DEVICES", std::to_string(devices));
+    return extra;
+  }
+
+  // cuda-ckpt ARGS with the job's device count (and `extra` in its environment).
+  process_result ckpt(const std::vector<std::string>& args,
+                      const std::map<std::string, std::string>& extra = {}) const {
+    return tool(args, env(extra));
+  }
+
+  std::string id() const { return std::to_string(pid); }
+  std::string output() const { return file_text(out); }
+  std::map<int, std::string> results() const { return done_lines(output()); }
+
+  // The last step each rank finished (its DIR/RANK.step).
+  std::vector<int> steps_done() const {
+    std::vector<int> done;
+    for (int r = 0; r < nranks; ++r) {
+      int step = -1;
+      std::ifstream(work / (std::to_string(r) + ".step")) >> step;
+      done.push_back(step);
+    }
+    return done;
+  }
+
+  // Every rank finishes more steps within `seconds`.
+  bool goes_on(int seconds = 15) const {
+    const auto at = steps_done();
+    return wait_until(
+        [&] {
+          const auto now = steps_done();
+          for (int r = 0; r < nranks; ++r)
+            if (now[r] <= at[r]) return false;
+          return true;
+        },
+        seconds);
+  }
+
+  // Waits for the launcher to end, at most `seconds`: its exit code (128 + signal when killed), unknown_exit when
+  // it ended but is not this process's child, or -1 when it is still running.
+  int wait_end(int seconds) {
+    if (exit_code != -1) return exit_code;
+    const bool ended = wait_until(
+        [&] {
+          for (const pid_t r : ranks) ::waitpid(r, nullptr, WNOHANG);  // ranks whose launcher went first
+          int status = 0;
+          const pid_t got = ::waitpid(pid, &status, WNOHANG);
+          if (got == pid) {
+            exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+            return true;
+          }
+          if (got < 0 && ::kill(pid, 0) != 0) {
+            exit_code = unknown_exit;
+            return true;
+          }
+          return false;
+        },
+        seconds);
+    return ended ? exit_code : -1;
+  }
+
+  // The job runs to its end, exit 0, with the results of a run without the shim.
+  void ends_with_reference_results(int seconds = 90) {
+    const int code = wait_end(seconds);
+    INFO("launcher " << pid << "; its output:\n" << output());
+    REQUIRE(code != -1);
+    CHECK(code == 0);
+    CHECK(results() == reference_results(nranks, steps));  // run once the job is over: it takes both cores
+  }
+
+  // Every process of the job is gone (reaped, where it was this process's child): CRIU can give their pids back.
+  bool all_gone(int seconds = 15) {
+    if (!wait_gone(pid, seconds)) return false;
+    for (const pid_t r : ranks)
+      if (!wait_gone(r, seconds)) return false;
+    return true;
+  }
+};
+
+// Each rank's state in `cuda-ckpt ps --json`, by rank ("gone" when it is not listed).
+std::vector<std::string> rank_states(const collective_job& job) {
+  std::vector<std::string> states;
+  for (const pid_t p : job.ranks) {
+    const auto entry = listed_state(p);
+    states.push_back(entry.is_null() ? "gone" : entry.value("state", "?"));
+  }
+  return states;
+}
+
+bool all_in_state(const collective_job& job, const std::string& state, int seconds = 10) {
+  return wait_until(
+      [&] {
+        const auto states = rank_states(job);
+        return std::all_of(states.begin(), states.end(), [&](const std::string& s) { return s == state; });
+      },
+      seconds);
+}
+
+// The bytes an image holds for the first allocation of its pool (not VMM window) on device 0.
+std::vector<unsigned char> first_block(const fs::path& image, std::uint64_t& addr) {
+  const auto reader = image::reader::open(image);
+  for (const auto& pool : reader.info().pools) {
+    if (pool.kind != image::pool_kind::pool || pool.allocations.empty()) continue;
+    const auto& a = pool.allocations.front();
+    addr = a.addr;
+    std::vector<unsigned char> bytes;
+    reader.read_range(a.addr, a.size,
+                      [&](const unsigned char* b, std::size_t n) { bytes.insert(bytes.end(), b, b + n); });
+    return bytes;
+  }
+  FAIL("no pool allocation in " << image);
+  return {};
+}
+
+// dump --job --process of a running job, which then ends; the image is a job's.
+void dump_whole_job(collective_job& job, const fs::path& image) {
+  const auto dumped = job.ckpt({"dump", "--job", job.id(), "--process", "-o", image.string(), "--json"});
+  INFO(describe(dumped));
+  REQUIRE(dumped.exit_code == 0);
+  const auto out = nlohmann::json::parse(dumped.out);
+  CHECK(out.value("job", false));
+  for (const pid_t r : job.ranks) {
+    const auto& listed = out.at("processes");
+    CHECK(std::find(listed.begin(), listed.end(), r) != listed.end());
+  }
+  REQUIRE(job.all_gone());  // the job's processes end, as with criu dump
+  const auto inspected = tool({"inspect", image.string(), "--json"});
+  INFO(describe(inspected));
+  REQUIRE(inspected.exit_code == 0);
+  CHECK(nlohmann::json::parse(inspected.out).value("job", false));
+}
+
+// restore DIR of a whole job's image: its launcher back with its pid, and the job goes on to its end.
+void restore_whole_job(collective_job& job, const fs::path& image) {
+  const auto restored = job.ckpt({"restore", image.string(), "--json"});
+  INFO(describe(restored));
+  REQUIRE(restored.exit_code == 0);
+  CHECK(nlohmann::json::parse(restored.out).value("pid", 0) == job.pid);
+  job.ends_with_reference_results();
+}
+
+// suspend --job then resume --job of a running job: while suspended no rank maps any device memory and the job
+// stands still; afterwards it ends with the reference results, and the default image is gone.
+void suspend_and_resume(collective_job& job) {
+  for (const pid_t r : job.ranks) {
+    INFO("rank process " << r);
+    CHECK(device_mappings(r).size() > 1);  // its own memory and the other ranks'
+  }
+  const auto suspended = job.ckpt({"suspend", "--job", job.id(), "--json"});
+  INFO(describe(suspended));
+  REQUIRE(suspended.exit_code == 0);
+  const auto out = nlohmann::json::parse(suspended.out);
+  CHECK(out.at("ranks").size() == job.ranks.size());
+  CHECK(out.at("freed_bytes").get<std::uint64_t>() > 0);
+  const fs::path image = out.at("image").get<std::string>();
+  CHECK(fs::exists(image / "job.json"));
+
+  CHECK(rank_states(job) == std::vector<std::string>(job.ranks.size(), "suspended"));
+  for (const pid_t r : job.ranks) {
+    const auto left = device_mappings(r);
+    std::string listed;
+    for (const auto& line : left) listed += line + "\n";
+    INFO("rank process " << r << " still maps:\n" << listed);
+    CHECK(left.empty());
+  }
+  const auto before = job.steps_done();
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  CHECK(job.steps_done() == before);
+  CHECK(job.results().empty());
+
+  const auto resumed = job.ckpt({"resume", "--job", job.id(), "--json"});
+  INFO(describe(resumed));
+  REQUIRE(resumed.exit_code == 0);
+  CHECK(nlohmann::json::parse(resumed.out).at("ranks").size() == job.ranks.size());
+  CHECK_FALSE(fs::exists(image));  // the default image has served its purpose
+  job.ends_with_reference_results();
+}
+
+// cuda-ckpt ARGS (the job's device count) in the background, its stdout and stderr read together, with `rank`
+// stopped (SIGSTOP): before the tool starts, or, `once_armed`, at the moment the tool has armed every rank (it
+// stops itself there, VMMCKPT_TEST_FAULT job:armed=stop, and is continued once the rank is stopped).
+std::unique_ptr<background_process> start_with_rank_stopped(const collective_job& job,
+                                                            const std::vector<std::string>& args, pid_t rank,
+                                                            bool once_armed) {
+  std::vector<std::string> argv{cuda_ckpt};
+  argv.insert(argv.end(), args.begin(), args.end());
+  if (!once_armed) REQUIRE(::kill(rank, SIGSTOP) == 0);
+  auto tool = std::make_unique<background_process>(
+      argv,
+      job.env(once_armed ? std::map<std::string, std::string>{{"VMMCKPT_TEST_FAULT", "job:armed=stop"}}
+                         : std::map<std::string, std::string>{}),
+      /*stderr_too=*/true);
+  if (once_armed) {
+    const bool armed = wait_until([&] { return proc_state(tool->pid()) == 'T'; }, 30);
+    INFO(tool->output());
+    REQUIRE(armed);
+    REQUIRE(::kill(rank, SIGSTOP) == 0);
+    ::kill(tool->pid(), SIGCONT);
+  }
+  return tool;
+}
+
+}  // namespace
+
+TEST_CASE("dump --job of a running job: one image per rank, ranks on one device at the same addresses, and the job "
+          "goes on",
+          "[job]") {
+  collective_job job(3, 2, 150, 20);  // ranks 0 and 2 on device 0, rank 1 on device 1
+  const fs::path image = job.dir.path / "image";
+  const auto dumped = job.ckpt({"dump", "--job", job.id(), "-o", image.string(), "--json"});
+  INFO(describe(dumped));
+  REQUIRE(dumped.exit_code == 0);
+  CHECK(nlohmann::json::parse(dumped.out).at("ranks").size() == 3);
+  CHECK(job.results().empty());  // the dump was of a running job
+
+  const auto verified = tool({"verify", image.string()});
+  INFO(describe(verified));
+  CHECK(verified.exit_code == 0);
+  const auto inspected = tool({"inspect", image.string(), "--json"});
+  INFO(describe(inspected));
+  REQUIRE(inspected.exit_code == 0);
+  const auto info = nlohmann::json::parse(inspected.out);
+  CHECK(info.value("job", false));
+  CHECK(info.value("kind", "") == "dump");
+  std::map<pid_t, std::vector<int>> devices_of;
+  std::map<pid_t, fs::path> image_of;
+  for (const auto& r : info.at("ranks")) {
+    const pid_t p = r.at("pid").get<pid_t>();
+    for (const auto& d : r.at("devices")) devices_of[p].push_back(d.at("ordinal").get<int>());
+    image_of[p] = r.at("image").get<std::string>();
+  }
+  REQUIRE(devices_of.size() == 3);
+  CHECK(devices_of[job.ranks[0]] == std::vector<int>{0});
+  CHECK(devices_of[job.ranks[1]] == std::vector<int>{1});
+  CHECK(devices_of[job.ranks[2]] == std::vector<int>{0});
+
+  // Ranks 0 and 2 had their memory at the same addresses of device 0; each image holds its own rank's bytes.
+  std::uint64_t at0 = 0, at2 = 0;
+  const auto bytes0 = first_block(image_of[job.ranks[0]], at0);
+  const auto bytes2 = first_block(image_of[job.ranks[2]], at2);
+  CHECK(at0 == at2);
+  CHECK(bytes0.size() == bytes2.size());
+  CHECK(bytes0 != bytes2);
+
+  job.ends_with_reference_results();
+}
+
+TEST_CASE("suspend --job then resume --job: every rank freed of all device memory, the job stands still, then ends "
+          "as if never suspended",
+          "[job]") {
+  collective_job job(3, 2, 150, 20);
+  suspend_and_resume(job);
+}
+
+TEST_CASE("dump --job waits at the cut for a rank that is behind", "[job]") {
+  collective_job job(3, 2, 100, 20);
+  const pid_t behind = job.ranks[1];
+  const fs::path image = job.dir.path / "image";
+  bool once_armed = false;
+  SECTION("stopped before the dump starts") {}
+  SECTION("stopped once every rank is armed") { once_armed = true; }
+  const auto dump =
+      start_with_rank_stopped(job, {"dump", "--job", job.id(), "-o", image.string(), "--json"}, behind, once_armed);
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  const bool waited = dump->running();
+  ::kill(behind, SIGCONT);
+  CHECK(waited);  // it did not give up on the rank, nor cut without it
+  const int code = dump->wait();
+  INFO(dump->output());
+  REQUIRE(code == 0);
+  CHECK(tool({"verify", image.string()}).exit_code == 0);
+  job.ends_with_reference_results();
+}
+
+TEST_CASE("dump --job --deadline: a rank that never reaches the cut fails the dump in time, and the job goes on",
+          "[job]") {
+  collective_job job(3, 2, 100, 20);
+  const pid_t stopped = job.ranks[1];
+  const fs::path image = job.dir.path / "image";
+  bool once_armed = false;
+  SECTION("stopped before the dump starts") {}
+  SECTION("stopped once every rank is armed") { once_armed = true; }
+  const auto start = std::chrono::steady_clock::now();
+  const auto dump = start_with_rank_stopped(job, {"dump", "--job", job.id(), "-o", image.string(), "--deadline", "2"},
+                                            stopped, once_armed);
+  const int code = dump->wait();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ::kill(stopped, SIGCONT);
+  INFO("ranks " << job.ranks[0] << " " << job.ranks[1] << " " << job.ranks[2] << ", " << stopped << " stopped; exit "
+                << code << " after " << seconds << " s; it said:\n"
+                << dump->output());
+  CHECK(code != 0);
+  CHECK(code < 128);  // a failure it reports, not a crash
+  CHECK(dump->output().find(std::to_string(stopped)) != std::string::npos);
+  // --deadline bounds everything, connecting and preparing included (docs/reliability.md: `dump --deadline 5`
+  // against a stopped program fails after 5 s): 2 s here, and slack for a loaded machine.
+  CHECK(seconds < 6);
+  CHECK(no_entry_named(image));
+  job.ends_with_reference_results();  // the others were released: nothing holds the job
+}
+
+TEST_CASE("a rank killed during dump --job's cut: the dump fails and the job ends rather than wait at the cut",
+          "[job]") {
+  collective_job job(3, 2, 150, 20);
+  const fs::path image = job.dir.path / "image";
+  // The tool stops itself once every rank is armed, so that the rank dies at that point for sure.
+  background_process dump({cuda_ckpt, "dump", "--job", job.id(), "-o", image.string()},
+                          job.env({{"VMMCKPT_TEST_FAULT", "job:armed=stop"}}), /*stderr_too=*/true);
+  const bool armed = wait_until([&] { return proc_state(dump.pid()) == 'T'; }, 30);
+  const pid_t victim = job.ranks[1];
+  ::kill(victim, SIGKILL);
+  ::kill(dump.pid(), SIGCONT);
+  INFO(dump.output());
+  REQUIRE(armed);
+  const int code = dump.wait();
+  INFO(dump.output());
+  CHECK(code != 0);
+  CHECK(code < 128);  // a failure it reports, not a crash
+  const std::string said = dump.output();
+  CHECK((said.find(std::to_string(victim)) != std::string::npos || said.find("left") != std::string::npos));
+  CHECK(no_entry_named(image));
+  // The launcher sees a rank die and ends the job; no rank stays behind waiting at a cut.
+  const int launcher = job.wait_end(20);
+  INFO(job.output());
+  CHECK(launcher != -1);
+  CHECK(launcher != 0);
+  CHECK(job.all_gone(5));
+}
+
+TEST_CASE("suspend --job killed at each step: the job settles all suspended or all running, and resume --job ends it "
+          "as if never suspended",
+          "[job][fault]") {
+  const std::string point = GENERATE("job:armed", "job:cut", "held", "verified", "requested:suspend");
+  INFO(point);
+  collective_job job(2, 1, 100, 20);
+  const fs::path image = job.dir.path / "suspended";
+  const auto killed =
+      job.ckpt({"suspend", "--job", job.id(), "-o", image.string()}, {{"VMMCKPT_TEST_FAULT", point + "=kill"}});
+  INFO(describe(killed));
+  CHECK(killed.signal == SIGKILL);
+  // Until every rank's image is complete and checked (`verified` is one rank's), the job's claim is not accepted:
+  // every rank goes on. Once it is (`requested:suspend`: a suspend request sent), every rank suspends, the rank
+  // whose request never left by the claim.
+  const bool accepted = point == "requested:suspend";
+  if (accepted) {
+    CHECK(all_in_state(job, "suspended"));
+    const auto before = job.steps_done();
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    CHECK(job.steps_done() == before);
+    CHECK(fs::exists(image / "job.accepted"));
+  } else {
+    CHECK(all_in_state(job, "running"));
+    CHECK(job.goes_on());
+    // A rank held for the job's suspend settles its claim when its tool goes: cancelled. Before any hold the claim
+    // stays pending, for gc to find the tool gone.
+    const bool any_held = point == "held" || point == "verified";
+    CHECK(fs::exists(image / (any_held ? "job.cancelled" : "job.pending")));
+  }
+  const auto resumed = job.ckpt({"resume", "--job", job.id()});
+  INFO(describe(resumed));
+  if (accepted) {
+    CHECK(resumed.exit_code == 0);
+    CHECK(fs::exists(image / "job.json"));  // an image the user named stays
+  } else {
+    CHECK(resumed.exit_code == 1);
+    CHECK(resumed.err.find("no process in the tree of process " + job.id() + " runs under vmmckpt suspended") !=
+          std::string::npos);
+    // What the killed tool left is no image: gc removes it, as nothing depends on it.
+    const auto gc = tool({"gc", job.dir.path.string()});
+    INFO(describe(gc));
+    CHECK(gc.exit_code == 0);
+    CHECK(no_entry_named(image));
+  }
+  job.ends_with_reference_results();
+}
+
+TEST_CASE("dump --job --process ends the job, and restore DIR brings it back to its end", "[job][process]") {
+  REQUIRE_CRIU();
+  collective_job job(3, 2, 150, 20, /*count_gpus=*/true);
+  const fs::path image = job.dir.path / "image";
+  dump_whole_job(job, image);
+  CHECK(job.results().empty());
+  restore_whole_job(job, image);
+}
+
+TEST_CASE("a whole job's image is refused where there are fewer GPUs than it used, before anything starts",
+          "[job][process]") {
+  REQUIRE_CRIU();
+  collective_job job(3, 2, 150, 20, /*count_gpus=*/true);
+  const fs::path image = job.dir.path / "image";
+  dump_whole_job(job, image);
+  const auto files = listing(image);
+
+  const auto refused = job.ckpt({"restore", image.string()}, {{"VMMCKPT_EMU_DEVICES", "1"}});
+  INFO(describe(refused));
+  CHECK(refused.exit_code != 0);
+  CHECK(refused.signal == 0);
+  CHECK(refused.err.find("GPU 1") != std::string::npos);
+  CHECK(job.all_gone(2));  // nothing of the job was started (or it is gone again)
+  CHECK(listing(image) == files);
+  const auto verified = tool({"verify", image.string()});
+  INFO(describe(verified));
+  CHECK(verified.exit_code == 0);
+
+  restore_whole_job(job, image);
+}
+
+TEST_CASE("suspend --job and resume --job of 4 ranks on 4 devices", "[job][ranks8]") {
+  collective_job job(4, 4, 80, 20);
+  suspend_and_resume(job);
+}
+
+TEST_CASE("suspend --job and resume --job of 8 ranks on 8 devices", "[job][ranks8]") {
+  collective_job job(8, 8, 60, 20);
+  suspend_and_resume(job);
+}
+
+TEST_CASE("dump --job --process and restore of 4 ranks on 4 devices", "[job][ranks8][process]") {
+  REQUIRE_CRIU();
+  collective_job job(4, 4, 80, 20, /*count_gpus=*/true);
+  const fs::path image = job.dir.path / "image";
+  dump_whole_job(job, image);
+  restore_whole_job(job, image);
+}
+
+TEST_CASE("dump --job --process and restore of 8 ranks on 8 devices", "[job][ranks8][process]") {
+  REQUIRE_CRIU();
+  collective_job job(8, 8, 60, 20, /*count_gpus=*/true);
+  const fs::path image = job.dir.path / "image";
+  dump_whole_job(job, image);
+  restore_whole_job(job, image);
+}
+
+}  // namespace vmmckpt::test
