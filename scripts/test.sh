@@ -7,7 +7,7 @@ source scripts/lib/setup.sh
 
 vmmckpt_install_packages
 vmmckpt_check_cuda_toolkit
-# CRIU 4 for the whole-process tests, as .ci/run does (Debian 13's, into .deps/criu; the system is not
+# CRIU 4.2 for the whole-process tests, as .ci/run does (Debian forky's, into .deps/criu; the system is not
 # touched). Optional like CRIU itself: without it those tests show as skipped, and the summary says why.
 bash scripts/provision-criu.sh --check >/dev/null 2>&1 || echo "==> CRIU could not be provisioned: the whole-process tests will skip"
 vmmckpt_build build
