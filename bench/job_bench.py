@@ -158,10 +158,11 @@ def single_part(args, record):
     job = Job(args, 1, shim=True)
     try:
         whole = os.path.join(job.dir, "whole")
-        d, wall = tool(args, "dump", str(job.pid), "--process", "-o", whole)
+        # torchrun's store is a TCP connection within the process: CRIU keeps it only when told to.
+        d, wall = tool(args, "dump", str(job.pid), "--process", "-o", whole, "--criu-arg=--tcp-established")
         record(part="single", step="dump --process", seconds=wall, stopped_s=d["stopped_seconds"])
         job.wait_gone()
-        r, wall = tool(args, "restore", whole)
+        r, wall = tool(args, "restore", whole, "--criu-arg=--tcp-established")
         record(part="single", step="restore DIR", seconds=wall)
         record(part="single", step="check", ok=job.check())
     finally:

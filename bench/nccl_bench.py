@@ -6,7 +6,7 @@
 Runs a two-part job with torchrun, one rank per GPU, NCCL's defaults (NCCL_NVLS_ENABLE=0 only), alternately
 natively and under `cuda-ckpt run`, `--rounds` times each (ABAB, so that drift affects both alike):
 - all-reduce of --size-mib MiB of float32, 5 warm-up and 20 timed calls: bus bandwidth as nccl-tests counts
-  it (bytes / time * 2 (n - 1) / n), the best of the timed calls' median per round;
+  it (bytes / time * 2 (n - 1) / n; with --gpus 1, bytes / time), the timed calls' median per round;
 - a DDP step of a 4096-wide MLP (forward, backward, all-reduce of the gradients, SGD), 10 warm-up and 50 timed.
 Prints each round and the medians with their ratio (shim / native); --json writes them too.
 As a worker (under torchrun, --worker) it runs one round and rank 0 prints one JSON line.
@@ -40,7 +40,8 @@ def worker(size_mib):
         end.synchronize()
         times.append(start.elapsed_time(end) / 1000)
     bytes_ = data.numel() * 4
-    busbw = bytes_ / statistics.median(times) * 2 * (world - 1) / world / 1e9
+    # One rank moves nothing between GPUs (a bus factor of 0): its figure is the algorithm bandwidth instead.
+    busbw = bytes_ / statistics.median(times) * (2 * (world - 1) / world if world > 1 else 1) / 1e9
 
     model = torch.nn.Sequential(torch.nn.Linear(4096, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 4096)).to(device)
     model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index])

@@ -381,7 +381,7 @@ void process_dump::criu_dump() {
       "--leave-stopped"};
   args.insert(args.end(), o_.criu_args.begin(), o_.criu_args.end());
   // A job's ranks talk over TCP (NCCL's bootstrap, the launcher's store): CRIU keeps the connections.
-  if (o_.job) add_tcp_established(args);
+  if (o_.job || std::find(args.begin(), args.end(), criu_tcp_established) != args.end()) add_tcp_established(args);
   fault_point("process:criu");
   // Its exit status is written into the image by the shell that runs it, tool or no tool: "0" tells a later
   // `restore` or `gc` that CRIU's part is complete.

@@ -208,7 +208,7 @@ process_restore_result restore_process(const process_restore_options& o, const p
                                 "--shell-job", "--pidfile",   pidfile.string()};
   args.insert(args.end(), o.criu_args.begin(), o.criu_args.end());
   // The connections a job's dump kept (NCCL's bootstrap): restored only with the same flag.
-  if (d.job) add_tcp_established(args);
+  if (d.job || std::find(args.begin(), args.end(), criu_tcp_established) != args.end()) add_tcp_established(args);
   const int status = run_criu(criu, args, log, [&](pid_t criu_pid) {
     record.note_criu(criu_pid);
     fault_point("restore:criu-running");
