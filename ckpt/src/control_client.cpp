@@ -166,6 +166,12 @@ control_client::control_client(pid_t pid, clock::time_point deadline) : pid_(pid
                    "/maps cannot be read to tell whether it runs under vmmckpt");
 }
 
+control_client::control_client(pid_t pid, int connected_fd, std::string node, clock::time_point deadline)
+    : pid_(pid), node_(std::move(node)), deadline_(deadline), fd_(connected_fd) {
+  // send_frame and recv_frame wait with poll, as on the sockets connect_to makes.
+  ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) | O_NONBLOCK);
+}
+
 control_client::~control_client() {
   if (fd_ >= 0) ::close(fd_);
 }
@@ -176,14 +182,16 @@ int control_client::remaining_ms() const {
 }
 
 void control_client::channel_failed(const protocol::failure& f) const {
-  const std::string who = "process " + std::to_string(pid_);
+  const std::string who = "process " + std::to_string(pid_) + (node_.empty() ? "" : " on " + node_);
   if (f.kind == protocol::failure_kind::connection_closed)
-    throw control_error(who + " went away (it exited or its control server stopped)", f.kind);
+    throw control_error(who + (node_.empty() ? " went away (it exited or its control server stopped)"
+                                             : " went away (it exited, or its node's agent did)"),
+                        f.kind);
   if (f.kind == protocol::failure_kind::timed_out) {
     const double waited = std::chrono::duration<double>(clock::now() - start_).count();
     char seconds[32];
     std::snprintf(seconds, sizeof seconds, "%.1f", waited);
-    const std::string why = why_silent(pid_);
+    const std::string why = node_.empty() ? why_silent(pid_) : std::string();
     throw control_error(who + " did not answer within " + seconds + " s" + (why.empty() ? "" : ": " + why), f.kind);
   }
   throw control_error(who + ": " + f.text, f.kind);

@@ -12,8 +12,6 @@
 #include <ctime>
 
 namespace vmmckpt::ckpt {
-namespace {
-
 std::string now_iso8601() {
   const std::time_t t = std::time(nullptr);
   char buf[32];
@@ -26,8 +24,6 @@ std::string hostname() {
   ::gethostname(buf, sizeof buf - 1);
   return buf;
 }
-
-}  // namespace
 
 session::session(pid_t pid, expect state, const char* what, control_client::clock::time_point deadline)
     : client_(pid, deadline), hello_(client_.hello(state == expect::running)) {

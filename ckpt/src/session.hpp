@@ -14,6 +14,10 @@
 
 namespace vmmckpt::ckpt {
 
+// What an image says of when and where it was written: the time now (ISO 8601, UTC), and this host's name.
+std::string now_iso8601();
+std::string hostname();
+
 class session {
  public:
   enum class expect { running, suspended };

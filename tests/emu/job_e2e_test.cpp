@@ -599,4 +599,169 @@ TEST_CASE("dump --job --process and restore of 8 ranks on 8 devices", "[job][ran
   restore_whole_job(job, image);
 }
 
+// --- A job across nodes (docs/job-checkpoint.md, "Across nodes"): two agents on this host, each serving part of
+// the job's ranks as a node's agent would, and dump --nodes coordinating them.
+
+// A file holding the job's secret, readable by its owner only (`mode` to test a refusal).
+fs::path token_file(const fs::path& dir, const std::string& secret, fs::perms mode = fs::perms::owner_read |
+                                                                                      fs::perms::owner_write) {
+  const fs::path file = dir / ("token-" + secret);
+  std::ofstream(file) << secret << "\n";
+  fs::permissions(file, mode);
+  return file;
+}
+
+// cuda-ckpt job-agent serving `ranks` at a free port of 127.0.0.1.
+struct node_agent {
+  background_process process;
+  std::string address;
+
+  node_agent(const collective_job& job, const std::vector<pid_t>& ranks, const fs::path& token,
+             const std::map<std::string, std::string>& extra = {})
+      : process({cuda_ckpt, "job-agent", "--ranks", joined(ranks), "--listen", "127.0.0.1:0", "--token-file",
+                 token.string()},
+                job.env(extra), /*stderr_too=*/true) {
+    const bool listening = process.wait_for_output("listening at ", 30) && wait_until([&] {
+      process.running();  // reads what it printed
+      return process.output().find('\n', process.output().find("listening at ")) != std::string::npos;
+    });
+    INFO(process.output());
+    REQUIRE(listening);
+    const std::string& out = process.output();
+    const auto at = out.find("listening at ") + 13;
+    address = out.substr(at, out.find('\n', at) - at);
+  }
+
+  static std::string joined(const std::vector<pid_t>& pids) {
+    std::string text;
+    for (const pid_t p : pids) text += (text.empty() ? "" : ",") + std::to_string(p);
+    return text;
+  }
+};
+
+TEST_CASE("dump --nodes: a job's ranks on two nodes' agents cut at one point, each node's part written by its "
+          "agent, and the job goes on",
+          "[job][nodes]") {
+  collective_job job(4, 2, 150, 20);
+  const fs::path token = token_file(job.dir.path, "the-jobs-secret-0123456789");
+  node_agent a(job, {job.ranks[0], job.ranks[1]}, token);
+  node_agent b(job, {job.ranks[2], job.ranks[3]}, token);
+  const fs::path image = job.dir.path / "image";
+  // Twice through the same agents: an agent serves one operation after another.
+  for (const std::string name : {"image", "again"}) {
+    const fs::path dir = job.dir.path / name;
+    const auto dumped = job.ckpt({"dump", "--nodes", a.address + "," + b.address, "--token-file", token.string(),
+                                  "-o", dir.string(), "--json"});
+    INFO(describe(dumped) << "\nagent a:\n" << a.process.output() << "\nagent b:\n" << b.process.output());
+    REQUIRE(dumped.exit_code == 0);
+    const auto out = nlohmann::json::parse(dumped.out);
+    REQUIRE(out.at("nodes").size() == 2);
+    CHECK(out.at("nodes")[0].at("ranks").get<std::vector<pid_t>>() == std::vector<pid_t>{job.ranks[0], job.ranks[1]});
+    CHECK(out.at("nodes")[1].at("ranks").get<std::vector<pid_t>>() == std::vector<pid_t>{job.ranks[2], job.ranks[3]});
+    CHECK(job.results().empty());  // the dump was of a running job
+    CHECK(fs::exists(dir / "job-nodes.json"));
+    for (const std::string node : {"node-0", "node-1"}) {
+      const auto inspected = tool({"inspect", (dir / node).string(), "--json"});
+      INFO(describe(inspected));
+      REQUIRE(inspected.exit_code == 0);
+      CHECK(nlohmann::json::parse(inspected.out).at("ranks").size() == 2);
+    }
+    const auto verified = tool({"verify", dir.string(), "--json"});
+    INFO(describe(verified));
+    CHECK(verified.exit_code == 0);
+    CHECK(nlohmann::json::parse(verified.out).at("checked").size() == 2);
+    const auto inspected = tool({"inspect", dir.string(), "--json"});
+    INFO(describe(inspected));
+    REQUIRE(inspected.exit_code == 0);
+    for (const auto& n : nlohmann::json::parse(inspected.out).at("nodes")) CHECK(n.value("here", false));
+  }
+  job.ends_with_reference_results();
+}
+
+TEST_CASE("dump --nodes refused: another secret, a secret others may read, an agent not there, an agent busy; "
+          "nothing is written and the job goes on",
+          "[job][nodes]") {
+  collective_job job(4, 2, 120, 20);
+  const fs::path token = token_file(job.dir.path, "the-jobs-secret-0123456789");
+  node_agent a(job, {job.ranks[0], job.ranks[1]}, token);
+  node_agent b(job, {job.ranks[2], job.ranks[3]}, token);
+  const fs::path image = job.dir.path / "image";
+  std::string nodes = a.address + "," + b.address, secret = token.string(), expected;
+  SECTION("another secret") {
+    secret = token_file(job.dir.path, "not-the-jobs-secret-012345").string();
+    expected = "secret";
+  }
+  SECTION("a secret others may read") {
+    secret = token_file(job.dir.path, "the-jobs-secret-but-shared", fs::perms::owner_read | fs::perms::others_read)
+                 .string();
+    expected = "chmod 600";
+  }
+  SECTION("no agent at an address") {
+    nodes = a.address + ",127.0.0.1:1";
+    expected = "cannot reach the agent at 127.0.0.1:1";
+  }
+  SECTION("one agent named twice") {
+    nodes = a.address + "," + a.address;
+    expected = "busy";
+  }
+  const auto dumped = job.ckpt({"dump", "--nodes", nodes, "--token-file", secret, "-o", image.string()});
+  INFO(describe(dumped) << "\nagent a:\n" << a.process.output());
+  CHECK(dumped.exit_code != 0);
+  CHECK(dumped.exit_code < 128);
+  CHECK(dumped.err.find(expected) != std::string::npos);
+  CHECK(wait_until([&] { return no_entry_named(image); }, 10));  // an agent that began removes what it wrote
+  CHECK(a.process.running());
+  job.ends_with_reference_results();
+}
+
+TEST_CASE("dump --nodes whose coordinator dies at the cut: every node releases its ranks and removes its part, and "
+          "the job goes on",
+          "[job][nodes][fault]") {
+  collective_job job(4, 2, 150, 20);
+  const fs::path token = token_file(job.dir.path, "the-jobs-secret-0123456789");
+  node_agent a(job, {job.ranks[0], job.ranks[1]}, token);
+  node_agent b(job, {job.ranks[2], job.ranks[3]}, token);
+  const fs::path image = job.dir.path / "image";
+  std::string point;
+  SECTION("once every rank is armed") { point = "job:armed"; }
+  SECTION("once every rank stands at the cut") { point = "job:cut"; }
+  background_process dump({cuda_ckpt, "dump", "--nodes", a.address + "," + b.address, "--token-file",
+                           token.string(), "-o", image.string()},
+                          job.env({{"VMMCKPT_TEST_FAULT", point + "=kill"}}), /*stderr_too=*/true);
+  const int code = dump.wait();
+  INFO(dump.output() << "\nagent a:\n" << a.process.output() << "\nagent b:\n" << b.process.output());
+  CHECK(code == 128 + SIGKILL);
+  CHECK(job.goes_on());
+  CHECK(wait_until([&] { return no_entry_named(image); }, 10));  // each agent removed its part
+  CHECK(a.process.running());
+  job.ends_with_reference_results();
+}
+
+TEST_CASE("a job agent connects no one to a process outside an operation in progress, and no one without the "
+          "secret",
+          "[job][nodes]") {
+  collective_job job(2, 1, 60, 20);
+  const fs::path token = token_file(job.dir.path, "the-jobs-secret-0123456789");
+  node_agent a(job, {job.ranks[0], job.ranks[1]}, token);
+  const auto colon = a.address.rfind(':');
+  // One request line over bash's /dev/tcp, and the agent's answer.
+  auto ask = [&](const std::string& request) {
+    const auto r = run_process({"/bin/bash", "-c",
+                                "exec 3<>/dev/tcp/" + a.address.substr(0, colon) + "/" + a.address.substr(colon + 1) +
+                                    "; printf '%s\\n' \"$1\" >&3; head -1 <&3",
+                                "ask", request},
+                               {}, 20);
+    return r.out;
+  };
+  const std::string rank = std::to_string(job.ranks[0]);
+  CHECK(ask(R"({"op":"rank","token":"the-jobs-secret-0123456789","pid":)" + rank + R"(,"for_ms":1000})")
+            .find("no rank of an operation in progress") != std::string::npos);
+  CHECK(ask(R"({"op":"rank","token":"another-secret-0123456789","pid":)" + rank + R"(,"for_ms":1000})")
+            .find("secret") != std::string::npos);
+  CHECK(ask(R"({"op":"dump","token":"the-jobs-secret-0123456789"})").find("error") != std::string::npos);
+  CHECK(a.process.running());
+  CHECK(job.goes_on());
+  job.ends_with_reference_results();
+}
+
 }  // namespace vmmckpt::test

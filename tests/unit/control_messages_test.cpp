@@ -200,9 +200,8 @@ TEST_CASE("hello's activity and dump_begin's purpose: optional, and refused when
   auto begin = [](const std::string& payload) {
     return std::get<control::dump_begin_request>(std::get<control::request>(control::decode_request(payload)));
   };
-  REQUIRE(
-      begin(control::encode(control::request{control::dump_begin_request{std::chrono::milliseconds(1000), 5, true}}))
-          .for_suspend);
+  const control::dump_begin_request for_suspend{std::chrono::milliseconds(1000), 5, true, std::nullopt};
+  REQUIRE(begin(control::encode(control::request{for_suspend})).for_suspend);
   REQUIRE_FALSE(begin(R"({"op":"dump_begin","hold_deadline_ms":1000,"valid_until_ms":5})").for_suspend);
   const auto bad =
       control::decode_request(R"({"op":"dump_begin","hold_deadline_ms":1000,"valid_until_ms":5,"purpose":"x"})");

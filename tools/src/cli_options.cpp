@@ -34,15 +34,16 @@ CLI::Option* add_hold_deadline(CLI::App* command, std::chrono::seconds& hold_dea
       ->type_name("INT");
 }
 
-void add_pid(CLI::App* command, pid_t& pid, const std::string& what, const CLI::Option* instead) {
+void add_pid(CLI::App* command, pid_t& pid, const std::string& what, const std::vector<const CLI::Option*>& instead) {
   auto* positional = command->add_option("pid", pid, what + "; or -t PID")->check(process_id)->type_name("PID");
   auto* flag = command->add_option("-t,--pid", pid, "The same, as CRIU and cuda-checkpoint spell it")
                    ->check(process_id)
                    ->type_name("PID");
   command->parse_complete_callback([positional, flag, instead] {
     const std::size_t given = positional->count() + flag->count();
-    if (instead != nullptr && instead->count() > 0) {
-      if (given > 0) throw CLI::ValidationError("--ranks names the job's processes: no PID besides");
+    for (const CLI::Option* other : instead) {
+      if (other->count() == 0) continue;
+      if (given > 0) throw CLI::ValidationError(other->get_name() + " names the job's processes: no PID besides");
       return;
     }
     if (given == 0) throw CLI::RequiredError("a process: PID, or -t PID");
@@ -68,8 +69,19 @@ CLI::Option* add_image(CLI::App* command, std::string& path) {
 
 void add_held_image(CLI::App* command, held_image_options& o, const std::string& output_help,
                     const std::string& deadline_help) {
-  const CLI::Option* ranks = add_job(command, o, command->get_name() == "dump" ? "Dump" : "Suspend");
-  add_pid(command, o.pid, "The process (running under vmmckpt)", ranks);
+  const bool dump = command->get_name() == "dump";
+  std::vector<const CLI::Option*> instead{add_job(command, o, dump ? "Dump" : "Suspend")};
+  if (dump) {
+    instead.push_back(command
+                          ->add_option("--nodes", o.nodes,
+                                       "A job across nodes: the agent of each (`cuda-ckpt job-agent`), HOST:PORT,... "
+                                       "Every node writes its ranks' images in DIR there (docs/job-checkpoint.md)")
+                          ->delimiter(',')
+                          ->type_name("HOST:PORT,..."));
+    command->add_option("--token-file", o.token_file, "With --nodes: the file holding the job's secret, as the agents'")
+        ->type_name("FILE");
+  }
+  add_pid(command, o.pid, "The process (running under vmmckpt)", instead);
   command->add_option("-o,--output,-D", o.output, output_help)->type_name("DIR");
   command->add_flag("--json", o.json, "Print the result as JSON");
   add_hold_deadline(command, o.hold_deadline, deadline_help);

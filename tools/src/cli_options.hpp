@@ -20,8 +20,9 @@ CLI::Option* add_hold_deadline(CLI::App* command, std::chrono::seconds& hold_dea
 
 // The process of dump, suspend, resume and check: a positional, or -t/--pid as CRIU and NVIDIA's
 // cuda-checkpoint spell it; one of the two, each listed once in the help. Not needed when `instead` was given
-// (a job's --ranks).
-void add_pid(CLI::App* command, pid_t& pid, const std::string& what, const CLI::Option* instead = nullptr);
+// (a job's --ranks, or dump's --nodes).
+void add_pid(CLI::App* command, pid_t& pid, const std::string& what,
+             const std::vector<const CLI::Option*>& instead = {});
 
 // A whole job (docs/job-checkpoint.md): --job, the process being its launcher (or any process of it: its tree is
 // the job), or --ranks naming its processes.
@@ -39,9 +40,13 @@ struct held_image_options : job_command_options {
   std::string output;  // empty: the command's default place
   bool json = false;
   std::chrono::seconds hold_deadline{60};
+  // dump only: a job across nodes, through each node's agent (docs/job-checkpoint.md, "Across nodes").
+  std::vector<std::string> nodes;
+  std::string token_file;
 };
 
-// Registers the process, -o/--output/-D DIR, --json and --deadline, each with its command's words.
+// Registers the process, -o/--output/-D DIR, --json and --deadline, each with its command's words (and for dump,
+// --nodes and --token-file).
 void add_held_image(CLI::App* command, held_image_options& o, const std::string& output_help,
                     const std::string& deadline_help);
 

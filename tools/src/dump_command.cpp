@@ -207,6 +207,19 @@ int dump_series(const dump_command_options& o, ckpt::dump_options options) {
 }  // namespace
 
 int dump_command(const dump_command_options& o) {
+  if (!o.nodes.empty()) {
+    if (o.process || o.whole_job() || o.every_s > 0 || !o.parent.empty())
+      return report_failure("dump", o.json,
+                            "--nodes names the job by its nodes' agents: --job, --ranks, --process, --every and "
+                            "--parent do not apply (docs/job-checkpoint.md, \"Across nodes\")",
+                            exit_usage);
+    if (o.token_file.empty())
+      return report_failure("dump", o.json, "--nodes needs --token-file, the job's secret its agents hold too",
+                            exit_usage);
+    return dump_nodes_command(o);
+  }
+  if (!o.token_file.empty())
+    return report_failure("dump", o.json, "--token-file goes with --nodes", exit_usage);
   if (o.process) {
     if (o.every_s > 0)
       return report_failure("dump", o.json, "--every does not apply to whole-process dumps (--process)", exit_usage);

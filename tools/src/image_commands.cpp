@@ -16,6 +16,7 @@ namespace vmmckpt::tools {
 
 int inspect_command(const std::string& path, bool as_json) {
   if (ckpt::is_process_image(path)) return inspect_process_command(path, as_json);
+  if (ckpt::is_job_nodes_image(path)) return inspect_job_nodes_command(path, as_json);
   if (ckpt::is_job_image(path)) return inspect_job_command(path, as_json);
   const auto reader = image::reader::open(path);
   const auto& m = reader.info();
@@ -100,6 +101,7 @@ int verify_command(const std::string& path, bool as_json) {
     return report_failure("verify", as_json, path + ": cannot be read (" + why + "); nothing was checked",
                           exit_failure);
   if (ckpt::is_process_image(path)) return verify_process_command(path, as_json);
+  if (ckpt::is_job_nodes_image(path)) return verify_job_nodes_command(path, as_json);
   if (ckpt::is_job_image(path)) return verify_job_command(path, as_json);
   try {
     const auto reader = image::reader::open(path);

@@ -140,6 +140,7 @@ int cuda_ckpt(int argc, char** argv) {
                                          add_gc(app),
                                          add_suspend(app),
                                          add_resume(app),
+                                         add_job_agent(app),
                                          add_restore(app, trailing_command)};
 
   // Every command's help ends with the exit codes, as the program's does.

@@ -164,7 +164,7 @@ subcommand add_resume(CLI::App& app) {
   auto o = std::make_shared<options>();
   auto* command = app.add_subcommand("resume", "Give a suspended process its GPU memory back and let it go on");
   const CLI::Option* ranks = add_job(command, *o, "Resume");
-  add_pid(command, o->pid, "The suspended process", ranks);
+  add_pid(command, o->pid, "The suspended process", {ranks});
   command->add_flag("--json", o->json, "Print the result as JSON");
   command->footer("A resume that cannot complete (not enough GPU memory, a damaged image) leaves the process\n"
                   "suspended with its image intact; it can be tried again. On a terminal a progress line shows\n"

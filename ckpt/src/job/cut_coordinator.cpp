@@ -20,16 +20,33 @@ struct cut_coordinator::rank {
   bool answered = true;                   // its status answers the targets sent
 };
 
-cut_coordinator::cut_coordinator(const std::vector<pid_t>& ranks, clock::time_point armed_until) {
+std::vector<std::unique_ptr<control_client>> cut_coordinator::connect(const std::vector<pid_t>& ranks,
+                                                                       clock::time_point deadline) {
+  std::vector<std::unique_ptr<control_client>> clients;
+  clients.reserve(ranks.size());
+  for (const pid_t pid : ranks) clients.push_back(std::make_unique<control_client>(pid, deadline));
+  return clients;
+}
+
+std::string cut_coordinator::name_of(const rank& r) {
+  const std::string& node = r.client->node();
+  return "process " + std::to_string(r.pid) + (node.empty() ? "" : " on " + node);
+}
+
+cut_coordinator::cut_coordinator(const std::vector<pid_t>& ranks, clock::time_point armed_until)
+    : cut_coordinator(connect(ranks, armed_until), armed_until) {}
+
+cut_coordinator::cut_coordinator(std::vector<std::unique_ptr<control_client>> clients,
+                                 clock::time_point armed_until) {
   // A second past the deadline: this tool, not a rank's lapsing arming, is the one to find the deadline passed
   // (and say which rank was not there). A tool that dies leaves them a second later.
   const auto armed_for = std::max(std::chrono::milliseconds(1),
                                   std::chrono::duration_cast<std::chrono::milliseconds>(armed_until - clock::now())) +
                          std::chrono::seconds(1);
-  for (const pid_t pid : ranks) {
+  for (auto& client : clients) {
     auto r = std::make_unique<rank>();
-    r->pid = pid;
-    r->client = std::make_unique<control_client>(pid, armed_until);
+    r->pid = client->pid();
+    r->client = std::move(client);
     ranks_.push_back(std::move(r));
   }
   // Armed one after the other: a rank armed first waits at its next NCCL call, which only delays it.
@@ -38,7 +55,7 @@ cut_coordinator::cut_coordinator(const std::vector<pid_t>& ranks, clock::time_po
       r->status = r->client->cut_arm(armed_for);
     } catch (const control_error& e) {
       if (e.refused && e.refusal == control::refusal::unknown_op)
-        fail("process " + std::to_string(r->pid) + " runs a vmmckpt older than this cuda-ckpt: it knows no cut");
+        fail(name_of(*r) + " runs a vmmckpt older than this cuda-ckpt: it knows no cut");
       fail(e.what());
     }
   }
@@ -71,8 +88,7 @@ bool cut_coordinator::read_statuses(int wait_ms, clock::time_point deadline) {
       }
     } catch (const control_error& e) {
       if (clock::now() >= deadline) return false;
-      fail("process " + std::to_string(r.pid) + " left the job's cut: " + e.what() +
-           "; every other rank goes on where it was");
+      fail(name_of(r) + " left the job's cut: " + e.what() + "; every other rank goes on where it was");
     }
   }
   return true;
@@ -84,7 +100,7 @@ bool cut_coordinator::aim(rank& r, const std::vector<control::comm_count>& targe
   try {
     r.client->cut_targets(targets, freeze);
   } catch (const control_error& e) {
-    fail("process " + std::to_string(r.pid) + " left the job's cut: " + e.what());
+    fail(name_of(r) + " left the job's cut: " + e.what());
   }
   r.sent = targets;
   r.frozen = freeze;
@@ -119,12 +135,12 @@ cut_figures cut_coordinator::bring_to_cut(clock::time_point deadline) {
       std::string behind;
       for (std::size_t i = 0; i < ranks_.size(); ++i) {
         const rank& r = *ranks_[i];
-        const std::string silent = r.answered ? std::string() : why_silent(r.pid);
+        const std::string silent = r.answered || !r.client->node().empty() ? std::string() : why_silent(r.pid);
         if (!r.answered)  // its last status is older than its targets: it stopped answering
-          behind += "\n  process " + std::to_string(r.pid) + ": has not answered its targets" +
+          behind += "\n  " + name_of(r) + ": has not answered its targets" +
                     (silent.empty() ? " (its control thread does not run)" : ": " + silent);
         else if (!at_cut(r.status, targets[i]))
-          behind += "\n  process " + std::to_string(r.pid) + ": " + against_targets(r.status, targets[i]);
+          behind += "\n  " + name_of(r) + ": " + against_targets(r.status, targets[i]);
       }
       fail("the job's ranks did not reach one point within the deadline (--deadline); every rank goes on as it "
            "was. Not there:" +

@@ -19,6 +19,8 @@ class cut_coordinator {
   // Connects to every rank and arms it until `armed_until` (the whole operation's deadline: a crashed tool's ranks
   // go on by then).
   cut_coordinator(const std::vector<pid_t>& ranks, clock::time_point armed_until);
+  // The same over connections made already: ranks of other nodes, reached through their node's agent.
+  cut_coordinator(std::vector<std::unique_ptr<control_client>> ranks, clock::time_point armed_until);
   ~cut_coordinator();
   cut_coordinator(const cut_coordinator&) = delete;
   cut_coordinator& operator=(const cut_coordinator&) = delete;
@@ -31,6 +33,10 @@ class cut_coordinator {
 
  private:
   struct rank;
+  static std::vector<std::unique_ptr<control_client>> connect(const std::vector<pid_t>& ranks,
+                                                              clock::time_point deadline);
+  // "process PID", with its node when it is on another.
+  static std::string name_of(const rank& r);
   bool aim(rank& r, const std::vector<control::comm_count>& targets, bool freeze);
   // Reads every status a rank has sent so far; false when none came within wait_ms. A rank whose connection ends
   // fails the cut, unless `deadline` has passed: its arming lapsed with it, and the deadline is what is reported.

@@ -52,7 +52,82 @@ job_image decode(const jf::json& j) {
   return out;
 }
 
+// Its pids: 1 to max_ranks of them, each in range, ascending.
+std::vector<pid_t> pids_of(const jf::json& array, const std::string& p) {
+  if (!array.is_array() || array.empty() || array.size() > max_ranks)
+    fail(p + ": 1 to " + std::to_string(max_ranks) + " pids expected");
+  std::vector<pid_t> out;
+  for (const auto& v : array) {
+    if (!v.is_number_integer() || v.get<std::int64_t>() < 1 || v.get<std::int64_t>() > pid_limit)
+      fail(p + ": a pid out of range");
+    if (!out.empty() && out.back() >= v.get<pid_t>()) fail(p + ": not ascending, or repeated");
+    out.push_back(v.get<pid_t>());
+  }
+  return out;
+}
+
+job_nodes_image decode_nodes(const jf::json& j) {
+  jf::object_at(j, job_nodes_manifest_name);
+  if (jf::string_of(j, "", "format") != job_nodes_format_name)
+    fail("format: not \"" + std::string(job_nodes_format_name) + "\"");
+  if (const auto v = jf::u32_of(j, "", "version"); v != job_format_version)
+    fail("version " + std::to_string(v) + ": this cuda-ckpt reads version " + std::to_string(job_format_version));
+  job_nodes_image out;
+  out.kind = jf::string_of(j, "", "kind");
+  if (out.kind != "dump") fail("kind: \"" + jf::printable(out.kind) + "\" is no job image's");
+  out.tool_version = jf::string_of(j, "", "tool_version");
+  out.created = jf::string_of(j, "", "created");
+  out.host = jf::string_of(j, "", "host");
+  out.cut_seconds = jf::number_of(j, "", "cut_seconds");
+  out.cut_rounds = jf::int_of(j, "", "cut_rounds");
+  out.held_ms = jf::number_of(j, "", "held_ms");
+  if (out.cut_seconds < 0 || out.cut_rounds < 0 || out.held_ms < 0) fail("cut_seconds, cut_rounds, held_ms: negative");
+  const auto& nodes = jf::array_of(j, "", "nodes");
+  if (nodes.empty() || nodes.size() > max_ranks) fail("nodes: 1 to " + std::to_string(max_ranks) + " expected");
+  std::set<std::string> names;
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    const std::string p = jf::index("nodes", i);
+    const jf::json& n = jf::object_at(nodes[i], p);
+    job_nodes_image::node node{jf::string_of(n, p, "name"), jf::string_of(n, p, "address"), jf::string_of(n, p, "host"),
+                               pids_of(jf::array_of(n, p, "ranks"), p + ".ranks")};
+    if (!plain_name(node.name) || node.name == job_nodes_manifest_name || !names.insert(node.name).second)
+      fail(p + ".name: not one directory name of its own");
+    out.nodes.push_back(std::move(node));
+  }
+  return out;
+}
+
 }  // namespace
+
+bool is_job_nodes_image(const fs::path& dir) {
+  struct stat st {};
+  return ::lstat((dir / job_nodes_manifest_name).c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+job_nodes_image read_job_nodes_image(const fs::path& dir) {
+  fd_guard dir_fd(open_image_dir(dir));
+  const fs::path path = dir / job_nodes_manifest_name;
+  const std::string text = read_small_file(dir_fd.fd, job_nodes_manifest_name, path, max_manifest_bytes);
+  try {
+    return decode_nodes(jf::parse_limited(text, 8));
+  } catch (const jf::decode_error& e) {
+    fail(path.string() + ": " + e.what());
+  } catch (const image::image_error& e) {
+    fail(path.string() + ": " + e.what());
+  }
+}
+
+void write_job_nodes_manifest(const fs::path& dir, const job_nodes_image& j) {
+  nlohmann::ordered_json out = {{"format", job_nodes_format_name}, {"version", job_format_version},
+                                {"kind", j.kind},                  {"tool_version", j.tool_version},
+                                {"created", j.created},            {"host", j.host},
+                                {"cut_seconds", j.cut_seconds},    {"cut_rounds", j.cut_rounds},
+                                {"held_ms", j.held_ms}};
+  out["nodes"] = nlohmann::ordered_json::array();
+  for (const auto& n : j.nodes)
+    out["nodes"].push_back({{"name", n.name}, {"address", n.address}, {"host", n.host}, {"ranks", n.ranks}});
+  write_synced(dir, job_nodes_manifest_name, out.dump(2) + "\n");
+}
 
 bool is_job_image(const fs::path& dir) {
   struct stat st {};

@@ -75,11 +75,17 @@ class control_client {
   // Throws tool_error naming the reason: not under vmmckpt (the shim is not loaded in it), or under
   // it but unreachable (each address tried and why); control_error when it does not answer in time.
   explicit control_client(pid_t pid, clock::time_point deadline = clock::now() + std::chrono::seconds(30));
+  // A connection to pid's control server made elsewhere: a job agent's relay to a rank on its node, which checked
+  // that process as the constructor above does (docs/job-checkpoint.md, "Across nodes"). The descriptor, a
+  // connected stream socket, is this client's from now on; `node` names where pid is, in messages.
+  control_client(pid_t pid, int connected_fd, std::string node, clock::time_point deadline);
   ~control_client();
   control_client(const control_client&) = delete;
   control_client& operator=(const control_client&) = delete;
 
   pid_t pid() const { return pid_; }
+  // Empty for a process of this host; else the node it runs on (its pid means nothing here).
+  const std::string& node() const { return node_; }
   clock::time_point deadline() const { return deadline_; }
   // Milliseconds left until the deadline (at least 1, so that a request is never sent already void).
   int remaining_ms() const;
@@ -127,6 +133,7 @@ class control_client {
   [[noreturn]] void channel_failed(const protocol::failure& f) const;
 
   pid_t pid_;
+  std::string node_;
   clock::time_point deadline_;
   clock::time_point start_ = clock::now();
   int fd_ = -1;

@@ -34,6 +34,33 @@ struct job_image {
   }
 };
 
+// A job across nodes (dump --nodes, job_nodes.hpp): job-nodes.json, and each node's part as a job's image of its
+// own in DIR/NODE (its job.json, one image per rank of that node).
+inline constexpr const char* job_nodes_manifest_name = "job-nodes.json";
+inline constexpr const char* job_nodes_format_name = "vmmckpt-job-nodes";
+
+struct job_nodes_image {
+  std::string kind;  // "dump"
+  std::string tool_version;
+  std::string created;
+  std::string host;  // the coordinator's
+  double cut_seconds = 0;
+  int cut_rounds = 0;
+  double held_ms = 0;
+  struct node {
+    std::string name;     // its part's directory, DIR/NAME
+    std::string address;  // its agent's, HOST:PORT
+    std::string host;
+    std::vector<pid_t> ranks;  // ascending
+  };
+  std::vector<node> nodes;
+};
+
+bool is_job_nodes_image(const std::filesystem::path& dir);
+// Reads and checks job-nodes.json as read_job_image does job.json.
+job_nodes_image read_job_nodes_image(const std::filesystem::path& dir);
+void write_job_nodes_manifest(const std::filesystem::path& dir, const job_nodes_image& j);
+
 // DIR holds a job's image: its job.json is there, a regular file (not through a link).
 bool is_job_image(const std::filesystem::path& dir);
 // Reads and checks job.json as strictly as process.json: every field present and of its type, pids in range and

@@ -1,0 +1,258 @@
+// cuda-ckpt job-agent: a node's part of a job across nodes. It takes a coordinator's operation on its node's
+// ranks (each held and copied out here, at the coordinator's steps) and relays the coordinator's cut connections
+// to those ranks' control servers.
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "image_files.hpp"
+#include "job/job_run.hpp"
+#include "job/node_link.hpp"
+#include "job/rendezvous.hpp"
+#include "vmmckpt/ckpt/job_image.hpp"
+#include "vmmckpt/ckpt/job_nodes.hpp"
+#include "vmmckpt/image/image.hpp"
+#include "vmmckpt/support/hex_text.hpp"
+
+namespace vmmckpt::ckpt {
+namespace fs = std::filesystem;
+namespace {
+
+using clock = node_link::clock;
+using std::chrono::milliseconds;
+
+// What the connections of one agent share: the operation in progress, whose ranks alone a relay may reach.
+struct agent_state {
+  std::mutex mutex;
+  bool busy = false;
+  std::set<pid_t> ranks;
+};
+
+struct operation_claim {
+  agent_state& state;
+  explicit operation_claim(agent_state& s) : state(s) {
+    std::lock_guard lock(state.mutex);
+    if (state.busy) throw tool_error("this node's agent is busy with another operation on its job");
+    state.busy = true;
+  }
+  ~operation_claim() {
+    std::lock_guard lock(state.mutex);
+    state.busy = false;
+    state.ranks.clear();
+  }
+  operation_claim(const operation_claim&) = delete;
+  operation_claim& operator=(const operation_claim&) = delete;
+};
+
+milliseconds bounded_ms(const nlohmann::json& request, const char* key) {
+  const auto& v = request.at(key);
+  if (!v.is_number_integer() || v.get<std::int64_t>() < 1 || v.get<std::int64_t>() > 3'600'000)
+    throw tool_error(std::string(key) + ": 1 ms to 1 h expected");
+  return milliseconds(v.get<std::int64_t>());
+}
+
+// Writes all of `bytes` to a non-blocking fd; false when the peer went away or stopped reading for a second.
+bool write_all(int fd, const char* bytes, std::size_t size) {
+  while (size > 0) {
+    const ssize_t n = ::send(fd, bytes, size, MSG_NOSIGNAL);
+    if (n > 0) {
+      bytes += n;
+      size -= static_cast<std::size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    pollfd p{fd, POLLOUT, 0};
+    if (n < 0 && errno == EAGAIN && ::poll(&p, 1, 1000) > 0) continue;
+    return false;
+  }
+  return true;
+}
+
+// Copies bytes both ways until either side closes or `until` passes (the rank's arming has lapsed by then).
+void relay(int tcp, int rank, const std::string& unread, clock::time_point until) {
+  if (!write_all(rank, unread.data(), unread.size())) return;
+  char chunk[16384];
+  while (clock::now() < until) {
+    pollfd fds[2] = {{tcp, POLLIN, 0}, {rank, POLLIN, 0}};
+    if (::poll(fds, 2, 200) < 0 && errno != EINTR) return;
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].revents == 0) continue;
+      const ssize_t n = ::recv(fds[i].fd, chunk, sizeof chunk, 0);
+      if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+      if (n <= 0 || !write_all(fds[1 - i].fd, chunk, static_cast<std::size_t>(n))) return;
+    }
+  }
+}
+
+// A coordinator's connection to one rank of the operation in progress: checked here as the tool checks any
+// process it connects to, then relayed.
+void serve_rank(node_link& link, const nlohmann::json& request, agent_state& state) {
+  const auto& pid_field = request.at("pid");
+  if (!pid_field.is_number_integer()) throw tool_error("pid: an integer expected");
+  const auto pid = pid_field.get<pid_t>();
+  const auto until = clock::now() + bounded_ms(request, "for_ms");
+  {
+    std::lock_guard lock(state.mutex);
+    if (state.ranks.count(pid) == 0)
+      throw tool_error("process " + std::to_string(pid) + " is no rank of an operation in progress on this node");
+  }
+  control_client rank(pid, until);
+  link.send({{"step", "connected"}}, until);
+  std::string unread;
+  const int tcp = link.release(unread);
+  relay(tcp, rank.fd(), unread, until + std::chrono::seconds(2));
+  ::close(tcp);
+}
+
+// The node's part of dump --nodes: its ranks, each held and copied out as dump --job does, between the
+// coordinator's steps: prepared / cut, safe / release, written / commit.
+void serve_dump(node_link& link, const nlohmann::json& request, const job_agent_options& o, agent_state& state) {
+  operation_claim claim(state);
+  const milliseconds hold_deadline = bounded_ms(request, "hold_deadline_ms");
+  const auto deadline = clock::now() + hold_deadline;
+  const std::string node = request.at("node").get<std::string>();
+  const fs::path output = request.at("output").get<std::string>();
+  if (!image_files::plain_name(node) || !output.is_absolute())
+    throw tool_error("node, output: a directory name and an absolute path expected");
+  const auto ranks =
+      job_members(o.job, member_state::running, std::min<milliseconds>(std::chrono::seconds(10), hold_deadline));
+  {
+    std::lock_guard lock(state.mutex);
+    state.ranks.insert(ranks.begin(), ranks.end());
+  }
+  // The node's part is written next to its final name and renamed at the coordinator's word. The job's
+  // directory did not exist when the coordinator began (it refuses one that does): made here, or by another node
+  // on this host, it goes again with the last part when the dump fails.
+  std::error_code ec;
+  fs::create_directories(output, ec);
+  const fs::path final_name = output / node;
+  const fs::path staging = output / (node + ".partial-" + std::to_string(::getpid()) + "-" + random_hex16());
+  struct remove_unless_committed {
+    const fs::path &staging, &output;
+    bool committed = false;
+    ~remove_unless_committed() {
+      std::error_code ignored;
+      if (committed) return;
+      fs::remove_all(staging, ignored);
+      fs::remove(output, ignored);  // only when empty
+    }
+  } cleanup{staging, output};
+  if (fs::exists(final_name, ec)) throw image::image_error(final_name.string() + " already exists");
+  make_private_directory(staging);
+  link.send({{"step", "ranks"}, {"ranks", ranks}}, deadline);
+
+  nlohmann::json cut;
+  rendezvous prepared(ranks.size(), [&] {
+    link.send({{"step", "prepared"}}, deadline);
+    cut = link.expect("cut", deadline);
+  });
+  rendezvous safe(ranks.size(), [&] {
+    link.send({{"step", "safe"}}, deadline);
+    link.expect("release", deadline);
+  });
+  std::vector<dump_result> dumps(ranks.size());
+  run_per_rank(ranks, {&prepared, &safe}, [&](std::size_t i) {
+    dump_options d;
+    d.pid = ranks[i];
+    d.output = staging / std::to_string(ranks[i]);
+    d.hold_deadline = hold_deadline;
+    d.gpu_snapshot = request.value("gpu_snapshot", true);
+    d.allow_partial = request.value("allow_partial", false);
+    d.before_hold = [&] { prepared.arrive_and_wait(); };
+    d.before_release = [&] { safe.arrive_and_wait(); };
+    dumps[i] = dump(d);
+  });
+
+  job_image j;
+  j.kind = "dump";
+  j.root_pid = o.job.ranks.empty() ? o.job.root : 0;
+  j.cut_seconds = cut.value("cut_seconds", 0.0);
+  j.cut_rounds = cut.value("cut_rounds", 0);
+  nlohmann::json written = nlohmann::json::array();
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    const image::manifest& m = dumps[i].manifest;
+    j.ranks.push_back({ranks[i], m.image_id});
+    j.tool_version = m.tool_version;
+    j.created = m.created;
+    j.host = m.host;
+    j.held_ms = std::max(j.held_ms, dumps[i].hold_ms);
+    written.push_back({{"pid", ranks[i]}, {"bytes", m.data_bytes}, {"hold_ms", dumps[i].hold_ms}});
+  }
+  write_job_manifest(staging, j);
+  link.send({{"step", "written"}, {"ranks", written}, {"host", j.host}}, clock::now() + std::chrono::seconds(30));
+  // Every other node writes meanwhile, for as long as its disk takes.
+  link.expect("commit", clock::now() + std::chrono::hours(1));
+  image_files::commit_directory(staging, final_name);
+  cleanup.committed = true;
+  link.send({{"step", "committed"}}, clock::now() + std::chrono::seconds(30));
+}
+
+void serve(node_link link, const job_agent_options& o, agent_state& state) {
+  const auto log = [&](const std::string& line) {
+    if (o.log) o.log(link.peer() + ": " + line);
+  };
+  try {
+    const nlohmann::json request = link.receive(clock::now() + std::chrono::seconds(10));
+    if (!same_token(request.value("token", std::string()), o.token))
+      throw tool_error("refused: the connection did not open with the job's secret (--token-file)");
+    const std::string op = request.value("op", std::string());
+    if (op == "rank") {
+      serve_rank(link, request, state);
+    } else if (op == "dump") {
+      log("dump of this node's ranks");
+      serve_dump(link, request, o, state);
+      log("dump done");
+    } else {
+      throw tool_error("unknown operation \"" + op + "\" (a coordinator of another cuda-ckpt version?)");
+    }
+  } catch (const std::exception& e) {
+    log(e.what());
+    try {
+      if (link.fd() >= 0) link.send({{"error", e.what()}}, clock::now() + std::chrono::seconds(1));
+    } catch (const std::exception&) {
+      // The coordinator is gone: nothing more to tell it.
+    }
+  }
+}
+
+}  // namespace
+
+void run_job_agent(const job_agent_options& o) {
+  std::string bound;
+  const int listener = listen_tcp(parse_node_address(o.listen), bound);
+  if (o.listening) o.listening(bound);
+  agent_state state;
+  struct connection {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done = std::make_shared<std::atomic<bool>>(false);
+  };
+  std::vector<connection> connections;
+  while (o.stop == nullptr || o.stop->load() == 0) {
+    // Those served already are joined as new ones come: a long-lived agent keeps no threads of old operations.
+    std::erase_if(connections, [](connection& c) {
+      if (!c.done->load()) return false;
+      c.thread.join();
+      return true;
+    });
+    pollfd p{listener, POLLIN, 0};
+    if (::poll(&p, 1, 200) <= 0) continue;
+    sockaddr_storage from{};
+    socklen_t len = sizeof from;
+    const int fd = ::accept4(listener, reinterpret_cast<sockaddr*>(&from), &len, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    connection c;
+    c.thread = std::thread([&o, &state, fd, done = c.done, peer = peer_name(from)] {
+      serve(node_link(fd, "the coordinator at " + peer), o, state);
+      done->store(true);
+    });
+    connections.push_back(std::move(c));
+  }
+  ::close(listener);
+  for (auto& c : connections) c.thread.join();
+}
+
+}  // namespace vmmckpt::ckpt
