@@ -9,7 +9,7 @@ _cuda_ckpt() {
     words=("${COMP_WORDS[@]}")
     cword=$COMP_CWORD
   }
-  local subcommands="run ps check dump inspect verify cat merge rm gc suspend resume restore help"
+  local subcommands="run ps check dump inspect verify cat merge rm gc suspend resume job-agent restore help"
 
   # The subcommand is the first word after cuda-ckpt that is not an option.
   local i sub=""
@@ -45,21 +45,24 @@ _cuda_ckpt() {
     check) options="--help --json -t --pid" ;;
     dump) options="--help -o --output -D --json --deadline --chunk --staging --pinned --streams --no-gpu-snapshot
                    --allow-partial --parent --cpu-checksums --writers -t --pid --process --leave-running --pre-copy --criu-arg
-                   --every --count --full-every" ;;
+                   --every --count --full-every --job --ranks --nodes --token-file" ;;
     inspect | verify) options="--help --json -D" ;;
     cat) options="--help -o --output -D" ;;
     merge) options="--help -o --output -D --json" ;;
     rm) options="--help --force --json -D" ;;
     gc) options="--help --dry-run --json" ;;
-    suspend) options="--help -o --output -D --json --deadline --verify --allow-partial --parent --cpu-checksums --writers -t --pid" ;;
-    resume) options="--help --json -t --pid" ;;
+    suspend) options="--help -o --output -D --json --deadline --verify --allow-partial --parent --cpu-checksums --writers -t --pid
+                      --job --ranks" ;;
+    resume) options="--help --json -t --pid --job --ranks" ;;
+    job-agent) options="--help --ranks --listen --token-file -t --pid" ;;
     restore) options="--help --replay --no-verify --device -D --json --criu-arg --" ;;
   esac
 
   case "$prev" in
     -o | --output | -D | --parent) COMPREPLY=($(compgen -d -- "$cur")); return ;;
+    --token-file) COMPREPLY=($(compgen -f -- "$cur")); return ;;
     -t | --pid) COMPREPLY=($(compgen -W "$(ls /proc | grep -E '^[0-9]+$')" -- "$cur")); return ;;
-    --deadline | --chunk | --staging | --pinned | --streams | --writers | --device | --criu-arg) return ;;
+    --deadline | --chunk | --staging | --pinned | --streams | --writers | --device | --criu-arg | --ranks | --nodes | --listen) return ;;
   esac
 
   if [[ "$cur" == -* ]]; then
@@ -68,7 +71,7 @@ _cuda_ckpt() {
   fi
   case "$sub" in
     # Any pid; cuda-ckpt ps would say which run under vmmckpt, but it may be slow to ask.
-    check | dump | suspend | resume | ps) COMPREPLY=($(compgen -W "$(ls /proc | grep -E '^[0-9]+$')" -- "$cur")) ;;
+    check | dump | suspend | resume | ps | job-agent) COMPREPLY=($(compgen -W "$(ls /proc | grep -E '^[0-9]+$')" -- "$cur")) ;;
     inspect | verify | cat | merge | rm | restore | gc) COMPREPLY=($(compgen -d -- "$cur")) ;;
     run) COMPREPLY=($(compgen -c -- "$cur")) ;;
   esac

@@ -108,44 +108,37 @@ void serve_rank(node_link& link, const nlohmann::json& request, agent_state& sta
   ::close(tcp);
 }
 
-// The node's part of dump --nodes: its ranks, each held and copied out as dump --job does, between the
-// coordinator's steps: prepared / cut, safe / release, written / commit.
-void serve_dump(node_link& link, const nlohmann::json& request, const job_agent_options& o, agent_state& state) {
-  operation_claim claim(state);
-  const milliseconds hold_deadline = bounded_ms(request, "hold_deadline_ms");
-  const auto deadline = clock::now() + hold_deadline;
-  const std::string node = request.at("node").get<std::string>();
-  const fs::path output = request.at("output").get<std::string>();
-  if (!image_files::plain_name(node) || !output.is_absolute())
-    throw tool_error("node, output: a directory name and an absolute path expected");
-  const auto ranks =
-      job_members(o.job, member_state::running, std::min<milliseconds>(std::chrono::seconds(10), hold_deadline));
-  {
-    std::lock_guard lock(state.mutex);
-    state.ranks.insert(ranks.begin(), ranks.end());
-  }
-  // The node's part is written next to its final name and renamed at the coordinator's word. The job's
-  // directory did not exist when the coordinator began (it refuses one that does): made here, or by another node
-  // on this host, it goes again with the last part when the dump fails.
-  std::error_code ec;
-  fs::create_directories(output, ec);
-  const fs::path final_name = output / node;
-  const fs::path staging = output / (node + ".partial-" + std::to_string(::getpid()) + "-" + random_hex16());
-  struct remove_unless_committed {
-    const fs::path &staging, &output;
-    bool committed = false;
-    ~remove_unless_committed() {
-      std::error_code ignored;
-      if (committed) return;
-      fs::remove_all(staging, ignored);
-      fs::remove(output, ignored);  // only when empty
-    }
-  } cleanup{staging, output};
-  if (fs::exists(final_name, ec)) throw image::image_error(final_name.string() + " already exists");
-  make_private_directory(staging);
-  link.send({{"step", "ranks"}, {"ranks", ranks}}, deadline);
+// Where a node writes its part: next to its final name, renamed at the coordinator's word. The job's directory
+// did not exist when the coordinator began (it refuses one that does): made here, or by another node on this
+// host, it goes again with the last part when the dump fails.
+struct node_part {
+  std::filesystem::path output, final_name, staging;
+  bool committed = false;
 
-  nlohmann::json cut;
+  node_part(const fs::path& job_dir, const std::string& node)
+      : output(job_dir),
+        final_name(job_dir / node),
+        staging(job_dir / (node + ".partial-" + std::to_string(::getpid()) + "-" + random_hex16())) {
+    std::error_code ec;
+    fs::create_directories(output, ec);
+    if (fs::exists(final_name, ec)) throw image::image_error(final_name.string() + " already exists");
+    make_private_directory(staging);
+  }
+  ~node_part() {
+    std::error_code ignored;
+    if (committed) return;
+    fs::remove_all(staging, ignored);
+    fs::remove(output, ignored);  // only when empty
+  }
+  node_part(const node_part&) = delete;
+  node_part& operator=(const node_part&) = delete;
+};
+
+// Every rank of the node held and copied out as dump --job does, between the coordinator's steps: prepared /
+// cut, safe / release. The cut's figures, as the coordinator sent them, go into `cut`.
+std::vector<dump_result> dump_ranks(node_link& link, const nlohmann::json& request, const std::vector<pid_t>& ranks,
+                                    const fs::path& staging, milliseconds hold_deadline, nlohmann::json& cut) {
+  const auto deadline = clock::now() + hold_deadline;
   rendezvous prepared(ranks.size(), [&] {
     link.send({{"step", "prepared"}}, deadline);
     cut = link.expect("cut", deadline);
@@ -166,6 +159,28 @@ void serve_dump(node_link& link, const nlohmann::json& request, const job_agent_
     d.before_release = [&] { safe.arrive_and_wait(); };
     dumps[i] = dump(d);
   });
+  return dumps;
+}
+
+// The node's part of dump --nodes: its ranks dumped at the coordinator's steps, its job.json written, and the
+// part renamed into place once the coordinator says every node's is written (written / commit).
+void serve_dump(node_link& link, const nlohmann::json& request, const job_agent_options& o, agent_state& state) {
+  operation_claim claim(state);
+  const milliseconds hold_deadline = bounded_ms(request, "hold_deadline_ms");
+  const std::string node = request.at("node").get<std::string>();
+  const fs::path output = request.at("output").get<std::string>();
+  if (!image_files::plain_name(node) || !output.is_absolute())
+    throw tool_error("node, output: a directory name and an absolute path expected");
+  const auto ranks =
+      job_members(o.job, member_state::running, std::min<milliseconds>(std::chrono::seconds(10), hold_deadline));
+  {
+    std::lock_guard lock(state.mutex);
+    state.ranks.insert(ranks.begin(), ranks.end());
+  }
+  node_part part(output, node);
+  link.send({{"step", "ranks"}, {"ranks", ranks}}, clock::now() + hold_deadline);
+  nlohmann::json cut;
+  const auto dumps = dump_ranks(link, request, ranks, part.staging, hold_deadline, cut);
 
   job_image j;
   j.kind = "dump";
@@ -182,12 +197,12 @@ void serve_dump(node_link& link, const nlohmann::json& request, const job_agent_
     j.held_ms = std::max(j.held_ms, dumps[i].hold_ms);
     written.push_back({{"pid", ranks[i]}, {"bytes", m.data_bytes}, {"hold_ms", dumps[i].hold_ms}});
   }
-  write_job_manifest(staging, j);
+  write_job_manifest(part.staging, j);
   link.send({{"step", "written"}, {"ranks", written}, {"host", j.host}}, clock::now() + std::chrono::seconds(30));
   // Every other node writes meanwhile, for as long as its disk takes.
   link.expect("commit", clock::now() + std::chrono::hours(1));
-  image_files::commit_directory(staging, final_name);
-  cleanup.committed = true;
+  image_files::commit_directory(part.staging, part.final_name);
+  part.committed = true;
   link.send({{"step", "committed"}}, clock::now() + std::chrono::seconds(30));
 }
 
