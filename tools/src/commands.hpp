@@ -85,7 +85,7 @@ int suspend_job_command(const suspend_command_options& options, const ckpt::copy
 int resume_job_command(const job_command_options& job, pid_t pid, bool json);
 int inspect_job_command(const std::string& image, bool json);
 // A job across nodes (job_agent_command.cpp): dump --nodes, and the node's side, cuda-ckpt job-agent.
-int dump_nodes_command(const dump_command_options& options);
+int dump_nodes_command(const dump_command_options& options, const ckpt::copy_settings& copy);
 int inspect_job_nodes_command(const std::string& image, bool json);
 int verify_job_nodes_command(const std::string& image, bool json);
 subcommand add_job_agent(CLI::App& app);

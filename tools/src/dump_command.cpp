@@ -216,10 +216,9 @@ int dump_command(const dump_command_options& o) {
     if (o.token_file.empty())
       return report_failure("dump", o.json, "--nodes needs --token-file, the job's secret its agents hold too",
                             exit_usage);
-    return dump_nodes_command(o);
-  }
-  if (!o.token_file.empty())
+  } else if (!o.token_file.empty()) {
     return report_failure("dump", o.json, "--token-file goes with --nodes", exit_usage);
+  }
   if (o.process) {
     if (o.every_s > 0)
       return report_failure("dump", o.json, "--every does not apply to whole-process dumps (--process)", exit_usage);
@@ -264,6 +263,7 @@ int dump_command(const dump_command_options& o) {
   options.hold_deadline = o.hold_deadline;
 
   options.copy.interrupt = &catch_interrupts();
+  if (!o.nodes.empty()) return dump_nodes_command(o, options.copy);
   if (o.whole_job()) {
     if (o.every_s > 0 || !o.parent.empty())
       return report_failure("dump", o.json, "--every and --parent do not apply to a job's dump (--job, --ranks)",

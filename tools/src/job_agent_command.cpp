@@ -23,13 +23,21 @@ std::string token_of(const std::string& file) { return ckpt::read_token_file(fil
 
 // The node's part of the image, when it is on this host (each node writes its own there).
 bool part_here(const std::string& image, const ckpt::job_nodes_image::node& n) {
-  return ckpt::is_job_image(fs::path(image) / n.name);
+  std::error_code ec;
+  return fs::exists(fs::path(image) / n.name, ec);
+}
+
+std::string listed(const std::vector<std::string>& names) {
+  std::string text;
+  for (const auto& n : names) text += (text.empty() ? "" : ", ") + n;
+  return text;
 }
 
 }  // namespace
 
-int dump_nodes_command(const dump_command_options& o) {
+int dump_nodes_command(const dump_command_options& o, const ckpt::copy_settings& copy) {
   ckpt::nodes_dump_options options;
+  options.copy = copy;
   options.nodes = o.nodes;
   options.token = token_of(o.token_file);
   options.output = o.output.empty() ? "vmmckpt-job-nodes-" + time_stamp() : o.output;
@@ -112,6 +120,8 @@ int verify_job_nodes_command(const std::string& image, bool json) {
         elsewhere.push_back(n.name);
         continue;
       }
+      if (!ckpt::is_job_image(part))
+        throw image::image_error(part.string() + ": no job's image (no job.json), but job-nodes.json names it");
       const auto node = ckpt::read_job_image(part);
       std::vector<pid_t> ranks;
       for (const auto& r : node.ranks) ranks.push_back(r.pid);
@@ -120,15 +130,21 @@ int verify_job_nodes_command(const std::string& image, bool json) {
       ckpt::verify_job_image(part, node, true);
       checked.push_back(n.name);
     }
+    if (checked.empty())
+      throw image::image_error("no node's part is on this host (" + listed(elsewhere) +
+                               " are on their nodes): verify DIR there; nothing was checked");
     if (json) {
       std::cout << nlohmann::json{{"image", image}, {"ok", true}, {"job", true}, {"checked", checked},
                                   {"elsewhere", elsewhere}}
                        .dump(2)
                 << "\n";
     } else {
-      std::printf("%s: good (a job's image across %zu nodes: every checksum of %zu node%s here matches", shown(image).c_str(),
-                  j.nodes.size(), checked.size(), checked.size() == 1 ? "" : "s");
-      std::printf(elsewhere.empty() ? ")\n" : "; the others' parts are on their nodes: verify there)\n");
+      std::printf("%s: good (a job's image across %zu nodes: every checksum of %s matches", shown(image).c_str(),
+                  j.nodes.size(), listed(checked).c_str());
+      if (elsewhere.empty())
+        std::printf(")\n");
+      else
+        std::printf("; %s: on their nodes, verify there)\n", listed(elsewhere).c_str());
     }
     return exit_ok;
   } catch (const image::image_error& e) {

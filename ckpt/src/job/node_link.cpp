@@ -19,6 +19,7 @@
 
 #include "vmmckpt/ckpt/control_client.hpp"
 #include "vmmckpt/ckpt/job_nodes.hpp"
+#include "vmmckpt/support/json_fields.hpp"
 
 namespace vmmckpt::ckpt {
 namespace {
@@ -92,9 +93,10 @@ std::string read_token_file(const std::filesystem::path& file) {
   if ((st.st_mode & 077) != 0)
     throw tool_error(file.string() + ": others than its owner may read or write it (chmod 600 " + file.string() +
                      "): it holds the secret that lets a coordinator hold the job's ranks");
+  if (!S_ISREG(st.st_mode)) throw tool_error(file.string() + ": not a regular file");
   std::ifstream in(file);
   std::string token;
-  std::getline(in, token);
+  if (!std::getline(in, token) && !in.eof()) throw tool_error(file.string() + ": cannot be read");
   if (token.size() < min_token)
     throw tool_error(file.string() + ": its first line, the job's secret, needs at least " +
                      std::to_string(min_token) + " characters");
@@ -112,6 +114,12 @@ node_link::node_link(int fd, std::string peer) : fd_(fd), peer_(std::move(peer))
   ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) | O_NONBLOCK);
   const int one = 1;
   ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);  // the cut's messages are small and waited for
+  // A peer whose host vanished (no FIN, no RST) is found within about 25 s, not when a long wait ends.
+  const int idle_s = 10, interval_s = 5, probes = 3;
+  ::setsockopt(fd_, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+  ::setsockopt(fd_, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof idle_s);
+  ::setsockopt(fd_, IPPROTO_TCP, TCP_KEEPINTVL, &interval_s, sizeof interval_s);
+  ::setsockopt(fd_, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes);
 }
 
 node_link::node_link(node_link&& other) noexcept
@@ -171,7 +179,12 @@ nlohmann::json node_link::receive(clock::time_point deadline) {
     if (newline != std::string::npos) {
       const std::string line = buffer_.substr(0, newline);
       buffer_.erase(0, newline + 1);
-      nlohmann::json message = nlohmann::json::parse(line, nullptr, false);
+      nlohmann::json message;
+      try {
+        message = json_fields::parse_limited(line, 8);
+      } catch (const std::exception&) {
+        message = nullptr;
+      }
       if (!message.is_object()) throw tool_error(peer_ + " sent something that is no message of cuda-ckpt's");
       if (message.contains("error") && message["error"].is_string())
         throw tool_error(peer_ + ": " + message["error"].get<std::string>());
@@ -197,6 +210,17 @@ nlohmann::json node_link::expect(const std::string& step, clock::time_point dead
   if (message.value("step", std::string()) != step)
     throw tool_error(peer_ + " answered out of turn (expected \"" + step + "\"): it runs another cuda-ckpt version?");
   return message;
+}
+
+void node_link::wait_closed(clock::time_point deadline) noexcept {
+  ::shutdown(fd_, SHUT_WR);
+  char chunk[4096];
+  for (;;) {
+    const ssize_t n = ::recv(fd_, chunk, sizeof chunk, 0);
+    if (n > 0 || (n < 0 && errno == EINTR)) continue;
+    if (n < 0 && errno == EAGAIN && wait_for(fd_, POLLIN, deadline)) continue;
+    return;
+  }
 }
 
 int node_link::release(std::string& unread) {

@@ -43,6 +43,9 @@ class node_link {
   nlohmann::json receive(clock::time_point deadline);
   // receive(), which must answer `step` ({"step": STEP, ...}).
   nlohmann::json expect(const std::string& step, clock::time_point deadline);
+  // Says no more and waits until the peer closes its side (it has finished with what it was doing), or the
+  // deadline passes; what it sends meanwhile is dropped.
+  void wait_closed(clock::time_point deadline) noexcept;
   // The socket, for the caller to carry on with as it is; bytes already read past the last line are handed over.
   int release(std::string& unread);
 

@@ -8,6 +8,7 @@
 #include "session.hpp"
 #include "vmmckpt/ckpt/job_image.hpp"
 #include "vmmckpt/ckpt/job_nodes.hpp"
+#include "vmmckpt/image/image.hpp"
 #include "vmmckpt/support/version.hpp"
 
 namespace vmmckpt::ckpt {
@@ -27,7 +28,12 @@ std::unique_ptr<control_client> rank_through(const node_connection& n, pid_t pid
                                              clock::time_point deadline) {
   node_link relay = node_link::connect(n.address, deadline, n.link.peer());
   const auto for_ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now()).count();
-  relay.send({{"op", "rank"}, {"token", token}, {"pid", pid}, {"for_ms", std::max<long long>(1, for_ms)}}, deadline);
+  relay.send({{"op", "rank"},
+              {"token", token},
+              {"pid", pid},
+              {"for_ms", std::max<long long>(1, for_ms)},
+              {"clock_ms", control::unix_ms_now()}},
+             deadline);
   relay.expect("connected", deadline);
   std::string unread;
   const int fd = relay.release(unread);
@@ -36,30 +42,43 @@ std::unique_ptr<control_client> rank_through(const node_connection& n, pid_t pid
   return client;
 }
 
-// Each agent asked for its part of the dump, its ranks known, and every one prepared for the hold.
-std::vector<node_connection> start_nodes(const nodes_dump_options& o, nodes_dump_result& r,
-                                         clock::time_point deadline) {
-  std::vector<node_connection> nodes;
+// Each agent asked for its part of the dump as soon as it is reached (an agent waits 10 s for a request), then
+// its ranks known, and every one prepared for the hold. `nodes` holds every link made, for abandon() to wait on.
+void start_nodes(const nodes_dump_options& o, nodes_dump_result& r, std::vector<node_connection>& nodes,
+                 clock::time_point deadline) {
   for (std::size_t i = 0; i < o.nodes.size(); ++i) {
     const node_address address = parse_node_address(o.nodes[i]);
     const std::string name = "node-" + std::to_string(i);
     nodes.push_back({address, name, node_link::connect(address, deadline, name + " (" + address.text() + ")")});
     r.nodes.push_back({name, address.text(), "", {}, 0, 0});
+    nodes.back().link.send({{"op", "dump"},
+                            {"token", o.token},
+                            {"node", name},
+                            {"output", r.image.string()},
+                            {"hold_deadline_ms", o.hold_deadline.count()},
+                            {"copy",
+                             {{"chunk_bytes", o.copy.chunk_bytes},
+                              {"staging_bytes", o.copy.staging_bytes},
+                              {"pinned_bytes", o.copy.pinned_bytes},
+                              {"streams", o.copy.streams},
+                              {"writers", o.copy.writers},
+                              {"gpu_checksums", o.copy.gpu_checksums}}},
+                            {"gpu_snapshot", o.gpu_snapshot},
+                            {"allow_partial", o.allow_partial}},
+                           deadline);
   }
-  // From here on, a failure closes every link: each agent then releases its ranks and removes its part.
-  for (auto& n : nodes)
-    n.link.send({{"op", "dump"},
-                 {"token", o.token},
-                 {"node", n.name},
-                 {"output", r.image.string()},
-                 {"hold_deadline_ms", o.hold_deadline.count()},
-                 {"gpu_snapshot", o.gpu_snapshot},
-                 {"allow_partial", o.allow_partial}},
-                deadline);
   for (std::size_t i = 0; i < nodes.size(); ++i)
     r.nodes[i].ranks = nodes[i].link.expect("ranks", deadline).at("ranks").get<std::vector<pid_t>>();
   for (auto& n : nodes) n.link.expect("prepared", deadline);
-  return nodes;
+}
+
+// After a failure: every agent told, by the links' closing, to release its ranks and remove its part; each is
+// waited for (at most a few seconds in all), and then the job's directory goes when nothing is left in it.
+void abandon(std::vector<node_connection>& nodes, const fs::path& image) noexcept {
+  const auto until = clock::now() + std::chrono::seconds(5);
+  for (auto& n : nodes) n.link.wait_closed(until);
+  std::error_code ignored;
+  fs::remove(image, ignored);
 }
 
 // The cut over every rank of every node; then every node holds its ranks, and they are released together once
@@ -103,18 +122,8 @@ void write_and_commit(std::vector<node_connection>& nodes, nodes_dump_result& r)
   }
 }
 
-}  // namespace
-
-nodes_dump_result dump_job_nodes(const nodes_dump_options& o) {
-  const auto start = clock::now();
-  const auto deadline = start + o.hold_deadline;
-  if (o.nodes.empty()) throw tool_error("--nodes names no node");
-  nodes_dump_result r;
-  r.image = new_image_path(o.output);
-  auto nodes = start_nodes(o, r, deadline);
-  r.cut = cut_and_hold(nodes, r, o.token, deadline);
-  write_and_commit(nodes, r);
-
+// job-nodes.json, last: the image is the job's from then on.
+void write_manifest(const nodes_dump_result& r) {
   job_nodes_image j;
   j.kind = "dump";
   j.tool_version = VMMCKPT_VERSION;
@@ -124,9 +133,34 @@ nodes_dump_result dump_job_nodes(const nodes_dump_options& o) {
   j.cut_rounds = r.cut.rounds;
   j.held_ms = r.held_ms;
   for (const auto& n : r.nodes) j.nodes.push_back({n.name, n.address, n.host, n.ranks});
-  std::error_code ec;
-  fs::create_directories(r.image, ec);  // there already when a node runs on this host
-  write_job_nodes_manifest(r.image, j);
+  try {
+    write_job_nodes_manifest(r.image, j);
+  } catch (const image::image_error& e) {
+    throw image::image_error(std::string(e.what()) + "; every node's part is in " + r.image.string() +
+                             " on its node, without job-nodes.json");
+  }
+}
+
+}  // namespace
+
+nodes_dump_result dump_job_nodes(const nodes_dump_options& o) {
+  const auto start = clock::now();
+  const auto deadline = start + o.hold_deadline;
+  if (o.nodes.empty()) throw tool_error("--nodes names no node");
+  nodes_dump_result r;
+  r.image = new_image_path(o.output);
+  // Made here first: a directory this host cannot make fails the dump before any rank is touched.
+  make_private_directory(r.image);
+  std::vector<node_connection> nodes;
+  try {
+    start_nodes(o, r, nodes, deadline);
+    r.cut = cut_and_hold(nodes, r, o.token, deadline);
+    write_and_commit(nodes, r);
+  } catch (...) {
+    abandon(nodes, r.image);  // a part committed already stays, and the message says where
+    throw;
+  }
+  write_manifest(r);
   r.seconds = std::chrono::duration<double>(clock::now() - start).count();
   return r;
 }

@@ -113,7 +113,7 @@ void add_tcp_established(std::vector<std::string>& args) {
   const auto has = [&](std::string_view flag) {
     return std::any_of(args.begin(), args.end(), [&](const std::string& a) { return a.rfind(flag, 0) == 0; });
   };
-  if (!has(criu_tcp_established)) args.push_back(criu_tcp_established);
+  if (!has(criu_tcp_established)) args.emplace_back(criu_tcp_established);
   if (!has("--network-lock") && find_on_path("iptables-restore").empty())
     args.insert(args.end(), {"--network-lock", "nftables"});
 }

@@ -38,6 +38,7 @@ struct nodes_dump_options {
   std::vector<std::string> nodes;  // each node's agent, HOST:PORT; the nodes are named node-0, node-1, ... in order
   std::string token;
   std::filesystem::path output;  // the job's image directory: job-nodes.json here, each node's part in DIR/NODE
+  copy_settings copy;            // each node copies out its ranks with these (not parent, interrupt nor reuse)
   std::chrono::milliseconds hold_deadline{60'000};
   bool gpu_snapshot = true;
   bool allow_partial = false;
