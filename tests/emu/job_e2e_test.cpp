@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "process_support.hpp"
+#include "skip.hpp"
 
 namespace vmmckpt::test {
 namespace {
@@ -616,11 +617,10 @@ struct node_agent {
   background_process process;
   std::string address;
 
+  // `netns`: run in that network namespace (`ip netns exec`), listening at `host` there.
   node_agent(const collective_job& job, const std::vector<pid_t>& ranks, const fs::path& token,
-             const std::map<std::string, std::string>& extra = {})
-      : process({cuda_ckpt, "job-agent", "--ranks", joined(ranks), "--listen", "127.0.0.1:0", "--token-file",
-                 token.string()},
-                job.env(extra), /*stderr_too=*/true) {
+             const std::string& netns = {}, const std::string& host = "127.0.0.1")
+      : process(command(ranks, token, netns, host), job.env(), /*stderr_too=*/true) {
     const bool listening = process.wait_for_output("listening at ", 30) && wait_until([&] {
       process.running();  // reads what it printed
       return process.output().find('\n', process.output().find("listening at ")) != std::string::npos;
@@ -630,6 +630,16 @@ struct node_agent {
     const std::string& out = process.output();
     const auto at = out.find("listening at ") + 13;
     address = out.substr(at, out.find('\n', at) - at);
+  }
+
+  static std::vector<std::string> command(const std::vector<pid_t>& ranks, const fs::path& token,
+                                          const std::string& netns, const std::string& host) {
+    std::vector<std::string> argv;
+    if (!netns.empty()) argv = {"ip", "netns", "exec", netns};
+    for (const std::string& word : {cuda_ckpt, std::string("job-agent"), std::string("--ranks"), joined(ranks),
+                                    std::string("--listen"), host + ":0", std::string("--token-file"), token.string()})
+      argv.push_back(word);
+    return argv;
   }
 
   static std::string joined(const std::vector<pid_t>& pids) {
@@ -775,6 +785,66 @@ TEST_CASE("a job agent connects no one to a process outside an operation in prog
   CHECK(ask(R"({"op":"dump","token":"the-jobs-secret-0123456789"})").find("error") != std::string::npos);
   CHECK(a.process.running());
   CHECK(job.goes_on());
+  job.ends_with_reference_results();
+}
+
+// Two network namespaces, each joined to this one by a veth pair (10.213.N.1 here, 10.213.N.2 there): two
+// nodes' network as one host can have it. Made and removed with `ip`; `why_not` says why they could not be.
+struct two_namespaces {
+  std::string names[2];
+  std::string why_not;
+
+  two_namespaces() {
+    const std::string tag = std::to_string(::getpid() % 100000);
+    for (int n = 0; n < 2; ++n) {
+      names[n] = "vmmckpt-" + tag + "-" + std::to_string(n);
+      const std::string here = "vck" + tag + "h" + std::to_string(n), there = "vck" + tag + "t" + std::to_string(n);
+      const std::string net = "10.213." + std::to_string(n + 1) + ".";
+      const auto made = run_process(
+          {"/bin/sh", "-c",
+           "set -e; ip netns add " + names[n] + "; ip link add " + here + " type veth peer name " + there +
+               "; ip link set " + there + " netns " + names[n] + "; ip addr add " + net + "1/24 dev " + here +
+               "; ip link set " + here + " up; ip -n " + names[n] + " addr add " + net + "2/24 dev " + there +
+               "; ip -n " + names[n] + " link set " + there + " up; ip -n " + names[n] + " link set lo up"},
+          {}, 30);
+      if (made.exit_code != 0) {
+        why_not = "cannot make network namespaces here (root and CAP_NET_ADMIN, and iproute2, are needed): " +
+                  made.err;
+        return;
+      }
+    }
+  }
+  ~two_namespaces() {
+    // The veth pairs go with their namespaces.
+    for (const auto& name : names)
+      if (!name.empty()) run_process({"ip", "netns", "del", name}, {}, 30);
+  }
+  two_namespaces(const two_namespaces&) = delete;
+  two_namespaces& operator=(const two_namespaces&) = delete;
+};
+
+TEST_CASE("dump --nodes with each node's agent in a network namespace of its own, reached over a veth link",
+          "[job][nodes][netns]") {
+  if (::geteuid() != 0) VMMCKPT_SKIP("network namespaces need root");
+  two_namespaces nets;
+  if (!nets.why_not.empty()) VMMCKPT_SKIP(nets.why_not);
+  collective_job job(4, 2, 150, 20);
+  const fs::path token = token_file(job.dir.path, "the-jobs-secret-0123456789");
+  // Each agent listens only on its namespace's address, and reaches its ranks (here) through their socket files.
+  node_agent a(job, {job.ranks[0], job.ranks[1]}, token, nets.names[0], "10.213.1.2");
+  node_agent b(job, {job.ranks[2], job.ranks[3]}, token, nets.names[1], "10.213.2.2");
+  const fs::path image = job.dir.path / "image";
+  const auto dumped = job.ckpt(
+      {"dump", "--nodes", a.address + "," + b.address, "--token-file", token.string(), "-o", image.string(), "--json"});
+  INFO(describe(dumped) << "\nagent a:\n" << a.process.output() << "\nagent b:\n" << b.process.output());
+  REQUIRE(dumped.exit_code == 0);
+  const auto out = nlohmann::json::parse(dumped.out);
+  REQUIRE(out.at("nodes").size() == 2);
+  CHECK(out.at("nodes")[0].value("address", "") == a.address);
+  CHECK(out.at("nodes")[1].value("address", "") == b.address);
+  const auto verified = tool({"verify", image.string()});
+  INFO(describe(verified));
+  CHECK(verified.exit_code == 0);
   job.ends_with_reference_results();
 }
 
