@@ -13,28 +13,12 @@
 #include <sstream>
 #include <thread>
 
+#include "collective_job_output.hpp"
 #include "e2e_support.hpp"
 
 using namespace vmmckpt::test;
 
 namespace {
-
-const std::string job_program = build_dir + "/tests/programs/emu_collective_job";
-
-// Rank -> "STEPS HASH", from the `done RANK STEPS HASH` lines.
-std::map<int, std::string> done_lines(const std::string& out) {
-  std::map<int, std::string> done;
-  std::istringstream in(out);
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("done ", 0) != 0) continue;
-    std::istringstream fields(line.substr(5));
-    int rank = -1;
-    std::string steps, hash;
-    fields >> rank >> steps >> hash;
-    done[rank] = steps + " " + hash;
-  }
-  return done;
-}
 
 // The rank's pid from its `pid RANK PID` line.
 pid_t pid_of_rank(const std::string& out, int rank) {

@@ -9,34 +9,19 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <fstream>
 #include <map>
 #include <sstream>
 #include <thread>
 
+#include "collective_job_output.hpp"
 #include "process_support.hpp"
 #include "skip.hpp"
 
 namespace vmmckpt::test {
 namespace {
-
-const std::string job_program = build_dir + "/tests/programs/emu_collective_job";
-
-// Rank -> "STEPS HASH", from the `done RANK STEPS HASH` lines.
-std::map<int, std::string> done_lines(const std::string& out) {
-  std::map<int, std::string> done;
-  std::istringstream in(out);
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("done ", 0) != 0) continue;
-    std::istringstream fields(line.substr(5));
-    int rank = -1;
-    std::string steps, hash;
-    fields >> rank >> steps >> hash;
-    done[rank] = steps + " " + hash;
-  }
-  return done;
-}
 
 // The job run without the shim and without any checkpoint: the results every other run of it must end with.
 // Computed once per (ranks, steps) in this process (a GENERATE'd test case asks for it on every pass).
@@ -649,13 +634,25 @@ struct node_agent {
   }
 };
 
+// A four-rank job on two devices, and an agent for each half of its ranks, both with the job's secret; with
+// `netns`, each agent in that network namespace, at its end of the veth link (two_namespaces below).
+struct two_node_job {
+  collective_job job;
+  fs::path token;
+  node_agent a, b;
+
+  explicit two_node_job(int steps, const std::array<std::string, 2>& netns = {})
+      : job(4, 2, steps, 20),
+        token(token_file(job.dir.path, "the-jobs-secret-0123456789")),
+        a(job, {job.ranks[0], job.ranks[1]}, token, netns[0], netns[0].empty() ? "127.0.0.1" : "10.213.1.2"),
+        b(job, {job.ranks[2], job.ranks[3]}, token, netns[1], netns[1].empty() ? "127.0.0.1" : "10.213.2.2") {}
+};
+
 TEST_CASE("dump --nodes: a job's ranks on two nodes' agents cut at one point, each node's part written by its "
           "agent, and the job goes on",
           "[job][nodes]") {
-  collective_job job(4, 2, 150, 20);
-  const fs::path token = token_file(job.dir.path, "the-jobs-secret-0123456789");
-  node_agent a(job, {job.ranks[0], job.ranks[1]}, token);
-  node_agent b(job, {job.ranks[2], job.ranks[3]}, token);
+  two_node_job nodes_of_job(150);
+  auto& [job, token, a, b] = nodes_of_job;
   const fs::path image = job.dir.path / "image";
   // Twice through the same agents: an agent serves one operation after another.
   for (const std::string name : {"image", "again"}) {
@@ -704,10 +701,8 @@ TEST_CASE("dump --nodes: a job's ranks on two nodes' agents cut at one point, ea
 TEST_CASE("dump --nodes refused: another secret, a secret others may read, an agent not there, an agent busy; "
           "nothing is written and the job goes on",
           "[job][nodes]") {
-  collective_job job(4, 2, 120, 20);
-  const fs::path token = token_file(job.dir.path, "the-jobs-secret-0123456789");
-  node_agent a(job, {job.ranks[0], job.ranks[1]}, token);
-  node_agent b(job, {job.ranks[2], job.ranks[3]}, token);
+  two_node_job nodes_of_job(120);
+  auto& [job, token, a, b] = nodes_of_job;
   const fs::path image = job.dir.path / "image";
   std::string nodes = a.address + "," + b.address, secret = token.string(), expected;
   SECTION("another secret") {
@@ -740,10 +735,8 @@ TEST_CASE("dump --nodes refused: another secret, a secret others may read, an ag
 TEST_CASE("dump --nodes whose coordinator dies at the cut: every node releases its ranks and removes its part, and "
           "the job goes on",
           "[job][nodes][fault]") {
-  collective_job job(4, 2, 150, 20);
-  const fs::path token = token_file(job.dir.path, "the-jobs-secret-0123456789");
-  node_agent a(job, {job.ranks[0], job.ranks[1]}, token);
-  node_agent b(job, {job.ranks[2], job.ranks[3]}, token);
+  two_node_job nodes_of_job(150);
+  auto& [job, token, a, b] = nodes_of_job;
   const fs::path image = job.dir.path / "image";
   std::string point;
   SECTION("once every rank is armed") { point = "job:armed"; }
@@ -828,11 +821,9 @@ TEST_CASE("dump --nodes with each node's agent in a network namespace of its own
   if (::geteuid() != 0) VMMCKPT_SKIP("network namespaces need root");
   two_namespaces nets;
   if (!nets.why_not.empty()) VMMCKPT_SKIP(nets.why_not);
-  collective_job job(4, 2, 150, 20);
-  const fs::path token = token_file(job.dir.path, "the-jobs-secret-0123456789");
   // Each agent listens only on its namespace's address, and reaches its ranks (here) through their socket files.
-  node_agent a(job, {job.ranks[0], job.ranks[1]}, token, nets.names[0], "10.213.1.2");
-  node_agent b(job, {job.ranks[2], job.ranks[3]}, token, nets.names[1], "10.213.2.2");
+  two_node_job nodes_of_job(150, {nets.names[0], nets.names[1]});
+  auto& [job, token, a, b] = nodes_of_job;
   const fs::path image = job.dir.path / "image";
   const auto dumped = job.ckpt(
       {"dump", "--nodes", a.address + "," + b.address, "--token-file", token.string(), "-o", image.string(), "--json"});

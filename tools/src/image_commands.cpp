@@ -126,12 +126,7 @@ int verify_command(const std::string& path, bool as_json) {
     }
     return exit_ok;
   } catch (const image::image_error& e) {
-    if (as_json) {
-      std::cout << nlohmann::json{{"image", path}, {"ok", false}, {"defect", e.what()}}.dump(2) << "\n";
-    } else {
-      std::fprintf(stderr, "%s: BAD: %s\n", path.c_str(), e.what());
-    }
-    return exit_failure;
+    return report_defect(path, as_json, e.what());
   }
 }
 

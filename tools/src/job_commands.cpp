@@ -212,11 +212,7 @@ int verify_job_command(const std::string& image, bool json) {
                   j.ranks.size());
     return exit_ok;
   } catch (const image::image_error& e) {
-    if (json)
-      std::cout << nlohmann::json{{"image", image}, {"ok", false}, {"defect", e.what()}}.dump(2) << "\n";
-    else
-      std::fprintf(stderr, "%s: BAD: %s\n", image.c_str(), e.what());
-    return exit_failure;
+    return report_defect(image, json, e.what());
   }
 }
 

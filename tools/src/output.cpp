@@ -8,6 +8,7 @@
 #include <ctime>
 #include <iostream>
 
+#include "exit_codes.hpp"
 #include "vmmckpt/support/json_fields.hpp"
 
 namespace vmmckpt::tools {
@@ -115,6 +116,14 @@ int report_failure(const std::string& command, bool json, const std::string& mes
   else
     std::cerr << "cuda-ckpt" << (command.empty() ? "" : " " + command) << ": " << message << "\n";
   return exit_code;
+}
+
+int report_defect(const std::string& image, bool json, const std::string& defect) {
+  if (json)
+    std::cout << nlohmann::json{{"image", image}, {"ok", false}, {"defect", defect}}.dump(2) << "\n";
+  else
+    std::fprintf(stderr, "%s: BAD: %s\n", image.c_str(), defect.c_str());
+  return exit_failure;
 }
 
 nlohmann::json phases_json(const std::vector<std::pair<std::string, double>>& phases) {

@@ -83,4 +83,8 @@ class progress_line {
 // {"ok": false, "command", "error", "exit_code"} on stdout. Returns exit_code.
 int report_failure(const std::string& command, bool json, const std::string& message, int exit_code);
 
+// verify's report of a damaged image: "IMAGE: BAD: DEFECT" on stderr, or with --json
+// {"image", "ok": false, "defect"} on stdout. Returns exit_failure.
+int report_defect(const std::string& image, bool json, const std::string& defect);
+
 }  // namespace vmmckpt::tools

@@ -150,11 +150,7 @@ int verify_process_command(const std::string& image, bool json) {
                   shown(image).c_str(), d.criu_files.size(), d.processes.size(), human_bytes(d.gpu_bytes).c_str());
     return exit_ok;
   } catch (const image::image_error& e) {
-    if (json)
-      std::cout << nlohmann::json{{"image", image}, {"ok", false}, {"defect", e.what()}}.dump(2) << "\n";
-    else
-      std::fprintf(stderr, "%s: BAD: %s\n", image.c_str(), e.what());
-    return exit_failure;
+    return report_defect(image, json, e.what());
   }
 }
 

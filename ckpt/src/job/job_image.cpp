@@ -3,7 +3,10 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <initializer_list>
 #include <set>
+#include <string_view>
 
 #include "image_files.hpp"
 #include "vmmckpt/image/image.hpp"
@@ -20,24 +23,57 @@ constexpr std::uint64_t max_manifest_bytes = 4u << 20;
 constexpr std::size_t max_ranks = 65536;
 constexpr std::int64_t pid_limit = 4'194'304;  // the kernel's PID_MAX_LIMIT
 
-job_image decode(const jf::json& j) {
-  jf::object_at(j, "job.json");
-  if (jf::string_of(j, "", "format") != job_format_name) fail("format: not \"" + std::string(job_format_name) + "\"");
+// What job.json and job-nodes.json share, read into `out`: the format and version checked, the kind (one of
+// `kinds`), what wrote it, when and where, and the cut's figures.
+template <typename Image>
+void decode_shared(const jf::json& j, const char* format, std::initializer_list<std::string_view> kinds, Image& out) {
+  if (jf::string_of(j, "", "format") != format) fail("format: not \"" + std::string(format) + "\"");
   if (const auto v = jf::u32_of(j, "", "version"); v != job_format_version)
     fail("version " + std::to_string(v) + ": this cuda-ckpt reads version " + std::to_string(job_format_version));
-  job_image out;
   out.kind = jf::string_of(j, "", "kind");
-  if (out.kind != "dump" && out.kind != "suspend") fail("kind: \"" + jf::printable(out.kind) + "\" is no job image's");
+  if (std::find(kinds.begin(), kinds.end(), out.kind) == kinds.end())
+    fail("kind: \"" + jf::printable(out.kind) + "\" is no job image's");
   out.tool_version = jf::string_of(j, "", "tool_version");
   out.created = jf::string_of(j, "", "created");
   out.host = jf::string_of(j, "", "host");
-  const std::int64_t root = jf::i64_of(j, "", "root_pid");
-  if (root < 0 || root > pid_limit) fail("root_pid: out of range");
-  out.root_pid = static_cast<pid_t>(root);
   out.cut_seconds = jf::number_of(j, "", "cut_seconds");
   out.cut_rounds = jf::int_of(j, "", "cut_rounds");
   out.held_ms = jf::number_of(j, "", "held_ms");
   if (out.cut_seconds < 0 || out.cut_rounds < 0 || out.held_ms < 0) fail("cut_seconds, cut_rounds, held_ms: negative");
+}
+
+// The same written: the fields before and after those of one kind of file alone.
+template <typename Image>
+nlohmann::ordered_json shared_head(const char* format, const Image& j) {
+  return {{"format", format},         {"version", job_format_version}, {"kind", j.kind},
+          {"tool_version", j.tool_version}, {"created", j.created},          {"host", j.host}};
+}
+template <typename Image>
+void add_cut(nlohmann::ordered_json& out, const Image& j) {
+  out["cut_seconds"] = j.cut_seconds;
+  out["cut_rounds"] = j.cut_rounds;
+  out["held_ms"] = j.held_ms;
+}
+
+// text decoded by `decode`, any defect named with `where`.
+template <typename Decode>
+auto parse_as(const std::string& text, const std::string& where, Decode decode) {
+  try {
+    return decode(jf::parse_limited(text, 8));
+  } catch (const jf::decode_error& e) {
+    fail(where + ": " + e.what());
+  } catch (const image::image_error& e) {
+    fail(where + ": " + e.what());
+  }
+}
+
+job_image decode(const jf::json& j) {
+  jf::object_at(j, "job.json");
+  job_image out;
+  decode_shared(j, job_format_name, {"dump", "suspend"}, out);
+  const std::int64_t root = jf::i64_of(j, "", "root_pid");
+  if (root < 0 || root > pid_limit) fail("root_pid: out of range");
+  out.root_pid = static_cast<pid_t>(root);
   const auto& ranks = jf::array_of(j, "", "ranks");
   if (ranks.empty() || ranks.size() > max_ranks) fail("ranks: 1 to " + std::to_string(max_ranks) + " expected");
   for (std::size_t i = 0; i < ranks.size(); ++i) {
@@ -68,20 +104,8 @@ std::vector<pid_t> pids_of(const jf::json& array, const std::string& p) {
 
 job_nodes_image decode_nodes(const jf::json& j) {
   jf::object_at(j, job_nodes_manifest_name);
-  if (jf::string_of(j, "", "format") != job_nodes_format_name)
-    fail("format: not \"" + std::string(job_nodes_format_name) + "\"");
-  if (const auto v = jf::u32_of(j, "", "version"); v != job_format_version)
-    fail("version " + std::to_string(v) + ": this cuda-ckpt reads version " + std::to_string(job_format_version));
   job_nodes_image out;
-  out.kind = jf::string_of(j, "", "kind");
-  if (out.kind != "dump") fail("kind: \"" + jf::printable(out.kind) + "\" is no job image's");
-  out.tool_version = jf::string_of(j, "", "tool_version");
-  out.created = jf::string_of(j, "", "created");
-  out.host = jf::string_of(j, "", "host");
-  out.cut_seconds = jf::number_of(j, "", "cut_seconds");
-  out.cut_rounds = jf::int_of(j, "", "cut_rounds");
-  out.held_ms = jf::number_of(j, "", "held_ms");
-  if (out.cut_seconds < 0 || out.cut_rounds < 0 || out.held_ms < 0) fail("cut_seconds, cut_rounds, held_ms: negative");
+  decode_shared(j, job_nodes_format_name, {"dump"}, out);
   const auto& nodes = jf::array_of(j, "", "nodes");
   if (nodes.empty() || nodes.size() > max_ranks) fail("nodes: 1 to " + std::to_string(max_ranks) + " expected");
   std::set<std::string> names;
@@ -107,22 +131,13 @@ bool is_job_nodes_image(const fs::path& dir) {
 job_nodes_image read_job_nodes_image(const fs::path& dir) {
   fd_guard dir_fd(open_image_dir(dir));
   const fs::path path = dir / job_nodes_manifest_name;
-  const std::string text = read_small_file(dir_fd.fd, job_nodes_manifest_name, path, max_manifest_bytes);
-  try {
-    return decode_nodes(jf::parse_limited(text, 8));
-  } catch (const jf::decode_error& e) {
-    fail(path.string() + ": " + e.what());
-  } catch (const image::image_error& e) {
-    fail(path.string() + ": " + e.what());
-  }
+  return parse_as(read_small_file(dir_fd.fd, job_nodes_manifest_name, path, max_manifest_bytes), path.string(),
+                  decode_nodes);
 }
 
 void write_job_nodes_manifest(const fs::path& dir, const job_nodes_image& j) {
-  nlohmann::ordered_json out = {{"format", job_nodes_format_name}, {"version", job_format_version},
-                                {"kind", j.kind},                  {"tool_version", j.tool_version},
-                                {"created", j.created},            {"host", j.host},
-                                {"cut_seconds", j.cut_seconds},    {"cut_rounds", j.cut_rounds},
-                                {"held_ms", j.held_ms}};
+  nlohmann::ordered_json out = shared_head(job_nodes_format_name, j);
+  add_cut(out, j);
   out["nodes"] = nlohmann::ordered_json::array();
   for (const auto& n : j.nodes)
     out["nodes"].push_back({{"name", n.name}, {"address", n.address}, {"host", n.host}, {"ranks", n.ranks}});
@@ -135,13 +150,7 @@ bool is_job_image(const fs::path& dir) {
 }
 
 job_image parse_job_manifest(const std::string& text, const std::string& where) {
-  try {
-    return decode(jf::parse_limited(text, 8));
-  } catch (const jf::decode_error& e) {
-    fail(where + ": " + e.what());
-  } catch (const image::image_error& e) {
-    fail(where + ": " + e.what());
-  }
+  return parse_as(text, where, decode);
 }
 
 job_image read_job_image(const fs::path& dir) {
@@ -151,11 +160,9 @@ job_image read_job_image(const fs::path& dir) {
 }
 
 void write_job_manifest(const fs::path& dir, const job_image& j) {
-  nlohmann::ordered_json out = {{"format", job_format_name}, {"version", job_format_version},
-                                {"kind", j.kind},            {"tool_version", j.tool_version},
-                                {"created", j.created},      {"host", j.host},
-                                {"root_pid", j.root_pid},    {"cut_seconds", j.cut_seconds},
-                                {"cut_rounds", j.cut_rounds}, {"held_ms", j.held_ms}};
+  nlohmann::ordered_json out = shared_head(job_format_name, j);
+  out["root_pid"] = j.root_pid;
+  add_cut(out, j);
   out["ranks"] = nlohmann::ordered_json::array();
   for (const auto& r : j.ranks) out["ranks"].push_back({{"pid", r.pid}, {"image_id", r.image_id}});
   write_synced(dir, job_manifest_name, out.dump(2) + "\n");
