@@ -40,6 +40,10 @@ if [ -z "${VMMCKPT_DEPS_PREFIX:-}" ] && [ -d "$PWD/.deps/prefix/usr/include" ]; 
   export VMMCKPT_DEPS_PREFIX="$PWD/.deps/prefix"
 fi
 
+# ccache (CMakeLists.txt uses it where installed) keyed on paths relative to the checkout, so another clone of the
+# same sources (CI's) finds what this one compiled.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}" CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-true}"
+
 vmmckpt_check_cuda_toolkit() {
   local root="${CUDA_HOME:-${CUDAToolkit_ROOT:-/usr/local/cuda}}"
   if [ ! -f "$root/include/cuda.h" ]; then
