@@ -99,12 +99,14 @@ if ((${#regressions[@]})); then
   done
 fi
 
-for t in "${targets[@]}"; do
+# fuzz_target T: fuzzes T for $seconds, prints its figures; 1 when it found something.
+fuzz_target() {
+  local t="$1" dir art run marker args t0 t1 status execs entries
   dir="$build/corpus-$t"
   art="$build/artifacts-$t"
   run="$build/run-$t"
   mkdir -p "$dir" "$art" "$run"
-  rm -f "$run"/*.log
+  rm -f "$run"/*.log "$build/fuzz-$t.status"
   # A copy: the fuzzer adds to its first corpus directory, and the repository's seeds stay as committed.
   cp -n "${corpus[$t]}"/* "$dir"/ 2>/dev/null || true
   marker="$run/started"
@@ -130,8 +132,22 @@ for t in "${targets[@]}"; do
   if report_artifacts "$art" "$marker" "$t" || ((status != 0)); then
     echo "FAILED: $t found a crash, leak, timeout or out-of-memory (exit status $status); logs in $run/:"
     grep -hE '^(==[0-9]+== ?ERROR|SUMMARY)|runtime error|^[a-z_]+_fuzzer: ' "$run"/*.log | head -n 20 || true
-    failed=1
+    return 1
   fi
+}
+
+# The targets side by side, as many at a time as there are cores; each one's lines printed together.
+parallel=$(nproc)
+pids=()
+for t in "${targets[@]}"; do
+  while (($(jobs -rp | wc -l) >= parallel)); do wait -n || true; done
+  (found=0; fuzz_target "$t" >"$build/fuzz-$t.out" 2>&1 || found=$?; echo "$found" >"$build/fuzz-$t.status") &
+  pids+=($!)
+done
+wait "${pids[@]}" || true
+for t in "${targets[@]}"; do
+  cat "$build/fuzz-$t.out"
+  [ "$(cat "$build/fuzz-$t.status" 2>/dev/null)" = 0 ] || failed=1
 done
 
 end=$(date +%s)

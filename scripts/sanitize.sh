@@ -7,7 +7,7 @@
 #   tsan  ThreadSanitizer, in build-tsan: ctest -L unit (allocator and pool logic with the many-thread
 #         test, image writer and reader, protocol). Not the emulator's tests nor the end-to-end tests:
 #         the emulator places memory at addresses ThreadSanitizer keeps for itself (docs/reliability.md).
-# env:   VMMCKPT_SANITIZE_JOBS (build jobs, default nproc), extra ctest args after "--".
+# env:   VMMCKPT_SANITIZE_JOBS (build jobs and tests at a time, default nproc), extra ctest args after "--".
 # Each mode prints one summary line and the script exits non-zero on any sanitizer report or test failure.
 # Every report, from every process the tests start, goes to build-<mode>/sanitizer-logs/ (log_path), so
 # one in a child whose exit status a test ignores still fails the run.
@@ -98,13 +98,13 @@ run_mode() {
         export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$logs/ubsan"
         export LSAN_OPTIONS="suppressions=$supp_dir/lsan.supp:print_suppressions=0"
         echo "==> [$mode] ctest -L unit, ctest -L emu"
-        ctest --test-dir "$dir" -L unit --output-on-failure --no-tests=error "${ctest_extra[@]}" || exit 1
-        ctest --test-dir "$dir" -L emu --output-on-failure --no-tests=error "${ctest_extra[@]}" || exit 1
+        ctest --test-dir "$dir" -L unit -j "$jobs" --output-on-failure --no-tests=error "${ctest_extra[@]}" || exit 1
+        ctest --test-dir "$dir" -L emu -j "$jobs" --output-on-failure --no-tests=error "${ctest_extra[@]}" || exit 1
         ;;
       tsan)
         export TSAN_OPTIONS="halt_on_error=1:abort_on_error=1:second_deadlock_stack=1:suppressions=$supp_dir/tsan.supp:print_suppressions=0:log_path=$logs/tsan"
         echo "==> [$mode] ctest -L unit"
-        ctest --test-dir "$dir" -L unit --output-on-failure --no-tests=error "${ctest_extra[@]}" || exit 1
+        ctest --test-dir "$dir" -L unit -j "$jobs" --output-on-failure --no-tests=error "${ctest_extra[@]}" || exit 1
         ;;
     esac
   ) || tests_ok=0
