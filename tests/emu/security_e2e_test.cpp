@@ -356,3 +356,32 @@ TEST_CASE("a server posing as a program at its socket file and its abstract name
   REQUIRE(got.bytes == 0);
   REQUIRE(program.process().running());
 }
+
+TEST_CASE("gc removes the private socket directory of a killed program, with its socket", "[emu][security]") {
+  if (::geteuid() != 0) VMMCKPT_SKIP("needs root to act as two other users inside the test");
+  constexpr uid_t owner = 65530;
+  const socket_dirs_of dirs(owner);
+  scratch_dir dir;
+  held_program program(dir, owner);
+  squatter other({}, dirs.dir);  // /tmp/vmmckpt-65530 taken: the program listens in a private directory
+  program.release();
+  REQUIRE(program.process().wait_for_output("ready\n"));
+  const auto private_dirs = [&] {
+    std::vector<fs::path> found;
+    for (const auto& e : fs::directory_iterator("/tmp"))
+      if (e.path().filename().string().rfind(dirs.dir.filename().string() + ".", 0) == 0) found.push_back(e.path());
+    return found;
+  };
+  const auto made = private_dirs();
+  REQUIRE(made.size() == 1);
+  REQUIRE(fs::is_socket(made[0] / (std::to_string(program.pid()) + ".sock")));
+  ::kill(program.pid(), SIGKILL);
+  program.process().wait();
+  const auto gc = run_process({"setpriv", "--reuid=" + std::to_string(owner), "--regid=" + std::to_string(owner),
+                               "--clear-groups", cuda_ckpt, "gc"},
+                              {{"XDG_RUNTIME_DIR", ""}});
+  INFO(describe(gc));
+  REQUIRE(gc.exit_code == 0);
+  CHECK(gc.out.find("the socket of a process that is gone") != std::string::npos);
+  REQUIRE(private_dirs().empty());
+}
