@@ -89,7 +89,7 @@ namespace {
 
 // Why a process with the shim loaded has no control server, for the message that says so.
 std::string why_no_server(pid_t pid, uid_t owner) {
-  const std::string ordinary = "it starts at the program's first CUDA call, and a child made by fork() has none";
+  std::string ordinary = "it starts at the program's first CUDA call, and a child made by fork() has none";
   // A shim of before the private directories gave up its socket file when someone else had made its
   // directory: say so rather than blame the program.
   if (environment_value(pid, "XDG_RUNTIME_DIR").value_or("").empty()) {
