@@ -85,6 +85,26 @@ std::string why_silent(pid_t pid) {
   return {};
 }
 
+namespace {
+
+// Why a process with the shim loaded has no control server, for the message that says so.
+std::string why_no_server(pid_t pid, uid_t owner) {
+  std::string ordinary = "it starts at the program's first CUDA call, and a child made by fork() has none";
+  // A shim of before the private directories gave up its socket file when someone else had made its
+  // directory: say so rather than blame the program.
+  if (environment_value(pid, "XDG_RUNTIME_DIR").value_or("").empty()) {
+    const std::string dir = "/tmp/vmmckpt-" + std::to_string(owner);
+    struct stat st {};
+    if (::lstat(dir.c_str(), &st) == 0 && (st.st_uid != owner || !S_ISDIR(st.st_mode)))
+      return ordinary + "; or it could not make its socket: " + dir +
+             (st.st_uid != owner ? " belongs to another user (uid " + std::to_string(st.st_uid) + ")"
+                                 : " is not a directory");
+  }
+  return ordinary;
+}
+
+}  // namespace
+
 received_fds::~received_fds() {
   for (int f : fds_)
     if (f >= 0) ::close(f);
@@ -120,12 +140,15 @@ control_client::control_client(pid_t pid, clock::time_point deadline) : pid_(pid
   // anyone, and a socket file can be a leftover of an earlier process with this pid.
   std::string tried, stale_file;
   bool nothing_listens = true;  // at every address: a server never started, rather than one out of reach
+  protocol::failure timed_out;  // at an address that took no connection: said when no other one is the process
   for (const std::string& address : control_addresses(pid)) {
     protocol::failure error;
     const int fd = protocol::connect_to(address, remaining_ms(), error);
     const std::string shown = protocol::printable_address(address);
     if (fd < 0) {
-      if (error.kind == protocol::failure_kind::timed_out) channel_failed(error);
+      // Not at once: a name someone else holds may take no connection while the process waits at the next one.
+      if (error.kind == protocol::failure_kind::timed_out && timed_out.kind == protocol::failure_kind::none)
+        timed_out = error;
       if (error.kind == protocol::failure_kind::connection_refused) stale_file = address;
       if (error.kind != protocol::failure_kind::no_socket) nothing_listens = false;
       tried += (tried.empty() ? "" : "; ") + error.text;
@@ -142,6 +165,7 @@ control_client::control_client(pid_t pid, clock::time_point deadline) : pid_(pid
     tried += (tried.empty() ? "" : "; ") + shown + " is served by process " + std::to_string(server_pid) + " (uid " +
              std::to_string(server_uid) + "), not by " + who;
   }
+  if (timed_out.kind != protocol::failure_kind::none) channel_failed(timed_out);
   std::string comm = read_small_file(proc + "/comm");
   while (!comm.empty() && comm.back() == '\n') comm.pop_back();
   const std::string named = who + (comm.empty() ? "" : " (" + comm + ")");
@@ -155,8 +179,7 @@ control_client::control_client(pid_t pid, clock::time_point deadline) : pid_(pid
     case shim_presence::loaded:
       if (nothing_listens)
         throw no_control_server(named + " runs under vmmckpt (" + std::string(shim_file_name) +
-                                " is loaded) but has no control server: it starts at the program's first CUDA "
-                                "call, and a child made by fork() has none (tried " +
+                                " is loaded) but has no control server: " + why_no_server(pid, st.st_uid) + " (tried " +
                                 tried + ")");
       throw tool_error(named + " runs under vmmckpt (" + std::string(shim_file_name) +
                        " is loaded) but its control server cannot be reached: " + tried);
@@ -273,8 +296,7 @@ control::hello_reply control_client::hello(bool prepare_hold) {
 }
 
 control::dump_begin_reply control_client::dump_begin(std::chrono::milliseconds hold_deadline, received_fds& fds,
-                                                     bool for_suspend,
-                                                     const std::optional<control::job_suspend>& job) {
+                                                     bool for_suspend, const std::optional<control::job_suspend>& job) {
   std::vector<int> got;
   struct close_on_failure {
     std::vector<int>& fds;

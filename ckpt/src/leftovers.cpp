@@ -373,9 +373,13 @@ std::string gc_command_for(const fs::path& dir) {
   return dir == mine ? "cuda-ckpt gc" : "cuda-ckpt gc " + dir.string();
 }
 
-void remove_stale_sockets(bool dry_run, leftovers_report& report) {
+namespace {
+
+// Removes the stale sockets in dir; whether it removed any.
+bool remove_stale_sockets_in(const fs::path& dir, bool dry_run, leftovers_report& report) {
+  bool removed = false;
   std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(protocol::runtime_dir(), ec)) {
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
     if (name.size() < 6 || name.compare(name.size() - 5, 5, ".sock") != 0) continue;
     // A live process under the shim made its socket (it replaces an older one at its first CUDA call):
@@ -386,9 +390,22 @@ void remove_stale_sockets(bool dry_run, leftovers_report& report) {
     if (!stale_socket(entry.path(), inode)) continue;
     // A new process of that pid replaces the file with its own socket: leave that one be.
     struct stat now {};
-    if (::lstat(entry.path().c_str(), &now) == 0 && S_ISSOCK(now.st_mode) && now.st_ino == inode)
+    if (::lstat(entry.path().c_str(), &now) == 0 && S_ISSOCK(now.st_mode) && now.st_ino == inode) {
       remove(entry.path(), "the socket of a process that is gone", dry_run, report);
+      removed = true;
+    }
   }
+  return removed;
+}
+
+}  // namespace
+
+void remove_stale_sockets(bool dry_run, leftovers_report& report) {
+  remove_stale_sockets_in(protocol::runtime_dir(), dry_run, report);
+  // A private directory (made where /tmp/vmmckpt-UID was someone else's) goes with the socket of a process
+  // that is gone; one still empty may be a program's that is about to listen there.
+  for (const std::string& dir : private_socket_dirs("/tmp", ::geteuid()))
+    if (remove_stale_sockets_in(dir, dry_run, report) && !dry_run) ::rmdir(dir.c_str());
 }
 
 fs::path suspend_dir_of(uid_t uid) { return "/dev/shm/vmmckpt-" + std::to_string(uid); }

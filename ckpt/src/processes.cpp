@@ -22,18 +22,9 @@
 namespace vmmckpt::ckpt {
 namespace {
 
-std::string proc_dir(pid_t pid) { return "/proc/" + std::to_string(pid); }
+namespace fs = std::filesystem;
 
-// The value of `name` in the environment the process started with; nullopt when unset or unreadable.
-std::optional<std::string> environment_value(pid_t pid, std::string_view name) {
-  std::ifstream in(proc_dir(pid) + "/environ", std::ios::binary);
-  std::string entry;
-  std::optional<std::string> value;
-  while (std::getline(in, entry, '\0'))
-    if (entry.size() > name.size() && entry.compare(0, name.size(), name) == 0 && entry[name.size()] == '=')
-      value = entry.substr(name.size() + 1);
-  return value;
-}
+std::string proc_dir(pid_t pid) { return "/proc/" + std::to_string(pid); }
 
 // Numeric entries of /proc: every process we can see.
 std::vector<pid_t> all_pids() {
@@ -53,20 +44,24 @@ std::vector<pid_t> all_pids() {
 // (made non-dumpable) are still found through them.
 std::vector<pid_t> pids_of_our_sockets() {
   std::vector<pid_t> out;
+  std::vector<std::string> dirs = private_socket_dirs("/tmp", ::geteuid());
+  dirs.insert(dirs.begin(), protocol::runtime_dir());
   std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(protocol::runtime_dir(), ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.size() < 6 || name.compare(name.size() - 5, 5, ".sock") != 0) continue;
-    char* end = nullptr;
-    const long pid = std::strtol(name.c_str(), &end, 10);
-    if (pid > 0 && end == name.c_str() + name.size() - 5) out.push_back(static_cast<pid_t>(pid));
+  for (const std::string& dir : dirs) {
+    for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+      const std::string name = entry.path().filename().string();
+      if (name.size() < 6 || name.compare(name.size() - 5, 5, ".sock") != 0) continue;
+      char* end = nullptr;
+      const long pid = std::strtol(name.c_str(), &end, 10);
+      if (pid > 0 && end == name.c_str() + name.size() - 5) out.push_back(static_cast<pid_t>(pid));
+    }
   }
   return out;
 }
 
 // Pids whose abstract name is bound in our network namespace (/proc/net/unix lists them as
-// "@vmmckpt/PID"): processes whose maps we may not read are still found this way. Whoever holds a
-// name is checked when connecting.
+// "@vmmckpt/PID", or "@vmmckpt/PID.RANDOM" when someone else held that): processes whose maps we may not
+// read are still found this way. Whoever holds a name is checked when connecting.
 std::vector<pid_t> pids_of_abstract_names() {
   std::vector<pid_t> out;
   std::ifstream in("/proc/net/unix");
@@ -78,7 +73,7 @@ std::vector<pid_t> pids_of_abstract_names() {
     if (at == std::string::npos || line.compare(at + 1, stem.size(), stem) != 0) continue;
     char* end = nullptr;
     const long pid = std::strtol(line.c_str() + at + 1 + stem.size(), &end, 10);
-    if (pid > 0 && end != nullptr && *end == '\0') out.push_back(static_cast<pid_t>(pid));
+    if (pid > 0 && end != nullptr && (*end == '\0' || *end == '.')) out.push_back(static_cast<pid_t>(pid));
   }
   return out;
 }
@@ -212,6 +207,47 @@ bool sees_directory(pid_t pid, const std::filesystem::path& dir) {
   return ours.st_dev == theirs.st_dev && ours.st_ino == theirs.st_ino;
 }
 
+std::optional<std::string> environment_value(pid_t pid, std::string_view name) {
+  std::ifstream in(proc_dir(pid) + "/environ", std::ios::binary);
+  std::string entry;
+  std::optional<std::string> value;
+  while (std::getline(in, entry, '\0'))
+    if (entry.size() > name.size() && entry.compare(0, name.size(), name) == 0 && entry[name.size()] == '=')
+      value = entry.substr(name.size() + 1);
+  return value;
+}
+
+std::vector<std::string> private_socket_dirs(const std::string& tmp, uid_t uid) {
+  std::vector<std::string> out;
+  const std::string prefix = fs::path(protocol::private_dir_prefix(uid)).filename().string();  // "vmmckpt-UID."
+  DIR* d = ::opendir(tmp.c_str());
+  if (d == nullptr) return out;
+  while (const dirent* e = ::readdir(d)) {
+    if (std::string_view(e->d_name).substr(0, prefix.size()) != prefix) continue;
+    std::string dir = tmp + "/" + e->d_name;
+    struct stat st {};
+    if (::lstat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == uid && (st.st_mode & 077) == 0)
+      out.push_back(std::move(dir));
+  }
+  ::closedir(d);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+namespace {
+
+// The socket `file` in each of uid's private socket directories under `tmp` that holds one.
+std::vector<std::string> private_socket_files(const std::string& tmp, uid_t uid, const std::string& file) {
+  std::vector<std::string> out;
+  for (const std::string& dir : private_socket_dirs(tmp, uid)) {
+    struct stat st {};
+    if (::lstat((dir + "/" + file).c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) out.push_back(dir + "/" + file);
+  }
+  return out;
+}
+
+}  // namespace
+
 std::vector<std::string> control_addresses(pid_t pid) {
   // A process in a pid namespace of its own (a container) names its socket by the pid it sees, in the
   // directories of its own mount namespace: reached through /proc/PID/root (its abstract name is in its own
@@ -226,22 +262,30 @@ std::vector<std::string> control_addresses(pid_t pid) {
     if (uid != static_cast<uid_t>(-1) && uid != 0)
       out.push_back(root + "/tmp/vmmckpt-" + std::to_string(uid) + "/" + file);
     out.push_back(root + "/tmp/vmmckpt-0/" + file);  // root, or root of a user namespace of its own
+    for (const uid_t owner : {uid, static_cast<uid_t>(0)})
+      if (owner != static_cast<uid_t>(-1))
+        for (auto& f : private_socket_files(root + "/tmp", owner, file))
+          if (std::find(out.begin(), out.end(), f) == out.end()) out.push_back(std::move(f));
     return out;
   }
-  // The socket files first: their directories are the owner's alone. The abstract name comes last, since
-  // anyone may bind it first and then never answer (the program's own server is then at its file).
+  // The socket files first: their directories are the owner's alone (one someone else made is refused by the
+  // program, which then listens in a private directory of its own, looked in next). The abstract names come
+  // last, since anyone may bind one first and then never answer.
   std::vector<std::string> out;
   const std::string file = std::to_string(pid) + ".sock";
+  const uid_t uid = owner_of(pid);
   const auto xdg = environment_value(pid, "XDG_RUNTIME_DIR");
   if (xdg && !xdg->empty()) {
     std::string dir = *xdg;
     while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
     out.push_back((dir == "/" ? dir : dir + "/") + "vmmckpt/" + file);
-  } else if (const uid_t uid = owner_of(pid); uid != static_cast<uid_t>(-1)) {
+  } else if (uid != static_cast<uid_t>(-1)) {
     out.push_back("/tmp/vmmckpt-" + std::to_string(uid) + "/" + file);
   }
-  if (owner_of(pid) == ::geteuid()) out.push_back(protocol::socket_path(pid));
-  out.push_back(protocol::abstract_address(pid));
+  if (uid == ::geteuid()) out.push_back(protocol::socket_path(pid));
+  if (uid != static_cast<uid_t>(-1))
+    for (auto& f : private_socket_files("/tmp", uid, file)) out.push_back(std::move(f));
+  for (auto& name : protocol::abstract_addresses(pid)) out.push_back(std::move(name));
   std::vector<std::string> unique;
   for (auto& a : out)
     if (std::find(unique.begin(), unique.end(), a) == unique.end()) unique.push_back(std::move(a));
@@ -298,7 +342,7 @@ std::string where_processes_are_looked_for() {
   return std::string("/proc/*/maps for ") + std::string(shim_file_name) + " (" +
          (::geteuid() == 0 ? "every user's processes" : "this user's processes") +
          "), at the control sockets @vmmckpt/PID in /proc/net/unix and at the socket files in " +
-         protocol::runtime_dir();
+         protocol::runtime_dir() + " and " + protocol::private_dir_prefix(::geteuid()) + "*";
 }
 
 }  // namespace vmmckpt::ckpt

@@ -5,12 +5,14 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -588,4 +590,66 @@ TEST_CASE("a client of another uid is refused by peer_allowed and by the socket'
   ::close(closed_listener);
   std::error_code ec;
   std::filesystem::remove_all(root, ec);
+}
+
+TEST_CASE("a taken abstract name gives way to a random one, which abstract_addresses finds", "[protocol]") {
+  proto::failure error;
+  const pid_t me = ::getpid();
+  // Someone holds our name first (here: ourselves, through another socket).
+  const int taken = proto::listen_at(proto::abstract_address(me), error);
+  REQUIRE(taken >= 0);
+  std::string name;
+  const int fd = proto::listen_abstract_for(me, name, error);
+  INFO(error.text);
+  REQUIRE(fd >= 0);
+  const std::string exact = proto::abstract_address(me);
+  REQUIRE(name.size() == exact.size() + 17);
+  REQUIRE(name.compare(0, exact.size() + 1, exact + ".") == 0);
+  std::string other;
+  const int again = proto::listen_abstract_for(me, other, error);
+  REQUIRE(again >= 0);
+  CHECK(other != name);  // random: a fresh one each time
+  // Something under our prefix that is not an alternate (no 16 hex digits) is never offered.
+  const int junk = proto::listen_at(exact + ".zz", error);
+  REQUIRE(junk >= 0);
+  const auto found = proto::abstract_addresses(me);
+  REQUIRE(!found.empty());
+  CHECK(found.front() == exact);
+  CHECK(std::find(found.begin(), found.end(), name) != found.end());
+  CHECK(std::find(found.begin(), found.end(), other) != found.end());
+  CHECK(std::find(found.begin(), found.end(), exact + ".zz") == found.end());
+  for (int f : {taken, fd, again, junk}) ::close(f);
+}
+
+TEST_CASE("abstract_addresses leaves out names another process holds, where it can see the sockets", "[protocol]") {
+  const pid_t me = ::getpid();
+  const std::string planted = proto::abstract_alternate(me, 0x0123456789abcdefULL);
+  int ready[2];
+  REQUIRE(::pipe(ready) == 0);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    proto::failure error;
+    const int a = proto::listen_at(proto::abstract_address(me), error);
+    const int b = proto::listen_at(planted, error);
+    char c = a >= 0 && b >= 0 ? 'r' : 'f';
+    (void)::write(ready[1], &c, 1);
+    ::pause();
+    _exit(0);
+  }
+  char c = 0;
+  REQUIRE(::read(ready[0], &c, 1) == 1);
+  REQUIRE(c == 'r');
+  // Our own socket under an alternate: the only name of ours that is ours.
+  proto::failure error;
+  std::string name;
+  const int fd = proto::listen_abstract_for(me, name, error);
+  REQUIRE(fd >= 0);
+  const auto found = proto::abstract_addresses(me);
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  ::close(fd);
+  ::close(ready[0]);
+  ::close(ready[1]);
+  REQUIRE(found == std::vector<std::string>{name});
 }

@@ -3,8 +3,10 @@
 
 #include "vmmckpt/support/little_endian.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -14,6 +16,7 @@
 #include <charconv>
 #include <chrono>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <algorithm>
 #include <cstring>
@@ -255,6 +258,89 @@ std::string abstract_address(pid_t pid) noexcept {
   }
 }
 
+std::string abstract_alternate(pid_t pid, std::uint64_t random) noexcept {
+  try {
+    char digits[17];
+    std::snprintf(digits, sizeof digits, "%016llx", static_cast<unsigned long long>(random));
+    return abstract_address(pid) + "." + digits;
+  } catch (...) {
+    return {};
+  }
+}
+
+namespace {
+
+constexpr std::size_t alternate_digits = 16;
+
+// The inodes of the sockets pid holds (its /proc/PID/fd links "socket:[N]"); empty when they cannot be read
+// (another user's process, or one made non-dumpable).
+std::vector<unsigned long> socket_inodes_of(pid_t pid) {
+  std::vector<unsigned long> out;
+  const std::string dir = "/proc/" + std::to_string(pid) + "/fd";
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return out;
+  while (const dirent* e = ::readdir(d)) {
+    char link[64];
+    const ssize_t n = ::readlinkat(::dirfd(d), e->d_name, link, sizeof link - 1);
+    if (n <= 0) continue;
+    link[n] = '\0';
+    unsigned long inode = 0;
+    if (std::sscanf(link, "socket:[%lu]", &inode) == 1) out.push_back(inode);
+  }
+  ::closedir(d);
+  return out;
+}
+
+// Whether `shown` (a name as /proc/net/unix shows it) is pid's exact name or one of its alternates.
+bool names_pid(const std::string& shown, const std::string& exact) {
+  if (shown == exact) return true;
+  if (shown.size() != exact.size() + 1 + alternate_digits || shown.compare(0, exact.size(), exact) != 0 ||
+      shown[exact.size()] != '.')
+    return false;
+  return std::all_of(shown.begin() + static_cast<long>(exact.size()) + 1, shown.end(),
+                     [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+
+}  // namespace
+
+std::vector<std::string> abstract_addresses(pid_t pid) noexcept {
+  try {
+    const std::string exact = printable_address(abstract_address(pid));
+    // (name as shown, inode) of every socket bound under one of pid's names in its network namespace.
+    std::vector<std::pair<std::string, unsigned long>> bound;
+    if (std::FILE* in = std::fopen(("/proc/" + std::to_string(pid) + "/net/unix").c_str(), "re")) {
+      char line[512];
+      while (std::fgets(line, sizeof line, in) != nullptr) {
+        // "Num: RefCount Protocol Flags Type St Inode Path": the path follows the seventh field.
+        unsigned long inode = 0;
+        int path_at = 0;
+        if (std::sscanf(line, "%*s %*s %*s %*s %*s %*s %lu %n", &inode, &path_at) < 1 || path_at == 0) continue;
+        std::string shown(line + path_at);
+        while (!shown.empty() && (shown.back() == '\n' || shown.back() == ' ')) shown.pop_back();
+        if (names_pid(shown, exact)) bound.emplace_back(std::move(shown), inode);
+      }
+      std::fclose(in);
+    }
+    // Where pid's own sockets can be seen, only the names it holds are worth a connection: anyone else's
+    // would be refused by the peer check, and one that takes no connection would use up the caller's time.
+    const std::vector<unsigned long> held = socket_inodes_of(pid);
+    std::vector<std::string> out{abstract_address(pid)};
+    if (!held.empty() && !bound.empty() && std::none_of(bound.begin(), bound.end(), [&](const auto& b) {
+          return b.first == exact && std::find(held.begin(), held.end(), b.second) != held.end();
+        }))
+      out.clear();
+    for (const auto& [shown, inode] : bound) {
+      if (shown == exact) continue;
+      if (!held.empty() && std::find(held.begin(), held.end(), inode) == held.end()) continue;
+      std::string name = std::string(1, '\0') + shown.substr(1);
+      if (std::find(out.begin(), out.end(), name) == out.end()) out.push_back(std::move(name));
+    }
+    return out;
+  } catch (...) {
+    return {};
+  }
+}
+
 bool is_abstract(const std::string& address) noexcept { return !address.empty() && address[0] == '\0'; }
 
 std::string printable_address(const std::string& address) noexcept {
@@ -327,19 +413,47 @@ bool ensure_runtime_dir(failure& error) noexcept {
   return true;
 }
 
+std::string private_dir_prefix(uid_t uid) noexcept {
+  try {
+    return "/tmp/vmmckpt-" + std::to_string(uid) + ".";
+  } catch (...) {
+    return {};
+  }
+}
+
+std::string make_private_dir(failure& error) noexcept {
+  try {
+    std::string dir = private_dir_prefix(::geteuid()) + "XXXXXX";
+    if (::mkdtemp(dir.data()) == nullptr) {
+      int err = errno;
+      set_error(error, failure_kind::system, {"cannot create a private directory in /tmp: ", errno_text(err)});
+      return {};
+    }
+    return dir;
+  } catch (...) {
+    set_error(error, failure_kind::out_of_memory, {"out of memory"});
+    return {};
+  }
+}
+
 namespace {
 
 // An abstract name has no file: no mode to set, nothing to replace, and it goes with its socket.
-int listen_abstract(const sockaddr_un& addr, socklen_t addr_length, const std::string& name, failure& error) noexcept {
+// `bind_errno` is set to bind's errno when binding failed (EADDRINUSE: someone holds the name).
+int listen_abstract(const sockaddr_un& addr, socklen_t addr_length, const std::string& name, failure& error,
+                    int& bind_errno) noexcept {
   const std::string shown = printable_address(name);
+  bind_errno = 0;
   int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) {
     int err = errno;
     set_error(error, failure_kind::system, {"cannot create a socket: ", errno_text(err)});
     return -1;
   }
-  if (::bind(fd, reinterpret_cast<const sockaddr*>(&addr), addr_length) != 0 || ::listen(fd, 8) != 0) {
+  const bool bound = ::bind(fd, reinterpret_cast<const sockaddr*>(&addr), addr_length) == 0;
+  if (!bound || ::listen(fd, 8) != 0) {
     int err = errno;
+    if (!bound) bind_errno = err;
     close_fd(fd);
     set_error(error, failure_kind::system,
               {"cannot listen at ", shown, ": ", errno_text(err),
@@ -349,13 +463,49 @@ int listen_abstract(const sockaddr_un& addr, socklen_t addr_length, const std::s
   return fd;
 }
 
+int listen_abstract_name(const std::string& name, failure& error, int& bind_errno) noexcept {
+  sockaddr_un addr;
+  socklen_t addr_length = 0;
+  bind_errno = 0;
+  if (!make_address(name, addr, addr_length, error)) return -1;
+  return listen_abstract(addr, addr_length, name, error, bind_errno);
+}
+
 }  // namespace
+
+int listen_abstract_for(pid_t pid, std::string& name, failure& error) noexcept {
+  try {
+    name = abstract_address(pid);
+    int bind_errno = 0;
+    int fd = listen_abstract_name(name, error, bind_errno);
+    // Someone else took the name first (it is guessable: the pid): a random one nobody can have taken ahead.
+    for (int attempt = 0; fd < 0 && bind_errno == EADDRINUSE && attempt < 8; ++attempt) {
+      std::uint64_t random = 0;
+      if (::getrandom(&random, sizeof random, 0) != static_cast<ssize_t>(sizeof random)) {
+        int err = errno;
+        set_error(error, failure_kind::system,
+                  {"cannot listen at ", printable_address(abstract_address(pid)),
+                   " (another process holds the name), and getrandom failed: ", errno_text(err)});
+        return -1;
+      }
+      name = abstract_alternate(pid, random);
+      fd = listen_abstract_name(name, error, bind_errno);
+    }
+    return fd;
+  } catch (...) {
+    set_error(error, failure_kind::out_of_memory, {"out of memory"});
+    return -1;
+  }
+}
 
 int listen_at(const std::string& path, failure& error) noexcept {
   sockaddr_un addr;
   socklen_t addr_length = 0;
   if (!make_address(path, addr, addr_length, error)) return -1;
-  if (is_abstract(path)) return listen_abstract(addr, addr_length, path, error);
+  if (is_abstract(path)) {
+    int bind_errno = 0;
+    return listen_abstract(addr, addr_length, path, error, bind_errno);
+  }
 
   // A socket left by an earlier process with our pid is replaced; anything else at the path
   // is not ours to delete.

@@ -227,12 +227,44 @@ void serve(const listeners& on) {
 }
 
 std::string g_socket_path;
+std::string g_private_dir;  // the directory of our own the socket file is in, when it is not runtime_dir()
 pid_t g_socket_owner = 0;
 
 // At exit, by the process that made the socket only: a fork() child inherits this atexit handler, and
 // its exit must not cut its parent off from cuda-ckpt.
 void remove_socket() {
-  if (!g_socket_path.empty() && getpid() == g_socket_owner) unlink(g_socket_path.c_str());
+  if (g_socket_path.empty() || getpid() != g_socket_owner) return;
+  unlink(g_socket_path.c_str());
+  if (!g_private_dir.empty()) rmdir(g_private_dir.c_str());
+}
+
+// The socket file: in runtime_dir(), or, when that cannot be used (someone else made /tmp/vmmckpt-UID first,
+// or planted a symlink there), in a private directory of our own that nobody can make first. `path` and
+// `private_dir` are set to what was made (empty when nothing was). -1 when there is no socket file.
+int listen_at_file(std::string& path, std::string& private_dir) {
+  protocol::failure error;
+  if (protocol::ensure_runtime_dir(error)) {
+    path = protocol::socket_path(getpid());
+    const int fd = protocol::listen_at(path, error);
+    if (fd >= 0) return fd;
+    log::warn("control: cannot listen at {} ({})", path, error.text);
+  } else {
+    log::warn("control: {}; the socket file goes to a private directory instead", error.text);
+  }
+  path.clear();
+  private_dir = protocol::make_private_dir(error);
+  if (private_dir.empty()) {
+    log::warn("control: no control socket file ({})", error.text);
+    return -1;
+  }
+  path = private_dir + "/" + std::to_string(getpid()) + ".sock";
+  const int fd = protocol::listen_at(path, error);
+  if (fd >= 0) return fd;
+  log::warn("control: no control socket file ({})", error.text);
+  rmdir(private_dir.c_str());
+  path.clear();
+  private_dir.clear();
+  return -1;
 }
 
 }  // namespace
@@ -242,24 +274,15 @@ void start_control_server() noexcept {
   try {
     std::call_once(once, [] {
       // Two doors to one server: the abstract name finds the process whatever its environment; the
-      // file serves tools in another network namespace, and stays the door when someone else holds
-      // the name. Either one is enough.
+      // file serves tools in another network namespace. Either one is enough, and another user can
+      // take neither first: a held name gives way to a random one, a planted directory to a private one.
       static listeners on;
       protocol::failure error;
-      const std::string abstract = protocol::abstract_address(getpid());
-      on.fd[0] = protocol::listen_at(abstract, error);
+      std::string abstract;
+      on.fd[0] = protocol::listen_abstract_for(getpid(), abstract, error);
       if (on.fd[0] < 0) log::warn("control: {}; cuda-ckpt finds this process by its socket file only", error.text);
-      std::string path;
-      if (!protocol::ensure_runtime_dir(error)) {
-        log::warn("control: no control socket file ({})", error.text);
-      } else {
-        path = protocol::socket_path(getpid());
-        on.fd[1] = protocol::listen_at(path, error);
-        if (on.fd[1] < 0) {
-          log::warn("control: cannot listen at {} ({})", path, error.text);
-          path.clear();
-        }
-      }
+      std::string path, private_dir;
+      on.fd[1] = listen_at_file(path, private_dir);
       if (on.fd[0] < 0 && on.fd[1] < 0) {
         log::warn("control: no control socket at all; cuda-ckpt cannot reach this process");
         return;
@@ -275,6 +298,7 @@ void start_control_server() noexcept {
       });
       if (!path.empty()) {
         g_socket_path = path;
+        g_private_dir = private_dir;
         g_socket_owner = getpid();
         std::atexit(remove_socket);
       }
@@ -296,6 +320,7 @@ void start_control_server() noexcept {
         for (int& f : on.fd)
           if (f >= 0) close(f);
         if (!path.empty()) unlink(path.c_str());
+        if (!private_dir.empty()) rmdir(private_dir.c_str());
         return;
       }
       pthread_detach(thread);

@@ -43,9 +43,17 @@ std::vector<pid_t> process_tree(pid_t root);
 std::string short_name_of(pid_t pid);
 
 // Where pid's control server may listen, in the order to try: its socket file in the runtime directory
-// its own environment names (XDG_RUNTIME_DIR, else /tmp/vmmckpt-UID), then in ours, then its abstract
-// name (last: anyone may bind that first and never answer). Duplicates left out.
+// its own environment names (XDG_RUNTIME_DIR, else /tmp/vmmckpt-UID), then in ours, then in its private
+// directories (/tmp/vmmckpt-UID.*, owned by its uid, closed to others), then its abstract names
+// (protocol::abstract_addresses; last: anyone may bind one first and never answer). Duplicates left out.
 std::vector<std::string> control_addresses(pid_t pid);
+
+// uid's private socket directories under `tmp` (protocol::make_private_dir): "vmmckpt-UID.*", each a
+// directory (not a link) owned by uid with no access for others, so that nobody else can have put it there.
+std::vector<std::string> private_socket_dirs(const std::string& tmp, uid_t uid);
+
+// The value of `name` in the environment the process started with; nullopt when unset or unreadable.
+std::optional<std::string> environment_value(pid_t pid, std::string_view name);
 
 // The process's pid in its own pid namespace (the last of NSpid in /proc/PID/status): what its shim names its
 // socket by, and the pid CRIU's image records. `pid` itself where the kernel does not say.

@@ -53,6 +53,16 @@ std::string socket_path(pid_t pid) noexcept;  // runtime_dir() + "/<pid>.sock"
 // process it asked for (someone else could have bound the name first). listen_at and connect_to
 // take it like a path. Empty only when memory ran out.
 std::string abstract_address(pid_t pid) noexcept;
+// The name a server takes when abstract_address(pid) is held by someone else: "\0vmmckpt/<pid>.<16 hex
+// digits>", the digits random (getrandom), so that nobody can bind it ahead of the program.
+std::string abstract_alternate(pid_t pid, std::uint64_t random) noexcept;
+// Where pid's server may listen under an abstract name: abstract_address(pid), then every alternate bound in
+// pid's network namespace (/proc/PID/net/unix), in the order listed. Any of them may be held by someone else:
+// the caller checks the server's credentials before it sends anything. Empty only when memory ran out.
+std::vector<std::string> abstract_addresses(pid_t pid) noexcept;
+// Listens at abstract_address(pid), or, when someone else holds that name, at a fresh abstract_alternate
+// (a few tries). `name` is set to the name taken. -1 with error on failure.
+int listen_abstract_for(pid_t pid, std::string& name, failure& error) noexcept;
 bool is_abstract(const std::string& address) noexcept;
 // A socket address as people read it: "@name" for an abstract one, else the path.
 std::string printable_address(const std::string& address) noexcept;
@@ -62,6 +72,12 @@ std::string printable_address(const std::string& address) noexcept;
 // others can write could hold a planted socket). A directory of ours that is
 // too open is tightened to 0700; a symlink or someone else's directory is refused.
 bool ensure_runtime_dir(failure& error) noexcept;
+// Where a server's socket file goes when runtime_dir() cannot be used (someone else made
+// /tmp/vmmckpt-<euid> first, or it is a symlink): a fresh directory private_dir_prefix() + "XXXXXX"
+// (mkdtemp: mode 0700, a name nobody can make first). Its path, or empty with error.
+std::string make_private_dir(failure& error) noexcept;
+// "/tmp/vmmckpt-<uid>.": the start of the names of such directories of uid's. Empty only when memory ran out.
+std::string private_dir_prefix(uid_t uid) noexcept;
 
 // A listening socket at path, mode 0600 (an old socket file there is replaced;
 // anything else there is refused), or at an abstract address (taken: system, "address in use").
