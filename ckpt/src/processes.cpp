@@ -261,6 +261,10 @@ std::string status_of(const control::hello_reply& hello) {
   return std::string(control::name_of(hello.state));
 }
 
+bool waits_for_resume(const control::hello_reply& hello) {
+  return hello.state == control::process_state::suspended && hello.activity != control::activity::resuming;
+}
+
 std::vector<process_entry> list_processes(pid_t only, std::chrono::milliseconds wait) {
   std::set<pid_t> candidates;
   if (only != 0) {

@@ -74,6 +74,9 @@ struct process_entry {
 
 // The ps state of a process that answered: what it is busy with, else suspended or running.
 std::string status_of(const control::hello_reply& hello);
+// Whether a process that answered waits for a resume: suspended, and not loading its memory already (its hello
+// says suspended until the load is done; a resume asked for then is refused once it runs).
+bool waits_for_resume(const control::hello_reply& hello);
 
 // Every process under the shim this user may see (root: everyone's), found by the shim in
 // /proc/*/maps, by the abstract names in /proc/net/unix and by the sockets in our runtime directory, asked all at once and each given `wait`
