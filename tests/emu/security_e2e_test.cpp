@@ -1,4 +1,5 @@
-// Security: the control socket's permissions, and a client of another uid refused and logged.
+// Security: the control socket's permissions, a client of another uid refused and logged, and another user's gc
+// over root's image.
 #include <catch2/catch.hpp>
 
 #include <sys/stat.h>
@@ -136,4 +137,47 @@ TEST_CASE("another uid reconnecting in a loop: refusals are logged at most once 
   CHECK(counted == attempts);                     // every refusal is counted
   CHECK(lines <= static_cast<int>(seconds) + 3);  // at most one line a second (and the first at once)
   REQUIRE(run_process({cuda_ckpt, "check", std::to_string(program.pid())}).exit_code == 0);
+}
+
+TEST_CASE("another user's gc over a tree holding root's image skips it, names it, and collects the rest",
+          "[emu][security]") {
+  if (::geteuid() != 0) VMMCKPT_SKIP("needs root to run the tool as another user");
+  scratch_dir dir;
+  ::chmod(dir.path.c_str(), 0755);
+  const fs::path tree = dir.path / "tree";
+  fs::create_directory(tree);
+  // Root's image, closed to others, and unfinished images of nobody's whose writers are gone (no such pid).
+  const fs::path roots = tree / "root-image";
+  fs::create_directory(roots);
+  std::ofstream(roots / "suspend.accepted") << "root's\n";
+  ::chmod(roots.c_str(), 0700);
+  std::vector<fs::path> theirs;
+  for (const char* name : {"a.partial-999999991-x", "b.partial-999999992-x", "c.partial-999999993-x"}) {
+    theirs.push_back(tree / name);
+    fs::create_directory(theirs.back());
+    REQUIRE(::chown(theirs.back().c_str(), 65534, 65534) == 0);
+  }
+  REQUIRE(::chown(tree.c_str(), 65534, 65534) == 0);
+  auto as_nobody = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", cuda_ckpt});
+    return run_process(args);
+  };
+  const auto dry = as_nobody({"gc", tree.string(), "--dry-run", "--json"});
+  INFO(describe(dry));
+  if (dry.exit_code >= 126 || dry.err.find("setpriv:") != std::string::npos)
+    VMMCKPT_SKIP("cannot run cuda-ckpt as another user here: " + dry.err);
+  REQUIRE(dry.exit_code == 0);
+  const auto listed = nlohmann::json::parse(dry.out);
+  REQUIRE(listed["skipped"].size() == 1);
+  CHECK(listed["skipped"][0]["path"] == roots.string());
+  CHECK(listed["skipped"][0]["why"].get<std::string>().find("Permission denied") != std::string::npos);
+  CHECK(listed["removed"].size() == theirs.size());
+
+  const auto gc = as_nobody({"gc", tree.string()});
+  INFO(describe(gc));
+  CHECK(gc.exit_code == 0);
+  CHECK(gc.out.find("skipped " + roots.string() + ": cannot read it: Permission denied") != std::string::npos);
+  CHECK(gc.err.find("1 entry skipped") != std::string::npos);
+  for (const auto& p : theirs) CHECK_FALSE(fs::exists(p));
+  CHECK(fs::exists(roots / "suspend.accepted"));
 }
