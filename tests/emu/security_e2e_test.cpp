@@ -1,5 +1,5 @@
 // Security: the control socket's permissions, a client of another uid refused and logged, and another user's gc
-// over root's image.
+// over root's image and job and whole-process commands on root's program.
 #include <catch2/catch.hpp>
 
 #include <sys/stat.h>
@@ -11,7 +11,7 @@
 #include <sstream>
 #include <thread>
 
-#include "e2e_support.hpp"
+#include "process_support.hpp"
 #include "vmmckpt/protocol/protocol.hpp"
 
 using namespace vmmckpt::test;
@@ -137,6 +137,34 @@ TEST_CASE("another uid reconnecting in a loop: refusals are logged at most once 
   CHECK(counted == attempts);                     // every refusal is counted
   CHECK(lines <= static_cast<int>(seconds) + 3);  // at most one line a second (and the first at once)
   REQUIRE(run_process({cuda_ckpt, "check", std::to_string(program.pid())}).exit_code == 0);
+}
+
+TEST_CASE("another user's dump --job and dump --process of root's program say it belongs to another user",
+          "[emu][security]") {
+  if (::geteuid() != 0) VMMCKPT_SKIP("needs root to run the tool as another user");
+  auto program = start_writer();
+  const std::string pid = std::to_string(program->pid());
+  scratch_dir dir;
+  ::chmod(dir.path.c_str(), 0777);  // nobody may write there: the refusal must not depend on it
+  std::map<std::string, std::string> env;
+  if (const std::string criu = criu_for_tests(); !criu.empty()) env["VMMCKPT_CRIU"] = criu;
+  std::vector<std::vector<std::string>> commands{{"dump", "--job", pid}, {"suspend", "--job", pid}};
+  if (env.count("VMMCKPT_CRIU") != 0) {
+    commands.push_back({"dump", "--process", pid});
+    commands.push_back({"dump", "--job", pid, "--process"});
+  }
+  for (auto args : commands) {
+    args.insert(args.begin(), {"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", cuda_ckpt});
+    args.insert(args.end(), {"-o", (dir.path / "image").string()});
+    const auto r = run_process(args, env, 120);
+    INFO(describe(r));
+    if (r.exit_code >= 126 || r.err.find("setpriv:") != std::string::npos)
+      VMMCKPT_SKIP("cannot run cuda-ckpt as another user here: " + r.err);
+    CHECK(r.exit_code == 1);
+    CHECK(r.err.find("process " + pid + " belongs to another user (uid 0)") != std::string::npos);
+    CHECK_FALSE(fs::exists(dir.path / "image"));
+  }
+  REQUIRE(program->running());
 }
 
 TEST_CASE("another user's gc over a tree holding root's image skips it, names it, and collects the rest",

@@ -22,6 +22,10 @@ bool process_exists(pid_t pid);
 // A process of that pid runs (exists and is no zombie).
 bool process_alive(pid_t pid);
 
+// Refuses (tool_error "... belongs to another user") a process this user may not checkpoint: another user's,
+// unless we are root. Checked first, so that a refusal says why rather than that no process of ours was found.
+void require_own_process(pid_t pid);
+
 // Whether the shim is mapped in a process: unknown when its maps cannot be read (another user's
 // process and we are not root, or it is gone).
 enum class shim_presence { loaded, absent, unknown };
