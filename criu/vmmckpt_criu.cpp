@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -119,9 +120,29 @@ task task_state(int pid) {
   return tracer != 0 || state == 't' || state == 'T' ? task::held : task::running;
 }
 
+// A process that cannot get its GPU memory back must not run on without it (its CUDA calls would wait for good):
+// it is ended, and the reason goes to a log in /tmp that names it.
+void end_without_gpu(int pid, const std::string& why) {
+  ::kill(pid, SIGKILL);
+  const std::string log = "/tmp/vmmckpt-criu-" + std::to_string(pid) + ".log";
+  std::ofstream(log) << "vmmckpt_criu: process " << pid << " could not get its GPU memory back (" << why
+                     << "); it was ended\n";
+}
+
+// Whether the process, running again, says it is suspended: it waits for GPU memory from a part of ours.
+bool waits_for_gpu_memory(int pid) {
+  try {
+    const auto entries = vmmckpt::ckpt::list_processes(pid, std::chrono::milliseconds(10'000));
+    return !entries.empty() && entries.front().hello &&
+           entries.front().hello->state == vmmckpt::control::process_state::suspended;
+  } catch (const std::exception&) {
+    return false;  // no control server (it never used CUDA), or not under the shim: nothing of ours to give back
+  }
+}
+
 // In a helper, detached from CRIU: waits until CRIU lets each process go, then brings its GPU side back
-// from its part (`parts[i]`, or where its suspend wrote it when empty). A process that cannot get its GPU
-// memory back must not run on without it: it is ended, and the reason goes to a log in /tmp.
+// from its part (`parts[i]`, or where its suspend wrote it when empty). A part that is missing is needed only by
+// a process that says it is suspended; one that never used CUDA has none.
 void bring_back_later(const std::vector<int>& pids, const std::vector<fs::path>& parts) {
   const pid_t helper = ::fork();
   if (helper != 0) {
@@ -143,6 +164,11 @@ void bring_back_later(const std::vector<int>& pids, const std::vector<fs::path>&
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     if (t == task::gone) continue;  // CRIU ended it (a dump without --leave-running): its part stays
     std::string why = t == task::held ? "CRIU still holds it after 10 minutes" : "";
+    std::error_code ec;
+    if (why.empty() && !parts[i].empty() && !fs::exists(fs::symlink_status(parts[i], ec))) {
+      if (!waits_for_gpu_memory(pids[i])) continue;
+      why = "its GPU part " + parts[i].string() + " is missing";
+    }
     if (why.empty()) {
       try {
         vmmckpt::restore::restore_gpu_side(pids[i], parts[i]);
@@ -151,10 +177,7 @@ void bring_back_later(const std::vector<int>& pids, const std::vector<fs::path>&
         why = e.what();
       }
     }
-    ::kill(pids[i], SIGKILL);
-    const std::string log = "/tmp/vmmckpt-criu-" + std::to_string(pids[i]) + ".log";
-    std::ofstream(log) << "vmmckpt_criu: process " << pids[i] << " could not get its GPU memory back (" << why
-                       << "); it was ended\n";
+    end_without_gpu(pids[i], why);
   }
   ::_exit(0);
 }
@@ -217,11 +240,36 @@ int checkpoint_devices(int pid) {
   return -ENOTSUP;
 }
 
+// Why the GPU part at `part` cannot be read as one (not a directory, unreadable), "" when it can; `missing` when
+// nothing is there.
+std::string part_problem(const fs::path& part, bool& missing) {
+  struct stat st {};
+  if (::lstat(part.c_str(), &st) != 0) {
+    missing = errno == ENOENT;
+    return missing ? "" : "its GPU part " + part.string() + " cannot be looked at: " + std::strerror(errno);
+  }
+  if (::stat(part.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    return "its GPU part " + part.string() + " is not a directory" + (S_ISREG(st.st_mode) ? " (a regular file)" : "");
+  if (::access(part.c_str(), R_OK | X_OK) != 0)
+    return "its GPU part " + part.string() + " cannot be read: " + std::strerror(errno);
+  return {};
+}
+
 int resume_devices_late(int pid) {
+  if (vmmckpt::ckpt::shim_in(pid) != vmmckpt::ckpt::shim_presence::loaded) return -ENOTSUP;  // another plugin's
   const fs::path part = gpu_part(pid);
-  std::error_code ec;
-  if (!fs::is_directory(part, ec)) return -ENOTSUP;  // no GPU part of ours: another plugin's, or none
-  say("process %d: its GPU memory comes back from %s once CRIU lets it go", pid, part.c_str());
+  bool missing = false;
+  if (const std::string problem = part_problem(part, missing); !problem.empty()) {
+    // Something stands where its part should be: the process waits for memory it can never get.
+    say_at(1, "process %d: %s", pid, problem.c_str());
+    end_without_gpu(pid, problem);
+    return -1;
+  }
+  // Missing, the part may never have been (a process that never used CUDA): the process says so once it runs.
+  if (missing)
+    say("process %d: no GPU part at %s; it is ended if it turns out to be suspended", pid, part.c_str());
+  else
+    say("process %d: its GPU memory comes back from %s once CRIU lets it go", pid, part.c_str());
   bring_back_later({pid}, {part});
   return 0;
 }

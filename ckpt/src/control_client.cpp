@@ -131,9 +131,7 @@ control_client::control_client(pid_t pid, clock::time_point deadline) : pid_(pid
   const std::string who = "process " + std::to_string(pid);
   struct stat st {};
   if (pid <= 0 || ::stat(proc.c_str(), &st) != 0) throw tool_error("no process " + std::to_string(pid));
-  if (st.st_uid != ::geteuid() && ::geteuid() != 0)
-    throw tool_error(who + " belongs to another user (uid " + std::to_string(st.st_uid) +
-                     "); only its owner or root may checkpoint it");
+  require_own_process(pid);
   if (suspend_claim::start_time(pid) == 0)  // 0: a zombie (or gone since the stat above)
     throw tool_error(who + " has exited (a zombie: its parent has not reaped it yet)");
   // Each address in turn, until one answers as the process itself: an abstract name can be held by

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <iterator>
 #include <sys/socket.h>
+#include <system_error>
 
 #include "vmmckpt/ckpt/control_client.hpp"
 #include "vmmckpt/ckpt/process_image.hpp"
@@ -167,6 +168,7 @@ std::string orphan_reason(const judgement& j) {
 }
 
 void collect_in(const fs::path& dir, bool dry_run, leftovers_report& report, bool accepted_job = false);
+void collect_entry(const fs::directory_entry& entry, bool dry_run, leftovers_report& report, bool accepted_job);
 
 // A job's suspend image (docs/job-checkpoint.md): settled by its claim. Cancelled, or pending with its tool gone
 // (cancelled here first, so that no rank can suspend on it after), nobody depends on it; accepted, each rank's
@@ -189,10 +191,93 @@ void collect_job(const fs::path& dir, bool dry_run, leftovers_report& report) {
     remove(dir, "a job's suspend that was cancelled (its ranks went on)", dry_run, report);
     return;
   }
+  const std::size_t skipped = report.skipped.size();
   collect_in(dir, dry_run, report, /*accepted_job=*/true);
+  if (report.skipped.size() != skipped) return;  // what could not be read may be a rank's image
   for (const auto& entry : fs::directory_iterator(dir, ec))
     if (entry.is_directory(ec)) return;  // a rank's image some process may need
   remove(dir, "a job's suspend image whose ranks are all resumed or gone", dry_run, report);
+}
+
+// One entry of a suspend directory: acted on, or said why it stays (collect_in's rules).
+void collect_entry(const fs::directory_entry& entry, bool dry_run, leftovers_report& report, bool accepted_job) {
+  std::error_code ec;
+  const fs::path& path = entry.path();
+  if (entry.is_directory(ec) && !entry.is_symlink(ec) &&
+      (fs::exists(path / suspend_claim::job_pending, ec) || fs::exists(path / suspend_claim::job_accepted, ec) ||
+       fs::exists(path / suspend_claim::job_cancelled, ec))) {
+    collect_job(path, dry_run, report);
+    return;
+  }
+  judgement j = judge(entry);
+  switch (j.what) {
+    case judgement::not_an_image:
+    case judgement::partial_live: break;
+    case judgement::partial_complete:
+      // A complete snapshot whose dump's tool died after CRIU succeeded: its processes may still be stopped
+      // or suspended on it (then it stays as it is), else it is completed, never removed: once they are
+      // gone it is their only copy.
+      if (const std::string why = gpu_part_needed(path); !why.empty()) {
+        report.kept.push_back({path, why});
+        break;
+      }
+      if (dry_run) {
+        report.kept.push_back({path, "an unfinished whole-process image whose CRIU dump succeeded: gc completes it"});
+        break;
+      }
+      try {
+        const fs::path done = finish_process_dump(path);
+        report.kept.push_back({done, "completed from " + path.filename().string() +
+                                         " (its dump's tool died after CRIU succeeded): `cuda-ckpt restore " +
+                                         done.string() + "` brings its processes back"});
+      } catch (const std::exception& e) {
+        report.kept.push_back({path, std::string("an unfinished whole-process image that cannot be completed now (") +
+                                         e.what() + "): `cuda-ckpt restore " + path.string() + "` does it"});
+      }
+      break;
+    case judgement::unreadable: report.kept.push_back({path, "its claim file cannot be read"}); break;
+    case judgement::pending_live:
+      report.kept.push_back({path, "its suspend is under way (tool " + std::to_string(j.parties.tool_pid) + ")"});
+      break;
+    case judgement::pending_orphan:
+      if (accepted_job) {
+        if (suspend_claim::alive(j.parties.target_pid, j.parties.target_start))
+          report.kept.push_back({path, "a rank of a job whose suspend is accepted: process " +
+                                           std::to_string(j.parties.target_pid) + " suspends itself on it"});
+        else
+          remove(path, "a rank's image of a suspended job whose process is gone", dry_run, report);
+        break;
+      }
+      // The tool died: withdraw the request, so that its program can never take it after this.
+      if (dry_run || suspend_claim::take(path.string(), suspend_claim::cancelled)) {
+        remove(path, orphan_reason(j), dry_run, report);
+        break;
+      }
+      // The program took it meanwhile: an accepted image.
+      j = judge(entry);
+      if (j.what != judgement::accepted_live && j.what != judgement::accepted_orphan) {
+        report.kept.push_back({path, "its claim changed while it was looked at"});
+        break;
+      }
+      [[fallthrough]];
+    case judgement::accepted_live:
+    case judgement::accepted_orphan: {
+      std::string why;
+      if (still_needed(path, j.parties, why))
+        report.kept.push_back({path, why});
+      else
+        remove(path, "a suspend image nobody needs: " + why, dry_run, report);
+      break;
+    }
+    case judgement::partial_orphan:
+      if (const std::string why = gpu_part_needed(path); !why.empty()) {
+        report.kept.push_back({path, why});
+        break;
+      }
+      remove(path, orphan_reason(j), dry_run, report);
+      break;
+    case judgement::withdrawn: remove(path, orphan_reason(j), dry_run, report); break;
+  }
 }
 
 // `accepted_job`: the ranks' images of a job whose suspend is accepted. A rank that has not taken its own claim yet
@@ -208,82 +293,16 @@ void collect_in(const fs::path& dir, bool dry_run, leftovers_report& report, boo
                                                "`)"});
     return;
   }
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const fs::path& path = entry.path();
-    if (entry.is_directory(ec) && !entry.is_symlink(ec) &&
-        (fs::exists(path / suspend_claim::job_pending, ec) || fs::exists(path / suspend_claim::job_accepted, ec) ||
-         fs::exists(path / suspend_claim::job_cancelled, ec))) {
-      collect_job(path, dry_run, report);
-      continue;
-    }
-    judgement j = judge(entry);
-    switch (j.what) {
-      case judgement::not_an_image:
-      case judgement::partial_live: break;
-      case judgement::partial_complete:
-        // A complete snapshot whose dump's tool died after CRIU succeeded: its processes may still be stopped
-        // or suspended on it (then it stays as it is), else it is completed, never removed: once they are
-        // gone it is their only copy.
-        if (const std::string why = gpu_part_needed(path); !why.empty()) {
-          report.kept.push_back({path, why});
-          break;
-        }
-        if (dry_run) {
-          report.kept.push_back({path, "an unfinished whole-process image whose CRIU dump succeeded: gc completes it"});
-          break;
-        }
-        try {
-          const fs::path done = finish_process_dump(path);
-          report.kept.push_back({done, "completed from " + path.filename().string() +
-                                           " (its dump's tool died after CRIU succeeded): `cuda-ckpt restore " +
-                                           done.string() + "` brings its processes back"});
-        } catch (const std::exception& e) {
-          report.kept.push_back({path, std::string("an unfinished whole-process image that cannot be completed now (") +
-                                           e.what() + "): `cuda-ckpt restore " + path.string() + "` does it"});
-        }
-        break;
-      case judgement::unreadable: report.kept.push_back({path, "its claim file cannot be read"}); break;
-      case judgement::pending_live:
-        report.kept.push_back({path, "its suspend is under way (tool " + std::to_string(j.parties.tool_pid) + ")"});
-        break;
-      case judgement::pending_orphan:
-        if (accepted_job) {
-          if (suspend_claim::alive(j.parties.target_pid, j.parties.target_start))
-            report.kept.push_back({path, "a rank of a job whose suspend is accepted: process " +
-                                             std::to_string(j.parties.target_pid) + " suspends itself on it"});
-          else
-            remove(path, "a rank's image of a suspended job whose process is gone", dry_run, report);
-          break;
-        }
-        // The tool died: withdraw the request, so that its program can never take it after this.
-        if (dry_run || suspend_claim::take(path.string(), suspend_claim::cancelled)) {
-          remove(path, orphan_reason(j), dry_run, report);
-          break;
-        }
-        // The program took it meanwhile: an accepted image.
-        j = judge(entry);
-        if (j.what != judgement::accepted_live && j.what != judgement::accepted_orphan) {
-          report.kept.push_back({path, "its claim changed while it was looked at"});
-          break;
-        }
-        [[fallthrough]];
-      case judgement::accepted_live:
-      case judgement::accepted_orphan: {
-        std::string why;
-        if (still_needed(path, j.parties, why))
-          report.kept.push_back({path, why});
-        else
-          remove(path, "a suspend image nobody needs: " + why, dry_run, report);
-        break;
-      }
-      case judgement::partial_orphan:
-        if (const std::string why = gpu_part_needed(path); !why.empty()) {
-          report.kept.push_back({path, why});
-          break;
-        }
-        remove(path, orphan_reason(j), dry_run, report);
-        break;
-      case judgement::withdrawn: remove(path, orphan_reason(j), dry_run, report); break;
+  fs::directory_iterator it(dir, ec);
+  // Another user's directory: named and skipped (ENOENT: nothing there, nothing to say).
+  if (ec && ec != std::errc::no_such_file_or_directory)
+    report.skipped.push_back({dir, "cannot read it: " + ec.message()});
+  for (const auto& entry : it) {
+    // One entry this user cannot read (another user's image in a shared tree) must not stop the rest.
+    try {
+      collect_entry(entry, dry_run, report, accepted_job);
+    } catch (const std::system_error& e) {
+      report.skipped.push_back({entry.path(), "cannot read it: " + e.code().message()});
     }
   }
 }

@@ -115,6 +115,13 @@ process_entry ask(pid_t pid, control_client::clock::time_point deadline) {
 
 bool process_exists(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
 
+void require_own_process(pid_t pid) {
+  const uid_t owner = owner_of(pid);
+  if (::geteuid() == 0 || owner == ::geteuid() || owner == static_cast<uid_t>(-1)) return;
+  throw tool_error("process " + std::to_string(pid) + " belongs to another user (uid " + std::to_string(owner) +
+                   "); only its owner or root may checkpoint it");
+}
+
 bool process_alive(pid_t pid) { return pid > 0 && suspend_claim::start_time(pid) != 0; }  // 0: gone, or a zombie
 
 bool maps_file(pid_t pid, std::string_view prefix) {
@@ -303,6 +310,10 @@ std::vector<std::string> command_line_of(pid_t pid) {
 std::string status_of(const control::hello_reply& hello) {
   if (hello.activity != control::activity::idle) return std::string(control::name_of(hello.activity));
   return std::string(control::name_of(hello.state));
+}
+
+bool waits_for_resume(const control::hello_reply& hello) {
+  return hello.state == control::process_state::suspended && hello.activity != control::activity::resuming;
 }
 
 std::vector<process_entry> list_processes(pid_t only, std::chrono::milliseconds wait) {

@@ -206,4 +206,45 @@ TEST_CASE("criu plugin: a process under the shim that does not answer is refused
   CHECK_FALSE(has_bad_line(job.log));
 }
 
+
+TEST_CASE("criu plugin: criu restore with a GPU part missing or a file in its place never leaves the process waiting",
+          "[criu_plugin]") {
+  std::string why;
+  const std::string binary = criu_here(why);
+  if (binary.empty()) VMMCKPT_SKIP(why);
+  ticker_job job;
+  const fs::path images = job.dir.path / "images";
+  fs::create_directories(images);
+  const auto dumped = criu(binary, {"dump", "-t", std::to_string(job.pid), "-D", images.string(), "--shell-job"},
+                           job.dir.path / "dump.log");
+  INFO(describe(dumped) << log_text(job.dir.path / "dump.log"));
+  REQUIRE(dumped.exit_code == 0);
+  REQUIRE(gone(job.pid));
+  const fs::path part = images / "vmmckpt" / std::to_string(job.pid);
+  const fs::path log = "/tmp/vmmckpt-criu-" + std::to_string(job.pid) + ".log";
+  std::error_code ec;
+  fs::remove(log, ec);
+  fs::remove_all(part);
+  std::string cause = "is missing";
+  SECTION("a regular file in its place") {
+    std::ofstream(part) << "not a GPU part\n";
+    cause = "is not a directory (a regular file)";
+  }
+  SECTION("missing") {}
+
+  const auto restored =
+      criu(binary, {"restore", "-D", images.string(), "--shell-job", "-d"}, job.dir.path / "restore.log");
+  INFO(describe(restored) << log_text(job.dir.path / "restore.log"));
+  // CRIU fails, or the process is ended: never one left suspended for good, its CUDA calls waiting.
+  REQUIRE(gone(job.pid));
+  REQUIRE(eventually([&] { return !lines_of(log).empty(); }));
+  const std::string said = lines_of(log).front();
+  INFO(said);
+  CHECK(said.find(part.string() + " " + cause) != std::string::npos);
+  CHECK(said.find("it was ended") != std::string::npos);
+  // What can be told before the process runs fails the restore itself.
+  if (cause != "is missing") CHECK(restored.exit_code != 0);
+  fs::remove(log, ec);
+}
+
 }  // namespace vmmckpt::test

@@ -239,4 +239,39 @@ TEST_CASE("restore DIR refuses a process.json that names a pid CRIU does not res
   CHECK(records_of(t.pid).empty());
 }
 
+
+TEST_CASE("dump --process --leave-running killed after its resume request: no way back is named, and once the "
+          "program ends no record is left",
+          "[process][transaction]") {
+  REQUIRE_CRIU();
+  // The program takes a while over loading its memory (it says suspended until it is loaded).
+  ::setenv("VMMCKPT_TEST_FAULT", "program:resuming=pause:3000", 1);
+  ticker_tree t;
+  ::unsetenv("VMMCKPT_TEST_FAULT");
+  const fs::path image = t.dir.path / "image";
+  const auto killed = tool({"dump", std::to_string(t.pid), "--process", "--leave-running", "-o", image.string()},
+                           {{"VMMCKPT_TEST_FAULT", "requested:resume"}});
+  CHECK(killed.signal == SIGKILL);
+  const auto loading = interrupted_entry(t.pid);
+  INFO(loading.dump());
+  CHECK(loading.is_null());  // it is loading its memory: a resume asked for now would be refused once it runs
+  // The program took the resume: it runs with its memory, and the image is complete.
+  REQUIRE(t.goes_on({t.log}));
+  CHECK(listed_state(t.pid).at("state") == "running");
+  CHECK(tool({"verify", image.string()}).exit_code == 0);
+  const auto running = interrupted_entry(t.pid);
+  INFO(running.dump());
+  CHECK(running.is_null());  // never `resume`: it is not suspended
+  // It ends on its own: it ran on after the dump, so its end is not the dump's, and nothing names `restore`.
+  ::kill(t.pid, SIGKILL);
+  REQUIRE(wait_gone(t.pid));
+  const auto ended = interrupted_entry(t.pid);
+  INFO(ended.dump());
+  CHECK(ended.is_null());
+  const auto gc = tool({"gc", t.dir.path.string()});
+  INFO(describe(gc));
+  CHECK(records_of(t.pid).empty());
+  CHECK(tool({"verify", image.string()}).exit_code == 0);  // gc leaves the image
+}
+
 }  // namespace vmmckpt::test

@@ -1,5 +1,6 @@
-// Security: the control socket's permissions, a client of another uid refused and logged, and another uid that
-// takes a program's addresses first or poses as it.
+// Security: the control socket's permissions, a client of another uid refused and logged, another uid that
+// takes a program's addresses first or poses as it, and another user's gc over root's image and job and
+// whole-process commands on root's program.
 #include <catch2/catch.hpp>
 
 #include <fcntl.h>
@@ -15,7 +16,7 @@
 #include <sstream>
 #include <thread>
 
-#include "e2e_support.hpp"
+#include "process_support.hpp"
 #include "vmmckpt/protocol/protocol.hpp"
 
 using namespace vmmckpt::test;
@@ -384,4 +385,77 @@ TEST_CASE("gc removes the private socket directory of a killed program, with its
   REQUIRE(gc.exit_code == 0);
   CHECK(gc.out.find("the socket of a process that is gone") != std::string::npos);
   REQUIRE(private_dirs().empty());
+}
+
+TEST_CASE("another user's dump --job and dump --process of root's program say it belongs to another user",
+          "[emu][security]") {
+  if (::geteuid() != 0) VMMCKPT_SKIP("needs root to run the tool as another user");
+  auto program = start_writer();
+  const std::string pid = std::to_string(program->pid());
+  scratch_dir dir;
+  ::chmod(dir.path.c_str(), 0777);  // nobody may write there: the refusal must not depend on it
+  std::map<std::string, std::string> env;
+  if (const std::string criu = criu_for_tests(); !criu.empty()) env["VMMCKPT_CRIU"] = criu;
+  std::vector<std::vector<std::string>> commands{{"dump", "--job", pid}, {"suspend", "--job", pid}};
+  if (env.count("VMMCKPT_CRIU") != 0) {
+    commands.push_back({"dump", "--process", pid});
+    commands.push_back({"dump", "--job", pid, "--process"});
+  }
+  for (auto args : commands) {
+    args.insert(args.begin(), {"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", cuda_ckpt});
+    args.insert(args.end(), {"-o", (dir.path / "image").string()});
+    const auto r = run_process(args, env, 120);
+    INFO(describe(r));
+    if (r.exit_code >= 126 || r.err.find("setpriv:") != std::string::npos)
+      VMMCKPT_SKIP("cannot run cuda-ckpt as another user here: " + r.err);
+    CHECK(r.exit_code == 1);
+    CHECK(r.err.find("process " + pid + " belongs to another user (uid 0)") != std::string::npos);
+    CHECK_FALSE(fs::exists(dir.path / "image"));
+  }
+  REQUIRE(program->running());
+}
+
+TEST_CASE("another user's gc over a tree holding root's image skips it, names it, and collects the rest",
+          "[emu][security]") {
+  if (::geteuid() != 0) VMMCKPT_SKIP("needs root to run the tool as another user");
+  scratch_dir dir;
+  ::chmod(dir.path.c_str(), 0755);
+  const fs::path tree = dir.path / "tree";
+  fs::create_directory(tree);
+  // Root's image, closed to others, and unfinished images of nobody's whose writers are gone (no such pid).
+  const fs::path roots = tree / "root-image";
+  fs::create_directory(roots);
+  std::ofstream(roots / "suspend.accepted") << "root's\n";
+  ::chmod(roots.c_str(), 0700);
+  std::vector<fs::path> theirs;
+  for (const char* name : {"a.partial-999999991-x", "b.partial-999999992-x", "c.partial-999999993-x"}) {
+    theirs.push_back(tree / name);
+    fs::create_directory(theirs.back());
+    REQUIRE(::chown(theirs.back().c_str(), 65534, 65534) == 0);
+  }
+  REQUIRE(::chown(tree.c_str(), 65534, 65534) == 0);
+  auto as_nobody = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", cuda_ckpt});
+    return run_process(args);
+  };
+  const auto dry = as_nobody({"gc", tree.string(), "--dry-run", "--json"});
+  INFO(describe(dry));
+  if (dry.exit_code >= 126 || dry.err.find("setpriv:") != std::string::npos)
+    VMMCKPT_SKIP("cannot run cuda-ckpt as another user here: " + dry.err);
+  REQUIRE(dry.exit_code == 0);
+  const auto listed = nlohmann::json::parse(dry.out);
+  REQUIRE(listed["skipped"].size() == 1);
+  CHECK(listed["skipped"][0]["path"] == roots.string());
+  CHECK(listed["skipped"][0]["why"].get<std::string>().find("Permission denied") != std::string::npos);
+  std::size_t in_tree = 0;  // nobody's stale sockets elsewhere may be listed too
+  for (const auto& r : listed["removed"]) in_tree += r["path"].get<std::string>().rfind(tree.string(), 0) == 0;
+  CHECK(in_tree == theirs.size());
+
+  const auto gc = as_nobody({"gc", tree.string()});
+  INFO(describe(gc));
+  CHECK(gc.exit_code == 0);
+  CHECK(gc.out.find("skipped " + roots.string() + ": cannot read it: Permission denied") != std::string::npos);
+  CHECK(gc.err.find("1 entry skipped") != std::string::npos);
+  for (const auto& p : theirs) CHECK_FALSE(fs::exists(p));
+  CHECK(fs::exists(roots / "suspend.accepted"));
 }

@@ -30,7 +30,8 @@ constexpr const char* driver_help =
 
 constexpr const char* exit_code_help =
     "Exit codes:\n"
-    "  0    success (verify: the image is good)\n"
+    "  0    success (verify: the image is good; gc: also when it skipped entries it cannot read, named\n"
+    "       with a warning)\n"
     "  1    the operation failed, or verify found a defect (the message says which)\n"
     "  2    bad command line\n"
     "  3    dump, suspend: refused, the process has device memory vmmckpt does not own (the message\n"

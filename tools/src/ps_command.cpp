@@ -143,7 +143,7 @@ std::vector<interrupted_entry> interrupted_transactions(pid_t only, const std::v
   // `ps` lists every process under the shim, so one it did not list is not suspended by it. `ps PID` asks.
   auto suspended = [&](pid_t pid) {
     for (const auto& p : known)
-      if (p.pid == pid) return !p.hello || p.hello->state == control::process_state::suspended;
+      if (p.pid == pid) return !p.hello || ckpt::waits_for_resume(*p.hello);
     return only != 0 && ckpt::asks_suspended(pid);
   };
   std::vector<interrupted_entry> out;

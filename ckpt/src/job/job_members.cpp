@@ -20,6 +20,8 @@ std::vector<pid_t> job_members(const job_spec& job, member_state state, std::chr
   const bool suspended = state == member_state::suspended, any = state == member_state::any;
   const bool named = !job.ranks.empty();
   if (!named && !process_exists(job.root)) throw tool_error("no process " + std::to_string(job.root));
+  // Another user's tree reads as one without the shim (its maps are closed to us): said as what it is.
+  if (!named) require_own_process(job.root);
   std::vector<pid_t> candidates = named ? job.ranks : process_tree(job.root);
   std::vector<std::future<process_entry>> asked;
   for (const pid_t pid : candidates) {

@@ -56,6 +56,7 @@ struct tree_member {
 std::vector<tree_member> gpu_members_of(pid_t root, std::chrono::milliseconds wait, bool job,
                                         std::vector<pid_t>& driver_only) {
   if (!process_exists(root)) throw tool_error("no process " + std::to_string(root));
+  require_own_process(root);  // another user's tree reads as one without the shim: said as what it is
   std::vector<tree_member> members;
   int nccl = 0;
   for (const pid_t pid : process_tree(root)) {

@@ -189,6 +189,14 @@ transaction_outcome assess_dump(const process_transaction& t, const std::vector<
     o.command = resume_commands(waiting);
     return o;
   }
+  // A dump that left them running (--leave-running) with its image complete: they ran on and ended for reasons of
+  // their own. The image is found by its name; no record is needed for it.
+  if (t.leave_running && is_process_image(t.image)) {
+    o.what = kind::runs_on;
+    o.words = "its processes, which the dump was to leave running (--leave-running), have ended since; the image " +
+              image + " is complete";
+    return o;
+  }
   std::string why_not;
   // A dump that had not suspended any of them yet (or whose tool undid it) left them as they were: they ended
   // later, for reasons of their own.
@@ -241,7 +249,7 @@ transaction_outcome assess_restore(const process_transaction& t, const std::vect
 bool asks_suspended(pid_t pid) {
   try {
     control_client client(pid, control_client::clock::now() + std::chrono::seconds(5));
-    return client.hello().state == control::process_state::suspended;
+    return waits_for_resume(client.hello());
   } catch (const std::exception&) {
     return true;
   }
@@ -475,6 +483,11 @@ std::vector<std::pair<fs::path, std::string>> settle_transactions(bool dry_run) 
           } catch (const std::exception&) {
             // It stays unfinished; `cuda-ckpt restore` completes it, or says why not.
           }
+        }
+        // Completed now, the image of a dump that was to leave its processes running needs no record (assess_dump).
+        if (t.op == process_transaction::kind::dump && t.leave_running && is_process_image(t.image) && !dry_run) {
+          why = assess(t).words;
+          break;
         }
         continue;
       default: continue;

@@ -28,7 +28,8 @@ struct leftover {
 
 struct leftovers_report {
   std::vector<leftover> removed;
-  std::vector<leftover> kept;  // suspend images a process depends on, or may: they stay
+  std::vector<leftover> kept;     // suspend images a process depends on, or may: they stay
+  std::vector<leftover> skipped;  // what this user cannot read (another user's image): left as it is
 };
 
 // An image whose process is gone, which `cuda-ckpt gc` removes: a suspend image whose program died
@@ -56,7 +57,8 @@ std::string gc_command_for(const std::filesystem::path& dir);
 //   whose program is gone, or has been resumed, or is suspended on another image;
 // - control sockets of processes that are gone (remove_stale_sockets).
 // An image whose program does not answer (stopped, busy) stays, as does anything this tool cannot
-// tell. With `dry_run` nothing is removed.
+// tell. What this user cannot read is skipped (in `skipped`, with why) and the scan goes on. With `dry_run`
+// nothing is removed.
 leftovers_report collect_leftovers(const std::vector<std::filesystem::path>& dirs, bool dry_run = false);
 
 // Removes the socket files in our runtime directory that nobody listens at (their connection is

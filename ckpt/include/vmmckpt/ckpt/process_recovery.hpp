@@ -61,9 +61,9 @@ struct transaction_outcome {
   std::string words;    // what is left, in a sentence
   std::string command;  // the way back, a command line ("" for under_way, runs_on, ended)
 };
-// Whether a live process is suspended, asked (one that does not answer within 5 s, stopped or busy, counts
-// as suspended: it may be; a second was too short on a loaded machine, and ps then named a resume of a process
-// that runs).
+// Whether a live process is suspended and waits for a resume (waits_for_resume: one loading its memory does not),
+// asked (one that does not answer within 5 s, stopped or busy, counts as suspended: it may be; a second was too
+// short on a loaded machine, and ps then named a resume of a process that runs).
 bool asks_suspended(pid_t pid);
 // `suspended(pid)` answers that for the transaction's live processes (default: asks_suspended); ps passes
 // what it learnt already.

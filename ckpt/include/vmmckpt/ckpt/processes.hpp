@@ -22,6 +22,10 @@ bool process_exists(pid_t pid);
 // A process of that pid runs (exists and is no zombie).
 bool process_alive(pid_t pid);
 
+// Refuses (tool_error "... belongs to another user") a process this user may not checkpoint: another user's,
+// unless we are root. Checked first, so that a refusal says why rather than that no process of ours was found.
+void require_own_process(pid_t pid);
+
 // Whether the shim is mapped in a process: unknown when its maps cannot be read (another user's
 // process and we are not root, or it is gone).
 enum class shim_presence { loaded, absent, unknown };
@@ -82,6 +86,9 @@ struct process_entry {
 
 // The ps state of a process that answered: what it is busy with, else suspended or running.
 std::string status_of(const control::hello_reply& hello);
+// Whether a process that answered waits for a resume: suspended, and not loading its memory already (its hello
+// says suspended until the load is done; a resume asked for then is refused once it runs).
+bool waits_for_resume(const control::hello_reply& hello);
 
 // Every process under the shim this user may see (root: everyone's), found by the shim in
 // /proc/*/maps, by the abstract names in /proc/net/unix and by the sockets in our runtime directory, asked all at once and each given `wait`
