@@ -224,12 +224,15 @@ void control_client::send(const control::request& r) {
 }
 
 std::string control_client::receive(std::vector<int>* fds, int timeout_ms) {
-  if (while_waiting_) {
-    // In slices, the check between them; then the frame itself, or the error, as without a check.
-    const auto until = clock::now() + std::chrono::milliseconds(timeout_ms);
+  const auto until = clock::now() + std::chrono::milliseconds(timeout_ms);
+  if (while_waiting_ || patience_ < until) {
+    // In slices, the checks between them; then the frame itself, or the error, as without a check.
     for (;;) {
-      while_waiting_();
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - clock::now()).count();
+      if (while_waiting_) while_waiting_();
+      const auto now = clock::now();
+      if (now >= patience_ && node_.empty() && !why_silent(pid_).empty())
+        channel_failed({protocol::failure_kind::timed_out, "stopped"});
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - now).count();
       if (left <= 0) break;
       pollfd ready{fd_, POLLIN, 0};
       const int r = ::poll(&ready, 1, static_cast<int>(std::min<long long>(left, 100)));
@@ -304,8 +307,11 @@ control::dump_begin_reply control_client::dump_begin(std::chrono::milliseconds h
     }
   } guard{got};
   // The reply comes once the program is quiet, which takes at most the hold's deadline: the tool
-  // waits a little longer than that for it.
-  deadline_ = std::max(deadline_, clock::now() + hold_deadline + std::chrono::seconds(5));
+  // waits a little longer than that for it, for the program's own account of what kept it from being quiet, but
+  // not for a program that is stopped: the deadline is met however the program is stopped (docs/reliability.md).
+  const auto hold_ends = clock::now() + hold_deadline;
+  deadline_ = std::max(deadline_, hold_ends + std::chrono::seconds(5));
+  patience_ = std::min(patience_, hold_ends);
   auto reply = call<control::dump_begin_reply>(
       control::dump_begin_request{hold_deadline, control::unix_ms_now() + hold_deadline.count(), for_suspend, job},
       &got);

@@ -41,6 +41,9 @@ void check_committed(const suspend_options& options) {
 // did not answer. When it refused, or did not take the claim, the image is removed and this throws.
 std::optional<control::suspend_reply> request_suspend(session& s, const suspend_options& options,
                                                       const std::string& image, const std::string& image_id) {
+  // A job's rank that is stopped is not waited for: the job's claim, accepted, settles what it does when it goes on
+  // (it suspends itself), and its job's suspend says so at once.
+  if (options.job) s.client().give_up_on_stopped_after(std::chrono::steady_clock::now());
   try {
     return s.client().suspend(image, image_id);
   } catch (const control_error& e) {

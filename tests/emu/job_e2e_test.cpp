@@ -453,6 +453,32 @@ TEST_CASE("dump --job --deadline: a rank that never reaches the cut fails the du
   job.ends_with_reference_results();  // the others were released: nothing holds the job
 }
 
+TEST_CASE("dump --job --deadline with a rank stopped during the hold fails within the deadline, naming it", "[job]") {
+  collective_job job(3, 2, 150, 20);
+  const pid_t stopped = job.ranks[1];
+  const fs::path image = job.dir.path / "image";
+  const auto start = std::chrono::steady_clock::now();
+  // The tool stops itself once the first rank is held, and goes on once the rank is stopped.
+  background_process dump({cuda_ckpt, "dump", "--job", job.id(), "-o", image.string(), "--deadline", "3"},
+                          job.env({{"VMMCKPT_TEST_FAULT", "held=stop"}}), /*stderr_too=*/true);
+  const bool held = wait_until([&] { return proc_state(dump.pid()) == 'T'; }, 30);
+  REQUIRE(::kill(stopped, SIGSTOP) == 0);
+  ::kill(dump.pid(), SIGCONT);
+  const int code = dump.wait();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ::kill(stopped, SIGCONT);
+  INFO("rank " << stopped << " stopped; exit " << code << " after " << seconds << " s; it said:\n" << dump.output());
+  REQUIRE(held);
+  CHECK(code == 1);
+  CHECK(dump.output().find("process " + std::to_string(stopped)) != std::string::npos);
+  CHECK(dump.output().find("stopped") != std::string::npos);
+  // The deadline is met within a second however the rank is stopped (docs/reliability.md): 3 s here, and slack
+  // for a loaded machine.
+  CHECK(seconds < 3 + 3);
+  CHECK(no_entry_named(image));
+  job.ends_with_reference_results();
+}
+
 TEST_CASE("a rank killed during dump --job's cut: the dump fails and the job ends rather than wait at the cut",
           "[job]") {
   collective_job job(3, 2, 150, 20);
@@ -528,6 +554,108 @@ TEST_CASE("suspend --job killed at each step: the job settles all suspended or a
   job.ends_with_reference_results();
 }
 
+// suspend --job with the tool stopped at `point` (VMMCKPT_TEST_FAULT POINT=stop) while `victim` is killed or
+// stopped, and the tool then continued: what it says and its exit status.
+static process_result suspend_with_rank_hurt(const collective_job& job, const fs::path& image, const std::string& point,
+                                             pid_t victim, int sig) {
+  background_process suspend({cuda_ckpt, "suspend", "--job", job.id(), "-o", image.string(), "--deadline", "4"},
+                             job.env({{"VMMCKPT_TEST_FAULT", point + "=stop"}}), /*stderr_too=*/true);
+  const bool there = wait_until([&] { return proc_state(suspend.pid()) == 'T'; }, 30);
+  REQUIRE(::kill(victim, sig) == 0);
+  ::kill(suspend.pid(), SIGCONT);
+  process_result r;
+  r.exit_code = suspend.wait();
+  r.out = suspend.output();
+  INFO(r.out);
+  REQUIRE(there);
+  return r;
+}
+
+TEST_CASE("suspend --job with a rank killed or stopped at a step fails naming it, and leaves the job all running or "
+          "all suspended",
+          "[job][fault]") {
+  const auto [point, hurt] =
+      GENERATE(std::make_pair(std::string("held"), SIGKILL), std::make_pair(std::string("verified"), SIGSTOP),
+               std::make_pair(std::string("requested:suspend"), SIGKILL),
+               std::make_pair(std::string("requested:suspend"), SIGSTOP));
+  INFO(point << (hurt == SIGKILL ? ", rank killed" : ", rank stopped"));
+  collective_job job(3, 2, 150, 20);
+  const pid_t victim = job.ranks[1];
+  const fs::path image = job.dir.path / "suspended";
+  // The launcher of a rank killed would end the job: stopped, it leaves the others as the suspend left them.
+  if (hurt == SIGKILL) REQUIRE(::kill(job.pid, SIGSTOP) == 0);
+  const auto r = suspend_with_rank_hurt(job, image, point, victim, hurt);
+  INFO("exit " << r.exit_code << "; it said:\n" << r.out);
+  CHECK(r.exit_code == 1);
+  // Named with what happened to it: it exited (or went away), or it is stopped.
+  CHECK(r.out.find("process " + std::to_string(victim)) != std::string::npos);
+  if (hurt == SIGKILL)
+    CHECK((r.out.find("has exited") != std::string::npos || r.out.find("went away") != std::string::npos));
+  else
+    CHECK(r.out.find("stopped (SIGSTOP") != std::string::npos);
+  CHECK(r.out.find("suspended the job") == std::string::npos);
+  std::vector<pid_t> others{job.ranks[0], job.ranks[2]};
+  auto others_are = [&](const std::string& state) {
+    return wait_until([&] {
+      for (const pid_t p : others) {
+        const auto entry = listed_state(p);
+        if (entry.is_null() || entry.value("state", "") != state) return false;
+      }
+      return true;
+    });
+  };
+  // Before the job's claim is accepted (every rank's image checked), a rank in trouble gives the suspend up: all
+  // running. After, every rank is suspended, a stopped one once it goes on, and resume --job brings the job back;
+  // a rank that exited takes its job with it.
+  const bool accepted = point == "requested:suspend";
+  if (!accepted) {
+    CHECK(others_are("running"));
+    CHECK(no_entry_named(image));
+  } else {
+    CHECK(others_are("suspended"));
+  }
+  if (hurt == SIGKILL) return;  // the job is lost: its launcher ends it once continued
+  ::kill(victim, SIGCONT);
+  if (accepted) {
+    CHECK(all_in_state(job, "suspended"));
+    const auto resumed = job.ckpt({"resume", "--job", job.id()});
+    INFO(describe(resumed));
+    CHECK(resumed.exit_code == 0);
+  }
+  job.ends_with_reference_results();
+}
+
+TEST_CASE("resume --job --deadline with a rank stopped between its stages names the rank; resume --job again ends "
+          "the job",
+          "[job][fault]") {
+  collective_job job(3, 2, 150, 20);
+  const pid_t stopped = job.ranks[1];
+  const auto suspended = job.ckpt({"suspend", "--job", job.id()});
+  INFO(describe(suspended));
+  REQUIRE(suspended.exit_code == 0);
+  const auto start = std::chrono::steady_clock::now();
+  // The tool stops itself once every rank's memory is loaded, and goes on once the rank is stopped.
+  background_process resume({cuda_ckpt, "resume", "--job", job.id(), "--deadline", "3"},
+                            job.env({{"VMMCKPT_TEST_FAULT", "job:loaded=stop"}}), /*stderr_too=*/true);
+  const bool loaded = wait_until([&] { return proc_state(resume.pid()) == 'T'; }, 30);
+  REQUIRE(::kill(stopped, SIGSTOP) == 0);
+  ::kill(resume.pid(), SIGCONT);
+  const int code = resume.wait();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ::kill(stopped, SIGCONT);
+  INFO("rank " << stopped << " stopped; exit " << code << " after " << seconds << " s; it said:\n" << resume.output());
+  REQUIRE(loaded);
+  CHECK(code == 1);
+  CHECK(resume.output().find("waits for:\n  process " + std::to_string(stopped) + ": it is stopped") !=
+        std::string::npos);
+  CHECK(seconds < 3 + 3);  // 3 s, and slack for a loaded machine
+  // What is left (the stopped rank refuses its expired request once continued) is finished by a resume again.
+  const auto again = job.ckpt({"resume", "--job", job.id(), "--deadline", "20"});
+  INFO(describe(again));
+  CHECK(again.exit_code == 0);
+  job.ends_with_reference_results();
+}
+
 TEST_CASE("dump --job --process ends the job, and restore DIR brings it back to its end", "[job][process]") {
   REQUIRE_CRIU();
   collective_job job(3, 2, 150, 20, /*count_gpus=*/true);
@@ -589,8 +717,8 @@ TEST_CASE("dump --job --process and restore of 8 ranks on 8 devices", "[job][ran
 // the job's ranks as a node's agent would, and dump --nodes coordinating them.
 
 // A file holding the job's secret, readable by its owner only (`mode` to test a refusal).
-fs::path token_file(const fs::path& dir, const std::string& secret, fs::perms mode = fs::perms::owner_read |
-                                                                                      fs::perms::owner_write) {
+fs::path token_file(const fs::path& dir, const std::string& secret,
+                    fs::perms mode = fs::perms::owner_read | fs::perms::owner_write) {
   const fs::path file = dir / ("token-" + secret);
   std::ofstream(file) << secret << "\n";
   fs::permissions(file, mode);
@@ -606,10 +734,11 @@ struct node_agent {
   node_agent(const collective_job& job, const std::vector<pid_t>& ranks, const fs::path& token,
              const std::string& netns = {}, const std::string& host = "127.0.0.1")
       : process(command(ranks, token, netns, host), job.env(), /*stderr_too=*/true) {
-    const bool listening = process.wait_for_output("listening at ", 30) && wait_until([&] {
-      process.running();  // reads what it printed
-      return process.output().find('\n', process.output().find("listening at ")) != std::string::npos;
-    });
+    const bool listening =
+        process.wait_for_output("listening at ", 30) && wait_until([&] {
+          process.running();  // reads what it printed
+          return process.output().find('\n', process.output().find("listening at ")) != std::string::npos;
+        });
     INFO(process.output());
     REQUIRE(listening);
     const std::string& out = process.output();
@@ -658,8 +787,8 @@ TEST_CASE("dump --nodes: a job's ranks on two nodes' agents cut at one point, ea
   for (const std::string name : {"image", "again"}) {
     const fs::path dir = job.dir.path / name;
     // The copy settings travel to each node's agent.
-    const auto dumped = job.ckpt({"dump", "--nodes", a.address + "," + b.address, "--token-file", token.string(),
-                                  "-o", dir.string(), "--json", "--chunk", "4M", "--streams", "1"});
+    const auto dumped = job.ckpt({"dump", "--nodes", a.address + "," + b.address, "--token-file", token.string(), "-o",
+                                  dir.string(), "--json", "--chunk", "4M", "--streams", "1"});
     INFO(describe(dumped) << "\nagent a:\n" << a.process.output() << "\nagent b:\n" << b.process.output());
     REQUIRE(dumped.exit_code == 0);
     const auto out = nlohmann::json::parse(dumped.out);
@@ -710,8 +839,8 @@ TEST_CASE("dump --nodes refused: another secret, a secret others may read, an ag
     expected = "secret";
   }
   SECTION("a secret others may read") {
-    secret = token_file(job.dir.path, "the-jobs-secret-but-shared", fs::perms::owner_read | fs::perms::others_read)
-                 .string();
+    secret =
+        token_file(job.dir.path, "the-jobs-secret-but-shared", fs::perms::owner_read | fs::perms::others_read).string();
     expected = "chmod 600";
   }
   SECTION("no agent at an address") {
@@ -741,9 +870,9 @@ TEST_CASE("dump --nodes whose coordinator dies at the cut: every node releases i
   std::string point;
   SECTION("once every rank is armed") { point = "job:armed"; }
   SECTION("once every rank stands at the cut") { point = "job:cut"; }
-  background_process dump({cuda_ckpt, "dump", "--nodes", a.address + "," + b.address, "--token-file",
-                           token.string(), "-o", image.string()},
-                          job.env({{"VMMCKPT_TEST_FAULT", point + "=kill"}}), /*stderr_too=*/true);
+  background_process dump(
+      {cuda_ckpt, "dump", "--nodes", a.address + "," + b.address, "--token-file", token.string(), "-o", image.string()},
+      job.env({{"VMMCKPT_TEST_FAULT", point + "=kill"}}), /*stderr_too=*/true);
   const int code = dump.wait();
   INFO(dump.output() << "\nagent a:\n" << a.process.output() << "\nagent b:\n" << b.process.output());
   CHECK(code == 128 + SIGKILL);
@@ -773,8 +902,9 @@ TEST_CASE("a job agent connects no one to a process outside an operation in prog
   const std::string rank = std::to_string(job.ranks[0]);
   CHECK(ask(R"({"op":"rank","token":"the-jobs-secret-0123456789","pid":)" + rank + R"(,"for_ms":1000})")
             .find("no rank of an operation in progress") != std::string::npos);
-  CHECK(ask(R"({"op":"rank","token":"another-secret-0123456789","pid":)" + rank + R"(,"for_ms":1000})")
-            .find("secret") != std::string::npos);
+  CHECK(
+      ask(R"({"op":"rank","token":"another-secret-0123456789","pid":)" + rank + R"(,"for_ms":1000})").find("secret") !=
+      std::string::npos);
   CHECK(ask(R"({"op":"dump","token":"the-jobs-secret-0123456789"})").find("error") != std::string::npos);
   CHECK(a.process.running());
   CHECK(job.goes_on());
@@ -801,8 +931,7 @@ struct two_namespaces {
                "; ip -n " + names[n] + " link set " + there + " up; ip -n " + names[n] + " link set lo up"},
           {}, 30);
       if (made.exit_code != 0) {
-        why_not = "cannot make network namespaces here (root and CAP_NET_ADMIN, and iproute2, are needed): " +
-                  made.err;
+        why_not = "cannot make network namespaces here (root and CAP_NET_ADMIN, and iproute2, are needed): " + made.err;
         return;
       }
     }

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -177,4 +178,27 @@ TEST_CASE("under a tight ulimit -v, suspend sets aside what resume needs or refu
   }
   CHECK(refused > 0);
   CHECK(suspended > 0);
+}
+
+TEST_CASE("resume --deadline: a stopped program is named, and stays suspended when it goes on", "[emu][suspend]") {
+  scratch_dir dir;
+  auto program = start_writer();
+  const pid_t pid = program->pid();
+  REQUIRE(run_process({cuda_ckpt, "suspend", std::to_string(pid), "-o", (dir.path / "image").string()}).exit_code == 0);
+  REQUIRE(::kill(pid, SIGSTOP) == 0);
+  const auto start = std::chrono::steady_clock::now();
+  const auto waited = run_process({cuda_ckpt, "resume", std::to_string(pid), "--deadline", "2"});
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ::kill(pid, SIGCONT);
+  INFO(describe(waited) << "after " << seconds << " s");
+  CHECK(waited.exit_code == 1);
+  CHECK(waited.err.find("process " + std::to_string(pid)) != std::string::npos);
+  CHECK(waited.err.find("kill -CONT " + std::to_string(pid)) != std::string::npos);
+  CHECK(seconds < 2 + 3);  // 2 s, and slack for a loaded machine
+  // The request expired with the deadline: continued, the program refuses it and stays suspended.
+  CHECK(process_state(pid).at("state") == "suspended");
+  const auto resumed = run_process({cuda_ckpt, "resume", std::to_string(pid)});
+  INFO(describe(resumed));
+  CHECK(resumed.exit_code == 0);
+  require_untorn(dir.path / "image");
 }

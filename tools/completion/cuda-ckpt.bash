@@ -53,7 +53,7 @@ _cuda_ckpt() {
     gc) options="--help --dry-run --json" ;;
     suspend) options="--help -o --output -D --json --deadline --verify --allow-partial --parent --cpu-checksums --writers -t --pid
                       --job --ranks" ;;
-    resume) options="--help --json -t --pid --job --ranks" ;;
+    resume) options="--help --json -t --pid --job --ranks --deadline" ;;
     job-agent) options="--help --ranks --listen --token-file -t --pid" ;;
     restore) options="--help --replay --no-verify --device -D --json --criu-arg --" ;;
   esac

@@ -78,11 +78,12 @@ struct suspend_command_options : held_image_options {
   bool cpu_checksums = false;
 };
 int suspend_command(const suspend_command_options& options);
-int resume_command(pid_t pid, bool json);
+// deadline: resume's --deadline (ckpt::default_resume_deadline unless given).
+int resume_command(pid_t pid, bool json, std::chrono::seconds deadline);
 // A whole job (job_commands.cpp): --job PID or --ranks.
 int dump_job_command(const dump_command_options& options, const ckpt::copy_settings& copy);
 int suspend_job_command(const suspend_command_options& options, const ckpt::copy_settings& copy);
-int resume_job_command(const job_command_options& job, pid_t pid, bool json);
+int resume_job_command(const job_command_options& job, pid_t pid, bool json, std::chrono::seconds deadline);
 int inspect_job_command(const std::string& image, bool json);
 // A job across nodes (job_agent_command.cpp): dump --nodes, and the node's side, cuda-ckpt job-agent.
 int dump_nodes_command(const dump_command_options& options, const ckpt::copy_settings& copy);

@@ -46,8 +46,8 @@ void print_cut(const ckpt::cut_figures& cut, double held_ms) {
 int dump_job_command(const dump_command_options& o, const ckpt::copy_settings& copy) {
   ckpt::job_dump_options options;
   options.job = spec_of(o, o.pid);
-  options.output = o.output.empty() ? "vmmckpt-job-" + std::to_string(name_of_job(o, o.pid)) + "-" + time_stamp()
-                                    : o.output;
+  options.output =
+      o.output.empty() ? "vmmckpt-job-" + std::to_string(name_of_job(o, o.pid)) + "-" + time_stamp() : o.output;
   options.copy = copy;
   options.hold_deadline = o.hold_deadline;
   options.gpu_snapshot = !o.no_gpu_snapshot;
@@ -64,12 +64,12 @@ int dump_job_command(const dump_command_options& o, const ckpt::copy_settings& c
                     {"gpu_snapshot", d.gpu_snapshot}});
   }
   if (o.json) {
-    std::cout << nlohmann::json{{"image", r.image.string()},   {"ranks", ranks_json(r.ranks, each)},
-                                {"bytes", bytes},              {"cut_seconds", r.cut.seconds},
-                                {"cut_rounds", r.cut.rounds},  {"held_ms", r.held_ms},
-                                {"seconds", r.seconds}}
-                     .dump(2)
-              << "\n";
+    std::cout
+        << nlohmann::json{{"image", r.image.string()},    {"ranks", ranks_json(r.ranks, each)}, {"bytes", bytes},
+                          {"cut_seconds", r.cut.seconds}, {"cut_rounds", r.cut.rounds},         {"held_ms", r.held_ms},
+                          {"seconds", r.seconds}}
+               .dump(2)
+        << "\n";
     return exit_ok;
   }
   std::printf("dumped the job of process %d (%zu ranks, %s of GPU memory) to %s in %.3f s\n",
@@ -85,8 +85,8 @@ int dump_job_command(const dump_command_options& o, const ckpt::copy_settings& c
 int suspend_job_command(const suspend_command_options& o, const ckpt::copy_settings& copy) {
   ckpt::job_suspend_options options;
   options.job = spec_of(o, o.pid);
-  options.output = o.output.empty() ? ckpt::default_suspend_dir() / ("job-" + std::to_string(name_of_job(o, o.pid)) +
-                                                                     "-" + time_stamp())
+  options.output = o.output.empty() ? ckpt::default_suspend_dir() /
+                                          ("job-" + std::to_string(name_of_job(o, o.pid)) + "-" + time_stamp())
                                     : std::filesystem::path(o.output);
   options.copy = copy;
   options.hold_deadline = o.hold_deadline;
@@ -118,18 +118,19 @@ int suspend_job_command(const suspend_command_options& o, const ckpt::copy_setti
     return exit_ok;
   }
   std::printf("suspended the job of process %d (%zu ranks) in %.3f s: %s of GPU memory freed, image %s (%s)\n",
-              static_cast<int>(name_of_job(o, o.pid)), r.ranks.size(), r.seconds,
-              human_bytes(r.freed_bytes).c_str(), r.image.c_str(), human_bytes(bytes).c_str());
+              static_cast<int>(name_of_job(o, o.pid)), r.ranks.size(), r.seconds, human_bytes(r.freed_bytes).c_str(),
+              r.image.c_str(), human_bytes(bytes).c_str());
   print_cut(r.cut, held_ms);
   std::printf("  still in use on the ranks' devices: %s (their CUDA contexts, memory vmmckpt does not serve, other "
               "processes)\n",
               human_bytes(used_after).c_str());
   std::printf("  the job's threads wait until `cuda-ckpt resume --job %s`\n",
-              o.ranks.empty() ? std::to_string(o.pid).c_str() : ("--ranks " + std::to_string(o.ranks.front()) + ",...").c_str());
+              o.ranks.empty() ? std::to_string(o.pid).c_str()
+                              : ("--ranks " + std::to_string(o.ranks.front()) + ",...").c_str());
   return exit_ok;
 }
 
-int resume_job_command(const job_command_options& o, pid_t pid, bool json) {
+int resume_job_command(const job_command_options& o, pid_t pid, bool json, std::chrono::seconds deadline) {
   // A whole job's dump stopped midway may have left its processes stopped (CRIU's --leave-stopped), locked or
   // checkpointed by the driver: undone first, in that order, for every process of the job (a stopped process
   // answers nothing).
@@ -137,7 +138,7 @@ int resume_job_command(const job_command_options& o, pid_t pid, bool json) {
     for (const std::string& done : {ckpt::continue_stopped_by_dump(p), ckpt::recover_driver_state(p)})
       if (!done.empty() && !json) std::printf("process %d: %s\n", static_cast<int>(p), done.c_str());
   }
-  const auto r = ckpt::resume_job(spec_of(o, pid));
+  const auto r = ckpt::resume_job(spec_of(o, pid), {}, deadline);
   // A job image in the default place has served its purpose; one the user named stays.
   const std::string prefix = (ckpt::suspend_dir_of(::geteuid()) / "job-").string();
   for (const auto& x : r.resumes) {
@@ -150,7 +151,8 @@ int resume_job_command(const job_command_options& o, pid_t pid, bool json) {
   if (json) {
     std::vector<nlohmann::json> each;
     for (const auto& x : r.resumes) each.push_back({{"bytes", x.bytes}, {"seconds", x.seconds}, {"image", x.image}});
-    std::cout << nlohmann::json{{"ranks", ranks_json(r.ranks, each)}, {"bytes", r.bytes}, {"seconds", r.seconds}}.dump(2)
+    std::cout << nlohmann::json{{"ranks", ranks_json(r.ranks, each)}, {"bytes", r.bytes}, {"seconds", r.seconds}}.dump(
+                     2)
               << "\n";
     return exit_ok;
   }
@@ -167,14 +169,22 @@ int inspect_job_command(const std::string& image, bool json) {
   std::uint64_t bytes = 0;
   for (const auto& m : ranks) bytes += m.data_bytes;
   if (json) {
-    nlohmann::json out{{"image", image},          {"job", true},          {"kind", j.kind},
-                       {"root_pid", j.root_pid},  {"created", j.created}, {"host", j.host},
-                       {"tool_version", j.tool_version}, {"cut_seconds", j.cut_seconds},
-                       {"cut_rounds", j.cut_rounds},     {"held_ms", j.held_ms}, {"bytes", bytes}};
+    nlohmann::json out{{"image", image},
+                       {"job", true},
+                       {"kind", j.kind},
+                       {"root_pid", j.root_pid},
+                       {"created", j.created},
+                       {"host", j.host},
+                       {"tool_version", j.tool_version},
+                       {"cut_seconds", j.cut_seconds},
+                       {"cut_rounds", j.cut_rounds},
+                       {"held_ms", j.held_ms},
+                       {"bytes", bytes}};
     out["ranks"] = nlohmann::json::array();
     for (std::size_t i = 0; i < ranks.size(); ++i) {
       nlohmann::json devices = nlohmann::json::array();
-      for (const auto& d : ranks[i].devices) devices.push_back({{"ordinal", d.ordinal}, {"name", d.name}, {"uuid", d.uuid}});
+      for (const auto& d : ranks[i].devices)
+        devices.push_back({{"ordinal", d.ordinal}, {"name", d.name}, {"uuid", d.uuid}});
       out["ranks"].push_back({{"pid", j.ranks[i].pid},
                               {"image", j.rank_image(image, j.ranks[i].pid).string()},
                               {"image_id", j.ranks[i].image_id},

@@ -91,7 +91,7 @@ int suspend_command(const suspend_command_options& o) {
   return exit_ok;
 }
 
-int resume_command(pid_t pid, bool as_json) {
+int resume_command(pid_t pid, bool as_json, std::chrono::seconds deadline) {
   // A whole-process dump stopped midway may have left the process stopped (CRIU's --leave-stopped), and the
   // driver's lock or checkpoint: undone first, in that order (a stopped process answers nothing).
   const std::string continued = ckpt::continue_stopped_by_dump(pid);
@@ -99,7 +99,7 @@ int resume_command(pid_t pid, bool as_json) {
   const std::string recovered = ckpt::recover_driver_state(pid);
   if (!recovered.empty() && !as_json) std::printf("process %d: %s\n", static_cast<int>(pid), recovered.c_str());
   progress_line line("resume", !as_json);
-  const auto r = restore::resume(pid, line.callback());
+  const auto r = restore::resume(pid, line.callback(), {}, deadline);
   line.finish();
   if (as_json) {
     std::cout << nlohmann::json{{"pid", pid}, {"bytes", r.bytes}, {"seconds", r.seconds}, {"image", r.image}}.dump(2)
@@ -151,7 +151,9 @@ subcommand add_suspend(CLI::App& app) {
       "Whole job: cuda-ckpt suspend --job PID (or --ranks PID,...): the job's ranks are brought to one point\n"
       "(see dump --help), each writes its image into DIR/PID (default /dev/shm/vmmckpt-UID/job-PID-TIME), and\n"
       "only once all are complete does every rank free its GPU memory, the memory it maps of the other ranks\n"
-      "first: all of them or none. `cuda-ckpt resume --job PID` brings the job back.");
+      "first: all of them or none. `cuda-ckpt resume --job PID` brings the job back. A rank that exits, is\n"
+      "stopped or does not confirm its suspend fails the command (exit 1), named; the job is then left all\n"
+      "running, or all suspended, as the message says (docs/job-checkpoint.md).");
 
   return {command, [o] { return suspend_command(*o); }};
 }
@@ -160,18 +162,26 @@ subcommand add_resume(CLI::App& app) {
   struct options : job_command_options {
     pid_t pid = 0;
     bool json = false;
+    std::chrono::seconds deadline{ckpt::default_resume_deadline};
   };
   auto o = std::make_shared<options>();
   auto* command = app.add_subcommand("resume", "Give a suspended process its GPU memory back and let it go on");
   const CLI::Option* ranks = add_job(command, *o, "Resume");
   add_pid(command, o->pid, "The suspended process", {ranks});
   command->add_flag("--json", o->json, "Print the result as JSON");
+  add_hold_deadline(command, o->deadline,
+                    "Give up after this many whole seconds (1 to 3600; default " +
+                        std::to_string(ckpt::default_resume_deadline.count()) +
+                        "), loading included, saying which "
+                        "process it waits for and why (a stopped one: `kill -CONT PID`); the request expires with it, "
+                        "so a program that goes on later stays suspended");
   command->footer("A resume that cannot complete (not enough GPU memory, a damaged image) leaves the process\n"
                   "suspended with its image intact; it can be tried again. On a terminal a progress line shows\n"
                   "the program loading its image.");
 
   return {command, [o] {
-            return o->whole_job() ? resume_job_command(*o, o->pid, o->json) : resume_command(o->pid, o->json);
+            return o->whole_job() ? resume_job_command(*o, o->pid, o->json, o->deadline)
+                                  : resume_command(o->pid, o->json, o->deadline);
           }};
 }
 

@@ -4,36 +4,57 @@
 
 #include "job/job_run.hpp"
 #include "job/rendezvous.hpp"
+#include "vmmckpt/ckpt/control_client.hpp"
 #include "vmmckpt/ckpt/job.hpp"
+#include "vmmckpt/support/fault_point.hpp"
 
 namespace vmmckpt::ckpt {
+namespace {
 
-job_resume_result resume_job(const job_spec& job, const std::filesystem::path& images) {
+// The ranks a resume that did not complete waits for, a line each: those that are stopped, and why.
+std::string silent_ranks(const std::vector<pid_t>& ranks) {
+  std::string lines;
+  for (const pid_t pid : ranks)
+    if (const std::string why = why_silent(pid); !why.empty())
+      lines += "\n  process " + std::to_string(pid) + ": " + why;
+  return lines.empty() ? lines : "\nThe job's resume waits for:" + lines;
+}
+
+}  // namespace
+
+job_resume_result resume_job(const job_spec& job, const std::filesystem::path& images,
+                             std::chrono::milliseconds deadline) {
   using clock = std::chrono::steady_clock;
+  using stage = control::resume_request::stage;
   const auto start = clock::now();
+  const auto until = start + deadline;  // both stages, every rank
   job_resume_result r;
-  r.ranks = job_members(job, member_state::suspended);
+  // A member that does not answer (stopped) fails the command within its deadline.
+  const auto wait = std::min<std::chrono::milliseconds>(std::chrono::seconds(10), deadline);
+  r.ranks = job_members(job, member_state::suspended, wait);
   // Every rank of the job, those already running too: a rank maps their memory again as well, and after a restore
   // their start times changed.
-  const std::vector<pid_t> all = job_members(job, member_state::any);
+  const std::vector<pid_t> all = job_members(job, member_state::any, wait);
   const std::vector<std::int64_t> pids(all.begin(), all.end());
   r.resumes.resize(r.ranks.size());
   // A rank goes on only once every rank's memory is back: its first collective reads and writes the others'.
-  rendezvous loaded(r.ranks.size());
+  rendezvous loaded(r.ranks.size(), [] { fault_point("job:loaded"); });
   try {
     run_per_rank(r.ranks, {&loaded}, [&](std::size_t i) {
-    const std::filesystem::path image = images.empty() ? std::filesystem::path() : images / std::to_string(r.ranks[i]);
-    r.resumes[i] = request_resume(r.ranks[i], image, {}, "resume", nullptr, control::resume_request::stage::load);
-    loaded.arrive_and_wait();
-    const auto finished =
-        request_resume(r.ranks[i], {}, {}, "resume", nullptr, control::resume_request::stage::finish, pids);
-    if (r.resumes[i].image.empty()) r.resumes[i].image = finished.image;
+      const std::filesystem::path image =
+          images.empty() ? std::filesystem::path() : images / std::to_string(r.ranks[i]);
+      r.resumes[i] = request_resume(r.ranks[i], image, {}, "resume", nullptr, stage::load, {}, until);
+      loaded.arrive_and_wait();
+      const auto finished = request_resume(r.ranks[i], {}, {}, "resume", nullptr, stage::finish, pids, until);
+      if (r.resumes[i].image.empty()) r.resumes[i].image = finished.image;
     });
   } catch (const interrupted&) {
     throw;
   } catch (const std::exception& e) {
-    throw tool_error(std::string(e.what()) +
-                     "; the ranks that loaded their memory stay suspended with it, and those that went on run: "
+    // A request that waited in a stopped rank's socket past the deadline is refused when it goes on, never acted
+    // on late.
+    throw tool_error(std::string(e.what()) + silent_ranks(r.ranks) +
+                     "\nThe ranks that loaded their memory stay suspended with it, and those that went on run: "
                      "`cuda-ckpt resume --job` again finishes what is left");
   }
   for (const auto& x : r.resumes) r.bytes += x.bytes;

@@ -14,6 +14,34 @@
 
 namespace vmmckpt::ckpt {
 namespace fs = std::filesystem;
+namespace {
+
+// Each rank that is no longer there as the job's suspend needs it, a line each ("\n  process PID: WHY"): it has
+// exited (its start time is not the one it had), it is stopped, or (`late`, once asked) it did not confirm its
+// suspend. "" when every rank is there.
+std::string ranks_in_trouble(const std::vector<pid_t>& ranks, const std::vector<std::uint64_t>& started,
+                             const std::vector<suspend_result>& results) {
+  std::string lines;
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    std::string why = suspend_claim::start_time(ranks[i]) != started[i] ? "it has exited" : why_silent(ranks[i]);
+    if (why.empty() && results[i].late) why = "it took the suspend but did not confirm it in time";
+    if (!why.empty()) lines += "\n  process " + std::to_string(ranks[i]) + ": " + why;
+  }
+  return lines;
+}
+
+// What the job is left as, once accepted, when not every rank confirmed its suspend (docs/job-checkpoint.md).
+[[noreturn]] void accepted_but(const std::string& troubled, const fs::path& output) {
+  throw tool_error("the job's suspend was accepted, but not every rank is suspended as it should be:" + troubled +
+                   "\nEvery other rank is suspended; a stopped rank suspends itself on its image in " +
+                   output.string() +
+                   " once it is continued (its memory stays until then). `cuda-ckpt resume --job` brings the job "
+                   "back once every rank runs again; a rank that has exited cannot come back, and its job is "
+                   "lost (its launcher ends it)");
+}
+
+}  // namespace
+
 job_suspend_result suspend_job(const job_suspend_options& o) {
   using clock = std::chrono::steady_clock;
   job_suspend_result r;
@@ -24,6 +52,9 @@ job_suspend_result suspend_job(const job_suspend_options& o) {
       o.job, member_state::running,
       std::min<std::chrono::milliseconds>(std::chrono::seconds(10),
                                           std::chrono::duration_cast<std::chrono::milliseconds>(o.hold_deadline)));
+  // A rank that ends meanwhile is told apart from a new process given its pid.
+  std::vector<std::uint64_t> started;
+  for (const pid_t pid : r.ranks) started.push_back(suspend_claim::start_time(pid));
   // The ranks are told where their images will be, for good: the directory has its final name from the start.
   const fs::path output = new_image_path(o.output);
   make_private_directory(output);
@@ -56,6 +87,10 @@ job_suspend_result suspend_job(const job_suspend_options& o) {
   // Every rank's image complete and checked: the job is described, then its claim accepted. From the acceptance
   // on, a rank whose tool goes away suspends itself.
   rendezvous complete(r.ranks.size(), [&] {
+    // A rank that exited or was stopped while held would not take its suspend: the job is not suspended at all.
+    if (const std::string troubled = ranks_in_trouble(r.ranks, started, r.suspends); !troubled.empty())
+      throw tool_error("not every rank can be suspended:" + troubled +
+                       "\nThe job's suspend is given up: no rank is suspended, every other one goes on");
     j.cut_seconds = r.cut.seconds;
     j.cut_rounds = r.cut.rounds;
     write_job_manifest(output, j);
@@ -98,6 +133,10 @@ job_suspend_result suspend_job(const job_suspend_options& o) {
                      "`cuda-ckpt resume --job` brings the job back)");
   }
   cut->release();  // each rank's NCCL calls now wait for its resume
+  // A rank that did not answer its suspend request, or that exited or was stopped after it, is said: the command
+  // fails, naming it, and says what the job is left as.
+  if (const std::string troubled = ranks_in_trouble(r.ranks, started, r.suspends); !troubled.empty())
+    accepted_but(troubled, output);
   for (std::size_t i = 0; i < r.ranks.size(); ++i) {
     r.freed_bytes += r.suspends[i].freed_bytes;
   }

@@ -15,11 +15,14 @@ bool another_image(const ckpt::control_error& e) {
 
 }  // namespace
 
-ckpt::resume_result resume(pid_t pid, const ckpt::progress_callback& progress, const std::filesystem::path& image) {
-  if (!image.empty()) return ckpt::request_resume(pid, image, progress);
+ckpt::resume_result resume(pid_t pid, const ckpt::progress_callback& progress, const std::filesystem::path& image,
+                           std::chrono::milliseconds deadline) {
+  using stage = control::resume_request::stage;
+  const auto until = std::chrono::steady_clock::now() + deadline;  // every attempt below by the one deadline
+  if (!image.empty()) return ckpt::request_resume(pid, image, progress, "resume", nullptr, stage::both, {}, until);
   std::filesystem::path recorded;
   try {
-    return ckpt::request_resume(pid, {}, progress, "resume", &recorded);
+    return ckpt::request_resume(pid, {}, progress, "resume", &recorded, stage::both, {}, until);
   } catch (const ckpt::control_error& e) {
     // A whole-process image is renamed when its dump completes, and may have been restored from anywhere: when
     // the directory the suspend wrote is gone, the image is looked for under its other names, most likely
@@ -30,7 +33,7 @@ ckpt::resume_result resume(pid_t pid, const ckpt::progress_callback& progress, c
     if (candidates.empty()) throw;
     for (std::size_t k = 0;; ++k) {
       try {
-        return ckpt::request_resume(pid, candidates[k], progress);
+        return ckpt::request_resume(pid, candidates[k], progress, "resume", nullptr, stage::both, {}, until);
       } catch (const ckpt::control_error& again) {
         if (!another_image(again) || k + 1 == candidates.size()) throw;
       }

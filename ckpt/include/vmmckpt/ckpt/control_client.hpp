@@ -124,6 +124,11 @@ class control_client {
   // Called about ten times a second while an answer is awaited, until it is given another (empty: none):
   // it throws to give up waiting (Ctrl-C while the program drains for a hold).
   void while_waiting(std::function<void()> check) { while_waiting_ = std::move(check); }
+  // From `after` on, an answer is not awaited from a process of this host that is stopped (SIGSTOP, a debugger,
+  // a frozen cgroup: why_silent): the request fails within a tenth of a second, saying so, however long the
+  // deadline. dump_begin sets it to the hold's deadline, past which the tool waits only for a running program's
+  // own account of why it could not be held.
+  void give_up_on_stopped_after(clock::time_point after) { patience_ = after; }
 
  private:
   void send(const control::request& r);
@@ -138,6 +143,7 @@ class control_client {
   clock::time_point start_ = clock::now();
   int fd_ = -1;
   std::function<void()> while_waiting_;
+  clock::time_point patience_ = clock::time_point::max();
 };
 
 }  // namespace vmmckpt::ckpt

@@ -92,7 +92,9 @@ struct job_resume_result {
 // Every suspended rank of the job loads its memory (still held), then each maps the others' memory again and goes
 // on. A rank that cannot stays suspended, its memory loaded; resume_job again finishes what is left. `images`: the
 // directory holding the ranks' images (IMAGES/PID), when not where their suspend wrote them (a whole job's image,
-// moved or restored).
-job_resume_result resume_job(const job_spec& job, const std::filesystem::path& images = {});
+// moved or restored). Everything by `deadline` from now (resume --job's --deadline; ten minutes for the resume
+// that ends a whole job's dump or restore): past it, tool_error names the ranks it waits for that are stopped.
+job_resume_result resume_job(const job_spec& job, const std::filesystem::path& images = {},
+                             std::chrono::milliseconds deadline = std::chrono::minutes(10));
 
 }  // namespace vmmckpt::ckpt

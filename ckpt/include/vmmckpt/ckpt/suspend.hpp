@@ -3,6 +3,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -58,9 +59,17 @@ struct resume_result {
 // The program takes only the image its suspend wrote, and refuses another (control_error). The resume users
 // run, which also looks for an image renamed since, is restore/tool's (vmmckpt/restore/tool/resume.hpp).
 // A job's resume asks in two stages (control::resume_request::stage), naming the job's ranks for the second.
+// `deadline`: when the tool gives up waiting (none: ten minutes from now, for the resume that ends a restore); the
+// request is stamped valid until then, so that a program stopped meanwhile refuses it once continued, and stays
+// suspended (control_error saying which process it waited for, and why it is silent when it is stopped).
 resume_result request_resume(pid_t pid, const std::filesystem::path& image, const progress_callback& progress = {},
                              const char* verb = "resume", std::filesystem::path* recorded = nullptr,
                              control::resume_request::stage stage = control::resume_request::stage::both,
-                             const std::vector<std::int64_t>& ranks = {});
+                             const std::vector<std::int64_t>& ranks = {},
+                             std::optional<std::chrono::steady_clock::time_point> deadline = std::nullopt);
+
+// How long `cuda-ckpt resume` (and resume --job) waits for the program by default (--deadline): a resume that
+// loads tens of GiB from a slow disk needs a longer one.
+inline constexpr std::chrono::seconds default_resume_deadline{120};
 
 }  // namespace vmmckpt::ckpt
