@@ -218,6 +218,8 @@ void serve_hold(client_channel& client, const control::dump_begin_request& reque
       // Accepted, the gate stays closed: threads that call CUDA wait until resume. (suspend_held
       // releases the program itself when it does not suspend it.)
       const auto outcome = suspend_held(*s, request.job.has_value());
+      // Idle before the reply: a client that goes on at the reply (ps) must not find the operation still under way.
+      busy.change(control::activity::idle);
       std::visit([&](const auto& reply) { client.send(control::encode(reply)); }, outcome);
       return;
     }
@@ -228,7 +230,9 @@ void serve_hold(client_channel& client, const control::dump_begin_request& reque
         client.send(control::encode(control::dump_end_reply{0}));
         return;
       }
-      client.send(control::encode(control::dump_end_reply{release("dump finished")}));
+      const control::dump_end_reply released{release("dump finished")};
+      busy.change(control::activity::idle);
+      client.send(control::encode(released));
       return;
     }
   }
