@@ -158,8 +158,7 @@ TEST_CASE("job cut: making a communicator is held only once the cut is frozen, a
   CHECK(made);
 }
 
-TEST_CASE("job cut: a suspended job's rank stays at its NCCL calls, armed or not, until it runs again",
-          "[job_cut]") {
+TEST_CASE("job cut: a suspended job's rank stays at its NCCL calls, armed or not, until it runs again", "[job_cut]") {
   int handle = 0;
   make_comm(&handle, 0, 2);
   cut::hold_while_suspended(true);

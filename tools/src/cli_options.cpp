@@ -56,8 +56,7 @@ const CLI::Option* add_job(CLI::App* command, job_command_options& o, const std:
                     what + " the whole multi-rank job PID belongs to: every process under vmmckpt in PID's tree "
                            "(PID: the launcher, torchrun or mpirun or a Slurm step), brought to one point of the "
                            "job first (docs/job-checkpoint.md)");
-  return command
-      ->add_option("--ranks", o.ranks, "The job's processes, named (PID,PID,...), instead of a launcher")
+  return command->add_option("--ranks", o.ranks, "The job's processes, named (PID,PID,...), instead of a launcher")
       ->delimiter(',')
       ->check(process_id)
       ->type_name("PID,...");

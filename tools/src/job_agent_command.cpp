@@ -60,9 +60,13 @@ int dump_nodes_command(const dump_command_options& o, const ckpt::copy_settings&
                        {"ranks", n.ranks},
                        {"bytes", n.bytes},
                        {"held_ms", n.held_ms}});
-    std::cout << nlohmann::json{{"image", r.image.string()},  {"nodes", nodes},    {"bytes", bytes},
-                                {"cut_seconds", r.cut.seconds}, {"cut_rounds", r.cut.rounds},
-                                {"held_ms", r.held_ms},       {"seconds", r.seconds}}
+    std::cout << nlohmann::json{{"image", r.image.string()},
+                                {"nodes", nodes},
+                                {"bytes", bytes},
+                                {"cut_seconds", r.cut.seconds},
+                                {"cut_rounds", r.cut.rounds},
+                                {"held_ms", r.held_ms},
+                                {"seconds", r.seconds}}
                      .dump(2)
               << "\n";
     return exit_ok;
@@ -89,9 +93,15 @@ int inspect_job_nodes_command(const std::string& image, bool json) {
                        {"ranks", n.ranks},
                        {"image", (fs::path(image) / n.name).string()},
                        {"here", part_here(image, n)}});
-    std::cout << nlohmann::json{{"image", image},          {"job", true},           {"kind", j.kind},
-                                {"created", j.created},    {"host", j.host},        {"tool_version", j.tool_version},
-                                {"cut_seconds", j.cut_seconds}, {"cut_rounds", j.cut_rounds}, {"held_ms", j.held_ms},
+    std::cout << nlohmann::json{{"image", image},
+                                {"job", true},
+                                {"kind", j.kind},
+                                {"created", j.created},
+                                {"host", j.host},
+                                {"tool_version", j.tool_version},
+                                {"cut_seconds", j.cut_seconds},
+                                {"cut_rounds", j.cut_rounds},
+                                {"held_ms", j.held_ms},
                                 {"nodes", nodes}}
                      .dump(2)
               << "\n";
@@ -134,7 +144,10 @@ int verify_job_nodes_command(const std::string& image, bool json) {
       throw image::image_error("no node's part is on this host (" + listed(elsewhere) +
                                " are on their nodes): verify DIR there; nothing was checked");
     if (json) {
-      std::cout << nlohmann::json{{"image", image}, {"ok", true}, {"job", true}, {"checked", checked},
+      std::cout << nlohmann::json{{"image", image},
+                                  {"ok", true},
+                                  {"job", true},
+                                  {"checked", checked},
                                   {"elsewhere", elsewhere}}
                        .dump(2)
                 << "\n";
@@ -162,25 +175,25 @@ subcommand add_job_agent(CLI::App& app) {
   auto o = std::make_shared<options>();
   auto* command = app.add_subcommand(
       "job-agent", "Serve this node's part of a job across nodes to `cuda-ckpt dump --nodes` (until SIGINT/SIGTERM)");
-  const CLI::Option* ranks = command
-                                 ->add_option("--ranks", o->ranks, "This node's ranks, named (PID,PID,...), instead of a launcher")
-                                 ->delimiter(',')
-                                 ->check(process_id)
-                                 ->type_name("PID,...");
-  add_pid(command, o->pid, "The job's launcher on this node (torchrun, mpirun, a Slurm step): its tree is the node's part",
-          {ranks});
+  const CLI::Option* ranks =
+      command->add_option("--ranks", o->ranks, "This node's ranks, named (PID,PID,...), instead of a launcher")
+          ->delimiter(',')
+          ->check(process_id)
+          ->type_name("PID,...");
+  add_pid(command, o->pid,
+          "The job's launcher on this node (torchrun, mpirun, a Slurm step): its tree is the node's part", {ranks});
   command->add_option("--listen", o->listen, "Where coordinators connect, HOST:PORT (port 0: any free one, printed)")
       ->required()
       ->type_name("HOST:PORT");
-  command->add_option("--token-file", o->token_file,
-                      "The job's secret, its first line (16 characters or more; readable by its owner only): a "
-                      "connection that does not open with it is refused")
+  command
+      ->add_option("--token-file", o->token_file,
+                   "The job's secret, its first line (16 characters or more; readable by its owner only): a "
+                   "connection that does not open with it is refused")
       ->required()
       ->type_name("FILE");
-  command->footer(
-      "Prints `listening at HOST:PORT` once it listens, then a line on stderr for each operation served.\n"
-      "One operation at a time; each rank of this node is checked as any other command checks a process\n"
-      "(its owner, the shim in it) before a coordinator reaches it.");
+  command->footer("Prints `listening at HOST:PORT` once it listens, then a line on stderr for each operation served.\n"
+                  "One operation at a time; each rank of this node is checked as any other command checks a process\n"
+                  "(its owner, the shim in it) before a coordinator reaches it.");
   return {command, [o] {
             ckpt::job_agent_options a;
             a.job = {o->ranks.empty() ? o->pid : 0, o->ranks};

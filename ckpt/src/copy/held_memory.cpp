@@ -178,7 +178,7 @@ class held_memory::vmm_mapping {
   const driver_api& d_;
   const CUdevice copier_;
   std::vector<window> reserved_;
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> mapped_;  // the program's addresses
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> mapped_;    // the program's addresses
   std::map<std::uint64_t, CUmemGenericAllocationHandle> handles_;  // by token
   std::map<std::uint64_t, CUdevice> devices_;                      // by token
   std::map<CUdevice, std::vector<CUmemAccessDesc>> access_;        // by device

@@ -21,7 +21,7 @@ struct cut_coordinator::rank {
 };
 
 std::vector<std::unique_ptr<control_client>> cut_coordinator::connect(const std::vector<pid_t>& ranks,
-                                                                       clock::time_point deadline) {
+                                                                      clock::time_point deadline) {
   std::vector<std::unique_ptr<control_client>> clients;
   clients.reserve(ranks.size());
   for (const pid_t pid : ranks) clients.push_back(std::make_unique<control_client>(pid, deadline));
@@ -36,8 +36,7 @@ std::string cut_coordinator::name_of(const rank& r) {
 cut_coordinator::cut_coordinator(const std::vector<pid_t>& ranks, clock::time_point armed_until)
     : cut_coordinator(connect(ranks, armed_until), armed_until) {}
 
-cut_coordinator::cut_coordinator(std::vector<std::unique_ptr<control_client>> clients,
-                                 clock::time_point armed_until) {
+cut_coordinator::cut_coordinator(std::vector<std::unique_ptr<control_client>> clients, clock::time_point armed_until) {
   // A second past the deadline: this tool, not a rank's lapsing arming, is the one to find the deadline passed
   // (and say which rank was not there). A tool that dies leaves them a second later.
   const auto armed_for = std::max(std::chrono::milliseconds(1),

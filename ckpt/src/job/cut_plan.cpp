@@ -66,16 +66,14 @@ bool at_cut(const control::cut_status& rank, const std::vector<control::comm_cou
 }
 
 std::string against_targets(const control::cut_status& rank, const std::vector<control::comm_count>& targets) {
-  std::string text = !rank.where.empty() ? "waiting in " + rank.where
-                     : rank.in_flight > 0
-                         ? "inside an NCCL call (" + std::to_string(rank.in_flight) + " under way)"
-                         : "not at an NCCL call (in a long kernel, or busy or blocked elsewhere)";
+  std::string text = !rank.where.empty()  ? "waiting in " + rank.where
+                     : rank.in_flight > 0 ? "inside an NCCL call (" + std::to_string(rank.in_flight) + " under way)"
+                                          : "not at an NCCL call (in a long kernel, or busy or blocked elsewhere)";
   for (const auto& t : targets)
     for (const auto& c : rank.comms) {
       if (c.id != t.id || c.rank != t.rank) continue;
       std::string behind;
-      if (c.ops < t.ops)
-        behind += std::to_string(c.ops) + " of " + std::to_string(t.ops) + " collectives";
+      if (c.ops < t.ops) behind += std::to_string(c.ops) + " of " + std::to_string(t.ops) + " collectives";
       for (const auto& s : t.sends)
         if (const auto n = count_for(c.sends, s.peer); n < s.count)
           behind += (behind.empty() ? "" : ", ") + std::to_string(n) + " of " + std::to_string(s.count) +
@@ -84,8 +82,7 @@ std::string against_targets(const control::cut_status& rank, const std::vector<c
         if (const auto n = count_for(c.recvs, v.peer); n < v.count)
           behind += (behind.empty() ? "" : ", ") + std::to_string(n) + " of " + std::to_string(v.count) +
                     " receives from rank " + std::to_string(v.peer);
-      if (!behind.empty())
-        text += "; communicator " + hex(c.id) + " (rank " + std::to_string(c.rank) + "): " + behind;
+      if (!behind.empty()) text += "; communicator " + hex(c.id) + " (rank " + std::to_string(c.rank) + "): " + behind;
     }
   return text;
 }

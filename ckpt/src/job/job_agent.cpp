@@ -163,8 +163,9 @@ void serve_rank(node_link& link, const nlohmann::json& request, agent_state& sta
   const int tcp = link.release(unread);
   // The coordinator sends nothing before it reads "connected".
   if (unread.empty())
-    relay(tcp, rank.fd(), clock_offset_ms, [&] { return state.in_operation(operation, pid); },
-          until + std::chrono::seconds(2));
+    relay(
+        tcp, rank.fd(), clock_offset_ms, [&] { return state.in_operation(operation, pid); },
+        until + std::chrono::seconds(2));
   ::close(tcp);
 }
 

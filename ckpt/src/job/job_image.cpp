@@ -45,8 +45,9 @@ void decode_shared(const jf::json& j, const char* format, std::initializer_list<
 // The same written: the fields before and after those of one kind of file alone.
 template <typename Image>
 nlohmann::ordered_json shared_head(const char* format, const Image& j) {
-  return {{"format", format},         {"version", job_format_version}, {"kind", j.kind},
-          {"tool_version", j.tool_version}, {"created", j.created},          {"host", j.host}};
+  return {{"format", format},     {"version", job_format_version},
+          {"kind", j.kind},       {"tool_version", j.tool_version},
+          {"created", j.created}, {"host", j.host}};
 }
 template <typename Image>
 void add_cut(nlohmann::ordered_json& out, const Image& j) {
@@ -174,7 +175,8 @@ void verify_job_image(const fs::path& dir, const job_image& j, bool data) {
   if (j.kind == "suspend") expected.insert(suspend_claim::job_accepted);
   for (const auto& r : j.ranks) expected.insert(std::to_string(r.pid));
   for (const auto& name : names_in(top.fd, dir))
-    if (expected.count(name) == 0) fail((dir / name).string() + ": not part of the job's image (job.json names it not)");
+    if (expected.count(name) == 0)
+      fail((dir / name).string() + ": not part of the job's image (job.json names it not)");
   for (const auto& name : expected)
     if (name != job_manifest_name && name != suspend_claim::job_accepted) {
       fd_guard rank(open_inner_dir(top.fd, name, dir / name));  // there, a directory, no link

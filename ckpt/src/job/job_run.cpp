@@ -26,7 +26,8 @@ void make_private_directory(const fs::path& dir) {
   std::error_code ec;
   fs::create_directories(dir.parent_path(), ec);
   if (::mkdir(dir.c_str(), 0700) != 0)
-    throw image::image_error(dir.string() + ": cannot be created: " + std::error_code(errno, std::generic_category()).message());
+    throw image::image_error(dir.string() +
+                             ": cannot be created: " + std::error_code(errno, std::generic_category()).message());
 }
 
 void run_per_rank(const std::vector<pid_t>& ranks, std::initializer_list<rendezvous*> meetings,

@@ -77,8 +77,7 @@ std::string node_address::text() const {
 
 node_address parse_node_address(const std::string& text) {
   const auto colon = text.rfind(':');
-  if (colon == std::string::npos || colon + 1 == text.size())
-    throw tool_error("\"" + text + "\" is no HOST:PORT");
+  if (colon == std::string::npos || colon + 1 == text.size()) throw tool_error("\"" + text + "\" is no HOST:PORT");
   node_address a{text.substr(0, colon), text.substr(colon + 1)};
   if (a.host.size() >= 2 && a.host.front() == '[' && a.host.back() == ']') a.host = a.host.substr(1, a.host.size() - 2);
   if (!std::all_of(a.port.begin(), a.port.end(), [](char c) { return c >= '0' && c <= '9'; }) || a.port.size() > 5 ||
@@ -98,8 +97,8 @@ std::string read_token_file(const std::filesystem::path& file) {
   std::string token;
   if (!std::getline(in, token) && !in.eof()) throw tool_error(file.string() + ": cannot be read");
   if (token.size() < min_token)
-    throw tool_error(file.string() + ": its first line, the job's secret, needs at least " +
-                     std::to_string(min_token) + " characters");
+    throw tool_error(file.string() + ": its first line, the job's secret, needs at least " + std::to_string(min_token) +
+                     " characters");
   return token;
 }
 
@@ -200,7 +199,8 @@ nlohmann::json node_link::receive(clock::time_point deadline) {
     if (n == 0) throw tool_error(peer_ + " closed the connection (it exited or gave up)");
     if (errno == EINTR) continue;
     if ((errno == EAGAIN || errno == EWOULDBLOCK) && wait_for(fd_, POLLIN, deadline)) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) throw tool_error(peer_ + " did not answer in time (the deadline passed)");
+    if (errno == EAGAIN || errno == EWOULDBLOCK)
+      throw tool_error(peer_ + " did not answer in time (the deadline passed)");
     throw tool_error("lost the connection to " + peer_ + ": " + errno_text(errno));
   }
 }

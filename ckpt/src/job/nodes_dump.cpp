@@ -117,8 +117,9 @@ void write_and_commit(std::vector<node_connection>& nodes, nodes_dump_result& r)
       committed += (committed.empty() ? "" : ", ") + n.name;
     }
   } catch (const tool_error& e) {
-    throw tool_error(std::string(e.what()) + (committed.empty() ? "" : "; the parts of " + committed + " are in " +
-                                                                       r.image.string() + " without job-nodes.json"));
+    throw tool_error(std::string(e.what()) + (committed.empty() ? ""
+                                                                : "; the parts of " + committed + " are in " +
+                                                                      r.image.string() + " without job-nodes.json"));
   }
 }
 

@@ -137,7 +137,8 @@ process_image decode_description(const jf::json& j) {
     if (version < process_format_version) fail("driver_only: not in a version " + std::to_string(version) + " image");
     const auto& list = jf::array_at(*only, "driver_only");
     if (list.size() > max_processes) fail("driver_only: more than " + std::to_string(max_processes));
-    for (std::size_t i = 0; i < list.size(); ++i) p.driver_only.push_back(pid_at(list[i], jf::index("driver_only", i), 1));
+    for (std::size_t i = 0; i < list.size(); ++i)
+      p.driver_only.push_back(pid_at(list[i], jf::index("driver_only", i), 1));
   }
   const auto& processes = jf::array_of(j, "", "processes");
   if (processes.empty() || processes.size() > max_processes)
@@ -321,8 +322,8 @@ namespace {
 nlohmann::json description_json(const process_image& p) {
   nlohmann::json j = {{"format", process_format_name},
                       {"version", p.job || !p.driver_only.empty() ? process_format_version
-                                  : p.pre_copied()                 ? process_format_version_pre_copy
-                                                                   : process_format_version_plain},
+                                  : p.pre_copied()                ? process_format_version_pre_copy
+                                                                  : process_format_version_plain},
                       {"tool_version", p.tool_version},
                       {"created", p.created},
                       {"host", p.host},

@@ -161,8 +161,8 @@ std::vector<comm_count> decode_comm_counts(const json& root, const char* name) {
   return out;
 }
 
-constexpr std::pair<resume_request::stage, const char*> resume_stages[] = {
-    {resume_request::stage::load, "load"}, {resume_request::stage::finish, "finish"}};
+constexpr std::pair<resume_request::stage, const char*> resume_stages[] = {{resume_request::stage::load, "load"},
+                                                                           {resume_request::stage::finish, "finish"}};
 
 hello_reply decode_hello(const json& root) {
   hello_reply r;
@@ -787,17 +787,18 @@ std::vector<example> example_messages() {
   return {
       {op::hello, encode(request{hello_request{true}}), encode(hello)},
       {op::dump_begin,
-       encode(request{dump_begin_request{std::chrono::milliseconds(30'000), 1795430130000, true,
-                                         job_suspend{"/images/job1", "/images/job1/4242",
-                                                     "0123456789abcdef0123456789abcdef", {4242, 4243}}}}),
+       encode(request{dump_begin_request{
+           std::chrono::milliseconds(30'000), 1795430130000, true,
+           job_suspend{"/images/job1", "/images/job1/4242", "0123456789abcdef0123456789abcdef", {4242, 4243}}}}),
        encode(held)},
       {op::dump_end, encode(request{dump_end_request{}}), encode(dump_end_reply{183000})},
       {op::suspend,
        encode(request{suspend_request{"/dev/shm/vmmckpt-1000/suspend-4242-20261123-101500",
                                       "0123456789abcdef0123456789abcdef", 1795430250000}}),
        encode(suspend_reply{8657043456, 6200000, {{0, 1107689472}}})},
-      {op::resume, encode(request{resume_request{1795431000000, true, "/images/job1/gpu/4242",
-                                                resume_request::stage::load, {4242, 4243}}}),
+      {op::resume,
+       encode(request{
+           resume_request{1795431000000, true, "/images/job1/gpu/4242", resume_request::stage::load, {4242, 4243}}}),
        encode(resume_reply{8593080320, 3.83, "/dev/shm/vmmckpt-1000/suspend-4242-20261123-101500"})},
       {op::check, encode(request{check_request{}}),
        encode(check_reply{false, {"device 0: block at 0x200000000000 has no physical memory"}})},

@@ -40,11 +40,11 @@ struct nccl_door {
 
 // The real function, or null when no libnccl is loaded (a caller that found ours by name without NCCL); a call
 // from inside NCCL goes straight to it.
-#define VMMCKPT_REAL(name, ...)                           \
-  static nccl_symbol real_symbol{#name};                  \
-  const auto real = real_symbol.get<decltype(&name)>();   \
-  if (real == nullptr) return nccl_system_error;          \
-  const nccl_door door;                                   \
+#define VMMCKPT_REAL(name, ...)                         \
+  static nccl_symbol real_symbol{#name};                \
+  const auto real = real_symbol.get<decltype(&name)>(); \
+  if (real == nullptr) return nccl_system_error;        \
+  const nccl_door door;                                 \
   if (door.nested) return real(__VA_ARGS__)
 
 // The rank and size of a communicator NCCL made, through NCCL itself.
@@ -93,8 +93,8 @@ VMMCKPT_EXPORT nccl_result ncclReduce(const void* send, void* recv, std::size_t 
                                       int root, nccl_comm comm, CUstream stream);
 VMMCKPT_EXPORT nccl_result ncclAllGather(const void* send, void* recv, std::size_t count, int type, nccl_comm comm,
                                          CUstream stream);
-VMMCKPT_EXPORT nccl_result ncclReduceScatter(const void* send, void* recv, std::size_t count, int type,
-                                             int reduction, nccl_comm comm, CUstream stream);
+VMMCKPT_EXPORT nccl_result ncclReduceScatter(const void* send, void* recv, std::size_t count, int type, int reduction,
+                                             nccl_comm comm, CUstream stream);
 VMMCKPT_EXPORT nccl_result ncclAlltoAll(const void* send, void* recv, std::size_t count, int type, nccl_comm comm,
                                         CUstream stream);
 VMMCKPT_EXPORT nccl_result ncclGather(const void* send, void* recv, std::size_t count, int type, int root,
@@ -103,8 +103,7 @@ VMMCKPT_EXPORT nccl_result ncclScatter(const void* send, void* recv, std::size_t
                                        nccl_comm comm, CUstream stream);
 VMMCKPT_EXPORT nccl_result ncclSend(const void* send, std::size_t count, int type, int peer, nccl_comm comm,
                                     CUstream stream);
-VMMCKPT_EXPORT nccl_result ncclRecv(void* recv, std::size_t count, int type, int peer, nccl_comm comm,
-                                    CUstream stream);
+VMMCKPT_EXPORT nccl_result ncclRecv(void* recv, std::size_t count, int type, int peer, nccl_comm comm, CUstream stream);
 VMMCKPT_EXPORT nccl_result ncclGroupStart();
 VMMCKPT_EXPORT nccl_result ncclGroupEnd();
 VMMCKPT_EXPORT nccl_result ncclGroupSimulateEnd(nccl_sim_info* info);
@@ -179,22 +178,20 @@ nccl_result ncclReduce(const void* send, void* recv, std::size_t count, int type
   return real(send, recv, count, type, reduction, root, comm, stream);
 }
 
-nccl_result ncclAllGather(const void* send, void* recv, std::size_t count, int type, nccl_comm comm,
-                          CUstream stream) {
+nccl_result ncclAllGather(const void* send, void* recv, std::size_t count, int type, nccl_comm comm, CUstream stream) {
   VMMCKPT_REAL(ncclAllGather, send, recv, count, type, comm, stream);
   op counted("ncclAllGather", comm, op::kind::collective);
   return real(send, recv, count, type, comm, stream);
 }
 
-nccl_result ncclReduceScatter(const void* send, void* recv, std::size_t count, int type, int reduction,
-                              nccl_comm comm, CUstream stream) {
+nccl_result ncclReduceScatter(const void* send, void* recv, std::size_t count, int type, int reduction, nccl_comm comm,
+                              CUstream stream) {
   VMMCKPT_REAL(ncclReduceScatter, send, recv, count, type, reduction, comm, stream);
   op counted("ncclReduceScatter", comm, op::kind::collective);
   return real(send, recv, count, type, reduction, comm, stream);
 }
 
-nccl_result ncclAlltoAll(const void* send, void* recv, std::size_t count, int type, nccl_comm comm,
-                         CUstream stream) {
+nccl_result ncclAlltoAll(const void* send, void* recv, std::size_t count, int type, nccl_comm comm, CUstream stream) {
   VMMCKPT_REAL(ncclAlltoAll, send, recv, count, type, comm, stream);
   op counted("ncclAlltoAll", comm, op::kind::collective);
   return real(send, recv, count, type, comm, stream);

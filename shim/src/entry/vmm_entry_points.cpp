@@ -398,9 +398,9 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemExportToShareableHandle(void* shareable, CU
       [&](const driver_api* d) { return d->cuMemExportToShareableHandle(shareable, handle, type, flags); },
       [&](const driver_api* d, vmm_state* s, std::unique_lock<std::mutex>&) {
         if (looks_like_import_token(handle))  // another process's memory: its exporter says what it is
-          return dead_token(*s, handle) ? CUDA_ERROR_INVALID_VALUE
-                                        : d->cuMemExportToShareableHandle(shareable, real_handle(*s, handle), type,
-                                                                          flags);
+          return dead_token(*s, handle)
+                     ? CUDA_ERROR_INVALID_VALUE
+                     : d->cuMemExportToShareableHandle(shareable, real_handle(*s, handle), type, flags);
         // a suspended program's handles have no driver handle under them
         const vmm_handle* h = s->registry.live_handle(handle);
         if (h == nullptr) return CUDA_ERROR_INVALID_VALUE;  // dead_token(): never the driver's

@@ -202,8 +202,8 @@ status vmm_map_imports_again(const std::vector<std::int64_t>& job_ranks) noexcep
       if (x.real != 0) continue;
       auto said = [&](const status& why) {
         return failure(why.code(), "process {}'s memory that this one maps at {} ({} bytes): {}", x.origin.exporter_pid,
-                       x.mappings.empty() ? std::string("nowhere") : hex(x.mappings.front().addr),
-                       x.origin.handle_size, why.message());
+                       x.mappings.empty() ? std::string("nowhere") : hex(x.mappings.front().addr), x.origin.handle_size,
+                       why.message());
       };
       // Asked without the registry's lock: the exporter may be asking this process the same meanwhile.
       CUmemGenericAllocationHandle real = 0;

@@ -220,9 +220,7 @@ std::variant<control::resume_reply, control::failure_reply> resume(const control
   return loaded;
 }
 
-bool memory_loaded_while_suspended() noexcept {
-  return g_loaded.load() && current_state() == process_state::suspended;
-}
+bool memory_loaded_while_suspended() noexcept { return g_loaded.load() && current_state() == process_state::suspended; }
 
 bool restore_ready() noexcept {
   const int s = g_state.load(std::memory_order_acquire);

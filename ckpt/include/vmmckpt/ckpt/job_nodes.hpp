@@ -26,7 +26,7 @@ struct job_agent_options {
   std::string listen;  // HOST:PORT (port 0: any free one)
   std::string token;   // the job's shared secret: a connection that does not open with it is refused
   std::function<void(const std::string& bound)> listening;  // told where it listens, once it does
-  std::function<void(const std::string& line)> log;        // a line per request served and how it ended
+  std::function<void(const std::string& line)> log;         // a line per request served and how it ended
   const std::atomic<int>* stop = nullptr;                   // nonzero: stop serving and return
 };
 

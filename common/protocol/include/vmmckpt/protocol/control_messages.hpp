@@ -40,9 +40,9 @@ enum class op {
   cut_targets,
   cut_release
 };
-inline constexpr op all_ops[] = {op::hello,       op::dump_begin,   op::dump_end,  op::suspend,   op::resume,
-                                 op::check,       op::ipc_open,     op::ipc_close, op::vmm_identify, op::vmm_share,
-                                 op::vmm_unshare, op::cut_arm,      op::cut_targets, op::cut_release};
+inline constexpr op all_ops[] = {op::hello,       op::dump_begin, op::dump_end,    op::suspend,      op::resume,
+                                 op::check,       op::ipc_open,   op::ipc_close,   op::vmm_identify, op::vmm_share,
+                                 op::vmm_unshare, op::cut_arm,    op::cut_targets, op::cut_release};
 std::string_view name_of(op o);
 
 // Why the process refused a request: what the tool acts on. The reply's text says it to a person.
