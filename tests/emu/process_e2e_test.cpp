@@ -224,7 +224,7 @@ TEST_CASE("dump --process --pre-copy: the GPU parts dumped while the process run
 }
 
 TEST_CASE("dump --process killed at each step: cuda-ckpt resume brings the process back, and no image is left",
-          "[process][fault]") {
+          "[process][fault][leftovers]") {
   REQUIRE_CRIU();
   // "pre-copy " first: the dump with --pre-copy.
   std::string point =

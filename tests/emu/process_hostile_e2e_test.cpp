@@ -173,7 +173,7 @@ TEST_CASE("as root, an image another user owns or may write is refused, saying w
 }
 
 TEST_CASE("gc never removes part of a whole-process image, and the image and its child still verify",
-          "[process][hostile]") {
+          "[process][hostile][leftovers]") {
   REQUIRE_CRIU();
   ticker_tree t;
   const fs::path full = t.dir.path / "full", inc = t.dir.path / "inc";

@@ -58,7 +58,7 @@ std::vector<fs::path> records_of(pid_t pid) {
 }  // namespace
 
 TEST_CASE("dump --process killed while criu dump runs: the program is not lost, ps names resume, resume brings it back",
-          "[process][transaction]") {
+          "[process][transaction][leftovers]") {
   REQUIRE_CRIU();
   ticker_tree t;
   const fs::path image = t.dir.path / "image";
@@ -92,7 +92,7 @@ TEST_CASE("dump --process killed while criu dump runs: the program is not lost, 
 }
 
 TEST_CASE("dump --process killed after CRIU and its program killed: restore DIR finds the image under its other name",
-          "[process][transaction]") {
+          "[process][transaction][leftovers]") {
   REQUIRE_CRIU();
   ticker_tree t;
   const fs::path image = t.dir.path / "image";
@@ -126,7 +126,7 @@ TEST_CASE("dump --process killed after CRIU and its program killed: restore DIR 
 TEST_CASE(
     "dump --process into a file system some inodes short: it fails before the image or completes, and the program "
     "is never lost",
-    "[process][transaction]") {
+    "[process][transaction][leftovers]") {
   REQUIRE_CRIU();
   ticker_tree t;
   const fs::path small = t.dir.path / "small";
@@ -176,7 +176,7 @@ TEST_CASE(
 }
 
 TEST_CASE("restore DIR killed while criu restore runs: the process waits, ps names resume, resume finds its image",
-          "[process][transaction]") {
+          "[process][transaction][leftovers]") {
   REQUIRE_CRIU();
   ticker_tree t;
   const fs::path image = t.dir.path / "image";
@@ -209,7 +209,7 @@ TEST_CASE("restore DIR killed while criu restore runs: the process waits, ps nam
 }
 
 TEST_CASE("restore DIR refuses a process.json that names a pid CRIU does not restore, before anything starts",
-          "[process][transaction]") {
+          "[process][transaction][leftovers]") {
   REQUIRE_CRIU();
   ticker_tree t;
   const fs::path image = t.dir.path / "image";
@@ -242,7 +242,7 @@ TEST_CASE("restore DIR refuses a process.json that names a pid CRIU does not res
 
 TEST_CASE("dump --process --leave-running killed after its resume request: no way back is named, and once the "
           "program ends no record is left",
-          "[process][transaction]") {
+          "[process][transaction][leftovers]") {
   REQUIRE_CRIU();
   // The program takes a while over loading its memory (it says suspended until it is loaded).
   ::setenv("VMMCKPT_TEST_FAULT", "program:resuming=pause:3000", 1);

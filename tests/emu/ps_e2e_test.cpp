@@ -214,7 +214,7 @@ TEST_CASE("ps shows busy processes with their state: dumping, suspending, resumi
 }
 
 TEST_CASE("ps shows the suspend image of a killed process as orphaned, with its size and gc, which removes it",
-          "[emu][ps]") {
+          "[emu][ps][leftovers]") {
   auto program = start_writer();
   const auto s = run_process({cuda_ckpt, "suspend", std::to_string(program->pid()), "--json"});
   INFO(describe(s));
@@ -323,7 +323,7 @@ pid_t first_child(pid_t parent) {
 
 TEST_CASE("A program in namespaces of its own (pid, mount with its own /tmp, network) is found, dumped, suspended and "
           "resumed",
-          "[emu][ps][namespace]") {
+          "[emu][ps][namespace][leftovers]") {
   // As a container runs it: it names its socket by the pid it sees (1), in a /tmp only its mount namespace has,
   // and its abstract name lives in a network namespace of its own. The tool reaches it through /proc/PID/root.
   if (run_process({"unshare", "--pid", "--fork", "--mount", "--net", "true"}).exit_code != 0 &&

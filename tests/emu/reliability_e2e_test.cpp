@@ -271,7 +271,8 @@ TEST_CASE("resume takes only the image its own suspend wrote", "[emu][reliabilit
   wait_until_state(program->pid(), "running");
 }
 
-TEST_CASE("gc keeps the image of a program that took its claim and is still suspending", "[emu][reliability]") {
+TEST_CASE("gc keeps the image of a program that took its claim and is still suspending",
+          "[emu][reliability][leftovers]") {
   // The program pauses 3 s between taking the claim and saying it is suspended: gc, meanwhile, must not take
   // the image from it (it removed it once, in a test run beside another that ran gc).
   scratch_dir dir;
@@ -294,7 +295,8 @@ TEST_CASE("gc keeps the image of a program that took its claim and is still susp
   wait_until_state(program.pid(), "running");
 }
 
-TEST_CASE("gc removes what killed tools left behind, and keeps what a process depends on", "[emu][reliability]") {
+TEST_CASE("gc removes what killed tools left behind, and keeps what a process depends on",
+          "[emu][reliability][leftovers]") {
   scratch_dir dir;
   auto program = start_writer();
   const std::string pid = std::to_string(program->pid());

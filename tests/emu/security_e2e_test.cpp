@@ -358,7 +358,8 @@ TEST_CASE("a server posing as a program at its socket file and its abstract name
   REQUIRE(program.process().running());
 }
 
-TEST_CASE("gc removes the private socket directory of a killed program, with its socket", "[emu][security]") {
+TEST_CASE("gc removes the private socket directory of a killed program, with its socket",
+          "[emu][security][leftovers]") {
   if (::geteuid() != 0) VMMCKPT_SKIP("needs root to act as two other users inside the test");
   constexpr uid_t owner = 65530;
   const socket_dirs_of dirs(owner);
@@ -416,7 +417,7 @@ TEST_CASE("another user's dump --job and dump --process of root's program say it
 }
 
 TEST_CASE("another user's gc over a tree holding root's image skips it, names it, and collects the rest",
-          "[emu][security]") {
+          "[emu][security][leftovers]") {
   if (::geteuid() != 0) VMMCKPT_SKIP("needs root to run the tool as another user");
   scratch_dir dir;
   ::chmod(dir.path.c_str(), 0755);

@@ -103,7 +103,7 @@ TEST_CASE("a resume from a damaged image fails, the program stays suspended, and
   REQUIRE(process_state(program->pid()).at("state") == "running");
 }
 
-TEST_CASE("a suspend whose tool dies before the image is complete frees nothing", "[emu][suspend]") {
+TEST_CASE("a suspend whose tool dies before the image is complete frees nothing", "[emu][suspend][leftovers]") {
   scratch_dir dir;
   auto program = start_writer();
   const fs::path image = dir.path / "image";
