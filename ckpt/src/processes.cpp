@@ -159,6 +159,20 @@ bool process_stopped(pid_t pid) {
   return stat_of(pid, state, parent) && state == 'T';
 }
 
+std::vector<pid_t> stopped_among(const std::vector<pid_t>& pids) {
+  std::vector<pid_t> stopped;
+  for (const pid_t pid : pids)
+    if (process_stopped(pid)) stopped.push_back(pid);
+  return stopped;
+}
+
+std::string stopped_refusal(pid_t pid, std::string_view again) {
+  const std::string p = std::to_string(pid);
+  return "process " + p +
+         " is stopped by a signal (SIGSTOP, Ctrl-Z or a job scheduler's suspend): continue it (`kill -CONT " + p +
+         "`) and " + std::string(again);
+}
+
 std::vector<pid_t> process_tree(pid_t root) {
   std::vector<std::pair<pid_t, pid_t>> parents;  // (pid, parent) of every process
   for (const pid_t pid : all_pids()) parents.emplace_back(pid, parent_of(pid));

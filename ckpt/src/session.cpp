@@ -2,6 +2,7 @@
 #include "session.hpp"
 
 #include "copy/cuda_check.hpp"
+#include "vmmckpt/ckpt/processes.hpp"
 #include "vmmckpt/support/fault_point.hpp"
 #include "vmmckpt/protocol/protocol.hpp"
 #include "vmmckpt/support/uuid_text.hpp"
@@ -25,8 +26,19 @@ std::string hostname() {
   return buf;
 }
 
+namespace {
+
+// A process stopped by a signal cannot answer until it is continued: refused at once, rather than waited for until
+// the operation's deadline.
+pid_t not_stopped(pid_t pid, const char* what) {
+  if (process_stopped(pid)) throw tool_error(stopped_refusal(pid, std::string(what) + " again"));
+  return pid;
+}
+
+}  // namespace
+
 session::session(pid_t pid, expect state, const char* what, control_client::clock::time_point deadline)
-    : client_(pid, deadline), hello_(client_.hello(state == expect::running)) {
+    : client_(not_stopped(pid, what), deadline), hello_(client_.hello(state == expect::running)) {
   fault_point("connected");
   const std::string who = "process " + std::to_string(pid);
   if (hello_.protocol != protocol::version)

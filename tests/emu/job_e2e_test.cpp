@@ -61,13 +61,6 @@ std::vector<std::string> device_mappings(pid_t pid) {
   return found;
 }
 
-// The process's state letter in /proc/PID/stat ('T' stopped), or 0 when it is gone.
-char proc_state(pid_t pid) {
-  const std::string stat = file_text("/proc/" + std::to_string(pid) + "/stat");
-  const auto paren = stat.rfind(')');
-  return paren == std::string::npos || paren + 2 >= stat.size() ? 0 : stat[paren + 2];
-}
-
 // Nothing in image's directory is named image, or image with anything after it (image.partial-...).
 bool no_entry_named(const fs::path& image) {
   for (const auto& entry : fs::directory_iterator(image.parent_path()))
@@ -331,27 +324,11 @@ void suspend_and_resume(collective_job& job) {
 }
 
 // cuda-ckpt ARGS (the job's device count) in the background, its stdout and stderr read together, with `rank`
-// stopped (SIGSTOP): before the tool starts, or, `once_armed`, at the moment the tool has armed every rank (it
-// stops itself there, VMMCKPT_TEST_FAULT job:armed=stop, and is continued once the rank is stopped).
+// stopped (SIGSTOP): before the tool starts, or, `once_armed`, at the moment the tool has armed every rank.
 std::unique_ptr<background_process> start_with_rank_stopped(const collective_job& job,
                                                             const std::vector<std::string>& args, pid_t rank,
                                                             bool once_armed) {
-  std::vector<std::string> argv{cuda_ckpt};
-  argv.insert(argv.end(), args.begin(), args.end());
-  if (!once_armed) REQUIRE(::kill(rank, SIGSTOP) == 0);
-  auto tool = std::make_unique<background_process>(
-      argv,
-      job.env(once_armed ? std::map<std::string, std::string>{{"VMMCKPT_TEST_FAULT", "job:armed=stop"}}
-                         : std::map<std::string, std::string>{}),
-      /*stderr_too=*/true);
-  if (once_armed) {
-    const bool armed = wait_until([&] { return proc_state(tool->pid()) == 'T'; }, 30);
-    INFO(tool->output());
-    REQUIRE(armed);
-    REQUIRE(::kill(rank, SIGSTOP) == 0);
-    ::kill(tool->pid(), SIGCONT);
-  }
-  return tool;
+  return tool_with_stop(args, rank, once_armed ? "job:armed" : "", job.env());
 }
 
 }  // namespace
@@ -664,6 +641,29 @@ TEST_CASE("dump --job --process ends the job, and restore DIR brings it back to 
   dump_whole_job(job, image);
   CHECK(job.results().empty());
   restore_whole_job(job, image);
+}
+
+TEST_CASE("dump --job --process with a rank stopped by a signal refuses at once, whenever the stop comes, and the "
+          "job ends as if never dumped",
+          "[job][process][stopped]") {
+  REQUIRE_CRIU();
+  collective_job job(3, 2, 150, 20);
+  const pid_t stopped = job.ranks[1];
+  const fs::path image = job.dir.path / "image";
+  std::string at;
+  SECTION("stopped before the dump") {}
+  SECTION("stopped once the ranks are suspended") { at = "process:suspended"; }
+  SECTION("stopped as CRIU starts: CRIU records it stopped") { at = "process:criu"; }
+  const auto dump =
+      tool_with_stop({"dump", "--job", job.id(), "--process", "-o", image.string()}, stopped, at, job.env());
+  const int code = dump->wait();
+  INFO(dump->output());
+  CHECK(code == 1);
+  CHECK(dump->output().find("process " + std::to_string(stopped) + " is stopped by a signal") != std::string::npos);
+  CHECK(no_entry_named(image));
+  CHECK(proc_state(stopped) == 'T');  // left as it was, its GPU memory back
+  REQUIRE(::kill(stopped, SIGCONT) == 0);
+  job.ends_with_reference_results();
 }
 
 TEST_CASE("a whole job's image is refused where there are fewer GPUs than it used, before anything starts",

@@ -9,10 +9,12 @@
 #include <chrono>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <sstream>
 #include <thread>
 
 #include "e2e_support.hpp"
+#include "process.hpp"
 
 namespace vmmckpt::test {
 
@@ -145,6 +147,36 @@ inline process_result tool(const std::vector<std::string>& args, const std::map<
   std::vector<std::string> argv{cuda_ckpt};
   argv.insert(argv.end(), args.begin(), args.end());
   return run_process(argv, env, 120);
+}
+
+// The process's state letter in /proc/PID/stat ('T' stopped), or 0 when it is gone.
+inline char proc_state(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  const std::string stat(std::istreambuf_iterator<char>(in), {});
+  const auto paren = stat.rfind(')');
+  return paren == std::string::npos || paren + 2 >= stat.size() ? 0 : stat[paren + 2];
+}
+
+// cuda-ckpt ARGS in the background, its stdout and stderr read together, with `victim` stopped (SIGSTOP): before
+// the tool starts (`at` empty), or at the moment the tool reaches the fault point `at` (it stops itself there,
+// VMMCKPT_TEST_FAULT AT=stop, and is continued once the victim is stopped). No timing: the tool waits stopped.
+inline std::unique_ptr<background_process> tool_with_stop(const std::vector<std::string>& args, pid_t victim,
+                                                          const std::string& at,
+                                                          std::map<std::string, std::string> env = {}) {
+  std::vector<std::string> argv{cuda_ckpt};
+  argv.insert(argv.end(), args.begin(), args.end());
+  if (at.empty()) REQUIRE(::kill(victim, SIGSTOP) == 0);
+  if (!at.empty()) env["VMMCKPT_TEST_FAULT"] = at + "=stop";
+  auto tool = std::make_unique<background_process>(argv, env, /*stderr_too=*/true);
+  if (!at.empty()) {
+    const bool there = wait_until([&] { return proc_state(tool->pid()) == 'T'; }, 60);
+    INFO(tool->output());
+    REQUIRE(there);
+    REQUIRE(::kill(victim, SIGSTOP) == 0);
+    REQUIRE(wait_until([&] { return proc_state(victim) == 'T'; }));
+    ::kill(tool->pid(), SIGCONT);
+  }
+  return tool;
 }
 
 inline bool nothing_named(const fs::path& image) {

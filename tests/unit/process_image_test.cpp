@@ -288,6 +288,27 @@ TEST_CASE("CRIU's pstree.img: the pids it restores, its root first; anything els
   CHECK_THROWS_WITH(ckpt::parse_criu_pstree(cut, "p"), Contains("past"));
 }
 
+// A core-PID.img as CRIU writes it: the common and core magics, one core_entry (mtype = 1, then its task core, tc =
+// 3, whose task_state = 1 comes first).
+std::string core(std::uint8_t task_state) {
+  auto u32 = [](std::uint32_t v) { return std::string(reinterpret_cast<const char*>(&v), 4); };
+  const std::string tc = std::string("\x08") + static_cast<char>(task_state) + std::string("\x10\x00", 2);
+  const std::string entry = std::string("\x08\x01") + "\x1a" + static_cast<char>(tc.size()) + tc;
+  return u32(0x54564319) + u32(0x55053847) + u32(static_cast<std::uint32_t>(entry.size())) + entry;
+}
+
+TEST_CASE("CRIU's core image: a task recorded stopped by a signal is told apart; anything unreadable is not",
+          "[unit][process]") {
+  CHECK(ckpt::criu_task_stopped(core(3)));
+  CHECK_FALSE(ckpt::criu_task_stopped(core(1)));  // TASK_ALIVE
+  CHECK_FALSE(ckpt::criu_task_stopped(core(6)));  // TASK_ZOMBIE
+  CHECK_FALSE(ckpt::criu_task_stopped(""));
+  CHECK_FALSE(ckpt::criu_task_stopped(core(3).substr(0, 15)));  // cut inside its entry
+  std::string other = core(3);
+  other[4] = 0;  // not a core image
+  CHECK_FALSE(ckpt::criu_task_stopped(other));
+}
+
 TEST_CASE("ownership: an image root restores is one nobody but root can have written", "[unit][process]") {
   if (::geteuid() != 0) VMMCKPT_SKIP("changing a file's owner needs root");
   temp_dir t;

@@ -1,4 +1,5 @@
-// CRIU's pstree.img read without CRIU: which processes a whole-process image brings back, and with which pids.
+// CRIU's pstree.img and core images read without CRIU: which processes a whole-process image brings back, with
+// which pids, and whether CRIU found one stopped by a signal.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -15,8 +16,14 @@ namespace {
 // criu/include/magic.h: every image starts with the common magic, then its own.
 constexpr std::uint32_t criu_common_magic = 0x54564319;  // "Sarov"
 constexpr std::uint32_t pstree_magic = 0x50273030;       // "Kyiv"
+constexpr std::uint32_t core_magic = 0x55053847;         // "Kolomna"
+// images/core.proto: core_entry's task core is field 3 (tc), its task_state field 1; criu/include/pstree.h's
+// TASK_STOPPED: what CRIU records for a task it found stopped by a signal, and restores stopped.
+constexpr std::uint64_t core_task_core_field = 3;
+constexpr std::uint64_t task_state_field = 1;
+constexpr std::uint64_t task_stopped = 3;
 // A pstree.img of a few processes is some tens of bytes; anything near this is not CRIU's.
-constexpr std::uint64_t max_pstree_bytes = 4u << 20;
+constexpr std::uint64_t max_criu_file_bytes = 4u << 20;
 constexpr std::uint32_t max_entry_bytes = 1u << 20;
 constexpr std::uint64_t pid_limit = 4'194'304;  // the kernel's PID_MAX_LIMIT
 
@@ -67,6 +74,77 @@ void decode_entry(const unsigned char* p, const unsigned char* end, const std::s
   if (!have_pid || !have_ppid || pid <= 0) fail(where, "an entry without its pid or parent");
 }
 
+
+// CRIU's file `name` of criu_dir into `bytes`: a regular file, never through a symbolic link, its size bounded
+// first. False, with nothing read, when it is larger than a few MiB (no image of a few processes is); `size` is
+// the file's.
+bool read_criu_file(const std::filesystem::path& criu_dir, const std::string& name, std::string& bytes,
+                    std::uint64_t& size) {
+  const std::string path = (criu_dir / name).string();
+  const int dir = ::open(criu_dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (dir < 0) throw image::image_error(criu_dir.string() + ": cannot open CRIU's directory: " + std::strerror(errno));
+  struct stat st {};
+  int fd = -1;
+  try {
+    fd = image::open_regular_file(dir, name, path, st);
+  } catch (...) {
+    ::close(dir);
+    throw;
+  }
+  ::close(dir);
+  bytes.clear();
+  size = static_cast<std::uint64_t>(st.st_size);
+  if (size > max_criu_file_bytes) {
+    ::close(fd);
+    return false;
+  }
+  bytes.resize(static_cast<std::size_t>(st.st_size));
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::pread(fd, bytes.data() + done, bytes.size() - done, static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += static_cast<std::size_t>(n);
+  }
+  bytes.resize(done);
+  ::close(fd);
+  return true;
+}
+
+// The first field `field` of wire type `wire` (0: a number, into *number; 2: bytes, into out) in a protobuf
+// message; false when it has none or is malformed.
+bool field_of(std::string_view message, std::uint64_t field, std::uint64_t wire, std::string_view& out,
+              std::uint64_t* number = nullptr) {
+  const auto* p = reinterpret_cast<const unsigned char*>(message.data());
+  const auto* end = p + message.size();
+  while (p < end) {
+    std::uint64_t key = 0, value = 0;
+    if (!varint(p, end, key)) return false;
+    const std::uint64_t f = key >> 3, w = key & 7;
+    if (w == 0) {
+      if (!varint(p, end, value)) return false;
+      if (f == field && wire == 0) {
+        if (number != nullptr) *number = value;
+        return true;
+      }
+    } else if (w == 2) {
+      if (!varint(p, end, value) || value > static_cast<std::uint64_t>(end - p)) return false;
+      if (f == field && wire == 2) {
+        out = std::string_view(reinterpret_cast<const char*>(p), value);
+        return true;
+      }
+      p += value;
+    } else if (w == 5 && end - p >= 4) {
+      p += 4;
+    } else if (w == 1 && end - p >= 8) {
+      p += 8;
+    } else {
+      return false;
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 criu_process_tree parse_criu_pstree(std::string_view bytes, const std::string& where) {
@@ -98,33 +176,39 @@ criu_process_tree parse_criu_pstree(std::string_view bytes, const std::string& w
 
 criu_process_tree read_criu_pstree(const std::filesystem::path& criu_dir) {
   const std::string path = (criu_dir / "pstree.img").string();
-  const int dir = ::open(criu_dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (dir < 0) throw image::image_error(criu_dir.string() + ": cannot open CRIU's directory: " + std::strerror(errno));
-  struct stat st {};
-  int fd = -1;
-  try {
-    fd = image::open_regular_file(dir, "pstree.img", path, st);
-  } catch (...) {
-    ::close(dir);
-    throw;
-  }
-  ::close(dir);
   std::string bytes;
-  if (static_cast<std::uint64_t>(st.st_size) <= max_pstree_bytes) {
-    bytes.resize(static_cast<std::size_t>(st.st_size));
-    std::size_t done = 0;
-    while (done < bytes.size()) {
-      const ssize_t n = ::pread(fd, bytes.data() + done, bytes.size() - done, static_cast<off_t>(done));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) break;
-      done += static_cast<std::size_t>(n);
-    }
-    bytes.resize(done);
-  }
-  ::close(fd);
-  if (static_cast<std::uint64_t>(st.st_size) > max_pstree_bytes)
-    fail(path, std::to_string(st.st_size) + " bytes, more than a process tree takes");
+  std::uint64_t size = 0;
+  if (!read_criu_file(criu_dir, "pstree.img", bytes, size))
+    fail(path, std::to_string(size) + " bytes, more than a process tree takes");
   return parse_criu_pstree(bytes, path);
+}
+
+bool criu_task_stopped(std::string_view bytes) {
+  const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
+  const auto* end = p + bytes.size();
+  if (bytes.size() < 12 || get_le(p, 4) != criu_common_magic || get_le(p + 4, 4) != core_magic) return false;
+  const std::uint64_t size = get_le(p + 8, 4);
+  p += 12;
+  if (size > static_cast<std::uint64_t>(end - p)) return false;
+  std::string_view entry(reinterpret_cast<const char*>(p), size), task;
+  std::uint64_t state = 0;
+  return field_of(entry, core_task_core_field, 2, task) && field_of(task, task_state_field, 0, task, &state) &&
+         state == task_stopped;
+}
+
+std::vector<pid_t> criu_stopped_tasks(const std::filesystem::path& criu_dir, const std::vector<pid_t>& pids) {
+  std::vector<pid_t> stopped;
+  for (const pid_t pid : pids) {
+    std::string bytes;
+    std::uint64_t size = 0;
+    try {
+      if (read_criu_file(criu_dir, "core-" + std::to_string(pid) + ".img", bytes, size) && criu_task_stopped(bytes))
+        stopped.push_back(pid);
+    } catch (const image::image_error&) {
+      // No core image, or not a file: CRIU's restore refuses it, naming what is wrong.
+    }
+  }
+  return stopped;
 }
 
 }  // namespace vmmckpt::ckpt

@@ -37,6 +37,12 @@ using clock = std::chrono::steady_clock;
 // The driver's lock waits for CUDA calls under way to return; the shim's gate has stopped new ones.
 constexpr unsigned driver_lock_timeout_ms = 10'000;
 
+// A process of the tree stopped by a signal (docs/whole-process.md, "A stopped program"): CRIU would dump it stopped,
+// and restored it would stay stopped, never loading its GPU memory. The dump refuses it instead.
+struct stopped_program : tool_error {
+  using tool_error::tool_error;
+};
+
 std::string who(pid_t pid) {
   const std::string name = short_name_of(pid);
   return "process " + std::to_string(pid) + (name.empty() ? "" : " (" + name + ")");
@@ -89,6 +95,18 @@ std::vector<tree_member> gpu_members_of(pid_t root, std::chrono::milliseconds wa
     throw tool_error("no process in the tree of process " + std::to_string(root) +
                      " runs under vmmckpt with CUDA in use: nothing of the GPU to checkpoint (use criu alone)");
   return members;
+}
+
+// A process that a dump whose tool died left stopped (CRIU's --leave-stopped) has its own way back, not `kill -CONT`.
+void refuse_left_stopped(pid_t pid) {
+  for (const auto& t : list_transactions()) {
+    const auto alive = t.alive();
+    if (t.op != process_transaction::kind::dump || std::find(alive.begin(), alive.end(), pid) == alive.end()) continue;
+    const auto o = assess(t, [](pid_t) { return true; });  // not asked: stopped, it would not answer
+    if (o.what == transaction_outcome::kind::resume)
+      throw tool_error(who(pid) + " is stopped by a whole-process dump whose tool died: `" + o.command +
+                       "` brings it back");
+  }
 }
 
 // CRIU refuses a tree with a connection to a process outside it: a client of a control socket (a `cuda-ckpt
@@ -147,6 +165,10 @@ class process_dump {
   double take_phases(const char* what, pid_t pid, clock::time_point called,
                      const std::vector<std::pair<std::string, double>>& phases);
   void continue_stopped();
+  // Refuses the dump when any of `stopped` (processes of the tree stopped by a signal) is there; the undo then
+  // gives each its GPU memory back and leaves it stopped, as it was.
+  void refuse_stopped(const std::vector<pid_t>& stopped);
+  std::vector<pid_t> tree_pids() const;
 
   const process_dump_options& o_;
   const progress_callback& progress_;
@@ -164,7 +186,8 @@ class process_dump {
   // takes the pinned staging, the checksum kernel (of its device's context) and its parent's blocks from
   // memory, at once. One per process, let go after its suspend.
   std::map<pid_t, std::shared_ptr<copy_reuse>> reuse_;
-  bool stopped_ = false;  // CRIU left them stopped
+  bool stopped_ = false;                  // CRIU left them stopped
+  std::vector<pid_t> stopped_by_signal_;  // by someone else: stopped again once undone
   bool committed_ = false;
   double stopped_from_ = -1;  // when the first process was held, in seconds from the start
 };
@@ -177,6 +200,11 @@ void process_dump::check_and_prepare() {
                                "without it)");
   if (o_.job && (o_.pre_copy || !o_.parent.empty()))
     throw tool_error("--pre-copy and --parent do not apply to a whole job's dump (--job) yet");
+  if (!process_exists(o_.pid)) throw tool_error("no process " + std::to_string(o_.pid));
+  // At once: asked, a stopped process would never answer.
+  const auto stopped = stopped_among(process_tree(o_.pid));
+  if (!stopped.empty()) refuse_left_stopped(stopped.front());
+  refuse_stopped(stopped);
   members_ = gpu_members_of(o_.pid, std::min<std::chrono::milliseconds>(o_.hold_deadline, std::chrono::seconds(10)),
                             o_.job, d_.driver_only);
   for (const pid_t pid : d_.driver_only)
@@ -350,9 +378,22 @@ void process_dump::suspend_all() {
   check_interrupted(o_.copy);
 }
 
+void process_dump::refuse_stopped(const std::vector<pid_t>& stopped) {
+  if (stopped.empty()) return;
+  stopped_by_signal_ = stopped;
+  throw stopped_program(stopped_refusal(stopped.front(), "dump again"));
+}
+
+std::vector<pid_t> process_dump::tree_pids() const {
+  std::vector<pid_t> pids;
+  for (const auto& [pid, start] : record_.processes) pids.push_back(pid);
+  return pids;
+}
+
 void process_dump::checkpoint_contexts() {
   // 2. The driver checkpoints what is left of each context, and closes its device files; then those of the
-  // processes that only initialized it.
+  // processes that only initialized it. A process stopped meanwhile would keep the driver's lock waiting.
+  refuse_stopped(stopped_among(tree_pids()));
   for (const pid_t pid : d_.driver_only) {
     driver_lock(pid, driver_lock_timeout_ms);
     locked_.push_back(pid);
@@ -376,6 +417,9 @@ void process_dump::criu_dump() {
   // 3. The intent record, then CRIU: the CPU side of the whole tree, left stopped (never ended by CRIU).
   write_process_intent(staging_, d_);
   fault_point("process:intent");
+  // Stopped by a signal now, a process would be dumped stopped. Once CRIU runs, its own stop cannot be told from
+  // another: what CRIU recorded of each task is checked after it (below).
+  refuse_stopped(stopped_among(tree_pids()));
   fs::create_directory(staging_ / criu_dir_name);
   std::vector<std::string> args{
       "dump",           "-t", std::to_string(o_.pid), "-D", (staging_ / criu_dir_name).string(), "--shell-job",
@@ -425,6 +469,7 @@ void process_dump::criu_dump() {
                "VMMCKPT_ALLOW_IO_URING=1)"
              : ""));
   dumped_ = read_criu_pstree(staging_ / criu_dir_name).pids;
+  refuse_stopped(criu_stopped_tasks(staging_ / criu_dir_name, dumped_));  // stopped before CRIU seized it
   d_.stopped_seconds = seconds_since(start_) - stopped_from_;
   mark("criu dumped");
   fault_point("process:criu-dumped");
@@ -509,6 +554,14 @@ std::string process_dump::undo() {
       problems += "; " + std::string(e.what()) + " (run `cuda-ckpt resume " + std::to_string(pid) + "`)";
     }
   };
+  // A process stopped by a signal is continued for its GPU memory to come back, then stopped again.
+  auto signal_stopped = [&](int sig) {
+    for (const auto& [pid, start] : record_.processes)
+      if (std::find(stopped_by_signal_.begin(), stopped_by_signal_.end(), pid) != stopped_by_signal_.end() &&
+          suspend_claim::alive(pid, start))
+        ::kill(pid, sig);
+  };
+  signal_stopped(SIGCONT);
   continue_stopped();
   for (auto it = checkpointed_.rbegin(); it != checkpointed_.rend(); ++it) attempt(*it, [&] { driver_restore(*it); });
   for (auto it = locked_.rbegin(); it != locked_.rend(); ++it) attempt(*it, [&] { driver_unlock(*it); });
@@ -523,6 +576,7 @@ std::string process_dump::undo() {
       problems += "; process " + std::to_string(pid) +
                   " ended during the dump (killed, or CRIU was killed while its "
                   "code was in it): nothing of this dump can bring it back, its last complete image can";
+  signal_stopped(SIGSTOP);
   std::error_code ec;
   if (!needed) {
     fs::remove_all(staging_, ec);
@@ -549,6 +603,8 @@ process_dump_result dump_process(const process_dump_options& o, const progress_c
       if (problems.empty()) throw;
       throw interrupted(std::string(i->what()) + problems, i->signal);
     }
+    if (problems.empty() && dynamic_cast<const stopped_program*>(&e) != nullptr)
+      throw tool_error(std::string(e.what()) + "; nothing was written, its GPU memory is back, and it is left stopped");
     if (problems.empty())
       throw tool_error(std::string(e.what()) + "; nothing was written, and the process goes on as before");
     throw tool_error(std::string(e.what()) + problems);

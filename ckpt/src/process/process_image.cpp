@@ -16,6 +16,7 @@
 #include <set>
 
 #include "image_files.hpp"
+#include "vmmckpt/ckpt/criu.hpp"
 #include "vmmckpt/ckpt/job_image.hpp"
 #include "vmmckpt/protocol/suspend_claim.hpp"
 #include "vmmckpt/support/hex_text.hpp"
@@ -277,9 +278,28 @@ void verify_criu_files(const fs::path& dir, const process_image& p, bool checksu
     if (listed.count(name) == 0) fail((criu / name).string() + ": not in process.json (the CPU part was changed)");
 }
 
+// A process CRIU found stopped by a signal comes back stopped, and one under the shim would never load its GPU
+// memory: the restore would wait for good. Such an image (from a cuda-ckpt that dumped a stopped program) is
+// refused, named, before anything starts.
+namespace {
+void refuse_stopped_tasks(const fs::path& dir, const process_image& p) {
+  std::vector<pid_t> pids = p.driver_only;
+  pids.push_back(p.root_pid);
+  for (const auto& m : p.processes) pids.push_back(m.pid);
+  const auto stopped = criu_stopped_tasks(dir / criu_dir_name, pids);
+  if (stopped.empty()) return;
+  const std::string pid = std::to_string(stopped.front());
+  fail((dir / criu_dir_name / ("core-" + pid + ".img")).string() + ": process " + pid +
+       " was stopped by a signal (SIGSTOP, Ctrl-Z or a job scheduler's suspend) when it was dumped; restored, it "
+       "would stay stopped and never load its GPU memory, so this image cannot be restored: dump the program again "
+       "while it runs");
+}
+}  // namespace
+
 void verify_process_image(const fs::path& dir, const process_image& p, bool data) {
   check_process_layout(dir, p);
   verify_criu_files(dir, p, true);
+  refuse_stopped_tasks(dir, p);
   auto check_part = [&](const fs::path& gpu, const std::string& image_id) {
     const auto reader = image::reader::open(gpu);
     if (reader.info().image_id != image_id)

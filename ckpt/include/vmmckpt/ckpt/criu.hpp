@@ -64,4 +64,12 @@ criu_process_tree read_criu_pstree(const std::filesystem::path& criu_dir);
 // The same from the file's bytes; `where` names it in errors.
 criu_process_tree parse_criu_pstree(std::string_view bytes, const std::string& where);
 
+// Whether a CRIU core image (core-PID.img's bytes) records its task stopped by a signal (TASK_STOPPED): CRIU
+// restores such a task stopped, and one under the shim could then never load its GPU memory. False for anything
+// else, a core image this cannot read included.
+bool criu_task_stopped(std::string_view core_bytes);
+// Those of `pids` whose core image in criu_dir records them stopped by a signal (a missing or unreadable core
+// image is CRIU's restore to refuse).
+std::vector<pid_t> criu_stopped_tasks(const std::filesystem::path& criu_dir, const std::vector<pid_t>& pids);
+
 }  // namespace vmmckpt::ckpt

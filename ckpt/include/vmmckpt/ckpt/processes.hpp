@@ -37,6 +37,11 @@ bool maps_file(pid_t pid, std::string_view prefix);
 
 // The process is stopped by a signal (SIGSTOP, or CRIU's --leave-stopped): state T in /proc/PID/stat.
 bool process_stopped(pid_t pid);
+// Those of `pids` that are stopped so.
+std::vector<pid_t> stopped_among(const std::vector<pid_t>& pids);
+// Why an operation refuses a process stopped by a signal, one wording for dump, suspend, resume and the whole-process
+// dump: it would wait for the process's answer for good. `again`: what to do once it is continued ("dump again").
+std::string stopped_refusal(pid_t pid, std::string_view again);
 
 // pid's parent (0 when it cannot be read), and the tree under root: root first, then every descendant
 // after its parent.
