@@ -1,6 +1,6 @@
 // Chaos for whole-process checkpoints (issue 32): rounds of `dump --process` (ending the program, or with
-// --leave-running) and `restore DIR` against a ticking program tree, with the tool, CRIU or the program killed
-// at random moments and images written into a small file system that fills up. After every operation the test
+// --leave-running) and `restore DIR` against a ticking program tree, with the tool, CRIU or the program killed,
+// or the program or the tool stopped for a while (issue 49), at random moments and images written into a small file system that fills up. After every operation the test
 // does only what `cuda-ckpt ps` says (the way back of an interrupted operation), and every round must end with
 // the program running, its GPU buffers matching its CPU counter, or restorable from a complete image: zero lost
 // (docs/reliability.md, "Chaos, whole process").
@@ -18,6 +18,8 @@ namespace {
 struct process_chaos_figures {
   int rounds = 0, operations = 0, dumps_complete = 0, restores_complete = 0;
   int tool_kills = 0, criu_kills = 0, program_kills = 0, full_disk_failures = 0;
+  int program_stops = 0, tool_stops = 0;          // stopped (SIGSTOP) for a while, then continued
+  int refused_stopped = 0;                        // operations that refused the program, stopped, saying so
   int followed_resume = 0, followed_restore = 0;  // ways back ps named, followed
   int restored_after_dump = 0;                    // ended by a complete dump (as asked), brought back from that image
   int restored_after_kill = 0;                    // killed by the test, brought back from its last complete image
@@ -114,8 +116,8 @@ class process_chaos_round {
     return ::kill(t_->pid, 0) == 0;
   }
 
-  // One tool run with a random fate (with `chaos`): left alone, killed, its CRIU killed, or the program killed
-  // meanwhile.
+  // One tool run with a random fate (with `chaos`): left alone, killed, its CRIU killed, the program killed
+  // meanwhile, the program or the tool stopped for a while and continued.
   process_result tool_with_fate(const std::vector<std::string>& args, bool chaos = true) {
     ++f_.operations;
     std::vector<std::string> argv{cuda_ckpt};
@@ -127,6 +129,8 @@ class process_chaos_round {
                 (fate < 5    ? " (tool killed)"
                  : fate < 9  ? " (CRIU killed)"
                  : fate < 10 ? " (program killed)"
+                 : fate < 13 ? " (program stopped)"
+                 : fate < 14 ? " (tool stopped)"
                              : "");
     // A dump or restore of the test's small tree takes about half a second: the kills fall within it.
     if (fate < 5) {  // the tool, at any moment
@@ -152,8 +156,14 @@ class process_chaos_round {
         ++f_.program_kills;
         killed_by_test_ = true;
       }
+    } else if (fate < 13) {  // the program, as a user's Ctrl-Z or a scheduler's suspend: continued later
+      if (stop_for_a_while(t_->pid)) ++f_.program_stops;
+    } else if (fate < 14) {  // the tool
+      if (stop_for_a_while(p.pid())) ++f_.tool_stops;
     }
     for (int i = 0; i < 1200 && p.running(); ++i) usleep(100'000);
+    // Whatever the tool did with a stopped program, the user's continuing it lets it go on (checked by settle).
+    if (fate >= 10 && fate < 13) ::kill(t_->pid, SIGCONT);
     history_ += p.running() ? "" : " -> " + std::to_string(p.wait());
     if (p.running()) {
       fail("a tool did not end within 120 s: " + args[0] + "\n" + p.output());
@@ -164,7 +174,18 @@ class process_chaos_round {
     r.exit_code = status < 128 ? status : -1;
     r.signal = status >= 128 ? status - 128 : 0;
     r.out = p.output();
+    if (r.exit_code == 1 && r.out.find("is stopped by a signal") != std::string::npos) ++f_.refused_stopped;
     return r;
+  }
+
+  // Stops pid at a random moment within 0.7 s (a dump of the small tree takes about half a second) for 0.2 to
+  // 3.2 s, then continues it; false when it was gone.
+  bool stop_for_a_while(pid_t pid) {
+    usleep(static_cast<useconds_t>(rng_() % 700'000));
+    if (::kill(pid, SIGSTOP) != 0) return false;
+    usleep(static_cast<useconds_t>(200'000 + rng_() % 3'000'000));
+    ::kill(pid, SIGCONT);
+    return true;
   }
 
   void dump(int step, bool chaos) {
@@ -369,7 +390,7 @@ class process_chaos_round {
 
 }  // namespace
 
-TEST_CASE("chaos, whole process: dumps and restores with the tool, CRIU or the program killed and disks full; "
+TEST_CASE("chaos, whole process: dumps and restores with the tool, CRIU or the program killed or stopped, disks full; "
           "every program running or restorable, ps naming the way back",
           "[process][chaos]") {
   REQUIRE_CRIU();
@@ -389,7 +410,9 @@ TEST_CASE("chaos, whole process: dumps and restores with the tool, CRIU or the p
   WARN("process chaos: seed " << seed << ", " << seconds << " s, " << f.rounds << " rounds, " << f.operations
                               << " operations (" << f.dumps_complete << " dumps and " << f.restores_complete
                               << " restores complete); kills: " << f.tool_kills << " tools, " << f.criu_kills
-                              << " CRIUs, " << f.program_kills << " programs; " << f.full_disk_failures
+                              << " CRIUs, " << f.program_kills << " programs; stops: " << f.program_stops
+                              << " programs, " << f.tool_stops << " tools (" << f.refused_stopped
+                              << " operations refused the stopped program); " << f.full_disk_failures
                               << " dumps into a full file system; ways back followed: " << f.followed_resume
                               << " resume, " << f.followed_restore << " restore; brought back from their last "
                               << "image: " << f.restored_after_dump << " ended by a complete dump, "
