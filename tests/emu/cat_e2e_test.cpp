@@ -17,21 +17,9 @@ using namespace vmmckpt::test;
 
 namespace {
 
-const std::string pattern_check = build_dir + "/tests/programs/busy_pattern_check";
+const std::string pattern_check = programs + "busy_pattern_check";
 // Two and a half chunks: with --chunk 1M each buffer is three extents, spread over the data files.
 constexpr std::uint64_t buffer_size = (5u << 20) / 2;
-
-std::string hex(std::uint64_t v) {
-  char text[24];
-  std::snprintf(text, sizeof text, "0x%llx", static_cast<unsigned long long>(v));
-  return text;
-}
-
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
 // A busy writer's image whose buffers span several extents and data files, and what the reader says of it.
 struct busy_image {
   scratch_dir dir;
@@ -131,7 +119,7 @@ TEST_CASE("cat: a range's bytes are the image's, across extents and data files",
   INFO(to_file.err);
   REQUIRE(to_file.exit_code == 0);
   REQUIRE(to_file.out.empty());
-  REQUIRE(read_text(file) == whole.out);
+  REQUIRE(file_text(file) == whole.out);
   struct stat st {};
   REQUIRE(::stat(file.c_str(), &st) == 0);
   REQUIRE((st.st_mode & 0777) == 0600);

@@ -24,7 +24,6 @@ using namespace vmmckpt::test;
 
 namespace {
 
-const std::string restored_check = build_dir + "/tests/programs/emu_restored_bytes_check";
 
 struct figures {
   std::atomic<int> rounds{0}, operations{0}, tool_kills{0}, tool_stops{0}, program_stops{0}, program_kills{0},
@@ -84,17 +83,8 @@ class chaos_round {
       }
     }
     // A tool never hangs: every one of its waits has a deadline.
-    for (int i = 0; i < 900 && p.running(); ++i) usleep(100'000);
-    if (p.running()) {
-      fail("a tool did not end within 90 s: " + argv[1] + "\n" + p.output());
-      ::kill(p.pid(), SIGKILL);
-    }
-    process_result r;
-    const int status = p.wait();
-    r.exit_code = status < 128 ? status : -1;
-    r.signal = status >= 128 ? status - 128 : 0;
-    r.out = p.output();
-    return r;
+    if (!ends_within(p, 90)) fail("a tool did not end within 90 s: " + argv[1] + "\n" + p.output());
+    return result_of(p);
   }
 
   void act(std::mt19937_64& rng, int id) {

@@ -337,7 +337,7 @@ TEST_CASE("cli: CRIU's and cuda-checkpoint's spellings: -t PID, --pid PID, -D DI
 
 TEST_CASE("cli: run refuses io_uring to the command (CRIU cannot dump one), unless VMMCKPT_ALLOW_IO_URING=1",
           "[emu][cli]") {
-  const std::string probe = build_dir + "/tests/programs/io_uring_probe";
+  const std::string probe = programs + "io_uring_probe";
   const auto alone = run_process({probe});
   INFO(describe(alone));
   REQUIRE(alone.exit_code == 0);

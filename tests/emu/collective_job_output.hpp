@@ -10,7 +10,7 @@
 
 namespace vmmckpt::test {
 
-inline const std::string job_program = build_dir + "/tests/programs/emu_collective_job";
+inline const std::string job_program = programs + "emu_collective_job";
 
 // Rank -> "STEPS HASH", from the `done RANK STEPS HASH` lines.
 inline std::map<int, std::string> done_lines(const std::string& out) {

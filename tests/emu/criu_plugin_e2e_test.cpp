@@ -11,12 +11,11 @@
 #include <functional>
 #include <thread>
 
-#include "e2e_support.hpp"
+#include "process_support.hpp"
 
 namespace vmmckpt::test {
 namespace {
 
-const std::string ticker = build_dir + "/tests/programs/emu_ticker";
 const std::string plugin_dir = build_dir + "/lib/criu";
 
 // CRIU 4: $VMMCKPT_CRIU, else the one scripts/provision-criu.sh put in .deps/; "" when there is none or this
@@ -50,20 +49,6 @@ bool gone(pid_t pid) {
     }
     return ::kill(pid, 0) != 0;
   });
-}
-
-std::vector<std::string> lines_of(const fs::path& file) {
-  std::ifstream in(file);
-  std::vector<std::string> out;
-  for (std::string line; std::getline(in, line);) out.push_back(line);
-  return out;
-}
-
-std::uint64_t last_tick(const fs::path& log) {
-  std::uint64_t last = 0;
-  for (const auto& line : lines_of(log))
-    if (line.rfind("tick ", 0) == 0) last = std::stoull(line.substr(5));
-  return last;
 }
 
 bool has_bad_line(const fs::path& log) {

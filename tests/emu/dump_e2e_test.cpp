@@ -249,7 +249,7 @@ TEST_CASE("the hold deadline releases the program even when the tool stalls", "[
 TEST_CASE("a slow disk: the hold ends once the bytes are in host memory; a staging too small says so",
           "[emu][dump][staging]") {
   // emu_incremental: 100 MiB of non-zero bytes, saved as live-0 for the restored program to compare.
-  const std::string program = build_dir + "/tests/programs/emu_incremental";
+  const std::string program = programs + "emu_incremental";
   constexpr std::uint64_t MiB = 1ULL << 20, live = 100 * MiB;
   scratch_dir dir;
   background_process p({cuda_ckpt, "run", "--", program, "run", dir.path.string()});

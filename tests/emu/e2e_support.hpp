@@ -3,11 +3,15 @@
 
 #include <catch2/catch.hpp>
 
+#include <signal.h>
 #include <stdlib.h>
+#include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,13 +27,47 @@ namespace fs = std::filesystem;
 
 inline const std::string build_dir = VMMCKPT_BUILD_DIR;
 inline const std::string cuda_ckpt = build_dir + "/bin/cuda-ckpt";
-inline const std::string writer_program = build_dir + "/tests/programs/emu_busy_writer";
+inline const std::string programs = build_dir + "/tests/programs/";
+inline const std::string shim = build_dir + "/lib/libvmmckpt.so";
+inline const std::string writer_program = programs + "emu_busy_writer";
+inline const std::string restored_check = programs + "emu_restored_bytes_check";
 inline constexpr std::size_t writer_buffer_size = 1 << 20;  // emu_busy_writer's default
 inline constexpr std::size_t writer_buffers = 8;
+
+// A file's bytes, all of them; empty when it cannot be read.
+inline std::string file_text(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// An address as the tools print it: 0x and lower-case hex digits.
+inline std::string hex(std::uint64_t v) {
+  char text[24];
+  std::snprintf(text, sizeof text, "0x%llx", static_cast<unsigned long long>(v));
+  return text;
+}
 
 inline std::string describe(const process_result& r) {
   return "exit " + std::to_string(r.exit_code) + " signal " + std::to_string(r.signal) + "\nstdout:\n" + r.out +
          "\nstderr:\n" + r.err;
+}
+
+// A background tool given at most `seconds` to end (polled every 0.1 s); false, with it killed, when it did not.
+inline bool ends_within(background_process& p, int seconds) {
+  for (int i = 0; i < seconds * 10 && p.running(); ++i) usleep(100'000);
+  if (!p.running()) return true;
+  ::kill(p.pid(), SIGKILL);
+  return false;
+}
+
+// How a background tool ended (wait()'s 128 + N for a signal N): its exit code or signal, and what it printed.
+inline process_result result_of(background_process& p) {
+  process_result r;
+  const int status = p.wait();
+  r.exit_code = status < 128 ? status : -1;
+  r.signal = status >= 128 ? status - 128 : 0;
+  r.out = p.output();
+  return r;
 }
 
 // A fresh directory under /tmp, removed with everything in it.

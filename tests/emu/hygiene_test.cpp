@@ -6,13 +6,13 @@
 #include <set>
 #include <sstream>
 
-#include "process.hpp"
+#include "e2e_support.hpp"
 
+using vmmckpt::test::file_text;
 using vmmckpt::test::run_process;
+using vmmckpt::test::shim;
 
 namespace {
-
-const std::string shim = std::string(VMMCKPT_BUILD_DIR) + "/lib/libvmmckpt.so";
 
 std::set<std::string> lines_of(const std::string& text) {
   std::set<std::string> out;
@@ -22,25 +22,18 @@ std::set<std::string> lines_of(const std::string& text) {
   return out;
 }
 
-std::string read_file(const char* path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 // The names the shim means to export: dlsym and every entry of its three lists, served_entry_points.inc,
 // gated_entry_points.inc and nccl_entry_points.inc (the version script is generated from the same lists).
 std::set<std::string> intended_exports() {
   std::set<std::string> names = {"dlsym"};
   for (const char* list : {VMMCKPT_SERVED_LIST, VMMCKPT_GATED_LIST, VMMCKPT_NCCL_LIST}) {
-    const std::string text = read_file(list);
+    const std::string text = file_text(list);
     const std::regex entry(R"(\n(VMMCKPT_SERVED_DRIVER|VMMCKPT_SERVED_RUNTIME|VMMCKPT_GATED|VMMCKPT_NCCL)\((\w+)[,)])");
     for (auto it = std::sregex_iterator(text.begin(), text.end(), entry); it != std::sregex_iterator(); ++it)
       names.insert((*it)[2].str());
   }
   // The in-process API: each function the public header declares.
-  const std::string header = read_file(VMMCKPT_API_HEADER);
+  const std::string header = file_text(VMMCKPT_API_HEADER);
   const std::regex declared(R"(\n[a-z][^\n(]*[ *](vmmckpt_\w+)\()");
   for (auto it = std::sregex_iterator(header.begin(), header.end(), declared); it != std::sregex_iterator(); ++it)
     names.insert((*it)[1].str());

@@ -17,7 +17,7 @@ using namespace vmmckpt::test;
 
 namespace {
 
-const std::string program = build_dir + "/tests/programs/emu_incremental";
+const std::string program = programs + "emu_incremental";
 constexpr std::uint64_t MiB = 1ULL << 20;
 constexpr std::uint64_t live_bytes = 100 * MiB;  // emu_incremental's 4 x 25 MiB
 

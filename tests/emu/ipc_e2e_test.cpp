@@ -15,7 +15,7 @@ using namespace vmmckpt::test;
 
 namespace {
 
-const std::string program = build_dir + "/tests/programs/emu_ipc_pair";
+const std::string program = programs + "emu_ipc_pair";
 
 std::unique_ptr<background_process> start(const char* mode, const fs::path& dir, const std::string& until) {
   auto p = std::make_unique<background_process>(

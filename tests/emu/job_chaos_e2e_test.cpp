@@ -84,18 +84,19 @@ class job_chaos_round {
     background_process p(argv, job_->env(), /*stderr_too=*/true);
     const int fate = static_cast<int>(rng_() % 20);
     const pid_t rank = job_->ranks[rng_() % job_->ranks.size()];
-    history_ += (history_.empty() ? "" : ", ") + args[0] + (fate < 3   ? " (tool killed)"
-                                                            : fate < 5 ? " (tool stopped)"
-                                                            : fate < 7 ? " (rank " + std::to_string(rank) + " stopped)"
-                                                            : fate < 8 ? " (rank " + std::to_string(rank) + " killed)"
-                                                                       : "");
+    history_ += (history_.empty() ? "" : ", ") + args[0] +
+                (fate < 3   ? " (tool killed)"
+                 : fate < 5 ? " (tool stopped)"
+                 : fate < 7 ? " (rank " + std::to_string(rank) + " stopped)"
+                 : fate < 8 ? " (rank " + std::to_string(rank) + " killed)"
+                            : "");
     if (fate < 3) {
       usleep(static_cast<useconds_t>(rng_() % 700'000));
       if (p.running() && ::kill(p.pid(), SIGKILL) == 0) ++f_.tool_kills;
     } else if (fate < 5) {
-      if (stop_for_a_while(p.pid())) ++f_.tool_stops;
+      if (stop_for_a_while(rng_, p.pid())) ++f_.tool_stops;
     } else if (fate < 7) {
-      if (stop_for_a_while(rank)) ++f_.rank_stops;
+      if (stop_for_a_while(rng_, rank)) ++f_.rank_stops;
     } else if (fate < 8) {
       usleep(static_cast<useconds_t>(rng_() % 700'000));
       if (::kill(rank, SIGKILL) == 0) {
@@ -103,30 +104,15 @@ class job_chaos_round {
         rank_killed_ = true;
       }
     }
-    for (int i = 0; i < 1200 && p.running(); ++i) usleep(100'000);
+    const bool ended = ends_within(p, 120);
     if (fate >= 5 && fate < 7) ::kill(rank, SIGCONT);  // the user continues it, whatever the tool did
-    if (p.running()) {
-      fail("a tool did not end within 120 s: " + args[0] + "\n" + p.output());
-      ::kill(p.pid(), SIGKILL);
-    }
-    process_result r;
-    const int status = p.wait();
-    r.exit_code = status < 128 ? status : -1;
-    r.signal = status >= 128 ? status - 128 : 0;
-    r.out = p.output();
-    history_ += " -> " + std::to_string(status);
+    if (!ended) fail("a tool did not end within 120 s: " + args[0] + "\n" + p.output());
+    const auto r = result_of(p);
+    history_ += " -> " + std::to_string(p.wait());
     if (r.exit_code == 1 && r.out.find("stopped") != std::string::npos) ++f_.refused_stopped;
     return r;
   }
 
-  // Stops pid at a random moment within 0.7 s for 0.2 to 3.2 s, then continues it; false when it was gone.
-  bool stop_for_a_while(pid_t pid) {
-    usleep(static_cast<useconds_t>(rng_() % 700'000));
-    if (::kill(pid, SIGSTOP) != 0) return false;
-    usleep(static_cast<useconds_t>(200'000 + rng_() % 3'000'000));
-    ::kill(pid, SIGCONT);
-    return true;
-  }
 
   // After an operation: every rank running, or every rank suspended; a job whose rank was killed ends whole.
   void settle() {
@@ -152,8 +138,10 @@ class job_chaos_round {
     // way back.
     const auto r = job_->ckpt({"resume", "--job", job_->id()});
     if (r.exit_code != 0 || !all_in_state(*job_, "running", 20))
-      return fail("the job settled neither running nor suspended (" + states() + ") and resume --job did not bring it "
-                  "back: " + describe(r));
+      return fail("the job settled neither running nor suspended (" + states() +
+                  ") and resume --job did not bring it "
+                  "back: " +
+                  describe(r));
     suspended_ = false;
   }
 

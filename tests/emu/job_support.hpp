@@ -35,12 +35,6 @@ inline const std::map<int, std::string>& reference_results(int nranks, int steps
   REQUIRE(done.size() == static_cast<std::size_t>(nranks));
   return cache[key] = std::move(done);
 }
-
-inline std::string file_text(const fs::path& file) {
-  std::ifstream in(file);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
 // What /proc/PID/cmdline says, its words joined by spaces; empty for a process gone (or a zombie).
 inline std::string command_line(pid_t pid) {
   std::string text = file_text("/proc/" + std::to_string(pid) + "/cmdline");

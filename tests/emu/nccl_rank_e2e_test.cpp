@@ -11,7 +11,7 @@ using namespace vmmckpt::test;
 
 namespace {
 
-const std::string rank_program = build_dir + "/tests/programs/emu_nccl_rank";
+const std::string rank_program = programs + "emu_nccl_rank";
 
 void ask(background_process& p, const fs::path& dir, int rank, const std::string& what, const std::string& answer) {
   std::ofstream(dir / std::to_string(rank) / what).put('\n');

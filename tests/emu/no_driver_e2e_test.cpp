@@ -16,13 +16,6 @@ const std::string emulated_driver = build_dir + "/lib/emu/libcuda.so.1";
 // the emu tests point at the emulated driver) is unset, so nothing but the tool's own libraries loads.
 const std::map<std::string, std::string> no_driver = {{"VMMCKPT_LIBCUDA", "/nonexistent/libcuda.so.1"},
                                                       {"LD_LIBRARY_PATH", ""}};
-
-std::string hex(std::uint64_t v) {
-  char text[24];
-  std::snprintf(text, sizeof text, "0x%llx", static_cast<unsigned long long>(v));
-  return text;
-}
-
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 }  // namespace

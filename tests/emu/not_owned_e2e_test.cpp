@@ -14,7 +14,7 @@ using namespace vmmckpt::test;
 
 namespace {
 
-const std::string not_owned_program = build_dir + "/tests/programs/emu_not_owned";
+const std::string not_owned_program = programs + "emu_not_owned";
 
 std::unique_ptr<background_process> start_not_owned(std::vector<std::string> kinds = {}) {
   std::vector<std::string> argv{cuda_ckpt, "run", "--", not_owned_program};

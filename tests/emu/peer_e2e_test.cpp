@@ -16,7 +16,7 @@ using namespace vmmckpt::test;
 
 namespace {
 
-const std::string peer_program = build_dir + "/tests/programs/emu_peer_copies";
+const std::string peer_program = programs + "emu_peer_copies";
 const std::map<std::string, std::string> two_gpus = {{"VMMCKPT_EMU_DEVICES", "2"}};
 
 process_result under_shim(const std::vector<std::string>& args, std::map<std::string, std::string> env = two_gpus) {

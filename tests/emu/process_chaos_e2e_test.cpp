@@ -157,36 +157,20 @@ class process_chaos_round {
         killed_by_test_ = true;
       }
     } else if (fate < 13) {  // the program, as a user's Ctrl-Z or a scheduler's suspend: continued later
-      if (stop_for_a_while(t_->pid)) ++f_.program_stops;
+      if (stop_for_a_while(rng_, t_->pid)) ++f_.program_stops;
     } else if (fate < 14) {  // the tool
-      if (stop_for_a_while(p.pid())) ++f_.tool_stops;
+      if (stop_for_a_while(rng_, p.pid())) ++f_.tool_stops;
     }
-    for (int i = 0; i < 1200 && p.running(); ++i) usleep(100'000);
+    const bool ended = ends_within(p, 120);
     // Whatever the tool did with a stopped program, the user's continuing it lets it go on (checked by settle).
     if (fate >= 10 && fate < 13) ::kill(t_->pid, SIGCONT);
-    history_ += p.running() ? "" : " -> " + std::to_string(p.wait());
-    if (p.running()) {
-      fail("a tool did not end within 120 s: " + args[0] + "\n" + p.output());
-      ::kill(p.pid(), SIGKILL);
-    }
-    process_result r;
-    const int status = p.wait();
-    r.exit_code = status < 128 ? status : -1;
-    r.signal = status >= 128 ? status - 128 : 0;
-    r.out = p.output();
+    if (!ended) fail("a tool did not end within 120 s: " + args[0] + "\n" + p.output());
+    const auto r = result_of(p);
+    history_ += ended ? " -> " + std::to_string(p.wait()) : "";
     if (r.exit_code == 1 && r.out.find("is stopped by a signal") != std::string::npos) ++f_.refused_stopped;
     return r;
   }
 
-  // Stops pid at a random moment within 0.7 s (a dump of the small tree takes about half a second) for 0.2 to
-  // 3.2 s, then continues it; false when it was gone.
-  bool stop_for_a_while(pid_t pid) {
-    usleep(static_cast<useconds_t>(rng_() % 700'000));
-    if (::kill(pid, SIGSTOP) != 0) return false;
-    usleep(static_cast<useconds_t>(200'000 + rng_() % 3'000'000));
-    ::kill(pid, SIGCONT);
-    return true;
-  }
 
   void dump(int step, bool chaos) {
     const bool into_small = chaos && mounted_ && rng_() % 3 == 0;

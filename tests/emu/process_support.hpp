@@ -10,6 +10,7 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <random>
 #include <sstream>
 #include <thread>
 
@@ -18,7 +19,7 @@
 
 namespace vmmckpt::test {
 
-inline const std::string ticker = build_dir + "/tests/programs/emu_ticker";
+inline const std::string ticker = programs + "emu_ticker";
 
 // CRIU 4 for these tests: $VMMCKPT_CRIU, else the one scripts/provision-criu.sh put in .deps/.
 inline std::string criu_for_tests() {
@@ -177,6 +178,16 @@ inline std::unique_ptr<background_process> tool_with_stop(const std::vector<std:
     ::kill(tool->pid(), SIGCONT);
   }
   return tool;
+}
+
+// Stops pid (SIGSTOP) at a random moment within 0.7 s, as a user's Ctrl-Z or a scheduler's suspend would, for 0.2
+// to 3.2 s, then continues it; false when it was gone. The chaos tests' stop.
+inline bool stop_for_a_while(std::mt19937_64& rng, pid_t pid) {
+  usleep(static_cast<useconds_t>(rng() % 700'000));
+  if (::kill(pid, SIGSTOP) != 0) return false;
+  usleep(static_cast<useconds_t>(200'000 + rng() % 3'000'000));
+  ::kill(pid, SIGCONT);
+  return true;
 }
 
 inline bool nothing_named(const fs::path& image) {

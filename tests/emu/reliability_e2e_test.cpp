@@ -18,11 +18,7 @@
 
 using namespace vmmckpt::test;
 
-namespace {
-
-const std::string programs = build_dir + "/tests/programs/";
-
-}  // namespace
+namespace {}  // namespace
 
 TEST_CASE("a fork child that exits through exit() leaves its parent's control socket alone", "[emu][reliability]") {
   background_process program({cuda_ckpt, "run", "--", programs + "emu_fork_alloc", "child-exits"});

@@ -18,14 +18,8 @@ using namespace vmmckpt::test;
 
 namespace {
 
-const std::string list_program = build_dir + "/tests/programs/emu_linked_list";
+const std::string list_program = programs + "emu_linked_list";
 constexpr int node_count = 200;
-
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
 void write_text(const fs::path& p, const std::string& text) {
   std::ofstream out(p, std::ios::binary | std::ios::trunc);
   out << text;
@@ -103,13 +97,13 @@ TEST_CASE("restore --replay: the same allocation sequence gets the same addresse
 TEST_CASE("restore does not consume the image: it restores twice, in both modes", "[emu][restore]") {
   scratch_dir dir;
   const auto img = make_list_image(dir);
-  const std::string before = read_text(img.image / "manifest.json");
+  const std::string before = file_text(img.image / "manifest.json");
   require_walked(restore(img, {}, {list_program, "walk", img.list.string()}));
   require_walked(restore(img, {}, {list_program, "walk", img.list.string()}));
   const auto replayed = restore(img, {"--replay"}, {list_program, "replay", img.list.string()});
   INFO(describe(replayed));
   REQUIRE(replayed.exit_code == 0);
-  REQUIRE(read_text(img.image / "manifest.json") == before);
+  REQUIRE(file_text(img.image / "manifest.json") == before);
   REQUIRE(run_process({cuda_ckpt, "verify", img.image.string()}).exit_code == 0);
 }
 
@@ -135,7 +129,7 @@ TEST_CASE("restore refuses a bad image with a message naming the defect, and sta
   }
   SECTION("a manifest of format 99") {
     const auto manifest = img.image / "manifest.json";
-    std::string text = read_text(manifest);
+    std::string text = file_text(manifest);
     const auto at = text.find("\"format\": 6,");
     REQUIRE(at != std::string::npos);
     text.replace(at, 12, "\"format\": 99,");
@@ -196,7 +190,7 @@ TEST_CASE("restore with too little device memory for the image: every memory cal
   scratch_dir dir;
   const auto img = make_list_image(dir);
   // The image must need more than the device has, or the test proves nothing.
-  const auto manifest = nlohmann::json::parse(read_text(img.image / "manifest.json"));
+  const auto manifest = nlohmann::json::parse(file_text(img.image / "manifest.json"));
   REQUIRE(manifest.at("data_bytes").get<std::uint64_t>() > (2u << 20));
   for (const auto& mode : std::vector<std::vector<std::string>>{{}, {"--replay"}}) {
     const auto r =

@@ -9,16 +9,17 @@
 #include <set>
 #include <sstream>
 
-#include "process.hpp"
+#include "e2e_support.hpp"
 
+using vmmckpt::test::build_dir;
+using vmmckpt::test::describe;
 using vmmckpt::test::process_result;
+using vmmckpt::test::programs;
 using vmmckpt::test::run_process;
+using vmmckpt::test::shim;
 
 namespace {
 
-const std::string build_dir = VMMCKPT_BUILD_DIR;
-const std::string programs = build_dir + "/tests/programs/";
-const std::string shim = build_dir + "/lib/libvmmckpt.so";
 constexpr unsigned long long default_base = 0x200000000000ULL;
 constexpr unsigned long long default_size = 512ULL << 30;
 
@@ -45,11 +46,6 @@ std::vector<ptr_line> parse_ptrs(const std::string& out) {
 std::map<std::string, std::string> shim_env(std::map<std::string, std::string> extra = {}) {
   extra.emplace("LD_PRELOAD", shim);
   return extra;
-}
-
-std::string describe(const process_result& r) {
-  return "exit " + std::to_string(r.exit_code) + " signal " + std::to_string(r.signal) + "\nstdout:\n" + r.out +
-         "\nstderr:\n" + r.err;
 }
 
 void require_in_pool(const std::vector<ptr_line>& ptrs, unsigned long long base = default_base,

@@ -16,16 +16,7 @@ using namespace vmmckpt::test;
 
 namespace {
 
-const std::string small_blocks = build_dir + "/tests/programs/emu_small_blocks";
-const std::string restored_check = build_dir + "/tests/programs/emu_restored_bytes_check";
-
-std::string file_text(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
+const std::string small_blocks = programs + "emu_small_blocks";
 // The program's answer to SIGUSR2: every block read back against its pattern.
 std::string check_blocks(background_process& program, std::size_t blocks) {
   const std::string expected = "check ok " + std::to_string(blocks) + "\n";

@@ -12,7 +12,7 @@ using namespace vmmckpt::test;
 
 namespace {
 
-const std::string vmm_program = build_dir + "/tests/programs/emu_vmm_checkpointed";
+const std::string vmm_program = programs + "emu_vmm_checkpointed";
 constexpr std::uint64_t mib = 1 << 20;
 
 // Asks the program in `dir` to do `what` (check, mutate, finish) and waits for its answer.

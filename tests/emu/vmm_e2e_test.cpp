@@ -5,16 +5,17 @@
 #include <string>
 #include <vector>
 
-#include "process.hpp"
+#include "e2e_support.hpp"
 
+using vmmckpt::test::build_dir;
+using vmmckpt::test::describe;
 using vmmckpt::test::process_result;
+using vmmckpt::test::programs;
 using vmmckpt::test::run_process;
+using vmmckpt::test::shim;
 
 namespace {
 
-const std::string build_dir = VMMCKPT_BUILD_DIR;
-const std::string programs = build_dir + "/tests/programs/";
-const std::string shim = build_dir + "/lib/libvmmckpt.so";
 // docs/vmm.md: device d's window is [base + d * window, + window).
 constexpr unsigned long long window_base = 0x300000000000ULL;
 constexpr unsigned long long window_size = 2ULL << 40;
@@ -52,11 +53,6 @@ vmm_lines parse(const std::string& out) {
     v.lines.push_back(line);
   }
   return v;
-}
-
-std::string describe(const process_result& r) {
-  return "exit " + std::to_string(r.exit_code) + " signal " + std::to_string(r.signal) + "\nstdout:\n" + r.out +
-         "\nstderr:\n" + r.err;
 }
 
 process_result run_under_shim(const std::vector<std::string>& argv, std::map<std::string, std::string> env = {}) {
