@@ -2,11 +2,13 @@
 // the codes the emulator itself returns have the real driver's wording.
 #include "emu_api.hpp"
 
+#include <cstddef>
+
 namespace {
 
 struct error_text {
   CUresult code;
-  const char* name;
+  const char* text;
 };
 
 constexpr error_text names[] = {
@@ -15,43 +17,43 @@ constexpr error_text names[] = {
 #undef VMMCKPT_ERROR
 };
 
-const char* name_of(CUresult code) {
-  for (const auto& e : names) {
-    if (e.code == code) return e.name;
-  }
+// The real driver's wording of the codes the emulator returns.
+constexpr error_text descriptions[] = {
+    {CUDA_SUCCESS, "no error"},
+    {CUDA_ERROR_INVALID_VALUE, "invalid argument"},
+    {CUDA_ERROR_OUT_OF_MEMORY, "out of memory"},
+    {CUDA_ERROR_NOT_INITIALIZED, "initialization error"},
+    {CUDA_ERROR_DEINITIALIZED, "driver shutting down"},
+    {CUDA_ERROR_NO_DEVICE, "no CUDA-capable device is detected"},
+    {CUDA_ERROR_INVALID_DEVICE, "invalid device ordinal"},
+    {CUDA_ERROR_INVALID_IMAGE, "device kernel image is invalid"},
+    {CUDA_ERROR_INVALID_CONTEXT, "invalid device context"},
+    {CUDA_ERROR_CONTEXT_ALREADY_CURRENT, "context already current"},
+    {CUDA_ERROR_NO_BINARY_FOR_GPU, "no kernel image is available for execution on the device"},
+    {CUDA_ERROR_INVALID_HANDLE, "invalid resource handle"},
+    {CUDA_ERROR_NOT_FOUND, "named symbol not found"},
+    {CUDA_ERROR_NOT_READY, "device not ready"},
+    {CUDA_ERROR_ILLEGAL_ADDRESS, "an illegal memory access was encountered"},
+    {CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, "part or all of the requested memory range is already mapped"},
+    {CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, "pointer does not correspond to a registered memory region"},
+    {CUDA_ERROR_NOT_SUPPORTED, "operation not supported"},
+    {CUDA_ERROR_NOT_PERMITTED, "operation not permitted"},
+    {CUDA_ERROR_INVALID_PTX, "a PTX JIT compilation failed"},
+    {CUDA_ERROR_SHARED_OBJECT_INIT_FAILED, "shared object initialization failed"},
+    {CUDA_ERROR_OPERATING_SYSTEM, "OS call failed or operation not supported on this OS"},
+    {CUDA_ERROR_ILLEGAL_STATE, "the operation cannot be performed in the present state"},
+    {CUDA_ERROR_UNKNOWN, "unknown error"},
+};
+
+template <std::size_t N>
+const char* text_of(const error_text (&table)[N], CUresult code) {
+  for (const auto& e : table)
+    if (e.code == code) return e.text;
   return nullptr;
 }
 
-const char* description_of(CUresult code) {
-  switch (code) {
-    case CUDA_SUCCESS: return "no error";
-    case CUDA_ERROR_INVALID_VALUE: return "invalid argument";
-    case CUDA_ERROR_OUT_OF_MEMORY: return "out of memory";
-    case CUDA_ERROR_NOT_INITIALIZED: return "initialization error";
-    case CUDA_ERROR_DEINITIALIZED: return "driver shutting down";
-    case CUDA_ERROR_NO_DEVICE: return "no CUDA-capable device is detected";
-    case CUDA_ERROR_INVALID_DEVICE: return "invalid device ordinal";
-    case CUDA_ERROR_INVALID_IMAGE: return "device kernel image is invalid";
-    case CUDA_ERROR_INVALID_CONTEXT: return "invalid device context";
-    case CUDA_ERROR_CONTEXT_ALREADY_CURRENT: return "context already current";
-    case CUDA_ERROR_NO_BINARY_FOR_GPU: return "no kernel image is available for execution on the device";
-    case CUDA_ERROR_INVALID_HANDLE: return "invalid resource handle";
-    case CUDA_ERROR_NOT_FOUND: return "named symbol not found";
-    case CUDA_ERROR_NOT_READY: return "device not ready";
-    case CUDA_ERROR_ILLEGAL_ADDRESS: return "an illegal memory access was encountered";
-    case CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED:
-      return "part or all of the requested memory range is already mapped";
-    case CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED: return "pointer does not correspond to a registered memory region";
-    case CUDA_ERROR_NOT_SUPPORTED: return "operation not supported";
-    case CUDA_ERROR_NOT_PERMITTED: return "operation not permitted";
-    case CUDA_ERROR_INVALID_PTX: return "a PTX JIT compilation failed";
-    case CUDA_ERROR_SHARED_OBJECT_INIT_FAILED: return "shared object initialization failed";
-    case CUDA_ERROR_OPERATING_SYSTEM: return "OS call failed or operation not supported on this OS";
-    case CUDA_ERROR_ILLEGAL_STATE: return "the operation cannot be performed in the present state";
-    case CUDA_ERROR_UNKNOWN: return "unknown error";
-    default: return nullptr;
-  }
-}
+const char* name_of(CUresult code) { return text_of(names, code); }
+const char* description_of(CUresult code) { return text_of(descriptions, code); }
 
 }  // namespace
 

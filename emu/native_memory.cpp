@@ -78,6 +78,98 @@ CUresult release_native(std::uintptr_t p) {
 
 }  // namespace vmmckpt::emu
 
+namespace {
+
+// The range the driver names for a pointer: the reservation around a VMM mapping, else the allocation.
+reservation range_of(memory_table& t, const region& r) {
+  if (r.kind == region_kind::vmm_mapping)
+    if (const reservation* res = t.find_reservation(r.base)) return *res;
+  return reservation{r.base, r.size};
+}
+
+template <typename T>
+CUresult put(void* data, T value) {
+  *static_cast<T*>(data) = value;
+  return CUDA_SUCCESS;
+}
+
+// How the emulator answers a pointer attribute: of memory it does not know, an error (known_only) or
+// unknown host memory's answer, as the real driver does; `answer` is given the pointer's region (null:
+// unknown memory).
+struct pointer_answer {
+  CUpointer_attribute attribute;
+  bool known_only;
+  CUresult (*answer)(void* data, memory_table& t, const region* r, CUdeviceptr ptr);
+};
+
+using table_ref = memory_table&;
+const pointer_answer pointer_answers[] = {
+    {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, true,
+     [](void* data, table_ref, const region* r, CUdeviceptr) {
+       return put<unsigned>(data, r->is_device() && !r->host_located ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST);
+     }},
+    {CU_POINTER_ATTRIBUTE_DEVICE_POINTER, true,
+     [](void* data, table_ref, const region*, CUdeviceptr ptr) { return put<CUdeviceptr>(data, ptr); }},
+    {CU_POINTER_ATTRIBUTE_HOST_POINTER, true,
+     [](void* data, table_ref, const region* r, CUdeviceptr ptr) {
+       return r->is_device() ? CUDA_ERROR_INVALID_VALUE : put<void*>(data, reinterpret_cast<void*>(ptr));
+     }},
+    {CU_POINTER_ATTRIBUTE_CONTEXT, true,
+     [](void* data, table_ref, const region* r, CUdeviceptr) {
+       return put<CUcontext>(data,
+                             r->kind == region_kind::vmm_mapping ? nullptr : to_handle(primary_context(r->device)));
+     }},
+    {CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, true,
+     [](void* data, table_ref, const region* r, CUdeviceptr) { return put<int>(data, r->device); }},
+    // VMM memory answers with its whole reservation, not the mapping (measured on an H200, driver 580:
+    // a mapping inside a 2 TiB reservation gave the 2 TiB); cuMemGetAddressRange gives the mapping.
+    {CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, true,
+     [](void* data, table_ref t, const region* r, CUdeviceptr) {
+       return put<CUdeviceptr>(data, range_of(t, *r).base);
+     }},
+    {CU_POINTER_ATTRIBUTE_RANGE_SIZE, true,
+     [](void* data, table_ref t, const region* r, CUdeviceptr) {
+       return put<std::size_t>(data, range_of(t, *r).size);
+     }},
+    {CU_POINTER_ATTRIBUTE_BUFFER_ID, true,
+     [](void* data, table_ref, const region* r, CUdeviceptr) { return put<unsigned long long>(data, r->buffer_id); }},
+    {CU_POINTER_ATTRIBUTE_MAPPED, false,
+     [](void* data, table_ref, const region* r, CUdeviceptr) { return put<int>(data, r != nullptr ? 1 : 0); }},
+    {CU_POINTER_ATTRIBUTE_IS_MANAGED, false,
+     [](void* data, table_ref, const region*, CUdeviceptr) { return put<int>(data, 0); }},
+    {CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, false,
+     [](void* data, table_ref, const region*, CUdeviceptr) { return put<int>(data, 0); }},
+    {CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, false,
+     [](void* data, table_ref, const region*, CUdeviceptr) { return put<int>(data, 0); }},
+    {CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE, false,
+     [](void* data, table_ref, const region*, CUdeviceptr) { return put<int>(data, 0); }},
+    {CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, false,
+     [](void* data, table_ref, const region* r, CUdeviceptr) {
+       return put<unsigned long long>(
+           data, r != nullptr && r->kind == region_kind::vmm_mapping ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : 0);
+     }},
+    {CU_POINTER_ATTRIBUTE_ACCESS_FLAGS, false,
+     [](void* data, table_ref, const region*, CUdeviceptr) {
+       return put<unsigned>(data, CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE);
+     }},
+    {CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, false,
+     [](void* data, table_ref, const region*, CUdeviceptr) { return put<CUmemoryPool>(data, nullptr); }},
+};
+
+// Answers one pointer attribute.
+CUresult pointer_attribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr) {
+  auto& t = memory();
+  std::shared_lock lock(t.mutex);
+  const region* r = t.find(ptr);
+  for (const auto& a : pointer_answers)
+    if (a.attribute == attribute)
+      return a.known_only && r == nullptr ? CUDA_ERROR_INVALID_VALUE : a.answer(data, t, r, ptr);
+  trace("cuPointerGetAttribute: attribute %d is not emulated", static_cast<int>(attribute));
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+}  // namespace
+
 extern "C" {
 
 CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
@@ -242,74 +334,6 @@ CUresult cuMemHostGetFlags(unsigned int* pFlags, void* p) {
     *pFlags = r->host_flags;
     return CUDA_SUCCESS;
   });
-}
-
-// The range the driver names for a pointer: the reservation around a VMM mapping, else the allocation.
-static reservation range_of(memory_table& t, const region& r) {
-  if (r.kind == region_kind::vmm_mapping)
-    if (const reservation* res = t.find_reservation(r.base)) return *res;
-  return reservation{r.base, r.size};
-}
-
-// Answers one pointer attribute; memory the emulator does not know is reported as unknown host
-// memory where the real driver does the same, and as an error where it fails.
-static CUresult pointer_attribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr) {
-  auto& t = memory();
-  std::shared_lock lock(t.mutex);
-  region* r = t.find(ptr);
-  switch (attribute) {
-    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
-      if (r == nullptr) return CUDA_ERROR_INVALID_VALUE;
-      *static_cast<unsigned*>(data) = r->is_device() && !r->host_located ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST;
-      return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
-      if (r == nullptr) return CUDA_ERROR_INVALID_VALUE;
-      *static_cast<CUdeviceptr*>(data) = ptr;
-      return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_HOST_POINTER:
-      if (r == nullptr || r->is_device()) return CUDA_ERROR_INVALID_VALUE;
-      *static_cast<void**>(data) = reinterpret_cast<void*>(ptr);
-      return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_CONTEXT:
-      if (r == nullptr) return CUDA_ERROR_INVALID_VALUE;
-      *static_cast<CUcontext*>(data) =
-          r->kind == region_kind::vmm_mapping ? nullptr : to_handle(primary_context(r->device));
-      return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
-      if (r == nullptr) return CUDA_ERROR_INVALID_VALUE;
-      *static_cast<int*>(data) = r->device;
-      return CUDA_SUCCESS;
-    // VMM memory answers with its whole reservation, not the mapping (measured on an H200, driver 580:
-    // a mapping inside a 2 TiB reservation gave the 2 TiB); cuMemGetAddressRange gives the mapping.
-    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
-      if (r == nullptr) return CUDA_ERROR_INVALID_VALUE;
-      *static_cast<CUdeviceptr*>(data) = range_of(t, *r).base;
-      return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
-      if (r == nullptr) return CUDA_ERROR_INVALID_VALUE;
-      *static_cast<std::size_t*>(data) = range_of(t, *r).size;
-      return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_BUFFER_ID:
-      if (r == nullptr) return CUDA_ERROR_INVALID_VALUE;
-      *static_cast<unsigned long long*>(data) = r->buffer_id;
-      return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_MAPPED: *static_cast<int*>(data) = r != nullptr ? 1 : 0; return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_IS_MANAGED:
-    case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS:
-    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
-    case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE: *static_cast<int*>(data) = 0; return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
-      *static_cast<unsigned long long*>(data) =
-          r != nullptr && r->kind == region_kind::vmm_mapping ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : 0;
-      return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS:
-      *static_cast<unsigned*>(data) = CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE;
-      return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE: *static_cast<CUmemoryPool*>(data) = nullptr; return CUDA_SUCCESS;
-    default:
-      trace("cuPointerGetAttribute: attribute %d is not emulated", static_cast<int>(attribute));
-      return CUDA_ERROR_INVALID_VALUE;
-  }
 }
 
 CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr) {

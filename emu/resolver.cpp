@@ -252,57 +252,76 @@ std::array<CUresult (*)(), sizeof...(I)> make_stubs(std::index_sequence<I...>) {
 
 const auto stubs = make_stubs(std::make_index_sequence<known_count>{});
 
+// The real driver's ABIs of a name: the newest within the requested version (best_version -1: none), and the
+// oldest (-1: the name is unknown).
+struct known_abis {
+  int best_version = -1;
+  std::size_t best_index = 0;
+  int oldest_version = -1;
+};
+
+known_abis known_abis_of(std::string_view name, int cuda_version) {
+  known_abis k;
+  for (std::size_t i = 0; i < known_count; ++i) {
+    if (name != known[i].name) continue;
+    if (k.oldest_version < 0 || known[i].version < k.oldest_version) k.oldest_version = known[i].version;
+    if (known[i].version <= cuda_version && known[i].version > k.best_version) {
+      k.best_version = known[i].version;
+      k.best_index = i;
+    }
+  }
+  return k;
+}
+
+// The emulator's newest implementation of a name within the requested version (null: none); `any`: whether
+// it implements the name at all.
+const entry* implementation_of(std::string_view name, int cuda_version, bool& any) {
+  const entry* best = nullptr;
+  any = false;
+  for (const auto& e : implemented) {
+    if (name != e.name) continue;
+    any = true;
+    if (e.version <= cuda_version && (best == nullptr || e.version > best->version)) best = &e;
+  }
+  return best;
+}
+
+// A lookup's answer: the function into *pfn, the status into *status when asked for.
+CUresult answer(void** pfn, CUdriverProcAddressQueryResult* status, CUresult rc, CUdriverProcAddressQueryResult s,
+                void* fn) {
+  *pfn = fn;
+  if (status == nullptr) return rc;
+  *status = s;
+  // Driver 580 answers a failed lookup with CUDA_SUCCESS when the caller
+  // asked for the status: the status carries the outcome (seen on an H100).
+  return rc == CUDA_ERROR_NOT_FOUND ? CUDA_SUCCESS : rc;
+}
+
 CUresult lookup(const char* symbol, void** pfn, int cuda_version, cuuint64_t flags,
                 CUdriverProcAddressQueryResult* status) {
-  auto report = [&](CUresult rc, CUdriverProcAddressQueryResult s, void* fn) {
-    *pfn = fn;
-    if (status == nullptr) return rc;
-    *status = s;
-    // Driver 580 answers a failed lookup with CUDA_SUCCESS when the caller
-    // asked for the status: the status carries the outcome (seen on an H100).
-    return rc == CUDA_ERROR_NOT_FOUND ? CUDA_SUCCESS : rc;
-  };
   if (symbol == nullptr || pfn == nullptr) return CUDA_ERROR_INVALID_VALUE;
   constexpr cuuint64_t valid_flags = CU_GET_PROC_ADDRESS_LEGACY_STREAM | CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
   if ((flags & ~valid_flags) != 0)
-    return report(CUDA_ERROR_INVALID_VALUE, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND, nullptr);
+    return answer(pfn, status, CUDA_ERROR_INVALID_VALUE, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND, nullptr);
   const std::string_view name(symbol);
-
-  // The newest ABI the real driver has for this name within the requested version.
-  int best_known = -1;
-  std::size_t best_index = 0;
-  int oldest_known = -1;
-  for (std::size_t i = 0; i < known_count; ++i) {
-    if (name != known[i].name) continue;
-    if (oldest_known < 0 || known[i].version < oldest_known) oldest_known = known[i].version;
-    if (known[i].version <= cuda_version && known[i].version > best_known) {
-      best_known = known[i].version;
-      best_index = i;
-    }
-  }
-  const entry* best = nullptr;
+  const known_abis k = known_abis_of(name, cuda_version);
   bool any_implemented = false;
-  for (const auto& e : implemented) {
-    if (name != e.name) continue;
-    any_implemented = true;
-    if (e.version <= cuda_version && (best == nullptr || e.version > best->version)) best = &e;
-  }
+  const entry* best = implementation_of(name, cuda_version, any_implemented);
 
-  if (best != nullptr && best->version >= best_known) {
-    return report(CUDA_SUCCESS, CU_GET_PROC_ADDRESS_SUCCESS, best->fn);
+  if (best != nullptr && best->version >= k.best_version)
+    return answer(pfn, status, CUDA_SUCCESS, CU_GET_PROC_ADDRESS_SUCCESS, best->fn);
+  if (k.best_version < 0 && k.oldest_version >= 0) {
+    trace("cuGetProcAddress(%s, %d): version not sufficient (first ABI %d)", symbol, cuda_version, k.oldest_version);
+    return answer(pfn, status, CUDA_ERROR_NOT_FOUND, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT, nullptr);
   }
-  if (best_known < 0 && oldest_known >= 0) {
-    trace("cuGetProcAddress(%s, %d): version not sufficient (first ABI %d)", symbol, cuda_version, oldest_known);
-    return report(CUDA_ERROR_NOT_FOUND, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT, nullptr);
-  }
-  if (best_known >= 0 && !any_implemented) {
+  if (k.best_version >= 0 && !any_implemented) {
     // A real entry point the emulator lacks: callers get a function that says so when called.
     trace("cuGetProcAddress(%s, %d): not emulated, returning a NOT_SUPPORTED stub", symbol, cuda_version);
-    return report(CUDA_SUCCESS, CU_GET_PROC_ADDRESS_SUCCESS, reinterpret_cast<void*>(stubs[best_index]));
+    return answer(pfn, status, CUDA_SUCCESS, CU_GET_PROC_ADDRESS_SUCCESS, reinterpret_cast<void*>(stubs[k.best_index]));
   }
   // Unknown name, or an ABI version the emulator does not implement (v1 ABIs).
   trace("cuGetProcAddress(%s, %d): not found", symbol, cuda_version);
-  return report(CUDA_ERROR_NOT_FOUND, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND, nullptr);
+  return answer(pfn, status, CUDA_ERROR_NOT_FOUND, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND, nullptr);
 }
 
 }  // namespace

@@ -127,6 +127,40 @@ bool hint_honoured(std::size_t size, std::size_t alignment) {
   return size >= 32 * mib || (size >= 8 * mib && alignment >= size);
 }
 
+// cuMemSetAccess's descriptors: each a valid location and one of the three protections.
+CUresult check_access(const CUmemAccessDesc* desc, std::size_t count) {
+  for (std::size_t i = 0; i < count; ++i) {
+    if (CUresult rc = check_location(desc[i].location); rc != CUDA_SUCCESS) return rc;
+    const auto f = desc[i].flags;
+    if (f != CU_MEM_ACCESS_FLAGS_PROT_NONE && f != CU_MEM_ACCESS_FLAGS_PROT_READ &&
+        f != CU_MEM_ACCESS_FLAGS_PROT_READWRITE) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+  }
+  return CUDA_SUCCESS;
+}
+
+// Gives a mapping the access the descriptors name.
+CUresult set_access(region& r, const CUmemAccessDesc* desc, std::size_t count) {
+  for (std::size_t i = 0; i < count; ++i) {
+    const auto flags = static_cast<unsigned char>(desc[i].flags);
+    if (desc[i].location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA) {
+      if (!r.host_located) return CUDA_ERROR_INVALID_VALUE;  // the host reaches device memory only by copies
+      r.host_access = flags;
+    } else {
+      r.access[static_cast<std::size_t>(desc[i].location.id)] = flags;
+    }
+  }
+  // All emulated devices share one address space: the host protection is the union of them.
+  unsigned best = r.host_access;
+  for (unsigned char a : r.access) best |= a;
+  const int prot = best == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? PROT_READ | PROT_WRITE
+                   : best != 0                                ? PROT_READ
+                                                              : PROT_NONE;
+  if (mprotect(reinterpret_cast<void*>(r.base), r.size, prot) != 0) return CUDA_ERROR_UNKNOWN;
+  return CUDA_SUCCESS;
+}
+
 }  // namespace
 
 extern "C" {
@@ -348,36 +382,13 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* des
     if (ptr == 0 || size == 0 || !aligned(ptr) || !aligned(size) || desc == nullptr || count == 0) {
       return CUDA_ERROR_INVALID_VALUE;
     }
-    for (std::size_t i = 0; i < count; ++i) {
-      if (CUresult rc = check_location(desc[i].location); rc != CUDA_SUCCESS) return rc;
-      const auto f = desc[i].flags;
-      if (f != CU_MEM_ACCESS_FLAGS_PROT_NONE && f != CU_MEM_ACCESS_FLAGS_PROT_READ &&
-          f != CU_MEM_ACCESS_FLAGS_PROT_READWRITE) {
-        return CUDA_ERROR_INVALID_VALUE;
-      }
-    }
+    if (CUresult rc = check_access(desc, count); rc != CUDA_SUCCESS) return rc;
     auto& t = memory();
     std::unique_lock lock(t.mutex);
     std::vector<region*> parts;
     if (!whole_mappings(t, ptr, size, parts)) return CUDA_ERROR_INVALID_VALUE;
-    for (region* r : parts) {
-      for (std::size_t i = 0; i < count; ++i) {
-        const auto flags = static_cast<unsigned char>(desc[i].flags);
-        if (desc[i].location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA) {
-          if (!r->host_located) return CUDA_ERROR_INVALID_VALUE;  // the host reaches device memory only by copies
-          r->host_access = flags;
-        } else {
-          r->access[static_cast<std::size_t>(desc[i].location.id)] = flags;
-        }
-      }
-      // All emulated devices share one address space: the host protection is the union of them.
-      unsigned best = r->host_access;
-      for (unsigned char a : r->access) best |= a;
-      const int prot = best == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? PROT_READ | PROT_WRITE
-                       : best != 0                                ? PROT_READ
-                                                                  : PROT_NONE;
-      if (mprotect(reinterpret_cast<void*>(r->base), r->size, prot) != 0) return CUDA_ERROR_UNKNOWN;
-    }
+    for (region* r : parts)
+      if (CUresult rc = set_access(*r, desc, count); rc != CUDA_SUCCESS) return rc;
     return CUDA_SUCCESS;
   });
 }

@@ -69,6 +69,61 @@ std::vector<std::filesystem::path> process_children(const std::filesystem::path&
   return out;
 }
 
+// The image_id a manifest.json names; empty when it names none (an image of format 2 or earlier, or damaged).
+std::string image_id_of(const std::filesystem::path& dir) {
+  std::ifstream in(dir / "manifest.json", std::ios::binary);
+  const auto j = nlohmann::json::parse(in, nullptr, false);
+  if (j.is_object() && j.value("magic", "") == "vmmckpt-image" && j.contains("image_id") && j["image_id"].is_string())
+    return j["image_id"].get<std::string>();
+  return "";
+}
+
+// The images that need the blocks of the image at `dir` (`path` as given), into `children`; false, and why
+// (rm's message), when they cannot be known.
+bool find_children(const std::string& path, const std::filesystem::path& dir, bool whole_process,
+                   std::vector<std::filesystem::path>& children, std::string& why) {
+  if (whole_process) {
+    try {
+      children = process_children(dir);
+    } catch (const image::image_error& e) {
+      why = std::string(e.what()) + "; nothing removed (--force removes it anyway)";
+      return false;
+    }
+    return true;
+  }
+  const std::string image_id = image_id_of(dir);  // its own manifest names it
+  if (image_id.empty()) {
+    why = path + ": its manifest.json names no image (not an image of format 3 or later, or damaged); "
+                 "nothing removed (--force removes it anyway)";
+    return false;
+  }
+  children = image::children_in(std::filesystem::absolute(dir).lexically_normal().parent_path(), image_id);
+  return true;
+}
+
+// rm's refusal of a parent whose children need it.
+std::string parent_refusal(const std::string& path, const std::vector<std::filesystem::path>& children,
+                           bool whole_process) {
+  std::string names;
+  for (const auto& c : children) names += (names.empty() ? "" : ", ") + c.string();
+  // A whole-process chain cannot be merged: each GPU part's image_id is the one its suspended process
+  // waits for, and a merged image has one of its own.
+  const std::string way_out = whole_process ? "Remove them first" : "Merge them first (cuda-ckpt merge CHILD -o FULL)";
+  return path + " is the parent of " + names + ": they need its blocks. " + way_out +
+         ", or pass --force to delete it and break them";
+}
+
+void report_removed(const std::string& path, const std::vector<std::filesystem::path>& children, bool json) {
+  if (json) {
+    nlohmann::json broken = nlohmann::json::array();
+    for (const auto& c : children) broken.push_back(c.string());
+    std::cout << nlohmann::json{{"removed", path}, {"broken_children", broken}}.dump(2) << "\n";
+  } else {
+    std::printf("removed %s\n", path.c_str());
+    for (const auto& c : children) std::printf("%s: now lacks its parent (removed with --force)\n", c.c_str());
+  }
+}
+
 }  // namespace
 
 int rm_command(const std::string& path, bool force, bool json) {
@@ -84,51 +139,13 @@ int rm_command(const std::string& path, bool force, bool json) {
                           path + ": not an image directory (no manifest.json or process.json); nothing removed",
                           exit_failure);
   std::vector<std::filesystem::path> children;
-  if (whole_process) {
-    try {
-      children = process_children(dir);
-    } catch (const image::image_error& e) {
-      if (!force)
-        return report_failure("rm", json, std::string(e.what()) + "; nothing removed (--force removes it anyway)",
-                              exit_failure);
-    }
-  } else {
-    std::string image_id;  // its own manifest names it
-    std::ifstream in(dir / "manifest.json", std::ios::binary);
-    const auto j = nlohmann::json::parse(in, nullptr, false);
-    if (j.is_object() && j.value("magic", "") == "vmmckpt-image" && j.contains("image_id") && j["image_id"].is_string())
-      image_id = j["image_id"].get<std::string>();
-    if (image_id.empty() && !force)
-      return report_failure("rm", json,
-                            path +
-                                ": its manifest.json names no image (not an image of format 3 or later, or damaged); "
-                                "nothing removed (--force removes it anyway)",
-                            exit_failure);
-    if (!image_id.empty())
-      children = image::children_in(std::filesystem::absolute(dir).lexically_normal().parent_path(), image_id);
-  }
-  if (!children.empty() && !force) {
-    std::string names;
-    for (const auto& c : children) names += (names.empty() ? "" : ", ") + c.string();
-    // A whole-process chain cannot be merged: each GPU part's image_id is the one its suspended process
-    // waits for, and a merged image has one of its own.
-    const std::string way_out =
-        whole_process ? "Remove them first" : "Merge them first (cuda-ckpt merge CHILD -o FULL)";
-    return report_failure("rm", json,
-                          path + " is the parent of " + names + ": they need its blocks. " + way_out +
-                              ", or pass --force to delete it and break them",
-                          exit_failure);
-  }
+  if (std::string why; !find_children(path, dir, whole_process, children, why) && !force)
+    return report_failure("rm", json, why, exit_failure);
+  if (!children.empty() && !force)
+    return report_failure("rm", json, parent_refusal(path, children, whole_process), exit_failure);
   std::filesystem::remove_all(dir, ec);
   if (ec) return report_failure("rm", json, path + ": " + ec.message(), exit_failure);
-  if (json) {
-    nlohmann::json broken = nlohmann::json::array();
-    for (const auto& c : children) broken.push_back(c.string());
-    std::cout << nlohmann::json{{"removed", path}, {"broken_children", broken}}.dump(2) << "\n";
-  } else {
-    std::printf("removed %s\n", path.c_str());
-    for (const auto& c : children) std::printf("%s: now lacks its parent (removed with --force)\n", c.c_str());
-  }
+  report_removed(path, children, json);
   return exit_ok;
 }
 

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <thread>
 #include <iostream>
+#include <iterator>
 #include <optional>
 #include <nlohmann/json.hpp>
 
@@ -204,56 +205,87 @@ int dump_series(const dump_command_options& o, ckpt::dump_options options) {
   return exit_ok;
 }
 
-}  // namespace
+// The ways dump runs, one bit each: a rule names those it holds in.
+enum dump_mode : unsigned { plain = 1, series = 2, job = 4, nodes = 8, process = 16 };
+constexpr unsigned every_mode = plain | series | job | nodes | process;
 
-int dump_command(const dump_command_options& o) {
-  if (!o.nodes.empty()) {
-    if (o.process || o.whole_job() || o.every_s > 0 || !o.parent.empty())
-      return report_failure("dump", o.json,
-                            "--nodes names the job by its nodes' agents: --job, --ranks, --process, --every and "
-                            "--parent do not apply (docs/job-checkpoint.md, \"Across nodes\")",
-                            exit_usage);
-    if (o.token_file.empty())
-      return report_failure("dump", o.json, "--nodes needs --token-file, the job's secret its agents hold too",
-                            exit_usage);
-  } else if (!o.token_file.empty()) {
-    return report_failure("dump", o.json, "--token-file goes with --nodes", exit_usage);
-  }
-  if (o.process) {
-    if (o.every_s > 0)
-      return report_failure("dump", o.json, "--every does not apply to whole-process dumps (--process)", exit_usage);
-    return dump_process_command(o);
-  }
-  if (o.leave_running || o.pre_copy || !o.criu_args.empty())
-    return report_failure("dump", o.json,
-                          "--leave-running, --pre-copy and --criu-arg apply to whole-process dumps (--process)",
-                          exit_usage);
-  if (o.every_s <= 0 && (o.count != 0 || o.full_every != default_full_every))
-    return report_failure("dump", o.json, "--count and --full-every apply to a series of dumps (--every)", exit_usage);
+// The sizes of --chunk, --staging and --pinned (0: auto), and which of them parse and fit.
+struct copy_sizes {
+  std::uint64_t chunk = 0, staging = 0, pinned = 0;
+  bool chunk_ok = false, staging_ok = false, pinned_ok = false;
+};
+
+copy_sizes sizes_of(const dump_command_options& o) {
+  copy_sizes s;
+  s.chunk_ok = parse_size(o.chunk, s.chunk) && s.chunk >= (1u << 20) && s.chunk <= (1ULL << 30);
+  s.staging_ok = o.staging == "auto" || (parse_size(o.staging, s.staging) && s.staging >= 2 * s.chunk);
+  s.pinned_ok = o.pinned == "auto" || (parse_size(o.pinned, s.pinned) && s.pinned >= 2 * s.chunk);
+  return s;
+}
+
+// A rule of dump's command line: in the modes it names, a command line that breaks it is refused with its
+// message. Checked in this order; the first broken one is reported.
+using command_line = const dump_command_options&;
+struct usage_rule {
+  unsigned modes;
+  bool (*broken)(command_line);
+  std::string (*message)(command_line);
+};
+
+const usage_rule usage_rules[] = {
+    {nodes, [](command_line o) { return o.process || o.whole_job() || o.every_s > 0 || !o.parent.empty(); },
+     [](command_line) -> std::string {
+       return "--nodes names the job by its nodes' agents: --job, --ranks, --process, --every and --parent do not "
+              "apply (docs/job-checkpoint.md, \"Across nodes\")";
+     }},
+    {nodes, [](command_line o) { return o.token_file.empty(); },
+     [](command_line) -> std::string { return "--nodes needs --token-file, the job's secret its agents hold too"; }},
+    {every_mode & ~nodes, [](command_line o) { return !o.token_file.empty(); },
+     [](command_line) -> std::string { return "--token-file goes with --nodes"; }},
+    {process, [](command_line o) { return o.every_s > 0; },
+     [](command_line) -> std::string { return "--every does not apply to whole-process dumps (--process)"; }},
+    {every_mode & ~process, [](command_line o) { return o.leave_running || o.pre_copy || !o.criu_args.empty(); },
+     [](command_line) -> std::string {
+       return "--leave-running, --pre-copy and --criu-arg apply to whole-process dumps (--process)";
+     }},
+    {every_mode & ~process,
+     [](command_line o) { return o.every_s <= 0 && (o.count != 0 || o.full_every != default_full_every); },
+     [](command_line) -> std::string { return "--count and --full-every apply to a series of dumps (--every)"; }},
+    {every_mode & ~process, [](command_line o) { return !sizes_of(o).chunk_ok; },
+     [](command_line o) { return "--chunk must be a size from 1M to 1G, not '" + o.chunk + "'"; }},
+    {every_mode & ~process, [](command_line o) { return !sizes_of(o).staging_ok; },
+     [](command_line o) {
+       return "--staging must be 'auto' or a size of at least two chunks, not '" + o.staging + "'";
+     }},
+    {every_mode & ~process, [](command_line o) { return !sizes_of(o).pinned_ok; },
+     [](command_line o) { return "--pinned must be 'auto' or a size of at least two chunks, not '" + o.pinned + "'"; }},
+    {every_mode & ~process,
+     [](command_line o) {
+       const copy_sizes s = sizes_of(o);
+       return s.staging != 0 && s.pinned > s.staging;
+     },
+     [](command_line o) { return "--pinned " + o.pinned + " is more than --staging " + o.staging; }},
+    {job, [](command_line o) { return o.every_s > 0 || !o.parent.empty(); },
+     [](command_line) -> std::string { return "--every and --parent do not apply to a job's dump (--job, --ranks)"; }},
+};
+
+// The message of the first rule the command line breaks in `mode`; none when it breaks none.
+std::optional<std::string> refusal(const dump_command_options& o, dump_mode mode) {
+  for (const auto& rule : usage_rules)
+    if ((rule.modes & mode) != 0 && rule.broken(o)) return rule.message(o);
+  return std::nullopt;
+}
+
+// What the dump engine is asked for, from a command line that breaks no rule.
+ckpt::dump_options dump_options_of(const dump_command_options& o) {
+  const copy_sizes sizes = sizes_of(o);
   ckpt::dump_options options;
   options.pid = o.pid;
-  if (o.output.empty()) {
-    options.output = "vmmckpt-" + std::to_string(o.pid) + "-" + time_stamp();
-  } else {
-    options.output = o.output;
-  }
-  std::uint64_t chunk = 0;
-  if (!parse_size(o.chunk, chunk) || chunk < (1u << 20) || chunk > (1ULL << 30))
-    return report_failure("dump", o.json, "--chunk must be a size from 1M to 1G, not '" + o.chunk + "'", exit_usage);
-  options.copy.chunk_bytes = chunk;
-  std::uint64_t staging = 0;
-  if (o.staging != "auto" && (!parse_size(o.staging, staging) || staging < 2 * chunk))
-    return report_failure("dump", o.json,
-                          "--staging must be 'auto' or a size of at least two chunks, not '" + o.staging + "'",
-                          exit_usage);
-  options.copy.staging_bytes = staging;
-  std::uint64_t pinned = 0;
-  if (o.pinned != "auto" && (!parse_size(o.pinned, pinned) || pinned < 2 * chunk))
-    return report_failure(
-        "dump", o.json, "--pinned must be 'auto' or a size of at least two chunks, not '" + o.pinned + "'", exit_usage);
-  if (staging != 0 && pinned > staging)
-    return report_failure("dump", o.json, "--pinned " + o.pinned + " is more than --staging " + o.staging, exit_usage);
-  options.copy.pinned_bytes = pinned;
+  options.output =
+      o.output.empty() ? fs::path("vmmckpt-" + std::to_string(o.pid) + "-" + time_stamp()) : fs::path(o.output);
+  options.copy.chunk_bytes = sizes.chunk;
+  options.copy.staging_bytes = sizes.staging;
+  options.copy.pinned_bytes = sizes.pinned;
   options.copy.streams = o.streams;
   if (o.writers > 0) options.copy.writers = o.writers;
   options.gpu_snapshot = !o.no_gpu_snapshot;
@@ -261,19 +293,14 @@ int dump_command(const dump_command_options& o) {
   options.copy.parent = o.parent;
   options.copy.gpu_checksums = !o.cpu_checksums;
   options.hold_deadline = o.hold_deadline;
-
   options.copy.interrupt = &catch_interrupts();
-  if (!o.nodes.empty()) return dump_nodes_command(o, options.copy);
-  if (o.whole_job()) {
-    if (o.every_s > 0 || !o.parent.empty())
-      return report_failure("dump", o.json, "--every and --parent do not apply to a job's dump (--job, --ranks)",
-                            exit_usage);
-    return dump_job_command(o, options.copy);
-  }
-  if (o.every_s > 0) return dump_series(o, options);
+  return options;
+}
 
+// One dump of one process: the plain mode.
+int dump_once(const dump_command_options& o) {
   progress_line line("dump", !o.json);
-  const auto result = ckpt::dump(options, line.callback());
+  const auto result = ckpt::dump(dump_options_of(o), line.callback());
   line.finish();
   if (o.json)
     std::cout << result_json(o, result, o.parent).dump(2) << "\n";
@@ -282,108 +309,162 @@ int dump_command(const dump_command_options& o) {
   return exit_ok;
 }
 
-subcommand add_dump(CLI::App& app) {
-  auto o = std::make_shared<dump_command_options>();
-  auto* command = app.add_subcommand("dump", "Write a consistent image of a running process's GPU memory");
-  add_held_image(command, *o, "Image directory to create (default ./vmmckpt-PID-TIME; also -D DIR)",
-                 "Give up after this many whole seconds (1 to 3600), connecting and preparing included; the "
-                 "program is released by then, dump or not");
-  command->add_option("--chunk", o->chunk, "Staging buffer size, 1M to 1G (K/M/G suffixes)")
+// Dump's modes: the first whose `chosen` holds is the command line's, and `run` carries it out.
+struct mode_row {
+  dump_mode mode;
+  bool (*chosen)(command_line);
+  int (*run)(command_line);
+};
+
+const mode_row mode_rows[] = {
+    {nodes, [](command_line o) { return !o.nodes.empty(); },
+     [](command_line o) { return dump_nodes_command(o, dump_options_of(o).copy); }},
+    {process, [](command_line o) { return o.process; }, dump_process_command},
+    {job, [](command_line o) { return o.whole_job(); },
+     [](command_line o) { return dump_job_command(o, dump_options_of(o).copy); }},
+    {series, [](command_line o) { return o.every_s > 0; },
+     [](command_line o) { return dump_series(o, dump_options_of(o)); }},
+    {plain, [](command_line) { return true; }, dump_once},
+};
+
+// dump --help's footer: the forms of the command and what each does.
+const char* const dump_footer =
+    "Usage: cuda-ckpt dump PID [-o DIR]   (also: cuda-ckpt dump -t PID -D DIR)\n"
+    "The program is held (its GPU work stopped and drained) only until its memory is copied: to spare\n"
+    "GPU memory when the device has room for it (a quarter staying free), otherwise out of the GPU;\n"
+    "with room for part of it, the last part is copied on the GPU and the rest out of it. On a terminal\n"
+    "a progress line shows the copy and the writing, and a line says when the program was released.\n"
+    "Exit status 1 with a message when the process does not exist, is not under vmmckpt, belongs to\n"
+    "another user, exits during the dump, or the image cannot be written (full disk).\n"
+    "The image appears under its final name only once complete and synced: a failed or interrupted\n"
+    "(Ctrl-C, SIGTERM) dump leaves none, and the program goes on.\n"
+    "A process with device memory vmmckpt does not own is refused with exit status 3, naming each kind and\n"
+    "its size, unless --allow-partial is given.\n"
+    "\n"
+    "Whole process: cuda-ckpt dump PID --process -o DIR [--leave-running] [--pre-copy]\n"
+    "Each process of PID's tree under vmmckpt is suspended into DIR/gpu/PID (its GPU memory copied out and\n"
+    "freed), the driver checkpoints what is left of its CUDA context, and `criu dump` writes the CPU side\n"
+    "into DIR/criu; process.json lists and checksums both parts. DIR appears only once complete. A failure at\n"
+    "any step brings the processes back running and leaves no image; if cuda-ckpt itself is killed midway,\n"
+    "`cuda-ckpt resume PID` brings the process back from whatever state it was left in. The time the process\n"
+    "was stopped is reported. With --pre-copy each GPU part is dumped first while the process runs\n"
+    "(DIR/gpu/PID.pre) and DIR/gpu/PID holds only the blocks changed since.\n"
+    "CRIU: $VMMCKPT_CRIU, else criu on PATH (scripts/provision-criu.sh).\n"
+    "\n"
+    "Whole job: cuda-ckpt dump --job PID -o DIR   (or --ranks PID,PID,...)\n"
+    "Every process under vmmckpt in PID's tree (PID: torchrun, mpirun, a Slurm step) is brought to one point\n"
+    "of the job first: each NCCL call waits once the process has issued as many operations on each\n"
+    "communicator as the rank furthest on, so no collective is left half issued. Then every rank is held and\n"
+    "copied out as above, and all are released together once every rank's bytes are safe. DIR holds job.json\n"
+    "and one image per rank (DIR/PID). A rank that does not reach the cut within --deadline is named, with\n"
+    "where it was, and every rank goes on. With --process, the whole job through CRIU (docs/job-checkpoint.md).";
+
+// How the bytes are copied out of the program: the staging and the streams.
+void add_copy_options(CLI::App* command, dump_command_options& o) {
+  command->add_option("--chunk", o.chunk, "Staging buffer size, 1M to 1G (K/M/G suffixes)")
       ->capture_default_str()
       ->type_name("SIZE");
   command
-      ->add_option("--staging", o->staging,
+      ->add_option("--staging", o.staging,
                    "Most host memory that takes the program's bytes while it is held (K/M/G/T suffixes): pinned "
                    "buffers (1G of them with auto), then ordinary memory. A dump that fits is held only until its "
                    "bytes are in host memory; auto: half the memory available")
       ->capture_default_str()
       ->type_name("SIZE");
   command
-      ->add_option("--pinned", o->pinned,
+      ->add_option("--pinned", o.pinned,
                    "The most of the staging that is pinned (K/M/G/T suffixes): pinning costs time before the hold, "
                    "and copies into pinned memory run at the bus's speed. auto: 1G (or all of a smaller --staging)")
       ->capture_default_str()
       ->type_name("SIZE");
-  command->add_option("--streams", o->streams, "Copy streams")->capture_default_str()->check(CLI::Range(1, 16));
-  command->add_flag("--no-gpu-snapshot", o->no_gpu_snapshot,
+  command->add_option("--streams", o.streams, "Copy streams")->capture_default_str()->check(CLI::Range(1, 16));
+  command->add_flag("--no-gpu-snapshot", o.no_gpu_snapshot,
                     "Hold the program until its memory is on the host, even when the GPU has room for a copy");
-  command->add_flag("--allow-partial", o->allow_partial,
+}
+
+// What the image holds: all of the memory or not, all of the bytes or those changed since a parent.
+void add_image_options(CLI::App* command, dump_command_options& o) {
+  command->add_flag("--allow-partial", o.allow_partial,
                     "Write the image even when the process has device memory vmmckpt does not own (managed memory, "
                     "CUDA arrays, memory pools it created, VMM that passes through): the image is marked partial "
                     "and lists what it lacks");
   command
-      ->add_option("--parent", o->parent,
+      ->add_option("--parent", o.parent,
                    "Write an incremental image: blocks unchanged since the image PARENT are left to it (it must "
                    "stay, or be merged: cuda-ckpt merge). With --process, PARENT is a whole-process image and each "
                    "process's GPU part is incremental on its part there")
       ->type_name("IMAGE");
-  command->add_flag("--cpu-checksums", o->cpu_checksums,
+}
+
+// How the image is written: where the checksums are computed, and by how many threads.
+void add_writing_options(CLI::App* command, dump_command_options& o) {
+  command->add_flag("--cpu-checksums", o.cpu_checksums,
                     "Compute the block checksums on the CPU, as the writers write. By default a kernel built into "
                     "cuda-ckpt computes them on the GPU: all of them for an incremental dump (which then copies only "
                     "changed blocks out of the GPU), those of the GPU snapshot for a full one; where it cannot, the "
                     "CPU does, and --json says why (checksums.why_not_gpu)");
   command
-      ->add_option("--writers", o->writers,
+      ->add_option("--writers", o.writers,
                    "Threads writing the image, one data file each (default: one per core, up to 16)")
       ->check(CLI::Range(1, 256));
+}
+
+// A series of dumps (--every).
+void add_series_options(CLI::App* command, dump_command_options& o) {
   command
-      ->add_option("--every", o->every_s,
+      ->add_option("--every", o.every_s,
                    "A series: one dump now and one every SECONDS into DIR/0000, DIR/0001, ..., each incremental on "
                    "the one before (one line, or with --json one JSON line, per image); ends when the process does, "
                    "after --count dumps, or at SIGINT/SIGTERM")
       ->check(CLI::Range(0.001, 1e7))
       ->type_name("SECONDS");
-  command->add_option("--count", o->count, "With --every: stop after this many dumps (default: no limit)")
+  command->add_option("--count", o.count, "With --every: stop after this many dumps (default: no limit)")
       ->check(CLI::Range(1, 1000000));
   command
-      ->add_option("--full-every", o->full_every,
+      ->add_option("--full-every", o.full_every,
                    "With --every: a full image after this many incremental ones (bounds the chains restore reads)")
       ->capture_default_str()
       ->check(CLI::Range(0, 30));
-  command->add_flag("--process", o->process,
+}
+
+// Whole-process dumps (--process), through CRIU.
+void add_process_options(CLI::App* command, dump_command_options& o) {
+  command->add_flag("--process", o.process,
                     "The whole process and its descendants, CPU side too (CRIU 4.0 or later, the driver's checkpoint "
                     "API): `cuda-ckpt restore DIR` brings it back. The process ends when the dump completes");
-  command->add_flag("--leave-running", o->leave_running,
+  command->add_flag("--leave-running", o.leave_running,
                     "With --process: the process goes on afterwards (periodic checkpoints)");
-  command->add_flag("--pre-copy", o->pre_copy,
+  command->add_flag("--pre-copy", o.pre_copy,
                     "With --process: first dump the GPU memory while the process runs, then stop it only for the "
                     "blocks changed since, the driver's checkpoint and CRIU");
   command
-      ->add_option("--criu-arg", o->criu_args,
+      ->add_option("--criu-arg", o.criu_args,
                    "With --process: one more argument for `criu dump` (repeatable; e.g. --criu-arg=--tcp-established)")
       ->type_name("ARG")
       ->allow_extra_args(false);
-  command->footer(
-      "Usage: cuda-ckpt dump PID [-o DIR]   (also: cuda-ckpt dump -t PID -D DIR)\n"
-      "The program is held (its GPU work stopped and drained) only until its memory is copied: to spare\n"
-      "GPU memory when the device has room for it (a quarter staying free), otherwise out of the GPU;\n"
-      "with room for part of it, the last part is copied on the GPU and the rest out of it. On a terminal\n"
-      "a progress line shows the copy and the writing, and a line says when the program was released.\n"
-      "Exit status 1 with a message when the process does not exist, is not under vmmckpt, belongs to\n"
-      "another user, exits during the dump, or the image cannot be written (full disk).\n"
-      "The image appears under its final name only once complete and synced: a failed or interrupted\n"
-      "(Ctrl-C, SIGTERM) dump leaves none, and the program goes on.\n"
-      "A process with device memory vmmckpt does not own is refused with exit status 3, naming each kind and\n"
-      "its size, unless --allow-partial is given.\n"
-      "\n"
-      "Whole process: cuda-ckpt dump PID --process -o DIR [--leave-running] [--pre-copy]\n"
-      "Each process of PID's tree under vmmckpt is suspended into DIR/gpu/PID (its GPU memory copied out and\n"
-      "freed), the driver checkpoints what is left of its CUDA context, and `criu dump` writes the CPU side\n"
-      "into DIR/criu; process.json lists and checksums both parts. DIR appears only once complete. A failure at\n"
-      "any step brings the processes back running and leaves no image; if cuda-ckpt itself is killed midway,\n"
-      "`cuda-ckpt resume PID` brings the process back from whatever state it was left in. The time the process\n"
-      "was stopped is reported. With --pre-copy each GPU part is dumped first while the process runs\n"
-      "(DIR/gpu/PID.pre) and DIR/gpu/PID holds only the blocks changed since.\n"
-      "CRIU: $VMMCKPT_CRIU, else criu on PATH (scripts/provision-criu.sh).\n"
-      "\n"
-      "Whole job: cuda-ckpt dump --job PID -o DIR   (or --ranks PID,PID,...)\n"
-      "Every process under vmmckpt in PID's tree (PID: torchrun, mpirun, a Slurm step) is brought to one point\n"
-      "of the job first: each NCCL call waits once the process has issued as many operations on each\n"
-      "communicator as the rank furthest on, so no collective is left half issued. Then every rank is held and\n"
-      "copied out as above, and all are released together once every rank's bytes are safe. DIR holds job.json\n"
-      "and one image per rank (DIR/PID). A rank that does not reach the cut within --deadline is named, with\n"
-      "where it was, and every rank goes on. With --process, the whole job through CRIU (docs/job-checkpoint.md).");
+}
 
+}  // namespace
+
+int dump_command(const dump_command_options& o) {
+  const mode_row& row =
+      *std::find_if(std::begin(mode_rows), std::end(mode_rows), [&](const mode_row& r) { return r.chosen(o); });
+  if (const auto message = refusal(o, row.mode)) return report_failure("dump", o.json, *message, exit_usage);
+  return row.run(o);
+}
+
+subcommand add_dump(CLI::App& app) {
+  auto o = std::make_shared<dump_command_options>();
+  auto* command = app.add_subcommand("dump", "Write a consistent image of a running process's GPU memory");
+  add_held_image(command, *o, "Image directory to create (default ./vmmckpt-PID-TIME; also -D DIR)",
+                 "Give up after this many whole seconds (1 to 3600), connecting and preparing included; the "
+                 "program is released by then, dump or not");
+  add_copy_options(command, *o);
+  add_image_options(command, *o);
+  add_writing_options(command, *o);
+  add_series_options(command, *o);
+  add_process_options(command, *o);
+  command->footer(dump_footer);
   return {command, [o] { return dump_command(*o); }};
 }
 

@@ -14,19 +14,11 @@
 
 namespace vmmckpt::tools {
 
-int inspect_command(const std::string& path, bool as_json) {
-  if (ckpt::is_process_image(path)) return inspect_process_command(path, as_json);
-  if (ckpt::is_job_nodes_image(path)) return inspect_job_nodes_command(path, as_json);
-  if (ckpt::is_job_image(path)) return inspect_job_command(path, as_json);
-  const auto reader = image::reader::open(path);
+namespace {
+
+// inspect's first lines: where the image comes from, what it holds in all, and what it leaves to others.
+void print_summary(const std::string& path, const image::reader& reader) {
   const auto& m = reader.info();
-  if (as_json) {
-    // The manifest, and what it implies: the bytes of its zero blocks (recorded, not stored).
-    auto j = nlohmann::json::parse(image::to_json(m));
-    j["zero_bytes"] = image::zero_bytes_of(m);
-    std::cout << j.dump(2) << "\n";
-    return exit_ok;
-  }
   // What the image says of itself is shown escaped: another user's program chose its command line.
   const std::string command = shown_command(m.command);
   std::printf("image     %s (format %u, written by vmmckpt %s)\n", shown(path).c_str(), m.format,
@@ -53,46 +45,69 @@ int inspect_command(const std::string& path, bool as_json) {
   for (const auto& d : m.devices)
     std::printf("device    %d: %s %s (compute capability %d.%d)\n", d.ordinal, shown(d.name).c_str(),
                 shown(d.uuid).c_str(), d.cc_major, d.cc_minor);
-  if (m.vmm) {
-    const vmm_layout& l = *m.vmm;
-    std::printf("vmm       program-made VMM memory: %zu reservations, %zu handles, %zu mappings (windows at 0x%llx, "
-                "%s each)\n",
-                l.reservations.size(), l.handles.size(), l.mappings.size(),
-                static_cast<unsigned long long>(l.windows.base), human_bytes(l.windows.window).c_str());
-    std::printf("  %-18s %14s  %s\n", "reservation", "bytes", "device");
-    for (const auto& r : l.reservations)
-      std::printf("  0x%-16llx %14llu  %d\n", static_cast<unsigned long long>(r.addr),
-                  static_cast<unsigned long long>(r.size), r.device);
-    std::printf("  %-18s %14s  %6s %4s\n", "handle", "bytes", "device", "refs");
-    for (const auto& h : l.handles)
-      std::printf("  0x%-16llx %14llu  %6d %4u\n", static_cast<unsigned long long>(h.token),
-                  static_cast<unsigned long long>(h.size), h.device, h.refs);
-    std::printf("  %-18s %14s  %-18s %s\n", "mapping", "bytes", "handle", "offset");
-    for (const auto& x : l.mappings)
-      std::printf("  0x%-16llx %14llu  0x%-16llx %llu\n", static_cast<unsigned long long>(x.addr),
-                  static_cast<unsigned long long>(x.size), static_cast<unsigned long long>(x.token),
-                  static_cast<unsigned long long>(x.offset));
-    for (const auto& x : l.imports)
-      std::printf(
-          "imported  %s of process %lld (its handle 0x%llx, %s) at 0x%llx: recorded, not stored\n",
-          human_bytes(x.size).c_str(), static_cast<long long>(x.exporter_pid), static_cast<unsigned long long>(x.token),
-          x.device_uuid.empty() ? "host memory" : x.device_uuid.c_str(), static_cast<unsigned long long>(x.addr));
+}
+
+// The program-made VMM memory of the image: its reservations, handles, mappings and imports.
+void print_vmm_layout(const vmm_layout& l) {
+  std::printf("vmm       program-made VMM memory: %zu reservations, %zu handles, %zu mappings (windows at 0x%llx, "
+              "%s each)\n",
+              l.reservations.size(), l.handles.size(), l.mappings.size(),
+              static_cast<unsigned long long>(l.windows.base), human_bytes(l.windows.window).c_str());
+  std::printf("  %-18s %14s  %s\n", "reservation", "bytes", "device");
+  for (const auto& r : l.reservations)
+    std::printf("  0x%-16llx %14llu  %d\n", static_cast<unsigned long long>(r.addr),
+                static_cast<unsigned long long>(r.size), r.device);
+  std::printf("  %-18s %14s  %6s %4s\n", "handle", "bytes", "device", "refs");
+  for (const auto& h : l.handles)
+    std::printf("  0x%-16llx %14llu  %6d %4u\n", static_cast<unsigned long long>(h.token),
+                static_cast<unsigned long long>(h.size), h.device, h.refs);
+  std::printf("  %-18s %14s  %-18s %s\n", "mapping", "bytes", "handle", "offset");
+  for (const auto& x : l.mappings)
+    std::printf("  0x%-16llx %14llu  0x%-16llx %llu\n", static_cast<unsigned long long>(x.addr),
+                static_cast<unsigned long long>(x.size), static_cast<unsigned long long>(x.token),
+                static_cast<unsigned long long>(x.offset));
+  for (const auto& x : l.imports)
+    std::printf("imported  %s of process %lld (its handle 0x%llx, %s) at 0x%llx: recorded, not stored\n",
+                human_bytes(x.size).c_str(), static_cast<long long>(x.exporter_pid),
+                static_cast<unsigned long long>(x.token), x.device_uuid.empty() ? "host memory" : x.device_uuid.c_str(),
+                static_cast<unsigned long long>(x.addr));
+}
+
+// One pool: its allocations, and the extents that store their bytes.
+void print_pool(const image::pool& p) {
+  std::printf("%s device %d at 0x%llx, %s reserved, %zu allocations\n",
+              p.kind == image::pool_kind::vmm ? "vmm pool " : "pool     ", p.device,
+              static_cast<unsigned long long>(p.base), human_bytes(p.size).c_str(), p.allocations.size());
+  std::printf("  %-18s %14s  %s\n", "address", "bytes", "api");
+  for (const auto& a : p.allocations)
+    std::printf("  0x%-16llx %14llu  %s\n", static_cast<unsigned long long>(a.addr),
+                static_cast<unsigned long long>(a.size), std::string(name_of(a.api)).c_str());
+  std::printf("extents   %zu (address ranges whose allocations' bytes are stored together)\n", p.extents.size());
+  std::printf("  %-18s %14s %14s %5s  %s\n", "address", "range", "stored", "file", "checksum");
+  for (const auto& e : p.extents)
+    std::printf("  0x%-16llx %14llu %14llu %5u  %016llx\n", static_cast<unsigned long long>(e.addr),
+                static_cast<unsigned long long>(e.size), static_cast<unsigned long long>(e.stored), e.file,
+                static_cast<unsigned long long>(e.checksum));
+}
+
+}  // namespace
+
+int inspect_command(const std::string& path, bool as_json) {
+  if (ckpt::is_process_image(path)) return inspect_process_command(path, as_json);
+  if (ckpt::is_job_nodes_image(path)) return inspect_job_nodes_command(path, as_json);
+  if (ckpt::is_job_image(path)) return inspect_job_command(path, as_json);
+  const auto reader = image::reader::open(path);
+  const auto& m = reader.info();
+  if (as_json) {
+    // The manifest, and what it implies: the bytes of its zero blocks (recorded, not stored).
+    auto j = nlohmann::json::parse(image::to_json(m));
+    j["zero_bytes"] = image::zero_bytes_of(m);
+    std::cout << j.dump(2) << "\n";
+    return exit_ok;
   }
-  for (const auto& p : m.pools) {
-    std::printf("%s device %d at 0x%llx, %s reserved, %zu allocations\n",
-                p.kind == image::pool_kind::vmm ? "vmm pool " : "pool     ", p.device,
-                static_cast<unsigned long long>(p.base), human_bytes(p.size).c_str(), p.allocations.size());
-    std::printf("  %-18s %14s  %s\n", "address", "bytes", "api");
-    for (const auto& a : p.allocations)
-      std::printf("  0x%-16llx %14llu  %s\n", static_cast<unsigned long long>(a.addr),
-                  static_cast<unsigned long long>(a.size), std::string(name_of(a.api)).c_str());
-    std::printf("extents   %zu (address ranges whose allocations' bytes are stored together)\n", p.extents.size());
-    std::printf("  %-18s %14s %14s %5s  %s\n", "address", "range", "stored", "file", "checksum");
-    for (const auto& e : p.extents)
-      std::printf("  0x%-16llx %14llu %14llu %5u  %016llx\n", static_cast<unsigned long long>(e.addr),
-                  static_cast<unsigned long long>(e.size), static_cast<unsigned long long>(e.stored), e.file,
-                  static_cast<unsigned long long>(e.checksum));
-  }
+  print_summary(path, reader);
+  if (m.vmm) print_vmm_layout(*m.vmm);
+  for (const auto& p : m.pools) print_pool(p);
   return exit_ok;
 }
 

@@ -196,44 +196,49 @@ void print_orphan(const ckpt::orphaned_image& o) {
               shown(ckpt::gc_command_for(o.path.parent_path())).c_str());
 }
 
-}  // namespace
+// What ps lists: the processes under vmmckpt, the images of those that died, and the whole-process operations
+// stopped midway.
+struct ps_listing {
+  std::vector<ckpt::process_entry> processes;
+  std::vector<ckpt::orphaned_image> orphans;
+  std::vector<interrupted_entry> interrupted;
+  bool empty() const { return processes.empty() && orphans.empty() && interrupted.empty(); }
+};
 
-int ps_command(pid_t only, bool as_json) {
+// The listing of every process (only == 0) or of one.
+ps_listing list_everything(pid_t only) {
   // Sockets nobody listens at any more go first (only sockets: gc's rule).
   ckpt::leftovers_report swept;
   ckpt::remove_stale_sockets(false, swept);
-  std::vector<ckpt::orphaned_image> orphans;
+  ps_listing l;
   for (auto& o : ckpt::find_orphaned_images(ckpt::suspend_dirs_of_all_users()))
-    if (only == 0 || o.pid == only) orphans.push_back(std::move(o));
-  std::vector<ckpt::process_entry> processes;
+    if (only == 0 || o.pid == only) l.orphans.push_back(std::move(o));
   std::string not_listed;
   try {
-    processes = ckpt::list_processes(only);
+    l.processes = ckpt::list_processes(only);
   } catch (const ckpt::tool_error& e) {
     not_listed = e.what();  // `ps PID` of a process that died: its orphaned images, or its dump, may answer
   }
-  const auto interrupted = interrupted_transactions(only, processes);
-  if (!not_listed.empty() && orphans.empty() && interrupted.empty()) throw ckpt::tool_error(not_listed);
-  if (as_json) {
-    nlohmann::json out = nlohmann::json::array();
-    for (const auto& p : processes) out.push_back(entry_json(p));
-    for (const auto& o : orphans) out.push_back(orphan_json(o));
-    for (const auto& e : interrupted) out.push_back(interrupted_json(e));
-    std::cout << out.dump(2) << "\n";
-    return exit_ok;
-  }
-  if (processes.empty() && orphans.empty() && interrupted.empty()) {
-    std::printf("no process under vmmckpt (looked at %s) and no orphaned image in %s\n",
-                ckpt::where_processes_are_looked_for().c_str(),
-                ::geteuid() == 0 ? "/dev/shm/vmmckpt-*" : ckpt::suspend_dir_of(::geteuid()).c_str());
-    return exit_ok;
-  }
+  l.interrupted = interrupted_transactions(only, l.processes);
+  if (!not_listed.empty() && l.orphans.empty() && l.interrupted.empty()) throw ckpt::tool_error(not_listed);
+  return l;
+}
+
+void print_json(const ps_listing& l) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& p : l.processes) out.push_back(entry_json(p));
+  for (const auto& o : l.orphans) out.push_back(orphan_json(o));
+  for (const auto& e : l.interrupted) out.push_back(interrupted_json(e));
+  std::cout << out.dump(2) << "\n";
+}
+
+void print_table(const ps_listing& l, pid_t only) {
   // LIVE: the pools' live bytes and the program's own VMM mappings, which vmmckpt owns; NOT OWNED: device
   // memory no image would hold.
   std::printf(row_format, "PID", "USER", "STATE", "DEVICES", "LIVE", "RESERVED", "NOT OWNED", "COMMAND");
   std::size_t without_server = 0;
   std::string without_server_pids;
-  for (const auto& p : processes) {
+  for (const auto& p : l.processes) {
     // The shim's children that never made a CUDA call (a shell, a fork): listed only when asked for.
     if (only == 0 && p.status == "no control server") {
       ++without_server;
@@ -242,11 +247,26 @@ int ps_command(pid_t only, bool as_json) {
     }
     print_process(p);
   }
-  for (const auto& o : orphans) print_orphan(o);
-  for (const auto& e : interrupted) print_interrupted(e);
+  for (const auto& o : l.orphans) print_orphan(o);
+  for (const auto& e : l.interrupted) print_interrupted(e);
   if (without_server > 0)
     std::printf("%zu more with %s loaded but no control server (no CUDA call yet, or a fork() child): %s\n",
                 without_server, std::string(ckpt::shim_file_name).c_str(), without_server_pids.c_str());
+}
+
+}  // namespace
+
+int ps_command(pid_t only, bool as_json) {
+  const ps_listing listing = list_everything(only);
+  if (as_json) {
+    print_json(listing);
+  } else if (listing.empty()) {
+    std::printf("no process under vmmckpt (looked at %s) and no orphaned image in %s\n",
+                ckpt::where_processes_are_looked_for().c_str(),
+                ::geteuid() == 0 ? "/dev/shm/vmmckpt-*" : ckpt::suspend_dir_of(::geteuid()).c_str());
+  } else {
+    print_table(listing, only);
+  }
   return exit_ok;
 }
 

@@ -82,6 +82,10 @@ struct reader::impl {
       if (fd >= 0) ::close(fd);
   }
 
+  void open_data_files(int dir_fd);
+  void open_data_file(int dir_fd, std::uint32_t k, std::uint64_t payload);
+  void index_by_place();
+
   const located& locate(const extent& e) const {
     const located key{e.file, e.offset, e.addr, 0, 0};
     auto it = std::lower_bound(by_place.begin(), by_place.end(), key);
@@ -337,6 +341,118 @@ int open_regular_file(int dir_fd, const std::string& name, const std::string& pa
   return fd;
 }
 
+namespace {
+
+// A writer renames its temporary directory into place only once everything is on disk; a
+// ".partial-" directory is what an interrupted dump leaves, even when its files look complete.
+void refuse_unfinished(const std::filesystem::path& dir) {
+  std::filesystem::path name = std::filesystem::absolute(dir).lexically_normal();
+  if (!name.has_filename()) name = name.parent_path();
+  if (name.filename().string().find(".partial-") != std::string::npos)
+    fail(dir.string() + ": an unfinished image (its dump did not complete); it can be deleted");
+}
+
+// The manifest's text, bounded in size.
+std::string read_manifest_text(int dir_fd, const std::string& manifest_path) {
+  struct stat st;
+  fd_guard mfd{open_regular_file(dir_fd, std::string(detail::manifest_name), manifest_path, st)};
+  if (static_cast<std::uint64_t>(st.st_size) > detail::max_manifest_bytes)
+    fail(manifest_path + ": " + std::to_string(st.st_size) + " bytes, larger than the " +
+         std::to_string(detail::max_manifest_bytes) + " a manifest may have");
+  std::string text(static_cast<std::size_t>(st.st_size), '\0');
+  if (!text.empty()) pread_all(mfd.fd, text.data(), text.size(), 0, manifest_path);
+  return text;
+}
+
+// Format 3: the tables, checked against the manifest's account of them before they are decoded.
+void read_tables(int dir_fd, const std::filesystem::path& dir, detail::manifest_file& decoded) {
+  const std::string tables_path = (dir / detail::tables_name).string();
+  struct stat st;
+  fd_guard tfd{open_regular_file(dir_fd, std::string(detail::tables_name), tables_path, st)};
+  if (static_cast<std::uint64_t>(st.st_size) != decoded.tables_bytes)
+    fail(tables_path + ": " + std::to_string(st.st_size) + " bytes, the manifest says " +
+         std::to_string(decoded.tables_bytes));
+  std::string tables(static_cast<std::size_t>(st.st_size), '\0');
+  if (!tables.empty()) pread_all(tfd.fd, tables.data(), tables.size(), 0, tables_path);
+  const std::uint64_t checksum = XXH3_64bits(tables.data(), tables.size());
+  if (checksum != decoded.tables_checksum)
+    fail(tables_path + ": checksum mismatch (manifest " + hex16(decoded.tables_checksum) + ", file " + hex16(checksum) +
+         "): the tables were changed after the image was written");
+  try {
+    detail::decode_tables(tables, decoded.allocation_counts, decoded.extent_counts, decoded.m);
+  } catch (const image_error& e) {
+    fail(tables_path + ": " + e.what());
+  }
+}
+
+// The manifest, parsed, then checked rule by rule; `checksum`: that of its text as read.
+manifest read_manifest(int dir_fd, const std::filesystem::path& dir, std::uint64_t& checksum) {
+  const std::string manifest_path = (dir / detail::manifest_name).string();
+  detail::manifest_file decoded;
+  {
+    const std::string text = read_manifest_text(dir_fd, manifest_path);
+    checksum = XXH3_64bits(text.data(), text.size());
+    try {
+      decoded = detail::decode_manifest_file(text);
+    } catch (const image_error& e) {
+      fail(manifest_path + ": " + e.what());
+    }
+  }  // a big manifest's text is not kept beside its decoded tables
+  if (decoded.tables_apart) read_tables(dir_fd, dir, decoded);
+  try {
+    validate(decoded.m);
+  } catch (const image_error& e) {
+    fail(manifest_path + ": " + e.what());
+  }
+  return std::move(decoded.m);
+}
+
+}  // namespace
+
+// Each data file: header first, then its exact size.
+void reader::impl::open_data_files(int dir_fd) {
+  std::vector<std::uint64_t> payloads(info.data_files, 0);
+  for (const pool& p : info.pools)
+    for (const extent& e : p.extents)
+      payloads[e.file] +=
+          info.format >= 5 ? bytes_here(e, info.block_size) : e.stored;  // validate() keeps these from overflowing
+  for (std::uint32_t k = 0; k < info.data_files; ++k) open_data_file(dir_fd, k, payloads[k]);
+}
+
+void reader::impl::open_data_file(int dir_fd, std::uint32_t k, std::uint64_t payload) {
+  const std::string file_name = detail::data_file_name(k);
+  data_paths.push_back((dir / file_name).string());
+  const std::string& path = data_paths.back();
+  struct stat st;
+  data_fds.push_back(open_regular_file(dir_fd, file_name, path, st));
+  const int fd = data_fds.back();
+  const auto file_size = static_cast<std::uint64_t>(st.st_size);
+  if (file_size < detail::data_header_size)
+    fail(path + ": truncated: " + std::to_string(file_size) + " bytes, shorter than its " +
+         std::to_string(detail::data_header_size) + "-byte header");
+  detail::header_bytes header;
+  pread_all(fd, header.data(), header.size(), 0, path);
+  if (std::string why = detail::check_data_header(header, payload, info.format, k, info.data_files); !why.empty())
+    fail(path + ": " + why);
+  recorded_manifest_checksums.push_back(detail::header_manifest_checksum(header));
+  const std::uint64_t expected = detail::data_header_size + payload;
+  if (file_size < expected)
+    fail(path + ": truncated: " + std::to_string(file_size) + " bytes, expected " + std::to_string(expected) +
+         " (64-byte header + its extents)");
+  if (file_size > expected)
+    fail(path + ": " + std::to_string(file_size) + " bytes, expected " + std::to_string(expected) +
+         " (64-byte header + its extents): unexpected bytes after the payload");
+}
+
+void reader::impl::index_by_place() {
+  for (std::size_t p = 0; p < info.pools.size(); ++p)
+    for (std::size_t k = 0; k < info.pools[p].extents.size(); ++k) {
+      const extent& e = info.pools[p].extents[k];
+      by_place.push_back({e.file, e.offset, e.addr, p, k});
+    }
+  std::sort(by_place.begin(), by_place.end());
+}
+
 reader reader::open(const std::filesystem::path& dir) {
   std::vector<std::string> children;
   return open_link(dir, children);
@@ -345,97 +461,12 @@ reader reader::open(const std::filesystem::path& dir) {
 reader reader::open_link(const std::filesystem::path& dir, std::vector<std::string>& children) {
   auto r = std::make_unique<impl>();
   r->dir = dir;
-  const std::string manifest_path = (dir / detail::manifest_name).string();
-
-  // A writer renames its temporary directory into place only once everything is on disk; a
-  // ".partial-" directory is what an interrupted dump leaves, even when its files look complete.
-  std::filesystem::path name = std::filesystem::absolute(dir).lexically_normal();
-  if (!name.has_filename()) name = name.parent_path();
-  if (name.filename().string().find(".partial-") != std::string::npos)
-    fail(dir.string() + ": an unfinished image (its dump did not complete); it can be deleted");
-
+  refuse_unfinished(dir);
   fd_guard dir_fd{::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
   if (dir_fd.fd < 0) fail(dir.string() + ": cannot open the image directory: " + errno_text(errno));
-
-  // The manifest: bounded in size, parsed, then checked rule by rule.
-  struct stat st;
-  fd_guard mfd{open_regular_file(dir_fd.fd, std::string(detail::manifest_name), manifest_path, st)};
-  if (static_cast<std::uint64_t>(st.st_size) > detail::max_manifest_bytes)
-    fail(manifest_path + ": " + std::to_string(st.st_size) + " bytes, larger than the " +
-         std::to_string(detail::max_manifest_bytes) + " a manifest may have");
-  std::string text(static_cast<std::size_t>(st.st_size), '\0');
-  if (!text.empty()) pread_all(mfd.fd, text.data(), text.size(), 0, manifest_path);
-  r->manifest_checksum = XXH3_64bits(text.data(), text.size());
-  detail::manifest_file decoded;
-  try {
-    decoded = detail::decode_manifest_file(text);
-  } catch (const image_error& e) {
-    fail(manifest_path + ": " + e.what());
-  }
-  text = std::string();  // a big manifest's text is not kept beside its decoded tables
-  if (decoded.tables_apart) {
-    // Format 3: the tables, checked against the manifest's account of them before they are decoded.
-    const std::string tables_path = (dir / detail::tables_name).string();
-    fd_guard tfd{open_regular_file(dir_fd.fd, std::string(detail::tables_name), tables_path, st)};
-    if (static_cast<std::uint64_t>(st.st_size) != decoded.tables_bytes)
-      fail(tables_path + ": " + std::to_string(st.st_size) + " bytes, the manifest says " +
-           std::to_string(decoded.tables_bytes));
-    std::string tables(static_cast<std::size_t>(st.st_size), '\0');
-    if (!tables.empty()) pread_all(tfd.fd, tables.data(), tables.size(), 0, tables_path);
-    const std::uint64_t checksum = XXH3_64bits(tables.data(), tables.size());
-    if (checksum != decoded.tables_checksum)
-      fail(tables_path + ": checksum mismatch (manifest " + hex16(decoded.tables_checksum) + ", file " +
-           hex16(checksum) + "): the tables were changed after the image was written");
-    try {
-      detail::decode_tables(tables, decoded.allocation_counts, decoded.extent_counts, decoded.m);
-    } catch (const image_error& e) {
-      fail(tables_path + ": " + e.what());
-    }
-  }
-  r->info = std::move(decoded.m);
-  try {
-    validate(r->info);
-  } catch (const image_error& e) {
-    fail(manifest_path + ": " + e.what());
-  }
-
-  // Each data file: header first, then its exact size.
-  std::vector<std::uint64_t> payloads(r->info.data_files, 0);
-  for (const pool& p : r->info.pools)
-    for (const extent& e : p.extents)
-      payloads[e.file] += r->info.format >= 5 ? bytes_here(e, r->info.block_size)
-                                              : e.stored;  // validate() keeps these from overflowing
-  for (std::uint32_t k = 0; k < r->info.data_files; ++k) {
-    const std::string file_name = detail::data_file_name(k);
-    r->data_paths.push_back((dir / file_name).string());
-    const std::string& path = r->data_paths.back();
-    r->data_fds.push_back(open_regular_file(dir_fd.fd, file_name, path, st));
-    const int fd = r->data_fds.back();
-    const auto file_size = static_cast<std::uint64_t>(st.st_size);
-    if (file_size < detail::data_header_size)
-      fail(path + ": truncated: " + std::to_string(file_size) + " bytes, shorter than its " +
-           std::to_string(detail::data_header_size) + "-byte header");
-    detail::header_bytes header;
-    pread_all(fd, header.data(), header.size(), 0, path);
-    if (std::string why = detail::check_data_header(header, payloads[k], r->info.format, k, r->info.data_files);
-        !why.empty())
-      fail(path + ": " + why);
-    r->recorded_manifest_checksums.push_back(detail::header_manifest_checksum(header));
-    const std::uint64_t expected = detail::data_header_size + payloads[k];
-    if (file_size < expected)
-      fail(path + ": truncated: " + std::to_string(file_size) + " bytes, expected " + std::to_string(expected) +
-           " (64-byte header + its extents)");
-    if (file_size > expected)
-      fail(path + ": " + std::to_string(file_size) + " bytes, expected " + std::to_string(expected) +
-           " (64-byte header + its extents): unexpected bytes after the payload");
-  }
-
-  for (std::size_t p = 0; p < r->info.pools.size(); ++p)
-    for (std::size_t k = 0; k < r->info.pools[p].extents.size(); ++k) {
-      const extent& e = r->info.pools[p].extents[k];
-      r->by_place.push_back({e.file, e.offset, e.addr, p, k});
-    }
-  std::sort(r->by_place.begin(), r->by_place.end());
+  r->info = read_manifest(dir_fd.fd, dir, r->manifest_checksum);
+  r->open_data_files(dir_fd.fd);
+  r->index_by_place();
   if (r->info.parent) r->open_parent(children);
   return reader(std::move(r));
 }

@@ -215,6 +215,14 @@ struct writer::impl {
     if (file_count == 0 || file_count > max_data_files)
       fail(final_path.string() + ": " + std::to_string(file_count) + " data files asked for, expected 1 to " +
            std::to_string(max_data_files));
+    name_image(final_path);
+    make_temp_dir();
+    for (std::uint32_t k = 0; k < file_count; ++k) create_data_file(k, file_count);
+  }
+
+  // The image's final directory and name, and its parent directory opened: refused where the name is not
+  // one an image may have, or is taken.
+  void name_image(const std::filesystem::path& final_path) {
     std::filesystem::path f = final_path;
     if (!f.has_filename()) f = f.parent_path();  // "dir/img/" names "dir/img"
     final_dir = f;
@@ -231,11 +239,14 @@ struct writer::impl {
     if (::fstatat(parent_fd, final_name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0)
       fail(final_dir.string() + ": already exists");
     if (errno != ENOENT) fail(final_dir.string() + ": " + errno_text(errno));
+  }
 
+  // The temporary directory the image is written in, beside its final place, only its owner's.
+  void make_temp_dir() {
     // Retried because the random part could, very rarely, name a leftover of another dump.
     for (int attempt = 0;; ++attempt) {
       temp_name = final_name + ".partial-" + std::to_string(::getpid()) + "-" + random_hex16();
-      temp_dir = f.has_parent_path() ? f.parent_path() / temp_name : std::filesystem::path(temp_name);
+      temp_dir = final_dir.has_parent_path() ? final_dir.parent_path() / temp_name : std::filesystem::path(temp_name);
       if (::mkdirat(parent_fd, temp_name.c_str(), 0700) == 0) break;
       if (errno != EEXIST || attempt == 8)
         fail(temp_dir.string() + ": cannot create the temporary image directory: " + errno_text(errno));
@@ -245,20 +256,22 @@ struct writer::impl {
     if (dir_fd < 0) fail(temp_dir.string() + ": cannot open: " + errno_text(errno));
     // mkdir's mode is filtered by the umask; images hold program memory, so make it exact.
     if (::fchmod(dir_fd, 0700) != 0) fail(temp_dir.string() + ": chmod failed: " + errno_text(errno));
-    for (std::uint32_t k = 0; k < file_count; ++k) {
-      auto df = std::make_unique<data_file>();
-      const std::string name = detail::data_file_name(k);
-      df->path = (temp_dir / name).string();
-      df->fd = ::openat(dir_fd, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-      if (df->fd < 0) fail(df->path + ": cannot create: " + errno_text(errno));
-      files.push_back(std::move(df));
-      data_file& d = *files.back();
-      if (::fchmod(d.fd, 0600) != 0) fail(d.path + ": chmod failed: " + errno_text(errno));
-      // The real payload size is patched in by commit(); until then the header says 0.
-      auto header = detail::encode_data_header(0, 0, k, file_count);
-      iovec iov{header.data(), header.size()};
-      write_all(d.fd, &iov, 1, d.path);
-    }
+  }
+
+  // Data file k of `count`, its header saying no payload yet.
+  void create_data_file(std::uint32_t k, std::uint32_t count) {
+    auto df = std::make_unique<data_file>();
+    const std::string name = detail::data_file_name(k);
+    df->path = (temp_dir / name).string();
+    df->fd = ::openat(dir_fd, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (df->fd < 0) fail(df->path + ": cannot create: " + errno_text(errno));
+    files.push_back(std::move(df));
+    data_file& d = *files.back();
+    if (::fchmod(d.fd, 0600) != 0) fail(d.path + ": chmod failed: " + errno_text(errno));
+    // The real payload size is patched in by commit(); until then the header says 0.
+    auto header = detail::encode_data_header(0, 0, k, count);
+    iovec iov{header.data(), header.size()};
+    write_all(d.fd, &iov, 1, d.path);
   }
 
   void usable(const char* op) const {

@@ -258,9 +258,9 @@ void device_pool::unlock_everything() const {
 void device_pool::hold_for_fork() const { lock_everything(); }
 void device_pool::release_after_fork() const { unlock_everything(); }
 
-// Every range taken in placement is exactly one live block or one cached block, of the same size.
-std::string device_pool::check_caches_locked() const {
-  std::map<std::uint64_t, std::uint64_t> held;  // address -> rounded size
+// Each live block is in its address's shard, and each shard's byte count is its blocks'; their ranges into
+// `held`.
+std::string device_pool::check_live_index(held_ranges& held) const {
   for (const live_shard& shard : shards_) {
     std::lock_guard lock(shard.mutex);  // nobody else can hold it (see lock_everything)
     std::uint64_t bytes = 0;
@@ -272,32 +272,40 @@ std::string device_pool::check_caches_locked() const {
     }
     if (bytes != shard.bytes) return "live index: a shard's byte count is wrong";
   }
-  for (const auto& cache : caches_) {
-    if (cache->pool == nullptr) {
-      if (!cache->blocks.empty()) return "thread cache: a cache of a pool or thread that is gone holds blocks";
-      continue;
-    }
-    if (cache->pool != this) return "thread cache: a cache names another pool";
-    std::uint64_t bytes = 0;
-    for (const cached_block& b : cache->blocks) {
-      if (b.node.empty()) return "thread cache: a cached block has no index node";
-      if (!cacheable(b.size) && !cacheable(b.node.mapped().requested)) return "thread cache: a block too large";
-      if (!held.emplace(b.node.key(), b.size).second)
-        return "thread cache: a cached block is also live or cached twice";
-      bytes += b.size;
-    }
-    if (bytes != cache->bytes) return "thread cache: the byte count is wrong";
-    if (cache->blocks.size() > policy_.cache_blocks || cache->bytes > policy_.cache_bytes)
-      return "thread cache: over its bounds";
+  return {};
+}
+
+// A thread's cache holds blocks of this pool only, each once and in no other place, within its bounds;
+// their ranges into `held`.
+std::string device_pool::check_cache_locked(const thread_cache& cache, held_ranges& held) const {
+  if (cache.pool == nullptr)
+    return cache.blocks.empty() ? "" : "thread cache: a cache of a pool or thread that is gone holds blocks";
+  if (cache.pool != this) return "thread cache: a cache names another pool";
+  std::uint64_t bytes = 0;
+  for (const cached_block& b : cache.blocks) {
+    if (b.node.empty()) return "thread cache: a cached block has no index node";
+    if (!cacheable(b.size) && !cacheable(b.node.mapped().requested)) return "thread cache: a block too large";
+    if (!held.emplace(b.node.key(), b.size).second) return "thread cache: a cached block is also live or cached twice";
+    bytes += b.size;
   }
+  if (bytes != cache.bytes) return "thread cache: the byte count is wrong";
+  if (cache.blocks.size() > policy_.cache_blocks || cache.bytes > policy_.cache_bytes)
+    return "thread cache: over its bounds";
+  return {};
+}
+
+// Every range taken in placement is exactly one live block or one cached block, of the same size.
+std::string device_pool::check_caches_locked() const {
+  held_ranges held;
+  if (std::string why = check_live_index(held); !why.empty()) return why;
+  for (const auto& cache : caches_)
+    if (std::string why = check_cache_locked(*cache, held); !why.empty()) return why;
   const auto taken = ranges_.live_blocks();
-  if (taken.size() != held.size()) return "the ranges taken in placement are not the live and cached blocks";
-  auto it = held.begin();
-  for (const auto& b : taken) {
-    if (it->first != b.addr || it->second != b.size)
-      return "the ranges taken in placement are not the live and cached blocks";
-    ++it;
-  }
+  const auto same = [](const auto& block, const auto& range) {
+    return block.addr == range.first && block.size == range.second;
+  };
+  if (!std::equal(taken.begin(), taken.end(), held.begin(), held.end(), same))
+    return "the ranges taken in placement are not the live and cached blocks";
   return {};
 }
 

@@ -301,67 +301,79 @@ std::string_view name_of(activity a) {
 }
 
 // ---- encoding ----
+namespace {
+
+// Each request's fields, after its op.
+void encode_request(ojson& j, const hello_request& r) {
+  j["op"] = name_of(op::hello);
+  if (r.prepare_hold) j["prepare_hold"] = true;
+}
+void encode_request(ojson& j, const dump_begin_request& r) {
+  j["op"] = name_of(op::dump_begin);
+  j["hold_deadline_ms"] = r.hold_deadline.count();
+  j["valid_until_ms"] = r.valid_until_ms;
+  j["purpose"] = r.for_suspend ? "suspend" : "dump";
+  if (r.job) {
+    ojson job;
+    job["dir"] = r.job->dir;
+    job["image"] = r.job->image;
+    job["image_id"] = r.job->image_id;
+    job["ranks"] = encode_pids(r.job->ranks);
+    j["job"] = std::move(job);
+  }
+}
+void encode_request(ojson& j, const dump_end_request&) { j["op"] = name_of(op::dump_end); }
+void encode_request(ojson& j, const suspend_request& r) {
+  j["op"] = name_of(op::suspend);
+  j["image"] = r.image;
+  j["image_id"] = r.image_id;
+  j["valid_until_ms"] = r.valid_until_ms;
+}
+void encode_request(ojson& j, const resume_request& r) {
+  j["op"] = name_of(op::resume);
+  j["valid_until_ms"] = r.valid_until_ms;
+  if (r.progress) j["progress"] = true;
+  if (!r.image.empty()) j["image"] = r.image;
+  for (const auto& [stage, name] : resume_stages)
+    if (r.step == stage) j["stage"] = name;
+  if (!r.ranks.empty()) j["ranks"] = encode_pids(r.ranks);
+}
+void encode_request(ojson& j, const check_request&) { j["op"] = name_of(op::check); }
+void encode_ipc_request(ojson& j, op which, std::uint64_t base, std::uint64_t generation) {
+  j["op"] = name_of(which);
+  j["base"] = hex(base);
+  j["generation"] = generation;
+}
+void encode_request(ojson& j, const ipc_open_request& r) { encode_ipc_request(j, op::ipc_open, r.base, r.generation); }
+void encode_request(ojson& j, const ipc_close_request& r) {
+  encode_ipc_request(j, op::ipc_close, r.base, r.generation);
+}
+void encode_request(ojson& j, const vmm_identify_request&) { j["op"] = name_of(op::vmm_identify); }
+void encode_request(ojson& j, const vmm_share_request& r) {
+  j["op"] = name_of(op::vmm_share);
+  j["token"] = hex(r.token);
+}
+void encode_request(ojson& j, const vmm_unshare_request& r) {
+  j["op"] = name_of(op::vmm_unshare);
+  j["token"] = hex(r.token);
+}
+void encode_request(ojson& j, const cut_arm_request& r) {
+  j["op"] = name_of(op::cut_arm);
+  j["hold_deadline_ms"] = r.hold_deadline.count();
+  j["valid_until_ms"] = r.valid_until_ms;
+}
+void encode_request(ojson& j, const cut_targets_request& r) {
+  j["op"] = name_of(op::cut_targets);
+  j["targets"] = encode_comm_counts(r.targets);
+  if (r.freeze) j["freeze"] = true;
+}
+void encode_request(ojson& j, const cut_release_request&) { j["op"] = name_of(op::cut_release); }
+
+}  // namespace
+
 std::string encode(const request& r) {
   ojson j;
-  std::visit(
-      [&](const auto& req) {
-        using T = std::decay_t<decltype(req)>;
-        if constexpr (std::is_same_v<T, hello_request>) {
-          j["op"] = name_of(op::hello);
-          if (req.prepare_hold) j["prepare_hold"] = true;
-        } else if constexpr (std::is_same_v<T, dump_begin_request>) {
-          j["op"] = name_of(op::dump_begin);
-          j["hold_deadline_ms"] = req.hold_deadline.count();
-          j["valid_until_ms"] = req.valid_until_ms;
-          j["purpose"] = req.for_suspend ? "suspend" : "dump";
-          if (req.job) {
-            ojson job;
-            job["dir"] = req.job->dir;
-            job["image"] = req.job->image;
-            job["image_id"] = req.job->image_id;
-            job["ranks"] = encode_pids(req.job->ranks);
-            j["job"] = std::move(job);
-          }
-        } else if constexpr (std::is_same_v<T, dump_end_request>) {
-          j["op"] = name_of(op::dump_end);
-        } else if constexpr (std::is_same_v<T, suspend_request>) {
-          j["op"] = name_of(op::suspend);
-          j["image"] = req.image;
-          j["image_id"] = req.image_id;
-          j["valid_until_ms"] = req.valid_until_ms;
-        } else if constexpr (std::is_same_v<T, resume_request>) {
-          j["op"] = name_of(op::resume);
-          j["valid_until_ms"] = req.valid_until_ms;
-          if (req.progress) j["progress"] = true;
-          if (!req.image.empty()) j["image"] = req.image;
-          for (const auto& [stage, name] : resume_stages)
-            if (req.step == stage) j["stage"] = name;
-          if (!req.ranks.empty()) j["ranks"] = encode_pids(req.ranks);
-        } else if constexpr (std::is_same_v<T, cut_arm_request>) {
-          j["op"] = name_of(op::cut_arm);
-          j["hold_deadline_ms"] = req.hold_deadline.count();
-          j["valid_until_ms"] = req.valid_until_ms;
-        } else if constexpr (std::is_same_v<T, cut_targets_request>) {
-          j["op"] = name_of(op::cut_targets);
-          j["targets"] = encode_comm_counts(req.targets);
-          if (req.freeze) j["freeze"] = true;
-        } else if constexpr (std::is_same_v<T, cut_release_request>) {
-          j["op"] = name_of(op::cut_release);
-        } else if constexpr (std::is_same_v<T, ipc_open_request> || std::is_same_v<T, ipc_close_request>) {
-          j["op"] = name_of(std::is_same_v<T, ipc_open_request> ? op::ipc_open : op::ipc_close);
-          j["base"] = hex(req.base);
-          j["generation"] = req.generation;
-        } else if constexpr (std::is_same_v<T, vmm_identify_request>) {
-          j["op"] = name_of(op::vmm_identify);
-        } else if constexpr (std::is_same_v<T, vmm_share_request> || std::is_same_v<T, vmm_unshare_request>) {
-          j["op"] = name_of(std::is_same_v<T, vmm_share_request> ? op::vmm_share : op::vmm_unshare);
-          j["token"] = hex(req.token);
-        } else {
-          static_assert(std::is_same_v<T, check_request>);
-          j["op"] = name_of(op::check);
-        }
-      },
-      r);
+  std::visit([&](const auto& req) { encode_request(j, req); }, r);
   return dump(j);
 }
 
@@ -517,78 +529,102 @@ std::string encode(const failure_reply& r) {
 }
 
 // ---- decoding ----
+namespace {
+
+// Each request from its message, whose op names it.
+request decode_hello_request(const json& root) {
+  hello_request r;
+  if (root.contains("prepare_hold")) r.prepare_hold = bool_of(root, "", "prepare_hold");
+  return r;
+}
+
+request decode_dump_begin_request(const json& root) {
+  dump_begin_request r;
+  r.hold_deadline = std::chrono::milliseconds(int_of(root, "", "hold_deadline_ms"));
+  r.valid_until_ms = i64_of(root, "", "valid_until_ms");
+  if (optional_field(root, "purpose") != nullptr) {
+    const std::string purpose = string_of(root, "", "purpose");
+    if (purpose != "dump" && purpose != "suspend")
+      throw decode_error("purpose: unknown value \"" + printable(purpose) + "\"");
+    r.for_suspend = purpose == "suspend";
+  }
+  if (const json* job = optional_field(root, "job")) {
+    object_at(*job, "job");
+    r.job = job_suspend{string_of(*job, "job", "dir"), string_of(*job, "job", "image"),
+                        string_of(*job, "job", "image_id"), decode_pids(*job, "job", "ranks")};
+    if (!r.for_suspend) throw decode_error("job: only with the purpose \"suspend\"");
+  }
+  return r;
+}
+
+request decode_suspend_request(const json& root) {
+  return suspend_request{string_of(root, "", "image"), string_of(root, "", "image_id"),
+                         i64_of(root, "", "valid_until_ms")};
+}
+
+resume_request::stage decode_resume_stage(const json& root) {
+  const std::string stage = string_of(root, "", "stage");
+  for (const auto& [value, name] : resume_stages)
+    if (stage == name) return value;
+  throw decode_error("stage: unknown value \"" + printable(stage) + "\"");
+}
+
+request decode_resume_request(const json& root) {
+  resume_request r;
+  r.valid_until_ms = i64_of(root, "", "valid_until_ms");
+  if (root.contains("progress")) r.progress = bool_of(root, "", "progress");
+  if (root.contains("image")) r.image = string_of(root, "", "image");
+  if (root.contains("stage")) r.step = decode_resume_stage(root);
+  if (root.contains("ranks")) r.ranks = decode_pids(root, "", "ranks");
+  return r;
+}
+
+request decode_cut_targets_request(const json& root) {
+  cut_targets_request r{decode_comm_counts(root, "targets"), false};
+  if (root.contains("freeze")) r.freeze = bool_of(root, "", "freeze");
+  return r;
+}
+
+struct request_decoder {
+  op which;
+  request (*decode)(const json& root);
+};
+
+const request_decoder request_decoders[] = {
+    {op::hello, decode_hello_request},
+    {op::dump_begin, decode_dump_begin_request},
+    {op::dump_end, [](const json&) -> request { return dump_end_request{}; }},
+    {op::suspend, decode_suspend_request},
+    {op::resume, decode_resume_request},
+    {op::check, [](const json&) -> request { return check_request{}; }},
+    {op::ipc_open,
+     [](const json& root) -> request {
+       return ipc_open_request{address_of(root, "", "base"), u64_of(root, "", "generation")};
+     }},
+    {op::ipc_close,
+     [](const json& root) -> request {
+       return ipc_close_request{address_of(root, "", "base"), u64_of(root, "", "generation")};
+     }},
+    {op::vmm_identify, [](const json&) -> request { return vmm_identify_request{}; }},
+    {op::vmm_share, [](const json& root) -> request { return vmm_share_request{address_of(root, "", "token")}; }},
+    {op::vmm_unshare, [](const json& root) -> request { return vmm_unshare_request{address_of(root, "", "token")}; }},
+    {op::cut_arm,
+     [](const json& root) -> request {
+       return cut_arm_request{std::chrono::milliseconds(int_of(root, "", "hold_deadline_ms")),
+                              i64_of(root, "", "valid_until_ms")};
+     }},
+    {op::cut_targets, decode_cut_targets_request},
+    {op::cut_release, [](const json&) -> request { return cut_release_request{}; }},
+};
+
+}  // namespace
+
 std::variant<request, failure_reply> decode_request(const std::string& payload) {
   try {
     const json root = parse_limited(payload, max_depth);
     const std::string name = string_of(object_at(root, "request"), "", "op");
-    if (name == name_of(op::hello)) {
-      hello_request r;
-      if (const auto it = root.find("prepare_hold"); it != root.end()) {
-        if (!it->is_boolean()) throw decode_error("prepare_hold: expected true or false");
-        r.prepare_hold = it->get<bool>();
-      }
-      return request{r};
-    }
-    if (name == name_of(op::dump_begin)) {
-      dump_begin_request r;
-      r.hold_deadline = std::chrono::milliseconds(int_of(root, "", "hold_deadline_ms"));
-      r.valid_until_ms = i64_of(root, "", "valid_until_ms");
-      if (optional_field(root, "purpose") != nullptr) {
-        const std::string purpose = string_of(root, "", "purpose");
-        if (purpose != "dump" && purpose != "suspend")
-          throw decode_error("purpose: unknown value \"" + printable(purpose) + "\"");
-        r.for_suspend = purpose == "suspend";
-      }
-      if (const json* job = optional_field(root, "job")) {
-        object_at(*job, "job");
-        r.job = job_suspend{string_of(*job, "job", "dir"), string_of(*job, "job", "image"),
-                            string_of(*job, "job", "image_id"), decode_pids(*job, "job", "ranks")};
-        if (!r.for_suspend) throw decode_error("job: only with the purpose \"suspend\"");
-      }
-      return request{r};
-    }
-    if (name == name_of(op::dump_end)) return request{dump_end_request{}};
-    if (name == name_of(op::suspend))
-      return request{suspend_request{string_of(root, "", "image"), string_of(root, "", "image_id"),
-                                     i64_of(root, "", "valid_until_ms")}};
-    if (name == name_of(op::resume)) {
-      resume_request r;
-      r.valid_until_ms = i64_of(root, "", "valid_until_ms");
-      if (const auto it = root.find("progress"); it != root.end()) {
-        if (!it->is_boolean()) throw decode_error("progress: expected true or false");
-        r.progress = it->get<bool>();
-      }
-      if (root.contains("image")) r.image = string_of(root, "", "image");
-      if (root.contains("stage")) {
-        const std::string stage = string_of(root, "", "stage");
-        bool known = false;
-        for (const auto& [value, name] : resume_stages)
-          if (stage == name) {
-            r.step = value;
-            known = true;
-          }
-        if (!known) throw decode_error("stage: unknown value \"" + printable(stage) + "\"");
-      }
-      if (root.contains("ranks")) r.ranks = decode_pids(root, "", "ranks");
-      return request{r};
-    }
-    if (name == name_of(op::check)) return request{check_request{}};
-    if (name == name_of(op::ipc_open))
-      return request{ipc_open_request{address_of(root, "", "base"), u64_of(root, "", "generation")}};
-    if (name == name_of(op::ipc_close))
-      return request{ipc_close_request{address_of(root, "", "base"), u64_of(root, "", "generation")}};
-    if (name == name_of(op::vmm_identify)) return request{vmm_identify_request{}};
-    if (name == name_of(op::vmm_share)) return request{vmm_share_request{address_of(root, "", "token")}};
-    if (name == name_of(op::vmm_unshare)) return request{vmm_unshare_request{address_of(root, "", "token")}};
-    if (name == name_of(op::cut_arm))
-      return request{cut_arm_request{std::chrono::milliseconds(int_of(root, "", "hold_deadline_ms")),
-                                     i64_of(root, "", "valid_until_ms")}};
-    if (name == name_of(op::cut_targets)) {
-      cut_targets_request r{decode_comm_counts(root, "targets"), false};
-      if (root.contains("freeze")) r.freeze = bool_of(root, "", "freeze");
-      return request{r};
-    }
-    if (name == name_of(op::cut_release)) return request{cut_release_request{}};
+    for (const auto& d : request_decoders)
+      if (name == name_of(d.which)) return d.decode(root);
     return failure_reply{refusal::unknown_op, "unknown op '" + printable(name) + "'"};
   } catch (const decode_error& e) {
     return failure_reply{refusal::bad_request, std::string("malformed request: ") + e.what()};
@@ -733,22 +769,44 @@ void decode_allocation_table(std::string_view table, dump_begin_reply& r) {
 }
 
 // ---- examples ----
-std::vector<example> example_messages() {
-  const device_description h200{0, "NVIDIA H200", "GPU-2f6c1d3e-8a41-4b7e-9c55-0d1e2f3a4b5c", 9, 0};
-  hello_reply hello{protocol::version,
-                    4242,
-                    {"python", "train.py"},
-                    process_state::suspended,
-                    "/dev/shm/vmmckpt-1000/suspend-4242-20261123-101500",
-                    {h200},
-                    {{0, 0x200000000000, 549755813888, 1073741824, 12, 1140850688, false},
-                     {0, 0x300000000000, 2199023255552, 20971520, 1, 20971520, true}},
-                    {{std::string(not_owned_kind::managed), 67108864}}};
-  // A pool of one block, and one VMM mapping of 20 MiB as PyTorch's expandable segments make them.
+namespace {
+
+hello_reply example_hello(const device_description& device) {
+  return hello_reply{protocol::version,
+                     4242,
+                     {"python", "train.py"},
+                     process_state::suspended,
+                     "/dev/shm/vmmckpt-1000/suspend-4242-20261123-101500",
+                     {device},
+                     {{0, 0x200000000000, 549755813888, 1073741824, 12, 1140850688, false},
+                      {0, 0x300000000000, 2199023255552, 20971520, 1, 20971520, true}},
+                     {{std::string(not_owned_kind::managed), 67108864}}};
+}
+
+// The program's own VMM memory: one reservation, and one handle of 20 MiB mapped at its start.
+vmm_layout example_vmm_layout() {
+  vmm_layout layout;
+  layout.next_token = 2;
+  layout.reservations = {{0x300000000000, 21474836480, 0}};
+  vmm_handle handle;
+  handle.token = vmm_token_tag | 1;
+  handle.size = 20971520;
+  handle.refs = 1;
+  handle.properties.bytes[0] = 1;  // CU_MEM_ALLOCATION_TYPE_PINNED
+  handle.properties.bytes[4] = 1;  // requestedHandleTypes: POSIX FD
+  handle.properties.bytes[8] = 1;  // CU_MEM_LOCATION_TYPE_DEVICE, id 0
+  layout.handles = {handle};
+  layout.mappings = {{0x300000000000, 20971520, handle.token, 0}};
+  layout.access = {{0x300000000000, 20971520, {{1, 0, 3}}}};
+  return layout;
+}
+
+// A pool of one block, and one VMM mapping of 20 MiB as PyTorch's expandable segments make them.
+dump_begin_reply example_held(const device_description& device) {
   dump_begin_reply held{
       3,
       std::chrono::milliseconds(30'000),
-      {h200},
+      {device},
       {{0,
         0x200000000000,
         549755813888,
@@ -767,21 +825,17 @@ std::vector<example> example_messages() {
         true}},
       std::nullopt,
       {{std::string(not_owned_kind::managed), 67108864}, {std::string(not_owned_kind::arrays), 1048576}},
-      {{4243, 0x200004000000, 67108864, 0x500000000000, h200.uuid}}};
-  vmm_layout layout;
-  layout.next_token = 2;
-  layout.reservations = {{0x300000000000, 21474836480, 0}};
-  vmm_handle handle;
-  handle.token = vmm_token_tag | 1;
-  handle.size = 20971520;
-  handle.refs = 1;
-  handle.properties.bytes[0] = 1;  // CU_MEM_ALLOCATION_TYPE_PINNED
-  handle.properties.bytes[4] = 1;  // requestedHandleTypes: POSIX FD
-  handle.properties.bytes[8] = 1;  // CU_MEM_LOCATION_TYPE_DEVICE, id 0
-  layout.handles = {handle};
-  layout.mappings = {{0x300000000000, 20971520, handle.token, 0}};
-  layout.access = {{0x300000000000, 20971520, {{1, 0, 3}}}};
-  held.vmm = layout;
+      {{4243, 0x200004000000, 67108864, 0x500000000000, device.uuid}}};
+  held.vmm = example_vmm_layout();
+  return held;
+}
+
+}  // namespace
+
+std::vector<example> example_messages() {
+  const device_description h200{0, "NVIDIA H200", "GPU-2f6c1d3e-8a41-4b7e-9c55-0d1e2f3a4b5c", 9, 0};
+  const hello_reply hello = example_hello(h200);
+  const dump_begin_reply held = example_held(h200);
   const comm_count cut_comm{0x5c1e8f0a3d2b4e71, 0, 2, 1207, {{1, 3}}, {{1, 3}}};
   const comm_count cut_target{0x5c1e8f0a3d2b4e71, 0, 0, 1208, {{1, 3}}, {{1, 3}}};
   return {

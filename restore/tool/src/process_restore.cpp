@@ -156,28 +156,9 @@ void bring_back_gpu_state(const fs::path& image, const process_image& d, const p
   mark("resumed");
 }
 
-}  // namespace
-
-process_restore_result restore_process(const process_restore_options& o, const progress_callback& progress) {
-  process_restore_result r;
-  const auto start = clock::now();
-  auto mark = [&](const char* step) {
-    r.phases.emplace_back(step, std::chrono::duration<double>(clock::now() - start).count());
-  };
-  const fs::path image = image_to_restore(o.image);
-  require_trusted_owner(image, o.trust_owner);
-  process_image& d = r.description;
-  d = read_process_image(image);
-  // The driver's start (cuInit, a tenth of a second) overlaps the reading of the CRIU files.
-  auto gpus_checked = std::async(std::launch::async, [&] {
-    for (const auto& m : d.processes) require_same_gpus(d.gpu_image(image, m.pid));
-  });
-  verify_process_image(image, d, o.verify_data);
-  const criu_process_tree tree = restored_tree(image, d);
-  mark("verified");
-  gpus_checked.get();
-
-  const criu_tool criu = find_criu();
+// What the restore needs that is not the image's: the driver's checkpoint API where the image's contexts were
+// checkpointed by it, and each pid CRIU restores free.
+void require_restorable(const process_image& d, const criu_process_tree& tree) {
   bool driver_needed = !d.driver_only.empty();
   for (const auto& m : d.processes) driver_needed = driver_needed || m.driver_checkpointed;
   if (driver_needed) {
@@ -186,9 +167,10 @@ process_restore_result restore_process(const process_restore_options& o, const p
                        ": the image's CUDA contexts were checkpointed by the driver, and only it restores them");
   }
   for (const pid_t pid : tree.pids) require_free_pid(pid);
-  mark("checked");
+}
 
-  // The record first: a tool killed from here on leaves processes that `cuda-ckpt resume` finds the image for.
+// The record first: a tool killed from here on leaves processes that `cuda-ckpt resume` finds the image for.
+process_transaction write_record(const fs::path& image, const process_image& d, const criu_process_tree& tree) {
   process_transaction record;
   record.op = process_transaction::kind::restore;
   record.root_pid = d.root_pid;
@@ -197,10 +179,16 @@ process_restore_result restore_process(const process_restore_options& o, const p
   record.image = image;
   settle_transactions(false);  // older records that need nothing more go, so that ps shows only what matters
   record.write();
+  return record;
+}
 
+// `criu restore` of the image's CPU side, its log into `log`; the root it restored. A failure ends what it
+// brought back, removes the record and throws.
+pid_t criu_restore(const criu_tool& criu, const fs::path& image, const process_image& d,
+                   const process_restore_options& o, const criu_process_tree& tree, process_transaction& record,
+                   const std::string& log) {
   // CRIU writes nothing into the image (it may be read-only, or shared): its log goes to /tmp, and its
   // statistics (stats-restore) to a work directory of its own, so that the image stays as process.json lists it.
-  const std::string log = temporary_log("restore", d.root_pid);
   const fs::path work = log + ".work", pidfile = log + ".pid";
   fs::create_directory(work);
   std::vector<std::string> args{"restore",     "-D",          (image / criu_dir_name).string(),
@@ -225,6 +213,36 @@ process_restore_result restore_process(const process_restore_options& o, const p
                                  : "criu restore brought back process " + std::to_string(root) + ", not " +
                                        std::to_string(d.root_pid) + " as the image says: it was ended");
   }
+  return root;
+}
+
+}  // namespace
+
+process_restore_result restore_process(const process_restore_options& o, const progress_callback& progress) {
+  process_restore_result r;
+  const auto start = clock::now();
+  auto mark = [&](const char* step) {
+    r.phases.emplace_back(step, std::chrono::duration<double>(clock::now() - start).count());
+  };
+  const fs::path image = image_to_restore(o.image);
+  require_trusted_owner(image, o.trust_owner);
+  process_image& d = r.description;
+  d = read_process_image(image);
+  // The driver's start (cuInit, a tenth of a second) overlaps the reading of the CRIU files.
+  auto gpus_checked = std::async(std::launch::async, [&] {
+    for (const auto& m : d.processes) require_same_gpus(d.gpu_image(image, m.pid));
+  });
+  verify_process_image(image, d, o.verify_data);
+  const criu_process_tree tree = restored_tree(image, d);
+  mark("verified");
+  gpus_checked.get();
+  const criu_tool criu = find_criu();
+  require_restorable(d, tree);
+  mark("checked");
+
+  process_transaction record = write_record(image, d, tree);
+  const std::string log = temporary_log("restore", d.root_pid);
+  const pid_t root = criu_restore(criu, image, d, o, tree, record, log);
   mark("criu restored");
   fault_point("restore:criu-restored");
 
@@ -239,6 +257,7 @@ process_restore_result restore_process(const process_restore_options& o, const p
   record.remove();
   // Records of dumps and restores of these processes whose tools died are settled now that they run again.
   settle_transactions(false);
+  std::error_code ignored;
   fs::remove(log, ignored);
   fs::remove(log + ".out", ignored);
   r.pid = root;

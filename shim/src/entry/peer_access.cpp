@@ -54,6 +54,32 @@ CUresult context_device(CUcontext ctx, int& ordinal) {
 
 bool valid_device(int ordinal) { return ordinal >= 0 && ordinal < max_devices; }
 
+// The devices whose pools hold the pointers, into `owners`; those of them whose pool some device that could
+// reach it has no access to yet, returned.
+std::uint32_t pools_lacking_peers(std::initializer_list<CUdeviceptr> pointers, std::uint32_t& owners) {
+  std::uint32_t lacking = 0;
+  for (const CUdeviceptr p : pointers) {
+    const int owner = pool_device_containing(p);
+    if (owner < 0 || (owners & bit(owner)) != 0) continue;
+    owners |= bit(owner);
+    if ((reachable_from(owner) & ~pool_peers(owner)) != 0) lacking |= bit(owner);
+  }
+  return lacking;
+}
+
+// The devices taking part in a copy: the pools' owners, the current context's device, the stream's, and the
+// contexts' named.
+std::uint32_t devices_taking_part(std::uint32_t owners, std::initializer_list<CUcontext> contexts, CUstream stream) {
+  std::uint32_t taking_part = owners;
+  int device = -1;
+  if (current_device(device) == CUDA_SUCCESS && valid_device(device)) taking_part |= bit(device);
+  if (stream != nullptr && stream_device(stream, device) == CUDA_SUCCESS && valid_device(device))
+    taking_part |= bit(device);
+  for (const CUcontext c : contexts)
+    if (c != nullptr && context_device(c, device) == CUDA_SUCCESS && valid_device(device)) taking_part |= bit(device);
+  return taking_part;
+}
+
 }  // namespace
 
 void reach_for_copy(std::initializer_list<CUdeviceptr> pointers, std::initializer_list<CUcontext> contexts,
@@ -61,21 +87,9 @@ void reach_for_copy(std::initializer_list<CUdeviceptr> pointers, std::initialize
   try {
     if (!shim_active()) return;
     std::uint32_t owners = 0;
-    std::uint32_t lacking = 0;  // pools some device that could reach them has no access to yet
-    for (const CUdeviceptr p : pointers) {
-      const int owner = pool_device_containing(p);
-      if (owner < 0 || (owners & bit(owner)) != 0) continue;
-      owners |= bit(owner);
-      if ((reachable_from(owner) & ~pool_peers(owner)) != 0) lacking |= bit(owner);
-    }
+    const std::uint32_t lacking = pools_lacking_peers(pointers, owners);
     if (lacking == 0) return;
-    std::uint32_t taking_part = owners;
-    int device = -1;
-    if (current_device(device) == CUDA_SUCCESS && valid_device(device)) taking_part |= bit(device);
-    if (stream != nullptr && stream_device(stream, device) == CUDA_SUCCESS && valid_device(device))
-      taking_part |= bit(device);
-    for (const CUcontext c : contexts)
-      if (c != nullptr && context_device(c, device) == CUDA_SUCCESS && valid_device(device)) taking_part |= bit(device);
+    const std::uint32_t taking_part = devices_taking_part(owners, contexts, stream);
     for (int owner = 0; owner < max_devices; ++owner) {
       if ((lacking & bit(owner)) == 0) continue;
       const std::uint32_t wanted = taking_part & reachable_from(owner) & ~pool_peers(owner);

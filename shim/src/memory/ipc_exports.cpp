@@ -102,6 +102,50 @@ std::optional<CUresult> free_exported(std::uint64_t base) noexcept {
   }
 }
 
+namespace {
+
+// Whole handles: the driver maps an imported handle only from its start. A small block's handle holds
+// its neighbours too, which the importer then maps as well; the handle says nothing of where they are.
+// The pieces covering [base, base + size) into `reply`, one descriptor each into `fds`; or why not, every
+// descriptor closed then.
+std::string export_pieces(const driver_api& d, device_pool& pool, std::uint64_t base, std::uint64_t size,
+                          control::ipc_open_reply& reply, std::vector<int>& fds) {
+  std::uint64_t first = 0, covered = 0;
+  for (const segment_info& s : pool.segments()) {  // in address order
+    if (s.addr + s.size <= base || s.addr >= base + size) continue;
+    if (reply.pieces.empty()) first = covered = s.addr;
+    if (s.addr != covered) break;  // a gap: reported below
+    int fd = -1;
+    const CUresult e = d.cuMemExportToShareableHandle(&fd, s.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    if (e != CUDA_SUCCESS) {
+      protocol::close_all(fds);
+      return "exporting the physical memory at " + hex(s.addr) + " failed: CUDA error " +
+             std::to_string(static_cast<int>(e));
+    }
+    fds.push_back(fd);
+    reply.pieces.push_back({s.addr - first, s.size});
+    covered = s.addr + s.size;
+  }
+  if (reply.pieces.empty() || first > base || covered < base + size ||
+      reply.pieces.size() > static_cast<std::size_t>(protocol::max_fds_per_message)) {
+    protocol::close_all(fds);
+    return "the allocation at " + hex(base) + " is not backed by physical memory in one frame's pieces";
+  }
+  reply.base_offset = base - first;
+  return {};
+}
+
+// One more open of the export by `importer`.
+void count_open(export_record& r, pid_t importer) {
+  const std::uint64_t start = suspend_claim::start_time(importer);
+  auto rec = std::find_if(r.importers.begin(), r.importers.end(),
+                          [&](const importer_record& i) { return i.pid == importer && i.start == start; });
+  if (rec == r.importers.end()) rec = r.importers.insert(r.importers.end(), importer_record{importer, start, 0});
+  ++rec->opens;
+}
+
+}  // namespace
+
 std::variant<control::ipc_open_reply, control::failure_reply> open_export(const control::ipc_open_request& request,
                                                                           pid_t importer, std::vector<int>& fds) {
   const auto refuse = [](std::string why) { return control::failure_reply{control::refusal::failed, std::move(why)}; };
@@ -117,41 +161,11 @@ std::variant<control::ipc_open_reply, control::failure_reply> open_export(const 
     return refuse("the allocation at " + hex(request.base) + " is no longer live");
   const driver_api* d = driver();
   if (d == nullptr) return refuse("no CUDA driver");
-
-  // Whole handles: the driver maps an imported handle only from its start. A small block's handle holds
-  // its neighbours too, which the importer then maps as well; the handle says nothing of where they are.
   control::ipc_open_reply reply;
-  std::uint64_t first = 0, covered = 0;
-  for (const segment_info& s : pool->segments()) {  // in address order
-    if (s.addr + s.size <= base || s.addr >= base + size) continue;
-    if (reply.pieces.empty()) first = covered = s.addr;
-    if (s.addr != covered) break;  // a gap: reported below
-    int fd = -1;
-    const CUresult e = d->cuMemExportToShareableHandle(&fd, s.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-    if (e != CUDA_SUCCESS) {
-      protocol::close_all(fds);
-      return refuse("exporting the physical memory at " + hex(s.addr) + " failed: CUDA error " +
-                    std::to_string(static_cast<int>(e)));
-    }
-    fds.push_back(fd);
-    reply.pieces.push_back({s.addr - first, s.size});
-    covered = s.addr + s.size;
-  }
-  if (reply.pieces.empty() || first > base || covered < base + size ||
-      reply.pieces.size() > static_cast<std::size_t>(protocol::max_fds_per_message)) {
-    protocol::close_all(fds);
-    return refuse("the allocation at " + hex(base) + " is not backed by physical memory in one frame's pieces");
-  }
-  reply.base_offset = base - first;
+  if (std::string why = export_pieces(*d, *pool, base, size, reply, fds); !why.empty()) return refuse(std::move(why));
   for (const auto& p : active_pools())
     if (p.pool == pool) reply.device_uuid = describe_device(p.ordinal).uuid;
-
-  auto& importers = it->second.importers;
-  const std::uint64_t start = suspend_claim::start_time(importer);
-  auto rec = std::find_if(importers.begin(), importers.end(),
-                          [&](const importer_record& r) { return r.pid == importer && r.start == start; });
-  if (rec == importers.end()) rec = importers.insert(importers.end(), importer_record{importer, start, 0});
-  ++rec->opens;
+  count_open(it->second, importer);
   log::info("ipc: process {} opened the {} bytes at {}", importer, size, hex(base));
   return reply;
 }

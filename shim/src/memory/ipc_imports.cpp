@@ -109,6 +109,81 @@ status map_import(const driver_api& d, import_table& t, const control::ipc_open_
   return {};
 }
 
+// The driver's own answers, measured on an H100 (docs/ipc.md), to an open it refuses before asking the exporter:
+// bad flags or no out pointer, the exporter's own handle. CUDA_SUCCESS, and the current device, when it does not.
+CUresult refuse_open(const driver_api* d, const ipc_handle& h, unsigned int flags, const CUdeviceptr* out,
+                     CUdevice& device) {
+  if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (out == nullptr || flags != CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) return CUDA_ERROR_INVALID_VALUE;
+  if (const CUresult e = d->cuCtxGetDevice(&device); e != CUDA_SUCCESS) return e;
+  if (h.exporter_pid == ::getpid()) return CUDA_ERROR_INVALID_CONTEXT;
+  return CUDA_SUCCESS;
+}
+
+// A handle opened already: one more reference to the same pointer, into `out`. Under t.mutex.
+bool opened_already(import_table& t, const ipc_handle& h, CUdeviceptr* out) {
+  for (auto& [pointer, r] : t.by_pointer)
+    if (r.handle == h) {
+      ++r.refs;
+      *out = pointer;
+      return true;
+    }
+  return false;
+}
+
+// The exporter's answer to ipc_open, its descriptors in `fds`; the driver's answer when there is none (an
+// exporter gone, an allocation freed), every descriptor closed then.
+CUresult ask_to_open(const ipc_handle& h, std::vector<int>& fds, control::ipc_open_reply& reply) {
+  if (!suspend_claim::alive(h.exporter_pid, h.exporter_start)) return CUDA_ERROR_INVALID_HANDLE;
+  bool gone = false;
+  const auto payload = ask_exporter(h, control::ipc_open_request{h.base, h.generation}, open_timeout_ms, fds, gone);
+  if (!payload) {
+    protocol::close_all(fds);
+    return gone ? CUDA_ERROR_INVALID_HANDLE : CUDA_ERROR_MAP_FAILED;
+  }
+  std::variant<control::ipc_open_reply, control::failure_reply> decoded;
+  try {
+    decoded = control::decode_reply<control::ipc_open_reply>(*payload);
+  } catch (const std::exception& e) {
+    protocol::close_all(fds);
+    log::warn("ipc: process {} answered what is not an ipc_open reply: {}", h.exporter_pid, e.what());
+    return CUDA_ERROR_MAP_FAILED;
+  }
+  if (const auto* refused = std::get_if<control::failure_reply>(&decoded)) {
+    protocol::close_all(fds);
+    log::info("ipc: process {} refused the handle: {}", h.exporter_pid, refused->error);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  reply = std::move(std::get<control::ipc_open_reply>(decoded));
+  return CUDA_SUCCESS;
+}
+
+// Maps what the exporter sent and records it, unless another thread opened the handle while the exporter
+// answered this one: this open is undone then. Takes the descriptors in `fds`.
+CUresult map_and_record(const driver_api& d, import_table& t, const ipc_handle& h, const control::ipc_open_reply& reply,
+                        std::vector<int>& fds, CUdevice device, CUdeviceptr* out) {
+  std::unique_lock lock(t.mutex);
+  if (opened_already(t, h, out)) {
+    lock.unlock();
+    protocol::close_all(fds);
+    tell_exporter_closed(h);
+    return CUDA_SUCCESS;
+  }
+  import_record r;
+  r.handle = h;
+  if (const CUresult e = map_import(d, t, reply, fds, device, r).code(); e != CUDA_SUCCESS) {
+    lock.unlock();
+    tell_exporter_closed(h);
+    return e;
+  }
+  r.refs = 1;
+  const std::uint64_t pointer = r.window + reply.base_offset;
+  log::info("ipc: mapped {} bytes of process {} (its {:#x}) at {:#x}", h.size, h.exporter_pid, h.base, pointer);
+  t.by_pointer.emplace(pointer, std::move(r));
+  *out = pointer;
+  return CUDA_SUCCESS;
+}
+
 }  // namespace
 
 bool open_import(const unsigned char (&bytes)[ipc_handle_size], unsigned int flags, CUdeviceptr* out,
@@ -117,91 +192,20 @@ bool open_import(const unsigned char (&bytes)[ipc_handle_size], unsigned int fla
   if (!decoded) return false;
   const ipc_handle& h = *decoded;
   const driver_api* d = driver();
-  // The driver's own answers, measured on an H100 (docs/ipc.md): bad flags or no out pointer, the
-  // exporter's own handle, an exporter gone, an allocation freed.
-  if (d == nullptr) {
-    result = CUDA_ERROR_NOT_INITIALIZED;
-    return true;
-  }
-  if (out == nullptr || flags != CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) {
-    result = CUDA_ERROR_INVALID_VALUE;
-    return true;
-  }
   CUdevice device = 0;
-  if (const CUresult e = d->cuCtxGetDevice(&device); e != CUDA_SUCCESS) {
-    result = e;
-    return true;
-  }
-  if (h.exporter_pid == ::getpid()) {
-    result = CUDA_ERROR_INVALID_CONTEXT;
-    return true;
-  }
+  if (result = refuse_open(d, h, flags, out, device); result != CUDA_SUCCESS) return true;
   import_table& t = table();
-  // A handle opened already: one more reference to the same pointer.
-  const auto opened_already = [&] {
-    for (auto& [pointer, r] : t.by_pointer)
-      if (r.handle == h) {
-        ++r.refs;
-        *out = pointer;
-        return true;
-      }
-    return false;
-  };
   {
     std::lock_guard lock(t.mutex);
-    if (opened_already()) {
+    if (opened_already(t, h, out)) {
       result = CUDA_SUCCESS;
       return true;
     }
   }
-  if (!suspend_claim::alive(h.exporter_pid, h.exporter_start)) {
-    result = CUDA_ERROR_INVALID_HANDLE;
-    return true;
-  }
   std::vector<int> fds;
-  bool gone = false;
-  const auto payload = ask_exporter(h, control::ipc_open_request{h.base, h.generation}, open_timeout_ms, fds, gone);
-  if (!payload) {
-    protocol::close_all(fds);
-    result = gone ? CUDA_ERROR_INVALID_HANDLE : CUDA_ERROR_MAP_FAILED;
-    return true;
-  }
-  std::variant<control::ipc_open_reply, control::failure_reply> reply;
-  try {
-    reply = control::decode_reply<control::ipc_open_reply>(*payload);
-  } catch (const std::exception& e) {
-    protocol::close_all(fds);
-    log::warn("ipc: process {} answered what is not an ipc_open reply: {}", h.exporter_pid, e.what());
-    result = CUDA_ERROR_MAP_FAILED;
-    return true;
-  }
-  if (const auto* refused = std::get_if<control::failure_reply>(&reply)) {
-    protocol::close_all(fds);
-    log::info("ipc: process {} refused the handle: {}", h.exporter_pid, refused->error);
-    result = CUDA_ERROR_INVALID_VALUE;
-    return true;
-  }
-  std::unique_lock lock(t.mutex);
-  if (opened_already()) {  // by another thread while the exporter answered this one: its open is undone
-    lock.unlock();
-    protocol::close_all(fds);
-    tell_exporter_closed(h);
-    result = CUDA_SUCCESS;
-    return true;
-  }
-  import_record r;
-  r.handle = h;
-  result = map_import(*d, t, std::get<control::ipc_open_reply>(reply), fds, device, r).code();
-  if (result != CUDA_SUCCESS) {
-    lock.unlock();
-    tell_exporter_closed(h);
-    return true;
-  }
-  r.refs = 1;
-  const std::uint64_t pointer = r.window + std::get<control::ipc_open_reply>(reply).base_offset;
-  log::info("ipc: mapped {} bytes of process {} (its {:#x}) at {:#x}", h.size, h.exporter_pid, h.base, pointer);
-  t.by_pointer.emplace(pointer, std::move(r));
-  *out = pointer;
+  control::ipc_open_reply reply;
+  if (result = ask_to_open(h, fds, reply); result != CUDA_SUCCESS) return true;
+  result = map_and_record(*d, t, h, reply, fds, device, out);
   return true;
 }
 

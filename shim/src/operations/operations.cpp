@@ -137,6 +137,89 @@ void let_go(const control::dump_begin_request& request, const char* why) noexcep
   }
 }
 
+// Why a hold is refused before the program is held; empty when it is not.
+std::string hold_refusal(const control::dump_begin_request& request) {
+  if (request.for_suspend)
+    if (std::string why = importers_refusal(request); !why.empty()) return why;
+  // A job's rank cannot refuse its suspend once the job's claim is accepted: what its resume needs is set aside
+  // now, while it still can.
+  if (request.job) return reserve_resume_room();
+  return {};
+}
+
+// From when the program is held: however the hold ends (an exception included), it is released, or
+// suspended on purpose.
+struct held_guard {
+  const control::dump_begin_request& request;
+  bool settled = false;
+  ~held_guard() {
+    if (!settled && current_state() != process_state::suspended) let_go(request, "a request failed unexpectedly");
+  }
+};
+
+// A hold ended by suspend.
+void suspend_at_end(client_channel& client, const control::dump_begin_request& request,
+                    const control::suspend_request& s, activity_scope& busy) {
+  if (request.job && !job_accepted(*request.job)) {
+    // The job's claim decides for every rank, and it is not accepted: nobody is suspended.
+    let_go(request, "the job's suspend was not accepted");
+    client.send(control::encode(control::failure_reply{
+        control::refusal::withdrawn, "the job's suspend was not accepted: the program goes on, not suspended"}));
+    return;
+  }
+  // Accepted, the gate stays closed: threads that call CUDA wait until resume. (suspend_held
+  // releases the program itself when it does not suspend it.)
+  const auto outcome = suspend_held(s, request.job.has_value());
+  // Idle before the reply: a client that goes on at the reply (ps) must not find the operation still under way.
+  busy.change(control::activity::idle);
+  std::visit([&](const auto& reply) { client.send(control::encode(reply)); }, outcome);
+}
+
+// A hold ended by dump_end.
+void release_at_end(client_channel& client, const control::dump_begin_request& request, activity_scope& busy) {
+  if (request.job) {
+    let_go(request, "dump finished");
+    client.send(control::encode(control::dump_end_reply{0}));
+    return;
+  }
+  const control::dump_end_reply released{release("dump finished")};
+  busy.change(control::activity::idle);
+  client.send(control::encode(released));
+}
+
+// Held until the client is done copying out of the GPU: its next request (dump_end or suspend) ends the hold,
+// as its going or the deadline do.
+void end_hold(client_channel& client, const control::dump_begin_request& request, clock::time_point deadline_at,
+              activity_scope& busy, held_guard& guard) {
+  std::string payload;
+  std::vector<int> ignored;
+  protocol::failure error;
+  const auto left = std::max(std::chrono::milliseconds(0),
+                             std::chrono::duration_cast<std::chrono::milliseconds>(deadline_at - clock::now()));
+  const bool received = client.receive(payload, ignored, left, error);
+  protocol::close_all(ignored);
+  if (!received) {
+    guard.settled = true;
+    let_go(request, error.kind == protocol::failure_kind::timed_out ? "deadline passed" : "client went away");
+    return;
+  }
+  const auto decoded = control::decode_request(payload);
+  const auto* next = std::get_if<control::request>(&decoded);
+  if (const auto* s = next != nullptr ? std::get_if<control::suspend_request>(next) : nullptr) {
+    busy.change(control::activity::suspending);
+    guard.settled = true;
+    suspend_at_end(client, request, *s, busy);
+    return;
+  }
+  guard.settled = true;
+  if (next != nullptr && std::holds_alternative<control::dump_end_request>(*next)) {
+    release_at_end(client, request, busy);
+    return;
+  }
+  let_go(request, "the client sent something else than dump_end or suspend");
+  refuse(client, control::refusal::bad_request, "expected dump_end or suspend");
+}
+
 // dump_begin: the program is held until the client says dump_end (or suspend), goes away, or the
 // deadline passes; the gate is open again in every case but suspend.
 void serve_hold(client_channel& client, const control::dump_begin_request& request) {
@@ -148,18 +231,10 @@ void serve_hold(client_channel& client, const control::dump_begin_request& reque
   }
   std::unique_lock operation(operation_lock(), std::defer_lock);
   if (!take_operation(client, operation, request.valid_until_ms)) return;
-  if (request.for_suspend)
-    if (const std::string why = importers_refusal(request); !why.empty()) {
-      refuse(client, control::refusal::failed, why);
-      return;
-    }
-  // A job's rank cannot refuse its suspend once the job's claim is accepted: what its resume needs is set aside
-  // now, while it still can.
-  if (request.job)
-    if (const std::string why = reserve_resume_room(); !why.empty()) {
-      refuse(client, control::refusal::failed, why);
-      return;
-    }
+  if (const std::string why = hold_refusal(request); !why.empty()) {
+    refuse(client, control::refusal::failed, why);
+    return;
+  }
   activity_scope busy(request.for_suspend ? control::activity::suspending : control::activity::dumping);
   // The hold lasts hold_deadline from now, whatever time the request spent waiting.
   const auto hold_deadline_at = clock::now() + request.hold_deadline;
@@ -171,15 +246,7 @@ void serve_hold(client_channel& client, const control::dump_begin_request& reque
     client.send(control::encode(*refused));
     return;
   }
-  // From here the program is held: however this function leaves (an exception included), it is
-  // released, or suspended on purpose.
-  struct held_guard {
-    const control::dump_begin_request& request;
-    bool settled = false;
-    ~held_guard() {
-      if (!settled && current_state() != process_state::suspended) let_go(request, "a request failed unexpectedly");
-    }
-  } guard{request};
+  held_guard guard{request};
   const bool sent = send_held(client, std::get<control::dump_begin_reply>(held), fds);
   protocol::close_all(fds);  // the client has its own copies now
   fault_point("program:held");
@@ -188,57 +255,7 @@ void serve_hold(client_channel& client, const control::dump_begin_request& reque
     let_go(request, "client gone before the handles were sent");
     return;
   }
-
-  // Held until the client is done copying out of the GPU.
-  std::string payload;
-  std::vector<int> ignored;
-  protocol::failure error;
-  const auto left = std::max(std::chrono::milliseconds(0),
-                             std::chrono::duration_cast<std::chrono::milliseconds>(hold_deadline_at - clock::now()));
-  const bool received = client.receive(payload, ignored, left, error);
-  protocol::close_all(ignored);
-  if (!received) {
-    guard.settled = true;
-    let_go(request, error.kind == protocol::failure_kind::timed_out ? "deadline passed" : "client went away");
-    return;
-  }
-  const auto decoded = control::decode_request(payload);
-  const auto* next = std::get_if<control::request>(&decoded);
-  if (next != nullptr) {
-    if (const auto* s = std::get_if<control::suspend_request>(next)) {
-      busy.change(control::activity::suspending);
-      guard.settled = true;
-      if (request.job && !job_accepted(*request.job)) {
-        // The job's claim decides for every rank, and it is not accepted: nobody is suspended.
-        let_go(request, "the job's suspend was not accepted");
-        client.send(control::encode(control::failure_reply{
-            control::refusal::withdrawn, "the job's suspend was not accepted: the program goes on, not suspended"}));
-        return;
-      }
-      // Accepted, the gate stays closed: threads that call CUDA wait until resume. (suspend_held
-      // releases the program itself when it does not suspend it.)
-      const auto outcome = suspend_held(*s, request.job.has_value());
-      // Idle before the reply: a client that goes on at the reply (ps) must not find the operation still under way.
-      busy.change(control::activity::idle);
-      std::visit([&](const auto& reply) { client.send(control::encode(reply)); }, outcome);
-      return;
-    }
-    if (std::holds_alternative<control::dump_end_request>(*next)) {
-      guard.settled = true;
-      if (request.job) {
-        let_go(request, "dump finished");
-        client.send(control::encode(control::dump_end_reply{0}));
-        return;
-      }
-      const control::dump_end_reply released{release("dump finished")};
-      busy.change(control::activity::idle);
-      client.send(control::encode(released));
-      return;
-    }
-  }
-  guard.settled = true;
-  let_go(request, "the client sent something else than dump_end or suspend");
-  refuse(client, control::refusal::bad_request, "expected dump_end or suspend");
+  end_hold(client, request, hold_deadline_at, busy, guard);
 }
 
 // cut_arm: the process is armed until the client releases it, goes away, or the deadline passes

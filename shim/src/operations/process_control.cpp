@@ -154,29 +154,17 @@ std::unique_ptr<prepared_table> take_prepared(const std::vector<active_pool>& po
   return prepared;
 }
 
-// The held program's pools: each one's blocks, its segments exported (one descriptor each in `fds`),
-// and the allocation table's descriptor last (on a failure the caller closes those sent so far).
-// Throws only for want of memory.
-std::variant<control::dump_begin_reply, control::failure_reply> held_contents(double quiesce_us,
-                                                                              std::vector<int>& fds) {
-  const driver_api* d = driver();
-  const auto pools = active_pools();
-  control::dump_begin_reply r;
-  // Where the hold's time goes, in the log: with a million allocations each part shows.
-  double sync_us = 0, list_us = 0, export_us = 0;
-  std::size_t blocks = 0, segments = 0;
-  for (const auto& p : pools) {
-    const auto t = clock::now();
-    p.pool->synchronize();
-    sync_us += us_since(t);
-  }
-  {
-    const auto t = clock::now();
-    vmm_synchronize();  // kernels may still write program-made VMM memory on devices without a pool
-    sync_us += us_since(t);
-  }
-  auto t = clock::now();
-  std::unique_ptr<prepared_table> prepared = take_prepared(pools);
+// Waits for the work on every pool's device, and on program-made VMM memory; the microseconds it took.
+double synchronize_all(const std::vector<active_pool>& pools) {
+  const auto t = clock::now();
+  for (const auto& p : pools) p.pool->synchronize();
+  vmm_synchronize();  // kernels may still write program-made VMM memory on devices without a pool
+  return us_since(t);
+}
+
+// Each pool's blocks into `r`, from the prepared table where there is one; how many.
+std::size_t list_blocks(const std::vector<active_pool>& pools, prepared_table* prepared, control::dump_begin_reply& r) {
+  std::size_t blocks = 0;
   for (std::size_t i = 0; i < pools.size(); ++i) {
     control::pool_contents c{
         pools[i].ordinal, pools[i].pool->base(), pools[i].pool->size(), large_alignment, 0, {}, {}};
@@ -185,45 +173,77 @@ std::variant<control::dump_begin_reply, control::failure_reply> held_contents(do
     blocks += c.allocations.size();
     r.pools.push_back(std::move(c));
   }
-  list_us = us_since(t);
-  t = clock::now();
+  return blocks;
+}
+
+// Each pool's segments exported, one descriptor each into `fds`, and its device described; why not, when one
+// cannot be exported.
+std::string export_segments(const std::vector<active_pool>& pools, control::dump_begin_reply& r, std::vector<int>& fds,
+                            std::size_t& segments) {
+  const driver_api* d = driver();
   for (std::size_t i = 0; i < pools.size(); ++i) {
     for (const auto& s : pools[i].pool->segments()) {
       int exported = -1;
       const CUresult e =
           d->cuMemExportToShareableHandle(&exported, s.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-      if (e != CUDA_SUCCESS) {
-        release("export failed");
-        return control::failure_reply{control::refusal::failed, "exporting pool memory at " + hex(s.addr) +
-                                                                    " failed: CUDA error " + std::to_string(e)};
-      }
+      if (e != CUDA_SUCCESS)
+        return "exporting pool memory at " + hex(s.addr) + " failed: CUDA error " + std::to_string(e);
       fds.push_back(exported);
       r.pools[i].segments.push_back({s.addr, s.size});
       ++segments;
     }
     r.devices.push_back(describe_device(pools[i].ordinal));
   }
-  // Program-made VMM memory: its pools follow the pool's, its handles' descriptors the segments'.
+  return {};
+}
+
+// Program-made VMM memory: its pools follow the pool's, its handles' descriptors the segments'. A prepared
+// table, made without them, is dropped when there are any. Why not, when they cannot be exported.
+std::string export_vmm(control::dump_begin_reply& r, std::vector<int>& fds, std::unique_ptr<prepared_table>& prepared) {
   const std::size_t before_vmm = r.pools.size();
-  if (std::string why = vmm_hold_contents(r, fds); !why.empty()) {
-    release("export failed");
-    return control::failure_reply{control::refusal::failed, why};
-  }
+  if (std::string why = vmm_hold_contents(r, fds); !why.empty()) return why;
   for (std::size_t i = before_vmm; i < r.pools.size(); ++i) describe_once(r.devices, r.pools[i].device);
   if (r.pools.size() > before_vmm && prepared) {
-    ::close(prepared->fd);  // made without the VMM pools: made again below
+    ::close(prepared->fd);  // made without the VMM pools: made again by allocation_table()
     prepared->fd = -1;
     prepared.reset();
   }
-  export_us = us_since(t);
+  return {};
+}
+
+// The allocation table's descriptor: the prepared one, handed over (closed with the others once sent), or one
+// made now; -1 (errno set) when it cannot be made.
+int allocation_table(const control::dump_begin_reply& r, prepared_table* prepared) {
+  if (!prepared) return allocation_table_memfd(r);
+  const int table = prepared->fd;
+  prepared->fd = -1;
+  return table;
+}
+
+// The held program's pools: each one's blocks, its segments exported (one descriptor each in `fds`),
+// and the allocation table's descriptor last (on a failure the caller closes those sent so far).
+// Throws only for want of memory.
+std::variant<control::dump_begin_reply, control::failure_reply> held_contents(double quiesce_us,
+                                                                              std::vector<int>& fds) {
+  const auto pools = active_pools();
+  control::dump_begin_reply r;
+  // Where the hold's time goes, in the log: with a million allocations each part shows.
+  const double sync_us = synchronize_all(pools);
+  auto t = clock::now();
+  std::unique_ptr<prepared_table> prepared = take_prepared(pools);
+  const std::size_t blocks = list_blocks(pools, prepared.get(), r);
+  const double list_us = us_since(t);
   t = clock::now();
-  int table = -1;
-  if (prepared) {
-    table = prepared->fd;  // handed over: closed with the others once sent
-    prepared->fd = -1;
-  } else {
-    table = allocation_table_memfd(r);
+  std::size_t segments = 0;
+  std::string why = export_segments(pools, r, fds, segments);
+  if (why.empty()) why = export_vmm(r, fds, prepared);
+  if (!why.empty()) {
+    release("export failed");
+    return control::failure_reply{control::refusal::failed, why};
   }
+  const double export_us = us_since(t);
+  t = clock::now();
+  const int table = allocation_table(r, prepared.get());
   if (table < 0) {
     const int err = errno;
     release("the allocation table could not be made");

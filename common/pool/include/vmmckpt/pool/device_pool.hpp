@@ -209,6 +209,9 @@ class device_pool {
   std::size_t flush_caches();
   bool cacheable(std::uint64_t size) const;
   std::string check_caches_locked() const;
+  using held_ranges = std::map<std::uint64_t, std::uint64_t>;  // address -> rounded size, for the checks
+  std::string check_live_index(held_ranges& held) const;
+  std::string check_cache_locked(const thread_cache& cache, held_ranges& held) const;
   void lock_everything() const;
   void unlock_everything() const;
 
