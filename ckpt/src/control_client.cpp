@@ -19,6 +19,7 @@
 #include <fstream>
 
 #include "vmmckpt/ckpt/processes.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
 #include "vmmckpt/support/fault_point.hpp"
 #include "vmmckpt/protocol/suspend_claim.hpp"
 

@@ -7,6 +7,7 @@
 #include "copy/held_memory.hpp"
 #include "session.hpp"
 #include "vmmckpt/ckpt/driver.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
 #include "vmmckpt/support/fault_point.hpp"
 
 namespace vmmckpt::ckpt {

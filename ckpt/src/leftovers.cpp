@@ -18,6 +18,7 @@
 #include "vmmckpt/ckpt/process_image.hpp"
 #include "vmmckpt/ckpt/process_recovery.hpp"
 #include "vmmckpt/ckpt/processes.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
 #include "vmmckpt/protocol/protocol.hpp"
 #include "vmmckpt/protocol/suspend_claim.hpp"
 

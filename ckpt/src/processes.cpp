@@ -16,6 +16,7 @@
 #include <set>
 
 #include "vmmckpt/ckpt/control_client.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
 #include "vmmckpt/protocol/protocol.hpp"
 #include "vmmckpt/protocol/suspend_claim.hpp"
 

@@ -6,6 +6,7 @@
 #include "vmmckpt/protocol/protocol.hpp"
 #include "vmmckpt/support/uuid_text.hpp"
 #include "vmmckpt/support/version.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
 
 #include <unistd.h>
 

@@ -11,6 +11,7 @@
 #include "session.hpp"
 #include "vmmckpt/ckpt/driver.hpp"
 #include "vmmckpt/ckpt/processes.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
 #include "vmmckpt/support/fault_point.hpp"
 #include "vmmckpt/protocol/suspend_claim.hpp"
 

@@ -17,6 +17,7 @@
 #include "output.hpp"
 #include "vmmckpt/ckpt/dump.hpp"
 #include "vmmckpt/ckpt/processes.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
 #include "vmmckpt/pool/pool_layout.hpp"
 
 namespace vmmckpt::tools {

@@ -15,6 +15,7 @@
 #include "vmmckpt/ckpt/leftovers.hpp"
 #include "vmmckpt/ckpt/process_recovery.hpp"
 #include "vmmckpt/ckpt/processes.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
 
 namespace vmmckpt::tools {
 

@@ -15,6 +15,7 @@
 
 #include "copy/copy_plan.hpp"
 #include "vmmckpt/ckpt/dump.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
 
 namespace vmmckpt::ckpt {
 

@@ -8,6 +8,7 @@
 
 #include "copy/cuda_check.hpp"
 #include "vmmckpt/image/image.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
 
 namespace vmmckpt::ckpt {
 

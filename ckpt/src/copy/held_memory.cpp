@@ -12,6 +12,7 @@
 #include "vmmckpt/support/address_ranges.hpp"
 #include "vmmckpt/pool/exact_reservation.hpp"
 #include "vmmckpt/support/hex_text.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
 
 namespace vmmckpt::ckpt {
 

@@ -8,6 +8,7 @@
 
 #include "job/cut_plan.hpp"
 #include "vmmckpt/support/fault_point.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
 
 namespace vmmckpt::ckpt {
 

@@ -16,6 +16,8 @@
 #include "job/rendezvous.hpp"
 #include "vmmckpt/ckpt/job_image.hpp"
 #include "vmmckpt/ckpt/job_nodes.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
+#include "vmmckpt/ckpt/control_client.hpp"
 #include "vmmckpt/image/image.hpp"
 #include "vmmckpt/protocol/protocol.hpp"
 #include "vmmckpt/support/hex_text.hpp"

@@ -6,6 +6,7 @@
 #include "job/rendezvous.hpp"
 #include "vmmckpt/ckpt/control_client.hpp"
 #include "vmmckpt/ckpt/job.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
 #include "vmmckpt/support/fault_point.hpp"
 
 namespace vmmckpt::ckpt {

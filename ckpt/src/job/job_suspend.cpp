@@ -9,6 +9,7 @@
 #include "vmmckpt/ckpt/driver.hpp"
 #include "vmmckpt/ckpt/job.hpp"
 #include "vmmckpt/ckpt/job_image.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
 #include "vmmckpt/image/image.hpp"
 #include "vmmckpt/protocol/suspend_claim.hpp"
 

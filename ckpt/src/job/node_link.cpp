@@ -19,6 +19,7 @@
 
 #include "vmmckpt/ckpt/control_client.hpp"
 #include "vmmckpt/ckpt/job_nodes.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
 #include "vmmckpt/support/json_fields.hpp"
 
 namespace vmmckpt::ckpt {

@@ -8,6 +8,7 @@
 #include "session.hpp"
 #include "vmmckpt/ckpt/job_image.hpp"
 #include "vmmckpt/ckpt/job_nodes.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
 #include "vmmckpt/image/image.hpp"
 #include "vmmckpt/support/version.hpp"
 

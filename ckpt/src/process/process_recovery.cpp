@@ -18,6 +18,7 @@
 #include "vmmckpt/ckpt/leftovers.hpp"
 #include "vmmckpt/ckpt/process_image.hpp"
 #include "vmmckpt/ckpt/processes.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
 #include "vmmckpt/support/hex_text.hpp"
 #include "vmmckpt/image/image.hpp"
 #include "vmmckpt/support/json_fields.hpp"

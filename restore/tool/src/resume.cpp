@@ -5,6 +5,7 @@
 
 #include "vmmckpt/ckpt/control_client.hpp"
 #include "vmmckpt/ckpt/process_recovery.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
 
 namespace vmmckpt::restore {
 namespace {

@@ -6,46 +6,14 @@
 #include <chrono>
 #include <functional>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "vmmckpt/ckpt/errors.hpp"
 #include "vmmckpt/protocol/control_messages.hpp"
 #include "vmmckpt/protocol/protocol.hpp"
 
 namespace vmmckpt::ckpt {
-
-// A failure the user can act on; the message says what happened and what to do.
-struct tool_error : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-// A request that did not succeed: either the channel failed (`channel` says how; the process may
-// or may not have acted on the request) or the process refused it (`refused`, with its reason).
-struct control_error : tool_error {
-  control_error(const std::string& what, protocol::failure_kind channel_kind)
-      : tool_error(what), channel(channel_kind) {}
-  control_error(const std::string& what, control::refusal reason) : tool_error(what), refused(true), refusal(reason) {}
-  protocol::failure_kind channel = protocol::failure_kind::none;
-  bool refused = false;
-  control::refusal refusal = control::refusal::failed;
-};
-
-// The shim is loaded in the process but no control server listens for it: it has made no CUDA call
-// yet, or it is a child made by fork() (the server is its parent's).
-struct no_control_server : tool_error {
-  using tool_error::tool_error;
-};
-
-// dump or suspend refused because the program has device memory vmmckpt does not own, which the
-// image would lack, and a partial image was not allowed. Nothing was written and the program goes
-// on. The command line words the advice (its --allow-partial) and the sizes.
-struct partial_refused : tool_error {
-  partial_refused(const std::string& what, pid_t process, std::vector<control::not_owned_memory> memory)
-      : tool_error(what), pid(process), not_owned(std::move(memory)) {}
-  pid_t pid = 0;
-  std::vector<control::not_owned_memory> not_owned;
-};
 
 // Descriptors received from the process, closed when this goes.
 class received_fds {

@@ -9,12 +9,12 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
-#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "vmmckpt/image/image.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
 
 namespace vmmckpt::ckpt {
 
@@ -76,13 +76,6 @@ struct copy_progress {
   double held_s = 0;
 };
 using progress_callback = std::function<void(const copy_progress&)>;
-
-// The operation stopped at the signal `signal` (SIGINT, SIGTERM) that copy_settings::interrupt reported:
-// nothing was written, and the program was released unharmed by the time this reaches the caller.
-struct interrupted : std::runtime_error {
-  interrupted(const std::string& what, int sig) : std::runtime_error(what), signal(sig) {}
-  int signal = 0;
-};
 
 // What a dump or a suspend wrote and where its time went.
 struct image_result {
