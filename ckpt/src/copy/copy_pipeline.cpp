@@ -21,8 +21,6 @@ namespace vmmckpt::ckpt {
 
 void copy_pipeline::check_interrupted() const { throw_if_interrupted(settings_.interrupt); }
 
-int default_writers() { return static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 16u)); }
-
 // What a series of dumps by one tool (dump --every) makes once: the pinned staging with its streams, and
 // the checksum kernel; and the image each dump commits, the next one's parent. (The CUDA context is the
 // device's primary one, which the tool keeps.)
