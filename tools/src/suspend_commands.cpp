@@ -19,6 +19,7 @@
 #include "vmmckpt/ckpt/driver_checkpoint.hpp"
 #include "vmmckpt/ckpt/process_recovery.hpp"
 #include "vmmckpt/ckpt/suspend.hpp"
+#include "vmmckpt/ckpt/process_image.hpp"
 #include "vmmckpt/restore/tool/resume.hpp"
 
 namespace vmmckpt::tools {
@@ -31,6 +32,7 @@ int suspend_command(const suspend_command_options& o) {
   options.verify = o.verify;
   options.allow_partial = o.allow_partial;
   options.copy.parent = o.parent;
+  options.copy.parent_in_process_image = ckpt::is_process_image_part(o.parent);
   options.copy.gpu_checksums = !o.cpu_checksums;
   if (o.output.empty()) {
     options.output = ckpt::default_suspend_dir() / ("suspend-" + std::to_string(o.pid) + "-" + time_stamp());

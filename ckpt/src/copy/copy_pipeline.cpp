@@ -87,9 +87,11 @@ void copy_pipeline::prepare(const std::filesystem::path& output, CUcontext conte
       result.parent_dropped = r->last_image->changed();
       // A chain at the most a reader follows is opened again, and refused there, saying why.
       if (result.parent_dropped.empty())
-        parent_ = r->last_image->chain_full() ? std::make_shared<const parent_blocks>(settings_.parent) : r->last_image;
+        parent_ = r->last_image->chain_full()
+                      ? std::make_shared<const parent_blocks>(settings_.parent, settings_.parent_in_process_image)
+                      : r->last_image;
     } else {
-      parent_ = std::make_shared<const parent_blocks>(settings_.parent);
+      parent_ = std::make_shared<const parent_blocks>(settings_.parent, settings_.parent_in_process_image);
     }
   }
   // One data file per writer thread, fewer for a small image.

@@ -236,6 +236,7 @@ copy_settings process_dump::copy_for(pid_t pid) const {
       copy.parent = parent_description_.gpu_image(parent_, pid);
       // Named from gpu/ of this image (and of its staging name, a sibling): moved together, both hold.
       copy.parent_recorded_as = copy.parent.lexically_relative(output_ / gpu_dir_name);
+      copy.parent_in_process_image = is_process_image_part(copy.parent);
     }
   return copy;
 }
@@ -287,6 +288,7 @@ void process_dump::suspend_one(const tree_member& m, process_image::member& desc
   if (!described.pre_copy_image_id.empty()) {
     so.copy.parent = d_.pre_copy_image(staging_, m.pid);
     so.copy.parent_recorded_as = so.copy.parent.filename();  // beside it in gpu/, wherever the image goes
+    so.copy.parent_in_process_image = is_process_image_part(so.copy.parent);
   }
   so.hold_deadline = o_.hold_deadline;
   so.allow_partial = true;  // what the shim does not own stays in the context: the driver checkpoints it

@@ -170,6 +170,13 @@ bool is_process_image(const fs::path& dir) {
   return ::lstat((dir / process_manifest_name).c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
+bool is_process_image_part(const fs::path& image) {
+  if (image.empty()) return false;
+  fs::path at = fs::absolute(image).lexically_normal();
+  if (!at.has_filename()) at = at.parent_path();
+  return at.parent_path().filename() == gpu_dir_name && is_process_image(at.parent_path().parent_path());
+}
+
 process_image parse_process_manifest(const std::string& text, const std::string& where) {
   try {
     const jf::json j = parse_text(text);

@@ -47,6 +47,10 @@ struct copy_settings {
   // What the image records as its parent's path (a hint to readers, docs/image-format.md "Chains"); empty:
   // the parent's absolute path. Relative paths are from the directory that holds the image.
   std::filesystem::path parent_recorded_as;
+  // The parent is one process's GPU part of a finished whole-process image (process_image.hpp:
+  // is_process_image_part), which keeps its suspend claims: a parent with a claim is otherwise refused, as resume
+  // and gc delete such an image.
+  bool parent_in_process_image = false;
   // Set (make_copy_reuse) for a series of dumps by one tool: the pinned staging and the checksum kernel
   // made by the first are kept for the next, which then starts at once.
   std::shared_ptr<copy_reuse> reuse;
