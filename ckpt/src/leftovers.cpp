@@ -21,6 +21,7 @@
 #include "vmmckpt/ckpt/errors.hpp"
 #include "vmmckpt/protocol/protocol.hpp"
 #include "vmmckpt/protocol/suspend_claim.hpp"
+#include "vmmckpt/image/staging_name.hpp"
 
 namespace vmmckpt::ckpt {
 namespace fs = std::filesystem;
@@ -70,7 +71,7 @@ fs::path process_image_of_parts(const fs::path& dir) {
   struct stat st {};
   const bool marked = is_process_image(image) || ::lstat((image / process_intent_name).c_str(), &st) == 0 ||
                       ::lstat((image / criu_dir_name).c_str(), &st) == 0 ||
-                      image.filename().string().find(".partial-") != std::string::npos;
+                      image::is_staging_name(image.filename().string());
   return marked ? image : fs::path();
 }
 
@@ -124,8 +125,8 @@ judgement judge(const fs::directory_entry& entry) {
   const fs::path& path = entry.path();
   if (!entry.is_directory(ec) || entry.is_symlink(ec)) return j;
   const std::string name = path.filename().string();
-  if (const auto at = name.find(".partial-"); at != std::string::npos) {
-    j.pid = static_cast<pid_t>(std::strtol(name.c_str() + at + 9, nullptr, 10));
+  if (image::is_staging_name(name)) {
+    j.pid = image::staging_writer(name);
     std::string why_not;
     j.what = partial_writer_alive(path)  ? judgement::partial_live
              : finishable(path, why_not) ? judgement::partial_complete
@@ -339,11 +340,8 @@ bool stale_socket(const fs::path& path, ino_t& inode) {
 }  // namespace
 
 bool partial_writer_alive(const fs::path& partial) {
-  const std::string name = partial.filename().string();
-  const auto at = name.rfind(".partial-");
-  if (at == std::string::npos) return false;
-  const pid_t pid = static_cast<pid_t>(std::strtol(name.c_str() + at + 9, nullptr, 10));
-  if (!process_exists(pid)) return false;
+  const pid_t pid = image::staging_writer(partial.filename().string());
+  if (pid == 0 || !process_exists(pid)) return false;
   struct stat dir {
   }, proc{};
   if (::stat(partial.c_str(), &dir) != 0 || ::stat(("/proc/" + std::to_string(pid)).c_str(), &proc) != 0) return true;

@@ -20,7 +20,7 @@
 #include "vmmckpt/ckpt/control_client.hpp"
 #include "vmmckpt/image/image.hpp"
 #include "vmmckpt/protocol/protocol.hpp"
-#include "vmmckpt/support/hex_text.hpp"
+#include "vmmckpt/image/staging_name.hpp"
 
 namespace vmmckpt::ckpt {
 namespace fs = std::filesystem;
@@ -179,9 +179,7 @@ struct node_part {
   bool committed = false;
 
   node_part(const fs::path& job_dir, const std::string& node)
-      : output(job_dir),
-        final_name(job_dir / node),
-        staging(job_dir / (node + ".partial-" + std::to_string(::getpid()) + "-" + random_hex16())) {
+      : output(job_dir), final_name(job_dir / node), staging(image::staging_path(job_dir / node)) {
     std::error_code ec;
     made_output = fs::create_directories(output, ec);
     if (fs::exists(final_name, ec)) throw image::image_error(final_name.string() + " already exists");

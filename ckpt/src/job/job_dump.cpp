@@ -13,7 +13,7 @@
 #include "vmmckpt/ckpt/job.hpp"
 #include "vmmckpt/ckpt/job_image.hpp"
 #include "vmmckpt/image/image.hpp"
-#include "vmmckpt/support/hex_text.hpp"
+#include "vmmckpt/image/staging_name.hpp"
 
 namespace vmmckpt::ckpt {
 namespace fs = std::filesystem;
@@ -29,10 +29,8 @@ job_dump_result dump_job(const job_dump_options& o) {
       std::min<std::chrono::milliseconds>(std::chrono::seconds(10),
                                           std::chrono::duration_cast<std::chrono::milliseconds>(o.hold_deadline)));
   const fs::path output = new_image_path(o.output);
-  // Written under a name of its own next to the final one, renamed in one step at the end (cuda-ckpt gc knows
-  // the .partial- form).
-  const fs::path staging = output.parent_path() / (output.filename().string() + ".partial-" +
-                                                   std::to_string(::getpid()) + "-" + random_hex16());
+  // Written under a staging name next to the final one, renamed in one step at the end.
+  const fs::path staging = image::staging_path(output);
   make_private_directory(staging);
   struct remove_unless_committed {
     const fs::path& staging;

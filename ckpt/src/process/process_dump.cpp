@@ -25,9 +25,9 @@
 #include "vmmckpt/ckpt/suspend.hpp"
 #include "vmmckpt/ckpt/errors.hpp"
 #include "vmmckpt/support/fault_point.hpp"
-#include "vmmckpt/support/hex_text.hpp"
 #include "vmmckpt/image/image.hpp"
 #include "vmmckpt/protocol/suspend_claim.hpp"
+#include "vmmckpt/image/staging_name.hpp"
 
 namespace vmmckpt::ckpt {
 namespace fs = std::filesystem;
@@ -206,10 +206,8 @@ void process_dump::check_and_prepare() {
   record_.image = output_;
   record_.leave_running = o_.leave_running;
   settle_transactions(false);  // older records that need nothing more go, so that ps shows only what matters
-  // The parts are written under this name, next to the final one (renamed in one step at the end);
-  // `cuda-ckpt gc` knows the .partial- form.
-  staging_ = output_.parent_path() /
-             (output_.filename().string() + ".partial-" + std::to_string(::getpid()) + "-" + random_hex16());
+  // The parts are written under this name, next to the final one (renamed in one step at the end).
+  staging_ = image::staging_path(output_);
   record_.staging = staging_;
   record_.write();
   // A job's suspend makes gpu/ itself, as the job's directory it settles the ranks' suspend in.

@@ -18,6 +18,7 @@
 #include "image_detail.hpp"
 #include "vmmckpt/image/image.hpp"
 #include "vmmckpt/image/image_chain.hpp"
+#include "vmmckpt/image/staging_name.hpp"
 
 namespace vmmckpt::image {
 namespace {
@@ -348,10 +349,10 @@ reader reader::open_link(const std::filesystem::path& dir, std::vector<std::stri
   const std::string manifest_path = (dir / detail::manifest_name).string();
 
   // A writer renames its temporary directory into place only once everything is on disk; a
-  // ".partial-" directory is what an interrupted dump leaves, even when its files look complete.
+  // staging directory (staging_name.hpp) is what an interrupted dump leaves, even when its files look complete.
   std::filesystem::path name = std::filesystem::absolute(dir).lexically_normal();
   if (!name.has_filename()) name = name.parent_path();
-  if (name.filename().string().find(".partial-") != std::string::npos)
+  if (is_staging_name(name.filename().string()))
     fail(dir.string() + ": an unfinished image (its dump did not complete); it can be deleted");
 
   fd_guard dir_fd{::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
