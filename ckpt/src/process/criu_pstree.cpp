@@ -5,6 +5,7 @@
 #include <cstring>
 #include <set>
 
+#include "image_files.hpp"
 #include "vmmckpt/ckpt/criu.hpp"
 #include "vmmckpt/image/image.hpp"
 #include "vmmckpt/support/little_endian.hpp"
@@ -18,7 +19,6 @@ constexpr std::uint32_t pstree_magic = 0x50273030;       // "Kyiv"
 // A pstree.img of a few processes is some tens of bytes; anything near this is not CRIU's.
 constexpr std::uint64_t max_pstree_bytes = 4u << 20;
 constexpr std::uint32_t max_entry_bytes = 1u << 20;
-constexpr std::uint64_t pid_limit = 4'194'304;  // the kernel's PID_MAX_LIMIT
 
 [[noreturn]] void fail(const std::string& where, const std::string& what) {
   throw image::image_error(where + ": " + what + " (not a CRIU process tree this cuda-ckpt reads)");
@@ -59,7 +59,8 @@ void decode_entry(const unsigned char* p, const unsigned char* end, const std::s
       fail(where, "a field of unknown wire type " + std::to_string(wire));
     }
     if (field == 1 || field == 2) {
-      if (value > pid_limit) fail(where, "a pid of " + std::to_string(value) + ", beyond the kernel's largest");
+      if (value > static_cast<std::uint64_t>(image_files::pid_limit))
+        fail(where, "a pid of " + std::to_string(value) + ", beyond the kernel's largest");
       (field == 1 ? pid : ppid) = static_cast<pid_t>(value);
       (field == 1 ? have_pid : have_ppid) = true;
     }
