@@ -19,6 +19,7 @@
 #include "vmmckpt/ckpt/process_recovery.hpp"
 #include "vmmckpt/ckpt/processes.hpp"
 #include "vmmckpt/ckpt/errors.hpp"
+#include "vmmckpt/ckpt/suspend.hpp"
 #include "vmmckpt/protocol/protocol.hpp"
 #include "vmmckpt/protocol/suspend_claim.hpp"
 #include "vmmckpt/image/staging_name.hpp"
@@ -128,7 +129,7 @@ judgement judge(const fs::directory_entry& entry) {
   if (image::is_staging_name(name)) {
     j.pid = image::staging_writer(name);
     std::string why_not;
-    j.what = partial_writer_alive(path)  ? judgement::partial_live
+    j.what = staging_writer_alive(path)  ? judgement::partial_live
              : finishable(path, why_not) ? judgement::partial_complete
                                          : judgement::partial_orphan;
     return j;
@@ -339,15 +340,6 @@ bool stale_socket(const fs::path& path, ino_t& inode) {
 
 }  // namespace
 
-bool partial_writer_alive(const fs::path& partial) {
-  const pid_t pid = image::staging_writer(partial.filename().string());
-  if (pid == 0 || !process_exists(pid)) return false;
-  struct stat dir {
-  }, proc{};
-  if (::stat(partial.c_str(), &dir) != 0 || ::stat(("/proc/" + std::to_string(pid)).c_str(), &proc) != 0) return true;
-  return proc.st_mtime <= dir.st_mtime + 1;  // /proc/PID's time is its process's start
-}
-
 std::vector<fs::path> suspend_dirs_of_all_users() {
   std::vector<fs::path> out;
   if (::geteuid() != 0) {
@@ -424,18 +416,6 @@ void remove_stale_sockets(bool dry_run, leftovers_report& report) {
   // that is gone; one still empty may be a program's that is about to listen there.
   for (const std::string& dir : private_socket_dirs("/tmp", ::geteuid()))
     if (remove_stale_sockets_in(dir, dry_run, report) && !dry_run) ::rmdir(dir.c_str());
-}
-
-fs::path suspend_dir_of(uid_t uid) { return "/dev/shm/vmmckpt-" + std::to_string(uid); }
-
-fs::path default_suspend_dir() {
-  fs::path dir = suspend_dir_of(::geteuid());
-  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
-    throw tool_error("cannot create " + dir.string() + ": " + std::strerror(errno));
-  struct stat st {};
-  if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 077) != 0)
-    throw tool_error(dir.string() + " is not a private directory of ours; use -o DIR");
-  return dir;
 }
 
 leftovers_report collect_leftovers(const std::vector<fs::path>& dirs, bool dry_run) {

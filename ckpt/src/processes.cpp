@@ -17,6 +17,7 @@
 
 #include "vmmckpt/ckpt/control_client.hpp"
 #include "vmmckpt/ckpt/errors.hpp"
+#include "vmmckpt/image/staging_name.hpp"
 #include "vmmckpt/protocol/protocol.hpp"
 #include "vmmckpt/protocol/suspend_claim.hpp"
 
@@ -124,6 +125,15 @@ void require_own_process(pid_t pid) {
 }
 
 bool process_alive(pid_t pid) { return pid > 0 && suspend_claim::start_time(pid) != 0; }  // 0: gone, or a zombie
+
+bool staging_writer_alive(const fs::path& staging) {
+  const pid_t pid = image::staging_writer(staging.filename().string());
+  if (pid == 0 || !process_exists(pid)) return false;
+  struct stat dir {
+  }, proc{};
+  if (::stat(staging.c_str(), &dir) != 0 || ::stat(("/proc/" + std::to_string(pid)).c_str(), &proc) != 0) return true;
+  return proc.st_mtime <= dir.st_mtime + 1;  // /proc/PID's time is its process's start
+}
 
 bool maps_file(pid_t pid, std::string_view prefix) {
   std::ifstream in(proc_dir(pid) + "/maps");

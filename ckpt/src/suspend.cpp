@@ -1,8 +1,12 @@
 // cuda-ckpt suspend: save a held program's memory to an image, then have it free that memory and wait.
 #include "vmmckpt/ckpt/suspend.hpp"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <optional>
 #include <string>
 
@@ -177,6 +181,18 @@ suspend_result suspend(const suspend_options& options, const progress_callback& 
   result.image = options.output;
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - result.start).count();
   return result;
+}
+
+std::filesystem::path suspend_dir_of(uid_t uid) { return "/dev/shm/vmmckpt-" + std::to_string(uid); }
+
+std::filesystem::path default_suspend_dir() {
+  std::filesystem::path dir = suspend_dir_of(::geteuid());
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
+    throw tool_error("cannot create " + dir.string() + ": " + std::strerror(errno));
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 077) != 0)
+    throw tool_error(dir.string() + " is not a private directory of ours; use -o DIR");
+  return dir;
 }
 
 }  // namespace vmmckpt::ckpt

@@ -15,7 +15,6 @@
 #include "interrupts.hpp"
 #include "output.hpp"
 #include "vmmckpt/ckpt/control_client.hpp"
-#include "vmmckpt/ckpt/leftovers.hpp"
 #include "vmmckpt/ckpt/driver_checkpoint.hpp"
 #include "vmmckpt/ckpt/process_recovery.hpp"
 #include "vmmckpt/ckpt/suspend.hpp"

@@ -15,10 +15,10 @@
 
 #include "vmmckpt/ckpt/control_client.hpp"
 #include "vmmckpt/ckpt/image_owner.hpp"
-#include "vmmckpt/ckpt/leftovers.hpp"
 #include "vmmckpt/ckpt/process_image.hpp"
 #include "vmmckpt/ckpt/processes.hpp"
 #include "vmmckpt/ckpt/errors.hpp"
+#include "vmmckpt/ckpt/suspend.hpp"
 #include "vmmckpt/support/hex_text.hpp"
 #include "vmmckpt/image/image.hpp"
 #include "vmmckpt/support/json_fields.hpp"
@@ -346,7 +346,7 @@ bool finishable(const fs::path& partial, std::string& why_not) {
     why_not = "its unfinished image is gone";
     return false;
   }
-  if (partial_writer_alive(partial)) {
+  if (staging_writer_alive(partial)) {
     why_not = "its writer still runs";
     return false;
   }

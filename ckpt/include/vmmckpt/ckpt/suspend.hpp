@@ -68,6 +68,13 @@ resume_result request_resume(pid_t pid, const std::filesystem::path& image, cons
                              const std::vector<std::int64_t>& ranks = {},
                              std::optional<std::chrono::steady_clock::time_point> deadline = std::nullopt);
 
+// A user's default suspend directory, /dev/shm/vmmckpt-UID (not created here).
+std::filesystem::path suspend_dir_of(uid_t uid);
+
+// Where suspend puts images by default: a private directory of this user's on /dev/shm (created,
+// and checked to be ours and closed to others; a tool_error otherwise).
+std::filesystem::path default_suspend_dir();
+
 // How long `cuda-ckpt resume` (and resume --job) waits for the program by default (--deadline): a resume that
 // loads tens of GiB from a slow disk needs a longer one.
 inline constexpr std::chrono::seconds default_resume_deadline{120};
