@@ -13,7 +13,7 @@
 #include "copy/copy_checksums.hpp"
 #include "copy/copy_handoff.hpp"
 #include "copy/copy_plan.hpp"
-#include "copy/cuda_check.hpp"
+#include "base/cuda_check.hpp"
 #include "copy/release_policy.hpp"
 #include "vmmckpt/support/fault_point.hpp"
 

@@ -10,7 +10,7 @@
 #include <set>
 #include <thread>
 
-#include "image_files.hpp"
+#include "base/image_files.hpp"
 #include "job/job_run.hpp"
 #include "job/node_link.hpp"
 #include "job/rendezvous.hpp"

@@ -5,7 +5,7 @@
 
 #include <thread>
 
-#include "image_files.hpp"
+#include "base/image_files.hpp"
 #include "job/cut_coordinator.hpp"
 #include "job/job_run.hpp"
 #include "job/rendezvous.hpp"

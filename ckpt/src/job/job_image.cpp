@@ -8,7 +8,7 @@
 #include <set>
 #include <string_view>
 
-#include "image_files.hpp"
+#include "base/image_files.hpp"
 #include "vmmckpt/image/image.hpp"
 #include "vmmckpt/protocol/suspend_claim.hpp"
 #include "vmmckpt/support/json_fields.hpp"

@@ -2,7 +2,7 @@
 // then every rank gives its GPU memory back. All of them or none (docs/job-checkpoint.md).
 #include <unistd.h>
 
-#include "image_files.hpp"
+#include "base/image_files.hpp"
 #include "job/cut_coordinator.hpp"
 #include "job/job_run.hpp"
 #include "job/rendezvous.hpp"

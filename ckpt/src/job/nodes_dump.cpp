@@ -1,11 +1,11 @@
 // cuda-ckpt dump --nodes: a job across nodes dumped through each node's agent. The coordinator takes the cut over
 // every rank of every node (through the agents' relays) and paces the nodes' steps; each node holds and copies out
 // its own ranks and writes its part of the image there.
-#include "image_files.hpp"
+#include "base/image_files.hpp"
 #include "job/cut_coordinator.hpp"
 #include "job/job_run.hpp"
 #include "job/node_link.hpp"
-#include "session.hpp"
+#include "channel/session.hpp"
 #include "vmmckpt/ckpt/job_image.hpp"
 #include "vmmckpt/ckpt/job_nodes.hpp"
 #include "vmmckpt/ckpt/errors.hpp"

@@ -5,7 +5,7 @@
 #include <cstring>
 #include <set>
 
-#include "image_files.hpp"
+#include "base/image_files.hpp"
 #include "vmmckpt/ckpt/criu.hpp"
 #include "vmmckpt/image/image.hpp"
 #include "vmmckpt/support/little_endian.hpp"

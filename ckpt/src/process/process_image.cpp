@@ -15,7 +15,7 @@
 #include <functional>
 #include <set>
 
-#include "image_files.hpp"
+#include "base/image_files.hpp"
 #include "vmmckpt/ckpt/job_image.hpp"
 #include "vmmckpt/protocol/suspend_claim.hpp"
 #include "vmmckpt/support/hex_text.hpp"

@@ -2,7 +2,7 @@
 #include <chrono>
 #include <filesystem>
 
-#include "session.hpp"
+#include "channel/session.hpp"
 #include "vmmckpt/ckpt/suspend.hpp"
 
 namespace vmmckpt::ckpt {

@@ -12,7 +12,7 @@
 
 #include "copy/copy_pipeline.hpp"
 #include "copy/held_memory.hpp"
-#include "session.hpp"
+#include "channel/session.hpp"
 #include "vmmckpt/ckpt/driver.hpp"
 #include "vmmckpt/ckpt/processes.hpp"
 #include "vmmckpt/ckpt/errors.hpp"

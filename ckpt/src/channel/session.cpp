@@ -1,7 +1,7 @@
 // One connection to a process under the shim, for one operation: its hello, and this tool's CUDA view of its devices.
-#include "session.hpp"
+#include "channel/session.hpp"
 
-#include "copy/cuda_check.hpp"
+#include "base/cuda_check.hpp"
 #include "vmmckpt/support/fault_point.hpp"
 #include "vmmckpt/protocol/protocol.hpp"
 #include "vmmckpt/support/uuid_text.hpp"
