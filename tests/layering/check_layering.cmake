@@ -27,6 +27,7 @@ set(floors core memory operations entry)
 # ckpt/src/<floor>/NAME.cpp; one with no source of its name, on the floor named here.
 set(ckpt_floors base channel copy operations job process gc)
 set(ckpt_header_floor_errors base)
+set(ckpt_header_floor_deadlines base)
 set(ckpt_header_floor_job job)
 set(ckpt_header_floor_job_nodes job)
 set(ckpt_header_floor_process_checkpoint process)

@@ -85,12 +85,12 @@ uid_t owner_of(pid_t pid) {
   return ::stat(proc_dir(pid).c_str(), &st) == 0 ? st.st_uid : static_cast<uid_t>(-1);
 }
 
-process_entry ask(pid_t pid, control_client::clock::time_point deadline) {
+process_entry ask(pid_t pid, deadline until) {
   process_entry e;
   e.pid = pid;
   e.uid = owner_of(pid);
   try {
-    control_client client(pid, deadline);
+    control_client client(pid, until);
     control::hello_reply hello = client.hello();
     e.status = status_of(hello);
     e.command = hello.command;
@@ -341,10 +341,10 @@ std::vector<process_entry> list_processes(pid_t only, std::chrono::milliseconds 
       if (process_exists(pid)) candidates.insert(pid);
   }
   // All at once, so that the list takes `wait` however many do not answer.
-  const auto deadline = control_client::clock::now() + wait;
+  const deadline until = deadline::in(wait);
   std::vector<std::future<process_entry>> asked;
   asked.reserve(candidates.size());
-  for (pid_t pid : candidates) asked.push_back(std::async(std::launch::async, ask, pid, deadline));
+  for (pid_t pid : candidates) asked.push_back(std::async(std::launch::async, ask, pid, until));
   std::vector<process_entry> out;
   for (auto& f : asked) {
     process_entry e = f.get();

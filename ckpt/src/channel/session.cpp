@@ -26,8 +26,8 @@ std::string hostname() {
   return buf;
 }
 
-session::session(pid_t pid, expect state, const char* what, control_client::clock::time_point deadline)
-    : client_(pid, deadline), hello_(client_.hello(state == expect::running)) {
+session::session(pid_t pid, expect state, const char* what, deadline until)
+    : client_(pid, until), hello_(client_.hello(state == expect::running)) {
   fault_point("connected");
   const std::string who = "process " + std::to_string(pid);
   if (hello_.protocol != protocol::version)

@@ -40,7 +40,7 @@ bool still_needed(const fs::path& image, const suspend_claim::parties& p, std::s
     return false;
   }
   try {
-    control_client client(p.target_pid, control_client::clock::now() + std::chrono::seconds(2));
+    control_client client(p.target_pid, deadline::in(std::chrono::seconds(2)));
     const auto hello = client.hello();
     if (hello.state == control::process_state::suspended && fs::equivalent(hello.image, image)) {
       why = "process " + std::to_string(p.target_pid) + " is suspended on it";

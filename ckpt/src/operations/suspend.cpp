@@ -83,7 +83,7 @@ suspend_result suspend(const suspend_options& options, const progress_callback& 
   suspend_result result;
   driver();  // no driver here: say so before the program is touched
   // The deadline covers everything up to the program's memory being freed.
-  session s(options.pid, session::expect::running, "suspend", result.start + options.hold_deadline);
+  session s(options.pid, session::expect::running, "suspend", deadline(result.start + options.hold_deadline));
   result.mark("connected");
   // The program reads its image back on resume, at the path this tool gives it.
   if (!sees_directory(options.pid, options.output))

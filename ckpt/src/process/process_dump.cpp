@@ -178,8 +178,7 @@ void process_dump::check_and_prepare() {
                                "without it)");
   if (o_.job && (o_.pre_copy || !o_.parent.empty()))
     throw tool_error("--pre-copy and --parent do not apply to a whole job's dump (--job) yet");
-  members_ = gpu_members_of(o_.pid, std::min<std::chrono::milliseconds>(o_.hold_deadline, std::chrono::seconds(10)),
-                            o_.job, d_.driver_only);
+  members_ = gpu_members_of(o_.pid, member_wait_within(o_.hold_deadline), o_.job, d_.driver_only);
   for (const pid_t pid : d_.driver_only)
     if (const auto state = driver_process_state(pid); state != CU_PROCESS_STATE_RUNNING)
       throw tool_error(who(pid) + " is " + process_state_name(state) +

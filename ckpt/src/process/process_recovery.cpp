@@ -249,7 +249,7 @@ transaction_outcome assess_restore(const process_transaction& t, const std::vect
 
 bool asks_suspended(pid_t pid) {
   try {
-    control_client client(pid, control_client::clock::now() + std::chrono::seconds(5));
+    control_client client(pid, deadline::in(std::chrono::seconds(5)));
     return waits_for_resume(client.hello());
   } catch (const std::exception&) {
     return true;

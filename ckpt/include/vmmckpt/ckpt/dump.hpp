@@ -8,6 +8,7 @@
 #include <functional>
 
 #include "vmmckpt/ckpt/copy_settings.hpp"
+#include "vmmckpt/ckpt/deadlines.hpp"
 #include "vmmckpt/ckpt/errors.hpp"
 
 namespace vmmckpt::ckpt {
@@ -16,7 +17,7 @@ struct dump_options {
   pid_t pid = 0;
   std::filesystem::path output;  // the image directory to create
   copy_settings copy;
-  std::chrono::milliseconds hold_deadline{60'000};
+  std::chrono::milliseconds hold_deadline{default_dump_hold};
   // Hold the program only while its memory is copied to spare GPU memory, when the device has
   // that much to spare (and a quarter of it stays free); otherwise while it is copied to the host.
   bool gpu_snapshot = true;
