@@ -7,6 +7,8 @@
 #     the installed API, and the parts' own vmmckpt/<part>/ folders are at the top),
 #   * a file of the shim includes one of a floor above its own (shim/CMakeLists.txt: entry/ over
 #     operations/ over memory/ over core/), or one of shim/src at no floor,
+#   * a file of ckpt/ includes one of a floor above its own (ckpt/CMakeLists.txt: gc/ over process/ over job/ over
+#     operations/ over copy/ over channel/ over base/), or one at no floor,
 #   * ckpt/ includes restore/tool's headers (the restores are built on ckpt, not under it), or the restore
 #     engine (restore/src, linked into the shim) includes the tool's side, ckpt's or restore/tool's.
 # Usage: cmake -DROOT=<source dir> -P check_layering.cmake
@@ -21,6 +23,14 @@ set(floor_memory 1)
 set(floor_operations 2)
 set(floor_entry 3)
 set(floors core memory operations entry)
+# ckpt's floors, from the ground up. A public header vmmckpt/ckpt/NAME.hpp stands on the floor of its source,
+# ckpt/src/<floor>/NAME.cpp; one with no source of its name, on the floor named here.
+set(ckpt_floors base channel copy operations job process gc)
+set(ckpt_header_floor_errors base)
+set(ckpt_header_floor_deadlines base)
+set(ckpt_header_floor_job job)
+set(ckpt_header_floor_job_nodes job)
+set(ckpt_header_floor_process_checkpoint process)
 
 file(GLOB_RECURSE sources RELATIVE ${ROOT} LIST_DIRECTORIES false
   ${ROOT}/common/*.[ch]pp ${ROOT}/common/*.cu ${ROOT}/common/*.h ${ROOT}/common/*.in
@@ -89,8 +99,59 @@ foreach(file IN LISTS sources)
   endforeach()
 endforeach()
 
+# ckpt's floors: its own includes are "<floor>/<name>" (relative to ckpt/src) or a public "vmmckpt/ckpt/<name>.hpp".
+# The floor of a public header, by its name, into the variable `out` ("" when it stands on none).
+function(ckpt_header_floor name out)
+  file(GLOB found RELATIVE ${ROOT}/ckpt/src ${ROOT}/ckpt/src/*/${name}.cpp)
+  if(found MATCHES "^([a-z_]+)/[^/;]+$")
+    set(${out} ${CMAKE_MATCH_1} PARENT_SCOPE)
+  elseif(DEFINED ckpt_header_floor_${name})
+    set(${out} ${ckpt_header_floor_${name}} PARENT_SCOPE)
+  else()
+    set(${out} "" PARENT_SCOPE)
+  endif()
+endfunction()
+foreach(file IN LISTS sources)
+  if(file MATCHES "^ckpt/src/([a-z_]+)/")
+    set(own ${CMAKE_MATCH_1})
+  elseif(file MATCHES "^ckpt/include/vmmckpt/ckpt/([a-z_]+)\\.hpp$")
+    ckpt_header_floor(${CMAKE_MATCH_1} own)
+  elseif(file MATCHES "^ckpt/")
+    set(own "")
+  else()
+    continue()
+  endif()
+  if(NOT own IN_LIST ckpt_floors)
+    list(JOIN ckpt_floors " " named)
+    string(APPEND problems "\n  ${file} stands on no floor of ckpt (${named})")
+    continue()
+  endif()
+  list(FIND ckpt_floors ${own} own_at)
+  file(STRINGS ${ROOT}/${file} includes REGEX "^[ \t]*#[ \t]*include[ \t]*\"")
+  foreach(line IN LISTS includes)
+    string(REGEX REPLACE "^[ \t]*#[ \t]*include[ \t]*\"([^\"]+)\".*" "\\1" path "${line}")
+    if(path MATCHES "^vmmckpt/ckpt/([a-z_]+)\\.hpp$")
+      ckpt_header_floor(${CMAKE_MATCH_1} floor)
+    elseif(path MATCHES "^vmmckpt/")
+      continue()
+    elseif(path MATCHES "^([a-z_]+)/[^/]+$")
+      set(floor ${CMAKE_MATCH_1})
+    else()
+      set(floor "")
+    endif()
+    if(NOT floor IN_LIST ckpt_floors)
+      string(APPEND problems "\n  ${file}: \"${path}\" names no floor of ckpt (\"<floor>/<name>\", or a public header on one)")
+      continue()
+    endif()
+    list(FIND ckpt_floors ${floor} floor_at)
+    if(floor_at GREATER own_at)
+      string(APPEND problems "\n  ${file}: ${own} includes ${path} of ${floor}, a floor above it")
+    endif()
+  endforeach()
+endforeach()
+
 list(LENGTH sources count)
 if(problems)
   message(FATAL_ERROR "the layering is broken:${problems}")
 endif()
-message(STATUS "${count} files: every include keeps to the layers of common/ and the floors of the shim")
+message(STATUS "${count} files: every include keeps to the layers of common/ and the floors of the shim and ckpt")

@@ -13,6 +13,7 @@
 #include "commands.hpp"
 #include "exit_codes.hpp"
 #include "vmmckpt/image/image.hpp"
+#include "vmmckpt/image/staging_name.hpp"
 #include "vmmckpt/pool/pool_layout.hpp"
 
 namespace vmmckpt::tools {
@@ -25,7 +26,7 @@ class sink {
  public:
   explicit sink(const std::string& path) : path_(path) {
     if (path_.empty()) return;
-    temp_ = path_ + ".partial-" + std::to_string(::getpid());
+    temp_ = path_ + std::string(image::staging_marker) + std::to_string(::getpid());
     fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd_ < 0) throw image::image_error(temp_ + ": cannot create: " + std::strerror(errno));
   }

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "vmmckpt/ckpt/deadlines.hpp"
+
 namespace vmmckpt::tools {
 
 // A positive integer (a negative one is a usage error, not a missing process).
@@ -39,7 +41,7 @@ struct held_image_options : job_command_options {
   pid_t pid = 0;
   std::string output;  // empty: the command's default place
   bool json = false;
-  std::chrono::seconds hold_deadline{60};
+  std::chrono::seconds hold_deadline{ckpt::default_dump_hold};
   // dump only: a job across nodes, through each node's agent (docs/job-checkpoint.md, "Across nodes").
   std::vector<std::string> nodes;
   std::string token_file;

@@ -9,6 +9,7 @@
 
 #include "cli_options.hpp"
 #include "vmmckpt/ckpt/dump.hpp"
+#include "vmmckpt/ckpt/deadlines.hpp"
 #include "vmmckpt/image/image.hpp"
 
 namespace CLI {
@@ -70,7 +71,7 @@ int restore_process_command(const std::string& image, bool json, bool verify_dat
 
 struct suspend_command_options : held_image_options {
   // output empty: /dev/shm/vmmckpt-<uid>/suspend-<pid>-<time>
-  suspend_command_options() { hold_deadline = std::chrono::seconds(120); }
+  suspend_command_options() { hold_deadline = ckpt::default_suspend_hold; }
   int writers = 0;  // 0: ckpt::default_writers()
   bool verify = false;
   bool allow_partial = false;
@@ -78,12 +79,12 @@ struct suspend_command_options : held_image_options {
   bool cpu_checksums = false;
 };
 int suspend_command(const suspend_command_options& options);
-// deadline: resume's --deadline (ckpt::default_resume_deadline unless given).
-int resume_command(pid_t pid, bool json, std::chrono::seconds deadline);
+// resume_deadline: resume's --deadline (ckpt::default_resume_deadline unless given).
+int resume_command(pid_t pid, bool json, std::chrono::seconds resume_deadline);
 // A whole job (job_commands.cpp): --job PID or --ranks.
 int dump_job_command(const dump_command_options& options, const ckpt::copy_settings& copy);
 int suspend_job_command(const suspend_command_options& options, const ckpt::copy_settings& copy);
-int resume_job_command(const job_command_options& job, pid_t pid, bool json, std::chrono::seconds deadline);
+int resume_job_command(const job_command_options& job, pid_t pid, bool json, std::chrono::seconds resume_deadline);
 int inspect_job_command(const std::string& image, bool json);
 // A job across nodes (job_agent_command.cpp): dump --nodes, and the node's side, cuda-ckpt job-agent.
 int dump_nodes_command(const dump_command_options& options, const ckpt::copy_settings& copy);

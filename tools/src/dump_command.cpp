@@ -18,6 +18,8 @@
 #include "output.hpp"
 #include "vmmckpt/ckpt/dump.hpp"
 #include "vmmckpt/ckpt/processes.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
+#include "vmmckpt/ckpt/process_image.hpp"
 #include "vmmckpt/pool/pool_layout.hpp"
 
 namespace vmmckpt::tools {
@@ -184,6 +186,7 @@ int dump_series(const dump_command_options& o, ckpt::dump_options options) {
     std::snprintf(name, sizeof name, "%04d", next);
     options.output = dir / name;
     options.copy.parent = chain > 0 && chain <= o.full_every ? parent : fs::path();
+    options.copy.parent_in_process_image = ckpt::is_process_image_part(options.copy.parent);
     const auto result = dump_unless_ended(o.pid, options);
     if (!result) {
       if (!o.json) std::printf("process %d has ended: %d image(s) in %s\n", static_cast<int>(o.pid), k, dir.c_str());
@@ -291,6 +294,7 @@ ckpt::dump_options dump_options_of(const dump_command_options& o) {
   options.gpu_snapshot = !o.no_gpu_snapshot;
   options.allow_partial = o.allow_partial;
   options.copy.parent = o.parent;
+  options.copy.parent_in_process_image = ckpt::is_process_image_part(o.parent);
   options.copy.gpu_checksums = !o.cpu_checksums;
   options.hold_deadline = o.hold_deadline;
   options.copy.interrupt = &catch_interrupts();

@@ -13,9 +13,9 @@
 #include "vmmckpt/ckpt/driver_checkpoint.hpp"
 #include "vmmckpt/ckpt/job.hpp"
 #include "vmmckpt/ckpt/job_image.hpp"
-#include "vmmckpt/ckpt/leftovers.hpp"
 #include "vmmckpt/ckpt/process_recovery.hpp"
 #include "vmmckpt/ckpt/processes.hpp"
+#include "vmmckpt/ckpt/suspend.hpp"
 #include "vmmckpt/image/image.hpp"
 
 namespace vmmckpt::tools {
@@ -130,7 +130,7 @@ int suspend_job_command(const suspend_command_options& o, const ckpt::copy_setti
   return exit_ok;
 }
 
-int resume_job_command(const job_command_options& o, pid_t pid, bool json, std::chrono::seconds deadline) {
+int resume_job_command(const job_command_options& o, pid_t pid, bool json, std::chrono::seconds resume_deadline) {
   // A whole job's dump stopped midway may have left its processes stopped (CRIU's --leave-stopped), locked or
   // checkpointed by the driver: undone first, in that order, for every process of the job (a stopped process
   // answers nothing).
@@ -138,7 +138,7 @@ int resume_job_command(const job_command_options& o, pid_t pid, bool json, std::
     for (const std::string& done : {ckpt::continue_stopped_by_dump(p), ckpt::recover_driver_state(p)})
       if (!done.empty() && !json) std::printf("process %d: %s\n", static_cast<int>(p), done.c_str());
   }
-  const auto r = ckpt::resume_job(spec_of(o, pid), {}, deadline);
+  const auto r = ckpt::resume_job(spec_of(o, pid), {}, resume_deadline);
   // A job image in the default place has served its purpose; one the user named stays.
   const std::string prefix = (ckpt::suspend_dir_of(::geteuid()) / "job-").string();
   for (const auto& x : r.resumes) {

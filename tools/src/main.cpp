@@ -14,6 +14,7 @@
 #include "run_command.hpp"
 #include "vmmckpt/ckpt/control_client.hpp"
 #include "vmmckpt/ckpt/driver.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
 #include "vmmckpt/support/descriptor_room.hpp"
 #include "vmmckpt/image/image.hpp"
 #include "vmmckpt/support/log.hpp"

@@ -15,6 +15,8 @@
 #include "vmmckpt/ckpt/leftovers.hpp"
 #include "vmmckpt/ckpt/process_recovery.hpp"
 #include "vmmckpt/ckpt/processes.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
+#include "vmmckpt/ckpt/suspend.hpp"
 
 namespace vmmckpt::tools {
 

@@ -15,10 +15,10 @@
 #include "interrupts.hpp"
 #include "output.hpp"
 #include "vmmckpt/ckpt/control_client.hpp"
-#include "vmmckpt/ckpt/leftovers.hpp"
 #include "vmmckpt/ckpt/driver_checkpoint.hpp"
 #include "vmmckpt/ckpt/process_recovery.hpp"
 #include "vmmckpt/ckpt/suspend.hpp"
+#include "vmmckpt/ckpt/process_image.hpp"
 #include "vmmckpt/restore/tool/resume.hpp"
 
 namespace vmmckpt::tools {
@@ -31,6 +31,7 @@ int suspend_command(const suspend_command_options& o) {
   options.verify = o.verify;
   options.allow_partial = o.allow_partial;
   options.copy.parent = o.parent;
+  options.copy.parent_in_process_image = ckpt::is_process_image_part(o.parent);
   options.copy.gpu_checksums = !o.cpu_checksums;
   if (o.output.empty()) {
     options.output = ckpt::default_suspend_dir() / ("suspend-" + std::to_string(o.pid) + "-" + time_stamp());
@@ -91,7 +92,7 @@ int suspend_command(const suspend_command_options& o) {
   return exit_ok;
 }
 
-int resume_command(pid_t pid, bool as_json, std::chrono::seconds deadline) {
+int resume_command(pid_t pid, bool as_json, std::chrono::seconds resume_deadline) {
   // A whole-process dump stopped midway may have left the process stopped (CRIU's --leave-stopped), and the
   // driver's lock or checkpoint: undone first, in that order (a stopped process answers nothing).
   const std::string continued = ckpt::continue_stopped_by_dump(pid);
@@ -99,7 +100,7 @@ int resume_command(pid_t pid, bool as_json, std::chrono::seconds deadline) {
   const std::string recovered = ckpt::recover_driver_state(pid);
   if (!recovered.empty() && !as_json) std::printf("process %d: %s\n", static_cast<int>(pid), recovered.c_str());
   progress_line line("resume", !as_json);
-  const auto r = restore::resume(pid, line.callback(), {}, deadline);
+  const auto r = restore::resume(pid, line.callback(), {}, resume_deadline);
   line.finish();
   if (as_json) {
     std::cout << nlohmann::json{{"pid", pid}, {"bytes", r.bytes}, {"seconds", r.seconds}, {"image", r.image}}.dump(2)
@@ -162,14 +163,14 @@ subcommand add_resume(CLI::App& app) {
   struct options : job_command_options {
     pid_t pid = 0;
     bool json = false;
-    std::chrono::seconds deadline{ckpt::default_resume_deadline};
+    std::chrono::seconds resume_deadline{ckpt::default_resume_deadline};
   };
   auto o = std::make_shared<options>();
   auto* command = app.add_subcommand("resume", "Give a suspended process its GPU memory back and let it go on");
   const CLI::Option* ranks = add_job(command, *o, "Resume");
   add_pid(command, o->pid, "The suspended process", {ranks});
   command->add_flag("--json", o->json, "Print the result as JSON");
-  add_hold_deadline(command, o->deadline,
+  add_hold_deadline(command, o->resume_deadline,
                     "Give up after this many whole seconds (1 to 3600; default " +
                         std::to_string(ckpt::default_resume_deadline.count()) +
                         "), loading included, saying which "
@@ -180,8 +181,8 @@ subcommand add_resume(CLI::App& app) {
                   "the program loading its image.");
 
   return {command, [o] {
-            return o->whole_job() ? resume_job_command(*o, o->pid, o->json, o->deadline)
-                                  : resume_command(o->pid, o->json, o->deadline);
+            return o->whole_job() ? resume_job_command(*o, o->pid, o->json, o->resume_deadline)
+                                  : resume_command(o->pid, o->json, o->resume_deadline);
           }};
 }
 

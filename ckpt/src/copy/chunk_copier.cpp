@@ -1,7 +1,7 @@
 // The copier of a copy: device to staging.
 #include "copy/chunk_copier.hpp"
 
-#include "copy/cuda_check.hpp"
+#include "base/cuda_check.hpp"
 #include "vmmckpt/support/fault_point.hpp"
 
 namespace vmmckpt::ckpt {

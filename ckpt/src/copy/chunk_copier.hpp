@@ -14,7 +14,7 @@
 #include "copy/copy_plan.hpp"
 #include "copy/copy_staging.hpp"
 #include "copy/release_policy.hpp"
-#include "vmmckpt/ckpt/dump.hpp"
+#include "vmmckpt/ckpt/copy_settings.hpp"
 
 namespace vmmckpt::ckpt {
 

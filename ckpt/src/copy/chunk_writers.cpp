@@ -6,7 +6,7 @@
 #include <exception>
 #include <mutex>
 
-#include "copy/cuda_check.hpp"
+#include "base/cuda_check.hpp"
 #include "vmmckpt/support/fault_point.hpp"
 
 namespace vmmckpt::ckpt {

@@ -11,7 +11,7 @@
 
 #include "copy/copy_plan.hpp"
 #include "copy/gpu_checksums.hpp"
-#include "vmmckpt/ckpt/dump.hpp"
+#include "vmmckpt/ckpt/copy_settings.hpp"
 
 namespace vmmckpt::ckpt {
 

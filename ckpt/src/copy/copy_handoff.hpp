@@ -14,7 +14,8 @@
 #include <vector>
 
 #include "copy/copy_plan.hpp"
-#include "vmmckpt/ckpt/dump.hpp"
+#include "vmmckpt/ckpt/copy_settings.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
 
 namespace vmmckpt::ckpt {
 

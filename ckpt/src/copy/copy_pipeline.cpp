@@ -13,15 +13,13 @@
 #include "copy/copy_checksums.hpp"
 #include "copy/copy_handoff.hpp"
 #include "copy/copy_plan.hpp"
-#include "copy/cuda_check.hpp"
+#include "base/cuda_check.hpp"
 #include "copy/release_policy.hpp"
 #include "vmmckpt/support/fault_point.hpp"
 
 namespace vmmckpt::ckpt {
 
 void copy_pipeline::check_interrupted() const { throw_if_interrupted(settings_.interrupt); }
-
-int default_writers() { return static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 16u)); }
 
 // What a series of dumps by one tool (dump --every) makes once: the pinned staging with its streams, and
 // the checksum kernel; and the image each dump commits, the next one's parent. (The CUDA context is the
@@ -89,9 +87,11 @@ void copy_pipeline::prepare(const std::filesystem::path& output, CUcontext conte
       result.parent_dropped = r->last_image->changed();
       // A chain at the most a reader follows is opened again, and refused there, saying why.
       if (result.parent_dropped.empty())
-        parent_ = r->last_image->chain_full() ? std::make_shared<const parent_blocks>(settings_.parent) : r->last_image;
+        parent_ = r->last_image->chain_full()
+                      ? std::make_shared<const parent_blocks>(settings_.parent, settings_.parent_in_process_image)
+                      : r->last_image;
     } else {
-      parent_ = std::make_shared<const parent_blocks>(settings_.parent);
+      parent_ = std::make_shared<const parent_blocks>(settings_.parent, settings_.parent_in_process_image);
     }
   }
   // One data file per writer thread, fewer for a small image.

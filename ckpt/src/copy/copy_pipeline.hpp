@@ -14,7 +14,7 @@
 #include "copy/copy_staging.hpp"
 #include "copy/gpu_checksums.hpp"
 #include "copy/parent_blocks.hpp"
-#include "vmmckpt/ckpt/dump.hpp"
+#include "vmmckpt/ckpt/copy_settings.hpp"
 #include "vmmckpt/image/image.hpp"
 
 namespace vmmckpt::ckpt {

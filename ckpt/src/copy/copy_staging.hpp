@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "copy/cuda_check.hpp"
+#include "base/cuda_check.hpp"
 #include "vmmckpt/support/host_pages.hpp"
 
 namespace vmmckpt::ckpt {

@@ -6,8 +6,9 @@
 #include <cstddef>
 #include <cstring>
 
-#include "copy/cuda_check.hpp"
+#include "base/cuda_check.hpp"
 #include "vmmckpt/image/image.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
 
 namespace vmmckpt::ckpt {
 

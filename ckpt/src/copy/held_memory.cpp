@@ -7,11 +7,12 @@
 #include <map>
 #include <optional>
 
-#include "copy/cuda_check.hpp"
-#include "session.hpp"
+#include "base/cuda_check.hpp"
+#include "channel/session.hpp"
 #include "vmmckpt/support/address_ranges.hpp"
 #include "vmmckpt/pool/exact_reservation.hpp"
 #include "vmmckpt/support/hex_text.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
 
 namespace vmmckpt::ckpt {
 

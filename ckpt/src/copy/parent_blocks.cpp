@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <system_error>
 
-#include "vmmckpt/ckpt/process_image.hpp"
 #include "vmmckpt/protocol/suspend_claim.hpp"
 
 namespace vmmckpt::ckpt {
@@ -21,7 +20,8 @@ std::filesystem::path absolute_dir(const std::filesystem::path& p) {
 
 }  // namespace
 
-parent_blocks::parent_blocks(const std::filesystem::path& parent) : path_(absolute_dir(parent)), chain_dirs_{path_} {
+parent_blocks::parent_blocks(const std::filesystem::path& parent, bool in_process_image)
+    : path_(absolute_dir(parent)), chain_dirs_{path_} {
   // The parent's files are taken before it is read: a change made meanwhile shows at the next
   // still_describes(). (Its parents' are taken once they are read.)
   files_ = identities(chain_dirs_);
@@ -45,11 +45,9 @@ parent_blocks::parent_blocks(const std::filesystem::path& parent) : path_(absolu
   files_.insert(files_.end(), parents.begin(), parents.end());
   // resume and gc delete a suspend image once its program no longer needs it: a child would lose its parent.
   // The GPU part of a finished whole-process image stays with it (restore reads it, never deletes it).
-  const bool process_part =
-      path_.parent_path().filename() == gpu_dir_name && is_process_image(path_.parent_path().parent_path());
   for (const char* claim : {suspend_claim::pending, suspend_claim::accepted, suspend_claim::cancelled}) {
     std::error_code ec;
-    if (!process_part && std::filesystem::exists(parent / claim, ec))
+    if (!in_process_image && std::filesystem::exists(parent / claim, ec))
       throw image::image_error(parent.string() + ": a suspend image cannot be a parent (resume and gc delete it); " +
                                "use an image written by dump");
   }

@@ -16,8 +16,9 @@ namespace vmmckpt::ckpt {
 // The parent image of `dump --parent`/`suspend --parent`, checked before the program is held.
 class parent_blocks {
  public:
-  // Opened from disk with its own chain, every rule of the format checked.
-  explicit parent_blocks(const std::filesystem::path& parent);
+  // Opened from disk with its own chain, every rule of the format checked. `in_process_image`: it is one
+  // process's GPU part of a whole-process image (copy_settings::parent_in_process_image), whose claims it keeps.
+  parent_blocks(const std::filesystem::path& parent, bool in_process_image);
   // The image a dump of a series has just committed, as the next dump's parent: its manifest as written
   // (`manifest_checksum`: commit's), on the chain of `its_parent` (null for a full image). Opening it again
   // from disk would decode every image of the chain once more, for each dump of the series.

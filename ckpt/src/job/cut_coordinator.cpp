@@ -8,6 +8,7 @@
 
 #include "job/cut_plan.hpp"
 #include "vmmckpt/support/fault_point.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
 
 namespace vmmckpt::ckpt {
 
@@ -20,11 +21,10 @@ struct cut_coordinator::rank {
   bool answered = true;                   // its status answers the targets sent
 };
 
-std::vector<std::unique_ptr<control_client>> cut_coordinator::connect(const std::vector<pid_t>& ranks,
-                                                                      clock::time_point deadline) {
+std::vector<std::unique_ptr<control_client>> cut_coordinator::connect(const std::vector<pid_t>& ranks, deadline until) {
   std::vector<std::unique_ptr<control_client>> clients;
   clients.reserve(ranks.size());
-  for (const pid_t pid : ranks) clients.push_back(std::make_unique<control_client>(pid, deadline));
+  for (const pid_t pid : ranks) clients.push_back(std::make_unique<control_client>(pid, until));
   return clients;
 }
 
@@ -33,15 +33,13 @@ std::string cut_coordinator::name_of(const rank& r) {
   return "process " + std::to_string(r.pid) + (node.empty() ? "" : " on " + node);
 }
 
-cut_coordinator::cut_coordinator(const std::vector<pid_t>& ranks, clock::time_point armed_until)
-    : cut_coordinator(connect(ranks, armed_until), armed_until) {}
+cut_coordinator::cut_coordinator(const std::vector<pid_t>& ranks, deadline until)
+    : cut_coordinator(connect(ranks, until), until) {}
 
-cut_coordinator::cut_coordinator(std::vector<std::unique_ptr<control_client>> clients, clock::time_point armed_until) {
+cut_coordinator::cut_coordinator(std::vector<std::unique_ptr<control_client>> clients, deadline until) {
   // A second past the deadline: this tool, not a rank's lapsing arming, is the one to find the deadline passed
   // (and say which rank was not there). A tool that dies leaves them a second later.
-  const auto armed_for = std::max(std::chrono::milliseconds(1),
-                                  std::chrono::duration_cast<std::chrono::milliseconds>(armed_until - clock::now())) +
-                         std::chrono::seconds(1);
+  const auto armed_for = std::max(std::chrono::milliseconds(1), until.remaining()) + std::chrono::seconds(1);
   for (auto& client : clients) {
     auto r = std::make_unique<rank>();
     r->pid = client->pid();
@@ -72,7 +70,7 @@ void cut_coordinator::fail(const std::string& why) {
   throw tool_error(why);
 }
 
-bool cut_coordinator::read_statuses(int wait_ms, clock::time_point deadline) {
+bool cut_coordinator::read_statuses(int wait_ms, deadline until) {
   std::vector<pollfd> fds;
   for (const auto& r : ranks_) fds.push_back({r->client->fd(), POLLIN, 0});
   if (::poll(fds.data(), fds.size(), wait_ms) <= 0) return false;
@@ -86,7 +84,7 @@ bool cut_coordinator::read_statuses(int wait_ms, clock::time_point deadline) {
         r.answered = true;
       }
     } catch (const control_error& e) {
-      if (clock::now() >= deadline) return false;
+      if (until.expired()) return false;
       fail(name_of(r) + " left the job's cut: " + e.what() + "; every other rank goes on where it was");
     }
   }
@@ -107,7 +105,7 @@ bool cut_coordinator::aim(rank& r, const std::vector<control::comm_count>& targe
   return true;
 }
 
-cut_figures cut_coordinator::bring_to_cut(clock::time_point deadline) {
+cut_figures cut_coordinator::bring_to_cut(deadline until) {
   const auto start = clock::now();
   cut_figures figures;
   // Aimed until every rank stands at its targets; then frozen (making a communicator waits too), and the cut is
@@ -130,7 +128,7 @@ cut_figures cut_coordinator::bring_to_cut(clock::time_point deadline) {
       continue;
     }
     if (freeze && std::all_of(ranks_.begin(), ranks_.end(), [](const auto& r) { return r->answered; })) freeze = false;
-    if (clock::now() >= deadline) {
+    if (until.expired()) {
       std::string behind;
       for (std::size_t i = 0; i < ranks_.size(); ++i) {
         const rank& r = *ranks_[i];
@@ -145,8 +143,7 @@ cut_figures cut_coordinator::bring_to_cut(clock::time_point deadline) {
            "was. Not there:" +
            behind);
     }
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now()).count();
-    read_statuses(static_cast<int>(std::clamp<long long>(left, 1, 100)), deadline);
+    read_statuses(until.remaining_ms(1, 100), until);
   }
   figures.seconds = std::chrono::duration<double>(clock::now() - start).count();
   fault_point("job:cut");

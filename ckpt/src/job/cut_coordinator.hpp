@@ -16,31 +16,30 @@ namespace vmmckpt::ckpt {
 class cut_coordinator {
  public:
   using clock = control_client::clock;
-  // Connects to every rank and arms it until `armed_until` (the whole operation's deadline: a crashed tool's ranks
-  // go on by then).
-  cut_coordinator(const std::vector<pid_t>& ranks, clock::time_point armed_until);
+  // Connects to every rank and arms it until `until` (the whole operation's deadline: a crashed tool's ranks go on
+  // by then).
+  cut_coordinator(const std::vector<pid_t>& ranks, deadline until);
   // The same over connections made already: ranks of other nodes, reached through their node's agent.
-  cut_coordinator(std::vector<std::unique_ptr<control_client>> ranks, clock::time_point armed_until);
+  cut_coordinator(std::vector<std::unique_ptr<control_client>> ranks, deadline until);
   ~cut_coordinator();
   cut_coordinator(const cut_coordinator&) = delete;
   cut_coordinator& operator=(const cut_coordinator&) = delete;
 
-  // Aims the targets until every rank stands at them, by `deadline`. Throws tool_error naming each rank that did
+  // Aims the targets until every rank stands at them, by `until`. Throws tool_error naming each rank that did
   // not get there and where it was (every rank is then released), or when a rank goes away.
-  cut_figures bring_to_cut(clock::time_point deadline);
+  cut_figures bring_to_cut(deadline until);
   // Every rank's NCCL calls go on (the connections close).
   void release() noexcept;
 
  private:
   struct rank;
-  static std::vector<std::unique_ptr<control_client>> connect(const std::vector<pid_t>& ranks,
-                                                              clock::time_point deadline);
+  static std::vector<std::unique_ptr<control_client>> connect(const std::vector<pid_t>& ranks, deadline until);
   // "process PID", with its node when it is on another.
   static std::string name_of(const rank& r);
   bool aim(rank& r, const std::vector<control::comm_count>& targets, bool freeze);
   // Reads every status a rank has sent so far; false when none came within wait_ms. A rank whose connection ends
-  // fails the cut, unless `deadline` has passed: its arming lapsed with it, and the deadline is what is reported.
-  bool read_statuses(int wait_ms, clock::time_point deadline);
+  // fails the cut, unless `until` has passed: its arming lapsed with it, and the deadline is what is reported.
+  bool read_statuses(int wait_ms, deadline until);
   [[noreturn]] void fail(const std::string& why);
 
   std::vector<std::unique_ptr<rank>> ranks_;

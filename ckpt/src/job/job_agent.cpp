@@ -10,21 +10,22 @@
 #include <set>
 #include <thread>
 
-#include "image_files.hpp"
+#include "base/image_files.hpp"
 #include "job/job_run.hpp"
 #include "job/node_link.hpp"
 #include "job/rendezvous.hpp"
 #include "vmmckpt/ckpt/job_image.hpp"
 #include "vmmckpt/ckpt/job_nodes.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
+#include "vmmckpt/ckpt/control_client.hpp"
 #include "vmmckpt/image/image.hpp"
 #include "vmmckpt/protocol/protocol.hpp"
-#include "vmmckpt/support/hex_text.hpp"
+#include "vmmckpt/image/staging_name.hpp"
 
 namespace vmmckpt::ckpt {
 namespace fs = std::filesystem;
 namespace {
 
-using clock = node_link::clock;
 using std::chrono::milliseconds;
 
 // What the connections of one agent share: the operation in progress, whose ranks alone a relay may reach, for
@@ -126,10 +127,9 @@ bool pass_cut_request(int tcp, int rank, std::int64_t clock_offset_ms) {
 
 // The cut's requests to the rank and its answers back, until either side closes, the operation ends or
 // `until` passes (the rank's arming has lapsed by then).
-void relay(int tcp, int rank, std::int64_t clock_offset_ms, const std::function<bool()>& still_on,
-           clock::time_point until) {
+void relay(int tcp, int rank, std::int64_t clock_offset_ms, const std::function<bool()>& still_on, deadline until) {
   char chunk[16384];
-  while (clock::now() < until && still_on()) {
+  while (!until.expired() && still_on()) {
     pollfd fds[2] = {{tcp, POLLIN, 0}, {rank, POLLIN, 0}};
     if (::poll(fds, 2, 200) < 0 && errno != EINTR) return;
     if (fds[0].revents != 0 && !pass_cut_request(tcp, rank, clock_offset_ms)) return;
@@ -146,7 +146,7 @@ void serve_rank(node_link& link, const nlohmann::json& request, agent_state& sta
   const auto& pid_field = request.at("pid");
   if (!pid_field.is_number_integer()) throw tool_error("pid: an integer expected");
   const auto pid = pid_field.get<pid_t>();
-  const auto until = clock::now() + bounded_ms(request, "for_ms");
+  const auto until = deadline::in(bounded_ms(request, "for_ms"));
   std::uint64_t operation = 0;
   {
     std::lock_guard lock(state.mutex);
@@ -165,7 +165,7 @@ void serve_rank(node_link& link, const nlohmann::json& request, agent_state& sta
   if (unread.empty())
     relay(
         tcp, rank.fd(), clock_offset_ms, [&] { return state.in_operation(operation, pid); },
-        until + std::chrono::seconds(2));
+        deadline(until.at() + std::chrono::seconds(2)));
   ::close(tcp);
 }
 
@@ -177,9 +177,7 @@ struct node_part {
   bool committed = false;
 
   node_part(const fs::path& job_dir, const std::string& node)
-      : output(job_dir),
-        final_name(job_dir / node),
-        staging(job_dir / (node + ".partial-" + std::to_string(::getpid()) + "-" + random_hex16())) {
+      : output(job_dir), final_name(job_dir / node), staging(image::staging_path(job_dir / node)) {
     std::error_code ec;
     made_output = fs::create_directories(output, ec);
     if (fs::exists(final_name, ec)) throw image::image_error(final_name.string() + " already exists");
@@ -200,14 +198,14 @@ struct node_part {
 std::vector<dump_result> dump_ranks(node_link& link, const nlohmann::json& request, const std::vector<pid_t>& ranks,
                                     const fs::path& staging, const copy_settings& copy, milliseconds hold_deadline,
                                     nlohmann::json& cut) {
-  const auto deadline = clock::now() + hold_deadline;
+  const auto until = deadline::in(hold_deadline);
   rendezvous prepared(ranks.size(), [&] {
-    link.send({{"step", "prepared"}}, deadline);
-    cut = link.expect("cut", deadline);
+    link.send({{"step", "prepared"}}, until);
+    cut = link.expect("cut", until);
   });
   rendezvous safe(ranks.size(), [&] {
-    link.send({{"step", "safe"}}, deadline);
-    link.expect("release", deadline);
+    link.send({{"step", "safe"}}, until);
+    link.expect("release", until);
   });
   std::vector<dump_result> dumps(ranks.size());
   run_per_rank(ranks, {&prepared, &safe}, [&](std::size_t i) {
@@ -235,14 +233,13 @@ void serve_dump(node_link& link, const nlohmann::json& request, const job_agent_
   const fs::path output = request.at("output").get<std::string>();
   if (!image_files::plain_name(node) || !output.is_absolute())
     throw tool_error("node, output: a directory name and an absolute path expected");
-  const auto ranks =
-      job_members(o.job, member_state::running, std::min<milliseconds>(std::chrono::seconds(10), hold_deadline));
+  const auto ranks = job_members(o.job, member_state::running, member_wait_within(hold_deadline));
   {
     std::lock_guard lock(state.mutex);
     state.ranks.insert(ranks.begin(), ranks.end());
   }
   node_part part(output, node);
-  link.send({{"step", "ranks"}, {"ranks", ranks}}, clock::now() + hold_deadline);
+  link.send({{"step", "ranks"}, {"ranks", ranks}}, deadline::in(hold_deadline));
   nlohmann::json cut;
   const auto dumps = dump_ranks(link, request, ranks, part.staging, copy, hold_deadline, cut);
 
@@ -262,12 +259,12 @@ void serve_dump(node_link& link, const nlohmann::json& request, const job_agent_
     written.push_back({{"pid", ranks[i]}, {"bytes", m.data_bytes}, {"hold_ms", dumps[i].hold_ms}});
   }
   write_job_manifest(part.staging, j);
-  link.send({{"step", "written"}, {"ranks", written}, {"host", j.host}}, clock::now() + std::chrono::seconds(30));
+  link.send({{"step", "written"}, {"ranks", written}, {"host", j.host}}, deadline::in(std::chrono::seconds(30)));
   // Every other node writes meanwhile, for as long as its disk takes.
-  link.expect("commit", clock::now() + std::chrono::hours(1));
+  link.expect("commit", deadline::in(std::chrono::hours(1)));
   image_files::commit_directory(part.staging, part.final_name);
   part.committed = true;
-  link.send({{"step", "committed"}}, clock::now() + std::chrono::seconds(30));
+  link.send({{"step", "committed"}}, deadline::in(std::chrono::seconds(30)));
 }
 
 void serve(node_link link, const job_agent_options& o, agent_state& state) {
@@ -275,7 +272,7 @@ void serve(node_link link, const job_agent_options& o, agent_state& state) {
     if (o.log) o.log(link.peer() + ": " + line);
   };
   try {
-    const nlohmann::json request = link.receive(clock::now() + std::chrono::seconds(10));
+    const nlohmann::json request = link.receive(deadline::in(std::chrono::seconds(10)));
     if (!same_token(request.value("token", std::string()), o.token))
       throw tool_error("refused: the connection did not open with the job's secret (--token-file)");
     const std::string op = request.value("op", std::string());
@@ -291,7 +288,7 @@ void serve(node_link link, const job_agent_options& o, agent_state& state) {
   } catch (const std::exception& e) {
     log(e.what());
     try {
-      if (link.fd() >= 0) link.send({{"error", e.what()}}, clock::now() + std::chrono::seconds(1));
+      if (link.fd() >= 0) link.send({{"error", e.what()}}, deadline::in(std::chrono::seconds(1)));
     } catch (const std::exception&) {
       // The coordinator is gone: nothing more to tell it.
     }

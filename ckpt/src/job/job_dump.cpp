@@ -5,7 +5,7 @@
 
 #include <thread>
 
-#include "image_files.hpp"
+#include "base/image_files.hpp"
 #include "job/cut_coordinator.hpp"
 #include "job/job_run.hpp"
 #include "job/rendezvous.hpp"
@@ -13,7 +13,7 @@
 #include "vmmckpt/ckpt/job.hpp"
 #include "vmmckpt/ckpt/job_image.hpp"
 #include "vmmckpt/image/image.hpp"
-#include "vmmckpt/support/hex_text.hpp"
+#include "vmmckpt/image/staging_name.hpp"
 
 namespace vmmckpt::ckpt {
 namespace fs = std::filesystem;
@@ -24,15 +24,10 @@ job_dump_result dump_job(const job_dump_options& o) {
   const auto start = clock::now();
   driver();  // no driver here: say so before any rank is touched
   // A member that does not answer (stopped) fails the command within its deadline.
-  r.ranks = job_members(
-      o.job, member_state::running,
-      std::min<std::chrono::milliseconds>(std::chrono::seconds(10),
-                                          std::chrono::duration_cast<std::chrono::milliseconds>(o.hold_deadline)));
+  r.ranks = job_members(o.job, member_state::running, member_wait_within(o.hold_deadline));
   const fs::path output = new_image_path(o.output);
-  // Written under a name of its own next to the final one, renamed in one step at the end (cuda-ckpt gc knows
-  // the .partial- form).
-  const fs::path staging = output.parent_path() / (output.filename().string() + ".partial-" +
-                                                   std::to_string(::getpid()) + "-" + random_hex16());
+  // Written under a staging name next to the final one, renamed in one step at the end.
+  const fs::path staging = image::staging_path(output);
   make_private_directory(staging);
   struct remove_unless_committed {
     const fs::path& staging;
@@ -44,11 +39,11 @@ job_dump_result dump_job(const job_dump_options& o) {
   } cleanup{staging};
 
   // Connecting, preparing, the cut and every hold, as one process's dump deadline covers all up to its release.
-  const auto deadline = start + o.hold_deadline;
+  const deadline until(start + o.hold_deadline);
   std::unique_ptr<cut_coordinator> cut;
   rendezvous prepared(r.ranks.size(), [&] {
-    cut = std::make_unique<cut_coordinator>(r.ranks, deadline);
-    r.cut = cut->bring_to_cut(deadline);
+    cut = std::make_unique<cut_coordinator>(r.ranks, until);
+    r.cut = cut->bring_to_cut(until);
   });
   // Every rank's bytes safe before any goes on: a rank released first would write into the others' memory.
   rendezvous safe(r.ranks.size(), [&] { cut->release(); });

@@ -8,7 +8,7 @@
 #include <set>
 #include <string_view>
 
-#include "image_files.hpp"
+#include "base/image_files.hpp"
 #include "vmmckpt/image/image.hpp"
 #include "vmmckpt/protocol/suspend_claim.hpp"
 #include "vmmckpt/support/json_fields.hpp"
@@ -19,9 +19,7 @@ namespace jf = json_fields;
 using namespace image_files;
 namespace {
 
-constexpr std::uint64_t max_manifest_bytes = 4u << 20;
 constexpr std::size_t max_ranks = 65536;
-constexpr std::int64_t pid_limit = 4'194'304;  // the kernel's PID_MAX_LIMIT
 
 // What job.json and job-nodes.json share, read into `out`: the format and version checked, the kind (one of
 // `kinds`), what wrote it, when and where, and the cut's figures.
@@ -132,7 +130,7 @@ bool is_job_nodes_image(const fs::path& dir) {
 job_nodes_image read_job_nodes_image(const fs::path& dir) {
   fd_guard dir_fd(open_image_dir(dir));
   const fs::path path = dir / job_nodes_manifest_name;
-  return parse_as(read_small_file(dir_fd.fd, job_nodes_manifest_name, path, max_manifest_bytes), path.string(),
+  return parse_as(read_small_file(dir_fd.fd, job_nodes_manifest_name, path, max_job_manifest_bytes), path.string(),
                   decode_nodes);
 }
 
@@ -157,7 +155,7 @@ job_image parse_job_manifest(const std::string& text, const std::string& where) 
 job_image read_job_image(const fs::path& dir) {
   fd_guard dir_fd(open_image_dir(dir));
   const fs::path path = dir / job_manifest_name;
-  return parse_job_manifest(read_small_file(dir_fd.fd, job_manifest_name, path, max_manifest_bytes), path.string());
+  return parse_job_manifest(read_small_file(dir_fd.fd, job_manifest_name, path, max_job_manifest_bytes), path.string());
 }
 
 void write_job_manifest(const fs::path& dir, const job_image& j) {

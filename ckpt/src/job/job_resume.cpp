@@ -6,6 +6,7 @@
 #include "job/rendezvous.hpp"
 #include "vmmckpt/ckpt/control_client.hpp"
 #include "vmmckpt/ckpt/job.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
 #include "vmmckpt/support/fault_point.hpp"
 
 namespace vmmckpt::ckpt {
@@ -23,14 +24,14 @@ std::string silent_ranks(const std::vector<pid_t>& ranks) {
 }  // namespace
 
 job_resume_result resume_job(const job_spec& job, const std::filesystem::path& images,
-                             std::chrono::milliseconds deadline) {
+                             std::chrono::milliseconds resume_deadline) {
   using clock = std::chrono::steady_clock;
   using stage = control::resume_request::stage;
   const auto start = clock::now();
-  const auto until = start + deadline;  // both stages, every rank
+  const deadline until(start + resume_deadline);  // both stages, every rank
   job_resume_result r;
   // A member that does not answer (stopped) fails the command within its deadline.
-  const auto wait = std::min<std::chrono::milliseconds>(std::chrono::seconds(10), deadline);
+  const auto wait = member_wait_within(resume_deadline);
   r.ranks = job_members(job, member_state::suspended, wait);
   // Every rank of the job, those already running too: a rank maps their memory again as well, and after a restore
   // their start times changed.

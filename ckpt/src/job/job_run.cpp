@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "vmmckpt/ckpt/suspend.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
 #include "vmmckpt/image/image.hpp"
 
 namespace vmmckpt::ckpt {

@@ -2,13 +2,14 @@
 // then every rank gives its GPU memory back. All of them or none (docs/job-checkpoint.md).
 #include <unistd.h>
 
-#include "image_files.hpp"
+#include "base/image_files.hpp"
 #include "job/cut_coordinator.hpp"
 #include "job/job_run.hpp"
 #include "job/rendezvous.hpp"
 #include "vmmckpt/ckpt/driver.hpp"
 #include "vmmckpt/ckpt/job.hpp"
 #include "vmmckpt/ckpt/job_image.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
 #include "vmmckpt/image/image.hpp"
 #include "vmmckpt/protocol/suspend_claim.hpp"
 
@@ -48,10 +49,7 @@ job_suspend_result suspend_job(const job_suspend_options& o) {
   const auto start = clock::now();
   driver();  // no driver here: say so before any rank is touched
   // A member that does not answer (stopped) fails the command within its deadline.
-  r.ranks = job_members(
-      o.job, member_state::running,
-      std::min<std::chrono::milliseconds>(std::chrono::seconds(10),
-                                          std::chrono::duration_cast<std::chrono::milliseconds>(o.hold_deadline)));
+  r.ranks = job_members(o.job, member_state::running, member_wait_within(o.hold_deadline));
   // A rank that ends meanwhile is told apart from a new process given its pid.
   std::vector<std::uint64_t> started;
   for (const pid_t pid : r.ranks) started.push_back(suspend_claim::start_time(pid));
@@ -74,11 +72,11 @@ job_suspend_result suspend_job(const job_suspend_options& o) {
     }
   } cleanup{output, accepted};
 
-  const auto deadline = start + o.hold_deadline;
+  const deadline until(start + o.hold_deadline);
   std::unique_ptr<cut_coordinator> cut;
   rendezvous prepared(r.ranks.size(), [&] {
-    cut = std::make_unique<cut_coordinator>(r.ranks, deadline);
-    r.cut = cut->bring_to_cut(deadline);
+    cut = std::make_unique<cut_coordinator>(r.ranks, until);
+    r.cut = cut->bring_to_cut(until);
   });
   job_image j;
   j.kind = "suspend";

@@ -19,6 +19,7 @@
 
 #include "vmmckpt/ckpt/control_client.hpp"
 #include "vmmckpt/ckpt/job_nodes.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
 #include "vmmckpt/support/json_fields.hpp"
 
 namespace vmmckpt::ckpt {
@@ -29,16 +30,12 @@ constexpr std::size_t min_token = 16;
 
 std::string errno_text(int e) { return std::strerror(e); }
 
-int ms_until(node_link::clock::time_point deadline) {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - node_link::clock::now()).count();
-  return static_cast<int>(std::clamp<long long>(left, 0, 24LL * 3600 * 1000));
-}
 
 // Waits for `events` on fd until the deadline: false when it passed first.
-bool wait_for(int fd, short events, node_link::clock::time_point deadline) {
+bool wait_for(int fd, short events, deadline until) {
   for (;;) {
     pollfd p{fd, events, 0};
-    const int r = ::poll(&p, 1, ms_until(deadline));
+    const int r = ::poll(&p, 1, until.remaining_ms(0, 24 * 3600 * 1000));
     if (r > 0) return true;
     if (r == 0) return false;
     if (errno != EINTR) return false;
@@ -130,7 +127,7 @@ node_link::~node_link() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-node_link node_link::connect(const node_address& to, clock::time_point deadline, const std::string& name) {
+node_link node_link::connect(const node_address& to, deadline until, const std::string& name) {
   const auto found = resolve(to, false);
   std::string why = "no address";
   for (const addrinfo* ai = found.get(); ai != nullptr; ai = ai->ai_next) {
@@ -144,7 +141,7 @@ node_link node_link::connect(const node_address& to, clock::time_point deadline,
       error = errno;
       if (error == EINPROGRESS) {
         socklen_t len = sizeof error;
-        error = wait_for(fd, POLLOUT, deadline) ? 0 : ETIMEDOUT;
+        error = wait_for(fd, POLLOUT, until) ? 0 : ETIMEDOUT;
         if (error == 0) ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &len);
       }
     }
@@ -156,7 +153,7 @@ node_link node_link::connect(const node_address& to, clock::time_point deadline,
                    " (is `cuda-ckpt job-agent` running there, listening at that address?)");
 }
 
-void node_link::send(const nlohmann::json& message, clock::time_point deadline) {
+void node_link::send(const nlohmann::json& message, deadline until) {
   const std::string line = message.dump() + "\n";
   std::size_t sent = 0;
   while (sent < line.size()) {
@@ -166,13 +163,13 @@ void node_link::send(const nlohmann::json& message, clock::time_point deadline) 
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && wait_for(fd_, POLLOUT, deadline)) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && wait_for(fd_, POLLOUT, until)) continue;
     throw tool_error("lost the connection to " + peer_ + ": " +
                      (n < 0 && errno != EAGAIN ? errno_text(errno) : "it does not read (deadline passed)"));
   }
 }
 
-nlohmann::json node_link::receive(clock::time_point deadline) {
+nlohmann::json node_link::receive(deadline until) {
   for (;;) {
     const auto newline = buffer_.find('\n');
     if (newline != std::string::npos) {
@@ -198,27 +195,27 @@ nlohmann::json node_link::receive(clock::time_point deadline) {
     }
     if (n == 0) throw tool_error(peer_ + " closed the connection (it exited or gave up)");
     if (errno == EINTR) continue;
-    if ((errno == EAGAIN || errno == EWOULDBLOCK) && wait_for(fd_, POLLIN, deadline)) continue;
+    if ((errno == EAGAIN || errno == EWOULDBLOCK) && wait_for(fd_, POLLIN, until)) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK)
       throw tool_error(peer_ + " did not answer in time (the deadline passed)");
     throw tool_error("lost the connection to " + peer_ + ": " + errno_text(errno));
   }
 }
 
-nlohmann::json node_link::expect(const std::string& step, clock::time_point deadline) {
-  nlohmann::json message = receive(deadline);
+nlohmann::json node_link::expect(const std::string& step, deadline until) {
+  nlohmann::json message = receive(until);
   if (message.value("step", std::string()) != step)
     throw tool_error(peer_ + " answered out of turn (expected \"" + step + "\"): it runs another cuda-ckpt version?");
   return message;
 }
 
-void node_link::wait_closed(clock::time_point deadline) noexcept {
+void node_link::wait_closed(deadline until) noexcept {
   ::shutdown(fd_, SHUT_WR);
   char chunk[4096];
   for (;;) {
     const ssize_t n = ::recv(fd_, chunk, sizeof chunk, 0);
     if (n > 0 || (n < 0 && errno == EINTR)) continue;
-    if (n < 0 && errno == EAGAIN && wait_for(fd_, POLLIN, deadline)) continue;
+    if (n < 0 && errno == EAGAIN && wait_for(fd_, POLLIN, until)) continue;
     return;
   }
 }

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
+#include "vmmckpt/ckpt/deadlines.hpp"
 
 namespace vmmckpt::ckpt {
 
@@ -28,8 +29,8 @@ class node_link {
 
   // Takes a connected TCP socket; `peer` names the other side in messages.
   node_link(int fd, std::string peer);
-  // Connects by `deadline`; tool_error saying why not. `name`: the peer's in messages (default: the address).
-  static node_link connect(const node_address& to, clock::time_point deadline, const std::string& name = {});
+  // Connects by `until`; tool_error saying why not. `name`: the peer's in messages (default: the address).
+  static node_link connect(const node_address& to, deadline until, const std::string& name = {});
   ~node_link();
   node_link(node_link&& other) noexcept;
   node_link& operator=(node_link&&) = delete;
@@ -37,15 +38,15 @@ class node_link {
   node_link& operator=(const node_link&) = delete;
 
   // tool_error when the message cannot be sent in time (the peer went away or stopped reading).
-  void send(const nlohmann::json& message, clock::time_point deadline);
+  void send(const nlohmann::json& message, deadline until);
   // The next message, one JSON object. tool_error when the connection ends, the deadline passes or the line is
   // no object of at most 1 MiB; a message {"error": TEXT} from the peer is thrown as tool_error naming the peer.
-  nlohmann::json receive(clock::time_point deadline);
+  nlohmann::json receive(deadline until);
   // receive(), which must answer `step` ({"step": STEP, ...}).
-  nlohmann::json expect(const std::string& step, clock::time_point deadline);
+  nlohmann::json expect(const std::string& step, deadline until);
   // Says no more and waits until the peer closes its side (it has finished with what it was doing), or the
   // deadline passes; what it sends meanwhile is dropped.
-  void wait_closed(clock::time_point deadline) noexcept;
+  void wait_closed(deadline until) noexcept;
   // The socket, for the caller to carry on with as it is; bytes already read past the last line are handed over.
   int release(std::string& unread);
 

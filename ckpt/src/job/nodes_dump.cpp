@@ -1,13 +1,14 @@
 // cuda-ckpt dump --nodes: a job across nodes dumped through each node's agent. The coordinator takes the cut over
 // every rank of every node (through the agents' relays) and paces the nodes' steps; each node holds and copies out
 // its own ranks and writes its part of the image there.
-#include "image_files.hpp"
+#include "base/image_files.hpp"
 #include "job/cut_coordinator.hpp"
 #include "job/job_run.hpp"
 #include "job/node_link.hpp"
-#include "session.hpp"
+#include "channel/session.hpp"
 #include "vmmckpt/ckpt/job_image.hpp"
 #include "vmmckpt/ckpt/job_nodes.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
 #include "vmmckpt/image/image.hpp"
 #include "vmmckpt/support/version.hpp"
 
@@ -25,19 +26,18 @@ struct node_connection {
 
 // A connection to one rank of node n, relayed by its agent, for the cut.
 std::unique_ptr<control_client> rank_through(const node_connection& n, pid_t pid, const std::string& token,
-                                             clock::time_point deadline) {
-  node_link relay = node_link::connect(n.address, deadline, n.link.peer());
-  const auto for_ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now()).count();
+                                             deadline until) {
+  node_link relay = node_link::connect(n.address, until, n.link.peer());
   relay.send({{"op", "rank"},
               {"token", token},
               {"pid", pid},
-              {"for_ms", std::max<long long>(1, for_ms)},
+              {"for_ms", until.remaining_ms(1)},
               {"clock_ms", control::unix_ms_now()}},
-             deadline);
-  relay.expect("connected", deadline);
+             until);
+  relay.expect("connected", until);
   std::string unread;
   const int fd = relay.release(unread);
-  auto client = std::make_unique<control_client>(pid, fd, n.link.peer(), deadline);
+  auto client = std::make_unique<control_client>(pid, fd, n.link.peer(), until);
   if (!unread.empty()) throw tool_error(n.link.peer() + " sent more than it was asked for");
   return client;
 }
@@ -45,11 +45,11 @@ std::unique_ptr<control_client> rank_through(const node_connection& n, pid_t pid
 // Each agent asked for its part of the dump as soon as it is reached (an agent waits 10 s for a request), then
 // its ranks known, and every one prepared for the hold. `nodes` holds every link made, for abandon() to wait on.
 void start_nodes(const nodes_dump_options& o, nodes_dump_result& r, std::vector<node_connection>& nodes,
-                 clock::time_point deadline) {
+                 deadline until) {
   for (std::size_t i = 0; i < o.nodes.size(); ++i) {
     const node_address address = parse_node_address(o.nodes[i]);
     const std::string name = "node-" + std::to_string(i);
-    nodes.push_back({address, name, node_link::connect(address, deadline, name + " (" + address.text() + ")")});
+    nodes.push_back({address, name, node_link::connect(address, until, name + " (" + address.text() + ")")});
     r.nodes.push_back({name, address.text(), "", {}, 0, 0});
     nodes.back().link.send({{"op", "dump"},
                             {"token", o.token},
@@ -65,18 +65,18 @@ void start_nodes(const nodes_dump_options& o, nodes_dump_result& r, std::vector<
                               {"gpu_checksums", o.copy.gpu_checksums}}},
                             {"gpu_snapshot", o.gpu_snapshot},
                             {"allow_partial", o.allow_partial}},
-                           deadline);
+                           until);
   }
   for (std::size_t i = 0; i < nodes.size(); ++i)
-    r.nodes[i].ranks = nodes[i].link.expect("ranks", deadline).at("ranks").get<std::vector<pid_t>>();
-  for (auto& n : nodes) n.link.expect("prepared", deadline);
+    r.nodes[i].ranks = nodes[i].link.expect("ranks", until).at("ranks").get<std::vector<pid_t>>();
+  for (auto& n : nodes) n.link.expect("prepared", until);
 }
 
 // After a failure: every agent told, by the links' closing, to release its ranks and remove its part; each is
 // waited for (at most a few seconds in all), and then the job's directory goes when nothing is left in it.
 void abandon(std::vector<node_connection>& nodes, const fs::path& image) noexcept {
-  const auto until = clock::now() + std::chrono::seconds(5);
-  for (auto& n : nodes) n.link.wait_closed(until);
+  const auto closed_by = deadline::in(std::chrono::seconds(5));
+  for (auto& n : nodes) n.link.wait_closed(closed_by);
   std::error_code ignored;
   fs::remove(image, ignored);
 }
@@ -84,24 +84,24 @@ void abandon(std::vector<node_connection>& nodes, const fs::path& image) noexcep
 // The cut over every rank of every node; then every node holds its ranks, and they are released together once
 // every node's bytes are safe (a rank released first would write into the others' memory).
 cut_figures cut_and_hold(std::vector<node_connection>& nodes, const nodes_dump_result& r, const std::string& token,
-                         clock::time_point deadline) {
+                         deadline until) {
   std::vector<std::unique_ptr<control_client>> ranks;
   for (std::size_t i = 0; i < nodes.size(); ++i)
-    for (const pid_t pid : r.nodes[i].ranks) ranks.push_back(rank_through(nodes[i], pid, token, deadline));
-  cut_coordinator cut(std::move(ranks), deadline);
-  const cut_figures figures = cut.bring_to_cut(deadline);
+    for (const pid_t pid : r.nodes[i].ranks) ranks.push_back(rank_through(nodes[i], pid, token, until));
+  cut_coordinator cut(std::move(ranks), until);
+  const cut_figures figures = cut.bring_to_cut(until);
   for (auto& n : nodes)
-    n.link.send({{"step", "cut"}, {"cut_seconds", figures.seconds}, {"cut_rounds", figures.rounds}}, deadline);
-  for (auto& n : nodes) n.link.expect("safe", deadline);
+    n.link.send({{"step", "cut"}, {"cut_seconds", figures.seconds}, {"cut_rounds", figures.rounds}}, until);
+  for (auto& n : nodes) n.link.expect("safe", until);
   cut.release();
-  for (auto& n : nodes) n.link.send({{"step", "release"}}, deadline);
+  for (auto& n : nodes) n.link.send({{"step", "release"}}, until);
   return figures;
 }
 
 // Every node's part written (as fast as its disk goes), then each renamed into place.
 void write_and_commit(std::vector<node_connection>& nodes, nodes_dump_result& r) {
   for (std::size_t i = 0; i < nodes.size(); ++i) {
-    const auto written = nodes[i].link.expect("written", clock::now() + std::chrono::hours(1));
+    const auto written = nodes[i].link.expect("written", deadline::in(std::chrono::hours(1)));
     r.nodes[i].host = written.value("host", std::string());
     for (const auto& rank : written.at("ranks")) {
       r.nodes[i].bytes += rank.value("bytes", std::uint64_t{0});
@@ -112,8 +112,8 @@ void write_and_commit(std::vector<node_connection>& nodes, nodes_dump_result& r)
   std::string committed;
   try {
     for (auto& n : nodes) {
-      n.link.send({{"step", "commit"}}, clock::now() + std::chrono::seconds(30));
-      n.link.expect("committed", clock::now() + std::chrono::seconds(30));
+      n.link.send({{"step", "commit"}}, deadline::in(std::chrono::seconds(30)));
+      n.link.expect("committed", deadline::in(std::chrono::seconds(30)));
       committed += (committed.empty() ? "" : ", ") + n.name;
     }
   } catch (const tool_error& e) {
@@ -146,7 +146,7 @@ void write_manifest(const nodes_dump_result& r) {
 
 nodes_dump_result dump_job_nodes(const nodes_dump_options& o) {
   const auto start = clock::now();
-  const auto deadline = start + o.hold_deadline;
+  const deadline until(start + o.hold_deadline);
   if (o.nodes.empty()) throw tool_error("--nodes names no node");
   nodes_dump_result r;
   r.image = new_image_path(o.output);
@@ -154,8 +154,8 @@ nodes_dump_result dump_job_nodes(const nodes_dump_options& o) {
   make_private_directory(r.image);
   std::vector<node_connection> nodes;
   try {
-    start_nodes(o, r, nodes, deadline);
-    r.cut = cut_and_hold(nodes, r, o.token, deadline);
+    start_nodes(o, r, nodes, until);
+    r.cut = cut_and_hold(nodes, r, o.token, until);
     write_and_commit(nodes, r);
   } catch (...) {
     abandon(nodes, r.image);  // a part committed already stays, and the message says where

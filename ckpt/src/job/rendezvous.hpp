@@ -8,14 +8,9 @@
 #include <mutex>
 #include <string>
 
-#include "vmmckpt/ckpt/control_client.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
 
 namespace vmmckpt::ckpt {
-
-// What a thread throws when another gave up: the other's own error says why.
-struct other_rank_failed : tool_error {
-  using tool_error::tool_error;
-};
 
 class rendezvous {
  public:

@@ -1,5 +1,6 @@
 // Finding and running CRIU (4.0 or later) for the whole-process mode.
 #include "vmmckpt/ckpt/criu.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
 
 #include <fcntl.h>
 #include <signal.h>

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <set>
 
+#include "base/image_files.hpp"
 #include "vmmckpt/ckpt/criu.hpp"
 #include "vmmckpt/image/image.hpp"
 #include "vmmckpt/support/little_endian.hpp"
@@ -25,7 +26,6 @@ constexpr std::uint64_t task_stopped = 3;
 // A pstree.img of a few processes is some tens of bytes; anything near this is not CRIU's.
 constexpr std::uint64_t max_criu_file_bytes = 4u << 20;
 constexpr std::uint32_t max_entry_bytes = 1u << 20;
-constexpr std::uint64_t pid_limit = 4'194'304;  // the kernel's PID_MAX_LIMIT
 
 [[noreturn]] void fail(const std::string& where, const std::string& what) {
   throw image::image_error(where + ": " + what + " (not a CRIU process tree this cuda-ckpt reads)");
@@ -66,7 +66,8 @@ void decode_entry(const unsigned char* p, const unsigned char* end, const std::s
       fail(where, "a field of unknown wire type " + std::to_string(wire));
     }
     if (field == 1 || field == 2) {
-      if (value > pid_limit) fail(where, "a pid of " + std::to_string(value) + ", beyond the kernel's largest");
+      if (value > static_cast<std::uint64_t>(image_files::pid_limit))
+        fail(where, "a pid of " + std::to_string(value) + ", beyond the kernel's largest");
       (field == 1 ? pid : ppid) = static_cast<pid_t>(value);
       (field == 1 ? have_pid : have_ppid) = true;
     }

@@ -5,6 +5,7 @@
 
 #include "vmmckpt/ckpt/driver.hpp"
 #include "vmmckpt/ckpt/process_checkpoint.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
 
 namespace vmmckpt::ckpt {
 namespace {

@@ -8,6 +8,7 @@
 #include "vmmckpt/ckpt/driver_checkpoint.hpp"
 #include "vmmckpt/ckpt/process_checkpoint.hpp"
 #include "vmmckpt/ckpt/processes.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
 
 namespace vmmckpt::ckpt {
 namespace {

@@ -23,10 +23,11 @@
 #include "vmmckpt/ckpt/process_recovery.hpp"
 #include "vmmckpt/ckpt/processes.hpp"
 #include "vmmckpt/ckpt/suspend.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
 #include "vmmckpt/support/fault_point.hpp"
-#include "vmmckpt/support/hex_text.hpp"
 #include "vmmckpt/image/image.hpp"
 #include "vmmckpt/protocol/suspend_claim.hpp"
+#include "vmmckpt/image/staging_name.hpp"
 
 namespace vmmckpt::ckpt {
 namespace fs = std::filesystem;
@@ -205,8 +206,7 @@ void process_dump::check_and_prepare() {
   const auto stopped = stopped_among(process_tree(o_.pid));
   if (!stopped.empty()) refuse_left_stopped(stopped.front());
   refuse_stopped(stopped);
-  members_ = gpu_members_of(o_.pid, std::min<std::chrono::milliseconds>(o_.hold_deadline, std::chrono::seconds(10)),
-                            o_.job, d_.driver_only);
+  members_ = gpu_members_of(o_.pid, member_wait_within(o_.hold_deadline), o_.job, d_.driver_only);
   for (const pid_t pid : d_.driver_only)
     if (const auto state = driver_process_state(pid); state != CU_PROCESS_STATE_RUNNING)
       throw tool_error(who(pid) + " is " + process_state_name(state) +
@@ -233,10 +233,8 @@ void process_dump::check_and_prepare() {
   record_.image = output_;
   record_.leave_running = o_.leave_running;
   settle_transactions(false);  // older records that need nothing more go, so that ps shows only what matters
-  // The parts are written under this name, next to the final one (renamed in one step at the end);
-  // `cuda-ckpt gc` knows the .partial- form.
-  staging_ = output_.parent_path() /
-             (output_.filename().string() + ".partial-" + std::to_string(::getpid()) + "-" + random_hex16());
+  // The parts are written under this name, next to the final one (renamed in one step at the end).
+  staging_ = image::staging_path(output_);
   record_.staging = staging_;
   record_.write();
   // A job's suspend makes gpu/ itself, as the job's directory it settles the ranks' suspend in.
@@ -263,6 +261,7 @@ copy_settings process_dump::copy_for(pid_t pid) const {
       copy.parent = parent_description_.gpu_image(parent_, pid);
       // Named from gpu/ of this image (and of its staging name, a sibling): moved together, both hold.
       copy.parent_recorded_as = copy.parent.lexically_relative(output_ / gpu_dir_name);
+      copy.parent_in_process_image = is_process_image_part(copy.parent);
     }
   return copy;
 }
@@ -314,6 +313,7 @@ void process_dump::suspend_one(const tree_member& m, process_image::member& desc
   if (!described.pre_copy_image_id.empty()) {
     so.copy.parent = d_.pre_copy_image(staging_, m.pid);
     so.copy.parent_recorded_as = so.copy.parent.filename();  // beside it in gpu/, wherever the image goes
+    so.copy.parent_in_process_image = is_process_image_part(so.copy.parent);
   }
   so.hold_deadline = o_.hold_deadline;
   so.allow_partial = true;  // what the shim does not own stays in the context: the driver checkpoints it

@@ -15,7 +15,7 @@
 #include <functional>
 #include <set>
 
-#include "image_files.hpp"
+#include "base/image_files.hpp"
 #include "vmmckpt/ckpt/criu.hpp"
 #include "vmmckpt/ckpt/job_image.hpp"
 #include "vmmckpt/protocol/suspend_claim.hpp"
@@ -29,12 +29,9 @@ namespace jf = json_fields;
 using namespace image_files;
 namespace {
 
-// process.json is a few KiB; a bound far above that keeps a hostile one from costing memory.
-constexpr std::uint64_t max_manifest_bytes = 16u << 20;
 constexpr std::size_t max_processes = 4096;
 constexpr std::size_t max_criu_files = 1u << 16;
-constexpr std::int64_t pid_limit = 4'194'304;  // the kernel's PID_MAX_LIMIT
-constexpr int max_depth = 64;                  // of directories inside an image (CRIU's and ours are 2 deep)
+constexpr int max_depth = 64;  // of directories inside an image (CRIU's and ours are 2 deep)
 
 // XXH3-64 of exactly `bytes` bytes of an open file, read in 1 MiB pieces.
 std::uint64_t checksum_of(int fd, std::uint64_t bytes, const std::string& path) {
@@ -171,6 +168,13 @@ bool is_process_image(const fs::path& dir) {
   return ::lstat((dir / process_manifest_name).c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
+bool is_process_image_part(const fs::path& image) {
+  if (image.empty()) return false;
+  fs::path at = fs::absolute(image).lexically_normal();
+  if (!at.has_filename()) at = at.parent_path();
+  return at.parent_path().filename() == gpu_dir_name && is_process_image(at.parent_path().parent_path());
+}
+
 process_image parse_process_manifest(const std::string& text, const std::string& where) {
   try {
     const jf::json j = parse_text(text);
@@ -205,14 +209,15 @@ process_image parse_process_intent(const std::string& text, const std::string& w
 process_image read_process_image(const fs::path& dir) {
   fd_guard dir_fd(open_image_dir(dir));
   const fs::path path = dir / process_manifest_name;
-  return parse_process_manifest(read_small_file(dir_fd.fd, process_manifest_name, path, max_manifest_bytes),
+  return parse_process_manifest(read_small_file(dir_fd.fd, process_manifest_name, path, max_process_manifest_bytes),
                                 path.string());
 }
 
 process_image read_process_intent(const fs::path& dir) {
   fd_guard dir_fd(open_image_dir(dir));
   const fs::path path = dir / process_intent_name;
-  return parse_process_intent(read_small_file(dir_fd.fd, process_intent_name, path, max_manifest_bytes), path.string());
+  return parse_process_intent(read_small_file(dir_fd.fd, process_intent_name, path, max_process_manifest_bytes),
+                              path.string());
 }
 
 void for_each_entry(const fs::path& dir, const std::function<void(const fs::path&, const struct stat&)>& visit) {

@@ -15,13 +15,15 @@
 
 #include "vmmckpt/ckpt/control_client.hpp"
 #include "vmmckpt/ckpt/image_owner.hpp"
-#include "vmmckpt/ckpt/leftovers.hpp"
 #include "vmmckpt/ckpt/process_image.hpp"
 #include "vmmckpt/ckpt/processes.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
+#include "vmmckpt/ckpt/suspend.hpp"
 #include "vmmckpt/support/hex_text.hpp"
 #include "vmmckpt/image/image.hpp"
 #include "vmmckpt/support/json_fields.hpp"
 #include "vmmckpt/protocol/suspend_claim.hpp"
+#include "vmmckpt/image/staging_name.hpp"
 
 namespace vmmckpt::ckpt {
 namespace fs = std::filesystem;
@@ -123,9 +125,8 @@ std::string pids_text(const std::vector<pid_t>& pids) {
 
 // The final name of an unfinished image NAME.partial-PID-RANDOM.
 fs::path final_name_of(const fs::path& partial) {
-  const std::string name = partial.filename().string();
-  const auto at = name.rfind(".partial-");
-  return at == std::string::npos ? fs::path() : partial.parent_path() / name.substr(0, at);
+  const std::string name = image::final_name_of_staging(partial.filename().string());
+  return name.empty() ? fs::path() : partial.parent_path() / name;
 }
 
 // A process took a suspend into this unfinished image's GPU parts (its claim is accepted).
@@ -248,7 +249,7 @@ transaction_outcome assess_restore(const process_transaction& t, const std::vect
 
 bool asks_suspended(pid_t pid) {
   try {
-    control_client client(pid, control_client::clock::now() + std::chrono::seconds(5));
+    control_client client(pid, deadline::in(std::chrono::seconds(5)));
     return waits_for_resume(client.hello());
   } catch (const std::exception&) {
     return true;
@@ -345,7 +346,7 @@ bool finishable(const fs::path& partial, std::string& why_not) {
     why_not = "its unfinished image is gone";
     return false;
   }
-  if (partial_writer_alive(partial)) {
+  if (staging_writer_alive(partial)) {
     why_not = "its writer still runs";
     return false;
   }
@@ -407,10 +408,10 @@ fs::path find_process_image(const fs::path& name) {
   if (fs::exists(fs::symlink_status(name, ec))) return name;
   fs::path wanted = fs::absolute(name).lexically_normal();
   if (!wanted.has_filename()) wanted = wanted.parent_path();
-  const std::string prefix = wanted.filename().string() + ".partial-";
   for (const auto& entry : fs::directory_iterator(wanted.parent_path(), ec)) {
     std::string why_not;
-    if (entry.path().filename().string().rfind(prefix, 0) == 0 && finishable(entry.path(), why_not))
+    if (image::final_name_of_staging(entry.path().filename().string()) == wanted.filename().string() &&
+        finishable(entry.path(), why_not))
       return finish_process_dump(entry.path());
   }
   return name;

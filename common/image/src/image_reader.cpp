@@ -18,6 +18,7 @@
 #include "image_detail.hpp"
 #include "vmmckpt/image/image.hpp"
 #include "vmmckpt/image/image_chain.hpp"
+#include "vmmckpt/image/staging_name.hpp"
 
 namespace vmmckpt::image {
 namespace {
@@ -344,11 +345,11 @@ int open_regular_file(int dir_fd, const std::string& name, const std::string& pa
 namespace {
 
 // A writer renames its temporary directory into place only once everything is on disk; a
-// ".partial-" directory is what an interrupted dump leaves, even when its files look complete.
+// staging directory (staging_name.hpp) is what an interrupted dump leaves, even when its files look complete.
 void refuse_unfinished(const std::filesystem::path& dir) {
   std::filesystem::path name = std::filesystem::absolute(dir).lexically_normal();
   if (!name.has_filename()) name = name.parent_path();
-  if (name.filename().string().find(".partial-") != std::string::npos)
+  if (is_staging_name(name.filename().string()))
     fail(dir.string() + ": an unfinished image (its dump did not complete); it can be deleted");
 }
 

@@ -19,6 +19,7 @@
 #include "vmmckpt/support/fault_point.hpp"
 #include "vmmckpt/support/hex_text.hpp"
 #include "vmmckpt/image/image.hpp"
+#include "vmmckpt/image/staging_name.hpp"
 
 namespace vmmckpt::image {
 namespace {
@@ -230,8 +231,8 @@ struct writer::impl {
     if (final_name.empty() || final_name == "." || final_name == "..")
       fail(final_path.string() + ": not a usable image directory name");
     // Readers take such names for interrupted dumps (see reader::open).
-    if (final_name.find(".partial-") != std::string::npos)
-      fail(final_path.string() + ": an image name must not contain \".partial-\"");
+    if (is_staging_name(final_name))
+      fail(final_path.string() + ": an image name must not contain \"" + std::string(staging_marker) + "\"");
     const std::filesystem::path parent = f.has_parent_path() ? f.parent_path() : std::filesystem::path(".");
     parent_fd = ::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (parent_fd < 0) fail(parent.string() + ": cannot open the directory for the image: " + errno_text(errno));
@@ -245,7 +246,7 @@ struct writer::impl {
   void make_temp_dir() {
     // Retried because the random part could, very rarely, name a leftover of another dump.
     for (int attempt = 0;; ++attempt) {
-      temp_name = final_name + ".partial-" + std::to_string(::getpid()) + "-" + random_hex16();
+      temp_name = staging_name(final_name);
       temp_dir = final_dir.has_parent_path() ? final_dir.parent_path() / temp_name : std::filesystem::path(temp_name);
       if (::mkdirat(parent_fd, temp_name.c_str(), 0700) == 0) break;
       if (errno != EEXIST || attempt == 8)

@@ -21,6 +21,7 @@
 #include "vmmckpt/ckpt/process_recovery.hpp"
 #include "vmmckpt/ckpt/processes.hpp"
 #include "vmmckpt/ckpt/suspend.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
 #include "vmmckpt/support/fault_point.hpp"
 #include "vmmckpt/support/hex_text.hpp"
 #include "vmmckpt/image/image.hpp"

@@ -5,6 +5,7 @@
 
 #include "vmmckpt/ckpt/control_client.hpp"
 #include "vmmckpt/ckpt/process_recovery.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
 
 namespace vmmckpt::restore {
 namespace {
@@ -16,9 +17,9 @@ bool another_image(const ckpt::control_error& e) {
 }  // namespace
 
 ckpt::resume_result resume(pid_t pid, const ckpt::progress_callback& progress, const std::filesystem::path& image,
-                           std::chrono::milliseconds deadline) {
+                           std::chrono::milliseconds resume_deadline) {
   using stage = control::resume_request::stage;
-  const auto until = std::chrono::steady_clock::now() + deadline;  // every attempt below by the one deadline
+  const auto until = ckpt::deadline::in(resume_deadline);  // every attempt below by the one deadline
   if (!image.empty()) return ckpt::request_resume(pid, image, progress, "resume", nullptr, stage::both, {}, until);
   std::filesystem::path recorded;
   try {

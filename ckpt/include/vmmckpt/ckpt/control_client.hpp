@@ -6,46 +6,15 @@
 #include <chrono>
 #include <functional>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "vmmckpt/ckpt/deadlines.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
 #include "vmmckpt/protocol/control_messages.hpp"
 #include "vmmckpt/protocol/protocol.hpp"
 
 namespace vmmckpt::ckpt {
-
-// A failure the user can act on; the message says what happened and what to do.
-struct tool_error : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-// A request that did not succeed: either the channel failed (`channel` says how; the process may
-// or may not have acted on the request) or the process refused it (`refused`, with its reason).
-struct control_error : tool_error {
-  control_error(const std::string& what, protocol::failure_kind channel_kind)
-      : tool_error(what), channel(channel_kind) {}
-  control_error(const std::string& what, control::refusal reason) : tool_error(what), refused(true), refusal(reason) {}
-  protocol::failure_kind channel = protocol::failure_kind::none;
-  bool refused = false;
-  control::refusal refusal = control::refusal::failed;
-};
-
-// The shim is loaded in the process but no control server listens for it: it has made no CUDA call
-// yet, or it is a child made by fork() (the server is its parent's).
-struct no_control_server : tool_error {
-  using tool_error::tool_error;
-};
-
-// dump or suspend refused because the program has device memory vmmckpt does not own, which the
-// image would lack, and a partial image was not allowed. Nothing was written and the program goes
-// on. The command line words the advice (its --allow-partial) and the sizes.
-struct partial_refused : tool_error {
-  partial_refused(const std::string& what, pid_t process, std::vector<control::not_owned_memory> memory)
-      : tool_error(what), pid(process), not_owned(std::move(memory)) {}
-  pid_t pid = 0;
-  std::vector<control::not_owned_memory> not_owned;
-};
 
 // Descriptors received from the process, closed when this goes.
 class received_fds {
@@ -70,15 +39,15 @@ class control_client {
  public:
   using clock = std::chrono::steady_clock;
 
-  // Connects to pid's control server by `deadline` (processes.hpp: control_addresses), checking first
+  // Connects to pid's control server by `until` (processes.hpp: control_addresses), checking first
   // that the process exists and is ours (or we are root), and then that the server is that process.
   // Throws tool_error naming the reason: not under vmmckpt (the shim is not loaded in it), or under
   // it but unreachable (each address tried and why); control_error when it does not answer in time.
-  explicit control_client(pid_t pid, clock::time_point deadline = clock::now() + std::chrono::seconds(30));
+  explicit control_client(pid_t pid, deadline until = deadline::in(control_deadline));
   // A connection to pid's control server made elsewhere: a job agent's relay to a rank on its node, which checked
   // that process as the constructor above does (docs/job-checkpoint.md, "Across nodes"). The descriptor, a
   // connected stream socket, is this client's from now on; `node` names where pid is, in messages.
-  control_client(pid_t pid, int connected_fd, std::string node, clock::time_point deadline);
+  control_client(pid_t pid, int connected_fd, std::string node, deadline until);
   ~control_client();
   control_client(const control_client&) = delete;
   control_client& operator=(const control_client&) = delete;
@@ -86,9 +55,8 @@ class control_client {
   pid_t pid() const { return pid_; }
   // Empty for a process of this host; else the node it runs on (its pid means nothing here).
   const std::string& node() const { return node_; }
-  clock::time_point deadline() const { return deadline_; }
   // Milliseconds left until the deadline (at least 1, so that a request is never sent already void).
-  int remaining_ms() const;
+  int remaining_ms() const { return deadline_.remaining_ms(1); }
 
   // One typed request each, answered by the deadline; control_error when the channel fails or the
   // process refuses. Requests that change the process are stamped valid until the deadline: one
@@ -113,10 +81,10 @@ class control_client {
   control::check_reply check();
 
   // The cut of a job (docs/job-checkpoint.md). cut_arm arms the process until this connection closes or
-  // hold_deadline passes, and answers its state; from then on the process sends a cut_status frame whenever its
+  // armed_for passes, and answers its state; from then on the process sends a cut_status frame whenever its
   // state changes, which next_cut_status reads (nothing when none came within wait_ms). cut_targets only sends:
   // its answer is the next status.
-  control::cut_status cut_arm(std::chrono::milliseconds hold_deadline);
+  control::cut_status cut_arm(std::chrono::milliseconds armed_for);
   void cut_targets(const std::vector<control::comm_count>& targets, bool freeze = false);
   std::optional<control::cut_status> next_cut_status(int wait_ms);
   int fd() const { return fd_; }
@@ -139,7 +107,7 @@ class control_client {
 
   pid_t pid_;
   std::string node_;
-  clock::time_point deadline_;
+  deadline deadline_;
   clock::time_point start_ = clock::now();
   int fd_ = -1;
   std::function<void()> while_waiting_;

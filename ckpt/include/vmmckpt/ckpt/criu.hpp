@@ -9,14 +9,9 @@
 #include <string_view>
 #include <vector>
 
-#include "vmmckpt/ckpt/control_client.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
 
 namespace vmmckpt::ckpt {
-
-// CRIU cannot be used here: what() says why and what to install.
-struct criu_unavailable : tool_error {
-  using tool_error::tool_error;
-};
 
 // CRIU's flag that keeps established TCP connections (a job's, docs/job-checkpoint.md), at dump and restore alike.
 inline constexpr const char* criu_tcp_established = "--tcp-established";

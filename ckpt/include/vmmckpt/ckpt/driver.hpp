@@ -3,16 +3,10 @@
 
 #include <string>
 
-#include "vmmckpt/ckpt/control_client.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
 #include "vmmckpt/support/driver_api.hpp"
 
 namespace vmmckpt::ckpt {
-
-// The driver cannot be loaded here, or lacks an entry point the tool needs. what() says which
-// library and why; the command line adds which command needed it.
-struct driver_unavailable : tool_error {
-  using tool_error::tool_error;
-};
 
 // The library loaded: $VMMCKPT_LIBCUDA when set, else libcuda.so.1 found the usual way.
 std::string driver_library_name();

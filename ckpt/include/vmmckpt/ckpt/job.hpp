@@ -12,6 +12,7 @@
 
 #include "vmmckpt/ckpt/dump.hpp"
 #include "vmmckpt/ckpt/suspend.hpp"
+#include "vmmckpt/ckpt/deadlines.hpp"
 
 namespace vmmckpt::ckpt {
 
@@ -27,7 +28,7 @@ struct job_spec {
 // deadline bounds it). tool_error when there is none.
 enum class member_state { running, suspended, any };
 std::vector<pid_t> job_members(const job_spec& job, member_state state = member_state::running,
-                               std::chrono::milliseconds wait = std::chrono::seconds(10));
+                               std::chrono::milliseconds wait = member_wait);
 
 // Where the cut's time went: how long it took to bring every rank to one point, and how many times the tool
 // aimed it (once when every rank was at the same point already).
@@ -40,7 +41,7 @@ struct job_dump_options {
   job_spec job;
   std::filesystem::path output;  // the job's image directory to create: job.json and one image per rank
   copy_settings copy;
-  std::chrono::milliseconds hold_deadline{60'000};  // the cut and each rank's hold, as dump's --deadline
+  std::chrono::milliseconds hold_deadline{default_dump_hold};  // the cut and each rank's hold, as dump's --deadline
   bool gpu_snapshot = true;
   bool allow_partial = false;
 };
@@ -63,7 +64,7 @@ struct job_suspend_options {
   job_spec job;
   std::filesystem::path output;  // the job's image directory (default: one in /dev/shm, removed by resume --job)
   copy_settings copy;
-  std::chrono::milliseconds hold_deadline{120'000};
+  std::chrono::milliseconds hold_deadline{default_suspend_hold};
   bool verify = false;
   bool allow_partial = false;
 };
@@ -92,9 +93,10 @@ struct job_resume_result {
 // Every suspended rank of the job loads its memory (still held), then each maps the others' memory again and goes
 // on. A rank that cannot stays suspended, its memory loaded; resume_job again finishes what is left. `images`: the
 // directory holding the ranks' images (IMAGES/PID), when not where their suspend wrote them (a whole job's image,
-// moved or restored). Everything by `deadline` from now (resume --job's --deadline; ten minutes for the resume
-// that ends a whole job's dump or restore): past it, tool_error names the ranks it waits for that are stopped.
+// moved or restored). Everything within `resume_deadline` from now (resume --job's --deadline;
+// restore_resume_deadline for the resume that ends a whole job's dump or restore): past it, tool_error names the
+// ranks it waits for that are stopped.
 job_resume_result resume_job(const job_spec& job, const std::filesystem::path& images = {},
-                             std::chrono::milliseconds deadline = std::chrono::minutes(10));
+                             std::chrono::milliseconds resume_deadline = restore_resume_deadline);
 
 }  // namespace vmmckpt::ckpt

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "vmmckpt/ckpt/job.hpp"
+#include "vmmckpt/ckpt/deadlines.hpp"
 
 namespace vmmckpt::ckpt {
 
@@ -39,7 +40,7 @@ struct nodes_dump_options {
   std::string token;
   std::filesystem::path output;  // the job's image directory: job-nodes.json here, each node's part in DIR/NODE
   copy_settings copy;            // each node copies out its ranks with these (not parent, interrupt nor reuse)
-  std::chrono::milliseconds hold_deadline{60'000};
+  std::chrono::milliseconds hold_deadline{default_dump_hold};
   bool gpu_snapshot = true;
   bool allow_partial = false;
 };

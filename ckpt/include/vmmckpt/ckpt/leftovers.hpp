@@ -10,17 +10,6 @@
 
 namespace vmmckpt::ckpt {
 
-// Whether the writer of NAME.partial-PID-RANDOM (an image being written) still runs: the pid in its name, a
-// process of that pid that started after the directory was made being another one (the pid was reused).
-bool partial_writer_alive(const std::filesystem::path& partial);
-
-// A user's default suspend directory, /dev/shm/vmmckpt-UID (not created here).
-std::filesystem::path suspend_dir_of(uid_t uid);
-
-// Where suspend puts images by default: a private directory of this user's on /dev/shm (created,
-// and checked to be ours and closed to others; a tool_error otherwise).
-std::filesystem::path default_suspend_dir();
-
 struct leftover {
   std::filesystem::path path;
   std::string why;  // why it can go, or why it stays

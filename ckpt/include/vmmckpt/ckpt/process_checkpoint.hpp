@@ -12,6 +12,7 @@
 
 #include "vmmckpt/ckpt/dump.hpp"
 #include "vmmckpt/ckpt/process_image.hpp"
+#include "vmmckpt/ckpt/deadlines.hpp"
 
 namespace vmmckpt::ckpt {
 
@@ -20,8 +21,8 @@ struct process_dump_options {
   std::filesystem::path output;  // the whole-process image directory to create
   bool leave_running = false;    // the process goes on afterwards (otherwise it ends, as with criu dump)
   copy_settings copy;
-  std::chrono::milliseconds hold_deadline{120'000};  // for each process's suspend
-  std::vector<std::string> criu_args;                // more arguments for `criu dump` (--tcp-established, ...)
+  std::chrono::milliseconds hold_deadline{default_suspend_hold};  // for each process's suspend
+  std::vector<std::string> criu_args;  // more arguments for `criu dump` (--tcp-established, ...)
   // A whole-process image to be incremental on: each process's GPU part leaves the blocks unchanged since
   // its part there (same pid) to it. A process without a part there gets a full one.
   std::filesystem::path parent;

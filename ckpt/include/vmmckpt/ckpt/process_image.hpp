@@ -86,6 +86,8 @@ struct process_image {
 
 // DIR holds a whole-process image: its process.json is there, a regular file (not through a link).
 bool is_process_image(const std::filesystem::path& dir);
+// IMAGE is one process's GPU part of a whole-process image: gpu/PID (or gpu/PID.pre) of a DIR that is one.
+bool is_process_image_part(const std::filesystem::path& image);
 
 // Reads and checks process.json: a regular file (never through a symbolic link) of bounded size, every
 // field present and of its type, numbers in range (pids 1 to 4194304, sizes non-negative integers below

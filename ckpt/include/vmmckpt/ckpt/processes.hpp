@@ -21,6 +21,10 @@ inline constexpr std::string_view shim_file_name = "libvmmckpt.so";
 bool process_exists(pid_t pid);
 // A process of that pid runs (exists and is no zombie).
 bool process_alive(pid_t pid);
+// Whether the writer of an image being written under its staging name (image/staging_name.hpp) still runs: the
+// pid in its name, a process of that pid that started after the directory was made being another one (the pid
+// was reused).
+bool staging_writer_alive(const std::filesystem::path& staging);
 
 // Refuses (tool_error "... belongs to another user") a process this user may not checkpoint: another user's,
 // unless we are root. Checked first, so that a refusal says why rather than that no process of ours was found.

@@ -12,6 +12,7 @@
 
 #include "vmmckpt/protocol/control_messages.hpp"
 
+#include "vmmckpt/ckpt/deadlines.hpp"
 #include "vmmckpt/ckpt/dump.hpp"
 
 namespace vmmckpt::ckpt {
@@ -20,7 +21,7 @@ struct suspend_options {
   pid_t pid = 0;
   std::filesystem::path output;  // the image directory to create
   copy_settings copy;
-  std::chrono::milliseconds hold_deadline{120'000};  // released, not suspended, when saving takes longer
+  std::chrono::milliseconds hold_deadline{default_suspend_hold};  // released, not suspended, when saving takes longer
   // Read the whole image back and check every checksum before the memory is freed.
   bool verify = false;
   // As dump_options::allow_partial. The memory vmmckpt does not own stays on the GPU while suspended.
@@ -59,17 +60,19 @@ struct resume_result {
 // The program takes only the image its suspend wrote, and refuses another (control_error). The resume users
 // run, which also looks for an image renamed since, is restore/tool's (vmmckpt/restore/tool/resume.hpp).
 // A job's resume asks in two stages (control::resume_request::stage), naming the job's ranks for the second.
-// `deadline`: when the tool gives up waiting (none: ten minutes from now, for the resume that ends a restore); the
+// `until`: when the tool gives up waiting (none: restore_resume_deadline from now, for the resume that ends a restore); the
 // request is stamped valid until then, so that a program stopped meanwhile refuses it once continued, and stays
 // suspended (control_error saying which process it waited for, and why it is silent when it is stopped).
 resume_result request_resume(pid_t pid, const std::filesystem::path& image, const progress_callback& progress = {},
                              const char* verb = "resume", std::filesystem::path* recorded = nullptr,
                              control::resume_request::stage stage = control::resume_request::stage::both,
-                             const std::vector<std::int64_t>& ranks = {},
-                             std::optional<std::chrono::steady_clock::time_point> deadline = std::nullopt);
+                             const std::vector<std::int64_t>& ranks = {}, std::optional<deadline> until = std::nullopt);
 
-// How long `cuda-ckpt resume` (and resume --job) waits for the program by default (--deadline): a resume that
-// loads tens of GiB from a slow disk needs a longer one.
-inline constexpr std::chrono::seconds default_resume_deadline{120};
+// A user's default suspend directory, /dev/shm/vmmckpt-UID (not created here).
+std::filesystem::path suspend_dir_of(uid_t uid);
+
+// Where suspend puts images by default: a private directory of this user's on /dev/shm (created,
+// and checked to be ours and closed to others; a tool_error otherwise).
+std::filesystem::path default_suspend_dir();
 
 }  // namespace vmmckpt::ckpt

@@ -2,7 +2,7 @@
 //
 // Neither links libcuda. The shim (shim/src/core/real_symbols.cpp) fills this table from the libcuda.so.1
 // it loads, bypassing its own interposed names, and hands it to the restore engine too; cuda-ckpt
-// (ckpt/src/driver.cpp) fills it only for the commands that touch a GPU, so that the others run on
+// (ckpt/src/base/driver.cpp) fills it only for the commands that touch a GPU, so that the others run on
 // machines without a driver. Both fill it through fill_driver_api below.
 #pragma once
 

@@ -18,8 +18,11 @@
 #include "vmmckpt/ckpt/process_image.hpp"
 #include "vmmckpt/ckpt/process_recovery.hpp"
 #include "vmmckpt/ckpt/processes.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
+#include "vmmckpt/ckpt/suspend.hpp"
 #include "vmmckpt/protocol/protocol.hpp"
 #include "vmmckpt/protocol/suspend_claim.hpp"
+#include "vmmckpt/image/staging_name.hpp"
 
 namespace vmmckpt::ckpt {
 namespace fs = std::filesystem;
@@ -37,7 +40,7 @@ bool still_needed(const fs::path& image, const suspend_claim::parties& p, std::s
     return false;
   }
   try {
-    control_client client(p.target_pid, control_client::clock::now() + std::chrono::seconds(2));
+    control_client client(p.target_pid, deadline::in(std::chrono::seconds(2)));
     const auto hello = client.hello();
     if (hello.state == control::process_state::suspended && fs::equivalent(hello.image, image)) {
       why = "process " + std::to_string(p.target_pid) + " is suspended on it";
@@ -69,7 +72,7 @@ fs::path process_image_of_parts(const fs::path& dir) {
   struct stat st {};
   const bool marked = is_process_image(image) || ::lstat((image / process_intent_name).c_str(), &st) == 0 ||
                       ::lstat((image / criu_dir_name).c_str(), &st) == 0 ||
-                      image.filename().string().find(".partial-") != std::string::npos;
+                      image::is_staging_name(image.filename().string());
   return marked ? image : fs::path();
 }
 
@@ -123,10 +126,10 @@ judgement judge(const fs::directory_entry& entry) {
   const fs::path& path = entry.path();
   if (!entry.is_directory(ec) || entry.is_symlink(ec)) return j;
   const std::string name = path.filename().string();
-  if (const auto at = name.find(".partial-"); at != std::string::npos) {
-    j.pid = static_cast<pid_t>(std::strtol(name.c_str() + at + 9, nullptr, 10));
+  if (image::is_staging_name(name)) {
+    j.pid = image::staging_writer(name);
     std::string why_not;
-    j.what = partial_writer_alive(path)  ? judgement::partial_live
+    j.what = staging_writer_alive(path)  ? judgement::partial_live
              : finishable(path, why_not) ? judgement::partial_complete
                                          : judgement::partial_orphan;
     return j;
@@ -337,18 +340,6 @@ bool stale_socket(const fs::path& path, ino_t& inode) {
 
 }  // namespace
 
-bool partial_writer_alive(const fs::path& partial) {
-  const std::string name = partial.filename().string();
-  const auto at = name.rfind(".partial-");
-  if (at == std::string::npos) return false;
-  const pid_t pid = static_cast<pid_t>(std::strtol(name.c_str() + at + 9, nullptr, 10));
-  if (!process_exists(pid)) return false;
-  struct stat dir {
-  }, proc{};
-  if (::stat(partial.c_str(), &dir) != 0 || ::stat(("/proc/" + std::to_string(pid)).c_str(), &proc) != 0) return true;
-  return proc.st_mtime <= dir.st_mtime + 1;  // /proc/PID's time is its process's start
-}
-
 std::vector<fs::path> suspend_dirs_of_all_users() {
   std::vector<fs::path> out;
   if (::geteuid() != 0) {
@@ -425,18 +416,6 @@ void remove_stale_sockets(bool dry_run, leftovers_report& report) {
   // that is gone; one still empty may be a program's that is about to listen there.
   for (const std::string& dir : private_socket_dirs("/tmp", ::geteuid()))
     if (remove_stale_sockets_in(dir, dry_run, report) && !dry_run) ::rmdir(dir.c_str());
-}
-
-fs::path suspend_dir_of(uid_t uid) { return "/dev/shm/vmmckpt-" + std::to_string(uid); }
-
-fs::path default_suspend_dir() {
-  fs::path dir = suspend_dir_of(::geteuid());
-  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
-    throw tool_error("cannot create " + dir.string() + ": " + std::strerror(errno));
-  struct stat st {};
-  if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 077) != 0)
-    throw tool_error(dir.string() + " is not a private directory of ours; use -o DIR");
-  return dir;
 }
 
 leftovers_report collect_leftovers(const std::vector<fs::path>& dirs, bool dry_run) {

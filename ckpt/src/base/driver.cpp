@@ -1,5 +1,6 @@
 // Loads cuda-ckpt's CUDA driver with dlopen when first needed, so that the commands that touch no GPU run without one.
 #include "vmmckpt/ckpt/driver.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
 
 #include <dlfcn.h>
 

@@ -12,6 +12,12 @@
 
 namespace vmmckpt::ckpt::image_files {
 
+// The bounds the readers of the tool's own files share: far above anything the tool writes, so that a damaged or
+// hostile file is refused before it costs memory.
+inline constexpr std::int64_t pid_limit = 4'194'304;                    // the kernel's PID_MAX_LIMIT
+inline constexpr std::uint64_t max_process_manifest_bytes = 16u << 20;  // process.json, intent.json: a few KiB
+inline constexpr std::uint64_t max_job_manifest_bytes = 4u << 20;       // job.json, the nodes' manifest
+
 [[noreturn]] void fail(const std::string& what);
 std::string errno_text(int e);
 

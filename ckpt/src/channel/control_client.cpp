@@ -19,6 +19,7 @@
 #include <fstream>
 
 #include "vmmckpt/ckpt/processes.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
 #include "vmmckpt/support/fault_point.hpp"
 #include "vmmckpt/protocol/suspend_claim.hpp"
 
@@ -126,7 +127,7 @@ int received_fds::take(std::size_t i) {
   return f;
 }
 
-control_client::control_client(pid_t pid, clock::time_point deadline) : pid_(pid), deadline_(deadline) {
+control_client::control_client(pid_t pid, deadline until) : pid_(pid), deadline_(until) {
   const std::string proc = "/proc/" + std::to_string(pid);
   const std::string who = "process " + std::to_string(pid);
   struct stat st {};
@@ -187,19 +188,14 @@ control_client::control_client(pid_t pid, clock::time_point deadline) : pid_(pid
                    "/maps cannot be read to tell whether it runs under vmmckpt");
 }
 
-control_client::control_client(pid_t pid, int connected_fd, std::string node, clock::time_point deadline)
-    : pid_(pid), node_(std::move(node)), deadline_(deadline), fd_(connected_fd) {
+control_client::control_client(pid_t pid, int connected_fd, std::string node, deadline until)
+    : pid_(pid), node_(std::move(node)), deadline_(until), fd_(connected_fd) {
   // send_frame and recv_frame wait with poll, as on the sockets connect_to makes.
   ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) | O_NONBLOCK);
 }
 
 control_client::~control_client() {
   if (fd_ >= 0) ::close(fd_);
-}
-
-int control_client::remaining_ms() const {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - clock::now()).count();
-  return static_cast<int>(std::clamp<long long>(left, 1, INT_MAX));
 }
 
 void control_client::channel_failed(const protocol::failure& f) const {
@@ -310,7 +306,7 @@ control::dump_begin_reply control_client::dump_begin(std::chrono::milliseconds h
   // waits a little longer than that for it, for the program's own account of what kept it from being quiet, but
   // not for a program that is stopped: the deadline is met however the program is stopped (docs/reliability.md).
   const auto hold_ends = clock::now() + hold_deadline;
-  deadline_ = std::max(deadline_, hold_ends + std::chrono::seconds(5));
+  deadline_ = std::max(deadline_, deadline(hold_ends + std::chrono::seconds(5)));
   patience_ = std::min(patience_, hold_ends);
   auto reply = call<control::dump_begin_reply>(
       control::dump_begin_request{hold_deadline, control::unix_ms_now() + hold_deadline.count(), for_suspend, job},
@@ -351,20 +347,19 @@ control::dump_end_reply control_client::dump_end() {
 }
 
 control::suspend_reply control_client::suspend(const std::string& image, const std::string& image_id) {
-  return call<control::suspend_reply>(
-      control::suspend_request{image, image_id, control::unix_ms_now() + remaining_ms()});
+  return call<control::suspend_reply>(control::suspend_request{image, image_id, deadline_.valid_until_ms()});
 }
 
 control::resume_reply control_client::resume(const progress_handler& progress, const std::string& image,
                                              control::resume_request::stage stage,
                                              const std::vector<std::int64_t>& ranks) {
-  return call<control::resume_reply>(control::resume_request{control::unix_ms_now() + remaining_ms(),
-                                                             static_cast<bool>(progress), image, stage, ranks},
-                                     nullptr, progress);
+  return call<control::resume_reply>(
+      control::resume_request{deadline_.valid_until_ms(), static_cast<bool>(progress), image, stage, ranks}, nullptr,
+      progress);
 }
 
-control::cut_status control_client::cut_arm(std::chrono::milliseconds hold_deadline) {
-  return call<control::cut_status>(control::cut_arm_request{hold_deadline, control::unix_ms_now() + remaining_ms()});
+control::cut_status control_client::cut_arm(std::chrono::milliseconds armed_for) {
+  return call<control::cut_status>(control::cut_arm_request{armed_for, deadline_.valid_until_ms()});
 }
 
 void control_client::cut_targets(const std::vector<control::comm_count>& targets, bool freeze) {

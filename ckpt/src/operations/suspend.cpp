@@ -1,16 +1,21 @@
 // cuda-ckpt suspend: save a held program's memory to an image, then have it free that memory and wait.
 #include "vmmckpt/ckpt/suspend.hpp"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <optional>
 #include <string>
 
 #include "copy/copy_pipeline.hpp"
 #include "copy/held_memory.hpp"
-#include "session.hpp"
+#include "channel/session.hpp"
 #include "vmmckpt/ckpt/driver.hpp"
 #include "vmmckpt/ckpt/processes.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
 #include "vmmckpt/support/fault_point.hpp"
 #include "vmmckpt/protocol/suspend_claim.hpp"
 
@@ -78,7 +83,7 @@ suspend_result suspend(const suspend_options& options, const progress_callback& 
   suspend_result result;
   driver();  // no driver here: say so before the program is touched
   // The deadline covers everything up to the program's memory being freed.
-  session s(options.pid, session::expect::running, "suspend", result.start + options.hold_deadline);
+  session s(options.pid, session::expect::running, "suspend", deadline(result.start + options.hold_deadline));
   result.mark("connected");
   // The program reads its image back on resume, at the path this tool gives it.
   if (!sees_directory(options.pid, options.output))
@@ -176,6 +181,18 @@ suspend_result suspend(const suspend_options& options, const progress_callback& 
   result.image = options.output;
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - result.start).count();
   return result;
+}
+
+std::filesystem::path suspend_dir_of(uid_t uid) { return "/dev/shm/vmmckpt-" + std::to_string(uid); }
+
+std::filesystem::path default_suspend_dir() {
+  std::filesystem::path dir = suspend_dir_of(::geteuid());
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
+    throw tool_error("cannot create " + dir.string() + ": " + std::strerror(errno));
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 077) != 0)
+    throw tool_error(dir.string() + " is not a private directory of ours; use -o DIR");
+  return dir;
 }
 
 }  // namespace vmmckpt::ckpt

@@ -16,6 +16,8 @@
 #include <set>
 
 #include "vmmckpt/ckpt/control_client.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
+#include "vmmckpt/image/staging_name.hpp"
 #include "vmmckpt/protocol/protocol.hpp"
 #include "vmmckpt/protocol/suspend_claim.hpp"
 
@@ -83,12 +85,12 @@ uid_t owner_of(pid_t pid) {
   return ::stat(proc_dir(pid).c_str(), &st) == 0 ? st.st_uid : static_cast<uid_t>(-1);
 }
 
-process_entry ask(pid_t pid, control_client::clock::time_point deadline) {
+process_entry ask(pid_t pid, deadline until) {
   process_entry e;
   e.pid = pid;
   e.uid = owner_of(pid);
   try {
-    control_client client(pid, deadline);
+    control_client client(pid, until);
     control::hello_reply hello = client.hello();
     e.status = status_of(hello);
     e.command = hello.command;
@@ -123,6 +125,15 @@ void require_own_process(pid_t pid) {
 }
 
 bool process_alive(pid_t pid) { return pid > 0 && suspend_claim::start_time(pid) != 0; }  // 0: gone, or a zombie
+
+bool staging_writer_alive(const fs::path& staging) {
+  const pid_t pid = image::staging_writer(staging.filename().string());
+  if (pid == 0 || !process_exists(pid)) return false;
+  struct stat dir {
+  }, proc{};
+  if (::stat(staging.c_str(), &dir) != 0 || ::stat(("/proc/" + std::to_string(pid)).c_str(), &proc) != 0) return true;
+  return proc.st_mtime <= dir.st_mtime + 1;  // /proc/PID's time is its process's start
+}
 
 bool maps_file(pid_t pid, std::string_view prefix) {
   std::ifstream in(proc_dir(pid) + "/maps");
@@ -344,10 +355,10 @@ std::vector<process_entry> list_processes(pid_t only, std::chrono::milliseconds 
       if (process_exists(pid)) candidates.insert(pid);
   }
   // All at once, so that the list takes `wait` however many do not answer.
-  const auto deadline = control_client::clock::now() + wait;
+  const deadline until = deadline::in(wait);
   std::vector<std::future<process_entry>> asked;
   asked.reserve(candidates.size());
-  for (pid_t pid : candidates) asked.push_back(std::async(std::launch::async, ask, pid, deadline));
+  for (pid_t pid : candidates) asked.push_back(std::async(std::launch::async, ask, pid, until));
   std::vector<process_entry> out;
   for (auto& f : asked) {
     process_entry e = f.get();

@@ -21,10 +21,10 @@ std::string hostname();
 class session {
  public:
   enum class expect { running, suspended };
-  // Connects and says hello, all by `deadline` (the operation's own: connecting and the first
+  // Connects and says hello, all by `until` (the operation's own: connecting and the first
   // exchange count against it too); a tool_error when the process speaks another protocol version or is
   // not in the state the operation needs (`what` names the operation in that message).
-  session(pid_t pid, expect state, const char* what, control_client::clock::time_point deadline);
+  session(pid_t pid, expect state, const char* what, deadline until);
 
   control_client& client() { return client_; }
   pid_t pid() const { return client_.pid(); }

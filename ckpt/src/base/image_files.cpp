@@ -1,5 +1,5 @@
 // The small files of image directories the tool writes and reads itself: strict reads, synced writes.
-#include "image_files.hpp"
+#include "base/image_files.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>

@@ -5,8 +5,9 @@
 
 #include "copy/copy_pipeline.hpp"
 #include "copy/held_memory.hpp"
-#include "session.hpp"
+#include "channel/session.hpp"
 #include "vmmckpt/ckpt/driver.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
 #include "vmmckpt/support/fault_point.hpp"
 
 namespace vmmckpt::ckpt {
@@ -15,7 +16,7 @@ dump_result dump(const dump_options& options, const progress_callback& progress)
   dump_result result;
   driver();  // no driver here: say so before the program is touched
   // The deadline covers everything up to the release: connecting, preparing and the hold.
-  session s(options.pid, session::expect::running, "dump", result.start + options.hold_deadline);
+  session s(options.pid, session::expect::running, "dump", deadline(result.start + options.hold_deadline));
   result.mark("connected");
 
   // Everything that can be prepared is prepared before the program is held: the destination (fail

@@ -1,12 +1,13 @@
 // One connection to a process under the shim, for one operation: its hello, and this tool's CUDA view of its devices.
-#include "session.hpp"
+#include "channel/session.hpp"
 
-#include "copy/cuda_check.hpp"
+#include "base/cuda_check.hpp"
 #include "vmmckpt/ckpt/processes.hpp"
 #include "vmmckpt/support/fault_point.hpp"
 #include "vmmckpt/protocol/protocol.hpp"
 #include "vmmckpt/support/uuid_text.hpp"
 #include "vmmckpt/support/version.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
 
 #include <unistd.h>
 
@@ -37,8 +38,8 @@ pid_t not_stopped(pid_t pid, const char* what) {
 
 }  // namespace
 
-session::session(pid_t pid, expect state, const char* what, control_client::clock::time_point deadline)
-    : client_(not_stopped(pid, what), deadline), hello_(client_.hello(state == expect::running)) {
+session::session(pid_t pid, expect state, const char* what, deadline until)
+    : client_(not_stopped(pid, what), until), hello_(client_.hello(state == expect::running)) {
   fault_point("connected");
   const std::string who = "process " + std::to_string(pid);
   if (hello_.protocol != protocol::version)

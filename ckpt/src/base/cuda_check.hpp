@@ -6,6 +6,7 @@
 #include <string>
 
 #include "vmmckpt/ckpt/driver.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
 
 namespace vmmckpt::ckpt::detail {
 
