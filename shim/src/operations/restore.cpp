@@ -207,16 +207,12 @@ std::variant<control::resume_reply, control::failure_reply> resume(const control
     return control::failure_reply{control::refusal::failed,
                                   "the program's memory is not loaded yet: a job's resume loads every rank's first"};
   // A job's rank maps the other ranks' memory again (all of it loaded by now) before it runs: its next
-  // collective reads and writes there (docs/job-checkpoint.md). Meanwhile it is resuming, not suspended: a
-  // stopped rank can keep it here past its tool's deadline, and the next resume --job must leave it alone.
-  enter_state(process_state::restoring);
-  if (const status mapped = vmm_map_imports_again(request.ranks); !mapped.ok()) {
-    enter_state(process_state::suspended);
+  // collective reads and writes there (docs/job-checkpoint.md).
+  if (const status mapped = vmm_map_imports_again(request.ranks); !mapped.ok())
     return control::failure_reply{control::refusal::failed,
                                   "cannot map the other ranks' memory again: " + mapped.message() +
                                       "; the program stays suspended, its memory loaded (resume the whole job: "
                                       "cuda-ckpt resume --job)"};
-  }
   g_loaded.store(false);
   job_cut::hold_while_suspended(false);
   enter_state(process_state::running);
