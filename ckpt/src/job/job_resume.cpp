@@ -6,6 +6,8 @@
 #include "job/rendezvous.hpp"
 #include "vmmckpt/ckpt/control_client.hpp"
 #include "vmmckpt/ckpt/job.hpp"
+#include "vmmckpt/ckpt/processes.hpp"
+#include "vmmckpt/ckpt/deadlines.hpp"
 #include "vmmckpt/ckpt/errors.hpp"
 #include "vmmckpt/support/fault_point.hpp"
 
@@ -19,6 +21,20 @@ std::string silent_ranks(const std::vector<pid_t>& ranks) {
     if (const std::string why = why_silent(pid); !why.empty())
       lines += "\n  process " + std::to_string(pid) + ": " + why;
   return lines.empty() ? lines : "\nThe job's resume waits for:" + lines;
+}
+
+// Loads a rank's memory, still held; false when the rank is running by now: listed suspended, it was still
+// finishing an earlier resume --job (one whose tool gave up on a stopped rank), and that finish has completed.
+bool load_rank(pid_t rank, const std::filesystem::path& image, deadline until, resume_result& result) {
+  try {
+    result = request_resume(rank, image, {}, "resume", nullptr, control::resume_request::stage::load, {}, until);
+    return true;
+  } catch (const tool_error&) {
+    // Refused as not suspended, at the connection or by the program: gone on only if it runs now.
+    const auto now = list_processes(rank, member_wait);
+    if (now.empty() || !now.front().hello || now.front().hello->state != control::process_state::running) throw;
+    return false;
+  }
 }
 
 }  // namespace
@@ -44,8 +60,9 @@ job_resume_result resume_job(const job_spec& job, const std::filesystem::path& i
     run_per_rank(r.ranks, {&loaded}, [&](std::size_t i) {
       const std::filesystem::path image =
           images.empty() ? std::filesystem::path() : images / std::to_string(r.ranks[i]);
-      r.resumes[i] = request_resume(r.ranks[i], image, {}, "resume", nullptr, stage::load, {}, until);
+      const bool went_on = !load_rank(r.ranks[i], image, until, r.resumes[i]);
       loaded.arrive_and_wait();
+      if (went_on) return;
       const auto finished = request_resume(r.ranks[i], {}, {}, "resume", nullptr, stage::finish, pids, until);
       if (r.resumes[i].image.empty()) r.resumes[i].image = finished.image;
     });
