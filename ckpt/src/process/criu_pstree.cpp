@@ -76,40 +76,13 @@ void decode_entry(const unsigned char* p, const unsigned char* end, const std::s
 }
 
 
-// CRIU's file `name` of criu_dir into `bytes`: a regular file, never through a symbolic link, its size bounded
-// first. False, with nothing read, when it is larger than a few MiB (no image of a few processes is); `size` is
-// the file's.
-bool read_criu_file(const std::filesystem::path& criu_dir, const std::string& name, std::string& bytes,
-                    std::uint64_t& size) {
-  const std::string path = (criu_dir / name).string();
-  const int dir = ::open(criu_dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (dir < 0) throw image::image_error(criu_dir.string() + ": cannot open CRIU's directory: " + std::strerror(errno));
-  struct stat st {};
-  int fd = -1;
-  try {
-    fd = image::open_regular_file(dir, name, path, st);
-  } catch (...) {
-    ::close(dir);
-    throw;
-  }
-  ::close(dir);
-  bytes.clear();
-  size = static_cast<std::uint64_t>(st.st_size);
-  if (size > max_criu_file_bytes) {
-    ::close(fd);
-    return false;
-  }
-  bytes.resize(static_cast<std::size_t>(st.st_size));
-  std::size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::pread(fd, bytes.data() + done, bytes.size() - done, static_cast<off_t>(done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    done += static_cast<std::size_t>(n);
-  }
-  bytes.resize(done);
-  ::close(fd);
-  return true;
+// CRIU's file `name` of criu_dir: a regular file, never through a symbolic link, refused (image_error) when it is
+// larger than a few MiB (no image of a few processes is).
+std::string read_criu_file(const std::filesystem::path& criu_dir, const std::string& name) {
+  const image_files::fd_guard dir(::open(criu_dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (dir.fd < 0)
+    throw image::image_error(criu_dir.string() + ": cannot open CRIU's directory: " + std::strerror(errno));
+  return image_files::read_small_file(dir.fd, name, criu_dir / name, max_criu_file_bytes);
 }
 
 // The first field `field` of wire type `wire` (0: a number, into *number; 2: bytes, into out) in a protobuf
@@ -177,11 +150,7 @@ criu_process_tree parse_criu_pstree(std::string_view bytes, const std::string& w
 
 criu_process_tree read_criu_pstree(const std::filesystem::path& criu_dir) {
   const std::string path = (criu_dir / "pstree.img").string();
-  std::string bytes;
-  std::uint64_t size = 0;
-  if (!read_criu_file(criu_dir, "pstree.img", bytes, size))
-    fail(path, std::to_string(size) + " bytes, more than a process tree takes");
-  return parse_criu_pstree(bytes, path);
+  return parse_criu_pstree(read_criu_file(criu_dir, "pstree.img"), path);
 }
 
 bool criu_task_stopped(std::string_view bytes) {
@@ -200,11 +169,8 @@ bool criu_task_stopped(std::string_view bytes) {
 std::vector<pid_t> criu_stopped_tasks(const std::filesystem::path& criu_dir, const std::vector<pid_t>& pids) {
   std::vector<pid_t> stopped;
   for (const pid_t pid : pids) {
-    std::string bytes;
-    std::uint64_t size = 0;
     try {
-      if (read_criu_file(criu_dir, "core-" + std::to_string(pid) + ".img", bytes, size) && criu_task_stopped(bytes))
-        stopped.push_back(pid);
+      if (criu_task_stopped(read_criu_file(criu_dir, "core-" + std::to_string(pid) + ".img"))) stopped.push_back(pid);
     } catch (const image::image_error&) {
       // No core image, or not a file: CRIU's restore refuses it, naming what is wrong.
     }
