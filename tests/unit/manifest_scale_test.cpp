@@ -1,7 +1,8 @@
 // Manifests of many allocations: decoding and checking cost time linear in their size.
 //
-// Not a timed test of speed (bench/ measures that): a test of how the cost grows. Four times the
-// allocations must cost well under sixteen times the time, which a quadratic parse costs.
+// Not a timed test of speed (bench/ measures that): a test of how the cost grows. Eight times the
+// allocations must cost well under 64 times the time, which a quadratic parse costs: a wide gap, so
+// that a loaded machine (CI runs tests side by side) cannot close it.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -52,7 +53,7 @@ double seconds_to_decode(const std::string& text) {
 }  // namespace
 
 TEST_CASE("decoding and validating a manifest is linear in its allocations", "[image][scale]") {
-  const std::string small = manifest_text(25'000), large = manifest_text(100'000);
+  const std::string small = manifest_text(12'500), large = manifest_text(100'000);
   // The best of rounds taken in turn: a loaded machine slows some rounds, and taking them in turn keeps a
   // burst of load from falling on one size alone.
   double t_small = 1e9, t_large = 1e9;
@@ -60,7 +61,7 @@ TEST_CASE("decoding and validating a manifest is linear in its allocations", "[i
     t_small = std::min(t_small, seconds_to_decode(small));
     t_large = std::min(t_large, seconds_to_decode(large));
   }
-  INFO("25k allocations: " << t_small << " s, 100k: " << t_large << " s");
-  // Linear: about 4; quadratic: about 16.
-  REQUIRE(t_large < 8 * t_small);
+  INFO("12.5k allocations: " << t_small << " s, 100k: " << t_large << " s");
+  // Linear: about 8; quadratic: about 64.
+  REQUIRE(t_large < 24 * t_small);
 }

@@ -42,12 +42,8 @@ std::uint32_t decode_format(const json& root) {
 }
 
 void decode_allocations(const json& pj, const std::string& p, pool& pl) {
-  const std::string ap = join(p, "allocations");
-  const json& allocs = array_of(pj, p, "allocations");
-  pl.allocations.reserve(allocs.size());
-  for (std::size_t k = 0; k < allocs.size(); ++k) {
-    const std::string q = index(ap, k);
-    const json& a = object_at(allocs[k], q);
+  pl.allocations.reserve(array_of(pj, p, "allocations").size());
+  for_each_object(pj, p, "allocations", [&](const json& a, const std::string& q) {
     allocation al;
     al.addr = address_of(a, q, "addr");
     al.size = u64_of(a, q, "size");
@@ -58,16 +54,12 @@ void decode_allocations(const json& pj, const std::string& p, pool& pl) {
     if (!known) fail(join(q, "api") + " \"" + printable(api) + "\" is not an allocation API vmmckpt records");
     al.api = *known;
     pl.allocations.push_back(al);
-  }
+  });
 }
 
 void decode_extents(const json& pj, const std::string& p, std::uint32_t format, pool& pl) {
-  const std::string ep = join(p, "extents");
-  const json& exts = array_of(pj, p, "extents");
-  pl.extents.reserve(exts.size());
-  for (std::size_t k = 0; k < exts.size(); ++k) {
-    const std::string q = index(ep, k);
-    const json& e = object_at(exts[k], q);
+  pl.extents.reserve(array_of(pj, p, "extents").size());
+  for_each_object(pj, p, "extents", [&](const json& e, const std::string& q) {
     extent ex;
     ex.addr = address_of(e, q, "addr");
     ex.size = u64_of(e, q, "size");
@@ -77,12 +69,8 @@ void decode_extents(const json& pj, const std::string& p, std::uint32_t format, 
     ex.offset = u64_of(e, q, "offset");
     ex.checksum = hex16_at(field(e, q, "checksum"), join(q, "checksum"));
     if (format >= 5) {
-      const std::string bp = join(q, "blocks");
-      const json& blocks = array_of(e, q, "blocks");
-      ex.blocks.reserve(blocks.size());
-      for (std::size_t b = 0; b < blocks.size(); ++b) {
-        const std::string r = index(bp, b);
-        const json& bj = object_at(blocks[b], r);
+      ex.blocks.reserve(array_of(e, q, "blocks").size());
+      for_each_object(e, q, "blocks", [&](const json& bj, const std::string& r) {
         block bl;
         bl.checksum = hex16_at(field(bj, r, "checksum"), join(r, "checksum"));
         if (const json* in_parent = optional_field(bj, "in_parent")) {
@@ -94,10 +82,10 @@ void decode_extents(const json& pj, const std::string& p, std::uint32_t format, 
           bl.zero = zero->get<bool>();
         }
         ex.blocks.push_back(bl);
-      }
+      });
     }
     pl.extents.push_back(std::move(ex));
-  }
+  });
 }
 
 // Decodes fields in the order the encoder writes them, so the first defect reported is the first in the file.
@@ -114,17 +102,12 @@ detail::manifest_file decode(const json& root, tables how) {
   m.host = string_of(root, "", "host");
   m.pid = i64_of(root, "", "pid");
 
-  const json& command = array_of(root, "", "command");
-  m.command.reserve(command.size());
-  for (std::size_t i = 0; i < command.size(); ++i) m.command.push_back(string_at(command[i], index("command", i)));
+  m.command = strings_of(root, "", "command");
 
   m.devices = decode_devices(root);
 
-  const json& pools = array_of(root, "", "pools");
-  m.pools.reserve(pools.size());
-  for (std::size_t i = 0; i < pools.size(); ++i) {
-    const std::string p = index("pools", i);
-    const json& pj = object_at(pools[i], p);
+  m.pools.reserve(array_of(root, "", "pools").size());
+  for_each_object(root, "", "pools", [&](const json& pj, const std::string& p) {
     pool pl;
     if (m.format >= 4) {
       if (const json* kind = optional_field(pj, "kind")) {
@@ -147,7 +130,7 @@ detail::manifest_file decode(const json& root, tables how) {
       decode_extents(pj, p, m.format, pl);
     }
     m.pools.push_back(std::move(pl));
-  }
+  });
   m.data_bytes = u64_of(root, "", "data_bytes");
   if (multi_file) m.data_files = u32_of(root, "", "data_files");
   m.hold_us = u64_of(root, "", "hold_us");
@@ -164,13 +147,9 @@ detail::manifest_file decode(const json& root, tables how) {
     if (const json* vmm = optional_field(root, "vmm")) m.vmm = vmm_layout_from_json(*vmm, "vmm");
   // Optional: absent in a complete image, and in every image of tools older than the field.
   if (optional_field(root, "lacking") != nullptr) {
-    const json& lacking = array_of(root, "", "lacking");
-    m.lacking.reserve(lacking.size());
-    for (std::size_t i = 0; i < lacking.size(); ++i) {
-      const std::string p = index("lacking", i);
-      const json& l = object_at(lacking[i], p);
+    for_each_object(root, "", "lacking", [&](const json& l, const std::string& p) {
       m.lacking.push_back({string_of(l, p, "kind"), u64_of(l, p, "bytes")});
-    }
+    });
   }
   m.ipc_imports = ipc_imports_from_json(root);
   if (how == tables::apart) {

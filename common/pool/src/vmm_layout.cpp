@@ -274,16 +274,9 @@ vmm_layout vmm_layout_from_json(const json& j, const std::string& path) {
   });
   if (optional_field(j, "imports") != nullptr) {
     for_each_object(j, path, "imports", [&](const json& o, const std::string& p) {
-      vmm_import x;
-      x.addr = address_of(o, p, "addr");
-      x.size = u64_of(o, p, "size");
-      x.offset = u64_of(o, p, "offset");
-      x.exporter_pid = i64_of(o, p, "exporter_pid");
-      x.exporter_start = u64_of(o, p, "exporter_start");
-      x.token = address_of(o, p, "token");
-      x.handle_size = u64_of(o, p, "handle_size");
-      x.device_uuid = string_of(o, p, "device_uuid");
-      l.imports.push_back(std::move(x));
+      l.imports.push_back({address_of(o, p, "addr"), u64_of(o, p, "size"), u64_of(o, p, "offset"),
+                           i64_of(o, p, "exporter_pid"), u64_of(o, p, "exporter_start"), address_of(o, p, "token"),
+                           u64_of(o, p, "handle_size"), string_of(o, p, "device_uuid")});
     });
   }
   return l;

@@ -44,14 +44,7 @@ bool decode_kind(const json& pool, const std::string& path) {
 }
 
 ojson encode_not_owned(const std::vector<not_owned_memory>& list) {
-  ojson out = ojson::array();
-  for (const auto& m : list) {
-    ojson mj;
-    mj["kind"] = m.kind;
-    mj["bytes"] = m.bytes;
-    out.push_back(std::move(mj));
-  }
-  return out;
+  return array_of_each(list, [](const not_owned_memory& m) { return ojson{{"kind", m.kind}, {"bytes", m.bytes}}; });
 }
 
 // Optional: a process older than the list sends none, which reads as nothing not owned.
@@ -70,6 +63,13 @@ ojson success() {
   ojson j;
   j["ok"] = true;
   return j;
+}
+
+// A reply that says ok: true, with its fields in order.
+std::string reply(std::initializer_list<std::pair<const char*, ojson>> fields) {
+  ojson j = success();
+  for (const auto& [name, value] : fields) j[name] = value;
+  return dump(j);
 }
 
 // The object of a reply that says ok: true, or the failure_reply it holds.
@@ -109,14 +109,7 @@ std::vector<std::int64_t> decode_pids(const json& root, const std::string& path,
 }
 
 ojson encode_peer_counts(const std::vector<peer_count>& counts) {
-  ojson out = ojson::array();
-  for (const auto& c : counts) {
-    ojson cj;
-    cj["peer"] = c.peer;
-    cj["count"] = c.count;
-    out.push_back(std::move(cj));
-  }
-  return out;
+  return array_of_each(counts, [](const peer_count& c) { return ojson{{"peer", c.peer}, {"count", c.count}}; });
 }
 
 std::vector<peer_count> decode_peer_counts(const json& root, const std::string& path, const char* name) {
@@ -131,18 +124,14 @@ std::vector<peer_count> decode_peer_counts(const json& root, const std::string& 
 }
 
 ojson encode_comm_counts(const std::vector<comm_count>& comms) {
-  ojson out = ojson::array();
-  for (const auto& c : comms) {
-    ojson cj;
-    cj["id"] = hex(c.id);
-    cj["rank"] = c.rank;
-    cj["size"] = c.size;
-    cj["ops"] = c.ops;
-    cj["sends"] = encode_peer_counts(c.sends);
-    cj["recvs"] = encode_peer_counts(c.recvs);
-    out.push_back(std::move(cj));
-  }
-  return out;
+  return array_of_each(comms, [](const comm_count& c) {
+    return ojson{{"id", hex(c.id)},
+                 {"rank", c.rank},
+                 {"size", c.size},
+                 {"ops", c.ops},
+                 {"sends", encode_peer_counts(c.sends)},
+                 {"recvs", encode_peer_counts(c.recvs)}};
+  });
 }
 
 std::vector<comm_count> decode_comm_counts(const json& root, const char* name) {
@@ -168,21 +157,14 @@ hello_reply decode_hello(const json& root) {
   hello_reply r;
   r.protocol = u32_of(root, "", "protocol");
   r.pid = i64_of(root, "", "pid");
-  const json& command = array_of(root, "", "command");
-  for (std::size_t i = 0; i < command.size(); ++i) r.command.push_back(string_at(command[i], index("command", i)));
+  r.command = strings_of(root, "", "command");
   r.state = enum_at(field(root, "", "state"), "state", all_states);
   if (r.state == process_state::suspended) r.image = string_of(root, "", "image");
   r.devices = decode_devices(root);
   for_each_object(root, "", "pools", [&](const json& pj, const std::string& p) {
-    pool_summary s;
-    s.device = int_of(pj, p, "device");
-    s.base = address_of(pj, p, "base");
-    s.size = u64_of(pj, p, "size");
-    s.live_bytes = u64_of(pj, p, "live_bytes");
-    s.live_count = u64_of(pj, p, "live_count");
-    s.backed_bytes = u64_of(pj, p, "backed_bytes");
-    s.vmm = decode_kind(pj, p);
-    r.pools.push_back(s);
+    r.pools.push_back({int_of(pj, p, "device"), address_of(pj, p, "base"), u64_of(pj, p, "size"),
+                       u64_of(pj, p, "live_bytes"), u64_of(pj, p, "live_count"), u64_of(pj, p, "backed_bytes"),
+                       decode_kind(pj, p)});
   });
   r.not_owned = decode_not_owned(root);
   // Optional: a process older than the field is idle as far as this tool can tell.
@@ -203,14 +185,9 @@ dump_begin_reply decode_dump_begin(const json& root) {
     c.size = u64_of(pj, p, "size");
     c.granularity = u64_of(pj, p, "granularity");
     c.allocation_count = u64_of(pj, p, "allocation_count");
-    const std::string sp = join(p, "segments");
-    const json& segments = array_of(pj, p, "segments");
-    c.segments.reserve(segments.size());
-    for (std::size_t k = 0; k < segments.size(); ++k) {
-      const std::string q = index(sp, k);
-      const json& s = object_at(segments[k], q);
+    for_each_object(pj, p, "segments", [&](const json& s, const std::string& q) {
       c.segments.push_back({address_of(s, q, "addr"), u64_of(s, q, "size")});
-    }
+    });
     c.vmm = decode_kind(pj, p);
     r.pools.push_back(std::move(c));
   });
@@ -233,8 +210,7 @@ suspend_reply decode_suspend(const json& root) {
 check_reply decode_check(const json& root) {
   check_reply r;
   r.consistent = bool_of(root, "", "consistent");
-  const json& problems = array_of(root, "", "problems");
-  for (std::size_t i = 0; i < problems.size(); ++i) r.problems.push_back(string_at(problems[i], index("problems", i)));
+  r.problems = strings_of(root, "", "problems");
   return r;
 }
 
@@ -385,18 +361,12 @@ std::string encode(const hello_reply& r) {
   j["state"] = name_of(r.state);
   if (r.state == process_state::suspended) j["image"] = r.image;
   j["devices"] = encode_devices(r.devices);
-  j["pools"] = ojson::array();
-  for (const auto& p : r.pools) {
-    ojson pj;
-    pj["device"] = p.device;
-    pj["base"] = hex(p.base);
-    pj["size"] = p.size;
-    pj["live_bytes"] = p.live_bytes;
-    pj["live_count"] = p.live_count;
-    pj["backed_bytes"] = p.backed_bytes;
+  j["pools"] = array_of_each(r.pools, [](const pool_summary& p) {
+    ojson pj{{"device", p.device},         {"base", hex(p.base)},        {"size", p.size},
+             {"live_bytes", p.live_bytes}, {"live_count", p.live_count}, {"backed_bytes", p.backed_bytes}};
     if (p.vmm) pj["kind"] = "vmm";
-    j["pools"].push_back(std::move(pj));
-  }
+    return pj;
+  });
   j["not_owned"] = encode_not_owned(r.not_owned);
   j["activity"] = name_of(r.activity);
   j["nccl_bytes"] = r.nccl_bytes;
@@ -408,118 +378,70 @@ std::string encode(const dump_begin_reply& r) {
   j["fd_count"] = r.fd_count;
   j["hold_deadline_ms"] = r.hold_deadline.count();
   j["devices"] = encode_devices(r.devices);
-  j["pools"] = ojson::array();
-  for (const auto& p : r.pools) {
-    ojson pj;
-    pj["device"] = p.device;
-    pj["base"] = hex(p.base);
-    pj["size"] = p.size;
-    pj["granularity"] = p.granularity;
-    pj["allocation_count"] = p.allocation_count;
-    pj["segments"] = ojson::array();
-    for (const auto& s : p.segments) {
-      ojson sj;
-      sj["addr"] = hex(s.addr);
-      sj["size"] = s.size;
-      pj["segments"].push_back(std::move(sj));
-    }
+  j["pools"] = array_of_each(r.pools, [](const pool_contents& p) {
+    ojson pj{{"device", p.device},
+             {"base", hex(p.base)},
+             {"size", p.size},
+             {"granularity", p.granularity},
+             {"allocation_count", p.allocation_count},
+             {"segments", array_of_each(p.segments, [](const segment_entry& s) {
+                return ojson{{"addr", hex(s.addr)}, {"size", s.size}};
+              })}};
     if (p.vmm) pj["kind"] = "vmm";
-    j["pools"].push_back(std::move(pj));
-  }
+    return pj;
+  });
   if (r.vmm) j["vmm"] = to_json(*r.vmm);
   j["not_owned"] = encode_not_owned(r.not_owned);
   if (!r.ipc_imports.empty()) j["ipc_imports"] = to_json(r.ipc_imports);
   return dump(j);
 }
 
-std::string encode(const fds_frame& r) {
-  ojson j;
-  j["op"] = "fds";
-  j["count"] = r.count;
-  return dump(j);
-}
+std::string encode(const fds_frame& r) { return dump(ojson{{"op", "fds"}, {"count", r.count}}); }
 
 std::string encode(const progress_frame& r) {
-  ojson j;
-  j["op"] = "progress";
-  j["bytes_done"] = r.bytes_done;
-  j["bytes_total"] = r.bytes_total;
-  return dump(j);
+  return dump(ojson{{"op", "progress"}, {"bytes_done", r.bytes_done}, {"bytes_total", r.bytes_total}});
 }
 
-std::string encode(const dump_end_reply& r) {
-  ojson j = success();
-  j["held_us"] = r.held_us;
-  return dump(j);
-}
+std::string encode(const dump_end_reply& r) { return reply({{"held_us", r.held_us}}); }
 
 std::string encode(const suspend_reply& r) {
-  ojson j = success();
-  j["freed_bytes"] = r.freed_bytes;
-  j["held_us"] = r.held_us;
-  j["devices"] = ojson::array();
-  for (const auto& d : r.devices) {
-    ojson dj;
-    dj["device"] = d.device;
-    dj["used_bytes_after"] = d.used_bytes_after;
-    j["devices"].push_back(std::move(dj));
-  }
-  return dump(j);
+  return reply({{"freed_bytes", r.freed_bytes},
+                {"held_us", r.held_us},
+                {"devices", array_of_each(r.devices, [](const device_usage& d) {
+                   return ojson{{"device", d.device}, {"used_bytes_after", d.used_bytes_after}};
+                 })}});
 }
 
 std::string encode(const resume_reply& r) {
-  ojson j = success();
-  j["bytes"] = r.bytes;
-  j["seconds"] = r.seconds;
-  j["image"] = r.image;
-  return dump(j);
+  return reply({{"bytes", r.bytes}, {"seconds", r.seconds}, {"image", r.image}});
 }
 
-std::string encode(const check_reply& r) {
-  ojson j = success();
-  j["consistent"] = r.consistent;
-  j["problems"] = r.problems;
-  return dump(j);
-}
+std::string encode(const check_reply& r) { return reply({{"consistent", r.consistent}, {"problems", r.problems}}); }
 
 std::string encode(const ipc_open_reply& r) {
-  ojson j = success();
-  j["device_uuid"] = r.device_uuid;
-  j["base_offset"] = r.base_offset;
-  ojson pieces = ojson::array();
-  for (const auto& p : r.pieces) {
-    ojson pj;
-    pj["offset"] = p.offset;
-    pj["size"] = p.size;
-    pieces.push_back(std::move(pj));
-  }
-  j["pieces"] = std::move(pieces);
-  return dump(j);
+  return reply({{"device_uuid", r.device_uuid},
+                {"base_offset", r.base_offset},
+                {"pieces", array_of_each(r.pieces, [](const ipc_piece& p) {
+                   return ojson{{"offset", p.offset}, {"size", p.size}};
+                 })}});
 }
 
-std::string encode(const ipc_close_reply&) { return dump(success()); }
+std::string encode(const ipc_close_reply&) { return reply({}); }
 
 std::string encode(const vmm_share_reply& r) {
-  ojson j = success();
-  j["token"] = hex(r.token);
-  j["size"] = r.size;
-  j["device_uuid"] = r.device_uuid;
-  return dump(j);
+  return reply({{"token", hex(r.token)}, {"size", r.size}, {"device_uuid", r.device_uuid}});
 }
 
-std::string encode(const vmm_unshare_reply&) { return dump(success()); }
+std::string encode(const vmm_unshare_reply&) { return reply({}); }
 
 std::string encode(const cut_status& r) {
-  ojson j = success();
-  j["op"] = "cut_status";
-  j["armed"] = r.armed;
-  j["waiting"] = r.waiting;
-  j["in_flight"] = r.in_flight;
-  j["where"] = r.where;
-  j["comms"] = encode_comm_counts(r.comms);
-  return dump(j);
+  return reply({{"op", "cut_status"},
+                {"armed", r.armed},
+                {"waiting", r.waiting},
+                {"in_flight", r.in_flight},
+                {"where", r.where},
+                {"comms", encode_comm_counts(r.comms)}});
 }
-
 std::string encode(const failure_reply& r) {
   ojson j;
   j["ok"] = false;
@@ -665,14 +587,11 @@ std::variant<ipc_open_reply, failure_reply> decode_reply<ipc_open_reply>(const s
     ipc_open_reply r;
     r.device_uuid = string_of(root, "", "device_uuid");
     r.base_offset = u64_of(root, "", "base_offset");
-    const json& pieces = array_of(root, "", "pieces");
-    if (pieces.size() > static_cast<std::size_t>(protocol::max_fds_per_message))
+    if (array_of(root, "", "pieces").size() > static_cast<std::size_t>(protocol::max_fds_per_message))
       throw decode_error("pieces: more than one frame's descriptors");
-    for (std::size_t i = 0; i < pieces.size(); ++i) {
-      const std::string p = index("pieces", i);
-      const json& pj = object_at(pieces[i], p);
+    for_each_object(root, "", "pieces", [&](const json& pj, const std::string& p) {
       r.pieces.push_back({u64_of(pj, p, "offset"), u64_of(pj, p, "size")});
-    }
+    });
     return r;
   });
 }

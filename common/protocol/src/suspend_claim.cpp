@@ -13,13 +13,13 @@
 namespace vmmckpt::suspend_claim {
 
 std::string encode(const parties& p) {
-  nlohmann::ordered_json j;
-  j["tool_pid"] = p.tool_pid;
-  j["tool_start"] = p.tool_start;
-  j["target_pid"] = p.target_pid;
-  j["target_start"] = p.target_start;
-  j["image_id"] = p.image_id;
-  return j.dump() + "\n";
+  return nlohmann::ordered_json{{"tool_pid", p.tool_pid},
+                                {"tool_start", p.tool_start},
+                                {"target_pid", p.target_pid},
+                                {"target_start", p.target_start},
+                                {"image_id", p.image_id}}
+             .dump() +
+         "\n";
 }
 
 bool decode(const std::string& text, parties& out) noexcept {

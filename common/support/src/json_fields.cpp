@@ -163,4 +163,13 @@ std::uint64_t hex16_at(const json& v, const std::string& path) {
   fail(path + ": expected a checksum as a string of 16 hex digits");
 }
 
+std::vector<std::string> strings_of(const json& o, const std::string& path, const char* key) {
+  const json& list = array_of(o, path, key);
+  const std::string list_path = join(path, key);
+  std::vector<std::string> out;
+  out.reserve(list.size());
+  for (std::size_t i = 0; i < list.size(); ++i) out.push_back(string_at(list[i], index(list_path, i)));
+  return out;
+}
+
 }  // namespace vmmckpt::json_fields

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace vmmckpt::json_fields {
 
@@ -77,6 +78,9 @@ inline const json& object_of(const json& o, const std::string& path, const char*
   return object_at(field(o, path, key), join(path, key));
 }
 
+// The array `key` of `o`, each element a string.
+std::vector<std::string> strings_of(const json& o, const std::string& path, const char* key);
+
 // Calls each(object, its path) for every element of the array `key` of `o`, each of which must be an object:
 // the readers' walk over a list, with the path ("pools[3]") that an error names.
 template <typename Each>
@@ -87,6 +91,14 @@ void for_each_object(const json& o, const std::string& path, const char* key, Ea
     const std::string p = index(list_path, i);
     each(object_at(list[i], p), p);
   }
+}
+
+// The array of `to_object(element)` for each element of a list: the writers' side of for_each_object.
+template <typename List, typename ToObject>
+nlohmann::ordered_json array_of_each(const List& list, ToObject&& to_object) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (const auto& element : list) out.push_back(to_object(element));
+  return out;
 }
 
 }  // namespace vmmckpt::json_fields
