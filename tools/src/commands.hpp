@@ -65,6 +65,7 @@ struct dump_command_options : held_image_options {  // output empty: ./vmmckpt-<
 int dump_command(const dump_command_options& options);
 int dump_process_command(const dump_command_options& options);
 int inspect_process_command(const std::string& image, bool json);
+// The verify_*_command functions throw a defect found (image::image_error); verify_command reports it.
 int verify_process_command(const std::string& image, bool json);
 int restore_process_command(const std::string& image, bool json, bool verify_data, bool trust_owner,
                             const std::vector<std::string>& criu_args);

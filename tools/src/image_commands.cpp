@@ -115,10 +115,10 @@ int verify_command(const std::string& path, bool as_json) {
   if (const std::string why = unreadable_image_directory(path); !why.empty())
     return report_failure("verify", as_json, path + ": cannot be read (" + why + "); nothing was checked",
                           exit_failure);
-  if (ckpt::is_process_image(path)) return verify_process_command(path, as_json);
-  if (ckpt::is_job_nodes_image(path)) return verify_job_nodes_command(path, as_json);
-  if (ckpt::is_job_image(path)) return verify_job_command(path, as_json);
   try {
+    if (ckpt::is_process_image(path)) return verify_process_command(path, as_json);
+    if (ckpt::is_job_nodes_image(path)) return verify_job_nodes_command(path, as_json);
+    if (ckpt::is_job_image(path)) return verify_job_command(path, as_json);
     const auto reader = image::reader::open(path);
     reader.verify_data();
     const auto& lacking = reader.info().lacking;
@@ -145,30 +145,32 @@ int verify_command(const std::string& path, bool as_json) {
   }
 }
 
-subcommand add_inspect(CLI::App& app) {
+namespace {
+
+// A subcommand of one image and --json.
+subcommand add_image_command(CLI::App& app, const char* name, const char* help, const char* json_help,
+                             int (*run)(const std::string& image, bool json)) {
   struct options {
     std::string image;
     bool json = false;
   };
   auto o = std::make_shared<options>();
-  auto* command = app.add_subcommand("inspect", "Summarize an image and list its allocations");
+  auto* command = app.add_subcommand(name, help);
   add_image(command, o->image);
-  command->add_flag("--json", o->json, "Print the manifest as JSON");
+  command->add_flag("--json", o->json, json_help);
+  return {command, [o, run] { return run(o->image, o->json); }};
+}
 
-  return {command, [o] { return inspect_command(o->image, o->json); }};
+}  // namespace
+
+subcommand add_inspect(CLI::App& app) {
+  return add_image_command(app, "inspect", "Summarize an image and list its allocations", "Print the manifest as JSON",
+                           inspect_command);
 }
 
 subcommand add_verify(CLI::App& app) {
-  struct options {
-    std::string image;
-    bool json = false;
-  };
-  auto o = std::make_shared<options>();
-  auto* command = app.add_subcommand("verify", "Check an image's structure and every checksum");
-  add_image(command, o->image);
-  command->add_flag("--json", o->json, "Print the result as JSON");
-
-  return {command, [o] { return verify_command(o->image, o->json); }};
+  return add_image_command(app, "verify", "Check an image's structure and every checksum", "Print the result as JSON",
+                           verify_command);
 }
 
 }  // namespace vmmckpt::tools

@@ -121,48 +121,41 @@ int inspect_job_nodes_command(const std::string& image, bool json) {
 }
 
 int verify_job_nodes_command(const std::string& image, bool json) {
-  try {
-    const auto j = ckpt::read_job_nodes_image(image);
-    std::vector<std::string> checked, elsewhere;
-    for (const auto& n : j.nodes) {
-      const fs::path part = fs::path(image) / n.name;
-      if (!part_here(image, n)) {
-        elsewhere.push_back(n.name);
-        continue;
-      }
-      if (!ckpt::is_job_image(part))
-        throw image::image_error(part.string() + ": no job's image (no job.json), but job-nodes.json names it");
-      const auto node = ckpt::read_job_image(part);
-      std::vector<pid_t> ranks;
-      for (const auto& r : node.ranks) ranks.push_back(r.pid);
-      if (ranks != n.ranks)
-        throw image::image_error(part.string() + ": holds other ranks than job-nodes.json names for " + n.name);
-      ckpt::verify_job_image(part, node, true);
-      checked.push_back(n.name);
+  const auto j = ckpt::read_job_nodes_image(image);
+  std::vector<std::string> checked, elsewhere;
+  for (const auto& n : j.nodes) {
+    const fs::path part = fs::path(image) / n.name;
+    if (!part_here(image, n)) {
+      elsewhere.push_back(n.name);
+      continue;
     }
-    if (checked.empty())
-      throw image::image_error("no node's part is on this host (" + listed(elsewhere) +
-                               " are on their nodes): verify DIR there; nothing was checked");
-    if (json) {
-      std::cout << nlohmann::json{{"image", image},
-                                  {"ok", true},
-                                  {"job", true},
-                                  {"checked", checked},
-                                  {"elsewhere", elsewhere}}
-                       .dump(2)
-                << "\n";
-    } else {
-      std::printf("%s: good (a job's image across %zu nodes: every checksum of %s matches", shown(image).c_str(),
-                  j.nodes.size(), listed(checked).c_str());
-      if (elsewhere.empty())
-        std::printf(")\n");
-      else
-        std::printf("; %s: on their nodes, verify there)\n", listed(elsewhere).c_str());
-    }
-    return exit_ok;
-  } catch (const image::image_error& e) {
-    return report_defect(image, json, e.what());
+    if (!ckpt::is_job_image(part))
+      throw image::image_error(part.string() + ": no job's image (no job.json), but job-nodes.json names it");
+    const auto node = ckpt::read_job_image(part);
+    std::vector<pid_t> ranks;
+    for (const auto& r : node.ranks) ranks.push_back(r.pid);
+    if (ranks != n.ranks)
+      throw image::image_error(part.string() + ": holds other ranks than job-nodes.json names for " + n.name);
+    ckpt::verify_job_image(part, node, true);
+    checked.push_back(n.name);
   }
+  if (checked.empty())
+    throw image::image_error("no node's part is on this host (" + listed(elsewhere) +
+                             " are on their nodes): verify DIR there; nothing was checked");
+  if (json) {
+    std::cout
+        << nlohmann::json{{"image", image}, {"ok", true}, {"job", true}, {"checked", checked}, {"elsewhere", elsewhere}}
+               .dump(2)
+        << "\n";
+  } else {
+    std::printf("%s: good (a job's image across %zu nodes: every checksum of %s matches", shown(image).c_str(),
+                j.nodes.size(), listed(checked).c_str());
+    if (elsewhere.empty())
+      std::printf(")\n");
+    else
+      std::printf("; %s: on their nodes, verify there)\n", listed(elsewhere).c_str());
+  }
+  return exit_ok;
 }
 
 subcommand add_job_agent(CLI::App& app) {

@@ -78,6 +78,19 @@ CUresult allocate_async(CUdeviceptr* dptr, size_t bytesize, CUstream stream) {
   return pool_allocate(ordinal, bytesize, alloc_api::cu_mem_alloc_async, *dptr);
 }
 
+using alloc_async_fn = decltype(&::cuMemAllocAsync);
+using free_async_fn = decltype(&::cuMemFreeAsync);
+
+// cuMemAllocAsync and its per-thread-stream twin; `real` names the driver's own.
+CUresult alloc_async_entry(alloc_async_fn driver_api::*real, CUdeviceptr* dptr, size_t bytesize, CUstream stream) {
+  return guarded(CUDA_ERROR_OUT_OF_MEMORY, [&] {
+    const driver_api* d = driver();
+    if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!shim_active()) return d->*real != nullptr ? (d->*real)(dptr, bytesize, stream) : CUDA_ERROR_NOT_SUPPORTED;
+    return allocate_async(dptr, bytesize, stream);
+  });
+}
+
 // A pointer the pool does not own, freed by the driver: passthrough memory no longer live.
 CUresult forgotten_if_freed(CUdeviceptr dptr, CUresult freed) {
   if (freed == CUDA_SUCCESS) forget_passthrough(dptr);
@@ -91,6 +104,18 @@ CUresult noted_if_made(passthrough_kind kind, std::uint64_t key, std::uint64_t b
 }
 
 std::uint64_t key_of(const void* handle) { return reinterpret_cast<std::uintptr_t>(handle); }
+
+// cuMemFreeAsync and its twin. Quarantine keeps the block from reuse until work before this point is done.
+CUresult free_async_entry(free_async_fn driver_api::*real, CUdeviceptr dptr, CUstream stream) {
+  return guarded(CUDA_ERROR_UNKNOWN, [&] {
+    const driver_api* d = driver();
+    if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult result;
+    if (shim_active() && pool_free(dptr, result)) return result;
+    if (d->*real == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+    return forgotten_if_freed(dptr, (d->*real)(dptr, stream));
+  });
+}
 
 }  // namespace
 }  // namespace vmmckpt::detail
@@ -141,46 +166,19 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
 }
 
 VMMCKPT_EXPORT CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream stream) {
-  return guarded(CUDA_ERROR_OUT_OF_MEMORY, [&] {
-    const driver_api* d = driver();
-    if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-    if (!shim_active())
-      return d->cuMemAllocAsync ? d->cuMemAllocAsync(dptr, bytesize, stream) : CUDA_ERROR_NOT_SUPPORTED;
-    return allocate_async(dptr, bytesize, stream);
-  });
+  return alloc_async_entry(&driver_api::cuMemAllocAsync, dptr, bytesize, stream);
 }
 
 VMMCKPT_EXPORT CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUstream stream) {
-  return guarded(CUDA_ERROR_OUT_OF_MEMORY, [&] {
-    const driver_api* d = driver();
-    if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-    if (!shim_active())
-      return d->cuMemAllocAsync_ptsz ? d->cuMemAllocAsync_ptsz(dptr, bytesize, stream) : CUDA_ERROR_NOT_SUPPORTED;
-    return allocate_async(dptr, bytesize, stream);
-  });
+  return alloc_async_entry(&driver_api::cuMemAllocAsync_ptsz, dptr, bytesize, stream);
 }
 
 VMMCKPT_EXPORT CUresult CUDAAPI cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
-  return guarded(CUDA_ERROR_UNKNOWN, [&] {
-    const driver_api* d = driver();
-    if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-    CUresult result;
-    // Quarantine keeps the block from reuse until work before this point is done.
-    if (shim_active() && pool_free(dptr, result)) return result;
-    if (d->cuMemFreeAsync == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
-    return forgotten_if_freed(dptr, d->cuMemFreeAsync(dptr, stream));
-  });
+  return free_async_entry(&driver_api::cuMemFreeAsync, dptr, stream);
 }
 
 VMMCKPT_EXPORT CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream) {
-  return guarded(CUDA_ERROR_UNKNOWN, [&] {
-    const driver_api* d = driver();
-    if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-    CUresult result;
-    if (shim_active() && pool_free(dptr, result)) return result;
-    if (d->cuMemFreeAsync_ptsz == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
-    return forgotten_if_freed(dptr, d->cuMemFreeAsync_ptsz(dptr, stream));
-  });
+  return free_async_entry(&driver_api::cuMemFreeAsync_ptsz, dptr, stream);
 }
 
 VMMCKPT_EXPORT CUresult CUDAAPI cuMemGetInfo_v2(size_t* free_bytes, size_t* total_bytes) {

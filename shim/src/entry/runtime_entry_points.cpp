@@ -79,10 +79,13 @@ cudaError_t runtime_allocate(void** dev_ptr, std::size_t size, alloc_api api, in
   return cudaSuccess;
 }
 
+// cudaMallocAsync and its per-thread-stream twin: the real one while the shim is off, and for a null
+// pointer (its own error).
 cudaError_t malloc_async(runtime_symbol& real, void** dev_ptr, size_t size, cudaStream_t stream) {
-  if (dev_ptr == nullptr) {
+  if (!shim_active() || dev_ptr == nullptr) {
     auto fn = real.get<cudaError_t (*)(void**, size_t, cudaStream_t)>();
-    return fn ? fn(dev_ptr, size, stream) : cudaErrorInvalidValue;
+    if (fn != nullptr) return fn(dev_ptr, size, stream);
+    return dev_ptr == nullptr ? cudaErrorInvalidValue : cudaErrorNotSupported;
   }
   int device = 0;
   cudaError_t e = runtime_device(device);
@@ -160,23 +163,11 @@ VMMCKPT_EXPORT cudaError_t CUDARTAPI cudaMallocPitch(void** dev_ptr, size_t* pit
 }
 
 VMMCKPT_EXPORT cudaError_t CUDARTAPI cudaMallocAsync(void** dev_ptr, size_t size, cudaStream_t stream) {
-  return guarded(cudaErrorMemoryAllocation, [&] {
-    if (!shim_active()) {
-      auto fn = real_cudaMallocAsync.get<cudaError_t (*)(void**, size_t, cudaStream_t)>();
-      return fn ? fn(dev_ptr, size, stream) : cudaErrorNotSupported;
-    }
-    return malloc_async(real_cudaMallocAsync, dev_ptr, size, stream);
-  });
+  return guarded(cudaErrorMemoryAllocation, [&] { return malloc_async(real_cudaMallocAsync, dev_ptr, size, stream); });
 }
 
 VMMCKPT_EXPORT cudaError_t CUDARTAPI cudaMallocAsync_ptsz(void** dev_ptr, size_t size, cudaStream_t stream) {
-  return guarded(cudaErrorMemoryAllocation, [&] {
-    if (!shim_active()) {
-      auto fn = real_cudaMallocAsync_ptsz.get<cudaError_t (*)(void**, size_t, cudaStream_t)>();
-      return fn ? fn(dev_ptr, size, stream) : cudaErrorNotSupported;
-    }
-    return malloc_async(real_cudaMallocAsync_ptsz, dev_ptr, size, stream);
-  });
+  return guarded(cudaErrorMemoryAllocation, [&] { return malloc_async(real_cudaMallocAsync_ptsz, dev_ptr, size, stream); });
 }
 
 VMMCKPT_EXPORT cudaError_t CUDARTAPI cudaFree(void* dev_ptr) {
