@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include "job/rendezvous.hpp"
 #include "vmmckpt/ckpt/control_client.hpp"
 #include "vmmckpt/ckpt/job.hpp"
 
@@ -43,6 +44,22 @@ class cut_coordinator {
   [[noreturn]] void fail(const std::string& why);
 
   std::vector<std::unique_ptr<rank>> ranks_;
+};
+
+// The cut of a job's dump or suspend: made by the last of the rank threads to meet at `prepared`, once every rank
+// is prepared and just before their holds; its figures go into `figures`. `coordinator` holds the ranks at the cut
+// until released.
+struct job_cut {
+  job_cut(const std::vector<pid_t>& ranks, deadline until, cut_figures& figures)
+      : prepared(ranks.size(), [this, &ranks, until, &figures] {
+          coordinator = std::make_unique<cut_coordinator>(ranks, until);
+          figures = coordinator->bring_to_cut(until);
+        }) {}
+  job_cut(const job_cut&) = delete;
+  job_cut& operator=(const job_cut&) = delete;
+
+  rendezvous prepared;
+  std::unique_ptr<cut_coordinator> coordinator;
 };
 
 }  // namespace vmmckpt::ckpt
