@@ -37,7 +37,15 @@ class cut_coordinator {
   static std::vector<std::unique_ptr<control_client>> connect(const std::vector<pid_t>& ranks, deadline until);
   // "process PID", with its node when it is on another.
   static std::string name_of(const rank& r);
+  using targets_of_ranks = std::vector<std::vector<control::comm_count>>;
   bool aim(rank& r, const std::vector<control::comm_count>& targets, bool freeze);
+  // Aims every rank at its targets; true when any was sent new ones.
+  bool aim_all(const targets_of_ranks& targets, bool freeze);
+  // Every rank has answered its targets and stands at them.
+  bool all_at_cut(const targets_of_ranks& targets) const;
+  bool all_answered() const;
+  // The deadline passed: says which ranks were not at their targets, and where they were.
+  [[noreturn]] void fail_not_there(const targets_of_ranks& targets);
   // Reads every status a rank has sent so far; false when none came within wait_ms. A rank whose connection ends
   // fails the cut, unless `until` has passed: its arming lapsed with it, and the deadline is what is reported.
   bool read_statuses(int wait_ms, deadline until);
