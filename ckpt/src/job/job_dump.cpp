@@ -9,7 +9,6 @@
 #include "job/cut_coordinator.hpp"
 #include "job/job_run.hpp"
 #include "job/rendezvous.hpp"
-#include "vmmckpt/ckpt/driver.hpp"
 #include "vmmckpt/ckpt/job.hpp"
 #include "vmmckpt/ckpt/job_image.hpp"
 #include "vmmckpt/image/image.hpp"
@@ -22,9 +21,7 @@ job_dump_result dump_job(const job_dump_options& o) {
   using clock = std::chrono::steady_clock;
   job_dump_result r;
   const auto start = clock::now();
-  driver();  // no driver here: say so before any rank is touched
-  // A member that does not answer (stopped) fails the command within its deadline.
-  r.ranks = job_members(o.job, member_state::running, member_wait_within(o.hold_deadline));
+  r.ranks = running_ranks(o.job, o.hold_deadline);
   const fs::path output = new_image_path(o.output);
   // Written under a staging name next to the final one, renamed in one step at the end.
   const fs::path staging = image::staging_path(output);

@@ -4,6 +4,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <filesystem>
 #include <functional>
 #include <initializer_list>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "job/rendezvous.hpp"
+#include "vmmckpt/ckpt/job.hpp"
 
 namespace vmmckpt::ckpt {
 
@@ -19,6 +21,10 @@ namespace vmmckpt::ckpt {
 std::filesystem::path new_image_path(const std::filesystem::path& given);
 // Creates it, readable by its owner only.
 void make_private_directory(const std::filesystem::path& dir);
+
+// The ranks of a job's dump or suspend, every one running. The driver is checked first: without one, that is said
+// before any rank is touched. A member that does not answer (stopped) fails the command within `hold_deadline`.
+std::vector<pid_t> running_ranks(const job_spec& job, std::chrono::milliseconds hold_deadline);
 
 // One rank's options of a job's dump or suspend (Options: dump_options, suspend_options), from what every rank
 // shares: its image is DIR/PID.

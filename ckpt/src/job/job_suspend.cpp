@@ -6,7 +6,6 @@
 #include "job/cut_coordinator.hpp"
 #include "job/job_run.hpp"
 #include "job/rendezvous.hpp"
-#include "vmmckpt/ckpt/driver.hpp"
 #include "vmmckpt/ckpt/job.hpp"
 #include "vmmckpt/ckpt/job_image.hpp"
 #include "vmmckpt/ckpt/errors.hpp"
@@ -103,9 +102,7 @@ job_suspend_result suspend_job(const job_suspend_options& o) {
   using clock = std::chrono::steady_clock;
   job_suspend_result r;
   const auto start = clock::now();
-  driver();  // no driver here: say so before any rank is touched
-  // A member that does not answer (stopped) fails the command within its deadline.
-  r.ranks = job_members(o.job, member_state::running, member_wait_within(o.hold_deadline));
+  r.ranks = running_ranks(o.job, o.hold_deadline);
   // A rank that ends meanwhile is told apart from a new process given its pid.
   std::vector<std::uint64_t> started;
   for (const pid_t pid : r.ranks) started.push_back(suspend_claim::start_time(pid));
