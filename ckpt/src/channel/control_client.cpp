@@ -104,6 +104,63 @@ std::string why_no_server(pid_t pid, uid_t owner) {
   return ordinary;
 }
 
+// The process exists, is this user's, and has not exited. Returns its /proc entry's owner.
+uid_t check_live_process(pid_t pid, const std::string& proc, const std::string& who) {
+  struct stat st {};
+  if (pid <= 0 || ::stat(proc.c_str(), &st) != 0) throw tool_error("no process " + std::to_string(pid));
+  require_own_process(pid);
+  if (suspend_claim::start_time(pid) == 0)  // 0: a zombie (or gone since the stat above)
+    throw tool_error(who + " has exited (a zombie: its parent has not reaped it yet)");
+  return st.st_uid;
+}
+
+// What the addresses tried said, for the error when none of them is the process.
+struct connect_attempts {
+  std::string tried, stale_file;
+  bool nothing_listens = true;  // at every address: a server never started, rather than one out of reach
+  protocol::failure timed_out;  // at an address that took no connection: said when no other one is the process
+
+  void failed(const std::string& address, const protocol::failure& error) {
+    // Not at once: a name someone else holds may take no connection while the process waits at the next one.
+    if (error.kind == protocol::failure_kind::timed_out && timed_out.kind == protocol::failure_kind::none)
+      timed_out = error;
+    if (error.kind == protocol::failure_kind::connection_refused) stale_file = address;
+    if (error.kind != protocol::failure_kind::no_socket) nothing_listens = false;
+    tried += (tried.empty() ? "" : "; ") + error.text;
+  }
+  void served_by_another(const std::string& address, const std::string& who, pid_t server_pid, uid_t server_uid) {
+    nothing_listens = false;
+    tried += (tried.empty() ? "" : "; ") + protocol::printable_address(address) + " is served by process " +
+             std::to_string(server_pid) + " (uid " + std::to_string(server_uid) + "), not by " + who;
+  }
+};
+
+// No address is the process: says why, as far as can be told (no shim in it, no server, or one out of reach).
+[[noreturn]] void throw_unreachable(pid_t pid, const std::string& proc, const std::string& who, uid_t owner,
+                                    const connect_attempts& a) {
+  std::string comm = read_small_file(proc + "/comm");
+  while (!comm.empty() && comm.back() == '\n') comm.pop_back();
+  const std::string named = who + (comm.empty() ? "" : " (" + comm + ")");
+  switch (shim_in(pid)) {
+    case shim_presence::absent:
+      throw tool_error(named + " is not running under vmmckpt: " + std::string(shim_file_name) +
+                       " is not loaded in it (start it with `cuda-ckpt run`)" +
+                       (a.stale_file.empty() ? ""
+                                             : "; " + a.stale_file + " was left by an earlier process with pid " +
+                                                   std::to_string(pid) + " (`cuda-ckpt gc` removes it)"));
+    case shim_presence::loaded:
+      if (a.nothing_listens)
+        throw no_control_server(named + " runs under vmmckpt (" + std::string(shim_file_name) +
+                                " is loaded) but has no control server: " + why_no_server(pid, owner) + " (tried " +
+                                a.tried + ")");
+      throw tool_error(named + " runs under vmmckpt (" + std::string(shim_file_name) +
+                       " is loaded) but its control server cannot be reached: " + a.tried);
+    case shim_presence::unknown: break;
+  }
+  throw tool_error("cannot reach " + named + " (" + a.tried + "), and its /proc/" + std::to_string(pid) +
+                   "/maps cannot be read to tell whether it runs under vmmckpt");
+}
+
 }  // namespace
 
 received_fds::~received_fds() {
@@ -130,62 +187,28 @@ int received_fds::take(std::size_t i) {
 control_client::control_client(pid_t pid, deadline until) : pid_(pid), deadline_(until) {
   const std::string proc = "/proc/" + std::to_string(pid);
   const std::string who = "process " + std::to_string(pid);
-  struct stat st {};
-  if (pid <= 0 || ::stat(proc.c_str(), &st) != 0) throw tool_error("no process " + std::to_string(pid));
-  require_own_process(pid);
-  if (suspend_claim::start_time(pid) == 0)  // 0: a zombie (or gone since the stat above)
-    throw tool_error(who + " has exited (a zombie: its parent has not reaped it yet)");
+  const uid_t owner = check_live_process(pid, proc, who);
   // Each address in turn, until one answers as the process itself: an abstract name can be held by
   // anyone, and a socket file can be a leftover of an earlier process with this pid.
-  std::string tried, stale_file;
-  bool nothing_listens = true;  // at every address: a server never started, rather than one out of reach
-  protocol::failure timed_out;  // at an address that took no connection: said when no other one is the process
+  connect_attempts attempts;
   for (const std::string& address : control_addresses(pid)) {
     protocol::failure error;
     const int fd = protocol::connect_to(address, remaining_ms(), error);
-    const std::string shown = protocol::printable_address(address);
     if (fd < 0) {
-      // Not at once: a name someone else holds may take no connection while the process waits at the next one.
-      if (error.kind == protocol::failure_kind::timed_out && timed_out.kind == protocol::failure_kind::none)
-        timed_out = error;
-      if (error.kind == protocol::failure_kind::connection_refused) stale_file = address;
-      if (error.kind != protocol::failure_kind::no_socket) nothing_listens = false;
-      tried += (tried.empty() ? "" : "; ") + error.text;
+      attempts.failed(address, error);
       continue;
     }
     uid_t server_uid = 0;
     pid_t server_pid = 0;
-    if (protocol::peer_credentials(fd, server_uid, server_pid) && server_pid == pid && server_uid == st.st_uid) {
+    if (protocol::peer_credentials(fd, server_uid, server_pid) && server_pid == pid && server_uid == owner) {
       fd_ = fd;
       return;
     }
     ::close(fd);
-    nothing_listens = false;
-    tried += (tried.empty() ? "" : "; ") + shown + " is served by process " + std::to_string(server_pid) + " (uid " +
-             std::to_string(server_uid) + "), not by " + who;
+    attempts.served_by_another(address, who, server_pid, server_uid);
   }
-  if (timed_out.kind != protocol::failure_kind::none) channel_failed(timed_out);
-  std::string comm = read_small_file(proc + "/comm");
-  while (!comm.empty() && comm.back() == '\n') comm.pop_back();
-  const std::string named = who + (comm.empty() ? "" : " (" + comm + ")");
-  switch (shim_in(pid)) {
-    case shim_presence::absent:
-      throw tool_error(named + " is not running under vmmckpt: " + std::string(shim_file_name) +
-                       " is not loaded in it (start it with `cuda-ckpt run`)" +
-                       (stale_file.empty() ? ""
-                                           : "; " + stale_file + " was left by an earlier process with pid " +
-                                                 std::to_string(pid) + " (`cuda-ckpt gc` removes it)"));
-    case shim_presence::loaded:
-      if (nothing_listens)
-        throw no_control_server(named + " runs under vmmckpt (" + std::string(shim_file_name) +
-                                " is loaded) but has no control server: " + why_no_server(pid, st.st_uid) + " (tried " +
-                                tried + ")");
-      throw tool_error(named + " runs under vmmckpt (" + std::string(shim_file_name) +
-                       " is loaded) but its control server cannot be reached: " + tried);
-    case shim_presence::unknown: break;
-  }
-  throw tool_error("cannot reach " + named + " (" + tried + "), and its /proc/" + std::to_string(pid) +
-                   "/maps cannot be read to tell whether it runs under vmmckpt");
+  if (attempts.timed_out.kind != protocol::failure_kind::none) channel_failed(attempts.timed_out);
+  throw_unreachable(pid, proc, who, owner, attempts);
 }
 
 control_client::control_client(pid_t pid, int connected_fd, std::string node, deadline until)

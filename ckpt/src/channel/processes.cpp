@@ -278,31 +278,33 @@ std::vector<std::string> private_socket_files(const std::string& tmp, uid_t uid,
   return out;
 }
 
-}  // namespace
+void push_unique(std::vector<std::string>& out, std::string address) {
+  if (std::find(out.begin(), out.end(), address) == out.end()) out.push_back(std::move(address));
+}
 
-std::vector<std::string> control_addresses(pid_t pid) {
-  // A process in a pid namespace of its own (a container) names its socket by the pid it sees, in the
-  // directories of its own mount namespace: reached through /proc/PID/root (its abstract name is in its own
-  // network namespace). The peer check still names the process by this pid: the kernel translates it.
-  if (const pid_t inner = pid_in_own_namespace(pid); inner != pid && inner > 0) {
-    const std::string root = proc_dir(pid) + "/root";
-    const std::string file = std::to_string(inner) + ".sock";
-    std::vector<std::string> out;
-    if (const auto xdg = environment_value(pid, "XDG_RUNTIME_DIR"); xdg && !xdg->empty())
-      out.push_back(root + *xdg + "/vmmckpt/" + file);
-    const uid_t uid = owner_of(pid);
-    if (uid != static_cast<uid_t>(-1) && uid != 0)
-      out.push_back(root + "/tmp/vmmckpt-" + std::to_string(uid) + "/" + file);
-    out.push_back(root + "/tmp/vmmckpt-0/" + file);  // root, or root of a user namespace of its own
-    for (const uid_t owner : {uid, static_cast<uid_t>(0)})
-      if (owner != static_cast<uid_t>(-1))
-        for (auto& f : private_socket_files(root + "/tmp", owner, file))
-          if (std::find(out.begin(), out.end(), f) == out.end()) out.push_back(std::move(f));
-    return out;
-  }
-  // The socket files first: their directories are the owner's alone (one someone else made is refused by the
-  // program, which then listens in a private directory of its own, looked in next). The abstract names come
-  // last, since anyone may bind one first and then never answer.
+// A process in a pid namespace of its own (a container), where it is `inner`, names its socket by the pid it
+// sees, in the directories of its own mount namespace: reached through /proc/PID/root (its abstract name is in
+// its own network namespace). The peer check still names the process by this pid: the kernel translates it.
+std::vector<std::string> addresses_in_own_namespace(pid_t pid, pid_t inner) {
+  const std::string root = proc_dir(pid) + "/root";
+  const std::string file = std::to_string(inner) + ".sock";
+  std::vector<std::string> out;
+  if (const auto xdg = environment_value(pid, "XDG_RUNTIME_DIR"); xdg && !xdg->empty())
+    out.push_back(root + *xdg + "/vmmckpt/" + file);
+  const uid_t uid = owner_of(pid);
+  if (uid != static_cast<uid_t>(-1) && uid != 0)
+    out.push_back(root + "/tmp/vmmckpt-" + std::to_string(uid) + "/" + file);
+  out.push_back(root + "/tmp/vmmckpt-0/" + file);  // root, or root of a user namespace of its own
+  for (const uid_t owner : {uid, static_cast<uid_t>(0)})
+    if (owner != static_cast<uid_t>(-1))
+      for (auto& f : private_socket_files(root + "/tmp", owner, file)) push_unique(out, std::move(f));
+  return out;
+}
+
+// The socket files first: their directories are the owner's alone (one someone else made is refused by the
+// program, which then listens in a private directory of its own, looked in next). The abstract names come
+// last, since anyone may bind one first and then never answer.
+std::vector<std::string> addresses_here(pid_t pid) {
   std::vector<std::string> out;
   const std::string file = std::to_string(pid) + ".sock";
   const uid_t uid = owner_of(pid);
@@ -319,9 +321,16 @@ std::vector<std::string> control_addresses(pid_t pid) {
     for (auto& f : private_socket_files("/tmp", uid, file)) out.push_back(std::move(f));
   for (auto& name : protocol::abstract_addresses(pid)) out.push_back(std::move(name));
   std::vector<std::string> unique;
-  for (auto& a : out)
-    if (std::find(unique.begin(), unique.end(), a) == unique.end()) unique.push_back(std::move(a));
+  for (auto& a : out) push_unique(unique, std::move(a));
   return unique;
+}
+
+}  // namespace
+
+std::vector<std::string> control_addresses(pid_t pid) {
+  if (const pid_t inner = pid_in_own_namespace(pid); inner != pid && inner > 0)
+    return addresses_in_own_namespace(pid, inner);
+  return addresses_here(pid);
 }
 
 std::vector<std::string> command_line_of(pid_t pid) {

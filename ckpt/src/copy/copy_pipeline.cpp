@@ -178,22 +178,142 @@ struct program_release {
   }
 };
 
+// A failure on the way leaves copies queued that read the program's memory (mapped here until the caller
+// unwinds): they end before it is unmapped.
+struct drain_on_failure {
+  const copy_staging& st;
+  const int exceptions = std::uncaught_exceptions();
+  ~drain_on_failure() {
+    if (std::uncaught_exceptions() > exceptions) st.drain();
+  }
+};
+
+// Which chunks go to the snapshot whole, counted from the end (`first` on; chunks.size(): none yet).
+struct snapshot_choice {
+  bool whole_first = false;  // a full dump's snapshot takes every chunk whole, hashed there after the release
+  std::size_t first = 0;
+};
+
+// The block checksums and zero flags on the GPU decide what is copied, block by block: a block of zeros, or
+// one the parent holds unchanged, never leaves the GPU. A full dump whose snapshot takes every chunk whole
+// is held only for the copy into it (at device speed) and hashed there after the release; otherwise every
+// chunk is hashed where it lies in the program's memory while it is held, before any copy, and the hold
+// shrinks to the other blocks. Without the kernel, whole chunks: those that fit in the snapshot, counted
+// from the end, go there; those before them are copied out of the GPU while the program is held.
+snapshot_choice choose_snapshot(const std::vector<chunk>& chunks, gpu_snapshot& snapshot, bool by_block,
+                                bool incremental) {
+  const std::size_t whole_first =
+      first_in_snapshot(chunks.size(), snapshot.bytes, [&](std::size_t c) { return chunks[c].bytes; });
+  snapshot_choice choice;
+  choice.whole_first = by_block && !incremental && snapshot.ptr != 0 && whole_first == 0;
+  choice.first = chunks.size();  // by block in place: placed in the snapshot once the runs are known
+  if (!by_block || choice.whole_first) {
+    choice.first = whole_first;
+    if (choice.first == chunks.size()) snapshot.release();
+  }
+  return choice;
+}
+
+// What of each chunk leaves the program's memory (or the snapshot), worked out once, before the first copy
+// (waiting for the kernel).
+copy_runs block_runs(const std::vector<chunk>& chunks, const std::vector<CUdeviceptr>& snapshot_at,
+                     const copy_checksums& sums, const parent_blocks* parent) {
+  return plan_copy_runs(chunks, snapshot_at, [&](std::size_t c, std::size_t k) {
+    const span& sp = chunks[c].spans[k];
+    return span_blocks{sums.of(c, k), sums.zeros_of(c, k),
+                       parent != nullptr ? parent->same_extent(sp.addr, sp.size, sp.stored) : nullptr};
+  });
+}
+
+// The copies out of the held program, from the moment it is held until it is released.
+struct held_copies {
+  copy_staging& st;
+  const std::vector<chunk>& chunks;
+  const std::vector<CUdeviceptr>& snapshot_at;
+  const std::atomic<int>* interrupt;
+  chunk_handoff& handoff;
+  copy_progress_line& line;
+  image_result& result;
+  program_release& released;
+  std::uint64_t total;
+  const clock::time_point start = clock::now();
+
+  // Every chunk whole into the snapshot, at device speed, then the release. Returns the bytes.
+  std::uint64_t whole_into_snapshot(const local_fn& local) {
+    copy_runs whole = plan_copy_runs(chunks, snapshot_at, [](std::size_t, std::size_t) { return span_blocks{}; });
+    whole.read_at(local);
+    chunk_copier into({st, chunks, whole, snapshot_at, false, interrupt, handoff, line, result});
+    const std::uint64_t bytes = into.to_snapshot(0);
+    into.wait();
+    result.copy_seconds = seconds_since(start);
+    line.report(copy_progress::stage::copying, total);
+    released.now();
+    return bytes;
+  }
+
+  // The runs out of the GPU: those of the chunks from `first` on into the snapshot (unless it was taken
+  // whole already), the others through the staging buffers. The program is released as soon as the
+  // release plan allows, at the latest once every copy is done, while the last buffers are still written.
+  void runs_out(const copy_runs& runs, bool by_block, std::size_t first, CUdeviceptr snapshot, bool whole_first,
+                copy_outcome& out) {
+    chunk_copier copier({st, chunks, runs, snapshot_at, by_block, interrupt, handoff, line, result});
+    if (snapshot != 0 && !whole_first) out.snapshot_bytes = copier.to_snapshot(first);
+    copier.to_staging(released.done ? release_plan{} : plan_release(snapshot != 0, first, chunks.size()), [&] {
+      copier.wait();
+      line.report(copy_progress::stage::copying, total);
+      result.copy_seconds = seconds_since(start);
+      out.used_snapshot = out.snapshot_bytes > 0;  // not when the last chunks needed no copy at all
+      released.now();
+    });
+    result.mark("issued");  // every copy is queued
+    copier.wait();
+    if (!released.done) result.copy_seconds = seconds_since(start);
+    handoff.rethrow_writer_error();
+    result.mark("copied");
+    if (!released.done) {
+      line.report(copy_progress::stage::copying, total);
+      released.now();
+    }
+  }
+};
+
+// What the writers did and the checksums cost, into the result.
+void record_writers(const chunk_handoff& handoff, const copy_checksums& sums, const image::writer& writer,
+                    std::uint32_t data_files, image_result& result) {
+  result.staged_bytes = handoff.staged;
+  result.parked_bytes = handoff.parked;
+  result.held_write_bytes = handoff.held_writes;
+  sums.summarize(result);
+  result.threads.writers = static_cast<int>(data_files);
+  for (std::uint32_t f = 0; f < data_files; ++f) {
+    result.threads.hashing += writer.times(f).hashing;
+    result.threads.writing += writer.times(f).writing;
+  }
+}
+
 }  // namespace
+
+std::size_t copy_pipeline::place_runs_in_snapshot(copy_runs& runs, std::size_t chunk_count) {
+  // An incremental dump makes its snapshot now that the changed bytes are known, when they take more staging
+  // buffers (one per chunk with a changed block) than there are.
+  gpu_snapshot& snapshot = *snapshot_;
+  if (snapshot_later_ && runs.changed_chunks > static_cast<std::size_t>(buffers_))
+    snapshot.try_allocate(runs.changed_bytes, settings_.chunk_bytes);
+  const std::size_t first =
+      first_in_snapshot(chunk_count, snapshot.bytes, [&](std::size_t c) { return runs.bytes_of(c); });
+  std::uint64_t placed = 0;
+  for (std::size_t c = first; c < chunk_count; ++c) placed += runs.bytes_of(c);
+  if (placed == 0) snapshot.release();  // the chunks from `first` on need no copy at all
+  runs.place_in_snapshot(first, snapshot.ptr);
+  return first;
+}
 
 copy_outcome copy_pipeline::copy(image::manifest& m, const readable_fn& readable, const local_fn& local,
                                  const std::function<void()>& release, const progress_callback& progress,
                                  image_result& result) {
   copy_outcome out;
   copy_staging& st = *staging_;
-  // A failure on the way leaves copies queued that read the program's memory (mapped here until the caller
-  // unwinds): they end before it is unmapped.
-  struct drain_on_failure {
-    const copy_staging& st;
-    const int exceptions = std::uncaught_exceptions();
-    ~drain_on_failure() {
-      if (std::uncaught_exceptions() > exceptions) st.drain();
-    }
-  } drain{st};
+  drain_on_failure drain{st};
   // This thread copies the chunks in order into whichever staging buffer is free (chunk_copier), and each
   // writer thread (one data file each, chunk_writers) takes the next copied chunk and appends it, so PCIe
   // and storage overlap and the file system takes several files at once (it serializes writes to one file).
@@ -210,92 +330,31 @@ copy_outcome copy_pipeline::copy(image::manifest& m, const readable_fn& readable
       {context_, st, chunks, parent_.get(), sums, settings_.interrupt, *writer_, m, handoff, line, result},
       m.data_files);
 
-  // The block checksums and zero flags on the GPU decide what is copied, block by block: a block of zeros, or
-  // one the parent holds unchanged, never leaves the GPU. A full dump whose snapshot takes every chunk whole
-  // is held only for the copy into it (at device speed) and hashed there after the release; otherwise every
-  // chunk is hashed where it lies in the program's memory while it is held, before any copy, and the hold
-  // shrinks to the other blocks. Without the kernel, whole chunks: those that fit in the snapshot, counted
-  // from the end, go there; those before them are copied out of the GPU while the program is held.
   gpu_snapshot& snapshot = *snapshot_;
   const bool by_block = sums.on_gpu();
-  const std::size_t whole_first =
-      first_in_snapshot(chunks.size(), snapshot.bytes, [&](std::size_t c) { return chunks[c].bytes; });
-  const bool snapshot_first = by_block && !parent_ && snapshot.ptr != 0 && whole_first == 0;
-  std::size_t first = chunks.size();  // by block in place: placed in the snapshot once the runs are known
-  if (!by_block || snapshot_first) {
-    first = whole_first;
-    if (first == chunks.size()) snapshot.release();
-  }
+  const snapshot_choice choice = choose_snapshot(chunks, snapshot, by_block, parent_ != nullptr);
+  std::size_t first = choice.first;
   const std::vector<CUdeviceptr> snapshot_at = snapshot_places(chunks, first, snapshot.ptr);
-  const auto copy_start = clock::now();
-  line.report(copy_progress::stage::copying, 0);  // the program is held from here: the copy's rate counts from now
   program_release released{release, sums, settings_.interrupt, handoff, line, result};
-  if (snapshot_first) {
-    copy_runs whole = plan_copy_runs(chunks, snapshot_at, [](std::size_t, std::size_t) { return span_blocks{}; });
-    whole.read_at(local);
-    chunk_copier into({st, chunks, whole, snapshot_at, false, settings_.interrupt, handoff, line, result});
-    out.snapshot_bytes = into.to_snapshot(0);
-    into.wait();
-    result.copy_seconds = seconds_since(copy_start);
+  held_copies copies{st, chunks, snapshot_at, settings_.interrupt, handoff, line, result, released, total};
+  line.report(copy_progress::stage::copying, 0);  // the program is held from here: the copy's rate counts from now
+  if (choice.whole_first) {
+    out.snapshot_bytes = copies.whole_into_snapshot(local);
     out.used_snapshot = true;
-    line.report(copy_progress::stage::copying, total);
-    released.now();
   }
-  sums.hash(snapshot_first ? snapshot_at : std::vector<CUdeviceptr>{}, local, result);
-  // What of each chunk leaves the program's memory (or the snapshot), worked out once, before the first copy
-  // (waiting for the kernel).
-  runs = plan_copy_runs(chunks, snapshot_at, [&](std::size_t c, std::size_t k) {
-    const span& sp = chunks[c].spans[k];
-    return span_blocks{sums.of(c, k), sums.zeros_of(c, k),
-                       parent_ ? parent_->same_extent(sp.addr, sp.size, sp.stored) : nullptr};
-  });
+  sums.hash(choice.whole_first ? snapshot_at : std::vector<CUdeviceptr>{}, local, result);
+  runs = block_runs(chunks, snapshot_at, sums, parent_.get());
   runs.read_at(local);
   result.uncopied_bytes += runs.uncopied_bytes;
   result.mark("compared");  // what to copy is known
   // Block by block out of the program's memory, the runs to copy packed one after the other in the snapshot,
-  // of the chunks that fit counted from the end. An incremental dump makes its snapshot now that the changed
-  // bytes are known, when they take more staging buffers (one per chunk with a changed block) than there are.
-  if (by_block && !snapshot_first) {
-    if (snapshot_later_ && runs.changed_chunks > static_cast<std::size_t>(buffers_))
-      snapshot.try_allocate(runs.changed_bytes, settings_.chunk_bytes);
-    first = first_in_snapshot(chunks.size(), snapshot.bytes, [&](std::size_t c) { return runs.bytes_of(c); });
-    std::uint64_t placed = 0;
-    for (std::size_t c = first; c < chunks.size(); ++c) placed += runs.bytes_of(c);
-    if (placed == 0) snapshot.release();  // the chunks from `first` on need no copy at all
-    runs.place_in_snapshot(first, snapshot.ptr);
-  }
+  // of the chunks that fit counted from the end.
+  if (by_block && !choice.whole_first) first = place_runs_in_snapshot(runs, chunks.size());
   handoff.set_runs(runs);
-  chunk_copier copier({st, chunks, runs, snapshot_at, by_block, settings_.interrupt, handoff, line, result});
-  if (snapshot.ptr != 0 && !snapshot_first) out.snapshot_bytes = copier.to_snapshot(first);
-  copier.to_staging(released.done ? release_plan{} : plan_release(snapshot.ptr != 0, first, chunks.size()), [&] {
-    copier.wait();
-    line.report(copy_progress::stage::copying, total);
-    result.copy_seconds = seconds_since(copy_start);
-    out.used_snapshot = out.snapshot_bytes > 0;  // not when the last chunks needed no copy at all
-    released.now();
-  });
-  result.mark("issued");  // every copy is queued
-  // Every byte is out of the GPU once the copies are done: release the program now, while the
-  // last buffers are still being written.
-  copier.wait();
-  if (!released.done) result.copy_seconds = seconds_since(copy_start);
-  handoff.rethrow_writer_error();
-  result.mark("copied");
-  if (!released.done) {
-    line.report(copy_progress::stage::copying, total);
-    released.now();
-  }
+  copies.runs_out(runs, by_block, first, snapshot.ptr, choice.whole_first, out);
 
   writers.join();
-  result.staged_bytes = handoff.staged;
-  result.parked_bytes = handoff.parked;
-  result.held_write_bytes = handoff.held_writes;
-  sums.summarize(result);
-  result.threads.writers = static_cast<int>(m.data_files);
-  for (std::uint32_t f = 0; f < m.data_files; ++f) {
-    result.threads.hashing += writer_->times(f).hashing;
-    result.threads.writing += writer_->times(f).writing;
-  }
+  record_writers(handoff, sums, *writer_, m.data_files, result);
   line.report(copy_progress::stage::writing, total);
   m.data_bytes = image::data_bytes_of(m);  // what the data files hold: not the unchanged blocks, nor the zero ones
   result.zero_bytes = image::zero_bytes_of(m);

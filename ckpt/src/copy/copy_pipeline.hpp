@@ -64,6 +64,10 @@ class copy_pipeline {
   void check_interrupted() const;
 
  private:
+  // Block by block: the runs of the last chunks that fit packed into the snapshot (made now for an incremental
+  // dump). Returns the first of those chunks.
+  std::size_t place_runs_in_snapshot(copy_runs& runs, std::size_t chunk_count);
+
   copy_settings settings_;
   std::uint64_t live_estimate_;
   int buffers_;

@@ -202,76 +202,91 @@ void collect_job(const fs::path& dir, bool dry_run, leftovers_report& report) {
   remove(dir, "a job's suspend image whose ranks are all resumed or gone", dry_run, report);
 }
 
-// One entry of a suspend directory: acted on, or said why it stays (collect_in's rules).
-void collect_entry(const fs::directory_entry& entry, bool dry_run, leftovers_report& report, bool accepted_job) {
+// A directory of a job's suspend: it holds the job's claim, in any state.
+bool is_job_directory(const fs::directory_entry& entry) {
   std::error_code ec;
   const fs::path& path = entry.path();
-  if (entry.is_directory(ec) && !entry.is_symlink(ec) &&
-      (fs::exists(path / suspend_claim::job_pending, ec) || fs::exists(path / suspend_claim::job_accepted, ec) ||
-       fs::exists(path / suspend_claim::job_cancelled, ec))) {
+  return entry.is_directory(ec) && !entry.is_symlink(ec) &&
+         (fs::exists(path / suspend_claim::job_pending, ec) || fs::exists(path / suspend_claim::job_accepted, ec) ||
+          fs::exists(path / suspend_claim::job_cancelled, ec));
+}
+
+// A complete snapshot whose dump's tool died after CRIU succeeded: its processes may still be stopped or
+// suspended on it (then it stays as it is), else it is completed, never removed: once they are gone it is their
+// only copy.
+void collect_complete_snapshot(const fs::path& path, bool dry_run, leftovers_report& report) {
+  if (const std::string why = gpu_part_needed(path); !why.empty()) {
+    report.kept.push_back({path, why});
+    return;
+  }
+  if (dry_run) {
+    report.kept.push_back({path, "an unfinished whole-process image whose CRIU dump succeeded: gc completes it"});
+    return;
+  }
+  try {
+    const fs::path done = finish_process_dump(path);
+    report.kept.push_back({done, "completed from " + path.filename().string() +
+                                     " (its dump's tool died after CRIU succeeded): `cuda-ckpt restore " +
+                                     done.string() + "` brings its processes back"});
+  } catch (const std::exception& e) {
+    report.kept.push_back({path, std::string("an unfinished whole-process image that cannot be completed now (") +
+                                     e.what() + "): `cuda-ckpt restore " + path.string() + "` does it"});
+  }
+}
+
+void collect_accepted(const fs::path& path, const judgement& j, bool dry_run, leftovers_report& report) {
+  std::string why;
+  if (still_needed(path, j.parties, why))
+    report.kept.push_back({path, why});
+  else
+    remove(path, "a suspend image nobody needs: " + why, dry_run, report);
+}
+
+// A suspend image whose tool died before its program took the claim.
+void collect_pending_orphan(const fs::directory_entry& entry, judgement j, bool dry_run, leftovers_report& report,
+                            bool accepted_job) {
+  const fs::path& path = entry.path();
+  if (accepted_job) {
+    if (suspend_claim::alive(j.parties.target_pid, j.parties.target_start))
+      report.kept.push_back({path, "a rank of a job whose suspend is accepted: process " +
+                                       std::to_string(j.parties.target_pid) + " suspends itself on it"});
+    else
+      remove(path, "a rank's image of a suspended job whose process is gone", dry_run, report);
+    return;
+  }
+  // The tool died: withdraw the request, so that its program can never take it after this.
+  if (dry_run || suspend_claim::take(path.string(), suspend_claim::cancelled)) {
+    remove(path, orphan_reason(j), dry_run, report);
+    return;
+  }
+  // The program took it meanwhile: an accepted image.
+  j = judge(entry);
+  if (j.what != judgement::accepted_live && j.what != judgement::accepted_orphan) {
+    report.kept.push_back({path, "its claim changed while it was looked at"});
+    return;
+  }
+  collect_accepted(path, j, dry_run, report);
+}
+
+// One entry of a suspend directory: acted on, or said why it stays (collect_in's rules).
+void collect_entry(const fs::directory_entry& entry, bool dry_run, leftovers_report& report, bool accepted_job) {
+  const fs::path& path = entry.path();
+  if (is_job_directory(entry)) {
     collect_job(path, dry_run, report);
     return;
   }
-  judgement j = judge(entry);
+  const judgement j = judge(entry);
   switch (j.what) {
     case judgement::not_an_image:
     case judgement::partial_live: break;
-    case judgement::partial_complete:
-      // A complete snapshot whose dump's tool died after CRIU succeeded: its processes may still be stopped
-      // or suspended on it (then it stays as it is), else it is completed, never removed: once they are
-      // gone it is their only copy.
-      if (const std::string why = gpu_part_needed(path); !why.empty()) {
-        report.kept.push_back({path, why});
-        break;
-      }
-      if (dry_run) {
-        report.kept.push_back({path, "an unfinished whole-process image whose CRIU dump succeeded: gc completes it"});
-        break;
-      }
-      try {
-        const fs::path done = finish_process_dump(path);
-        report.kept.push_back({done, "completed from " + path.filename().string() +
-                                         " (its dump's tool died after CRIU succeeded): `cuda-ckpt restore " +
-                                         done.string() + "` brings its processes back"});
-      } catch (const std::exception& e) {
-        report.kept.push_back({path, std::string("an unfinished whole-process image that cannot be completed now (") +
-                                         e.what() + "): `cuda-ckpt restore " + path.string() + "` does it"});
-      }
-      break;
+    case judgement::partial_complete: collect_complete_snapshot(path, dry_run, report); break;
     case judgement::unreadable: report.kept.push_back({path, "its claim file cannot be read"}); break;
     case judgement::pending_live:
       report.kept.push_back({path, "its suspend is under way (tool " + std::to_string(j.parties.tool_pid) + ")"});
       break;
-    case judgement::pending_orphan:
-      if (accepted_job) {
-        if (suspend_claim::alive(j.parties.target_pid, j.parties.target_start))
-          report.kept.push_back({path, "a rank of a job whose suspend is accepted: process " +
-                                           std::to_string(j.parties.target_pid) + " suspends itself on it"});
-        else
-          remove(path, "a rank's image of a suspended job whose process is gone", dry_run, report);
-        break;
-      }
-      // The tool died: withdraw the request, so that its program can never take it after this.
-      if (dry_run || suspend_claim::take(path.string(), suspend_claim::cancelled)) {
-        remove(path, orphan_reason(j), dry_run, report);
-        break;
-      }
-      // The program took it meanwhile: an accepted image.
-      j = judge(entry);
-      if (j.what != judgement::accepted_live && j.what != judgement::accepted_orphan) {
-        report.kept.push_back({path, "its claim changed while it was looked at"});
-        break;
-      }
-      [[fallthrough]];
+    case judgement::pending_orphan: collect_pending_orphan(entry, j, dry_run, report, accepted_job); break;
     case judgement::accepted_live:
-    case judgement::accepted_orphan: {
-      std::string why;
-      if (still_needed(path, j.parties, why))
-        report.kept.push_back({path, why});
-      else
-        remove(path, "a suspend image nobody needs: " + why, dry_run, report);
-      break;
-    }
+    case judgement::accepted_orphan: collect_accepted(path, j, dry_run, report); break;
     case judgement::partial_orphan:
       if (const std::string why = gpu_part_needed(path); !why.empty()) {
         report.kept.push_back({path, why});

@@ -105,6 +105,39 @@ bool cut_coordinator::aim(rank& r, const std::vector<control::comm_count>& targe
   return true;
 }
 
+bool cut_coordinator::aim_all(const targets_of_ranks& targets, bool freeze) {
+  bool aimed = false;
+  for (std::size_t i = 0; i < ranks_.size(); ++i) aimed = aim(*ranks_[i], targets[i], freeze) || aimed;
+  return aimed;
+}
+
+bool cut_coordinator::all_at_cut(const targets_of_ranks& targets) const {
+  bool there = true;
+  for (std::size_t i = 0; i < ranks_.size(); ++i)
+    there = there && ranks_[i]->answered && at_cut(ranks_[i]->status, targets[i]);
+  return there;
+}
+
+bool cut_coordinator::all_answered() const {
+  return std::all_of(ranks_.begin(), ranks_.end(), [](const auto& r) { return r->answered; });
+}
+
+void cut_coordinator::fail_not_there(const targets_of_ranks& targets) {
+  std::string behind;
+  for (std::size_t i = 0; i < ranks_.size(); ++i) {
+    const rank& r = *ranks_[i];
+    const std::string silent = r.answered || !r.client->node().empty() ? std::string() : why_silent(r.pid);
+    if (!r.answered)  // its last status is older than its targets: it stopped answering
+      behind += "\n  " + name_of(r) + ": has not answered its targets" +
+                (silent.empty() ? " (its control thread does not run)" : ": " + silent);
+    else if (!at_cut(r.status, targets[i]))
+      behind += "\n  " + name_of(r) + ": " + against_targets(r.status, targets[i]);
+  }
+  fail("the job's ranks did not reach one point within the deadline (--deadline); every rank goes on as it "
+       "was. Not there:" +
+       behind);
+}
+
 cut_figures cut_coordinator::bring_to_cut(deadline until) {
   const auto start = clock::now();
   cut_figures figures;
@@ -115,34 +148,16 @@ cut_figures cut_coordinator::bring_to_cut(deadline until) {
     std::vector<control::cut_status> statuses;
     for (const auto& r : ranks_) statuses.push_back(r->status);
     const auto targets = cut_targets(statuses);
-    bool aimed = false;
-    for (std::size_t i = 0; i < ranks_.size(); ++i) aimed = aim(*ranks_[i], targets[i], freeze) || aimed;
-    if (aimed) ++figures.rounds;
-    bool there = true;
-    for (std::size_t i = 0; i < ranks_.size(); ++i)
-      there = there && ranks_[i]->answered && at_cut(ranks_[i]->status, targets[i]);
+    if (aim_all(targets, freeze)) ++figures.rounds;
+    const bool there = all_at_cut(targets);
     if (there && freeze) break;
     if (there) {
       if (const std::string why = missing_members(statuses); !why.empty()) fail(why + "; every rank goes on");
       freeze = true;
       continue;
     }
-    if (freeze && std::all_of(ranks_.begin(), ranks_.end(), [](const auto& r) { return r->answered; })) freeze = false;
-    if (until.expired()) {
-      std::string behind;
-      for (std::size_t i = 0; i < ranks_.size(); ++i) {
-        const rank& r = *ranks_[i];
-        const std::string silent = r.answered || !r.client->node().empty() ? std::string() : why_silent(r.pid);
-        if (!r.answered)  // its last status is older than its targets: it stopped answering
-          behind += "\n  " + name_of(r) + ": has not answered its targets" +
-                    (silent.empty() ? " (its control thread does not run)" : ": " + silent);
-        else if (!at_cut(r.status, targets[i]))
-          behind += "\n  " + name_of(r) + ": " + against_targets(r.status, targets[i]);
-      }
-      fail("the job's ranks did not reach one point within the deadline (--deadline); every rank goes on as it "
-           "was. Not there:" +
-           behind);
-    }
+    if (freeze && all_answered()) freeze = false;
+    if (until.expired()) fail_not_there(targets);
     read_statuses(until.remaining_ms(1, 100), until);
   }
   figures.seconds = std::chrono::duration<double>(clock::now() - start).count();

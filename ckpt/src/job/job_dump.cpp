@@ -9,7 +9,6 @@
 #include "job/cut_coordinator.hpp"
 #include "job/job_run.hpp"
 #include "job/rendezvous.hpp"
-#include "vmmckpt/ckpt/driver.hpp"
 #include "vmmckpt/ckpt/job.hpp"
 #include "vmmckpt/ckpt/job_image.hpp"
 #include "vmmckpt/image/image.hpp"
@@ -22,9 +21,7 @@ job_dump_result dump_job(const job_dump_options& o) {
   using clock = std::chrono::steady_clock;
   job_dump_result r;
   const auto start = clock::now();
-  driver();  // no driver here: say so before any rank is touched
-  // A member that does not answer (stopped) fails the command within its deadline.
-  r.ranks = job_members(o.job, member_state::running, member_wait_within(o.hold_deadline));
+  r.ranks = running_ranks(o.job, o.hold_deadline);
   const fs::path output = new_image_path(o.output);
   // Written under a staging name next to the final one, renamed in one step at the end.
   const fs::path staging = image::staging_path(output);
@@ -40,23 +37,14 @@ job_dump_result dump_job(const job_dump_options& o) {
 
   // Connecting, preparing, the cut and every hold, as one process's dump deadline covers all up to its release.
   const deadline until(start + o.hold_deadline);
-  std::unique_ptr<cut_coordinator> cut;
-  rendezvous prepared(r.ranks.size(), [&] {
-    cut = std::make_unique<cut_coordinator>(r.ranks, until);
-    r.cut = cut->bring_to_cut(until);
-  });
+  job_cut cut(r.ranks, until, r.cut);
   // Every rank's bytes safe before any goes on: a rank released first would write into the others' memory.
-  rendezvous safe(r.ranks.size(), [&] { cut->release(); });
+  rendezvous safe(r.ranks.size(), [&] { cut.coordinator->release(); });
   r.dumps.resize(r.ranks.size());
-  run_per_rank(r.ranks, {&prepared, &safe}, [&](std::size_t i) {
-    dump_options d;
-    d.pid = r.ranks[i];
-    d.output = staging / std::to_string(r.ranks[i]);
-    d.copy = o.copy;
-    d.hold_deadline = o.hold_deadline;
+  run_per_rank(r.ranks, {&cut.prepared, &safe}, [&](std::size_t i) {
+    auto d = rank_options<dump_options>(o, r.ranks[i], staging);
     d.gpu_snapshot = o.gpu_snapshot;
-    d.allow_partial = o.allow_partial;
-    d.before_hold = [&] { prepared.arrive_and_wait(); };
+    d.before_hold = [&] { cut.prepared.arrive_and_wait(); };
     d.before_release = [&] { safe.arrive_and_wait(); };
     r.dumps[i] = dump(d);
   });

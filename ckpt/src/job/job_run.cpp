@@ -6,6 +6,7 @@
 #include <exception>
 #include <thread>
 
+#include "vmmckpt/ckpt/driver.hpp"
 #include "vmmckpt/ckpt/suspend.hpp"
 #include "vmmckpt/ckpt/errors.hpp"
 #include "vmmckpt/image/image.hpp"
@@ -21,6 +22,11 @@ fs::path new_image_path(const fs::path& given) {
   if (fs::symlink_status(out, ec).type() != fs::file_type::not_found)
     throw image::image_error(out.string() + " already exists");
   return out;
+}
+
+std::vector<pid_t> running_ranks(const job_spec& job, std::chrono::milliseconds hold_deadline) {
+  driver();
+  return job_members(job, member_state::running, member_wait_within(hold_deadline));
 }
 
 void make_private_directory(const fs::path& dir) {

@@ -6,7 +6,6 @@
 #include "job/cut_coordinator.hpp"
 #include "job/job_run.hpp"
 #include "job/rendezvous.hpp"
-#include "vmmckpt/ckpt/driver.hpp"
 #include "vmmckpt/ckpt/job.hpp"
 #include "vmmckpt/ckpt/job_image.hpp"
 #include "vmmckpt/ckpt/errors.hpp"
@@ -41,75 +40,90 @@ std::string ranks_in_trouble(const std::vector<pid_t>& ranks, const std::vector<
                    "lost (its launcher ends it)");
 }
 
+// The job's claim, pending, in its image directory: whoever renames it first, the acceptance once every rank's
+// image is complete or a withdrawal, decides for every rank (suspend_claim.hpp). It names the job by its launcher,
+// or by its first rank.
+void write_job_claim(const fs::path& output, const job_suspend_options& o, const std::vector<pid_t>& ranks) {
+  const pid_t named = o.job.ranks.empty() ? o.job.root : ranks.front();
+  image_files::write_synced(output, suspend_claim::job_pending,
+                            suspend_claim::encode({::getpid(), suspend_claim::start_time(::getpid()), named,
+                                                   suspend_claim::start_time(named), ""}));
+}
+
+// Until the job's claim is accepted, a failure withdraws it and removes the images.
+struct remove_unless_accepted {
+  const fs::path& output;
+  bool accepted = false;
+  ~remove_unless_accepted() {
+    if (accepted) return;
+    suspend_claim::take_job(output.string(), suspend_claim::job_cancelled);
+    std::error_code ec;
+    fs::remove_all(output, ec);
+  }
+};
+
+// Every rank's image complete and checked: the job is described, then its claim accepted. From the acceptance on,
+// a rank whose tool goes away suspends itself.
+void accept_job(const fs::path& output, job_image& j, const job_suspend_result& r,
+                const std::vector<std::uint64_t>& started, remove_unless_accepted& claim) {
+  // A rank that exited or was stopped while held would not take its suspend: the job is not suspended at all.
+  if (const std::string troubled = ranks_in_trouble(r.ranks, started, r.suspends); !troubled.empty())
+    throw tool_error("not every rank can be suspended:" + troubled +
+                     "\nThe job's suspend is given up: no rank is suspended, every other one goes on");
+  j.cut_seconds = r.cut.seconds;
+  j.cut_rounds = r.cut.rounds;
+  write_job_manifest(output, j);
+  if (!suspend_claim::take_job(output.string(), suspend_claim::job_accepted))
+    throw tool_error("the job's suspend was cancelled meanwhile (a rank's hold ended: its deadline passed, or it "
+                     "lost its connection); every rank goes on, none suspended");
+  claim.accepted = true;
+}
+
+// What a failure after the acceptance leaves: no rank refuses any more, and one that did not answer suspends
+// itself on its image (the images stay). Only its figures are missing.
+[[noreturn]] void failed_after_acceptance(const std::exception& e, const fs::path& output) {
+  throw tool_error(std::string(e.what()) + "; the job's suspend was accepted, so every rank is suspended or " +
+                   "suspends itself on its image in " + output.string() + " (`cuda-ckpt ps` shows them; " +
+                   "`cuda-ckpt resume --job` brings the job back)");
+}
+
+// The job's description: the ranks in order, each with its image's id once written.
+job_image job_description(const job_suspend_options& o, const std::vector<pid_t>& ranks) {
+  job_image j;
+  j.kind = "suspend";
+  j.root_pid = o.job.ranks.empty() ? o.job.root : 0;
+  for (const pid_t pid : ranks) j.ranks.push_back({pid, {}});
+  return j;
+}
+
 }  // namespace
 
 job_suspend_result suspend_job(const job_suspend_options& o) {
   using clock = std::chrono::steady_clock;
   job_suspend_result r;
   const auto start = clock::now();
-  driver();  // no driver here: say so before any rank is touched
-  // A member that does not answer (stopped) fails the command within its deadline.
-  r.ranks = job_members(o.job, member_state::running, member_wait_within(o.hold_deadline));
+  r.ranks = running_ranks(o.job, o.hold_deadline);
   // A rank that ends meanwhile is told apart from a new process given its pid.
   std::vector<std::uint64_t> started;
   for (const pid_t pid : r.ranks) started.push_back(suspend_claim::start_time(pid));
   // The ranks are told where their images will be, for good: the directory has its final name from the start.
   const fs::path output = new_image_path(o.output);
   make_private_directory(output);
-  const pid_t named = o.job.ranks.empty() ? o.job.root : r.ranks.front();
-  image_files::write_synced(output, suspend_claim::job_pending,
-                            suspend_claim::encode({::getpid(), suspend_claim::start_time(::getpid()), named,
-                                                   suspend_claim::start_time(named), ""}));
-  bool accepted = false;
-  struct remove_unless_accepted {
-    const fs::path& output;
-    const bool& accepted;
-    ~remove_unless_accepted() {
-      if (accepted) return;
-      suspend_claim::take_job(output.string(), suspend_claim::job_cancelled);
-      std::error_code ec;
-      fs::remove_all(output, ec);
-    }
-  } cleanup{output, accepted};
+  write_job_claim(output, o, r.ranks);
+  remove_unless_accepted claim{output};
 
   const deadline until(start + o.hold_deadline);
-  std::unique_ptr<cut_coordinator> cut;
-  rendezvous prepared(r.ranks.size(), [&] {
-    cut = std::make_unique<cut_coordinator>(r.ranks, until);
-    r.cut = cut->bring_to_cut(until);
-  });
-  job_image j;
-  j.kind = "suspend";
-  j.root_pid = o.job.ranks.empty() ? o.job.root : 0;
-  for (const pid_t pid : r.ranks) j.ranks.push_back({pid, {}});
-  // Every rank's image complete and checked: the job is described, then its claim accepted. From the acceptance
-  // on, a rank whose tool goes away suspends itself.
-  rendezvous complete(r.ranks.size(), [&] {
-    // A rank that exited or was stopped while held would not take its suspend: the job is not suspended at all.
-    if (const std::string troubled = ranks_in_trouble(r.ranks, started, r.suspends); !troubled.empty())
-      throw tool_error("not every rank can be suspended:" + troubled +
-                       "\nThe job's suspend is given up: no rank is suspended, every other one goes on");
-    j.cut_seconds = r.cut.seconds;
-    j.cut_rounds = r.cut.rounds;
-    write_job_manifest(output, j);
-    if (!suspend_claim::take_job(output.string(), suspend_claim::job_accepted))
-      throw tool_error("the job's suspend was cancelled meanwhile (a rank's hold ended: its deadline passed, or it "
-                       "lost its connection); every rank goes on, none suspended");
-    accepted = true;
-  });
+  job_cut cut(r.ranks, until, r.cut);
+  job_image j = job_description(o, r.ranks);
+  rendezvous complete(r.ranks.size(), [&] { accept_job(output, j, r, started, claim); });
   r.suspends.resize(r.ranks.size());
   const std::vector<std::int64_t> job_pids(r.ranks.begin(), r.ranks.end());
   try {
-    run_per_rank(r.ranks, {&prepared, &complete}, [&](std::size_t i) {
-      suspend_options s;
-      s.pid = r.ranks[i];
-      s.output = output / std::to_string(r.ranks[i]);
-      s.copy = o.copy;
-      s.hold_deadline = o.hold_deadline;
+    run_per_rank(r.ranks, {&cut.prepared, &complete}, [&](std::size_t i) {
+      auto s = rank_options<suspend_options>(o, r.ranks[i], output);
       s.verify = o.verify;
-      s.allow_partial = o.allow_partial;
       s.job = control::job_suspend{output.string(), {}, {}, job_pids};
-      s.before_hold = [&] { prepared.arrive_and_wait(); };
+      s.before_hold = [&] { cut.prepared.arrive_and_wait(); };
       s.before_suspend = [&, i](const image::manifest& m) {
         j.ranks[i].image_id = m.image_id;  // each thread its own entry; the manifest is written by the last
         if (i == 0) {
@@ -122,15 +136,11 @@ job_suspend_result suspend_job(const job_suspend_options& o) {
       r.suspends[i] = suspend(s);
     });
   } catch (const std::exception& e) {
-    if (cut) cut->release();
-    if (!accepted) throw;
-    // Accepted: no rank refuses any more, and one that did not answer suspends itself on its image (the images
-    // stay). Only its figures are missing.
-    throw tool_error(std::string(e.what()) + "; the job's suspend was accepted, so every rank is suspended or " +
-                     "suspends itself on its image in " + output.string() + " (`cuda-ckpt ps` shows them; " +
-                     "`cuda-ckpt resume --job` brings the job back)");
+    if (cut.coordinator) cut.coordinator->release();
+    if (!claim.accepted) throw;
+    failed_after_acceptance(e, output);
   }
-  cut->release();  // each rank's NCCL calls now wait for its resume
+  cut.coordinator->release();  // each rank's NCCL calls now wait for its resume
   // A rank that did not answer its suspend request, or that exited or was stopped after it, is said: the command
   // fails, naming it, and says what the job is left as.
   if (const std::string troubled = ranks_in_trouble(r.ranks, started, r.suspends); !troubled.empty())

@@ -3,14 +3,33 @@
 
 #include <algorithm>
 
+#include "channel/session.hpp"
 #include "copy/copy_pipeline.hpp"
 #include "copy/held_memory.hpp"
-#include "channel/session.hpp"
+#include "operations/held_copy.hpp"
 #include "vmmckpt/ckpt/driver.hpp"
 #include "vmmckpt/ckpt/errors.hpp"
 #include "vmmckpt/support/fault_point.hpp"
 
 namespace vmmckpt::ckpt {
+namespace {
+
+// Releases the held program, its hold's length measured by the program. A hold the program already ended
+// itself (the deadline passed) leaves a copy that may be inconsistent: nothing may be written from it.
+void end_hold(session& s, const dump_options& options, dump_result& result) {
+  try {
+    result.hold_ms = static_cast<double>(s.client().dump_end().held_us) / 1000.0;
+  } catch (const control_error& e) {
+    if (e.refused && e.refusal == control::refusal::not_held)
+      throw tool_error("the hold deadline passed (" +
+                       std::to_string(std::chrono::duration_cast<std::chrono::seconds>(options.hold_deadline).count()) +
+                       " s, --deadline) before the program's memory was copied: the program was released, "
+                       "and the copy may be inconsistent, so no image is written");
+    throw;
+  }
+}
+
+}  // namespace
 
 dump_result dump(const dump_options& options, const progress_callback& progress) {
   dump_result result;
@@ -32,61 +51,36 @@ dump_result dump(const dump_options& options, const progress_callback& progress)
   pipeline.prepare(options.output, context, options.gpu_snapshot && one_device, result);
   result.mark("prepared");
 
-  pipeline.check_interrupted();
-  if (options.before_hold) options.before_hold();
-  result.mark("cut");
-  if (progress) progress({copy_progress::stage::holding});
-  received_fds fds;
-  // Ctrl-C while the program drains, or while dump_end is answered: the connection closes, and the
-  // program is released.
-  s.client().while_waiting([&] { pipeline.check_interrupted(); });
-  auto held = s.client().dump_begin(hold_budget(s, options.hold_deadline), fds);
-  // From here the program is held, until dump_end or this connection closes (an exception on the
-  // way, an interrupt included, closes it).
-  fault_point("held");
-  result.mark("held");
-  pipeline.check_interrupted();
-
-  image::manifest& m = result.manifest;
-  record_memory_not_held(s, held, options.allow_partial, m);
-  s.describe_process(m);
-  held_memory memory(s, held, fds, m);
-  result.mark("mapped");
-
+  hold_steps steps;
+  steps.hold = [&](received_fds& fds) {
+    // Ctrl-C while the program drains, or while dump_end is answered: the connection closes, and the
+    // program is released.
+    s.client().while_waiting([&] { pipeline.check_interrupted(); });
+    return s.client().dump_begin(hold_budget(s, options.hold_deadline), fds);
+  };
+  steps.allow_partial = options.allow_partial;
+  steps.before_hold = options.before_hold;
+  steps.release = [&](held_memory& memory) {
+    if (options.before_release) options.before_release();
+    end_hold(s, options, result);
+    if (progress) progress({copy_progress::stage::released, result.staged_bytes, 0, result.hold_ms / 1000.0});
+    fault_point("writing");
+    memory.release();
+    result.mark("released");
+  };
   // The driver's cuCheckpointProcessLock is deliberately not taken as well: a tool that dies
   // holding it leaves the program locked for good (the driver does not release it), and a crashed
   // tool must never hang the program. The shim's gate, which reopens when this connection drops,
   // is the quiesce.
-  const copy_outcome copied = pipeline.copy(
-      m, [&](std::uint64_t addr, std::uint64_t size) { return memory.mapped(addr, size); },
-      [&](std::uint64_t addr) { return memory.local(addr); },
-      [&] {
-        if (options.before_release) options.before_release();
-        try {
-          result.hold_ms = static_cast<double>(s.client().dump_end().held_us) / 1000.0;
-        } catch (const control_error& e) {
-          if (e.refused && e.refusal == control::refusal::not_held)
-            throw tool_error(
-                "the hold deadline passed (" +
-                std::to_string(std::chrono::duration_cast<std::chrono::seconds>(options.hold_deadline).count()) +
-                " s, --deadline) before the program's memory was copied: the program was released, "
-                "and the copy may be inconsistent, so no image is written");
-          throw;
-        }
-        if (progress) progress({copy_progress::stage::released, result.staged_bytes, 0, result.hold_ms / 1000.0});
-        fault_point("writing");
-        memory.release();
-        result.mark("released");
-      },
-      progress, result);
+  const copy_outcome copied = copy_held(s, pipeline, steps, progress, result);
   result.gpu_snapshot = copied.used_snapshot;
   result.snapshot_bytes = copied.snapshot_bytes;
+  image::manifest& m = result.manifest;
   m.hold_us = static_cast<std::uint64_t>(result.hold_ms * 1000.0);
   m.image_id = pipeline.writer().image_id();
   pipeline.committed(options.output, m, pipeline.writer().commit(m));
   result.mark("committed");
-  result.image = options.output;
-  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - result.start).count();
+  finish(result, options.output);
   return result;
 }
 

@@ -10,9 +10,10 @@
 #include <optional>
 #include <string>
 
+#include "channel/session.hpp"
 #include "copy/copy_pipeline.hpp"
 #include "copy/held_memory.hpp"
-#include "channel/session.hpp"
+#include "operations/held_copy.hpp"
 #include "vmmckpt/ckpt/driver.hpp"
 #include "vmmckpt/ckpt/processes.hpp"
 #include "vmmckpt/ckpt/errors.hpp"
@@ -77,15 +78,8 @@ std::optional<control::suspend_reply> request_suspend(session& s, const suspend_
   }
 }
 
-}  // namespace
-
-suspend_result suspend(const suspend_options& options, const progress_callback& progress) {
-  suspend_result result;
-  driver();  // no driver here: say so before the program is touched
-  // The deadline covers everything up to the program's memory being freed.
-  session s(options.pid, session::expect::running, "suspend", deadline(result.start + options.hold_deadline));
-  result.mark("connected");
-  // The program reads its image back on resume, at the path this tool gives it.
+// The program reads its image back on resume, at the path this tool gives it.
+void check_sees_output(const suspend_options& options) {
   if (!sees_directory(options.pid, options.output))
     throw tool_error("process " + std::to_string(options.pid) +
                      " runs in a mount namespace of its own (a container) "
@@ -93,61 +87,49 @@ suspend_result suspend(const suspend_options& options, const progress_callback& 
                      std::filesystem::absolute(options.output).parent_path().string() +
                      " as this tool does: it reads its image back from there on resume. Give -o a directory "
                      "mounted into it at the same path");
-  // Nothing is parked: the program stays held until the image is written and checked anyway.
-  copy_settings copy = options.copy;
-  copy.park_while_held = false;
-  copy_pipeline pipeline(copy, s.live_bytes());
-  const CUcontext context = s.open_context();
-  result.mark("context");
-  // No GPU snapshot: the program stays held until its memory is freed anyway.
-  pipeline.prepare(options.output, context, false, result);
-  // The claim is in the image from the moment it appears (suspend_claim.hpp): whoever renames it
-  // first, the program accepting or this tool (or `cuda-ckpt gc`) withdrawing, decides.
-  const std::string image = std::filesystem::absolute(options.output).lexically_normal().string();
+}
+
+// The claim is in the image from the moment it appears (suspend_claim.hpp): whoever renames it
+// first, the program accepting or this tool (or `cuda-ckpt gc`) withdrawing, decides.
+void add_claim(copy_pipeline& pipeline, const suspend_options& options) {
   pipeline.writer().add_file(
       suspend_claim::pending,
       suspend_claim::encode({::getpid(), suspend_claim::start_time(::getpid()), options.pid,
                              suspend_claim::start_time(options.pid), pipeline.writer().image_id()}));
-  result.mark("prepared");
+}
 
-  pipeline.check_interrupted();
-  if (options.before_hold) options.before_hold();
-  result.mark("cut");
-  if (progress) progress({copy_progress::stage::holding});
-  received_fds fds;
-  s.client().while_waiting([&] { pipeline.check_interrupted(); });  // Ctrl-C while the program drains
-  // A job's rank learns with its hold where its image will be: should its tool go away once the job's suspend is
-  // decided, it suspends itself on that image.
-  std::optional<control::job_suspend> job = options.job;
-  if (job) {
-    job->image = image;
-    job->image_id = pipeline.writer().image_id();
-  }
-  auto held = s.client().dump_begin(hold_budget(s, options.hold_deadline), fds, /*for_suspend=*/true, job);
-  s.client().while_waiting({});  // from the suspend request on, an interrupt must not abandon the answer
-  fault_point("held");
-  result.mark("held");
-  pipeline.check_interrupted();
+// The program is held for a suspend; it stays held once every byte is out, until its memory is freed.
+hold_steps suspend_hold(session& s, copy_pipeline& pipeline, const suspend_options& options, const std::string& image) {
+  hold_steps steps;
+  steps.hold = [&s, &pipeline, &options, image](received_fds& fds) {
+    s.client().while_waiting([&] { pipeline.check_interrupted(); });  // Ctrl-C while the program drains
+    // A job's rank learns with its hold where its image will be: should its tool go away once the job's suspend
+    // is decided, it suspends itself on that image.
+    std::optional<control::job_suspend> job = options.job;
+    if (job) {
+      job->image = image;
+      job->image_id = pipeline.writer().image_id();
+    }
+    auto held = s.client().dump_begin(hold_budget(s, options.hold_deadline), fds, /*for_suspend=*/true, job);
+    s.client().while_waiting({});  // from the suspend request on, an interrupt must not abandon the answer
+    return held;
+  };
+  steps.allow_partial = options.allow_partial;
+  steps.before_hold = options.before_hold;
+  steps.release = [](held_memory& memory) {
+    // The program stays held: only this tool's mapping of its memory goes.
+    memory.release();
+    fault_point("writing");
+  };
+  return steps;
+}
 
+// The program gives its memory back only once the image is complete and synced, and opens with
+// every rule checked (headers, sizes, the manifest's and tables' checksums). The checksums of the
+// bytes were taken from the very buffers written; reading them back (--verify) would read the
+// page cache, not the medium, so it is optional.
+void commit_checked(copy_pipeline& pipeline, const suspend_options& options, suspend_result& result) {
   image::manifest& m = result.manifest;
-  record_memory_not_held(s, held, options.allow_partial, m);
-  s.describe_process(m);
-  held_memory memory(s, held, fds, m);
-  result.mark("mapped");
-  pipeline.copy(
-      m, [&](std::uint64_t addr, std::uint64_t size) { return memory.mapped(addr, size); },
-      [&](std::uint64_t addr) { return memory.local(addr); },
-      [&] {
-        // The program stays held: only this tool's mapping of its memory goes.
-        memory.release();
-        fault_point("writing");
-      },
-      progress, result);
-
-  // The program gives its memory back only once the image is complete and synced, and opens with
-  // every rule checked (headers, sizes, the manifest's and tables' checksums). The checksums of the
-  // bytes were taken from the very buffers written; reading them back (--verify) would read the
-  // page cache, not the medium, so it is optional.
   m.image_id = pipeline.writer().image_id();
   pipeline.writer().commit(m);
   result.mark("committed");
@@ -162,15 +144,39 @@ suspend_result suspend(const suspend_options& options, const progress_callback& 
     remove_image(options.output);
     throw;
   }
+}
+
+}  // namespace
+
+suspend_result suspend(const suspend_options& options, const progress_callback& progress) {
+  suspend_result result;
+  driver();  // no driver here: say so before the program is touched
+  // The deadline covers everything up to the program's memory being freed.
+  session s(options.pid, session::expect::running, "suspend", deadline(result.start + options.hold_deadline));
+  result.mark("connected");
+  check_sees_output(options);
+  // Nothing is parked: the program stays held until the image is written and checked anyway.
+  copy_settings copy = options.copy;
+  copy.park_while_held = false;
+  copy_pipeline pipeline(copy, s.live_bytes());
+  const CUcontext context = s.open_context();
+  result.mark("context");
+  // No GPU snapshot: the program stays held until its memory is freed anyway.
+  pipeline.prepare(options.output, context, false, result);
+  const std::string image = std::filesystem::absolute(options.output).lexically_normal().string();
+  add_claim(pipeline, options);
+  result.mark("prepared");
+
+  copy_held(s, pipeline, suspend_hold(s, pipeline, options, image), progress, result);
+  commit_checked(pipeline, options, result);
   const std::optional<control::suspend_reply> suspended =
       request_suspend(s, options, image, pipeline.writer().image_id());
   if (!suspended) {
     // It took the claim and then did not answer (it was stopped, or its answer was lost): it is
     // suspended, or will be when it continues, with this image. Say so; nothing is undone.
     result.late = true;
-    result.image = options.output;
     result.mark("suspended");
-    result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - result.start).count();
+    finish(result, options.output);
     return result;
   }
   fault_point("suspended");
@@ -178,8 +184,7 @@ suspend_result suspend(const suspend_options& options, const progress_callback& 
   result.hold_ms = static_cast<double>(suspended->held_us) / 1000.0;
   result.freed_bytes = suspended->freed_bytes;
   for (const auto& d : suspended->devices) result.device_used_after += d.used_bytes_after;
-  result.image = options.output;
-  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - result.start).count();
+  finish(result, options.output);
   return result;
 }
 

@@ -49,6 +49,13 @@ std::string who(pid_t pid) {
   return "process " + std::to_string(pid) + (name.empty() ? "" : " (" + name + ")");
 }
 
+void require_running_for_driver(pid_t pid) {
+  if (const auto state = driver_process_state(pid); state != CU_PROCESS_STATE_RUNNING)
+    throw tool_error(who(pid) + " is " + process_state_name(state) +
+                     " for the driver: another checkpoint is under way, or one stopped midway (`cuda-ckpt resume " +
+                     std::to_string(pid) + "` brings it back)");
+}
+
 struct tree_member {
   pid_t pid = 0;
   pid_t parent = 0;
@@ -156,6 +163,12 @@ class process_dump {
   static double seconds_since(clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); }
 
  private:
+  // check_and_prepare's steps: the refusals, the image's place (and its parent), the transaction's record and
+  // the staging directory, the image's description of the tree.
+  void check_dumpable();
+  void check_destination();
+  void open_record();
+  void describe_tree();
   void pre_copy_one(const tree_member& m, process_image::member& described);
   void suspend_one(const tree_member& m, process_image::member& described);
   void suspend_job_ranks();
@@ -194,7 +207,15 @@ class process_dump {
 };
 
 void process_dump::check_and_prepare() {
-  // Everything that can refuse does so before a process is touched.
+  check_dumpable();
+  check_destination();
+  open_record();
+  mark("checked");
+  describe_tree();
+}
+
+// Everything that can refuse does so before a process is touched.
+void process_dump::check_dumpable() {
   criu_ = find_criu();
   if (const std::string missing = driver_checkpoint_missing(); !missing.empty())
     throw tool_error(missing + ": whole-process checkpoints need it (dump, suspend and restore with a command work "
@@ -207,25 +228,21 @@ void process_dump::check_and_prepare() {
   if (!stopped.empty()) refuse_left_stopped(stopped.front());
   refuse_stopped(stopped);
   members_ = gpu_members_of(o_.pid, member_wait_within(o_.hold_deadline), o_.job, d_.driver_only);
-  for (const pid_t pid : d_.driver_only)
-    if (const auto state = driver_process_state(pid); state != CU_PROCESS_STATE_RUNNING)
-      throw tool_error(who(pid) + " is " + process_state_name(state) +
-                       " for the driver: another checkpoint is under "
-                       "way, or one stopped midway (`cuda-ckpt resume " +
-                       std::to_string(pid) + "` brings it back)");
-  for (const auto& m : members_)
-    if (const auto state = driver_process_state(m.pid); state != CU_PROCESS_STATE_RUNNING)
-      throw tool_error(who(m.pid) + " is " + process_state_name(state) +
-                       " for the driver: another checkpoint is under way, or one stopped midway (`cuda-ckpt resume " +
-                       std::to_string(m.pid) + "` brings it back)");
+  for (const pid_t pid : d_.driver_only) require_running_for_driver(pid);
+  for (const auto& m : members_) require_running_for_driver(m.pid);
+}
+
+void process_dump::check_destination() {
   output_ = fs::absolute(o_.output).lexically_normal();
   if (output_.filename().empty()) throw tool_error("the image needs a directory name, not " + o_.output.string());
   if (!o_.parent.empty()) parent_description_ = checked_parent(o_.parent, parent_);
   std::error_code ec;
   if (fs::symlink_status(output_, ec).type() != fs::file_type::not_found)
     throw image::image_error(output_.string() + " already exists");
+}
 
-  // The record first: from here on a killed tool's processes can be found and brought back.
+// The record first: from here on a killed tool's processes can be found and brought back.
+void process_dump::open_record() {
   record_.op = process_transaction::kind::dump;
   record_.root_pid = o_.pid;
   for (const pid_t pid : process_tree(o_.pid)) record_.processes.emplace_back(pid, suspend_claim::start_time(pid));
@@ -238,13 +255,15 @@ void process_dump::check_and_prepare() {
   record_.staging = staging_;
   record_.write();
   // A job's suspend makes gpu/ itself, as the job's directory it settles the ranks' suspend in.
+  std::error_code ec;
   if (!fs::create_directories(o_.job ? staging_ : staging_ / gpu_dir_name, ec) || ec) {
     record_.remove();
     throw image::image_error(staging_.string() + ": cannot be created: " + ec.message());
   }
   ::chmod(staging_.c_str(), 0700);
-  mark("checked");
+}
 
+void process_dump::describe_tree() {
   for (const auto& m : members_) d_.processes.push_back({m.pid, m.parent, m.command, "", false, ""});
   d_.root_pid = o_.pid;
   d_.criu_version = criu_.version;

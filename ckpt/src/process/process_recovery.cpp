@@ -157,6 +157,23 @@ std::string resume_commands(const std::vector<pid_t>& waiting) {
   return command;
 }
 
+// Nothing to do: the processes run on (or ended for reasons of their own), as `words` says.
+transaction_outcome runs_on(std::string words) {
+  transaction_outcome o;
+  o.what = transaction_outcome::kind::runs_on;
+  o.words = std::move(words);
+  return o;
+}
+
+// Each of `waiting` needs a resume for its GPU memory; `why` follows their pids in the sentence.
+transaction_outcome resume_each(const std::vector<pid_t>& waiting, const std::string& why) {
+  transaction_outcome o;
+  o.what = transaction_outcome::kind::resume;
+  o.words = "process " + pids_text(waiting) + why;
+  o.command = resume_commands(waiting);
+  return o;
+}
+
 transaction_outcome assess_dump(const process_transaction& t, const std::vector<pid_t>& alive,
                                 const std::function<bool(pid_t)>& suspended) {
   using kind = transaction_outcome::kind;
@@ -166,11 +183,8 @@ transaction_outcome assess_dump(const process_transaction& t, const std::vector<
   // (restored from this image or another), or the pid went to another program. Nothing is left to do here.
   if (alive.empty()) {
     const std::uint64_t now = suspend_claim::start_time(t.root_pid);
-    if (now != 0 && now > t.tool_start) {
-      o.what = kind::runs_on;
-      o.words = "process " + std::to_string(t.root_pid) + " runs again (brought back since)";
-      return o;
-    }
+    if (now != 0 && now > t.tool_start)
+      return runs_on("process " + std::to_string(t.root_pid) + " runs again (brought back since)");
   }
   if (!alive.empty()) {
     // CRIU stops the whole tree: one resume continues it all. Each process under the shim that is stopped or
@@ -179,33 +193,22 @@ transaction_outcome assess_dump(const process_transaction& t, const std::vector<
     bool stopped = false;
     for (pid_t p : alive) stopped = stopped || process_stopped(p);
     if (waiting.empty() && stopped) waiting.push_back(t.gpu_pids.empty() ? t.root_pid : t.gpu_pids.front());
-    if (waiting.empty()) {
-      o.what = kind::runs_on;
-      o.words = "its processes run on";
-      return o;
-    }
-    o.what = kind::resume;
-    o.words = "process " + pids_text(waiting) + " is stopped or suspended by the dump" +
-              (is_process_image(t.image) ? " (its image " + image + " is complete)" : "");
-    o.command = resume_commands(waiting);
-    return o;
+    if (waiting.empty()) return runs_on("its processes run on");
+    return resume_each(waiting, " is stopped or suspended by the dump" +
+                                    (is_process_image(t.image) ? " (its image " + image + " is complete)" : ""));
   }
   // A dump that left them running (--leave-running) with its image complete: they ran on and ended for reasons of
   // their own. The image is found by its name; no record is needed for it.
   if (t.leave_running && is_process_image(t.image)) {
-    o.what = kind::runs_on;
-    o.words = "its processes, which the dump was to leave running (--leave-running), have ended since; the image " +
-              image + " is complete";
-    return o;
+    return runs_on(
+        "its processes, which the dump was to leave running (--leave-running), have ended since; the image " + image +
+        " is complete");
   }
   std::string why_not;
   // A dump that had not suspended any of them yet (or whose tool undid it) left them as they were: they ended
   // later, for reasons of their own.
-  if (!is_process_image(t.image) && !suspended_some(t.staging)) {
-    o.what = kind::runs_on;
-    o.words = "its processes ended after the dump had let them go";
-    return o;
-  }
+  if (!is_process_image(t.image) && !suspended_some(t.staging))
+    return runs_on("its processes ended after the dump had let them go");
   if (is_process_image(t.image) || finishable(t.staging, why_not)) {
     o.what = kind::restore;
     o.words = is_process_image(t.image) ? "its processes have ended and the image " + image + " is complete"
@@ -233,16 +236,8 @@ transaction_outcome assess_restore(const process_transaction& t, const std::vect
     return o;
   }
   const std::vector<pid_t> waiting = waiting_for_gpu(t, alive, suspended);
-  if (waiting.empty()) {
-    o.what = kind::runs_on;
-    o.words = "its processes run on";
-    return o;
-  }
-  o.what = kind::resume;
-  o.words = "process " + pids_text(waiting) + " is back but waits for its GPU memory (from " +
-            jf::printable(t.image.string()) + ")";
-  o.command = resume_commands(waiting);
-  return o;
+  if (waiting.empty()) return runs_on("its processes run on");
+  return resume_each(waiting, " is back but waits for its GPU memory (from " + jf::printable(t.image.string()) + ")");
 }
 
 }  // namespace

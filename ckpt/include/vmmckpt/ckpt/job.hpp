@@ -37,22 +37,30 @@ struct cut_figures {
   int rounds = 0;
 };
 
-struct job_dump_options {
+// What a whole job's dump and its suspend are both asked, and both answer.
+struct job_copy_options {
   job_spec job;
-  std::filesystem::path output;  // the job's image directory to create: job.json and one image per rank
+  std::filesystem::path output;
   copy_settings copy;
-  std::chrono::milliseconds hold_deadline{default_dump_hold};  // the cut and each rank's hold, as dump's --deadline
-  bool gpu_snapshot = true;
   bool allow_partial = false;
 };
 
-struct job_dump_result {
+struct job_copy_result {
   std::filesystem::path image;
   std::vector<pid_t> ranks;
-  std::vector<dump_result> dumps;  // one per rank, in the order of `ranks`
   cut_figures cut;
-  double held_ms = 0;  // the longest any rank was held
   double seconds = 0;
+};
+
+// `output`: the job's image directory to create, job.json and one image per rank.
+struct job_dump_options : job_copy_options {
+  std::chrono::milliseconds hold_deadline{default_dump_hold};  // the cut and each rank's hold, as dump's --deadline
+  bool gpu_snapshot = true;
+};
+
+struct job_dump_result : job_copy_result {
+  std::vector<dump_result> dumps;  // one per rank, in the order of `ranks`
+  double held_ms = 0;              // the longest any rank was held
 };
 
 // The cut, then every rank held and copied out as dump holds a program; the ranks are released together once
@@ -60,22 +68,15 @@ struct job_dump_result {
 // the cut is named, with where it was), image::image_error or interrupted; every rank then goes on.
 job_dump_result dump_job(const job_dump_options& options);
 
-struct job_suspend_options {
-  job_spec job;
-  std::filesystem::path output;  // the job's image directory (default: one in /dev/shm, removed by resume --job)
-  copy_settings copy;
+// `output`: the job's image directory (default: one in /dev/shm, removed by resume --job).
+struct job_suspend_options : job_copy_options {
   std::chrono::milliseconds hold_deadline{default_suspend_hold};
   bool verify = false;
-  bool allow_partial = false;
 };
 
-struct job_suspend_result {
-  std::filesystem::path image;
-  std::vector<pid_t> ranks;
+struct job_suspend_result : job_copy_result {
   std::vector<suspend_result> suspends;  // one per rank, in the order of `ranks`
-  cut_figures cut;
   std::uint64_t freed_bytes = 0;
-  double seconds = 0;
 };
 
 // The cut, then every rank's image written and checked; the job's claim is accepted only once all are, and every
