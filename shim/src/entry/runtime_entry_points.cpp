@@ -167,7 +167,8 @@ VMMCKPT_EXPORT cudaError_t CUDARTAPI cudaMallocAsync(void** dev_ptr, size_t size
 }
 
 VMMCKPT_EXPORT cudaError_t CUDARTAPI cudaMallocAsync_ptsz(void** dev_ptr, size_t size, cudaStream_t stream) {
-  return guarded(cudaErrorMemoryAllocation, [&] { return malloc_async(real_cudaMallocAsync_ptsz, dev_ptr, size, stream); });
+  return guarded(cudaErrorMemoryAllocation,
+                 [&] { return malloc_async(real_cudaMallocAsync_ptsz, dev_ptr, size, stream); });
 }
 
 VMMCKPT_EXPORT cudaError_t CUDARTAPI cudaFree(void* dev_ptr) {
