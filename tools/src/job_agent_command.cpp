@@ -33,6 +33,13 @@ std::string listed(const std::vector<std::string>& names) {
   return text;
 }
 
+
+// A node of a job across nodes, as --json names it.
+template <typename Node>
+nlohmann::json node_json(const Node& n) {
+  return {{"name", n.name}, {"address", n.address}, {"host", n.host}, {"ranks", n.ranks}};
+}
+
 }  // namespace
 
 int dump_nodes_command(const dump_command_options& o, const ckpt::copy_settings& copy) {
@@ -53,13 +60,11 @@ int dump_nodes_command(const dump_command_options& o, const ckpt::copy_settings&
   }
   if (o.json) {
     nlohmann::json nodes = nlohmann::json::array();
-    for (const auto& n : r.nodes)
-      nodes.push_back({{"name", n.name},
-                       {"address", n.address},
-                       {"host", n.host},
-                       {"ranks", n.ranks},
-                       {"bytes", n.bytes},
-                       {"held_ms", n.held_ms}});
+    for (const auto& n : r.nodes) {
+      nodes.push_back(node_json(n));
+      nodes.back()["bytes"] = n.bytes;
+      nodes.back()["held_ms"] = n.held_ms;
+    }
     std::cout << nlohmann::json{{"image", r.image.string()},
                                 {"nodes", nodes},
                                 {"bytes", bytes},
@@ -86,25 +91,14 @@ int inspect_job_nodes_command(const std::string& image, bool json) {
   const auto j = ckpt::read_job_nodes_image(image);
   if (json) {
     nlohmann::json nodes = nlohmann::json::array();
-    for (const auto& n : j.nodes)
-      nodes.push_back({{"name", n.name},
-                       {"address", n.address},
-                       {"host", n.host},
-                       {"ranks", n.ranks},
-                       {"image", (fs::path(image) / n.name).string()},
-                       {"here", part_here(image, n)}});
-    std::cout << nlohmann::json{{"image", image},
-                                {"job", true},
-                                {"kind", j.kind},
-                                {"created", j.created},
-                                {"host", j.host},
-                                {"tool_version", j.tool_version},
-                                {"cut_seconds", j.cut_seconds},
-                                {"cut_rounds", j.cut_rounds},
-                                {"held_ms", j.held_ms},
-                                {"nodes", nodes}}
-                     .dump(2)
-              << "\n";
+    for (const auto& n : j.nodes) {
+      nodes.push_back(node_json(n));
+      nodes.back()["image"] = (fs::path(image) / n.name).string();
+      nodes.back()["here"] = part_here(image, n);
+    }
+    nlohmann::json out = job_image_json(image, j);
+    out["nodes"] = nodes;
+    std::cout << out.dump(2) << "\n";
     return exit_ok;
   }
   std::printf("image     %s: a job's image across %zu nodes (dump --nodes, written by vmmckpt %s)\n",

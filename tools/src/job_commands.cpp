@@ -169,17 +169,9 @@ int inspect_job_command(const std::string& image, bool json) {
   std::uint64_t bytes = 0;
   for (const auto& m : ranks) bytes += m.data_bytes;
   if (json) {
-    nlohmann::json out{{"image", image},
-                       {"job", true},
-                       {"kind", j.kind},
-                       {"root_pid", j.root_pid},
-                       {"created", j.created},
-                       {"host", j.host},
-                       {"tool_version", j.tool_version},
-                       {"cut_seconds", j.cut_seconds},
-                       {"cut_rounds", j.cut_rounds},
-                       {"held_ms", j.held_ms},
-                       {"bytes", bytes}};
+    nlohmann::json out = job_image_json(image, j);
+    out["root_pid"] = j.root_pid;
+    out["bytes"] = bytes;
     out["ranks"] = nlohmann::json::array();
     for (std::size_t i = 0; i < ranks.size(); ++i) {
       nlohmann::json devices = nlohmann::json::array();

@@ -45,6 +45,20 @@ nlohmann::json kinds_and_sizes_json(const Entries& entries) {
 // A dump's or suspend's "phases" (when each step ended) and "threads" (where the threads' time
 // went), for --json.
 // {"step": seconds from the start at which it ended, ...}: the phases --json prints.
+// What inspect --json says of every job's image, on one node (job.json) or across nodes (job-nodes.json).
+template <typename JobImage>
+nlohmann::json job_image_json(const std::string& image, const JobImage& j) {
+  return {{"image", image},
+          {"job", true},
+          {"kind", j.kind},
+          {"created", j.created},
+          {"host", j.host},
+          {"tool_version", j.tool_version},
+          {"cut_seconds", j.cut_seconds},
+          {"cut_rounds", j.cut_rounds},
+          {"held_ms", j.held_ms}};
+}
+
 nlohmann::json phases_json(const std::vector<std::pair<std::string, double>>& phases);
 nlohmann::json timings_json(const ckpt::image_result& r);
 

@@ -4,30 +4,11 @@
 #include <cstdlib>
 #include <limits>
 
+#include "vmmckpt/support/hex_text.hpp"
+
 namespace vmmckpt {
 
 namespace {
-
-// "0x..." with at least one hex digit; false on any other character or overflow.
-bool parse_hex(std::string_view digits, std::uint64_t& out) {
-  if (digits.empty()) return false;
-  std::uint64_t value = 0;
-  for (const char c : digits) {
-    unsigned digit;
-    if (c >= '0' && c <= '9')
-      digit = c - '0';
-    else if (c >= 'a' && c <= 'f')
-      digit = c - 'a' + 10;
-    else if (c >= 'A' && c <= 'F')
-      digit = c - 'A' + 10;
-    else
-      return false;
-    if (value > (std::numeric_limits<std::uint64_t>::max() >> 4)) return false;
-    value = value << 4 | digit;
-  }
-  out = value;
-  return true;
-}
 
 // The shift of a unit suffix: K, M, G or T, then an optional "i" and an optional "B", any case ("" is 0).
 // -1 when it is not one.
@@ -54,7 +35,7 @@ int unit_shift(std::string_view unit) {
 }  // namespace
 
 bool parse_size(std::string_view text, std::uint64_t& out) {
-  if (text.size() > 2 && text[0] == '0' && (text[1] == 'x' || text[1] == 'X')) return parse_hex(text.substr(2), out);
+  if (text.size() > 2 && text[0] == '0' && (text[1] == 'x' || text[1] == 'X')) return parse_address(text, out);
   std::uint64_t value = 0;
   std::size_t i = 0;
   for (; i < text.size() && text[i] >= '0' && text[i] <= '9'; ++i) {

@@ -83,10 +83,8 @@ using free_async_fn = decltype(&::cuMemFreeAsync);
 
 // cuMemAllocAsync and its per-thread-stream twin; `real` names the driver's own.
 CUresult alloc_async_entry(alloc_async_fn driver_api::*real, CUdeviceptr* dptr, size_t bytesize, CUstream stream) {
-  return guarded(CUDA_ERROR_OUT_OF_MEMORY, [&] {
-    const driver_api* d = driver();
-    if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-    if (!shim_active()) return d->*real != nullptr ? (d->*real)(dptr, bytesize, stream) : CUDA_ERROR_NOT_SUPPORTED;
+  return with_driver(CUDA_ERROR_OUT_OF_MEMORY, [&](const driver_api& d) {
+    if (!shim_active()) return d.*real != nullptr ? (d.*real)(dptr, bytesize, stream) : CUDA_ERROR_NOT_SUPPORTED;
     return allocate_async(dptr, bytesize, stream);
   });
 }
@@ -107,13 +105,11 @@ std::uint64_t key_of(const void* handle) { return reinterpret_cast<std::uintptr_
 
 // cuMemFreeAsync and its twin. Quarantine keeps the block from reuse until work before this point is done.
 CUresult free_async_entry(free_async_fn driver_api::*real, CUdeviceptr dptr, CUstream stream) {
-  return guarded(CUDA_ERROR_UNKNOWN, [&] {
-    const driver_api* d = driver();
-    if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return with_driver(CUDA_ERROR_UNKNOWN, [&](const driver_api& d) {
     CUresult result;
     if (shim_active() && pool_free(dptr, result)) return result;
-    if (d->*real == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
-    return forgotten_if_freed(dptr, (d->*real)(dptr, stream));
+    if (d.*real == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+    return forgotten_if_freed(dptr, (d.*real)(dptr, stream));
   });
 }
 
@@ -124,10 +120,8 @@ using namespace vmmckpt;
 using namespace vmmckpt::detail;
 
 VMMCKPT_EXPORT CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
-  return guarded(CUDA_ERROR_OUT_OF_MEMORY, [&] {
-    const driver_api* d = driver();
-    if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-    if (!shim_active()) return d->cuMemAlloc_v2(dptr, bytesize);
+  return with_driver(CUDA_ERROR_OUT_OF_MEMORY, [&](const driver_api& d) {
+    if (!shim_active()) return d.cuMemAlloc_v2(dptr, bytesize);
     int ordinal = 0;
     const CUresult e = current_device(ordinal);
     if (e != CUDA_SUCCESS) return e;
@@ -138,10 +132,8 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize
 
 VMMCKPT_EXPORT CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, size_t width, size_t height,
                                                    unsigned int element_size) {
-  return guarded(CUDA_ERROR_OUT_OF_MEMORY, [&] {
-    const driver_api* d = driver();
-    if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-    if (!shim_active()) return d->cuMemAllocPitch_v2(dptr, pitch, width, height, element_size);
+  return with_driver(CUDA_ERROR_OUT_OF_MEMORY, [&](const driver_api& d) {
+    if (!shim_active()) return d.cuMemAllocPitch_v2(dptr, pitch, width, height, element_size);
     int ordinal = 0;
     const CUresult e = current_device(ordinal);
     if (e != CUDA_SUCCESS) return e;
@@ -156,12 +148,10 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pi
 }
 
 VMMCKPT_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
-  return guarded(CUDA_ERROR_UNKNOWN, [&] {
-    const driver_api* d = driver();
-    if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return with_driver(CUDA_ERROR_UNKNOWN, [&](const driver_api& d) {
     CUresult result;
     if (shim_active() && pool_free(dptr, result)) return result;
-    return forgotten_if_freed(dptr, d->cuMemFree_v2(dptr));
+    return forgotten_if_freed(dptr, d.cuMemFree_v2(dptr));
   });
 }
 
@@ -182,10 +172,8 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream s
 }
 
 VMMCKPT_EXPORT CUresult CUDAAPI cuMemGetInfo_v2(size_t* free_bytes, size_t* total_bytes) {
-  return guarded(CUDA_ERROR_UNKNOWN, [&] {
-    const driver_api* d = driver();
-    if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-    const CUresult e = d->cuMemGetInfo_v2(free_bytes, total_bytes);
+  return with_driver(CUDA_ERROR_UNKNOWN, [&](const driver_api& d) {
+    const CUresult e = d.cuMemGetInfo_v2(free_bytes, total_bytes);
     int ordinal = 0;
     if (e == CUDA_SUCCESS && shim_active() && free_bytes != nullptr && current_device(ordinal) == CUDA_SUCCESS) {
       // Pool memory that is mapped but not live is still the program's to use.
@@ -197,12 +185,10 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemGetInfo_v2(size_t* free_bytes, size_t* tota
 }
 
 VMMCKPT_EXPORT CUresult CUDAAPI cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize, CUdeviceptr dptr) {
-  return guarded(CUDA_ERROR_UNKNOWN, [&] {
-    const driver_api* d = driver();
-    if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return with_driver(CUDA_ERROR_UNKNOWN, [&](const driver_api& d) {
     if (shim_active()) restore_ready();
     device_pool* pool = shim_active() ? pool_containing(dptr) : nullptr;
-    if (pool == nullptr) return d->cuMemGetAddressRange_v2(pbase, psize, dptr);
+    if (pool == nullptr) return d.cuMemGetAddressRange_v2(pbase, psize, dptr);
     std::uint64_t base = 0, size = 0;
     // The driver only knows the mapped handles; the allocation is ours to name.
     if (!pool->address_range(dptr, base, size)) return CUDA_ERROR_NOT_FOUND;
@@ -345,19 +331,15 @@ CUresult allocate_from_pool(Real real, CUdeviceptr* dptr, size_t bytesize, CUmem
 
 VMMCKPT_EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool,
                                                         CUstream stream) {
-  return guarded(CUDA_ERROR_UNKNOWN, [&] {
-    const driver_api* d = driver();
-    if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-    return allocate_from_pool(d->cuMemAllocFromPoolAsync, dptr, bytesize, pool, stream);
+  return with_driver(CUDA_ERROR_UNKNOWN, [&](const driver_api& d) {
+    return allocate_from_pool(d.cuMemAllocFromPoolAsync, dptr, bytesize, pool, stream);
   });
 }
 
 VMMCKPT_EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool,
                                                              CUstream stream) {
-  return guarded(CUDA_ERROR_UNKNOWN, [&] {
-    const driver_api* d = driver();
-    if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-    return allocate_from_pool(d->cuMemAllocFromPoolAsync_ptsz, dptr, bytesize, pool, stream);
+  return with_driver(CUDA_ERROR_UNKNOWN, [&](const driver_api& d) {
+    return allocate_from_pool(d.cuMemAllocFromPoolAsync_ptsz, dptr, bytesize, pool, stream);
   });
 }
 

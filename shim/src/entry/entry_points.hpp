@@ -25,6 +25,16 @@ Result guarded(Result on_exception, Body&& body) noexcept {
   }
 }
 
+// guarded() for an entry point that calls the real driver: body(table), or CUDA_ERROR_NOT_INITIALIZED
+// when no driver was found.
+template <typename Body>
+CUresult with_driver(CUresult on_exception, Body&& body) noexcept {
+  return guarded(on_exception, [&] {
+    const driver_api* d = driver();
+    return d == nullptr ? CUDA_ERROR_NOT_INITIALIZED : body(*d);
+  });
+}
+
 // The device of the calling thread's current context.
 CUresult current_device(int& ordinal);
 // The device a stream belongs to (the current one for the default streams).

@@ -21,32 +21,26 @@ unsigned char (&bytes_of(CUipcMemHandle& h))[ipc_handle_size] {
 }  // namespace
 
 VMMCKPT_EXPORT CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle* pHandle, CUdeviceptr dptr) {
-  return guarded(CUDA_ERROR_UNKNOWN, [&] {
-    const driver_api* d = driver();
-    if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return with_driver(CUDA_ERROR_UNKNOWN, [&](const driver_api& d) {
     CUresult result;
     if (shim_active() && pHandle != nullptr && export_pool_memory(dptr, bytes_of(*pHandle), result)) return result;
-    return d->cuIpcGetMemHandle != nullptr ? d->cuIpcGetMemHandle(pHandle, dptr) : CUDA_ERROR_NOT_SUPPORTED;
+    return d.cuIpcGetMemHandle != nullptr ? d.cuIpcGetMemHandle(pHandle, dptr) : CUDA_ERROR_NOT_SUPPORTED;
   });
 }
 
 VMMCKPT_EXPORT CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned int Flags) {
-  return guarded(CUDA_ERROR_UNKNOWN, [&] {
-    const driver_api* d = driver();
-    if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return with_driver(CUDA_ERROR_UNKNOWN, [&](const driver_api& d) {
     CUresult result;
     if (shim_active() && open_import(bytes_of(handle), Flags, pdptr, result)) return result;
-    return d->cuIpcOpenMemHandle_v2 != nullptr ? d->cuIpcOpenMemHandle_v2(pdptr, handle, Flags)
-                                               : CUDA_ERROR_NOT_SUPPORTED;
+    return d.cuIpcOpenMemHandle_v2 != nullptr ? d.cuIpcOpenMemHandle_v2(pdptr, handle, Flags)
+                                              : CUDA_ERROR_NOT_SUPPORTED;
   });
 }
 
 VMMCKPT_EXPORT CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr) {
-  return guarded(CUDA_ERROR_UNKNOWN, [&] {
-    const driver_api* d = driver();
-    if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return with_driver(CUDA_ERROR_UNKNOWN, [&](const driver_api& d) {
     CUresult result;
     if (shim_active() && close_import(dptr, result)) return result;
-    return d->cuIpcCloseMemHandle != nullptr ? d->cuIpcCloseMemHandle(dptr) : CUDA_ERROR_NOT_SUPPORTED;
+    return d.cuIpcCloseMemHandle != nullptr ? d.cuIpcCloseMemHandle(dptr) : CUDA_ERROR_NOT_SUPPORTED;
   });
 }

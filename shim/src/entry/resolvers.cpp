@@ -94,10 +94,8 @@ using namespace vmmckpt::detail;
 
 VMMCKPT_EXPORT CUresult CUDAAPI cuGetProcAddress_v2(const char* symbol, void** pfn, int cuda_version, cuuint64_t flags,
                                                     CUdriverProcAddressQueryResult* status) {
-  return guarded(CUDA_ERROR_UNKNOWN, [&] {
-    const driver_api* d = driver();
-    if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-    const CUresult e = d->cuGetProcAddress_v2(symbol, pfn, cuda_version, flags, status);
+  return with_driver(CUDA_ERROR_UNKNOWN, [&](const driver_api& d) {
+    const CUresult e = d.cuGetProcAddress_v2(symbol, pfn, cuda_version, flags, status);
     if (e == CUDA_SUCCESS && pfn != nullptr)
       if (void* ours = driver_substitute_for(symbol, cuda_version, flags, *pfn)) *pfn = ours;
     return e;

@@ -118,15 +118,13 @@ bool restore_failed() noexcept { return shim_active() && !restore_ready(); }
 // the gate open for no work and the state locked.
 template <typename Pass, typename Body>
 CUresult with_recorded_state(bool ours, Pass&& pass, Body&& body) noexcept {
-  return guarded(CUDA_ERROR_UNKNOWN, [&] {
-    const driver_api* d = driver();
-    if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return with_driver(CUDA_ERROR_UNKNOWN, [&](const driver_api& d) {
     if (restore_failed()) return CUDA_ERROR_OUT_OF_MEMORY;
     vmm_state* s = ours && shim_active() ? existing_state() : nullptr;
-    if (s == nullptr) return pass(d);
+    if (s == nullptr) return pass(&d);
     gate_scope scope(gate_scope::no_work);
     std::unique_lock lock(s->mutex);
-    return body(d, s, lock);
+    return body(&d, s, lock);
   });
 }
 
@@ -134,11 +132,9 @@ CUresult with_recorded_state(bool ours, Pass&& pass, Body&& body) noexcept {
 
 VMMCKPT_EXPORT CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment, CUdeviceptr addr,
                                                     unsigned long long flags) {
-  return guarded(CUDA_ERROR_OUT_OF_MEMORY, [&] {
-    const driver_api* d = driver();
-    if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return with_driver(CUDA_ERROR_OUT_OF_MEMORY, [&](const driver_api& d) {
     if (restore_failed()) return CUDA_ERROR_OUT_OF_MEMORY;
-    if (!shim_active() || ptr == nullptr || size == 0) return d->cuMemAddressReserve(ptr, size, alignment, addr, flags);
+    if (!shim_active() || ptr == nullptr || size == 0) return d.cuMemAddressReserve(ptr, size, alignment, addr, flags);
     if (flags != 0) return CUDA_ERROR_INVALID_VALUE;  // the driver defines no flag yet
     vmm_state& s = state();
     if (!s.config_error.empty()) {
@@ -202,13 +198,11 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemAddressFree(CUdeviceptr ptr, size_t size) {
 VMMCKPT_EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
                                             const CUmemAllocationProp* prop, unsigned long long flags) {
   const void* caller = __builtin_return_address(0);
-  return guarded(CUDA_ERROR_OUT_OF_MEMORY, [&] {
-    const driver_api* d = driver();
-    if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return with_driver(CUDA_ERROR_OUT_OF_MEMORY, [&](const driver_api& d) {
     if (restore_failed()) return CUDA_ERROR_OUT_OF_MEMORY;
-    if (!shim_active() || handle == nullptr || prop == nullptr) return d->cuMemCreate(handle, size, prop, flags);
+    if (!shim_active() || handle == nullptr || prop == nullptr) return d.cuMemCreate(handle, size, prop, flags);
     vmm_state& s = state();
-    if (!owned(*prop)) return create_not_owned(*d, s, handle, size, prop, flags);
+    if (!owned(*prop)) return create_not_owned(d, s, handle, size, prop, flags);
     // What callers get on machines without fabric: PyTorch, XLA and NCCL fall back to POSIX FDs.
     if ((prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_FABRIC) != 0) {
       log::debug("cuMemCreate with FABRIC handles: not supported under vmmckpt");
@@ -224,11 +218,11 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* handle
     CUresult e = CUDA_SUCCESS;
     {
       gate_scope scope(gate_scope::no_work);
-      e = d->cuMemCreate(&real, size, &real_prop, flags);
+      e = d.cuMemCreate(&real, size, &real_prop, flags);
     }
     // A host location the driver cannot export (an older driver) stays the program's as it asked.
     if (host && e != CUDA_SUCCESS && e != CUDA_ERROR_OUT_OF_MEMORY)
-      return create_not_owned(*d, s, handle, size, prop, flags);
+      return create_not_owned(d, s, handle, size, prop, flags);
     if (e != CUDA_SUCCESS) return e;  // out of memory stays exactly that: callers free caches and retry on it
     gate_scope scope(gate_scope::no_work);
     vmm_properties program;
@@ -246,7 +240,7 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* handle
       }
     }
     if (token == 0) {
-      d->cuMemRelease(real);
+      d.cuMemRelease(real);
       log::warn("cuMemCreate: no memory (or no token left) to record the handle; the creation fails");
       return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -341,21 +335,17 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, con
 
 VMMCKPT_EXPORT CUresult CUDAAPI cuMemGetAccess(unsigned long long* flags, const CUmemLocation* location,
                                                CUdeviceptr ptr) {
-  return guarded(CUDA_ERROR_UNKNOWN, [&] {
-    const driver_api* d = driver();
-    if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-    return d->cuMemGetAccess(flags, location, ptr);  // addresses are the driver's too: nothing to translate
+  return with_driver(CUDA_ERROR_UNKNOWN, [&](const driver_api& d) {
+    return d.cuMemGetAccess(flags, location, ptr);  // addresses are the driver's too: nothing to translate
   });
 }
 
 VMMCKPT_EXPORT CUresult CUDAAPI cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle, void* addr) {
-  return guarded(CUDA_ERROR_UNKNOWN, [&] {
-    const driver_api* d = driver();
-    if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return with_driver(CUDA_ERROR_UNKNOWN, [&](const driver_api& d) {
     if (restore_failed()) return CUDA_ERROR_OUT_OF_MEMORY;
-    if (d->cuMemRetainAllocationHandle == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+    if (d.cuMemRetainAllocationHandle == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
     vmm_state* s = shim_active() && handle != nullptr ? existing_state() : nullptr;
-    if (s == nullptr) return d->cuMemRetainAllocationHandle(handle, addr);
+    if (s == nullptr) return d.cuMemRetainAllocationHandle(handle, addr);
     gate_scope scope(gate_scope::no_work);
     std::lock_guard lock(s->mutex);
     std::uint64_t token = 0;
@@ -363,7 +353,7 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemRetainAllocationHandle(CUmemGenericAllocati
       *handle = token;
       return CUDA_SUCCESS;
     }
-    const CUresult e = d->cuMemRetainAllocationHandle(handle, addr);
+    const CUresult e = d.cuMemRetainAllocationHandle(handle, addr);
     if (e != CUDA_SUCCESS) return e;
     if (const auto token = s->registry.import_token_of(*handle)) *handle = *token;  // the value the program knows
     s->registry.retain_not_owned(*handle);
@@ -415,16 +405,14 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemExportToShareableHandle(void* shareable, CU
 
 VMMCKPT_EXPORT CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle, void* os_handle,
                                                                CUmemAllocationHandleType type) {
-  return guarded(CUDA_ERROR_UNKNOWN, [&] {
-    const driver_api* d = driver();
-    if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-    if (!shim_active() || handle == nullptr) return d->cuMemImportFromShareableHandle(handle, os_handle, type);
+  return with_driver(CUDA_ERROR_UNKNOWN, [&](const driver_api& d) {
+    if (!shim_active() || handle == nullptr) return d.cuMemImportFromShareableHandle(handle, os_handle, type);
     // Another process's memory: it is that process's to save. Its exporter says which handle it is, so that
     // an image records the import (and a restore can map it again); otherwise counted by what is mapped.
     std::optional<vmm_import> origin;
     if (type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
       origin = identify_import(static_cast<int>(reinterpret_cast<std::intptr_t>(os_handle)));
-    const CUresult e = d->cuMemImportFromShareableHandle(handle, os_handle, type);
+    const CUresult e = d.cuMemImportFromShareableHandle(handle, os_handle, type);
     if (e != CUDA_SUCCESS) return e;
     if (!origin)
       VMMCKPT_NOT_SERVED(
@@ -442,11 +430,8 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAlloc
 
 VMMCKPT_EXPORT CUresult CUDAAPI cuMemGetAllocationGranularity(size_t* granularity, const CUmemAllocationProp* prop,
                                                               CUmemAllocationGranularity_flags option) {
-  return guarded(CUDA_ERROR_UNKNOWN, [&] {
-    const driver_api* d = driver();
-    if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-    return d->cuMemGetAllocationGranularity(granularity, prop, option);
-  });
+  return with_driver(CUDA_ERROR_UNKNOWN,
+                     [&](const driver_api& d) { return d.cuMemGetAllocationGranularity(granularity, prop, option); });
 }
 
 // ---- multicast: off under the shim ------------------------------------------------------------------
@@ -481,10 +466,8 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMulticastGetGranularity(size_t* granularity, c
 }
 
 VMMCKPT_EXPORT CUresult CUDAAPI cuDeviceGetAttribute(int* value, CUdevice_attribute attribute, CUdevice device) {
-  return guarded(CUDA_ERROR_UNKNOWN, [&] {
-    const driver_api* d = driver();
-    if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-    const CUresult e = d->cuDeviceGetAttribute(value, attribute, device);
+  return with_driver(CUDA_ERROR_UNKNOWN, [&](const driver_api& d) {
+    const CUresult e = d.cuDeviceGetAttribute(value, attribute, device);
     if (e == CUDA_SUCCESS && value != nullptr && attribute == CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED && shim_active())
       *value = 0;
     return e;

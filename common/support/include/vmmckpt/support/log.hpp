@@ -27,22 +27,18 @@ void at(level l, fmt::format_string<Args...> format, Args&&... args) noexcept {
     // Formatting ran out of memory: the message is lost, the caller goes on.
   }
 }
-template <typename... Args>
-void debug(fmt::format_string<Args...> f, Args&&... a) noexcept {
-  at(level::debug, f, std::forward<Args>(a)...);
-}
-template <typename... Args>
-void info(fmt::format_string<Args...> f, Args&&... a) noexcept {
-  at(level::info, f, std::forward<Args>(a)...);
-}
-template <typename... Args>
-void warn(fmt::format_string<Args...> f, Args&&... a) noexcept {
-  at(level::warn, f, std::forward<Args>(a)...);
-}
-template <typename... Args>
-void error(fmt::format_string<Args...> f, Args&&... a) noexcept {
-  at(level::error, f, std::forward<Args>(a)...);
-}
+// log::info("...", args) and its siblings: `at` with the level fixed.
+template <level L>
+struct at_level {
+  template <typename... Args>
+  void operator()(fmt::format_string<Args...> format, Args&&... args) const noexcept {
+    at(L, format, std::forward<Args>(args)...);
+  }
+};
+inline constexpr at_level<level::debug> debug;
+inline constexpr at_level<level::info> info;
+inline constexpr at_level<level::warn> warn;
+inline constexpr at_level<level::error> error;
 
 // fork(): the child must not inherit a logger lock held by another thread.
 void hold_for_fork() noexcept;
