@@ -289,8 +289,10 @@ TEST_CASE("incremental: a series notices its last image changed, even to the sam
   const bool same_size_and_time = GENERATE(false, true);
   INFO((same_size_and_time ? "a byte changed in place, its size and modification time kept" : "a byte appended"));
   // The series keeps the image it has just written as the next one's parent, rather than reading it again.
+  // Its dumps are due at 0, 4 and 8 s from its start: the change below must land before the second, and a
+  // loaded machine (tests side by side) can make the first dump itself take seconds.
   background_process s({"/bin/sh", "-c",
-                        "exec \"$0\" dump " + std::to_string(p.pid()) + " -o \"$1\" --every 2 --count 3 --json 2>&1",
+                        "exec \"$0\" dump " + std::to_string(p.pid()) + " -o \"$1\" --every 4 --count 3 --json 2>&1",
                         cuda_ckpt, series.string()});
   REQUIRE(s.wait_for_output("\n"));  // the first image's line
   const fs::path data = series / "0000" / "data.bin";
