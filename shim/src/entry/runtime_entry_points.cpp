@@ -85,7 +85,8 @@ cudaError_t malloc_async(runtime_symbol& real, void** dev_ptr, size_t size, cuda
   if (!shim_active() || dev_ptr == nullptr) {
     auto fn = real.get<cudaError_t (*)(void**, size_t, cudaStream_t)>();
     if (fn != nullptr) return fn(dev_ptr, size, stream);
-    return dev_ptr == nullptr ? cudaErrorInvalidValue : cudaErrorNotSupported;
+    // No runtime of its own: with the shim off the call is not supported; on, the pointer is invalid.
+    return shim_active() ? cudaErrorInvalidValue : cudaErrorNotSupported;
   }
   int device = 0;
   cudaError_t e = runtime_device(device);
