@@ -54,12 +54,18 @@ class Process:
 
 
 @dataclass(frozen=True)
-class DumpResult:
-    """A dump: the image written and what it took."""
+class _ImageWritten:
+    """What a dump and a suspend both report: the image, the process and the bytes written."""
 
     image: str
     pid: int
     bytes: int
+
+
+@dataclass(frozen=True)
+class DumpResult(_ImageWritten):
+    """A dump: the image written and what it took."""
+
     seconds: float
     hold_ms: float  # how long the program was held
     partial: bool  # the image lacks memory vmmckpt did not own (allow_partial)
@@ -68,16 +74,13 @@ class DumpResult:
 
 
 @dataclass(frozen=True)
-class SuspendResult:
+class SuspendResult(_ImageWritten):
     """A suspend: the image the process depends on until resume, and the memory freed."""
 
-    image: str
-    pid: int
-    bytes: int
     freed_bytes: int
     seconds: float
     raw: Dict[str, Any] = field(repr=False, compare=False)
-    zero_bytes: int = 0  # bytes of blocks of zeros: recorded in the image, not written (image format 6)
+    zero_bytes: int = 0  # as DumpResult's
 
 
 @dataclass(frozen=True)

@@ -24,18 +24,10 @@ struct subcommand {
   CLI::App* app;
   std::function<int()> run;
 };
-subcommand add_run(CLI::App& app);
-subcommand add_ps(CLI::App& app);
-subcommand add_check(CLI::App& app);
-subcommand add_dump(CLI::App& app);
-subcommand add_merge(CLI::App& app);
-subcommand add_rm(CLI::App& app);
-subcommand add_inspect(CLI::App& app);
-subcommand add_verify(CLI::App& app);
-subcommand add_cat(CLI::App& app);
-subcommand add_gc(CLI::App& app);
-subcommand add_suspend(CLI::App& app);
-subcommand add_resume(CLI::App& app);
+// Each registers one subcommand of the same name.
+using add_subcommand = subcommand(CLI::App& app);
+add_subcommand add_run, add_ps, add_check, add_dump, add_merge, add_rm, add_inspect, add_verify, add_cat, add_gc,
+    add_suspend, add_resume;
 // `trailing_command`: what followed "--" on the command line, filled in before the subcommand runs.
 subcommand add_restore(CLI::App& app, const std::vector<std::string>& trailing_command);
 
@@ -91,7 +83,7 @@ int inspect_job_command(const std::string& image, bool json);
 int dump_nodes_command(const dump_command_options& options, const ckpt::copy_settings& copy);
 int inspect_job_nodes_command(const std::string& image, bool json);
 int verify_job_nodes_command(const std::string& image, bool json);
-subcommand add_job_agent(CLI::App& app);
+add_subcommand add_job_agent;
 int verify_job_command(const std::string& image, bool json);
 
 int inspect_command(const std::string& image, bool json);

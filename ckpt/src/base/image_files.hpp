@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -17,6 +18,10 @@ namespace vmmckpt::ckpt::image_files {
 inline constexpr std::int64_t pid_limit = 4'194'304;                    // the kernel's PID_MAX_LIMIT
 inline constexpr std::uint64_t max_process_manifest_bytes = 16u << 20;  // process.json, intent.json: a few KiB
 inline constexpr std::uint64_t max_job_manifest_bytes = 4u << 20;       // job.json, the nodes' manifest
+inline constexpr std::size_t max_ranks = 65536;                         // of a job, and its nodes
+inline constexpr std::size_t max_processes = 4096;                      // of one process image (IPC children)
+inline constexpr std::size_t max_criu_files = 1u << 16;                 // of one process's CRIU part
+inline constexpr int max_depth = 64;  // of directories inside an image (CRIU's and ours are 2 deep)
 
 [[noreturn]] void fail(const std::string& what);
 std::string errno_text(int e);

@@ -19,8 +19,6 @@ namespace jf = json_fields;
 using namespace image_files;
 namespace {
 
-constexpr std::size_t max_ranks = 65536;
-
 // What job.json and job-nodes.json share, read into `out`: the format and version checked, the kind (one of
 // `kinds`), what wrote it, when and where, and the cut's figures.
 template <typename Image>

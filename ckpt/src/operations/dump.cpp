@@ -33,9 +33,7 @@ void end_hold(session& s, const dump_options& options, dump_result& result) {
 
 dump_result dump(const dump_options& options, const progress_callback& progress) {
   dump_result result;
-  driver();  // no driver here: say so before the program is touched
-  // The deadline covers everything up to the release: connecting, preparing and the hold.
-  session s(options.pid, session::expect::running, "dump", deadline(result.start + options.hold_deadline));
+  session s = connect_to_hold(options.pid, "dump", options.hold_deadline, result);
   result.mark("connected");
 
   // Everything that can be prepared is prepared before the program is held: the destination (fail

@@ -3,9 +3,16 @@
 
 #include <chrono>
 
+#include "vmmckpt/ckpt/driver.hpp"
 #include "vmmckpt/support/fault_point.hpp"
 
 namespace vmmckpt::ckpt {
+
+session connect_to_hold(pid_t pid, const char* what, std::chrono::milliseconds hold_deadline,
+                        const image_result& result) {
+  driver();
+  return session(pid, session::expect::running, what, deadline(result.start + hold_deadline));
+}
 
 copy_outcome copy_held(session& s, copy_pipeline& pipeline, const hold_steps& steps, const progress_callback& progress,
                        image_result& result) {

@@ -1,6 +1,9 @@
 // The hold that dump and suspend share: from the cut to every byte of the held program copied out.
 #pragma once
 
+#include <sys/types.h>
+
+#include <chrono>
 #include <filesystem>
 #include <functional>
 
@@ -22,6 +25,11 @@ struct hold_steps {
   std::function<void()> before_hold;
   std::function<void(held_memory& memory)> release;
 };
+
+// The running program's session for `what` ("dump", "suspend"), once this tool is known to have a driver (said
+// before the program is touched). The deadline covers everything up to the hold's end.
+session connect_to_hold(pid_t pid, const char* what, std::chrono::milliseconds hold_deadline,
+                        const image_result& result);
 
 // Holds the program once everything is prepared (the job's cut, `before_hold`, comes just before), maps its
 // memory, describes it in result.manifest and copies it out through `pipeline`. Returns once every byte is

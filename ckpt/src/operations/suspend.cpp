@@ -150,9 +150,7 @@ void commit_checked(copy_pipeline& pipeline, const suspend_options& options, sus
 
 suspend_result suspend(const suspend_options& options, const progress_callback& progress) {
   suspend_result result;
-  driver();  // no driver here: say so before the program is touched
-  // The deadline covers everything up to the program's memory being freed.
-  session s(options.pid, session::expect::running, "suspend", deadline(result.start + options.hold_deadline));
+  session s = connect_to_hold(options.pid, "suspend", options.hold_deadline, result);
   result.mark("connected");
   check_sees_output(options);
   // Nothing is parked: the program stays held until the image is written and checked anyway.

@@ -29,10 +29,6 @@ namespace jf = json_fields;
 using namespace image_files;
 namespace {
 
-constexpr std::size_t max_processes = 4096;
-constexpr std::size_t max_criu_files = 1u << 16;
-constexpr int max_depth = 64;  // of directories inside an image (CRIU's and ours are 2 deep)
-
 // XXH3-64 of exactly `bytes` bytes of an open file, read in 1 MiB pieces.
 std::uint64_t checksum_of(int fd, std::uint64_t bytes, const std::string& path) {
   image::streaming_checksum sum;

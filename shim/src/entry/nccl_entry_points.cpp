@@ -47,6 +47,12 @@ struct nccl_door {
   const nccl_door door;                                 \
   if (door.nested) return real(__VA_ARGS__)
 
+// A collective's whole door: counted on `comm` for the cut, then forwarded.
+#define VMMCKPT_COLLECTIVE(name, comm, ...)            \
+  VMMCKPT_REAL(name, __VA_ARGS__);                     \
+  const op counted(#name, comm, op::kind::collective); \
+  return real(__VA_ARGS__)
+
 // The rank and size of a communicator NCCL made, through NCCL itself.
 void rank_and_size(nccl_comm comm, int& rank, int& size) noexcept {
   static nccl_symbol user_rank{"ncclCommUserRank"}, count{"ncclCommCount"};
@@ -153,62 +159,44 @@ nccl_result ncclCommShrink(nccl_comm comm, int* exclude, int exclude_count, nccl
 
 nccl_result ncclAllReduce(const void* send, void* recv, std::size_t count, int type, int reduction, nccl_comm comm,
                           CUstream stream) {
-  VMMCKPT_REAL(ncclAllReduce, send, recv, count, type, reduction, comm, stream);
-  op counted("ncclAllReduce", comm, op::kind::collective);
-  return real(send, recv, count, type, reduction, comm, stream);
+  VMMCKPT_COLLECTIVE(ncclAllReduce, comm, send, recv, count, type, reduction, comm, stream);
 }
 
 nccl_result ncclBroadcast(const void* send, void* recv, std::size_t count, int type, int root, nccl_comm comm,
                           CUstream stream) {
-  VMMCKPT_REAL(ncclBroadcast, send, recv, count, type, root, comm, stream);
-  op counted("ncclBroadcast", comm, op::kind::collective);
-  return real(send, recv, count, type, root, comm, stream);
+  VMMCKPT_COLLECTIVE(ncclBroadcast, comm, send, recv, count, type, root, comm, stream);
 }
 
 nccl_result ncclBcast(void* buff, std::size_t count, int type, int root, nccl_comm comm, CUstream stream) {
-  VMMCKPT_REAL(ncclBcast, buff, count, type, root, comm, stream);
-  op counted("ncclBcast", comm, op::kind::collective);
-  return real(buff, count, type, root, comm, stream);
+  VMMCKPT_COLLECTIVE(ncclBcast, comm, buff, count, type, root, comm, stream);
 }
 
 nccl_result ncclReduce(const void* send, void* recv, std::size_t count, int type, int reduction, int root,
                        nccl_comm comm, CUstream stream) {
-  VMMCKPT_REAL(ncclReduce, send, recv, count, type, reduction, root, comm, stream);
-  op counted("ncclReduce", comm, op::kind::collective);
-  return real(send, recv, count, type, reduction, root, comm, stream);
+  VMMCKPT_COLLECTIVE(ncclReduce, comm, send, recv, count, type, reduction, root, comm, stream);
 }
 
 nccl_result ncclAllGather(const void* send, void* recv, std::size_t count, int type, nccl_comm comm, CUstream stream) {
-  VMMCKPT_REAL(ncclAllGather, send, recv, count, type, comm, stream);
-  op counted("ncclAllGather", comm, op::kind::collective);
-  return real(send, recv, count, type, comm, stream);
+  VMMCKPT_COLLECTIVE(ncclAllGather, comm, send, recv, count, type, comm, stream);
 }
 
 nccl_result ncclReduceScatter(const void* send, void* recv, std::size_t count, int type, int reduction, nccl_comm comm,
                               CUstream stream) {
-  VMMCKPT_REAL(ncclReduceScatter, send, recv, count, type, reduction, comm, stream);
-  op counted("ncclReduceScatter", comm, op::kind::collective);
-  return real(send, recv, count, type, reduction, comm, stream);
+  VMMCKPT_COLLECTIVE(ncclReduceScatter, comm, send, recv, count, type, reduction, comm, stream);
 }
 
 nccl_result ncclAlltoAll(const void* send, void* recv, std::size_t count, int type, nccl_comm comm, CUstream stream) {
-  VMMCKPT_REAL(ncclAlltoAll, send, recv, count, type, comm, stream);
-  op counted("ncclAlltoAll", comm, op::kind::collective);
-  return real(send, recv, count, type, comm, stream);
+  VMMCKPT_COLLECTIVE(ncclAlltoAll, comm, send, recv, count, type, comm, stream);
 }
 
 nccl_result ncclGather(const void* send, void* recv, std::size_t count, int type, int root, nccl_comm comm,
                        CUstream stream) {
-  VMMCKPT_REAL(ncclGather, send, recv, count, type, root, comm, stream);
-  op counted("ncclGather", comm, op::kind::collective);
-  return real(send, recv, count, type, root, comm, stream);
+  VMMCKPT_COLLECTIVE(ncclGather, comm, send, recv, count, type, root, comm, stream);
 }
 
 nccl_result ncclScatter(const void* send, void* recv, std::size_t count, int type, int root, nccl_comm comm,
                         CUstream stream) {
-  VMMCKPT_REAL(ncclScatter, send, recv, count, type, root, comm, stream);
-  op counted("ncclScatter", comm, op::kind::collective);
-  return real(send, recv, count, type, root, comm, stream);
+  VMMCKPT_COLLECTIVE(ncclScatter, comm, send, recv, count, type, root, comm, stream);
 }
 
 nccl_result ncclSend(const void* send, std::size_t count, int type, int peer, nccl_comm comm, CUstream stream) {
