@@ -38,6 +38,9 @@ std::string reencode_reply(control::op o, const std::string& payload) {
     case control::op::cut_arm:
     case control::op::cut_targets:
     case control::op::cut_release: return control::encode(decode_ok<control::cut_status>(payload));
+    case control::op::peek: return control::encode(decode_ok<control::peek_reply>(payload));
+    case control::op::poke: return control::encode(decode_ok<control::poke_reply>(payload));
+    case control::op::regions: return control::encode(decode_ok<control::regions_reply>(payload));
   }
   return {};
 }
@@ -106,18 +109,18 @@ TEST_CASE("the allocation table travels apart and comes back whole", "[control]"
   control::dump_begin_reply sent = reply;
   sent.pools[0].allocations = {{0x200000000000, 4096, vmmckpt::alloc_api::cuda_malloc}};
   sent.pools[1].allocations = {{0x300000000000, 20971520, vmmckpt::alloc_api::cu_mem_map}};
-  const std::string table = control::encode_allocation_table(sent);
+  const std::string table = control::encode_allocation_table(sent.pools);
   REQUIRE(table.size() == 48);
-  control::decode_allocation_table(table, reply);
+  control::decode_allocation_table(table, reply.pools);
   REQUIRE(reply == sent);
   // A table that does not match the counts, or names an unknown API, is refused.
-  CHECK_THROWS_AS(control::decode_allocation_table(table + "x", reply), control::decode_error);
-  CHECK_THROWS_AS(control::decode_allocation_table("", reply), control::decode_error);
+  CHECK_THROWS_AS(control::decode_allocation_table(table + "x", reply.pools), control::decode_error);
+  CHECK_THROWS_AS(control::decode_allocation_table("", reply.pools), control::decode_error);
   std::string bad = table;
   bad[16] = 42;
-  CHECK_THROWS_AS(control::decode_allocation_table(bad, reply), control::decode_error);
+  CHECK_THROWS_AS(control::decode_allocation_table(bad, reply.pools), control::decode_error);
   reply.pools[0].allocation_count = ~0ULL;  // a count no table could hold is refused, not allocated
-  CHECK_THROWS_AS(control::decode_allocation_table(table, reply), control::decode_error);
+  CHECK_THROWS_AS(control::decode_allocation_table(table, reply.pools), control::decode_error);
 }
 
 TEST_CASE("requests that are not ours are answered, not acted on", "[control]") {

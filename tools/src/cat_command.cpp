@@ -11,61 +11,13 @@
 
 #include "cli_options.hpp"
 #include "commands.hpp"
+#include "byte_sink.hpp"
 #include "exit_codes.hpp"
 #include "vmmckpt/image/image.hpp"
 #include "vmmckpt/image/staging_name.hpp"
 #include "vmmckpt/pool/pool_layout.hpp"
 
 namespace vmmckpt::tools {
-
-namespace {
-
-// Where the bytes go: stdout, or a file that appears under its name only when every byte is in it
-// (a failed cat leaves none), owner-only like the image it comes from.
-class sink {
- public:
-  explicit sink(const std::string& path) : path_(path) {
-    if (path_.empty()) return;
-    temp_ = path_ + std::string(image::staging_marker) + std::to_string(::getpid());
-    fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd_ < 0) throw image::image_error(temp_ + ": cannot create: " + std::strerror(errno));
-  }
-  ~sink() {
-    if (!path_.empty() && fd_ >= 0) {
-      ::close(fd_);
-      ::unlink(temp_.c_str());
-    }
-  }
-  sink(const sink&) = delete;
-  sink& operator=(const sink&) = delete;
-
-  void write(const unsigned char* p, std::size_t n) {
-    while (n > 0) {
-      const ssize_t w = ::write(fd_, p, n);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) throw image::image_error(name() + ": write failed: " + std::strerror(errno));
-      p += w;
-      n -= static_cast<std::size_t>(w);
-    }
-  }
-  void commit() {
-    if (path_.empty()) return;
-    const int fd = fd_;
-    fd_ = -1;
-    if (::fsync(fd) != 0 || ::close(fd) != 0 || ::rename(temp_.c_str(), path_.c_str()) != 0) {
-      const std::string why = std::strerror(errno);
-      ::unlink(temp_.c_str());
-      throw image::image_error(path_ + ": cannot complete: " + why);
-    }
-  }
-
- private:
-  std::string name() const { return path_.empty() ? "stdout" : temp_; }
-  std::string path_, temp_;
-  int fd_ = STDOUT_FILENO;
-};
-
-}  // namespace
 
 int cat_command(const std::string& path, const std::string& addr_text, const std::string& size_text,
                 const std::string& output) {
@@ -88,7 +40,7 @@ int cat_command(const std::string& path, const std::string& addr_text, const std
   const auto reader = image::reader::open(path);
   // The library names a byte the image does not hold before anything goes out, and checks every
   // extent touched before its bytes do: the memory needed is the largest extent touched.
-  sink out(output);
+  byte_sink out(output);
   reader.read_range(addr, size, [&](const unsigned char* bytes, std::size_t n) { out.write(bytes, n); });
   out.commit();
   return exit_ok;

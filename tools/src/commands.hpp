@@ -27,7 +27,7 @@ struct subcommand {
 // Each registers one subcommand of the same name.
 using add_subcommand = subcommand(CLI::App& app);
 add_subcommand add_run, add_ps, add_check, add_dump, add_merge, add_rm, add_inspect, add_verify, add_cat, add_gc,
-    add_suspend, add_resume;
+    add_suspend, add_resume, add_peek, add_poke;
 // `trailing_command`: what followed "--" on the command line, filled in before the subcommand runs.
 subcommand add_restore(CLI::App& app, const std::vector<std::string>& trailing_command);
 

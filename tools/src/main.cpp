@@ -130,13 +130,11 @@ int cuda_ckpt(int argc, char** argv) {
 
   // The command of restore is everything after its first "--": CLI11 parses only what comes before.
   std::vector<std::string> trailing_command;
-  const std::vector<subcommand> commands{add_run(app),       add_ps(app),
-                                         add_check(app),     add_dump(app),
-                                         add_merge(app),     add_rm(app),
-                                         add_inspect(app),   add_verify(app),
-                                         add_cat(app),       add_gc(app),
-                                         add_suspend(app),   add_resume(app),
-                                         add_job_agent(app), add_restore(app, trailing_command)};
+  const std::vector<subcommand> commands{
+      add_run(app),     add_ps(app),     add_check(app),     add_dump(app),
+      add_merge(app),   add_rm(app),     add_inspect(app),   add_verify(app),
+      add_cat(app),     add_gc(app),     add_peek(app),      add_poke(app),
+      add_suspend(app), add_resume(app), add_job_agent(app), add_restore(app, trailing_command)};
 
   // Every command's help ends with the exit codes, as the program's does.
   for (auto* command : app.get_subcommands([](CLI::App*) { return true; })) {

@@ -237,9 +237,9 @@ void control_client::channel_failed(const protocol::failure& f) const {
   throw control_error(who + ": " + f.text, f.kind);
 }
 
-void control_client::send(const control::request& r) {
+void control_client::send(const control::request& r, const std::vector<int>& fds) {
   protocol::failure error;
-  if (!protocol::send_frame(fd_, control::encode(r), {}, remaining_ms(), error)) channel_failed(error);
+  if (!protocol::send_frame(fd_, control::encode(r), fds, remaining_ms(), error)) channel_failed(error);
 }
 
 std::string control_client::receive(std::vector<int>* fds, int timeout_ms) {
@@ -273,8 +273,9 @@ std::string control_client::receive(std::vector<int>* fds, int timeout_ms) {
 }
 
 template <typename Reply>
-Reply control_client::call(const control::request& r, std::vector<int>* fds, const progress_handler& progress) {
-  send(r);
+Reply control_client::call(const control::request& r, std::vector<int>* fds, const progress_handler& progress,
+                           const std::vector<int>& send_fds) {
+  send(r, send_fds);
   // Tests stop or kill the tool here: the request is out, its answer not read yet.
   std::visit(
       [](const auto& req) {
@@ -355,7 +356,7 @@ control::dump_begin_reply control_client::dump_begin(std::chrono::milliseconds h
   ::close(table_fd);
   try {
     if (!table.ok) throw control::decode_error("cannot read it (not a sealed file)");
-    control::decode_allocation_table(std::string_view(table.data, table.size), reply);
+    control::decode_allocation_table(std::string_view(table.data, table.size), reply.pools);
   } catch (const control::decode_error& e) {
     throw control_error("process " + std::to_string(pid_) + " sent a bad allocation table: " + e.what(),
                         protocol::failure_kind::bad_frame);
@@ -405,5 +406,43 @@ std::optional<control::cut_status> control_client::next_cut_status(int wait_ms) 
 }
 
 control::check_reply control_client::check() { return call<control::check_reply>(control::check_request{}); }
+
+control::peek_reply control_client::peek(control::peek_request request, received_fds& fds) {
+  request.valid_until_ms = deadline_.valid_until_ms();
+  std::vector<int> got;
+  auto reply = call<control::peek_reply>(request, &got);
+  const std::size_t expected = reply.via == control::peek_path::copy ? 1 : reply.pieces.size();
+  fds = received_fds(std::move(got));
+  if (fds.size() != expected)
+    throw control_error("process " + std::to_string(pid_) + " sent " + std::to_string(fds.size()) +
+                            " descriptors with its peek, expected " + std::to_string(expected),
+                        protocol::failure_kind::bad_frame);
+  return reply;
+}
+
+control::poke_reply control_client::poke(control::poke_request request, int bytes_fd) {
+  request.valid_until_ms = deadline_.valid_until_ms();
+  return call<control::poke_reply>(request, nullptr, {}, {bytes_fd});
+}
+
+control::regions_reply control_client::regions() {
+  std::vector<int> got;
+  auto reply = call<control::regions_reply>(control::regions_request{}, &got);
+  received_fds owned(std::move(got));
+  if (owned.size() != 1)
+    throw control_error("process " + std::to_string(pid_) + " sent no allocation table with its regions",
+                        protocol::failure_kind::bad_frame);
+  const int table_fd = owned.take(0);
+  const mapped_table table(table_fd);
+  ::close(table_fd);
+  try {
+    if (!table.ok) throw control::decode_error("cannot read it (not a sealed file)");
+    control::decode_allocation_table(std::string_view(table.data, table.size), reply.pools);
+  } catch (const control::decode_error& e) {
+    throw control_error("process " + std::to_string(pid_) + " sent a bad allocation table: " + e.what(),
+                        protocol::failure_kind::bad_frame);
+  }
+  return reply;
+}
 
 }  // namespace vmmckpt::ckpt

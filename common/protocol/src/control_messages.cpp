@@ -7,31 +7,16 @@
 #include "vmmckpt/support/hex_text.hpp"
 #include "vmmckpt/support/little_endian.hpp"
 #include "vmmckpt/protocol/protocol.hpp"
+#include "message_codec.hpp"
 
 namespace vmmckpt::control {
 namespace {
 
 using namespace json_fields;
-using ojson = nlohmann::ordered_json;  // a stable field order on the wire
-
-// Control messages nest at most seven levels (a VMM layout's access rights); anything deeper is not ours.
-constexpr std::size_t max_depth = 12;
-
-std::string dump(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
-
-template <typename Enum, std::size_t N>
-Enum enum_at(const json& v, const std::string& path, const Enum (&values)[N]) {
-  const std::string text = string_at(v, path);
-  for (Enum e : values)
-    if (name_of(e) == text) return e;
-  throw decode_error(path + ": unknown value \"" + printable(text) + "\"");
-}
+using namespace codec;
 
 constexpr process_state all_states[] = {process_state::running, process_state::suspended, process_state::paused};
 constexpr activity all_activities[] = {activity::idle, activity::dumping, activity::suspending, activity::resuming};
-constexpr refusal all_refusals[] = {
-    refusal::failed,   refusal::bad_request,  refusal::unknown_op, refusal::suspended, refusal::not_suspended,
-    refusal::not_held, refusal::not_quiesced, refusal::busy,       refusal::expired,   refusal::withdrawn};
 
 // ---- pieces shared by several messages ----
 // A pool's "kind": "pool" (the default when absent) or "vmm"; true for vmm.
@@ -57,38 +42,6 @@ std::vector<not_owned_memory> decode_not_owned(const json& root) {
     out.push_back(std::move(entry));
   });
   return out;
-}
-
-ojson success() {
-  ojson j;
-  j["ok"] = true;
-  return j;
-}
-
-// A reply that says ok: true, with its fields in order.
-std::string reply(std::initializer_list<std::pair<const char*, ojson>> fields) {
-  ojson j = success();
-  for (const auto& [name, value] : fields) j[name] = value;
-  return dump(j);
-}
-
-// The object of a reply that says ok: true, or the failure_reply it holds.
-template <typename Reply, typename Decode>
-std::variant<Reply, failure_reply> decode_reply_with(const std::string& payload, Decode&& decode) {
-  const json root = parse_limited(payload, max_depth);
-  object_at(root, "reply");
-  if (!bool_of(root, "", "ok")) {
-    failure_reply f;
-    f.error = string_of(root, "", "error");
-    // A process that names no code (or one this tool does not know) failed in some other way.
-    const json* code = optional_field(root, "code");
-    f.code = refusal::failed;
-    if (code != nullptr && code->is_string())
-      for (refusal r : all_refusals)
-        if (name_of(r) == code->get_ref<const std::string&>()) f.code = r;
-    return f;
-  }
-  return decode(root);
 }
 
 ojson encode_pids(const std::vector<std::int64_t>& pids) {
@@ -232,6 +185,9 @@ std::string_view name_of(op o) {
     case op::cut_arm: return "cut_arm";
     case op::cut_targets: return "cut_targets";
     case op::cut_release: return "cut_release";
+    case op::peek: return "peek";
+    case op::poke: return "poke";
+    case op::regions: return "regions";
   }
   return "?";
 }
@@ -354,7 +310,8 @@ std::string encode(const request& r) {
 }
 
 std::string encode(const hello_reply& r) {
-  ojson j = success();
+  ojson j;
+  j["ok"] = true;
   j["protocol"] = r.protocol;
   j["pid"] = r.pid;
   j["command"] = r.command;
@@ -374,7 +331,8 @@ std::string encode(const hello_reply& r) {
 }
 
 std::string encode(const dump_begin_reply& r) {
-  ojson j = success();
+  ojson j;
+  j["ok"] = true;
   j["fd_count"] = r.fd_count;
   j["hold_deadline_ms"] = r.hold_deadline.count();
   j["devices"] = encode_devices(r.devices);
@@ -537,6 +495,9 @@ const request_decoder request_decoders[] = {
      }},
     {op::cut_targets, decode_cut_targets_request},
     {op::cut_release, [](const json&) -> request { return cut_release_request{}; }},
+    {op::peek, decode_peek_request},
+    {op::poke, decode_poke_request},
+    {op::regions, [](const json&) -> request { return regions_request{}; }},
 };
 
 }  // namespace
@@ -640,30 +601,30 @@ std::optional<progress_frame> decode_progress_frame(const std::string& payload) 
   return progress_frame{u64_of(root, "", "bytes_done"), u64_of(root, "", "bytes_total")};
 }
 
-std::size_t allocation_table_bytes(const dump_begin_reply& r) {
+std::size_t allocation_table_bytes(const std::vector<pool_contents>& pools) {
   std::size_t count = 0;
-  for (const auto& p : r.pools) count += p.allocations.size();
+  for (const auto& p : pools) count += p.allocations.size();
   return count * allocation_record_size;
 }
 
-void encode_allocation_table(const dump_begin_reply& r, unsigned char* at) {
-  for (const auto& p : r.pools)
+void encode_allocation_table(const std::vector<pool_contents>& pools, unsigned char* at) {
+  for (const auto& p : pools)
     for (const auto& a : p.allocations) {
       put_allocation_record(at, {a.addr, a.size, static_cast<std::uint32_t>(a.api), 0});
       at += allocation_record_size;
     }
 }
 
-std::string encode_allocation_table(const dump_begin_reply& r) {
-  std::string out(allocation_table_bytes(r), '\0');
-  encode_allocation_table(r, reinterpret_cast<unsigned char*>(out.data()));
+std::string encode_allocation_table(const std::vector<pool_contents>& pools) {
+  std::string out(allocation_table_bytes(pools), '\0');
+  encode_allocation_table(pools, reinterpret_cast<unsigned char*>(out.data()));
   return out;
 }
 
-void decode_allocation_table(std::string_view table, dump_begin_reply& r) {
+void decode_allocation_table(std::string_view table, std::vector<pool_contents>& pools) {
   std::uint64_t count = 0;
   const std::uint64_t most = table.size() / allocation_record_size;
-  for (const auto& p : r.pools) {
+  for (const auto& p : pools) {
     if (p.allocation_count > most || count > most)
       throw decode_error("the allocation table is shorter than the counts");
     count += p.allocation_count;
@@ -672,8 +633,8 @@ void decode_allocation_table(std::string_view table, dump_begin_reply& r) {
     throw decode_error("the allocation table holds " + std::to_string(table.size()) + " bytes, expected " +
                        std::to_string(count * allocation_record_size) + " (" + std::to_string(count) + " records)");
   const auto* at = reinterpret_cast<const unsigned char*>(table.data());
-  for (std::size_t i = 0; i < r.pools.size(); ++i) {
-    auto& p = r.pools[i];
+  for (std::size_t i = 0; i < pools.size(); ++i) {
+    auto& p = pools[i];
     p.allocations.clear();
     p.allocations.reserve(p.allocation_count);
     for (std::uint64_t k = 0; k < p.allocation_count; ++k, at += allocation_record_size) {
@@ -757,7 +718,7 @@ std::vector<example> example_messages() {
   const dump_begin_reply held = example_held(h200);
   const comm_count cut_comm{0x5c1e8f0a3d2b4e71, 0, 2, 1207, {{1, 3}}, {{1, 3}}};
   const comm_count cut_target{0x5c1e8f0a3d2b4e71, 0, 0, 1208, {{1, 3}}, {{1, 3}}};
-  return {
+  std::vector<example> examples{
       {op::hello, encode(request{hello_request{true}}), encode(hello)},
       {op::dump_begin,
        encode(request{dump_begin_request{
@@ -789,6 +750,8 @@ std::vector<example> example_messages() {
        encode(cut_status{true, 0, 1, "", {cut_comm}})},
       {op::cut_release, encode(request{cut_release_request{}}), encode(cut_status{false, 0, 0, "", {cut_comm}})},
   };
+  for (example& e : peek_examples(h200)) examples.push_back(std::move(e));
+  return examples;
 }
 
 std::string example_failure() { return encode(failure_reply{refusal::not_suspended, "the program is not suspended"}); }

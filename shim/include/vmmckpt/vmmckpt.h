@@ -19,7 +19,7 @@
 extern "C" {
 #endif
 
-#define VMMCKPT_API_VERSION 1
+#define VMMCKPT_API_VERSION 2 /* 2: vmmckpt_name */
 
 /* vmmckpt_pause flags */
 #define VMMCKPT_PAUSE_KEEP 0u    /* copy the bytes to host memory first; resume writes them back */
@@ -50,6 +50,11 @@ int vmmckpt_resume(vmmckpt_stats* stats);
 int vmmckpt_state(void);
 /* The calling thread's last failure, in words ("" when none). Valid until its next vmmckpt_ call. */
 const char* vmmckpt_last_error(void);
+/* Names [ptr, ptr + size) of the program's GPU memory, so that `cuda-ckpt peek PID NAME` reads it without its
+ * address (docs/peek.md); naming another range so replaces it, and size 0 unnames it. A name is 1 to 128
+ * printable characters without spaces, not a number. VMMCKPT_E_INVALID for a bad name or range, or too many names
+ * (4096). The range is checked when it is read: it must then lie in memory the shim owns. */
+int vmmckpt_name(const void* ptr, uint64_t size, const char* name);
 /* VMMCKPT_API_VERSION of the loaded shim. */
 int vmmckpt_api_version(void);
 

@@ -13,6 +13,7 @@
 #include "memory/ipc_imports.hpp"
 #include "memory/vmm_sharing.hpp"
 #include "operations/job_cut.hpp"
+#include "operations/peek.hpp"
 #include "operations/process_control.hpp"
 #include "operations/restore.hpp"
 #include "vmmckpt/protocol/suspend_claim.hpp"
@@ -45,10 +46,6 @@ struct activity_scope {
   activity_scope& operator=(const activity_scope&) = delete;
 };
 
-bool refuse(client_channel& client, control::refusal code, const std::string& why) {
-  return client.send(control::encode(control::failure_reply{code, why}));
-}
-
 // Sends the hold's reply and the exported handles, in as many frames as the descriptors need.
 bool send_held(client_channel& client, const control::dump_begin_reply& reply, const std::vector<int>& fds) {
   const std::size_t first = std::min<std::size_t>(fds.size(), protocol::max_fds_per_message);
@@ -59,18 +56,6 @@ bool send_held(client_channel& client, const control::dump_begin_reply& reply, c
                        {fds.begin() + static_cast<long>(i), fds.begin() + static_cast<long>(i + n)});
   }
   return sent;
-}
-
-// The operation lock, waited for until the request is void; false (and a reply saying so) when
-// another operation kept it that long.
-bool take_operation(client_channel& client, std::unique_lock<std::timed_mutex>& lock, std::int64_t valid_until_ms) {
-  const std::int64_t left_ms = valid_until_ms - control::unix_ms_now();
-  if (left_ms > 0 && lock.try_lock_for(std::chrono::milliseconds(left_ms))) return true;
-  refuse(client, left_ms > 0 ? control::refusal::busy : control::refusal::expired,
-         left_ms > 0
-             ? "another operation (a dump, suspend or resume) kept the program busy until the request's deadline"
-             : "the request arrived after it expired; nothing was done");
-  return false;
 }
 
 // "12, 34": the processes a refusal names.
@@ -379,6 +364,20 @@ bool serve_vmm_share(client_channel& client, const control::vmm_share_request& r
 
 }  // namespace
 
+bool refuse(client_channel& client, control::refusal code, const std::string& why) {
+  return client.send(control::encode(control::failure_reply{code, why}));
+}
+
+bool take_operation(client_channel& client, std::unique_lock<std::timed_mutex>& lock, std::int64_t valid_until_ms) {
+  const std::int64_t left_ms = valid_until_ms - control::unix_ms_now();
+  if (left_ms > 0 && lock.try_lock_for(std::chrono::milliseconds(left_ms))) return true;
+  refuse(client, left_ms > 0 ? control::refusal::busy : control::refusal::expired,
+         left_ms > 0
+             ? "another operation (a dump, suspend or resume) kept the program busy until the request's deadline"
+             : "the request arrived after it expired; nothing was done");
+  return false;
+}
+
 bool answer(client_channel& client, const control::request& request, const std::vector<int>& fds) {
   return std::visit(
       [&](const auto& r) -> bool {
@@ -414,6 +413,15 @@ bool answer(client_channel& client, const control::request& request, const std::
         } else if constexpr (std::is_same_v<T, control::cut_arm_request>) {
           serve_cut(client, r);
           return false;  // the connection served the cut: it ends with it
+        } else if constexpr (std::is_same_v<T, control::peek_request>) {
+          serve_peek(client, r);
+          return true;
+        } else if constexpr (std::is_same_v<T, control::poke_request>) {
+          serve_poke(client, r, fds);
+          return true;
+        } else if constexpr (std::is_same_v<T, control::regions_request>) {
+          serve_regions(client);
+          return true;
         } else if constexpr (std::is_same_v<T, control::cut_targets_request> ||
                              std::is_same_v<T, control::cut_release_request>) {
           return refuse(client, control::refusal::bad_request, "no cut armed on this connection (cut_arm first)");

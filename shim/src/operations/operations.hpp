@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <cstdint>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -47,6 +48,12 @@ class client_channel {
   // Whether the client sent something (or went away) within `wait`.
   virtual bool readable(std::chrono::milliseconds wait) = 0;
 };
+
+// Sends a refusal; false when it could not be sent.
+bool refuse(client_channel& client, control::refusal code, const std::string& why);
+// The operation lock, waited for until the request is void (valid_until_ms); false, and a reply saying so, when
+// another operation kept it that long.
+bool take_operation(client_channel& client, std::unique_lock<std::timed_mutex>& lock, std::int64_t valid_until_ms);
 
 // Answers one request, with the descriptors it carried (the caller closes them); false when the connection
 // is to be closed.

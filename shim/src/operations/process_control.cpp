@@ -18,6 +18,7 @@
 #include "core/context_scope.hpp"
 #include "memory/devices.hpp"
 #include "core/gate.hpp"
+#include "operations/sealed_memfd.hpp"
 #include "memory/ipc_imports.hpp"
 #include "memory/not_owned_memory.hpp"
 #include "memory/pools.hpp"
@@ -96,29 +97,6 @@ void describe_once(std::vector<device_description>& devices, int ordinal) {
   devices.push_back(describe_device(ordinal));
 }
 
-// The reply's allocation table in a sealed memfd (it can no longer change), or -1 with errno set.
-// Encoded straight into the file's mapped pages: a million allocations are 24 MB.
-int allocation_table_memfd(const control::dump_begin_reply& r) {
-  const int fd = ::memfd_create("vmmckpt-allocation-table", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (fd < 0) return -1;
-  const std::size_t bytes = control::allocation_table_bytes(r);
-  auto fail = [fd] {
-    const int err = errno;
-    ::close(fd);
-    errno = err;
-    return -1;
-  };
-  if (bytes > 0) {
-    if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) return fail();
-    void* at = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (at == MAP_FAILED) return fail();
-    control::encode_allocation_table(r, static_cast<unsigned char*>(at));
-    ::munmap(at, bytes);  // before sealing: a writable mapping would refuse F_SEAL_WRITE
-  }
-  if (::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0) return fail();
-  return fd;
-}
-
 double us_since(clock::time_point t) { return std::chrono::duration<double, std::micro>(clock::now() - t).count(); }
 
 std::uint64_t held_us() {
@@ -152,14 +130,6 @@ std::unique_ptr<prepared_table> take_prepared(const std::vector<active_pool>& po
     if (prepared->changes[i].first != pools[i].pool || prepared->changes[i].second != pools[i].pool->changes())
       return nullptr;
   return prepared;
-}
-
-// Waits for the work on every pool's device, and on program-made VMM memory; the microseconds it took.
-double synchronize_all(const std::vector<active_pool>& pools) {
-  const auto t = clock::now();
-  for (const auto& p : pools) p.pool->synchronize();
-  vmm_synchronize();  // kernels may still write program-made VMM memory on devices without a pool
-  return us_since(t);
 }
 
 // Each pool's blocks into `r`, from the prepared table where there is one; how many.
@@ -214,7 +184,7 @@ std::string export_vmm(control::dump_begin_reply& r, std::vector<int>& fds, std:
 // The allocation table's descriptor: the prepared one, handed over (closed with the others once sent), or one
 // made now; -1 (errno set) when it cannot be made.
 int allocation_table(const control::dump_begin_reply& r, prepared_table* prepared) {
-  if (!prepared) return allocation_table_memfd(r);
+  if (!prepared) return allocation_table_memfd(r.pools);
   const int table = prepared->fd;
   prepared->fd = -1;
   return table;
@@ -228,7 +198,7 @@ std::variant<control::dump_begin_reply, control::failure_reply> held_contents(do
   const auto pools = active_pools();
   control::dump_begin_reply r;
   // Where the hold's time goes, in the log: with a million allocations each part shows.
-  const double sync_us = synchronize_all(pools);
+  const double sync_us = synchronize_all();
   auto t = clock::now();
   std::unique_ptr<prepared_table> prepared = take_prepared(pools);
   const std::size_t blocks = list_blocks(pools, prepared.get(), r);
@@ -262,6 +232,21 @@ std::variant<control::dump_begin_reply, control::failure_reply> held_contents(do
 }
 
 }  // namespace
+
+double synchronize_all() {
+  const auto t = clock::now();
+  for (const auto& p : active_pools()) p.pool->synchronize();
+  vmm_synchronize();  // kernels may still write program-made VMM memory on devices without a pool
+  return us_since(t);
+}
+
+int allocation_table_memfd(const std::vector<control::pool_contents>& pools) {
+  // Encoded straight into the file's mapped pages: a million allocations are 24 MB.
+  return sealed_memfd("vmmckpt-allocation-table", control::allocation_table_bytes(pools), [&](unsigned char* at) {
+    control::encode_allocation_table(pools, at);
+    return true;
+  });
+}
 
 suspend_record suspended_image() {
   std::lock_guard lock(g_image_mutex);
@@ -355,7 +340,7 @@ void prepare_hold() noexcept {
       prepared->changes.emplace_back(p.pool, before);
       r.pools.push_back(std::move(c));
     }
-    prepared->fd = allocation_table_memfd(r);
+    prepared->fd = allocation_table_memfd(r.pools);
     if (prepared->fd < 0) return;
     for (auto& c : r.pools) prepared->allocations.push_back(std::move(c.allocations));
     std::lock_guard lock(g_prepared_mutex);

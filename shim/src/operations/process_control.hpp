@@ -20,6 +20,12 @@ control::hello_reply describe_process();
 // check: every pool's placement and physical memory agree.
 control::check_reply check_pools();
 
+// Waits for the work on every pool's device, and on program-made VMM memory; the microseconds it took.
+double synchronize_all();
+
+// The pools' allocation table as a sealed memfd (dump_begin's, regions'); -1 with errno set when it cannot be made.
+int allocation_table_memfd(const std::vector<control::pool_contents>& pools);
+
 // hello with prepare_hold: lists the pools' allocations and makes their table now, while the program
 // runs, for the hold that follows (used only if no block is allocated or freed in between).
 void prepare_hold() noexcept;

@@ -10,11 +10,13 @@
 #include <chrono>
 #include <cstring>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "core/context_scope.hpp"
 #include "memory/ipc_exports.hpp"
+#include "memory/named_ranges.hpp"
 #include "operations/operations.hpp"
 #include "core/gate.hpp"
 #include "memory/pools.hpp"
@@ -300,6 +302,20 @@ __attribute__((visibility("default"))) int vmmckpt_state(void) {
 }
 
 __attribute__((visibility("default"))) const char* vmmckpt_last_error(void) { return vmmckpt::detail::t_last_error; }
+
+__attribute__((visibility("default"))) int vmmckpt_name(const void* ptr, uint64_t size, const char* name) {
+  vmmckpt::detail::set_last_error("");
+  try {
+    if (name == nullptr) throw std::invalid_argument("no name");
+    const std::string why =
+        vmmckpt::detail::name_range(name, reinterpret_cast<std::uintptr_t>(ptr), static_cast<std::uint64_t>(size));
+    if (why.empty()) return VMMCKPT_OK;
+    vmmckpt::detail::set_last_error(("vmmckpt_name: " + why).c_str());
+  } catch (...) {
+    vmmckpt::detail::set_last_error("vmmckpt_name: no name given, or out of host memory");
+  }
+  return VMMCKPT_E_INVALID;
+}
 
 __attribute__((visibility("default"))) int vmmckpt_api_version(void) { return VMMCKPT_API_VERSION; }
 

@@ -79,6 +79,12 @@ class control_client {
                                control::resume_request::stage stage = control::resume_request::stage::both,
                                const std::vector<std::int64_t>& ranks = {});
   control::check_reply check();
+  // The CPU's window (docs/peek.md): the reply, its descriptors in `fds` (copy: the bytes; map: one per piece).
+  control::peek_reply peek(control::peek_request request, received_fds& fds);
+  // Writes the bytes in `bytes_fd`, a sealed memfd (not closed here).
+  control::poke_reply poke(control::poke_request request, int bytes_fd);
+  // Every allocation (from the allocation table) and the program's named ranges.
+  control::regions_reply regions();
 
   // The cut of a job (docs/job-checkpoint.md). cut_arm arms the process until this connection closes or
   // armed_for passes, and answers its state; from then on the process sends a cut_status frame whenever its
@@ -99,10 +105,11 @@ class control_client {
   void give_up_on_stopped_after(clock::time_point after) { patience_ = after; }
 
  private:
-  void send(const control::request& r);
+  void send(const control::request& r, const std::vector<int>& fds = {});
   std::string receive(std::vector<int>* fds, int timeout_ms);
   template <typename Reply>
-  Reply call(const control::request& r, std::vector<int>* fds = nullptr, const progress_handler& progress = {});
+  Reply call(const control::request& r, std::vector<int>* fds = nullptr, const progress_handler& progress = {},
+             const std::vector<int>& send_fds = {});
   [[noreturn]] void channel_failed(const protocol::failure& f) const;
 
   pid_t pid_;

@@ -38,11 +38,15 @@ enum class op {
   vmm_unshare,
   cut_arm,
   cut_targets,
-  cut_release
+  cut_release,
+  peek,
+  poke,
+  regions
 };
 inline constexpr op all_ops[] = {op::hello,       op::dump_begin, op::dump_end,    op::suspend,      op::resume,
                                  op::check,       op::ipc_open,   op::ipc_close,   op::vmm_identify, op::vmm_share,
-                                 op::vmm_unshare, op::cut_arm,    op::cut_targets, op::cut_release};
+                                 op::vmm_unshare, op::cut_arm,    op::cut_targets, op::cut_release,  op::peek,
+                                 op::poke,        op::regions};
 std::string_view name_of(op o);
 
 // Why the process refused a request: what the tool acts on. The reply's text says it to a person.
@@ -209,10 +213,50 @@ struct cut_targets_request {
 struct cut_release_request {
   friend bool operator==(const cut_release_request&, const cut_release_request&) = default;
 };
-using request =
-    std::variant<hello_request, dump_begin_request, dump_end_request, suspend_request, resume_request, check_request,
-                 ipc_open_request, ipc_close_request, vmm_identify_request, vmm_share_request, vmm_unshare_request,
-                 cut_arm_request, cut_targets_request, cut_release_request>;
+
+// ---- the CPU's window into the live program's memory (docs/peek.md) ----
+// How the bytes read or written relate to the program's work: `live` while it runs (unordered: a kernel may be
+// writing them meanwhile), `ordered` after the work already submitted on its devices, `quiesce` with the program
+// held at the dump's gate for the copy alone.
+enum class peek_order { live, ordered, quiesce };
+std::string_view name_of(peek_order o);
+// How a peek's bytes reach the reader: `copy`, copied by the program into a sealed memfd (the reader needs no
+// CUDA), or `map`, the descriptors of the memory itself, which the reader maps into its own context.
+enum class peek_path { copy, map };
+std::string_view name_of(peek_path p);
+inline constexpr std::uint64_t max_peek_copy = 1ULL << 30;  // a copy of more is refused: map it instead
+
+// The range: `size` bytes at `addr`, or, when `name` is given, at the range the program named so
+// (vmmckpt_name) and `addr` an offset into it. Size 0: to the end of the allocation (or named range).
+struct peek_request {
+  std::uint64_t addr = 0;
+  std::uint64_t size = 0;
+  std::string name;  // optional
+  peek_order order = peek_order::live;
+  peek_path via = peek_path::copy;
+  std::chrono::milliseconds hold_deadline{10'000};  // quiesce: the longest the program may be held
+  std::int64_t valid_until_ms = 0;
+  friend bool operator==(const peek_request&, const peek_request&) = default;
+};
+// Writes the frame's one descriptor, a sealed memfd of exactly `size` bytes, at the range (as peek's).
+struct poke_request {
+  std::uint64_t addr = 0;
+  std::uint64_t size = 0;
+  std::string name;
+  peek_order order = peek_order::quiesce;
+  std::chrono::milliseconds hold_deadline{10'000};
+  std::int64_t valid_until_ms = 0;
+  friend bool operator==(const poke_request&, const poke_request&) = default;
+};
+// What there is to peek at: every allocation, and the ranges the program named.
+struct regions_request {
+  friend bool operator==(const regions_request&, const regions_request&) = default;
+};
+
+using request = std::variant<hello_request, dump_begin_request, dump_end_request, suspend_request, resume_request,
+                             check_request, ipc_open_request, ipc_close_request, vmm_identify_request,
+                             vmm_share_request, vmm_unshare_request, cut_arm_request, cut_targets_request,
+                             cut_release_request, peek_request, poke_request, regions_request>;
 
 // ---- replies ----
 struct pool_summary {
@@ -346,6 +390,49 @@ struct cut_status {
   std::vector<comm_count> comms;
   friend bool operator==(const cut_status&, const cut_status&) = default;
 };
+// Where a peeked or poked range lies: its device, the allocation (or VMM mapping) that holds it, and the name
+// of the named range that holds it, if one does.
+struct peek_range {
+  std::uint64_t addr = 0, size = 0;
+  int device = 0;
+  std::uint64_t allocation = 0, allocation_size = 0;
+  std::string name;
+  friend bool operator==(const peek_range&, const peek_range&) = default;
+};
+// map: one descriptor per piece, in order: the range's bytes [addr, addr + size) lie at `offset` in the memory of
+// a handle of `handle_size` bytes (the driver maps an imported handle whole).
+struct peek_piece {
+  std::uint64_t addr = 0, size = 0, offset = 0, handle_size = 0;
+  friend bool operator==(const peek_piece&, const peek_piece&) = default;
+};
+// copy: the bytes are the reply's one descriptor, a sealed memfd of range.size bytes.
+struct peek_reply {
+  peek_range range;
+  peek_order order = peek_order::live;
+  peek_path via = peek_path::copy;
+  std::uint64_t held_us = 0;  // quiesce: how long the program was held
+  std::vector<peek_piece> pieces;
+  friend bool operator==(const peek_reply&, const peek_reply&) = default;
+};
+struct poke_reply {
+  peek_range range;
+  std::uint64_t held_us = 0;
+  friend bool operator==(const poke_reply&, const poke_reply&) = default;
+};
+struct named_range {
+  std::string name;
+  std::uint64_t addr = 0, size = 0;
+  friend bool operator==(const named_range&, const named_range&) = default;
+};
+// The pools without segments; their allocations in the allocation table, the reply's one descriptor.
+struct regions_reply {
+  std::vector<pool_contents> pools;
+  std::vector<named_range> names;
+  friend bool operator==(const regions_reply&, const regions_reply&) = default;
+};
+inline constexpr std::size_t max_names = 4096;       // named ranges a program may have
+inline constexpr std::size_t max_name_length = 128;  // bytes of a name
+
 // Any request's negative reply.
 struct failure_reply {
   refusal code = refusal::failed;
@@ -368,6 +455,9 @@ std::string encode(const ipc_close_reply& r);
 std::string encode(const vmm_share_reply& r);
 std::string encode(const vmm_unshare_reply& r);
 std::string encode(const cut_status& r);
+std::string encode(const peek_reply& r);
+std::string encode(const poke_reply& r);
+std::string encode(const regions_reply& r);
 std::string encode(const failure_reply& r);
 
 // ---- decoding ----
@@ -384,13 +474,17 @@ std::optional<progress_frame> decode_progress_frame(const std::string& payload);
 
 // The allocation table of a dump_begin reply: every pool's allocations in order, as fixed records
 // (little_endian.hpp's allocation_record). The process sends it as a sealed memfd.
-std::string encode_allocation_table(const dump_begin_reply& r);
-// The same into `out`, allocation_table_bytes(r) long (a mapped memfd: no copy of a large table).
-std::size_t allocation_table_bytes(const dump_begin_reply& r);
-void encode_allocation_table(const dump_begin_reply& r, unsigned char* out);
+// (regions sends the same for its pools.)
+std::string encode_allocation_table(const std::vector<pool_contents>& pools);
+// The same into `out`, allocation_table_bytes(pools) long (a mapped memfd: no copy of a large table).
+std::size_t allocation_table_bytes(const std::vector<pool_contents>& pools);
+void encode_allocation_table(const std::vector<pool_contents>& pools, unsigned char* out);
 // Fills every pool's allocations from the table, which must hold exactly allocation_count records
 // for each; decode_error when it does not, or names an API vmmckpt does not record.
-void decode_allocation_table(std::string_view table, dump_begin_reply& r);
+void decode_allocation_table(std::string_view table, std::vector<pool_contents>& pools);
+// A name a program may give a range: 1 to max_name_length printable ASCII bytes, no spaces; not a number (so
+// that `peek PID NAME` is never an address).
+bool valid_range_name(std::string_view name);
 
 // One fully populated example of each message, per op, for the protocol document's check and the
 // round-trip tests: the request and its reply as encoded.

@@ -11,8 +11,9 @@
 
 namespace vmmckpt::protocol {
 
-inline constexpr std::uint32_t version = 4;  // 2: dump_begin sends the allocation table as a descriptor; 3: VMM memory;
+inline constexpr std::uint32_t version = 5;  // 2: dump_begin sends the allocation table as a descriptor; 3: VMM memory;
                                              // 4: the hold's deadline is hold_deadline_ms in request and reply
+                                             // 5: peek, poke and regions (docs/peek.md)
 inline constexpr std::uint32_t max_payload = 64u << 20;  // a bigger frame is refused
 inline constexpr int max_fds_per_message = 250;          // SCM_RIGHTS limit is 253
 
