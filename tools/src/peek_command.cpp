@@ -188,7 +188,8 @@ int list_command(const peek_command_options& o) {
       for (const auto& a : p.allocations)
         j["allocations"].push_back(
             {{"addr", hex(a.addr)}, {"size", a.size}, {"device", p.device}, {"api", name_of(a.api)}});
-    for (const auto& n : regions.names) j["names"].push_back({{"name", n.name}, {"addr", hex(n.addr)}, {"size", n.size}});
+    for (const auto& n : regions.names)
+      j["names"].push_back({{"name", n.name}, {"addr", hex(n.addr)}, {"size", n.size}});
     std::cout << j.dump() << '\n';
     return exit_ok;
   }
@@ -251,11 +252,10 @@ subcommand add_peek(CLI::App& app) {
   c->add_option("--via", o->via, "copy (no CUDA here), map (bulk: this tool maps the memory), bar")
       ->check(CLI::IsMember({"copy", "map", "bar"}))
       ->type_name("PATH");
-  c->footer(
-      "Usage: cuda-ckpt peek PID ADDR|NAME [SIZE] [-o FILE] [-t TYPE [--shape DIMS] [--stats] [--npy FILE]]\n"
-      "       cuda-ckpt peek PID --list\n"
-      "Only memory vmmckpt owns is read: an address outside it exits 1 naming it, and nothing is written.\n"
-      "On a terminal the bytes are shown as a hex dump; to a pipe or with -o they are written raw.");
+  c->footer("Usage: cuda-ckpt peek PID ADDR|NAME [SIZE] [-o FILE] [-t TYPE [--shape DIMS] [--stats] [--npy FILE]]\n"
+            "       cuda-ckpt peek PID --list\n"
+            "Only memory vmmckpt owns is read: an address outside it exits 1 naming it, and nothing is written.\n"
+            "On a terminal the bytes are shown as a hex dump; to a pipe or with -o they are written raw.");
   return {c, [o] { return with_usage("peek", [&] { return peek_command(*o); }); }};
 }
 
@@ -281,8 +281,7 @@ std::string read_all(const std::string& path) {
 }
 
 int poke_command(const poke_command_options& o) {
-  if (!o.yes)
-    throw usage_error("poke changes a running program's memory: say --yes (see `cuda-ckpt poke --help`)");
+  if (!o.yes) throw usage_error("poke changes a running program's memory: say --yes (see `cuda-ckpt poke --help`)");
   ckpt::poke_options p;
   p.pid = o.pid;
   parse_target(o.target, p.addr, p.name);
@@ -314,9 +313,8 @@ subcommand add_poke(CLI::App& app) {
   c->add_flag("--live", o->live, "Write while the program runs");
   c->add_option("--deadline", o->deadline_s, "The longest the program may be held, in seconds (10)")->type_name("S");
   c->add_flag("--json", o->json, "Print what was written as JSON");
-  c->footer(
-      "Usage: cuda-ckpt poke PID ADDR|NAME FILE --yes\n"
-      "Only into memory vmmckpt owns, wholly inside one allocation; the program's owner or root only.");
+  c->footer("Usage: cuda-ckpt poke PID ADDR|NAME FILE --yes\n"
+            "Only into memory vmmckpt owns, wholly inside one allocation; the program's owner or root only.");
   return {c, [o] { return with_usage("poke", [&] { return poke_command(*o); }); }};
 }
 

@@ -115,9 +115,9 @@ peek_result peek(const peek_options& options) {
   control_client client(options.pid, peek_deadline(options.hold_deadline));
   received_fds fds;
   peek_result result;
-  result.reply = client.peek(control::peek_request{options.addr, options.size, options.name, options.order, via,
-                                                   options.hold_deadline, 0},
-                             fds);
+  result.reply = client.peek(
+      control::peek_request{options.addr, options.size, options.name, options.order, via, options.hold_deadline, 0},
+      fds);
   if (via == control::peek_path::copy) {
     const int fd = fds.take(0);
     try {
@@ -150,9 +150,9 @@ control::poke_reply poke(const poke_options& options) {
   if (::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0)
     throw tool_error("cannot seal the poke's file: " + std::string(std::strerror(errno)));
   control_client client(options.pid, peek_deadline(options.hold_deadline));
-  return client.poke(control::poke_request{options.addr, options.bytes.size(), options.name, options.order,
-                                           options.hold_deadline, 0},
-                     fd);
+  return client.poke(
+      control::poke_request{options.addr, options.bytes.size(), options.name, options.order, options.hold_deadline, 0},
+      fd);
 }
 
 control::regions_reply regions(pid_t pid) {

@@ -55,8 +55,8 @@ ojson encode_range(const peek_range& r) {
 
 peek_range decode_range(const json& root) {
   const json& j = object_at(field(root, "", "range"), "range");
-  peek_range r{address_of(j, "range", "addr"),       u64_of(j, "range", "size"),
-               int_of(j, "range", "device"),         address_of(j, "range", "allocation"),
+  peek_range r{address_of(j, "range", "addr"),        u64_of(j, "range", "size"),
+               int_of(j, "range", "device"),          address_of(j, "range", "allocation"),
                u64_of(j, "range", "allocation_size"), {}};
   if (optional_field(j, "name") != nullptr) r.name = string_of(j, "range", "name");
   if (r.addr < r.allocation || r.size > r.allocation_size || r.addr - r.allocation > r.allocation_size - r.size)
@@ -114,14 +114,14 @@ request decode_poke_request(const json& root) {
 }  // namespace codec
 
 std::string encode(const peek_reply& r) {
-  return reply({{"range", encode_range(r.range)},
-                {"order", name_of(r.order)},
-                {"via", name_of(r.via)},
-                {"held_us", r.held_us},
-                {"pieces", array_of_each(r.pieces, [](const peek_piece& p) {
-                   return ojson{
-                       {"addr", hex(p.addr)}, {"size", p.size}, {"offset", p.offset}, {"handle_size", p.handle_size}};
-                 })}});
+  return reply(
+      {{"range", encode_range(r.range)},
+       {"order", name_of(r.order)},
+       {"via", name_of(r.via)},
+       {"held_us", r.held_us},
+       {"pieces", array_of_each(r.pieces, [](const peek_piece& p) {
+          return ojson{{"addr", hex(p.addr)}, {"size", p.size}, {"offset", p.offset}, {"handle_size", p.handle_size}};
+        })}});
 }
 
 std::string encode(const poke_reply& r) { return reply({{"range", encode_range(r.range)}, {"held_us", r.held_us}}); }
@@ -169,8 +169,9 @@ std::variant<peek_reply, failure_reply> decode_reply<peek_reply>(const std::stri
 
 template <>
 std::variant<poke_reply, failure_reply> decode_reply<poke_reply>(const std::string& payload) {
-  return decode_reply_with<poke_reply>(
-      payload, [](const json& root) { return poke_reply{decode_range(root), u64_of(root, "", "held_us")}; });
+  return decode_reply_with<poke_reply>(payload, [](const json& root) {
+    return poke_reply{decode_range(root), u64_of(root, "", "held_us")};
+  });
 }
 
 template <>
@@ -209,8 +210,8 @@ std::vector<example> peek_examples(const device_description& device) {
                                    std::chrono::milliseconds(10'000), 1795430130000}}),
        encode(peek_reply{range, peek_order::ordered, peek_path::map, 0, {{0x200000001000, 4096, 4096, 67108864}}})},
       {op::poke,
-       encode(request{poke_request{0x200000000200, 4, "", peek_order::quiesce, std::chrono::milliseconds(10'000),
-                                   1795430130000}}),
+       encode(request{
+           poke_request{0x200000000200, 4, "", peek_order::quiesce, std::chrono::milliseconds(10'000), 1795430130000}}),
        encode(poke_reply{scalar, 850})},
       {op::regions, encode(request{regions_request{}}),
        encode(regions_reply{{pool}, {{"kv.layer0", 0x200000001000, 1048576}}})},

@@ -57,8 +57,8 @@ std::string not_owned_text(std::uint64_t addr) {
   std::string kinds;
   for (const auto& m : not_owned_memory())
     kinds += (kinds.empty() ? "" : ", ") + m.kind + " " + std::to_string(m.bytes) + " bytes";
-  if (!kinds.empty()) text += " (the program also has GPU memory vmmckpt does not own, which peek cannot read: " +
-                              kinds + ")";
+  if (!kinds.empty())
+    text += " (the program also has GPU memory vmmckpt does not own, which peek cannot read: " + kinds + ")";
   return text;
 }
 
@@ -204,8 +204,10 @@ void answer_peek(client_channel& client, const control::peek_request& request, c
     why = export_pieces(range, reply.pieces, fds);
   } else {
     auto copied = copied_out(range);
-    if (const int* fd = std::get_if<int>(&copied)) fds.push_back(*fd);
-    else why = std::get<std::string>(copied);
+    if (const int* fd = std::get_if<int>(&copied))
+      fds.push_back(*fd);
+    else
+      why = std::get<std::string>(copied);
   }
   reply.held_us = order.held_us();
   if (why.empty())
@@ -227,7 +229,8 @@ struct poked_bytes {
       return;
     }
     if (::fstat(fd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) != expected) {
-      why = "poke's file holds " + std::to_string(st.st_size) + " bytes, not the " + std::to_string(expected) + " asked";
+      why =
+          "poke's file holds " + std::to_string(st.st_size) + " bytes, not the " + std::to_string(expected) + " asked";
       return;
     }
     size = static_cast<std::size_t>(expected);
