@@ -38,6 +38,9 @@ def _shim() -> Optional[ctypes.CDLL]:
         process.vmmckpt_resume.argtypes = [ctypes.POINTER(_Stats)]
         process.vmmckpt_state.restype = ctypes.c_int
         process.vmmckpt_last_error.restype = ctypes.c_char_p
+        if hasattr(process, "vmmckpt_name"):  # a shim older than API version 2 has none
+            process.vmmckpt_name.restype = ctypes.c_int
+            process.vmmckpt_name.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_char_p]
         _api = process
     return _api
 
@@ -100,4 +103,25 @@ def paused(keep: bool = True) -> Iterator[PauseStats]:
         resume_self()
 
 
-__all__ = ["VmmckptError", "under_shim", "state", "pause", "resume_self", "paused"]
+def name(memory: object, label: str, size: Optional[int] = None) -> None:
+    """Names a range of this program's GPU memory, so that `cuda-ckpt peek PID LABEL` (and vmmckpt.peek) reads it
+    without its address: a tensor (anything with data_ptr(), numel() and element_size()), or an int address with
+    `size`. Naming another range so replaces it; size 0 unnames it."""
+    api = _required()
+    if not hasattr(api, "vmmckpt_name"):
+        raise NotUnderShimError("the loaded libvmmckpt.so is too old for vmmckpt.name (API version 2)")
+    if isinstance(memory, int) and not isinstance(memory, bool):
+        if size is None:
+            raise TypeError("an address needs a size")
+        addr = memory
+    elif hasattr(memory, "data_ptr") and hasattr(memory, "numel") and hasattr(memory, "element_size"):
+        addr = int(memory.data_ptr())  # type: ignore[attr-defined]
+        if size is None:
+            size = int(memory.numel()) * int(memory.element_size())  # type: ignore[attr-defined]
+    else:
+        raise TypeError(f"memory must be a tensor or an int address, not {type(memory).__name__}")
+    if api.vmmckpt_name(ctypes.c_void_p(addr), ctypes.c_uint64(size), label.encode()) != 0:
+        raise ValueError((api.vmmckpt_last_error() or b"").decode(errors="replace"))
+
+
+__all__ = ["VmmckptError", "under_shim", "state", "pause", "resume_self", "paused", "name"]

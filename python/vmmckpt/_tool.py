@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Union
 
@@ -177,3 +178,53 @@ def restore(image: PathLike, command: Sequence[str], *, replay: bool = False, de
         argv.append("--no-verify")
     popen.setdefault("env", _tool_environment())
     return subprocess.Popen(argv + ["--", *command], **popen)
+
+
+_ORDERS = ("live", "ordered", "quiesce")
+
+
+def _target(addr: Union[int, str]) -> str:
+    """An address (int) or a range name the program gave (str, NAME or NAME+OFFSET), as cuda-ckpt peek takes it."""
+    if isinstance(addr, bool) or not isinstance(addr, (int, str)):
+        raise TypeError(f"addr must be an int address or a str name, not {type(addr).__name__} {addr!r}")
+    return hex(addr) if isinstance(addr, int) else addr
+
+
+def peek(pid: int, addr: Union[int, str], size: Optional[int] = None, *, order: str = "live",
+         via: Optional[str] = None, dtype: Any = None, shape: Optional[Sequence[int]] = None) -> Any:
+    """The bytes of a running program's GPU memory (docs/peek.md): `size` bytes at `addr`, or at the range the
+    program named `addr` (vmmckpt.name); size None reads all of a named range, or 256 bytes at an address.
+    `order` is "live" (unordered with its kernels), "ordered" or "quiesce". With `dtype` (numpy present), a numpy
+    array of that type, in `shape` when given."""
+    require_int("pid", pid)
+    require_int("size", size, optional=True)
+    if order not in _ORDERS:
+        raise ValueError(f"order must be one of {', '.join(_ORDERS)}, not {order!r}")
+    with tempfile.TemporaryDirectory(prefix="vmmckpt-peek-") as scratch:
+        out = os.path.join(scratch, "bytes")
+        args = [str(int(pid)), _target(addr)] + ([str(int(size))] if size is not None else [])
+        _run("peek", args + ["-o", out, "--" + order] + (["--via", via] if via else []))
+        with open(out, "rb") as f:
+            data = f.read()
+    if dtype is None:
+        return data
+    import numpy  # only when asked for an array
+
+    array = numpy.frombuffer(data, dtype=dtype)
+    return array.reshape(shape) if shape is not None else array
+
+
+def poke(pid: int, addr: Union[int, str], data: bytes, *, order: str = "quiesce") -> int:
+    """Writes `data` into a running program's GPU memory at `addr` (an address, or a name as for peek), wholly
+    inside one allocation vmmckpt owns; by default with the program held for the write. Returns the bytes written."""
+    require_int("pid", pid)
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"data must be bytes, not {type(data).__name__}")
+    if order not in _ORDERS:
+        raise ValueError(f"order must be one of {', '.join(_ORDERS)}, not {order!r}")
+    with tempfile.TemporaryDirectory(prefix="vmmckpt-poke-") as scratch:
+        source = os.path.join(scratch, "bytes")
+        with open(source, "wb") as f:
+            f.write(bytes(data))
+        j = _run("poke", [str(int(pid)), _target(addr), source, "--yes", "--" + order])
+    return int(j["size"])

@@ -4,6 +4,7 @@ real cuda-ckpt. One check per invocation:
   api_check.py pause keep|discard   pause_program.py pauses itself; in between ps shows it paused with no
                                     memory reserved and dump is refused; it resumes and checks its bytes
   api_check.py tool                 ps, dump, inspect, verify, suspend, resume, restore and their exceptions
+  api_check.py peek                 peek_program.py names its memory, peeks it by name and address, pokes it
   api_check.py no_shim              pause() outside the shim raises NotUnderShimError
   api_check.py types                arguments of the wrong type raise TypeError before anything runs
 
@@ -205,6 +206,10 @@ def main():
             check_pause(sys.argv[2], work)
         elif what == "tool":
             check_tool(work)
+        elif what == "peek":
+            done = subprocess.run([TOOL, "run", "--", sys.executable, str(HERE / "peek_program.py")], timeout=120)
+            if done.returncode != 0:
+                fail(f"peek_program.py exited {done.returncode}")
         elif what == "no_shim":
             check_no_shim()
         elif what == "types":

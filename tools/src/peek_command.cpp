@@ -97,7 +97,8 @@ ckpt::peek_options engine_options(const peek_command_options& o) {
   if (!o.size.empty() && (!parse_size(o.size, p.size) || p.size == 0))
     throw usage_error("SIZE '" + o.size + "' is not a size of at least 1 (0x hex or decimal, K/M/G/T)");
   if (o.whole_allocation && !o.size.empty()) throw usage_error("--alloc reads the whole allocation: no SIZE");
-  if (o.size.empty() && !o.whole_allocation && o.type.empty()) p.size = 256;  // a look, not a dump of everything
+  // An address alone shows a look at it (256 bytes), not all of a large allocation; a name, the whole range.
+  if (o.size.empty() && !o.whole_allocation && o.type.empty() && p.name.empty()) p.size = 256;
   p.order = order_of(o.live, o.ordered, o.quiesce);
   p.hold_deadline = hold_of(o.deadline_s);
   if (o.via == "copy") p.via = control::peek_path::copy;
@@ -231,7 +232,7 @@ subcommand add_peek(CLI::App& app) {
   c->add_option("pid", o->pid, "The program (under vmmckpt)")->required()->type_name("PID");
   c->add_option("target", o->target, "An address (0x hex), or a range the program named (NAME or NAME+OFFSET)")
       ->type_name("ADDR|NAME");
-  c->add_option("size", o->size, "Bytes (0x hex or decimal, K/M/G/T); default 256, or all with -t")->type_name("SIZE");
+  c->add_option("size", o->size, "Bytes (0x hex or decimal, K/M/G/T); default 256 at an address, all of a name or with -t")->type_name("SIZE");
   c->add_option("-o,--output", o->output, "Write the raw bytes to this file (created 0600, only when complete)")
       ->type_name("FILE");
   c->add_flag("--alloc", o->whole_allocation, "The whole allocation that holds ADDR");
