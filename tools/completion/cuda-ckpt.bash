@@ -9,7 +9,7 @@ _cuda_ckpt() {
     words=("${COMP_WORDS[@]}")
     cword=$COMP_CWORD
   }
-  local subcommands="run ps check dump inspect verify cat merge rm gc suspend resume job-agent restore help"
+  local subcommands="run ps check dump inspect verify cat peek poke merge rm gc suspend resume job-agent restore help"
 
   # The subcommand is the first word after cuda-ckpt that is not an option.
   local i sub=""

@@ -232,7 +232,9 @@ subcommand add_peek(CLI::App& app) {
   c->add_option("pid", o->pid, "The program (under vmmckpt)")->required()->type_name("PID");
   c->add_option("target", o->target, "An address (0x hex), or a range the program named (NAME or NAME+OFFSET)")
       ->type_name("ADDR|NAME");
-  c->add_option("size", o->size, "Bytes (0x hex or decimal, K/M/G/T); default 256 at an address, all of a name or with -t")->type_name("SIZE");
+  c->add_option("size", o->size,
+                "Bytes (0x hex or decimal, K/M/G/T); default 256 at an address, all of a name or with -t")
+      ->type_name("SIZE");
   c->add_option("-o,--output", o->output, "Write the raw bytes to this file (created 0600, only when complete)")
       ->type_name("FILE");
   c->add_flag("--alloc", o->whole_allocation, "The whole allocation that holds ADDR");
