@@ -243,7 +243,7 @@ void write_hexdump(std::ostream& out, std::uint64_t base, std::string_view bytes
   for (std::size_t offset = 0; offset < bytes.size(); offset += per_line) {
     const std::string_view line = bytes.substr(offset, per_line);
     char address[20];
-    std::snprintf(address, sizeof address, "%016llx", static_cast<unsigned long long>(base + offset));
+    std::snprintf(address, sizeof address, "%016llx", static_cast<unsigned long long>(base) + offset);
     std::string hex, ascii;
     for (std::size_t i = 0; i < line.size(); ++i) {
       const auto c = static_cast<unsigned char>(line[i]);
