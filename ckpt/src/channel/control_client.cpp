@@ -63,6 +63,19 @@ struct mapped_table {
   mapped_table& operator=(const mapped_table&) = delete;
 };
 
+// The pools' allocations from the table the process sent (dump_begin's, regions'); the descriptor is closed.
+void read_allocation_table(pid_t pid, int table_fd, std::vector<control::pool_contents>& pools) {
+  const mapped_table table(table_fd);
+  ::close(table_fd);
+  try {
+    if (!table.ok) throw control::decode_error("cannot read it (not a sealed file)");
+    control::decode_allocation_table(std::string_view(table.data, table.size), pools);
+  } catch (const control::decode_error& e) {
+    throw control_error("process " + std::to_string(pid) + " sent a bad allocation table: " + e.what(),
+                        protocol::failure_kind::bad_frame);
+  }
+}
+
 }  // namespace
 
 std::string why_silent(pid_t pid) {
@@ -352,15 +365,7 @@ control::dump_begin_reply control_client::dump_begin(std::chrono::milliseconds h
   // The last descriptor is the allocation table; the others are the segments'.
   const int table_fd = got.back();
   got.pop_back();
-  const mapped_table table(table_fd);
-  ::close(table_fd);
-  try {
-    if (!table.ok) throw control::decode_error("cannot read it (not a sealed file)");
-    control::decode_allocation_table(std::string_view(table.data, table.size), reply.pools);
-  } catch (const control::decode_error& e) {
-    throw control_error("process " + std::to_string(pid_) + " sent a bad allocation table: " + e.what(),
-                        protocol::failure_kind::bad_frame);
-  }
+  read_allocation_table(pid_, table_fd, reply.pools);
   guard.done = true;
   fds = received_fds(std::move(got));
   return reply;
@@ -433,15 +438,7 @@ control::regions_reply control_client::regions() {
     throw control_error("process " + std::to_string(pid_) + " sent no allocation table with its regions",
                         protocol::failure_kind::bad_frame);
   const int table_fd = owned.take(0);
-  const mapped_table table(table_fd);
-  ::close(table_fd);
-  try {
-    if (!table.ok) throw control::decode_error("cannot read it (not a sealed file)");
-    control::decode_allocation_table(std::string_view(table.data, table.size), reply.pools);
-  } catch (const control::decode_error& e) {
-    throw control_error("process " + std::to_string(pid_) + " sent a bad allocation table: " + e.what(),
-                        protocol::failure_kind::bad_frame);
-  }
+  read_allocation_table(pid_, table_fd, reply.pools);
   return reply;
 }
 

@@ -74,8 +74,17 @@ std::optional<control::failure_reply> resolve_name(const std::string& name, std:
   return std::nullopt;
 }
 
-// The range a request names, wholly inside one owned allocation.
+// The program's state allows its memory to be read: it is there (not suspended or paused).
+std::optional<control::failure_reply> memory_present() {
+  const process_state now = current_state();
+  if (now == process_state::running || now == process_state::holding) return std::nullopt;
+  return control::failure_reply{control::refusal::suspended,
+                                "the program's GPU memory is given back (" + std::string(name_of(now)) + ")"};
+}
+
+// The range a request names, wholly inside one owned allocation whose memory is there.
 range_or_refusal resolve(std::uint64_t addr, std::uint64_t size, const std::string& name) {
+  if (auto refused = memory_present()) return *refused;
   if (!name.empty())
     if (auto refused = resolve_name(name, addr, size)) return *refused;
   const auto block = owned_block_at(addr);
@@ -86,14 +95,6 @@ range_or_refusal resolve(std::uint64_t addr, std::uint64_t size, const std::stri
     return failed(hex(addr) + " + " + std::to_string(size) + " bytes runs past the end of its allocation [" +
                   hex(block->base) + ", +" + std::to_string(block->size) + ")");
   return control::peek_range{addr, size, block->device, block->base, block->size, name_holding(addr, size)};
-}
-
-// The program's state allows its memory to be read: it is there (not suspended or paused).
-std::optional<control::failure_reply> memory_present() {
-  const process_state now = current_state();
-  if (now == process_state::running || now == process_state::holding) return std::nullopt;
-  return control::failure_reply{control::refusal::suspended,
-                                "the program's GPU memory is given back (" + std::string(name_of(now)) + ")"};
 }
 
 // Copies between device memory and host memory on a stream of the shim's own, in the device's primary context.
@@ -247,10 +248,6 @@ struct poked_bytes {
 }  // namespace
 
 void serve_peek(client_channel& client, const control::peek_request& request) {
-  if (auto refused = memory_present()) {
-    client.send(control::encode(*refused));
-    return;
-  }
   const range_or_refusal resolved = resolve(request.addr, request.size, request.name);
   if (const auto* refused = std::get_if<control::failure_reply>(&resolved)) {
     client.send(control::encode(*refused));
@@ -269,10 +266,6 @@ void serve_peek(client_channel& client, const control::peek_request& request) {
 void serve_poke(client_channel& client, const control::poke_request& request, const std::vector<int>& fds) {
   if (fds.size() != 1) {
     refuse(client, control::refusal::bad_request, "poke carries one descriptor, its bytes");
-    return;
-  }
-  if (auto refused = memory_present()) {
-    client.send(control::encode(*refused));
     return;
   }
   const range_or_refusal resolved = resolve(request.addr, request.size, request.name);
