@@ -8,7 +8,8 @@ repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 deps_dir="${repo_root}/.deps"
 deb_dir="${deps_dir}/debs"
 prefix="${deps_dir}/prefix"
-packages=(libspdlog-dev libfmt-dev catch2 libcli11-dev nlohmann-json3-dev libxxhash-dev)
+# libvulkan-dev and libvulkan1: the Vulkan headers and loader for the BAR probe on GPU machines (docs/peek.md).
+packages=(libspdlog-dev libfmt-dev catch2 libcli11-dev nlohmann-json3-dev libxxhash-dev libvulkan-dev libvulkan1)
 
 log() { printf 'fetch-deps: %s\n' "$*"; }
 die() { printf 'fetch-deps: error: %s\n' "$*" >&2; exit 1; }
