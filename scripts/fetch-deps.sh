@@ -52,6 +52,10 @@ for deb in "${deb_dir}"/*.deb; do
   dpkg -x "${deb}" "${prefix}"
 done
 
+# What no build reads, so that .deps stays small enough to carry to a GPU machine: docs, the Vulkan registry and
+# the Vulkan C++ bindings (the BAR probe uses the C headers).
+rm -rf "${prefix}/usr/share/doc" "${prefix}/usr/share/vulkan" "${prefix}"/usr/include/vulkan/*.hpp
+
 for header in spdlog/spdlog.h fmt/format.h catch2/catch.hpp CLI/CLI.hpp nlohmann/json.hpp xxhash.h; do
   [[ -f "${prefix}/usr/include/${header}" ]] || die "unpacked prefix lacks usr/include/${header}"
 done
