@@ -100,8 +100,8 @@ VkPhysicalDevice same_gpu(const vulkan& v, CUdevice cu_device) {
     auto props = vk_struct<VkPhysicalDeviceProperties2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, &id);
     vkGetPhysicalDeviceProperties2(d, &props);
     if (std::memcmp(id.deviceUUID, uuid.bytes, VK_UUID_SIZE) == 0) {
-      report("physical_device", true, std::string(props.properties.deviceName) + ", driver " +
-                                          std::to_string(props.properties.driverVersion));
+      report("physical_device", true,
+             std::string(props.properties.deviceName) + ", driver " + std::to_string(props.properties.driverVersion));
       return d;
     }
   }
@@ -127,8 +127,7 @@ VkDevice make_device(const vulkan& v, VkPhysicalDevice gpu) {
   return r == VK_SUCCESS ? device : VK_NULL_HANDLE;
 }
 
-constexpr VkMemoryPropertyFlags bar_flags =
-    VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT | VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT;
+constexpr VkMemoryPropertyFlags bar_flags = VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT | VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT;
 
 std::vector<std::uint32_t> list_memory_types(const vulkan& v, VkPhysicalDevice gpu, int& bar_type) {
   VK_FN(v, vkGetPhysicalDeviceMemoryProperties);
@@ -139,13 +138,16 @@ std::vector<std::uint32_t> list_memory_types(const vulkan& v, VkPhysicalDevice g
   for (std::uint32_t i = 0; i < mem.memoryTypeCount; ++i) {
     const auto& t = mem.memoryTypes[i];
     flags.push_back(t.propertyFlags);
-    report("memory_type", true,
-           "type " + std::to_string(i) + " flags 0x" + [&] {
-             char b[16];
-             std::snprintf(b, sizeof b, "%x", t.propertyFlags);
-             return std::string(b);
-           }() + " heap " + std::to_string(t.heapIndex) + " of " +
-               std::to_string(mem.memoryHeaps[t.heapIndex].size >> 20) + " MiB");
+    report(
+        "memory_type", true,
+        "type " + std::to_string(i) + " flags 0x" +
+            [&] {
+              char b[16];
+              std::snprintf(b, sizeof b, "%x", t.propertyFlags);
+              return std::string(b);
+            }() +
+            " heap " + std::to_string(t.heapIndex) + " of " + std::to_string(mem.memoryHeaps[t.heapIndex].size >> 20) +
+            " MiB");
     if (bar_type < 0 && (t.propertyFlags & bar_flags) == bar_flags) bar_type = static_cast<int>(i);
   }
   return flags;
@@ -156,7 +158,8 @@ std::vector<std::uint32_t> list_memory_types(const vulkan& v, VkPhysicalDevice g
 __attribute__((target("sse4.1"))) void stream_read(const void* from, void* to, std::size_t bytes) {
   const auto* src = static_cast<const __m128i*>(from);
   auto* dst = static_cast<__m128i*>(to);
-  for (std::size_t i = 0; i < bytes / 16; ++i) _mm_store_si128(dst + i, _mm_stream_load_si128(const_cast<__m128i*>(src + i)));
+  for (std::size_t i = 0; i < bytes / 16; ++i)
+    _mm_store_si128(dst + i, _mm_stream_load_si128(const_cast<__m128i*>(src + i)));
 }
 
 template <class Copy>
@@ -247,7 +250,8 @@ void probe_import(const vulkan& v, VkDevice device, const std::vector<std::uint3
       const bool same = r == VK_SUCCESS && std::memcmp(mapped, bytes.data(), bytes.size()) == 0;
       report("import_host_visible", same,
              r != VK_SUCCESS ? "vkMapMemory: " + vk_error(r)
-                             : same ? "the chunk's bytes read through the BAR" : "mapped, other bytes");
+             : same          ? "the chunk's bytes read through the BAR"
+                             : "mapped, other bytes");
       if (same) time_paths(mapped, va, size, rounds);
     }
     vkFreeMemory(device, memory, nullptr);
@@ -274,7 +278,8 @@ void probe_export(const vulkan& v, VkPhysicalDevice gpu, VkDevice device, int ba
   info.memoryTypeIndex = static_cast<std::uint32_t>(bar_type);
   VkDeviceMemory memory = VK_NULL_HANDLE;
   VkResult r = vkAllocateMemory(device, &info, nullptr, &memory);
-  report("export_alloc", r == VK_SUCCESS, r == VK_SUCCESS ? "device-local host-visible memory, exportable" : vk_error(r));
+  report("export_alloc", r == VK_SUCCESS,
+         r == VK_SUCCESS ? "device-local host-visible memory, exportable" : vk_error(r));
   if (r != VK_SUCCESS) return;
   void* mapped = nullptr;
   r = vkMapMemory(device, memory, 0, size, 0, &mapped);
@@ -303,8 +308,9 @@ void probe_export(const vulkan& v, VkPhysicalDevice gpu, VkDevice device, int ba
     std::vector<unsigned char> back(bytes.size());
     if (cr == CUDA_SUCCESS) cr = cuMemcpyDtoH(back.data(), fixed, back.size());
     report("vmm_map_fixed", cr == CUDA_SUCCESS && back == bytes,
-           cr != CUDA_SUCCESS ? cu_error(cr) : back == bytes ? "CUDA reads at the fixed address what the CPU wrote"
-                                                              : "mapped, other bytes");
+           cr != CUDA_SUCCESS ? cu_error(cr)
+           : back == bytes    ? "CUDA reads at the fixed address what the CPU wrote"
+                              : "mapped, other bytes");
   }
   // As external memory (Vulkan interop), at an address the driver picks.
   CUDA_EXTERNAL_MEMORY_HANDLE_DESC desc{};
@@ -322,7 +328,9 @@ void probe_export(const vulkan& v, VkPhysicalDevice gpu, VkDevice device, int ba
   std::vector<unsigned char> back(bytes.size());
   if (cr == CUDA_SUCCESS) cr = cuMemcpyDtoH(back.data(), ext_ptr, back.size());
   report("external_memory", cr == CUDA_SUCCESS && back == bytes,
-         cr != CUDA_SUCCESS ? cu_error(cr) : back == bytes ? "CUDA reads what the CPU wrote" : "other bytes");
+         cr != CUDA_SUCCESS ? cu_error(cr)
+         : back == bytes    ? "CUDA reads what the CPU wrote"
+                            : "other bytes");
   if (cr == CUDA_SUCCESS) {
     CUmemGenericAllocationHandle retained;
     const CUresult rr = cuMemRetainAllocationHandle(&retained, reinterpret_cast<void*>(ext_ptr));
@@ -346,9 +354,12 @@ int main(int argc, char** argv) {
   std::size_t size_mib = 256;
   int rounds = 5;
   bench::parse_options(argc, argv, [&](const std::string& name, const std::string& value) {
-    if (name == "--size-mib") size_mib = std::stoul(value);
-    else if (name == "--rounds") rounds = std::stoi(value);
-    else return false;
+    if (name == "--size-mib")
+      size_mib = std::stoul(value);
+    else if (name == "--rounds")
+      rounds = std::stoi(value);
+    else
+      return false;
     return true;
   });
   const std::size_t size = size_mib << 20;

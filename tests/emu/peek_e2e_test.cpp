@@ -215,3 +215,40 @@ TEST_CASE("a buffer rewritten while peeked can tear under --live, never under --
   // Possible, not certain: on a loaded machine the writer may not run during a copy.
   if (live_torn == 0) WARN("no --live peek of 20 came out torn");
 }
+
+TEST_CASE("peek reads program-made VMM memory by copy and by map, the bytes a dump of it holds", "[emu][peek][vmm]") {
+  scratch_dir dir;
+  background_process program({cuda_ckpt, "run", "--", programs + "emu_vmm_checkpointed", dir.path.string()});
+  REQUIRE(program.wait_for_output("ready\n"));
+  const std::string pid = std::to_string(program.pid());
+  auto r = run_process({cuda_ckpt, "peek", pid, "--list", "--json"});
+  INFO(describe(r));
+  REQUIRE(r.exit_code == 0);
+  const auto last = nlohmann::json::parse(r.out)["allocations"].back();  // a 16 MiB mapping of its own
+  REQUIRE(last["api"] == "cuMemMap");
+  const std::string addr = last["addr"], size = std::to_string(last["size"].get<std::uint64_t>());
+  std::map<std::string, std::string> seen;
+  for (const char* via : {"copy", "map"}) {
+    const fs::path out = dir.path / via;
+    r = run_process({cuda_ckpt, "peek", pid, addr, size, "--via", via, "--ordered", "-o", out.string()});
+    INFO(via << "\n" << describe(r));
+    REQUIRE(r.exit_code == 0);
+    seen[via] = file_text(out);
+  }
+  CHECK(seen["copy"].size() == last["size"].get<std::uint64_t>());
+  CHECK(seen["copy"] == seen["map"]);
+  // A part of the mapping by map, from an offset into it.
+  std::ostringstream inside;
+  inside << "0x" << std::hex << std::stoull(addr, nullptr, 16) + 4096;
+  r = run_process({cuda_ckpt, "peek", pid, inside.str(), "4096", "--via", "map", "-o", (dir.path / "part").string()});
+  INFO(describe(r));
+  REQUIRE(r.exit_code == 0);
+  CHECK(file_text(dir.path / "part") == seen["copy"].substr(4096, 4096));
+  const fs::path image = dir.path / "image";
+  REQUIRE(run_process({cuda_ckpt, "dump", pid, "-o", image.string()}, {}, 120).exit_code == 0);
+  r = run_process({cuda_ckpt, "cat", image.string(), addr, size});
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.out == seen["map"]);
+  std::ofstream(dir.path / "finish").put('\n');
+  REQUIRE(program.wait_for_output("done\n"));
+}

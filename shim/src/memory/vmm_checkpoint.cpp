@@ -353,6 +353,23 @@ std::vector<vmm_mapped_range> vmm_mapped_ranges() {
   return ranges;
 }
 
+std::string vmm_export_range(std::uint64_t addr, std::uint64_t size, control::peek_piece& piece, int& fd) {
+  vmm_state* s = existing_vmm_state();
+  const driver_api* d = driver();
+  if (s == nullptr || d == nullptr) return "map: " + hex(addr) + " is in no VMM mapping of this program";
+  std::lock_guard lock(s->mutex);
+  const auto m = s->registry.mapping_at(addr);
+  if (!m || size > m->size - (addr - m->addr))
+    return "map: the range at " + hex(addr) + " is not inside one VMM mapping of this program";
+  const vmm_handle* h = s->registry.find_handle(m->token);
+  if (h == nullptr) return "map: the mapping at " + hex(m->addr) + " has no handle";
+  if (const CUresult e = d->cuMemExportToShareableHandle(&fd, h->real, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+      e != CUDA_SUCCESS)
+    return "exporting VMM handle " + hex(h->token) + " failed: CUDA error " + std::to_string(static_cast<int>(e));
+  piece = {addr, size, m->offset + (addr - m->addr), h->size};
+  return {};
+}
+
 std::vector<std::pair<std::uint64_t, std::uint64_t>> vmm_kept_ranges() {
   std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
   vmm_state* s = existing_vmm_state();

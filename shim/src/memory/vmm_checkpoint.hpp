@@ -50,6 +50,11 @@ struct vmm_mapped_range {
 };
 std::vector<vmm_mapped_range> vmm_mapped_ranges();
 
+// peek by map (docs/peek.md): the POSIX FD of the handle mapped under [addr, addr + size), which must lie in one
+// mapping of the program's, in `fd`, and where the range lies in that handle in `piece`. An empty string, or why
+// not (no FD is left open then).
+std::string vmm_export_range(std::uint64_t addr, std::uint64_t size, control::peek_piece& piece, int& fd);
+
 // The mappings a suspend keeps in place (host memory, release_locked): a resume does not write their bytes
 // from the image, which may be older than what the program's CPU threads wrote there since. Address order.
 std::vector<std::pair<std::uint64_t, std::uint64_t>> vmm_kept_ranges();

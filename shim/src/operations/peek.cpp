@@ -159,11 +159,21 @@ class ordering {
   bool closed_ = false, ready_ = false;
 };
 
-// map: the pool segments under the range exported, one descriptor each, and where the range lies in them.
+// map: the pool segments or the VMM handle under the range exported, one descriptor each, and where the range
+// lies in them.
 std::string export_pieces(const control::peek_range& r, std::vector<control::peek_piece>& pieces,
                           std::vector<int>& fds) {
   device_pool* pool = pool_containing(r.addr);
-  if (pool == nullptr) return "map: only pool memory is mapped; the program's own VMM memory is peeked by copy";
+  if (pool == nullptr) {
+    control::peek_piece piece;
+    int fd = -1;
+    std::string why = vmm_export_range(r.addr, r.size, piece, fd);
+    if (why.empty()) {
+      fds.push_back(fd);
+      pieces.push_back(piece);
+    }
+    return why;
+  }
   const driver_api* d = driver();
   std::uint64_t next = r.addr;
   for (const auto& s : pool->segments()) {
