@@ -119,6 +119,17 @@ void suspend_and_resume(collective_job& job) {
   std::this_thread::sleep_for(std::chrono::seconds(1));
   CHECK(job.steps_done() == before);
   CHECK(job.results().empty());
+  // ps names the job's resume for a rank, and a rank is not resumed alone.
+  const std::string whole_job = "cuda-ckpt resume --job " + job.id();
+  const auto listed = job.ckpt({"ps", std::to_string(job.ranks.front()), "--json"});
+  INFO(describe(listed));
+  REQUIRE(listed.exit_code == 0);
+  CHECK(nlohmann::json::parse(listed.out).at(0).value("resume_with", "") == whole_job);
+  CHECK(job.ckpt({"ps"}).out.find("`" + whole_job + "` gives the job's GPU memory back") != std::string::npos);
+  const auto alone = job.ckpt({"resume", std::to_string(job.ranks.front())});
+  CHECK(alone.exit_code == 1);
+  CHECK(alone.err.find("resumed together, with `" + whole_job + "`") != std::string::npos);
+  CHECK(rank_states(job) == std::vector<std::string>(job.ranks.size(), "suspended"));
 
   const auto resumed = job.ckpt({"resume", "--job", job.id(), "--json"});
   INFO(describe(resumed));

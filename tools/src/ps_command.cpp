@@ -16,6 +16,7 @@
 #include "vmmckpt/ckpt/process_recovery.hpp"
 #include "vmmckpt/ckpt/processes.hpp"
 #include "vmmckpt/ckpt/errors.hpp"
+#include "vmmckpt/ckpt/job_image.hpp"
 #include "vmmckpt/ckpt/suspend.hpp"
 
 namespace vmmckpt::tools {
@@ -44,7 +45,9 @@ const char* const ps_help_footer =
     "--json: one object per entry with the same keys for all: pid, uid (the owner), status (the STATE\n"
     "above), state (running, suspended or paused as the process says; else the status), command, devices,\n"
     "pools, not_owned, nccl_bytes (of the owned bytes, NCCL's) when it answered; activity when it answered;\n"
-    "problem when it did not; image, image_bytes, why and remove_with when orphaned; operation (dump or\n"
+    "resume_with (the command that resumes it, its job's for a rank suspended by\n"
+    "`suspend --job`) when suspended; problem when it did not; image, image_bytes, why and remove_with when orphaned; "
+    "operation (dump or\n"
     "restore), outcome (resume, restore or ended), image, why and way_back when interrupted.";
 
 namespace {
@@ -74,6 +77,9 @@ nlohmann::json entry_json(const ckpt::process_entry& p) {
     entry.erase("ok");
     entry["status"] = p.status;
     entry["pid"] = p.pid;  // as this tool sees it: the program's own getpid() differs in another pid namespace
+    if (p.hello->state == control::process_state::suspended)
+      entry["resume_with"] =
+          ckpt::job_resume_command(p.hello->image).value_or("cuda-ckpt resume " + std::to_string(p.pid));
   } else {
     entry = blank_entry(p.pid, p.status);
     entry["command"] = p.command;
@@ -123,7 +129,11 @@ void print_process(const ckpt::process_entry& p) {
               human_bytes(not_owned).c_str(), shown_command(h.command).c_str());
   if (!h.not_owned.empty()) std::printf("%-8s not owned: %s\n", "", shown(kinds_and_sizes(h.not_owned)).c_str());
   if (h.nccl_bytes != 0) std::printf("%-8s NCCL: %s of it\n", "", human_bytes(h.nccl_bytes).c_str());
-  if (h.state == control::process_state::suspended)
+  if (h.state != control::process_state::suspended) return;
+  if (const auto whole_job = ckpt::job_resume_command(h.image))
+    std::printf("%-8s image %s, a rank of a job suspended by `suspend --job`; `%s` gives the job's GPU memory back\n",
+                "", shown(h.image).c_str(), whole_job->c_str());
+  else
     std::printf("%-8s image %s; `cuda-ckpt resume %d` gives its GPU memory back\n", "", shown(h.image).c_str(),
                 static_cast<int>(p.pid));
 }

@@ -16,6 +16,8 @@
 #include "output.hpp"
 #include "vmmckpt/ckpt/control_client.hpp"
 #include "vmmckpt/ckpt/driver_checkpoint.hpp"
+#include "vmmckpt/ckpt/errors.hpp"
+#include "vmmckpt/ckpt/job_image.hpp"
 #include "vmmckpt/ckpt/process_recovery.hpp"
 #include "vmmckpt/ckpt/suspend.hpp"
 #include "vmmckpt/ckpt/process_image.hpp"
@@ -92,6 +94,22 @@ int suspend_command(const suspend_command_options& o) {
   return exit_ok;
 }
 
+// A rank that `suspend --job` suspended comes back with its job: alone, it could not map the memory of the
+// others, which stay suspended (docs/job-checkpoint.md).
+void refuse_rank_of_suspended_job(pid_t pid) {
+  std::optional<control::hello_reply> h;
+  try {
+    h = ckpt::control_client(pid).hello();
+  } catch (const ckpt::tool_error&) {
+    return;  // restore::resume says why it cannot reach the process
+  }
+  if (h->state != control::process_state::suspended) return;
+  if (const auto whole_job = ckpt::job_resume_command(h->image))
+    throw ckpt::tool_error("process " + std::to_string(pid) +
+                           " is a rank of a job suspended by `suspend --job` (image " + h->image +
+                           "): its ranks are resumed together, with `" + *whole_job + "`");
+}
+
 int resume_command(pid_t pid, bool as_json, std::chrono::seconds resume_deadline) {
   // A whole-process dump stopped midway may have left the process stopped (CRIU's --leave-stopped), and the
   // driver's lock or checkpoint: undone first, in that order (a stopped process answers nothing).
@@ -99,6 +117,7 @@ int resume_command(pid_t pid, bool as_json, std::chrono::seconds resume_deadline
   if (!continued.empty() && !as_json) std::printf("process %d: %s\n", static_cast<int>(pid), continued.c_str());
   const std::string recovered = ckpt::recover_driver_state(pid);
   if (!recovered.empty() && !as_json) std::printf("process %d: %s\n", static_cast<int>(pid), recovered.c_str());
+  refuse_rank_of_suspended_job(pid);
   progress_line line("resume", !as_json);
   const auto r = restore::resume(pid, line.callback(), {}, resume_deadline);
   line.finish();

@@ -146,6 +146,22 @@ bool is_job_image(const fs::path& dir) {
   return ::lstat((dir / job_manifest_name).c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
+std::optional<std::string> job_resume_command(const fs::path& rank_image) {
+  fs::path image = rank_image.lexically_normal();
+  if (!image.has_filename()) image = image.parent_path();  // DIR/PID/
+  const fs::path dir = image.parent_path();
+  if (rank_image.empty() || !is_job_image(dir)) return std::nullopt;
+  try {
+    const job_image j = read_job_image(dir);
+    if (j.root_pid != 0) return "cuda-ckpt resume --job " + std::to_string(j.root_pid);
+    std::string ranks;
+    for (const auto& r : j.ranks) ranks += (ranks.empty() ? "" : ",") + std::to_string(r.pid);
+    return "cuda-ckpt resume --job --ranks " + ranks;
+  } catch (const std::exception&) {
+    return "cuda-ckpt resume --job";
+  }
+}
+
 job_image parse_job_manifest(const std::string& text, const std::string& where) {
   return parse_as(text, where, decode);
 }

@@ -5,6 +5,7 @@
 #include <sys/types.h>
 
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -63,6 +64,10 @@ void write_job_nodes_manifest(const std::filesystem::path& dir, const job_nodes_
 
 // DIR holds a job's image: its job.json is there, a regular file (not through a link).
 bool is_job_image(const std::filesystem::path& dir);
+// The command that brings back the whole job a rank suspended by `suspend --job` belongs to, given that rank's
+// suspend image (DIR/PID of the job's image): `cuda-ckpt resume --job LAUNCHER`, or with --ranks where the ranks
+// were named. Nothing when the image is no job's (a job.json that cannot be read says only `resume --job`).
+std::optional<std::string> job_resume_command(const std::filesystem::path& rank_image);
 // Reads and checks job.json as strictly as process.json: every field present and of its type, pids in range and
 // unique and ascending, version exactly 1. Throws image::image_error naming the file and the field.
 job_image read_job_image(const std::filesystem::path& dir);
