@@ -31,6 +31,9 @@ add_custom_command(
 add_custom_target(cuda-ckpt-man ALL DEPENDS ${_vmmckpt_man_page})
 install(FILES ${_vmmckpt_man_page} DESTINATION ${CMAKE_INSTALL_MANDIR}/man1)
 
+# What a whole-process checkpoint's errors point at: the script that provisions CRIU without touching the system.
+install(PROGRAMS ${PROJECT_SOURCE_DIR}/scripts/provision-criu.sh DESTINATION ${CMAKE_INSTALL_DATADIR}/vmmckpt)
+
 install(FILES ${PROJECT_SOURCE_DIR}/tools/completion/cuda-ckpt.bash
         DESTINATION ${CMAKE_INSTALL_DATADIR}/bash-completion/completions RENAME cuda-ckpt)
 

@@ -53,7 +53,7 @@ files)
            share/bash-completion/completions/cuda-ckpt share/doc/vmmckpt/README.md \
            share/doc/vmmckpt/docs/image-format.md "$libdir/cmake/vmmckpt/vmmckptConfig.cmake" \
            "$libdir/cmake/vmmckpt/vmmckptConfigVersion.cmake" "$libdir/cmake/vmmckpt/vmmckptTargets.cmake" \
-           include/vmmckpt/vmmckpt.h lib/criu/vmmckpt_criu.so; do
+           include/vmmckpt/vmmckpt.h lib/criu/vmmckpt_criu.so share/vmmckpt/provision-criu.sh; do
     [ -s "$prefix/$f" ] || fail "$prefix/$f is missing or empty"
   done
   for f in "$prefix/bin/cuda-ckpt" "$prefix/$libdir/libvmmckpt.so"; do

@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -331,4 +332,29 @@ TEST_CASE("ownership: an image root restores is one nobody but root can have wri
   CHECK_THAT(ckpt::distrust_of(dir), Contains("a directory above the image, is writable by other users"));
   ::chmod(t.path.c_str(), 01777);  // sticky, as /tmp: others cannot rename what is root's
   CHECK(ckpt::distrust_of(dir).empty());
+}
+
+TEST_CASE("CRIU run by a user who is not root needs its capabilities, in its file or passed on", "[unit][process]") {
+  using vmmckpt::ckpt::criu_capable;
+  constexpr std::uint64_t wanted = (std::uint64_t{1} << 40) | (std::uint64_t{1} << 19);
+  const fs::path file = fs::temp_directory_path() / ("vmmckpt-caps-" + std::to_string(::getpid()));
+  std::ofstream(file) << "#!/bin/sh\n";
+  CHECK_FALSE(criu_capable(file.string(), 0, wanted));
+  CHECK(criu_capable(file.string(), wanted | 1, wanted));                    // passed on (ambient)
+  CHECK_FALSE(criu_capable(file.string(), std::uint64_t{1} << 40, wanted));  // only one of the two
+  // vfs_cap_data revision 2: magic with the effective flag, then permitted/inheritable for bits 0-31 and 32-63.
+  const auto set_caps = [&](std::uint32_t magic, std::uint32_t low, std::uint32_t high) {
+    const std::uint32_t raw[5] = {magic, low, 0, high, 0};
+    return ::setxattr(file.c_str(), "security.capability", raw, sizeof raw, 0) == 0;
+  };
+  if (!set_caps(0x02000001, 1u << 19, 1u << 8)) {
+    fs::remove(file);
+    VMMCKPT_SKIP("cannot set file capabilities here (needs CAP_SETFCAP)");
+  }
+  CHECK(criu_capable(file.string(), 0, wanted));
+  REQUIRE(set_caps(0x02000000, 1u << 19, 1u << 8));  // permitted, not raised at exec (no effective flag)
+  CHECK_FALSE(criu_capable(file.string(), 0, wanted));
+  REQUIRE(set_caps(0x02000001, 0, 1u << 8));  // CAP_SYS_PTRACE lacking
+  CHECK_FALSE(criu_capable(file.string(), 0, wanted));
+  fs::remove(file);
 }

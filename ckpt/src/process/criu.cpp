@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,8 +23,9 @@ namespace vmmckpt::ckpt {
 namespace {
 
 constexpr const char* how_to_get =
-    "CRIU 4.0 or later is needed for whole-process checkpoints (scripts/provision-criu.sh provisions it on "
-    "Debian 12 without touching the system; point VMMCKPT_CRIU at the criu it prints, or put it on PATH)";
+    "CRIU 4.0 or later is needed for whole-process checkpoints (provision-criu.sh, installed in share/vmmckpt "
+    "beside cuda-ckpt's bin/ and in the source tree's scripts/, provisions it on Debian 12 without touching the "
+    "system; point VMMCKPT_CRIU at the criu it prints, or put it on PATH)";
 
 std::string find_on_path(const std::string& name) {
   const char* path = std::getenv("PATH");
@@ -119,6 +121,45 @@ void add_tcp_established(std::vector<std::string>& args) {
     args.insert(args.end(), {"--network-lock", "nftables"});
 }
 
+bool criu_capable(const std::string& criu_path, std::uint64_t own_ambient, std::uint64_t wanted) {
+  if ((own_ambient & wanted) == wanted) return true;
+  // struct vfs_cap_data: magic_etc, then {permitted, inheritable} for bits 0-31 and 32-63 (little endian).
+  std::uint32_t raw[6] = {};
+  const ssize_t n = ::getxattr(criu_path.c_str(), "security.capability", raw, sizeof raw);
+  if (n < 20) return false;
+  constexpr std::uint32_t effective_flag = 0x000001, revision_mask = 0xFF000000;
+  const std::uint32_t revision = raw[0] & revision_mask;
+  if ((revision != 0x02000000 && revision != 0x03000000) || (raw[0] & effective_flag) == 0) return false;
+  const std::uint64_t permitted = raw[1] | (std::uint64_t{raw[3]} << 32);
+  return (permitted & wanted) == wanted;
+}
+
+namespace {
+
+// What CRIU needs, not run as root (criu --unprivileged): CAP_CHECKPOINT_RESTORE (40) and CAP_SYS_PTRACE (19).
+constexpr std::uint64_t unprivileged_caps = (std::uint64_t{1} << 40) | (std::uint64_t{1} << 19);
+
+// The capabilities this process passes on to a program it runs (CapAmb in /proc/self/status).
+std::uint64_t own_ambient_caps() {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("CapAmb:", 0) == 0) return std::strtoull(line.c_str() + 7, nullptr, 16);
+  return 0;
+}
+
+void require_privileges(criu_tool& criu) {
+  if (::geteuid() == 0) return;
+  if (!criu_capable(criu.path, own_ambient_caps(), unprivileged_caps))
+    throw criu_unavailable(
+        "a whole-process checkpoint runs CRIU, which needs root, or CAP_CHECKPOINT_RESTORE and CAP_SYS_PTRACE "
+        "(`sudo setcap cap_checkpoint_restore,cap_sys_ptrace+ep " +
+        criu.path + "`, on Linux 5.9 or later); this user (uid " + std::to_string(::geteuid()) +
+        ") has neither, and nothing was touched. Without --process, dump, suspend and restore need no privilege");
+  criu.unprivileged = true;
+}
+
+}  // namespace
+
 criu_tool find_criu() {
   criu_tool criu;
   const char* chosen = std::getenv("VMMCKPT_CRIU");
@@ -145,6 +186,7 @@ criu_tool find_criu() {
   criu.version = text.substr(at + 9, text.find('\n', at) - at - 9);
   if (std::atoi(criu.version.c_str()) < criu_min_major)
     throw criu_unavailable(criu.path + " is CRIU " + criu.version + ", too old; " + how_to_get);
+  require_privileges(criu);
   return criu;
 }
 
@@ -157,6 +199,7 @@ int run_criu(const criu_tool& criu, const std::vector<std::string>& args, const 
             std::filesystem::absolute(status_file).string()};
   argv.push_back(criu.path);
   argv.insert(argv.end(), args.begin(), args.end());
+  if (criu.unprivileged) argv.emplace_back("--unprivileged");
   argv.insert(argv.end(), {"--log-file", std::filesystem::absolute(log).string(), "-v2"});
   return spawn_and_wait(argv, std::filesystem::absolute(log).string() + ".out", started, abandon);
 }

@@ -3,6 +3,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <string>
@@ -23,12 +24,20 @@ void add_tcp_established(std::vector<std::string>& args);
 inline constexpr int criu_min_major = 4;  // 3.x fails `criu check` on 6.x kernels (its vDSO check)
 
 struct criu_tool {
-  std::string path;     // what is run: $VMMCKPT_CRIU, else criu found on PATH
-  std::string version;  // as `criu --version` says it, e.g. "4.1.1"
+  std::string path;           // what is run: $VMMCKPT_CRIU, else criu found on PATH
+  std::string version;        // as `criu --version` says it, e.g. "4.1.1"
+  bool unprivileged = false;  // run with --unprivileged: not root, but CRIU or this tool has the capabilities
 };
 
-// Finds CRIU 4.0 or later; throws criu_unavailable naming what was found and how to provide it.
+// Finds CRIU 4.0 or later that can run here: as root, or as another user where CRIU's file capabilities or this
+// process's own hold CAP_CHECKPOINT_RESTORE and CAP_SYS_PTRACE (CRIU's --unprivileged mode). Throws
+// criu_unavailable naming what was found and how to provide what is missing, before anything is touched.
 criu_tool find_criu();
+
+// Whether capability bits `wanted` are all in what a user who is not root can give CRIU: its file's permitted and
+// effective sets (security.capability, as `setcap ...+ep` writes it), or `own_ambient`, the capabilities this
+// process passes on to what it runs. Apart for its test.
+bool criu_capable(const std::string& criu_path, std::uint64_t own_ambient, std::uint64_t wanted);
 
 // Runs `criu ARGS... --log-file LOG -v2` and waits; its stdout and stderr go to LOG.out. Returns
 // CRIU's exit status (or 128 + signal). `started`, when given, is called with CRIU's pid once it runs.
