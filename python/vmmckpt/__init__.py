@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Optional, Union, overload
 
 from . import _self, _tool
-from ._self import name, pause, paused, state, under_shim
+from ._self import name, pause, paused, region, sleep, state, under_shim
 from ._tool import dump, inspect, peek, poke, ps, restore, suspend, tool_path, verify
 from .errors import (CommandFailedError, ImageDefectError, NotUnderShimError, PartialRefusedError, PauseBusyError,
                      PauseDriverError, PauseError, PauseMemoryError, PauseStateError, ToolNotFoundError, UsageError,
@@ -32,7 +32,7 @@ def resume(pid: Optional[int] = None) -> Union[PauseStats, ResumeResult]:
 
 
 __all__ = [
-    "pause", "resume", "paused", "state", "under_shim", "name",
+    "pause", "resume", "paused", "state", "under_shim", "name", "region", "sleep",
     "ps", "dump", "peek", "poke", "suspend", "restore", "inspect", "verify", "tool_path",
     "PauseStats", "Process", "DumpResult", "SuspendResult", "ResumeResult", "VerifyResult", "ImageInfo",
     "VmmckptError", "ToolNotFoundError", "UsageError", "CommandFailedError", "PartialRefusedError",

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import ctypes
+import sys
+import threading
 from contextlib import contextmanager
-from typing import Iterator, Optional
+from typing import Any, Dict, Iterator, List, Mapping, Optional
 
 from ._checks import require_bool
 from .errors import (NotUnderShimError, PauseBusyError, PauseDriverError, PauseError, PauseMemoryError,
@@ -18,6 +20,13 @@ _STATES = {0: "running", 1: "paused", 2: "suspended"}
 
 class _Stats(ctypes.Structure):
     _fields_ = [("bytes_released", ctypes.c_uint64), ("bytes_copied", ctypes.c_uint64), ("seconds", ctypes.c_double)]
+
+
+class _TagPolicy(ctypes.Structure):
+    _fields_ = [("tag", ctypes.c_char_p), ("flags", ctypes.c_uint)]
+
+
+_POLICIES = {"keep": 0, "discard": _DISCARD}
 
 
 _api: Optional[ctypes.CDLL] = None
@@ -41,6 +50,12 @@ def _shim() -> Optional[ctypes.CDLL]:
         if hasattr(process, "vmmckpt_name"):  # a shim older than API version 2 has none
             process.vmmckpt_name.restype = ctypes.c_int
             process.vmmckpt_name.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_char_p]
+        if hasattr(process, "vmmckpt_set_tag"):  # API version 3
+            process.vmmckpt_set_tag.restype = ctypes.c_int
+            process.vmmckpt_set_tag.argtypes = [ctypes.c_char_p]
+            process.vmmckpt_pause_tagged.restype = ctypes.c_int
+            process.vmmckpt_pause_tagged.argtypes = [ctypes.c_uint, ctypes.POINTER(_TagPolicy), ctypes.c_uint,
+                                                     ctypes.POINTER(_Stats)]
         _api = process
     return _api
 
@@ -71,18 +86,88 @@ def state() -> str:
     return _STATES.get(api.vmmckpt_state(), "running")
 
 
-def pause(keep: bool = True) -> PauseStats:
+def _tagged_api() -> ctypes.CDLL:
+    api = _required()
+    if not hasattr(api, "vmmckpt_set_tag"):
+        raise NotUnderShimError("the loaded libvmmckpt.so is too old for tags (API version 3)")
+    return api
+
+
+def pause(keep: bool = True, tags: Optional[Mapping[str, str]] = None) -> PauseStats:
     """Gives this process's GPU memory back to the driver while every address stays reserved.
 
     keep=True copies the bytes to host memory first and resume() writes them back; keep=False drops them
-    (after resume() the memory reads as zeros), the torch_memory_saver use. Until resume(), CUDA calls of
-    every thread wait, so call nothing on the GPU in between. A failure (PauseError) changes nothing.
-    keep must be a bool: anything else (None, "no", 0) raises TypeError before anything is paused.
+    (after resume() the memory reads as zeros), the torch_memory_saver use. `tags` sets a policy per tag
+    (region()): {"kv_cache": "discard", "weights": "keep"}; memory of other tags, and untagged memory, follows
+    `keep`. Until resume(), CUDA calls of every thread wait, so call nothing on the GPU in between. A failure
+    (PauseError) changes nothing. keep must be a bool: anything else (None, "no", 0) raises TypeError before
+    anything is paused.
     """
     require_bool("keep", keep)
-    api = _required()
+    policies: List[_TagPolicy] = []
+    for tag, policy in (tags or {}).items():
+        if not isinstance(tag, str) or not tag:
+            raise TypeError(f"a tag must be a non-empty str, not {tag!r}")
+        if policy not in _POLICIES:
+            raise ValueError(f"the policy for tag {tag!r} must be \"keep\" or \"discard\", not {policy!r}")
+        policies.append(_TagPolicy(tag.encode(), _POLICIES[policy]))
     stats = _Stats()
-    return _checked(api, api.vmmckpt_pause(0 if keep else _DISCARD, ctypes.byref(stats)), stats)
+    flags = 0 if keep else _DISCARD
+    if not policies:
+        api = _required()
+        return _checked(api, api.vmmckpt_pause(flags, ctypes.byref(stats)), stats)
+    api = _tagged_api()
+    array = (_TagPolicy * len(policies))(*policies)
+    return _checked(api, api.vmmckpt_pause_tagged(flags, array, len(policies), ctypes.byref(stats)), stats)
+
+
+def sleep(level: int = 1) -> PauseStats:
+    """A sleep as vLLM's: level 1 keeps the memory tagged "weights" (and untagged memory) in host memory and
+    drops the memory tagged "kv_cache"; level 2 drops both (the weights are then loaded again after resume()),
+    keeping untagged memory. resume() wakes the process."""
+    if level not in (1, 2):
+        raise ValueError(f"level must be 1 or 2, not {level!r}")
+    return pause(True, {"kv_cache": "discard", "weights": "keep" if level == 1 else "discard"})
+
+
+_regions = threading.local()
+_pools: Dict[str, Any] = {}
+
+
+def _set_tag(api: ctypes.CDLL, tag: str) -> None:
+    if api.vmmckpt_set_tag(tag.encode()) != 0:
+        raise ValueError((api.vmmckpt_last_error() or b"").decode(errors="replace"))
+
+
+@contextmanager
+def region(tag: str) -> Iterator[None]:
+    """``with vmmckpt.region("kv_cache"): ...``: the GPU memory this thread allocates in the block carries `tag`,
+    for pause(tags=...) and sleep(). With PyTorch loaded, the block allocates from a memory pool of the tag's own
+    (torch.cuda.MemPool), so that its tensors take fresh memory, tagged, and not blocks cached from before.
+    Regions nest; the tag of the one around comes back after the block."""
+    if not isinstance(tag, str) or not tag:
+        raise TypeError(f"tag must be a non-empty str, not {tag!r}")
+    api = _tagged_api()
+    stack = getattr(_regions, "stack", None)
+    if stack is None:
+        stack = _regions.stack = []
+    _set_tag(api, tag)
+    stack.append(tag)
+    torch = sys.modules.get("torch")
+    pool_context = None
+    if torch is not None and hasattr(torch.cuda, "MemPool") and torch.cuda.is_available():
+        pool = _pools.get(tag)
+        if pool is None:
+            pool = _pools[tag] = torch.cuda.MemPool()
+        pool_context = torch.cuda.use_mem_pool(pool)
+        pool_context.__enter__()
+    try:
+        yield
+    finally:
+        if pool_context is not None:
+            pool_context.__exit__(None, None, None)
+        stack.pop()
+        _set_tag(api, stack[-1] if stack else "")
 
 
 def resume_self() -> PauseStats:
@@ -124,4 +209,4 @@ def name(memory: object, label: str, size: Optional[int] = None) -> None:
         raise ValueError((api.vmmckpt_last_error() or b"").decode(errors="replace"))
 
 
-__all__ = ["VmmckptError", "under_shim", "state", "pause", "resume_self", "paused", "name"]
+__all__ = ["VmmckptError", "under_shim", "state", "pause", "resume_self", "paused", "name", "region", "sleep"]

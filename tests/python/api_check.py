@@ -5,6 +5,7 @@ real cuda-ckpt. One check per invocation:
                                     memory reserved and dump is refused; it resumes and checks its bytes
   api_check.py tool                 ps, dump, inspect, verify, suspend, resume, restore and their exceptions
   api_check.py peek                 peek_program.py names its memory, peeks it by name and address, pokes it
+  api_check.py tags                 tags_program.py tags its memory with region() and sleeps at levels 1 and 2
   api_check.py no_shim              pause() outside the shim raises NotUnderShimError
   api_check.py types                arguments of the wrong type raise TypeError before anything runs
 
@@ -210,6 +211,10 @@ def main():
             done = subprocess.run([TOOL, "run", "--", sys.executable, str(HERE / "peek_program.py")], timeout=120)
             if done.returncode != 0:
                 fail(f"peek_program.py exited {done.returncode}")
+        elif what == "tags":
+            done = subprocess.run([TOOL, "run", "--", sys.executable, str(HERE / "tags_program.py")], timeout=120)
+            if done.returncode != 0:
+                fail(f"tags_program.py exited {done.returncode}")
         elif what == "no_shim":
             check_no_shim()
         elif what == "types":

@@ -19,7 +19,7 @@
 extern "C" {
 #endif
 
-#define VMMCKPT_API_VERSION 2 /* 2: vmmckpt_name */
+#define VMMCKPT_API_VERSION 3 /* 2: vmmckpt_name; 3: vmmckpt_set_tag, vmmckpt_pause_tagged */
 
 /* vmmckpt_pause flags */
 #define VMMCKPT_PAUSE_KEEP 0u    /* copy the bytes to host memory first; resume writes them back */
@@ -43,6 +43,18 @@ typedef struct vmmckpt_stats {
 
 /* Pauses this process's GPU memory. stats may be NULL. On failure nothing changed and the program goes on. */
 int vmmckpt_pause(unsigned flags, vmmckpt_stats* stats);
+
+/* Tags, as serving programs tag their weights and their KV cache (docs/python.md, "Tags"): every allocation the
+ * calling thread makes from now on carries `tag` (1 to 64 printable characters without spaces; NULL or "" for
+ * none), until it sets another. Under PyTorch's caching allocator only memory it newly takes from CUDA is tagged:
+ * the Python API's vmmckpt.region() gives each tag a memory pool of its own. At most 256 tags. */
+int vmmckpt_set_tag(const char* tag);
+typedef struct vmmckpt_tag_policy {
+  const char* tag;
+  unsigned flags; /* VMMCKPT_PAUSE_KEEP or VMMCKPT_PAUSE_DISCARD for that tag's memory */
+} vmmckpt_tag_policy;
+/* vmmckpt_pause, each tag in `policies` (count of them) as its flags say and the rest of the memory as `flags`. */
+int vmmckpt_pause_tagged(unsigned flags, const vmmckpt_tag_policy* policies, unsigned count, vmmckpt_stats* stats);
 /* Brings the memory back and lets every thread go on. On failure the process stays paused and the call
  * can be tried again (after freeing GPU memory elsewhere, for example). */
 int vmmckpt_resume(vmmckpt_stats* stats);

@@ -6,6 +6,7 @@
 #include "entry/entry_points.hpp"
 #include "core/gate.hpp"
 #include "memory/ipc_exports.hpp"
+#include "memory/memory_tags.hpp"
 #include "core/callers.hpp"
 #include "core/first_use.hpp"
 #include "memory/not_owned_memory.hpp"
@@ -57,6 +58,7 @@ bool pool_free(CUdeviceptr addr, CUresult& result) {
   }
   if (status == pool_status::ok && any_taken_from_program_pools.load(std::memory_order_relaxed))
     program_pool_freed(addr);
+  if (status == pool_status::ok && any_memory_tagged.load(std::memory_order_relaxed)) untag_block(addr);
   if (status != pool_status::ok)
     log::info("free of {:#x}: not a live pool allocation", static_cast<std::uint64_t>(addr));
   result = to_cuda_result(status, 0);

@@ -18,6 +18,7 @@
 #include "entry/entry_points.hpp"
 #include "core/gate.hpp"
 #include "operations/restore.hpp"
+#include "memory/memory_tags.hpp"
 #include "memory/vmm_checkpoint.hpp"
 #include "memory/vmm_sharing.hpp"
 #include "memory/vmm_state.hpp"
@@ -245,6 +246,11 @@ VMMCKPT_EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* handle
       return CUDA_ERROR_OUT_OF_MEMORY;
     }
     *handle = token;
+    if (any_memory_tagged.load(std::memory_order_relaxed))
+      tag_new(tagged_kind::vmm_handle, token, [&](std::uint64_t t) {
+        std::lock_guard lock(s.mutex);
+        return s.registry.live_handle(t) != nullptr;
+      });
     log::at(log::level::trace, "cuMemCreate {} bytes on device {} -> token {:#x}", size, prop->location.id, token);
     return CUDA_SUCCESS;
   });

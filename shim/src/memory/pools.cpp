@@ -14,6 +14,7 @@
 #include "core/gate.hpp"
 #include "vmmckpt/pool/alloc_api.hpp"
 #include "memory/cuda_backend.hpp"
+#include "memory/memory_tags.hpp"
 #include "vmmckpt/support/address_ranges.hpp"
 #include "vmmckpt/pool/exact_reservation.hpp"
 #include "vmmckpt/support/log.hpp"
@@ -271,13 +272,16 @@ status allocate_in_pool(int ordinal, std::size_t size, alloc_api api, CUdevicept
     return status(e, "out of pool memory");
   }
   out = addr;
+  if (any_memory_tagged.load(std::memory_order_relaxed)) tag_new(tagged_kind::pool_block, addr);
   log::at(log::level::trace, "{} {} bytes -> {:#x}", name_of(api), size, addr);
   return {};
 }
 
 void free_in_pool(CUdeviceptr addr) noexcept {
   gate_scope scope(gate_scope::no_work);
-  if (device_pool* pool = pool_containing(addr)) pool->free(addr);
+  if (device_pool* pool = pool_containing(addr);
+      pool != nullptr && pool->free(addr) == pool_status::ok && any_memory_tagged.load(std::memory_order_relaxed))
+    untag_block(addr);
 }
 
 }  // namespace vmmckpt::detail

@@ -349,7 +349,7 @@ std::vector<vmm_mapped_range> vmm_mapped_ranges() {
   std::lock_guard lock(s->mutex);
   for (const vmm_mapping& m : s->registry.mappings())
     if (const vmm_handle* h = s->registry.find_handle(m.token); h != nullptr && !host_located(*h))
-      ranges.push_back({h->device, m.addr, m.size});  // host memory stays mapped: release_locked()
+      ranges.push_back({h->device, m.addr, m.size, m.token});  // host memory stays mapped: release_locked()
   return ranges;
 }
 

@@ -47,6 +47,7 @@ status vmm_map_imports_again(const std::vector<std::int64_t>& job_ranks) noexcep
 struct vmm_mapped_range {
   int device;
   std::uint64_t addr, size;
+  std::uint64_t token;  // the handle mapped there
 };
 std::vector<vmm_mapped_range> vmm_mapped_ranges();
 

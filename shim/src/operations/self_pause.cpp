@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -16,6 +17,7 @@
 
 #include "core/context_scope.hpp"
 #include "memory/ipc_exports.hpp"
+#include "memory/memory_tags.hpp"
 #include "memory/named_ranges.hpp"
 #include "operations/operations.hpp"
 #include "core/gate.hpp"
@@ -42,17 +44,27 @@ constexpr int populate_write = MADV_POPULATE_WRITE;
 constexpr int populate_write = 23;  // Linux 5.14
 #endif
 
-// A range of device memory and, for a pause that keeps the bytes, their copy in host memory.
+// A range of device memory and, for one whose bytes the pause keeps, their copy in host memory.
 struct kept_range {
   int device = 0;
   std::uint64_t addr = 0, size = 0;
   void* host = nullptr;  // mmap'd: given back to the system as soon as resume has written it
+  bool discard = false;  // its bytes dropped: resume clears it
+};
+
+// What a pause does with each range's bytes: its tag's policy (vmmckpt_pause_tagged), else the default.
+struct pause_policy {
+  bool discard = false;
+  std::map<std::string, bool> discard_by_tag;
+  bool discards(const std::string& tag) const {
+    const auto found = tag.empty() ? discard_by_tag.end() : discard_by_tag.find(tag);
+    return found != discard_by_tag.end() ? found->second : discard;
+  }
 };
 
 // What a pause kept for its resume (whether the process is paused is operations.hpp's process_state).
 struct pause_record {
   std::mutex mutex;  // one pause or resume at a time
-  bool discard = false;
   std::vector<kept_range> ranges;
 };
 
@@ -84,18 +96,24 @@ void free_host(std::vector<kept_range>& ranges) noexcept {
     }
 }
 
-// Every range of memory the shim owns and will give back: the pools' live blocks (adjacent ones merged,
-// one copy each) and the program's VMM mappings. Throws only for want of memory.
-std::vector<kept_range> owned_ranges() {
+// Every range of memory the shim owns and will give back, each marked as `policy` says for its tag: the pools'
+// live blocks (adjacent ones of one policy merged, one copy each) and the program's VMM mappings. Throws only
+// for want of memory.
+std::vector<kept_range> owned_ranges(const pause_policy& policy) {
+  const bool tagged = any_memory_tagged.load(std::memory_order_relaxed);
   std::vector<kept_range> ranges;
   for (const auto& p : active_pools())
     for (const auto& b : p.pool->live_blocks()) {
-      if (!ranges.empty() && ranges.back().device == p.ordinal && ranges.back().addr + ranges.back().size == b.addr)
+      const bool discard = policy.discards(tagged ? tag_of(tagged_kind::pool_block, b.addr) : std::string());
+      if (!ranges.empty() && ranges.back().device == p.ordinal && ranges.back().addr + ranges.back().size == b.addr &&
+          ranges.back().discard == discard)
         ranges.back().size += b.size;
       else
-        ranges.push_back({p.ordinal, b.addr, b.size, nullptr});
+        ranges.push_back({p.ordinal, b.addr, b.size, nullptr, discard});
     }
-  for (const vmm_mapped_range& m : vmm_mapped_ranges()) ranges.push_back({m.device, m.addr, m.size, nullptr});
+  for (const vmm_mapped_range& m : vmm_mapped_ranges())
+    ranges.push_back({m.device, m.addr, m.size, nullptr,
+                      policy.discards(tagged ? tag_of(tagged_kind::vmm_handle, m.token) : std::string())});
   return ranges;
 }
 
@@ -103,6 +121,7 @@ std::vector<kept_range> owned_ranges() {
 // stay for the caller to free).
 std::string copy_out(const driver_api& d, std::vector<kept_range>& ranges, std::uint64_t& copied) {
   for (kept_range& r : ranges) {
+    if (r.discard) continue;
     // Accounted (no MAP_NORESERVE): memory the system cannot give is refused here, not by the OOM killer
     // during the copy.
     void* host = ::mmap(nullptr, r.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -123,17 +142,17 @@ std::string copy_out(const driver_api& d, std::vector<kept_range>& ranges, std::
   return {};
 }
 
-// Host to device (keep) or zeros (discard) once the memory is back. An empty string, or why not.
-std::string copy_in(const driver_api& d, const std::vector<kept_range>& ranges, bool discard, std::uint64_t& copied) {
+// Host to device (kept) or zeros (discarded) once the memory is back. An empty string, or why not.
+std::string copy_in(const driver_api& d, const std::vector<kept_range>& ranges, std::uint64_t& copied) {
   for (const kept_range& r : ranges) {
     primary_context_scope scope(d, r.device);
     CUresult e = CUDA_ERROR_INVALID_CONTEXT;
-    if (scope.active()) e = discard ? d.cuMemsetD8_v2(r.addr, 0, r.size) : d.cuMemcpyHtoD_v2(r.addr, r.host, r.size);
+    if (scope.active()) e = r.discard ? d.cuMemsetD8_v2(r.addr, 0, r.size) : d.cuMemcpyHtoD_v2(r.addr, r.host, r.size);
     if (e == CUDA_SUCCESS && scope.active()) e = d.cuCtxSynchronize();
     if (e != CUDA_SUCCESS)
-      return std::string(discard ? "clearing " : "writing back ") + std::to_string(r.size) + " bytes at " +
+      return std::string(r.discard ? "clearing " : "writing back ") + std::to_string(r.size) + " bytes at " +
              hex(r.addr) + " failed: CUDA error " + std::to_string(static_cast<int>(e));
-    if (!discard) copied += r.size;
+    if (!r.discard) copied += r.size;
   }
   return {};
 }
@@ -154,10 +173,8 @@ std::uint64_t give_back_all(const std::vector<active_pool>& pools) noexcept {
 
 // Throws only for want of memory before the gate closes or after it opened again (the exported function
 // catches it); from the gate's closing to the pause's end nothing that throws escapes.
-int pause_self(unsigned flags, vmmckpt_stats* stats) {
+int pause_self(const pause_policy& policy, vmmckpt_stats* stats) {
   const auto start = clock::now();
-  if (flags & ~VMMCKPT_PAUSE_DISCARD)
-    return fail(VMMCKPT_E_INVALID, "vmmckpt_pause: unknown flags " + std::to_string(flags));
   if (!shim_active()) return fail(VMMCKPT_E_STATE, "vmmckpt_pause: the shim stepped aside in this forked child");
   const driver_api* d = driver();
   if (d == nullptr) return fail(VMMCKPT_E_DRIVER, "vmmckpt_pause: no CUDA driver");
@@ -185,8 +202,8 @@ int pause_self(unsigned flags, vmmckpt_stats* stats) {
     pools = active_pools();
     for (const auto& p : pools) p.pool->synchronize();
     vmm_synchronize();
-    ranges = owned_ranges();
-    if (!(flags & VMMCKPT_PAUSE_DISCARD)) why = copy_out(*d, ranges, copied);
+    ranges = owned_ranges(policy);
+    why = copy_out(*d, ranges, copied);
   } catch (const std::exception& e) {
     why = e.what();  // out of memory: std::string's small buffer holds what bad_alloc says
   }
@@ -199,7 +216,6 @@ int pause_self(unsigned flags, vmmckpt_stats* stats) {
   // The bytes are safe: from here the pause completes.
   const std::uint64_t released = give_back_all(pools);
   s.ranges = std::move(ranges);
-  s.discard = flags & VMMCKPT_PAUSE_DISCARD;
   enter_state(process_state::paused);
   const double seconds = std::chrono::duration<double>(clock::now() - start).count();
   if (stats != nullptr) *stats = {released, copied, seconds};
@@ -245,7 +261,7 @@ int resume_self(vmmckpt_stats* stats) {
     if (pool_containing(r.addr) == nullptr) made += r.size;  // VMM mappings
   std::string why;
   try {
-    why = copy_in(*d, s.ranges, s.discard, copied);
+    why = copy_in(*d, s.ranges, copied);
   } catch (...) {
     why = "no memory";  // for the message: fits std::string's own buffer
   }
@@ -270,13 +286,42 @@ int resume_self(vmmckpt_stats* stats) {
 extern "C" {
 
 __attribute__((visibility("default"))) int vmmckpt_pause(unsigned flags, vmmckpt_stats* stats) {
+  return vmmckpt_pause_tagged(flags, nullptr, 0, stats);
+}
+
+__attribute__((visibility("default"))) int vmmckpt_pause_tagged(unsigned flags, const vmmckpt_tag_policy* policies,
+                                                                unsigned count, vmmckpt_stats* stats) {
+  using vmmckpt::detail::fail;
   vmmckpt::detail::set_last_error("");
   try {
-    return vmmckpt::detail::pause_self(flags, stats);
+    vmmckpt::detail::pause_policy policy;
+    if (flags & ~VMMCKPT_PAUSE_DISCARD)
+      return fail(VMMCKPT_E_INVALID, "vmmckpt_pause: unknown flags " + std::to_string(flags));
+    policy.discard = flags & VMMCKPT_PAUSE_DISCARD;
+    if (count != 0 && policies == nullptr) return fail(VMMCKPT_E_INVALID, "vmmckpt_pause_tagged: no policies");
+    for (unsigned i = 0; i < count; ++i) {
+      if (policies[i].tag == nullptr || *policies[i].tag == '\0' || (policies[i].flags & ~VMMCKPT_PAUSE_DISCARD))
+        return fail(VMMCKPT_E_INVALID,
+                    "vmmckpt_pause_tagged: policy " + std::to_string(i) + " has no tag or unknown flags");
+      policy.discard_by_tag[policies[i].tag] = policies[i].flags & VMMCKPT_PAUSE_DISCARD;
+    }
+    return vmmckpt::detail::pause_self(policy, stats);
   } catch (...) {
     vmmckpt::detail::set_last_error("vmmckpt_pause: out of host memory; nothing was paused");
     return VMMCKPT_E_NO_MEMORY;
   }
+}
+
+__attribute__((visibility("default"))) int vmmckpt_set_tag(const char* tag) {
+  vmmckpt::detail::set_last_error("");
+  try {
+    const std::string why = vmmckpt::detail::set_thread_tag(tag != nullptr ? tag : "");
+    if (why.empty()) return VMMCKPT_OK;
+    vmmckpt::detail::set_last_error(("vmmckpt_set_tag: " + why).c_str());
+  } catch (...) {
+    vmmckpt::detail::set_last_error("vmmckpt_set_tag: out of host memory");
+  }
+  return VMMCKPT_E_INVALID;
 }
 
 __attribute__((visibility("default"))) int vmmckpt_resume(vmmckpt_stats* stats) {
