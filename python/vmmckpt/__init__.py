@@ -12,9 +12,11 @@ from typing import Optional, Union, overload
 from . import _self, _tool
 from ._self import name, pause, paused, region, sleep, state, under_shim
 from ._tool import dump, inspect, peek, poke, ps, restore, suspend, tool_path, verify
-from .errors import (CommandFailedError, ImageDefectError, NotUnderShimError, PartialRefusedError, PauseBusyError,
-                     PauseDriverError, PauseError, PauseMemoryError, PauseStateError, ToolNotFoundError, UsageError,
-                     VmmckptError)
+from .errors import (CommandFailedError, CommandInterruptedError, CriuUnavailableError, DriverUnavailableError,
+                     ImageDefectError, ImageError, NoControlServerError, NoSuchProcessError, NotUnderShimError,
+                     NotUnderVmmckptError, PartialRefusedError, PauseBusyError, PauseDriverError, PauseError,
+                     PauseMemoryError, PauseStateError, ProcessRefusedError, ProcessUnreachableError, RankFailedError,
+                     ToolNotFoundError, UsageError, VmmckptError)
 from .results import (DumpResult, ImageInfo, PauseStats, Process, ResumeResult, SuspendResult, VerifyResult)
 
 
@@ -37,5 +39,7 @@ __all__ = [
     "PauseStats", "Process", "DumpResult", "SuspendResult", "ResumeResult", "VerifyResult", "ImageInfo",
     "VmmckptError", "ToolNotFoundError", "UsageError", "CommandFailedError", "PartialRefusedError",
     "ImageDefectError", "NotUnderShimError", "PauseError", "PauseStateError", "PauseBusyError",
-    "PauseMemoryError", "PauseDriverError",
+    "PauseMemoryError", "PauseDriverError", "NoSuchProcessError", "NotUnderVmmckptError", "NoControlServerError",
+    "ProcessRefusedError", "ProcessUnreachableError", "DriverUnavailableError", "CriuUnavailableError",
+    "RankFailedError", "CommandInterruptedError", "ImageError",
 ]

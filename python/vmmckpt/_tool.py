@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 from ._checks import require_bool, require_command, require_int, require_path, require_readable_directory
-from .errors import (CommandFailedError, ImageDefectError, PartialRefusedError, ToolNotFoundError, UsageError,
+from .errors import (CAUSES, CommandFailedError, ImageDefectError, PartialRefusedError, ToolNotFoundError, UsageError,
                      VmmckptError)
 from .results import DumpResult, ImageInfo, Process, ResumeResult, SuspendResult, VerifyResult
 
@@ -71,7 +71,8 @@ def _run(command: str, args: Sequence[str]) -> Any:
         raise PartialRefusedError(message, 3)
     if done.returncode == 0:
         raise VmmckptError(f"cuda-ckpt {command} printed no JSON: {done.stdout[:200]!r}", 0)
-    raise CommandFailedError(message, done.returncode)
+    cause = answer.get("cause") if isinstance(answer, dict) else None
+    raise CAUSES.get(cause, CommandFailedError)(message, done.returncode)
 
 
 def _options(**options: Any) -> List[str]:

@@ -26,6 +26,55 @@ class CommandFailedError(VmmckptError):
     """cuda-ckpt could not do it (exit status 1): the process is gone, not under vmmckpt, the disk is full..."""
 
 
+class NoSuchProcessError(CommandFailedError):
+    """No process of that pid, or it has exited."""
+
+
+class NotUnderVmmckptError(CommandFailedError):
+    """The process was not started under vmmckpt (``cuda-ckpt run`` or LD_PRELOAD=libvmmckpt.so): nothing of
+    vmmckpt's can reach it."""
+
+
+class NoControlServerError(CommandFailedError):
+    """The process runs under vmmckpt but has no control server yet (no CUDA call yet, or a fork() child)."""
+
+
+class ProcessRefusedError(CommandFailedError):
+    """The process refused the request (busy with another operation, paused, in the wrong state)."""
+
+
+class ProcessUnreachableError(CommandFailedError):
+    """The process did not answer in time, or its connection failed."""
+
+
+class DriverUnavailableError(CommandFailedError):
+    """No usable CUDA driver for the tool (dump, suspend and peek by map need one)."""
+
+
+class CriuUnavailableError(CommandFailedError):
+    """A whole-process checkpoint needs CRIU 4 that can run here (root, or its capabilities)."""
+
+
+class RankFailedError(CommandFailedError):
+    """A job's operation gave up because one of its ranks failed."""
+
+
+class CommandInterruptedError(CommandFailedError):
+    """The command was stopped by a signal; nothing was written and the program goes on."""
+
+
+class ImageError(CommandFailedError):
+    """An image is missing, unreadable or not what it should be."""
+
+
+# The failed command's "cause" (cuda-ckpt --json) to the class raised for it.
+CAUSES = {"no_process": NoSuchProcessError, "not_under_vmmckpt": NotUnderVmmckptError,
+          "no_control_server": NoControlServerError, "refused": ProcessRefusedError,
+          "unreachable": ProcessUnreachableError, "driver_unavailable": DriverUnavailableError,
+          "criu_unavailable": CriuUnavailableError, "rank_failed": RankFailedError,
+          "interrupted": CommandInterruptedError, "image": ImageError}
+
+
 class PartialRefusedError(VmmckptError):
     """dump or suspend refused (exit status 3): the process has device memory vmmckpt does not own.
     Nothing was written and the process goes on; pass ``allow_partial=True`` to write a partial image."""

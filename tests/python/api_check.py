@@ -114,9 +114,20 @@ def check_tool(work):
     try:
         vmmckpt.dump(pid, work / "gone")
         fail("dump of an ended process succeeded")
-    except vmmckpt.CommandFailedError as e:
+    except vmmckpt.NoSuchProcessError as e:  # a CommandFailedError, typed by its cause
         if e.exit_code != 1 or str(pid) not in e.message:
             fail(f"dump of an ended process: {e.exit_code} {e.message}")
+    # A process not started under the shim: its own class, and the way on.
+    plain = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        vmmckpt.dump(plain.pid, work / "plain")
+        fail("dump of a process without the shim succeeded")
+    except vmmckpt.NotUnderVmmckptError as e:
+        if "cuda-ckpt run" not in e.message or "cuda-checkpoint --toggle" not in e.message:
+            fail(f"dump of a process without the shim: {e.message}")
+    finally:
+        plain.kill()
+        plain.wait()
     try:
         vmmckpt.dump(-5)
         fail("dump -5 succeeded")
@@ -146,7 +157,7 @@ def check_tool(work):
     try:
         vmmckpt.inspect(work / "no-such-image")
         fail("inspect of a missing image succeeded")
-    except vmmckpt.CommandFailedError:
+    except vmmckpt.ImageError:
         pass
 
     # restore: the image's bytes back at their addresses in a new process, checked by the program itself.

@@ -82,6 +82,19 @@ std::optional<int> answer_help_or_unknown(CLI::App& app, int argc, char** argv, 
   return std::nullopt;
 }
 
+// The kind of an operation's failure, for --json's "cause".
+const char* cause_of(const vmmckpt::ckpt::tool_error& e) {
+  namespace c = vmmckpt::ckpt;
+  if (dynamic_cast<const c::no_such_process*>(&e) != nullptr) return "no_process";
+  if (dynamic_cast<const c::not_under_vmmckpt*>(&e) != nullptr) return "not_under_vmmckpt";
+  if (dynamic_cast<const c::no_control_server*>(&e) != nullptr) return "no_control_server";
+  if (dynamic_cast<const c::criu_unavailable*>(&e) != nullptr) return "criu_unavailable";
+  if (dynamic_cast<const c::other_rank_failed*>(&e) != nullptr) return "rank_failed";
+  if (const auto* control = dynamic_cast<const c::control_error*>(&e))
+    return control->refused ? "refused" : "unreachable";
+  return "failed";
+}
+
 // Runs the subcommand the command line named; what it throws becomes a message and an exit code.
 int run_parsed(const std::vector<subcommand>& commands, const std::string& command, bool json) {
   try {
@@ -92,7 +105,7 @@ int run_parsed(const std::vector<subcommand>& commands, const std::string& comma
     return report_failure(command, json,
                           std::string(e.what()) + ": no image was written, and the program was released and goes on" +
                               (command == "suspend" ? ", not suspended" : ""),
-                          128 + e.signal);
+                          128 + e.signal, "interrupted");
   } catch (const vmmckpt::ckpt::partial_refused& e) {
     return report_failure(
         command, json,
@@ -100,17 +113,17 @@ int run_parsed(const std::vector<subcommand>& commands, const std::string& comma
             " has device memory that vmmckpt does not own, which no image would hold: " + kinds_and_sizes(e.not_owned) +
             ". Nothing was written and the process goes on. Pass --allow-partial to write an image "
             "marked partial that lacks it.",
-        exit_partial_refused);
+        exit_partial_refused, "partial_refused");
   } catch (const vmmckpt::ckpt::driver_unavailable& e) {
     return report_failure(command, json,
                           std::string(e.what()) + ". " + command +
                               " needs it; inspect, verify, cat, ps and gc do not (VMMCKPT_LIBCUDA names the library "
                               "to load, default libcuda.so.1)",
-                          exit_failure);
+                          exit_failure, "driver_unavailable");
   } catch (const vmmckpt::ckpt::tool_error& e) {
-    return report_failure(command, json, e.what(), exit_failure);
+    return report_failure(command, json, e.what(), exit_failure, cause_of(e));
   } catch (const vmmckpt::image::image_error& e) {
-    return report_failure(command, json, e.what(), exit_failure);
+    return report_failure(command, json, e.what(), exit_failure, "image");
   } catch (const std::exception& e) {
     return report_failure(command, json, std::string("unexpected error: ") + e.what(), exit_failure);
   }

@@ -108,10 +108,15 @@ void progress_line::finish() {
   drawn_ = false;
 }
 
-int report_failure(const std::string& command, bool json, const std::string& message, int exit_code) {
+int report_failure(const std::string& command, bool json, const std::string& message, int exit_code,
+                   const char* cause) {
   if (json)
-    std::cout << nlohmann::json{{"ok", false}, {"command", command}, {"error", message}, {"exit_code", exit_code}}.dump(
-                     2)
+    std::cout << nlohmann::json{{"ok", false},
+                                {"command", command},
+                                {"error", message},
+                                {"cause", cause},
+                                {"exit_code", exit_code}}
+                     .dump(2)
               << "\n";
   else
     std::cerr << "cuda-ckpt" << (command.empty() ? "" : " " + command) << ": " << message << "\n";

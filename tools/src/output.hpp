@@ -95,7 +95,9 @@ class progress_line {
 
 // A failed command's report: "cuda-ckpt COMMAND: MESSAGE" on stderr, or with --json the object
 // {"ok": false, "command", "error", "exit_code"} on stdout. Returns exit_code.
-int report_failure(const std::string& command, bool json, const std::string& message, int exit_code);
+// `cause` names the kind of failure in --json (docs/cli.md, "Exit status"): the Python API raises one class per cause.
+int report_failure(const std::string& command, bool json, const std::string& message, int exit_code,
+                   const char* cause = "failed");
 
 // verify's report of a damaged image: "IMAGE: BAD: DEFECT" on stderr, or with --json
 // {"image", "ok": false, "defect"} on stdout. Returns exit_failure.

@@ -19,6 +19,7 @@
 #include "vmmckpt/ckpt/errors.hpp"
 #include "vmmckpt/ckpt/job_image.hpp"
 #include "vmmckpt/ckpt/process_recovery.hpp"
+#include "vmmckpt/ckpt/processes.hpp"
 #include "vmmckpt/ckpt/suspend.hpp"
 #include "vmmckpt/ckpt/process_image.hpp"
 #include "vmmckpt/restore/tool/resume.hpp"
@@ -97,9 +98,10 @@ int suspend_command(const suspend_command_options& o) {
 // A rank that `suspend --job` suspended comes back with its job: alone, it could not map the memory of the
 // others, which stay suspended (docs/job-checkpoint.md).
 void refuse_rank_of_suspended_job(pid_t pid) {
+  if (!ckpt::stopped_among({pid}).empty()) return;  // it answers nothing: restore::resume says so, in its time
   std::optional<control::hello_reply> h;
   try {
-    h = ckpt::control_client(pid).hello();
+    h = ckpt::control_client(pid, ckpt::deadline::in(std::chrono::seconds(2))).hello();
   } catch (const ckpt::tool_error&) {
     return;  // restore::resume says why it cannot reach the process
   }

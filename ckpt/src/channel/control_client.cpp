@@ -120,10 +120,10 @@ std::string why_no_server(pid_t pid, uid_t owner) {
 // The process exists, is this user's, and has not exited. Returns its /proc entry's owner.
 uid_t check_live_process(pid_t pid, const std::string& proc, const std::string& who) {
   struct stat st {};
-  if (pid <= 0 || ::stat(proc.c_str(), &st) != 0) throw tool_error("no process " + std::to_string(pid));
+  if (pid <= 0 || ::stat(proc.c_str(), &st) != 0) throw no_such_process("no process " + std::to_string(pid));
   require_own_process(pid);
   if (suspend_claim::start_time(pid) == 0)  // 0: a zombie (or gone since the stat above)
-    throw tool_error(who + " has exited (a zombie: its parent has not reaped it yet)");
+    throw no_such_process(who + " has exited (a zombie: its parent has not reaped it yet)");
   return st.st_uid;
 }
 
@@ -156,11 +156,17 @@ struct connect_attempts {
   const std::string named = who + (comm.empty() ? "" : " (" + comm + ")");
   switch (shim_in(pid)) {
     case shim_presence::absent:
-      throw tool_error(named + " is not running under vmmckpt: " + std::string(shim_file_name) +
-                       " is not loaded in it (start it with `cuda-ckpt run`)" +
-                       (a.stale_file.empty() ? ""
-                                             : "; " + a.stale_file + " was left by an earlier process with pid " +
-                                                   std::to_string(pid) + " (`cuda-ckpt gc` removes it)"));
+      throw not_under_vmmckpt(named + " is not running under vmmckpt: " + std::string(shim_file_name) +
+                              " is not loaded in it. vmmckpt serves programs started under it (`cuda-ckpt run -- "
+                              "PROGRAM`, or LD_PRELOAD=" +
+                              std::string(shim_file_name) +
+                              "); for this one, NVIDIA's `cuda-checkpoint --toggle --pid " + std::to_string(pid) +
+                              "` (driver 550 or later) suspends its GPU state in place, without fixed addresses or a "
+                              "restore elsewhere" +
+                              (a.stale_file.empty()
+                                   ? ""
+                                   : "; " + a.stale_file + " was left by an earlier process with pid " +
+                                         std::to_string(pid) + " (`cuda-ckpt gc` removes it)"));
     case shim_presence::loaded:
       if (a.nothing_listens)
         throw no_control_server(named + " runs under vmmckpt (" + std::string(shim_file_name) +

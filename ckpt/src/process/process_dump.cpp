@@ -216,13 +216,14 @@ void process_dump::check_and_prepare() {
 
 // Everything that can refuse does so before a process is touched.
 void process_dump::check_dumpable() {
-  criu_ = find_criu();
   if (const std::string missing = driver_checkpoint_missing(); !missing.empty())
     throw tool_error(missing + ": whole-process checkpoints need it (dump, suspend and restore with a command work "
                                "without it)");
   if (o_.job && (o_.pre_copy || !o_.parent.empty()))
     throw tool_error("--pre-copy and --parent do not apply to a whole job's dump (--job) yet");
   if (!process_exists(o_.pid)) throw tool_error("no process " + std::to_string(o_.pid));
+  require_own_process(o_.pid);  // another user's program is said to be so, before what this user may run
+  criu_ = find_criu();
   // At once: asked, a stopped process would never answer.
   const auto stopped = stopped_among(process_tree(o_.pid));
   if (!stopped.empty()) refuse_left_stopped(stopped.front());

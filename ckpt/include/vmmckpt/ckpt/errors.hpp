@@ -30,6 +30,16 @@ struct control_error : tool_error {
   control::refusal refusal = control::refusal::failed;
 };
 
+// No process of that pid, or one that has exited.
+struct no_such_process : tool_error {
+  using tool_error::tool_error;
+};
+
+// The process does not run under the shim: nothing of vmmckpt's can reach it.
+struct not_under_vmmckpt : tool_error {
+  using tool_error::tool_error;
+};
+
 // The shim is loaded in the process but no control server listens for it: it has made no CUDA call
 // yet, or it is a child made by fork() (the server is its parent's).
 struct no_control_server : tool_error {
