@@ -9,19 +9,7 @@ import sys
 
 import vmmckpt
 
-cuda = ctypes.CDLL("libcuda.so.1")
-
-
-def check(result, what):
-    if result != 0:
-        sys.exit(f"{what} failed: CUDA error {result}")
-
-
-check(cuda.cuInit(0), "cuInit")
-device, context = ctypes.c_int(), ctypes.c_void_p()
-check(cuda.cuDeviceGet(ctypes.byref(device), 0), "cuDeviceGet")
-check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device), "cuDevicePrimaryCtxRetain")
-check(cuda.cuCtxSetCurrent(context), "cuCtxSetCurrent")
+from driver_context import check, cuda  # noqa: E402  (device 0's context made current)
 size = 4096
 pattern = bytes((i * 7 + 3) % 251 for i in range(size))
 ptr = ctypes.c_uint64()

@@ -10,19 +10,7 @@ import sys
 
 import vmmckpt
 
-cuda = ctypes.CDLL("libcuda.so.1")
-
-
-def check(result, what):
-    if result != 0:
-        sys.exit(f"{what} failed: CUDA error {result}")
-
-
-check(cuda.cuInit(0), "cuInit")
-device, context = ctypes.c_int(), ctypes.c_void_p()
-check(cuda.cuDeviceGet(ctypes.byref(device), 0), "cuDeviceGet")
-check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device), "cuDevicePrimaryCtxRetain")
-check(cuda.cuCtxSetCurrent(context), "cuCtxSetCurrent")
+from driver_context import check, cuda  # noqa: E402  (device 0's context made current)
 SIZE = 2 << 20
 
 
