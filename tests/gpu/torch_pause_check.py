@@ -7,38 +7,11 @@ weights and the input read as zeros after resume, and reloading them from CPU co
 torch_memory_saver use). Exit 77 with the reason where PyTorch or a GPU is missing.
 """
 
-import subprocess
-import sys
 import time
 
-try:
-    import torch
-except ImportError:
-    print("SKIP: no PyTorch in this Python")
-    sys.exit(77)
-if not torch.cuda.is_available():
-    print("SKIP: PyTorch sees no GPU")
-    sys.exit(77)
+from torch_under_shim import fail, torch, used_mib
 
-import os
-
-import vmmckpt
-
-
-def fail(why):
-    print(f"FAIL: {why}", flush=True)
-    sys.exit(1)
-
-
-def used_mib():
-    """This process's GPU memory as nvidia-smi shows it."""
-    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                         stdout=subprocess.PIPE, text=True, check=True).stdout
-    for line in out.splitlines():
-        pid, used = (x.strip() for x in line.split(","))
-        if int(pid) == os.getpid():
-            return int(used)
-    return 0
+import vmmckpt  # noqa: E402
 
 
 if not vmmckpt.under_shim():

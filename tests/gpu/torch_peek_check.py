@@ -15,21 +15,9 @@ import subprocess
 import sys
 import tempfile
 
-try:
-    import torch
-except ImportError:
-    print("SKIP: no PyTorch in this Python")
-    sys.exit(77)
-if not torch.cuda.is_available():
-    print("SKIP: PyTorch sees no GPU")
-    sys.exit(77)
+from torch_under_shim import fail, torch
 
-import vmmckpt
-
-
-def fail(why):
-    print(f"FAIL: {why}", flush=True)
-    sys.exit(1)
+import vmmckpt  # noqa: E402
 
 
 def cuda_ckpt(*args):

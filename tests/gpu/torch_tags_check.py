@@ -8,39 +8,15 @@ same. Then sleep(2): the weights read as zeros after resume, are loaded again fr
 are again the same. Exit 77 with the reason where PyTorch or a GPU is missing.
 """
 
-import os
-import subprocess
 import sys
 
-try:
-    import torch
-except ImportError:
-    print("SKIP: no PyTorch in this Python")
-    sys.exit(77)
-if not torch.cuda.is_available():
-    print("SKIP: PyTorch sees no GPU")
-    sys.exit(77)
+from torch_under_shim import fail, torch, used_mib
+
 if not hasattr(torch.cuda, "MemPool"):
     print("SKIP: this PyTorch has no torch.cuda.MemPool")
     sys.exit(77)
 
-import vmmckpt
-
-
-def fail(why):
-    print(f"FAIL: {why}", flush=True)
-    sys.exit(1)
-
-
-def used_mib():
-    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                         stdout=subprocess.PIPE, text=True, check=True).stdout
-    for line in out.splitlines():
-        pid, used = (x.strip() for x in line.split(","))
-        if int(pid) == os.getpid():
-            return int(used)
-    return 0
-
+import vmmckpt  # noqa: E402
 
 if not vmmckpt.under_shim():
     fail("not under the shim: run with cuda-ckpt run")
